@@ -1,0 +1,27 @@
+# Set-up and entry points. Every target creates (or reuses) the virtual environment in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU wheel of torch that lies on this kind of machine; override for a CUDA build, e.g.
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.mmunlearn-installed
+
+.PHONY: install demo test bench
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mmunlearn bench subspace --sizes 768 1024 2048 4096 --rank 64 --json runs/bench_subspace.json
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: demo

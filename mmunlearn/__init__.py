@@ -1,0 +1,30 @@
+"""mmunlearn: machine unlearning for text LLMs, speech LLMs and speaker classifiers."""
+
+from mmunlearn import _compat
+
+_compat.patch_torchaudio()  # before anything imports torchaudio, speechbrain or HF audio code
+
+__version__ = "0.1.0"
+
+from mmunlearn.erase import (  # noqa: E402
+    Basis,
+    EraseReport,
+    column_basis,
+    discriminate,
+    erase,
+    layer_energy,
+    restore,
+    select_layers,
+)
+
+__all__ = [
+    "Basis",
+    "EraseReport",
+    "__version__",
+    "column_basis",
+    "discriminate",
+    "erase",
+    "layer_energy",
+    "restore",
+    "select_layers",
+]

@@ -1,0 +1,1 @@
+"""Benchmark scripts (print a table, optionally write JSON): ``python -m mmunlearn.bench ...``."""

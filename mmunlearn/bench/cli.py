@@ -1,0 +1,56 @@
+"""Typer app of the benchmarks, mounted as ``mmunlearn bench`` and runnable as ``python -m mmunlearn.bench``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Benchmarks: print a table, optionally write JSON.", no_args_is_help=True)
+console = Console()
+
+
+@app.command()
+def subspace(
+    sizes: Annotated[list[int], typer.Option(help="Matrix sizes n (n x n task matrices); repeat the option or list several values.")] = [768, 1024, 2048, 4096],  # noqa: B006
+    rank: Annotated[int, typer.Option(help="Subspace rank k.")] = 64,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per method (the median is reported).")] = 3,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write rows, checks and machine info to this JSON file.")] = None,
+    markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the table as Markdown to this file.")] = None,
+    strict: Annotated[bool, typer.Option(help="Exit with status 1 if a target is missed.")] = False,
+) -> None:
+    """Time full SVD, full LAPACK CPQR, truncated CPQR (LAPACK and torch), sketched CPQR and
+    randomised SVD on the same task matrices; report speed-up, residual and subspace cosines."""
+    from mmunlearn.bench import subspace as sb
+
+    meta = sb.machine()
+    console.print(f"[bold]subspace benchmark[/bold] on {meta['cpu']} ({meta['threads']} threads), "
+                  f"torch {meta['torch']}, sizes {sizes}, k={rank}, median of {repeats}")
+
+    def show(row):
+        console.print(f"  n={row.size:5d} {row.spectrum:8s} {row.method:12s} {row.seconds:9.4f} s "
+                      f"{row.speedup:8.1f}x  residual {sb.fmt_ratio(row.residual_ratio)}  cos {row.min_cosine:.4f}",
+                      soft_wrap=True)
+
+    rows = sb.run(sorted(sizes), rank, repeats=repeats, progress=show)
+    table = Table(title=f"Subspace recovery, k = {rank}, float32")
+    for col in ("n", "spectrum", "method", "time (s)", "speed-up vs SVD", "residual / optimal", "min cosine"):
+        table.add_column(col, justify="left" if col in ("spectrum", "method") else "right")
+    for r in rows:
+        table.add_row(str(r.size), r.spectrum, r.method, f"{r.seconds:.4f}", f"{r.speedup:.1f}x",
+                      sb.fmt_ratio(r.residual_ratio), f"{r.min_cosine:.4f}")
+    console.print(table)
+    checks = sb.check_targets(rows)
+    for name, ok, measured in checks:
+        console.print(f"{'[green]PASS[/green]' if ok else '[red]MISS[/red]'}  {name}: {measured}")
+    if json_out is not None:
+        sb.write_json(json_out, rows, checks, meta)
+        console.print(f"wrote {json_out}")
+    if markdown_out is not None:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        markdown_out.write_text(sb.markdown(rows) + "\n")
+    if strict and not all(ok for _, ok, _ in checks):
+        raise typer.Exit(1)

@@ -1,0 +1,87 @@
+"""The ``mmunlearn`` command line: a Typer root app; recipes mount into it as sub-apps."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+import mmunlearn
+from mmunlearn.bench.cli import app as bench_app
+from mmunlearn.erase.basis import METHODS
+from mmunlearn.erase.energy import RULES
+
+app = typer.Typer(
+    name="mmunlearn",
+    help="Machine unlearning for text LLMs, speech LLMs and speaker classifiers.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(bench_app, name="bench")
+console = Console()
+
+Method = Enum("Method", {m: m for m in METHODS}, type=str)  # type: ignore[misc]
+Rule = Enum("Rule", {r: r for r in RULES}, type=str)  # type: ignore[misc]
+
+
+@app.command()
+def version() -> None:
+    """Print the mmunlearn version."""
+    console.print(f"mmunlearn {mmunlearn.__version__}")
+
+
+@app.command()
+def erase(
+    model: Annotated[Path, typer.Option(help="Model directory in HF save_pretrained layout (safetensors, sharded or not).")],
+    forget: Annotated[Path, typer.Option(help="Forget task matrices: a .safetensors file (parameter name -> tensor) or a directory of them.")],
+    out: Annotated[Path, typer.Option(help="Directory for the edited model, undo patch, JSON report and energy plot (created; must not exist unless --overwrite).")],
+    retain: Annotated[Optional[Path], typer.Option(help="Retain task matrices for the same parameters; their subspace is protected.")] = None,
+    rank: Annotated[Optional[int], typer.Option(help="Rank k of the forget basis per matrix.")] = None,
+    energy: Annotated[Optional[float], typer.Option(help="Instead of --rank: smallest k capturing this fraction of each forget matrix's energy (default 0.9 if neither is given).")] = None,
+    retain_rank: Annotated[Optional[int], typer.Option(help="Rank of the retain basis (default: as the forget basis).")] = None,
+    retain_energy: Annotated[Optional[float], typer.Option(help="Energy fraction of the retain basis (default: as the forget basis).")] = None,
+    method: Annotated[Method, typer.Option(help="Subspace method: cpqr (QR-Erase), svd (UNLEARN baseline), or a faster variant.")] = "cpqr",  # type: ignore[assignment]
+    scale: Annotated[float, typer.Option(help="Edit strength: W' = W - scale * T~.")] = 1.0,
+    localize: Annotated[bool, typer.Option(help="Edit only the layers chosen by --rule (else every layer with a forget matrix).")] = True,
+    rule: Annotated[Rule, typer.Option(help="Layer selection: mean (energy >= 1/|L|), top (--top N), threshold (--threshold X), all.")] = "mean",  # type: ignore[assignment]
+    top: Annotated[Optional[int], typer.Option(help="With --rule top: number of most energetic layers to edit.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(help="With --rule threshold: minimum layer energy.")] = None,
+    rows: Annotated[bool, typer.Option(help="Also remove the retain task's row space from the update.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of randomised subspace methods.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+) -> None:
+    """Erase a forget task from a checkpoint (QR-Erase); the input checkpoint is never modified."""
+    from mmunlearn.erase_checkpoint import erase_checkpoint
+
+    report = erase_checkpoint(
+        model, forget, out, retain=retain, rank=rank, energy=energy, retain_rank=retain_rank,
+        retain_energy=retain_energy, method=Method(method).value, scale=scale, localize=localize,
+        rule=Rule(rule).value, top=top, threshold=threshold, rows=rows, seed=seed, overwrite=overwrite,
+    )
+    console.print(report.table())
+    console.print(f"edited model, undo patch and report written to [bold]{out}[/bold]")
+
+
+@app.command()
+def restore(
+    model: Annotated[Path, typer.Option(help="Edited model directory (output of `mmunlearn erase`).")],
+    out: Annotated[Path, typer.Option(help="Directory for the restored model (created; must not exist unless --overwrite).")],
+    patch: Annotated[Optional[Path], typer.Option(help="Undo patch (default: MODEL/undo_patch.safetensors).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+) -> None:
+    """Undo an erase: write the original weights back, bit for bit."""
+    from mmunlearn.erase_checkpoint import restore_checkpoint
+
+    restore_checkpoint(model, out, patch=patch, overwrite=overwrite)
+    console.print(f"restored model written to [bold]{out}[/bold]")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

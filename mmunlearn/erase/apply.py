@@ -1,0 +1,187 @@
+"""QR-Erase on any ``nn.Module`` (or state dict): localise, build bases, discriminate, subtract.
+
+For each selected layer group and each of its matrices W with forget task matrix T_f:
+Q_f = column_basis(T_f), Q_r = column_basis(T_r), T~ = (I - Q_r Q_r^T) Q_f Q_f^T T_f and
+W' = W - scale * T~. Every input is validated before any weight is touched, and an undo patch
+lets ``restore`` give back the original weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mmunlearn.erase.basis import METHODS, column_basis
+from mmunlearn.erase.discriminate import discriminate_factors
+from mmunlearn.erase.energy import group_of, layer_energy, select_layers
+from mmunlearn.erase.norms import all_finite
+from mmunlearn.erase.patch import UndoPatch, apply_exact, revert_exact
+from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
+from mmunlearn.erase.views import ParamTable, task_matrices_for
+
+PATCH_NAME = "undo_patch.safetensors"
+REPORT_NAME = "erase_report.json"
+
+Model = nn.Module | Mapping[str, torch.Tensor]
+
+
+def _check_rank(rank: int | None, label: str, shape: tuple[int, ...], what: str) -> None:
+    if rank is not None and rank > min(shape):
+        raise ValueError(f"{what} rank {rank} exceeds min(m, n) = {min(shape)} of {label} {tuple(shape)}")
+
+
+def _plan(params: ParamTable, forget: Mapping, retain: Mapping | None, rank, retain_rank):
+    """Validate every input and pair each matrix view with its task matrices."""
+    plan: dict[str, list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]]] = {}
+    for name, T in forget.items():
+        param, kind = params.get(name)
+        if not all_finite(param):
+            raise ValueError(f"model parameter {name!r} contains NaN or Inf values")
+        views = dict(params.views(name))
+        tf = task_matrices_for(name, T, param, kind)
+        tr = [None] * len(tf)
+        if retain is not None:
+            if name not in retain:
+                raise KeyError(f"retain task matrices have no entry for {name!r}")
+            tr = [t for _, t in task_matrices_for(name, retain[name], param, kind)]
+        rows = []
+        for (label, t), r in zip(tf, tr):
+            for what, mat in (("forget", t), ("retain", r)):
+                if mat is not None and not all_finite(mat):
+                    raise ValueError(f"{what} task matrix for {label!r} contains NaN or Inf values")
+            _check_rank(rank, label, t.shape, "forget")
+            if r is not None:
+                _check_rank(retain_rank, label, r.shape, "retain")
+            rows.append((label, views[label], t, r))
+        plan[name] = rows
+    return plan
+
+
+def erase(
+    model: Model,
+    forget: Mapping[str, torch.Tensor],
+    retain: Mapping[str, torch.Tensor] | None = None,
+    *,
+    rank: int | None = None,
+    energy: float | None = None,
+    method: str = "cpqr",
+    localize: bool = True,
+    scale: float = 1.0,
+    out: str | os.PathLike | None = None,
+    rule: str = "mean",
+    top: int | None = None,
+    threshold: float | None = None,
+    retain_rank: int | None = None,
+    retain_energy: float | None = None,
+    rows: bool = False,
+    groups: Mapping[str, str] | Callable[[str], str] | None = None,
+    seed: int = 0,
+) -> EraseReport:
+    """Erase the forget task's subspace from ``model`` in place.
+
+    Args:
+        model: an ``nn.Module`` or a state dict; keys of ``forget`` name its parameters.
+        forget: forget task matrices, parameter name -> tensor of the parameter's shape.
+        retain: retain task matrices for the same names (None: no retain discrimination).
+        rank / energy: size of the forget basis (exactly one; neither means ``energy=0.9``).
+        method: subspace method (``cpqr``, ``cpqr-sketch``, ``svd``, ``svd-lowrank``, ...).
+        localize: edit only the layers picked by ``rule`` (else every layer in ``forget``).
+        scale: W' = W - scale * T~.
+        out: directory for the undo patch and the JSON report (None: patch kept in memory).
+        rule / top / threshold: layer selection (see ``select_layers``).
+        retain_rank / retain_energy: size of the retain basis (default: as the forget basis).
+        rows: also remove the retain task's row space from the update.
+        groups: parameter name -> layer group (mapping or function); default: block index.
+        seed: seed of randomised subspace methods.
+    """
+    start = time.perf_counter()
+    if method not in METHODS:
+        raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
+    if rank is None and energy is None:
+        energy = 0.9
+    if retain_rank is None and retain_energy is None:
+        retain_rank, retain_energy = rank, energy
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    if not forget:
+        raise ValueError("no forget task matrices given")
+    params = ParamTable(model)
+    plan = _plan(params, forget, retain, rank, retain_rank)
+    key = groups if callable(groups) else (lambda n: groups.get(n, group_of(n))) if groups else group_of
+    energies = layer_energy(forget, key)
+    chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
+
+    # Compute every update before touching any weight.
+    updates: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, MatrixRow]] = []
+    for name, items in plan.items():
+        if key(name) not in chosen:
+            continue
+        for label, view, t, r in items:
+            t0 = time.perf_counter()
+            bf = column_basis(t, rank=rank, energy=energy, method=method, seed=seed)
+            Q_r = P_r = None
+            k_r = 0
+            if r is not None:
+                br = column_basis(r, rank=retain_rank, energy=retain_energy, method=method, seed=seed)
+                Q_r, k_r = br.Q, br.k
+                if rows:
+                    P_r = column_basis(r.T, rank=retain_rank, energy=retain_energy, method=method, seed=seed).Q
+            A, B = discriminate_factors(bf.Q, t.to(bf.Q.dtype), Q_r, P_r, coef=bf.coef)
+            row = MatrixRow(name=label, shape=tuple(view.shape), rank_forget=bf.k, rank_retain=k_r,
+                            captured=bf.captured, norm_removed=0.0, rel_norm_removed=0.0,
+                            seconds=time.perf_counter() - t0)
+            updates.append((name, label, view, float(scale) * A.double(), B.double(), row))
+
+    patch = UndoPatch()
+    rows_by_name: dict[str, list[MatrixRow]] = {}
+    for name, label, view, A, B, row in updates:
+        t0 = time.perf_counter()
+        w_norm = float(torch.linalg.vector_norm(view.detach().double()))
+        entry, removed = apply_exact(view, A, B, label)
+        patch.entries.append(entry)
+        row.norm_removed = removed
+        row.rel_norm_removed = removed / w_norm if w_norm else 0.0
+        row.seconds += time.perf_counter() - t0
+        rows_by_name.setdefault(key(name), []).append(row)
+
+    layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, []))
+              for g, e in energies.items()]
+    settings = {"rank": rank, "energy": energy, "retain_rank": retain_rank, "retain_energy": retain_energy,
+                "localize": localize, "rule": rule, "top": top, "threshold": threshold, "scale": scale,
+                "rows": rows, "seed": seed, "retain": retain is not None}
+    report = EraseReport(method=method, settings=settings, layers=layers,
+                         seconds=time.perf_counter() - start, patch=patch)
+    if out is not None:
+        out = Path(out)
+        report.patch_path = str(patch.save(out / PATCH_NAME))
+        report.to_json(out / REPORT_NAME)
+    return report
+
+
+def restore(model: Model, patch: UndoPatch | str | os.PathLike | EraseReport) -> None:
+    """Undo an erase: the edited matrices return to their original bits.
+
+    ``patch`` is an ``UndoPatch``, the path of a saved one, or the ``EraseReport`` of the erase.
+    All matrices are checked before any is written, so a mismatched patch changes nothing.
+    """
+    if isinstance(patch, EraseReport):
+        patch = patch.patch
+    if isinstance(patch, (str, os.PathLike)):
+        patch = UndoPatch.load(patch)
+    if not isinstance(patch, UndoPatch):
+        raise TypeError("patch must be an UndoPatch, its path, or an EraseReport")
+    params = ParamTable(model)
+    views: dict[str, torch.Tensor] = {}
+    for entry in patch.entries:
+        name = entry.label.split("[", 1)[0]
+        views.update(params.views(name))
+    originals = [(views[e.label], revert_exact(views[e.label], e)) for e in patch.entries]
+    with torch.no_grad():
+        for view, original in originals:
+            view.copy_(original.to(view.device))

@@ -1,0 +1,127 @@
+"""The erase report: every layer with its energy, whether it was edited, ranks, norms, time."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class MatrixRow:
+    """One edited matrix."""
+
+    name: str
+    shape: tuple[int, int]
+    rank_forget: int
+    rank_retain: int
+    captured: float  # forget energy fraction captured by the forget basis
+    norm_removed: float  # ||scale * T~||_F
+    rel_norm_removed: float  # norm_removed / ||W||_F
+    seconds: float
+
+
+@dataclass
+class LayerRow:
+    """One layer group (a transformer block or module group)."""
+
+    layer: str
+    energy: float
+    selected: bool
+    matrices: list[MatrixRow] = field(default_factory=list)
+
+    @property
+    def norm_removed(self) -> float:
+        return sum(m.norm_removed**2 for m in self.matrices) ** 0.5
+
+    @property
+    def rank(self) -> int:
+        return max((m.rank_forget for m in self.matrices), default=0)
+
+    @property
+    def seconds(self) -> float:
+        return sum(m.seconds for m in self.matrices)
+
+
+@dataclass
+class EraseReport:
+    """What ``erase`` did. ``to_json`` / ``table`` / ``plot_energy`` present it."""
+
+    method: str
+    settings: dict
+    layers: list[LayerRow]
+    seconds: float
+    patch_path: str | None = None
+    patch: object | None = None  # the UndoPatch, kept in memory
+
+    @property
+    def selected(self) -> list[str]:
+        return [row.layer for row in self.layers if row.selected]
+
+    @property
+    def energies(self) -> dict[str, float]:
+        return {row.layer: row.energy for row in self.layers}
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "settings": self.settings,
+            "seconds": self.seconds,
+            "patch": self.patch_path,
+            "selected": self.selected,
+            "layers": [
+                {**{k: v for k, v in asdict(row).items() if k != "matrices"},
+                 "rank": row.rank, "norm_removed": row.norm_removed, "seconds": row.seconds,
+                 "matrices": [asdict(m) for m in row.matrices]}
+                for row in self.layers
+            ],
+        }
+
+    def to_json(self, path: str | os.PathLike) -> Path:
+        """Write the report as JSON (temp file + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+        os.replace(tmp, path)
+        return path
+
+    def table(self):
+        """A rich Table with one row per layer."""
+        from rich.table import Table
+
+        t = Table(title=f"erase ({self.method}): {len(self.selected)}/{len(self.layers)} layers edited "
+                        f"in {self.seconds:.2f} s")
+        for col in ("layer", "energy", "edited", "rank", "norm removed", "time (s)"):
+            t.add_column(col, justify="left" if col == "layer" else "right")
+        for row in self.layers:
+            t.add_row(row.layer, f"{row.energy:.4f}", "yes" if row.selected else "",
+                      str(row.rank) if row.selected else "", f"{row.norm_removed:.4g}" if row.selected else "",
+                      f"{row.seconds:.3f}" if row.selected else "")
+        return t
+
+    def plot_energy(self, path: str | os.PathLike) -> Path:
+        """Bar plot of layer energies, edited layers highlighted, the 1/|L| line drawn."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = [row.layer for row in self.layers]
+        fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(names) + 2), 4))
+        colors = ["tab:red" if row.selected else "tab:gray" for row in self.layers]
+        ax.bar(range(len(names)), [row.energy for row in self.layers], color=colors)
+        ax.axhline(1 / len(names), color="black", linestyle="--", linewidth=1, label="1/|L|")
+        ax.set_xticks(range(len(names)), names, rotation=70, ha="right", fontsize=7)
+        ax.set_ylabel("task energy  ||T_f^l|| / sum_j ||T_f^j||")
+        ax.set_title("Layer energy of the forget task (red: edited)")
+        ax.legend()
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path

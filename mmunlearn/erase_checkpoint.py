@@ -1,0 +1,64 @@
+"""Erase and restore on checkpoint directories: load tensors, edit, write a new directory atomically."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mmunlearn.checkpoint import atomic_dir, load_checkpoint, write_checkpoint
+from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
+from mmunlearn.erase.patch import UndoPatch
+from mmunlearn.erase.report import EraseReport
+from mmunlearn.taskvec.store import load_task_matrices
+
+PLOT_NAME = "layer_energy.png"
+
+
+def erase_checkpoint(
+    model_dir: str | os.PathLike,
+    forget: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    retain: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    **options,
+) -> EraseReport:
+    """QR-Erase a checkpoint directory into ``out`` (edited weights + undo patch + report + plot).
+
+    ``options`` are those of :func:`mmunlearn.erase.erase`. Everything is validated before
+    anything is written, and ``out`` appears only once complete.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory already exists: {out} (use --overwrite)")
+    if Path(out).resolve() == Path(model_dir).resolve():
+        raise ValueError("--out must differ from --model: the input checkpoint is never modified")
+    ckpt = load_checkpoint(model_dir)
+    tf = load_task_matrices(forget)
+    tr = load_task_matrices(retain) if retain is not None else None
+    report = erase(ckpt.tensors, tf, tr, out=None, **options)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        write_checkpoint(ckpt, tmp)
+        report.patch.save(tmp / PATCH_NAME)
+        report.patch_path = str(out / PATCH_NAME)
+        report.to_json(tmp / REPORT_NAME)
+        report.plot_energy(tmp / PLOT_NAME)
+    return report
+
+
+def restore_checkpoint(
+    model_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    patch: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Write the original checkpoint of an erased one into ``out``."""
+    model_dir = Path(model_dir)
+    undo = UndoPatch.load(patch if patch is not None else model_dir / PATCH_NAME)
+    ckpt = load_checkpoint(model_dir)
+    restore(ckpt.tensors, undo)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        write_checkpoint(ckpt, tmp)
+        for leftover in (PATCH_NAME, REPORT_NAME, PLOT_NAME):
+            (tmp / leftover).unlink(missing_ok=True)

@@ -1,0 +1,5 @@
+"""Task matrices per layer: extraction from a partition (later issues) and safetensors storage."""
+
+from mmunlearn.taskvec.store import TaskMatrices, load_task_matrices, save_task_matrices
+
+__all__ = ["TaskMatrices", "load_task_matrices", "save_task_matrices"]
