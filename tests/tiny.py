@@ -35,3 +35,38 @@ class ConvExperts(nn.Module):
         self.experts = nn.ModuleList([nn.Module() for _ in range(2)])
         for e in self.experts:
             e.gate_up_proj = nn.Parameter(0.1 * torch.randn(4, 10, 12))
+
+
+_TOKENIZER = None
+
+
+def tiny_tokenizer():
+    """A byte-level BPE (vocab 512) trained on a slice of the synthetic TOFU data; cached per session."""
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from mmunlearn.data.tofu import load_split
+        from mmunlearn.presets.tokenizer import train_bpe
+
+        items = load_split("synthetic", "full")[:200]
+        _TOKENIZER = train_bpe([f"{i.question} {i.answer}" for i in items], vocab_size=512)
+    return _TOKENIZER
+
+
+def tiny_causal_lm(arch: str = "llama", vocab: int = 512, hidden: int = 32, layers: int = 2, seed: int = 0):
+    """A random-init causal LM of a given architecture, sized for tests."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        cfg = tf.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
+        return tf.LlamaForCausalLM(cfg).eval()
+    if arch == "qwen2":
+        cfg = tf.Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
+        return tf.Qwen2ForCausalLM(cfg).eval()
+    if arch == "gpt2":
+        cfg = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
+        return tf.GPT2LMHeadModel(cfg).eval()
+    raise ValueError(arch)

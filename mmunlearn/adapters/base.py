@@ -1,0 +1,67 @@
+"""The adapter interface every model family implements, and device/dtype resolution."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+
+class LayerWeight(NamedTuple):
+    """One 2-D (or Conv1d / fused-expert) weight an adapter exposes for task matrices and erasure."""
+
+    name: str  # parameter name in model.named_parameters()
+    block: str  # layer group it belongs to (energy and selection are per group)
+    weight: torch.nn.Parameter
+
+
+@runtime_checkable
+class ModalityAdapter(Protocol):
+    """What task-vector extraction, erasure, T3 and the metrics need from a model family."""
+
+    model: torch.nn.Module
+
+    def layers(self) -> Iterator[LayerWeight]:
+        """Every weight the methods may touch, with its layer group."""
+
+    def collate(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """Turn examples into a padded batch with ``labels`` (-100 outside the target tokens)."""
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean NLL of the target tokens (differentiable)."""
+
+    def logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced per-token log-probs of the targets (B x T) and their mask."""
+
+    def hidden_states(self, batch: dict[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
+        """Hidden states (B x T x d) at a layer; ``final`` is the last normed state."""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model (and its tokenizer/processor) in ``save_pretrained`` layout."""
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` picks CUDA when present, else CPU; anything else is passed to torch.device."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None = None) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU that supports it, else float32; or a name like ``float16``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device is not None and device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    named = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    if dtype not in named:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(named)}")
+    return named[dtype]

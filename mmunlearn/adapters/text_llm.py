@@ -1,0 +1,216 @@
+"""Adapter for HF causal LMs (Llama, Qwen2, GPT-2, ...): QA formatting, scoring, generation, I/O.
+
+Question/answer pairs are formatted with the tokenizer's chat template when it has one, else
+``Question: ...\\nAnswer: ...``; prompt and answer are tokenised separately and concatenated,
+so the labels cover exactly the answer tokens (plus EOS).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from mmunlearn.adapters.base import LayerWeight, resolve_device, resolve_dtype
+from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.erase.energy import group_of
+
+IGNORE = -100
+PLAIN_TEMPLATE = ("Question: {question}\nAnswer:", " {answer}")
+
+
+def _qa(example: Any) -> tuple[str, str | None]:
+    """(question, answer) of a dict-like or attribute-style example."""
+    if isinstance(example, Mapping):
+        q, a = example.get("question"), example.get("answer")
+    else:
+        q, a = getattr(example, "question", None), getattr(example, "answer", None)
+    if not isinstance(q, str):
+        raise ValueError(f"example has no 'question' string: {example!r:.120}")
+    return q, a
+
+
+class TextLLMAdapter:
+    """Wraps a causal LM and its tokenizer with the adapter interface of DESIGN.md."""
+
+    def __init__(self, model: nn.Module, tokenizer, *, max_length: int = 512, use_chat_template: bool | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.use_chat_template = has_template if use_chat_template is None else use_chat_template
+        if self.use_chat_template and not has_template:
+            raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        if self.pad_id is None:
+            raise ValueError("tokenizer has neither a pad nor an EOS token")
+
+    # ------------------------------------------------------------------ loading and saving
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto",
+                        **kwargs) -> "TextLLMAdapter":
+        """Load a model directory (or hub id) with ``AutoModelForCausalLM`` and its tokenizer."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(path, Path) or os.path.sep in str(path) or os.path.exists(str(path)):
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"model directory not found: {path}")
+        dev = resolve_device(device)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev)).to(dev).eval()
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        return cls(model, tokenizer, **kwargs)
+
+    load = from_pretrained
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """``save_pretrained`` of model and tokenizer into ``path`` (atomically)."""
+        with atomic_dir(path, overwrite=overwrite) as tmp:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        return Path(path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ layers
+    def layers(self, include_embeddings: bool = False, include_lm_head: bool = False) -> Iterator[LayerWeight]:
+        """Every 2-D Linear (and GPT-2 Conv1D) weight in the decoder blocks, grouped by block.
+
+        Embeddings and the LM head are excluded unless asked for; norms (1-D) never appear.
+        """
+        seen: set[int] = set()
+        for mname, module in self.model.named_modules():
+            w = getattr(module, "weight", None)
+            if not isinstance(w, nn.Parameter) or w.dim() != 2 or id(w) in seen:
+                continue
+            name = f"{mname}.weight"
+            is_embedding = isinstance(module, nn.Embedding)
+            is_head = module is self.model.get_output_embeddings()
+            in_block = group_of(name) != name.rsplit(".", 1)[0]
+            if (is_embedding and include_embeddings) or (is_head and include_lm_head) or (in_block and not is_embedding):
+                seen.add(id(w))
+                yield LayerWeight(name, group_of(name), w)
+
+    # ------------------------------------------------------------------ formatting
+    def prompt_text(self, question: str) -> str:
+        if self.use_chat_template:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return PLAIN_TEMPLATE[0].format(question=question)
+
+    def encode(self, question: str, answer: str | None = None) -> tuple[list[int], list[int]]:
+        """Token ids of prompt (+ answer + EOS) and labels (-100 on the prompt)."""
+        tok = self.tokenizer
+        prompt = tok(self.prompt_text(question), add_special_tokens=not self.use_chat_template)["input_ids"]
+        if answer is None:
+            return prompt, [IGNORE] * len(prompt)
+        text = answer if self.use_chat_template else PLAIN_TEMPLATE[1].format(answer=answer)
+        ans = tok(text, add_special_tokens=False)["input_ids"] + ([self.eos_id] if self.eos_id is not None else [])
+        ids = (prompt + ans)[: self.max_length]
+        labels = ([IGNORE] * len(prompt) + ans)[: self.max_length]
+        if all(label == IGNORE for label in labels):
+            raise ValueError(f"prompt alone fills max_length={self.max_length}: {question[:80]!r}")
+        return ids, labels
+
+    def collate(self, examples: Sequence[Any], answers: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """Right-padded batch of QA examples (dicts or objects with question/answer).
+
+        ``answers`` overrides the examples' answers (to score paraphrased or perturbed ones).
+        """
+        if not examples:
+            raise ValueError("cannot collate an empty list of examples")
+        rows = []
+        for i, ex in enumerate(examples):
+            q, a = _qa(ex)
+            a = answers[i] if answers is not None else a
+            if not isinstance(a, str):
+                raise ValueError(f"example {i} has no answer to score")
+            rows.append(self.encode(q, a))
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (ids, lab) in enumerate(rows):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            labels[i, : len(lab)] = torch.tensor(lab)
+            mask[i, : len(ids)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+    def _to(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    # ------------------------------------------------------------------ scoring
+    def logits(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token logits aligned with their targets: (B x T-1 x V, targets B x T-1)."""
+        b = self._to(batch)
+        out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+        return out.logits[:, :-1].float(), b["labels"][:, 1:]
+
+    def loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Mean NLL over all answer tokens of the batch."""
+        logits, targets = self.logits(batch)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+    def logprobs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced log p(y_t | x, y_<t) of every answer token (B x T-1; 0 off the mask) and the mask."""
+        logits, targets = self.logits(batch)
+        mask = targets != IGNORE
+        lp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return lp * mask, mask
+
+    @torch.no_grad()
+    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16,
+                   desc: str | None = None) -> torch.Tensor:
+        """Average answer-token NLL per example (length-normalised), float64 on the CPU."""
+        out = []
+        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
+            sub = answers[i : i + batch_size] if answers is not None else None
+            lp, mask = self.logprobs(self.collate(examples[i : i + batch_size], sub))
+            out.append((-(lp.double().sum(1)) / mask.sum(1).clamp(min=1)).cpu())
+        return torch.cat(out)
+
+    def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
+        """Hidden states B x T x d; ``final`` = the last (normed) state, an int indexes HF's tuple."""
+        b = self._to(batch)
+        out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], output_hidden_states=True)
+        states = out.hidden_states
+        if layer == "final":
+            return states[-1]
+        if not isinstance(layer, int) or not -len(states) <= layer < len(states):
+            raise ValueError(f"layer must be 'final' or an int in [-{len(states)}, {len(states) - 1}], got {layer!r}")
+        return states[layer]
+
+    # ------------------------------------------------------------------ generation
+    def prompt_batch(self, questions: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Left-padded prompts for generation."""
+        rows = [self.encode(q)[0] for q in questions]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    @torch.no_grad()
+    def generate(self, questions: Sequence[str], max_new_tokens: int = 64, batch_size: int = 16,
+                 desc: str | None = None, **gen_kwargs) -> list[str]:
+        """Batched greedy answers (only the new text, special tokens removed)."""
+        texts: list[str] = []
+        kwargs = {"do_sample": False, **gen_kwargs}
+        for i in tqdm(range(0, len(questions), batch_size), desc=desc, disable=desc is None, leave=False):
+            b = self._to(self.prompt_batch(questions[i : i + batch_size]))
+            out = self.model.generate(**b, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
+                                      eos_token_id=self.eos_id, **kwargs)
+            new = out[:, b["input_ids"].shape[1]:]
+            texts.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
+        return texts
+

@@ -1,0 +1,1 @@
+"""Model presets built from configs (micro, mini): tokenizer, architecture, pretraining base."""
