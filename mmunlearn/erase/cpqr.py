@@ -145,6 +145,7 @@ def cpqr_torch(T: torch.Tensor, kmax: int, tau: float | None = None) -> PivotedQ
     A = T.to(work)
     orig = col_sq_norms(A)
     norms = orig.clone()
+    ref = orig.clone()  # norms at their last exact computation (the downdating reference)
     total = float(orig.sum())
     floor = (torch.finfo(work).eps * max(m, n)) ** 2 * float(orig.max())
     stale_tol = torch.finfo(work).eps ** 0.5
@@ -173,11 +174,12 @@ def cpqr_torch(T: torch.Tensor, kmax: int, tau: float | None = None) -> PivotedQ
         norms[p] = -1.0  # taken
         # Downdating loses digits when a column's residual is tiny against its original norm:
         # recompute those columns exactly from T and the current basis.
-        stale = (norms >= 0) & (norms <= stale_tol * orig)
+        stale = (norms >= 0) & (norms <= stale_tol * ref)
         if bool(stale.any()):
             idx = stale.nonzero().squeeze(1)
             res = A[:, idx] - Qt[: j + 1].T @ (Qt[: j + 1] @ A[:, idx])
             norms[idx] = (res * res).sum(0).to(torch.float64)
+            ref[idx] = norms[idx]
         if tau is not None and captured >= tau * total:
             break
     k = len(pivots)

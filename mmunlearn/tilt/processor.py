@@ -1,0 +1,53 @@
+"""TemperThenTilt: the decoding-time form of T3 as a transformers ``LogitsProcessor``.
+
+At each step it returns log_softmax(log_softmax(scores) / T + log f(h_t)), where h_t is the
+final hidden state of the position being extended, captured by a forward hook on the base
+model (``HiddenStateTap``). The processor already tempers, so ``generate`` must be called with
+temperature 1 and no top-k/top-p warping, or the sampled distribution is no longer T3's;
+``TiltedCausalLM.generate`` sets these for you.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LogitsProcessor
+
+from mmunlearn.tilt.head import TiltHead
+
+
+class HiddenStateTap:
+    """Forward hook on a (base) model that keeps its last output hidden states."""
+
+    def __init__(self, module: nn.Module):
+        self.states: torch.Tensor | None = None
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, _module, _inputs, output):
+        states = getattr(output, "last_hidden_state", None)
+        self.states = states if states is not None else output[0]
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def tilt_logprobs(logits: torch.Tensor, states: torch.Tensor, head: TiltHead | None, temperature: float) -> torch.Tensor:
+    """Normalised T3 log-probs: log_softmax(log_softmax(logits) / T + log f(states))."""
+    out = torch.log_softmax(logits.float(), -1) / temperature
+    if head is not None:
+        out = out + head.log_f(states).float()
+    return torch.log_softmax(out, -1)
+
+
+class TemperThenTilt(LogitsProcessor):
+    """``scores -> log_softmax(log_softmax(scores) / T + log f(h_t))``; reads h_t from a tap."""
+
+    def __init__(self, head: TiltHead | None, tap: HiddenStateTap, temperature: float = 1.0):
+        if not temperature >= 1.0:
+            raise ValueError(f"T3 tempers with T >= 1, got temperature={temperature}")
+        self.head, self.tap, self.temperature = head, tap, float(temperature)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.tap.states is None:
+            raise RuntimeError("no hidden state captured: the tap is not on the generating model")
+        return tilt_logprobs(scores, self.tap.states[:, -1], self.head, self.temperature)

@@ -1,0 +1,114 @@
+"""TiltedCausalLM: generate scores equal teacher-forced tilted log-probs; limits T=1/zero head and no tilt."""
+
+import pytest
+import torch
+
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.tilt import TiltedCausalLM, TiltHead
+from tests.tiny import tiny_causal_lm, tiny_tokenizer
+
+
+def random_head(model, rank=4, seed=0):
+    torch.manual_seed(seed)
+    head = TiltHead(model.config.hidden_size, model.config.vocab_size, rank)
+    with torch.no_grad():
+        head.B.weight.normal_(0, 2.0)
+        head.B.bias.normal_(0, 1.0)
+    return head
+
+
+def prompts(tok, questions):
+    ad = TextLLMAdapter(tiny_causal_lm(), tok)
+    return ad.prompt_batch(questions)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("sample", [False, True])
+def test_generate_scores_equal_teacher_forced_tilted_logprobs(arch, sample):
+    base = tiny_causal_lm(arch)
+    tilted = TiltedCausalLM(base, random_head(base), temperature=1.5)
+    tok = tiny_tokenizer()
+    batch = prompts(tok, ["Where was the author born?", "What genre?"])
+    torch.manual_seed(1)
+    out = tilted.generate(**batch, max_new_tokens=6, do_sample=sample, output_scores=True,
+                          return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    seq = out.sequences
+    start = batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"], torch.ones(seq.shape[0], seq.shape[1] - start, dtype=torch.long)], 1)
+    with torch.no_grad():
+        forced = tilted(input_ids=seq, attention_mask=mask).logits
+    for t, step_scores in enumerate(out.scores):
+        assert torch.allclose(step_scores, forced[:, start - 1 + t], atol=1e-5)
+        # and the emitted token is consistent with the scores (greedy: argmax)
+        if not sample:
+            assert torch.equal(step_scores.argmax(-1), seq[:, start + t])
+
+
+def test_t1_zero_head_equals_base():
+    base = tiny_causal_lm()
+    tilted = TiltedCausalLM(base, TiltHead(base.config.hidden_size, base.config.vocab_size, 4), temperature=1.0)
+    ids = torch.randint(3, 500, (2, 9))
+    with torch.no_grad():
+        assert torch.allclose(tilted(input_ids=ids).logits, torch.log_softmax(base(input_ids=ids).logits, -1), atol=1e-6)
+    batch = prompts(tiny_tokenizer(), ["What genre?"])
+    a = base.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    b = tilted.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(a, b)
+
+
+def test_no_tilt_equals_tempered_distribution():
+    base = tiny_causal_lm()
+    T = 2.0
+    tilted = TiltedCausalLM(base, None, temperature=T)
+    ids = torch.randint(3, 500, (2, 7))
+    with torch.no_grad():
+        want = torch.log_softmax(base(input_ids=ids).logits / T, -1)
+        assert torch.allclose(tilted(input_ids=ids).logits, want, atol=1e-5)
+
+
+def test_sampling_frequencies_follow_the_tilted_distribution():
+    base = tiny_causal_lm()
+    tilted = TiltedCausalLM(base, random_head(base, seed=3), temperature=1.3)
+    batch = prompts(tiny_tokenizer(), ["What genre?"])
+    n = 4000
+    ids = batch["input_ids"].repeat(n, 1)
+    torch.manual_seed(0)
+    out = tilted.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=True, pad_token_id=0)
+    with torch.no_grad():
+        p = tilted(input_ids=batch["input_ids"]).logits[0, -1].exp()
+    counts = torch.bincount(out[:, -1], minlength=p.numel()).float() / n
+    top = p.topk(3).indices
+    assert torch.allclose(counts[top], p[top], atol=0.03)
+
+
+def test_warping_and_bad_temperature_rejected():
+    base = tiny_causal_lm()
+    with pytest.raises(ValueError, match="T >= 1"):
+        TiltedCausalLM(base, None, temperature=0.5)
+    tilted = TiltedCausalLM(base, None, temperature=1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        tilted.generate(input_ids=torch.tensor([[1, 5, 6]]), max_new_tokens=2, top_k=5)
+
+
+def test_save_load_keeps_head_and_settings(tmp_path):
+    base = tiny_causal_lm()
+    tilted = TiltedCausalLM(base, random_head(base), temperature=1.7, base_path="somewhere")
+    tilted.save(tmp_path / "t3")
+    again = TiltedCausalLM.load(tmp_path / "t3", base=base)
+    ids = torch.randint(3, 500, (1, 8))
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ids).logits, tilted(input_ids=ids).logits)
+    assert again.temperature == 1.7 and again.base_path == "somewhere"
+    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == ["tilt_config.json", "tilt_head.safetensors"]
+
+
+def test_adapter_scores_and_generates_through_the_tilted_model():
+    base = tiny_causal_lm()
+    tok = tiny_tokenizer()
+    tilted = TiltedCausalLM(base, random_head(base), temperature=1.2)
+    ad = TextLLMAdapter(tilted, tok)
+    qa = [{"question": "What genre?", "answer": "Fantasy."}]
+    nll = ad.answer_nll(qa)
+    lp, mask = ad.logprobs(ad.collate(qa))
+    assert torch.allclose(nll, -(lp.sum(1) / mask.sum(1)).double(), atol=1e-6)
+    assert isinstance(ad.generate(["What genre?"], max_new_tokens=4)[0], str)
