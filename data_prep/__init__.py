@@ -1,0 +1,1 @@
+"""Re-runnable dataset preparation: the built-in espeak-ng speaker corpus and VoxCeleb2 forget/retain manifests."""

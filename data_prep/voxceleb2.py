@@ -1,0 +1,398 @@
+"""VoxCeleb2 preparation: decode a VoxCeleb2 tree to 16 kHz wav, write speaker/sample-level forget/retain manifests.
+
+Input: ``<root>/{dev,test}/aac/idNNNNN/<video>/NNNNN.m4a`` as distributed (or the same with
+``.wav``/``.flac``), optionally ``vox2_meta.csv`` (adds ``gender``) and ``transcripts.csv`` (adds
+``text``, only without segmenting). Output in ``--out``::
+
+    wav/idNNNNN/<video>/NNNNN.wav   every input not already 16 kHz mono wav/flac, converted once
+    <split>.csv                     one per name in mmunlearn.data.manifest.SPLIT_NAMES
+    prepare_report.json             files left out (unreadable, silent, too short) and counts
+    audio_index.json                decode cache: later runs with other options decode nothing again
+    prepare_stamp.json              options + input listing; the same again -> the run is skipped
+
+Converting m4a to wav once makes training read fast (no AAC decode per epoch) and lets segments
+seek. 16 kHz mono wav/flac inputs are referenced in place, never copied. Unreadable or silent files
+are reported and left out; they never stop the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import random
+import re
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import soundfile as sf
+import typer
+from tqdm import tqdm
+
+from mmunlearn.data.audio import AudioError, read_audio, save_wav
+from mmunlearn.data.manifest import (
+    SPLIT_NAMES,
+    Utterance,
+    choose_forget_speakers,
+    make_splits,
+    segment_rows,
+    select_speakers,
+    write_manifest,
+)
+
+SR = 16000
+FORMAT_VERSION = 1
+#: Audio suffixes looked for, in order of preference when one utterance exists in several.
+AUDIO_SUFFIXES = (".wav", ".flac", ".m4a", ".aac", ".mp4", ".ogg", ".opus", ".mp3")
+_SPEAKER_DIR = re.compile(r"^id\d+$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One audio file found in the tree."""
+
+    spk_id: str
+    video: str
+    utt: str
+    path: str
+    subset: str  # dev or test
+    size: int = 0
+    mtime_ns: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.spk_id}--{self.video}--{self.utt}"
+
+
+@dataclass
+class PrepareResult:
+    """What :func:`prepare` produced: the manifest paths, the report, and whether it was skipped."""
+
+    out: Path
+    manifests: dict[str, Path]
+    report: dict[str, Any]
+    skipped: bool = False
+
+
+def scan_voxceleb(
+    root: str | os.PathLike,
+    sets: Sequence[str] | None = None,
+    exclude: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> tuple[list[Source], int]:
+    """Audio files ``.../idNNNNN/<video>/<utt>.<ext>`` under ``root`` (skipping ``exclude``).
+
+    The subset is the first folder under ``root`` when it is ``dev`` or ``test`` (else ``dev``);
+    ``sets`` keeps only those. When one utterance exists in several formats, the first suffix of
+    :data:`AUDIO_SUFFIXES` wins. Returns the sources sorted by ID and the number of duplicates.
+    """
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"VoxCeleb2 root {root} is not a folder")
+    skip = Path(exclude).resolve() if exclude else None
+    found: dict[str, tuple[int, Source]] = {}
+    dups = 0
+    walk = tqdm(os.walk(root), unit="dir", desc="scanning", disable=not progress)
+    for dirpath, dirnames, filenames in walk:
+        here = Path(dirpath)
+        if skip is not None and (here == skip or skip in here.parents):
+            dirnames[:] = []
+            continue
+        dirnames.sort()
+        if not _SPEAKER_DIR.match(here.parent.name):
+            continue
+        rel = here.relative_to(root).parts
+        subset = rel[0] if rel and rel[0] in ("dev", "test") else "dev"
+        if sets is not None and subset not in sets:
+            continue
+        for name in sorted(filenames):
+            suffix = Path(name).suffix.lower()
+            if suffix not in AUDIO_SUFFIXES or name.startswith("."):
+                continue
+            try:
+                st = os.stat(here / name)
+            except OSError:  # vanished or dangling link: nothing to read
+                continue
+            src = Source(here.parent.name, here.name, Path(name).stem, str(here / name), subset,
+                         st.st_size, st.st_mtime_ns)
+            rank = AUDIO_SUFFIXES.index(suffix)
+            if src.id in found:
+                dups += 1
+                if found[src.id][0] <= rank:
+                    continue
+            found[src.id] = (rank, src)
+    return [found[k][1] for k in sorted(found)], dups
+
+
+def read_vox_meta(path: str | os.PathLike) -> dict[str, dict[str, str]]:
+    """``vox2_meta.csv`` as ``{id: {"vggface2_id", "gender", "set"}}``, stray spaces stripped."""
+    path = Path(path)
+    names = {"voxceleb2 id": "id", "vggface2 id": "vggface2_id", "gender": "gender", "set": "set"}
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = [h.strip().lower() for h in next(reader, [])]
+        if "voxceleb2 id" not in header:
+            raise ValueError(f"{path}: no 'VoxCeleb2 ID' column in header {header}")
+        recs = [{names.get(h, h): v.strip() for h, v in zip(header, row)} for row in reader]
+    return {r.pop("id"): r for r in recs if r.get("id")}
+
+
+def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
+    """``transcripts.csv`` (``ID``, ``text`` columns, as the synthetic corpus has): ID -> text."""
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        if not {"ID", "text"} <= set(reader.fieldnames or []):
+            raise ValueError(f"{path}: transcripts need columns ID and text, "
+                             f"got {reader.fieldnames}")
+        return {r["ID"].strip(): r["text"].strip() for r in reader}
+
+
+def _convert_one(src: Source, wav_dir: Path, cached: dict | None) -> dict:
+    """Decode/validate one file; returns its index entry (``wav`` + ``frames``, or ``error``)."""
+    key = {"size": src.size, "mtime_ns": src.mtime_ns}
+    if cached and all(cached.get(k) == v for k, v in key.items()) and (
+        "error" in cached or Path(cached.get("wav", "")).is_file()
+    ):
+        return cached
+    try:
+        wav = read_audio(src.path, SR)
+        suffix = Path(src.path).suffix.lower()
+        info = sf.info(src.path) if suffix in (".wav", ".flac") else None
+        if info is not None and info.samplerate == SR and info.channels == 1:
+            return {**key, "wav": src.path, "frames": int(wav.size)}
+        dst = wav_dir / src.spk_id / src.video / f"{src.utt}.wav"
+        save_wav(dst, wav, SR)
+        return {**key, "wav": str(dst), "frames": int(wav.size)}
+    except (AudioError, RuntimeError, ValueError) as exc:  # unreadable/silent/empty: report, go on
+        return {**key, "error": str(exc)}
+
+
+def _options_digest(options: dict, sources: list[Source], side_files: Sequence[Path | None]) -> str:
+    h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+    for path in side_files:  # meta / transcripts: their content matters too
+        if path is not None:
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    for s in sources:
+        h.update(f"{s.path}\0{s.size}\0{s.mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def prepare(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    meta: str | os.PathLike | None = None,
+    transcripts: str | os.PathLike | None = None,
+    sets: Sequence[str] | None = None,
+    speakers: int = 0,
+    forget_speakers: int | Sequence[str] = 2,
+    forget_fraction: float = 0.1,
+    test_video_fraction: float = 0.2,
+    max_utterances: int = 0,
+    segment_seconds: float = 0.0,
+    min_duration: float = 1.0,
+    seed: int = 0,
+    jobs: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> PrepareResult:
+    """Write the forget/retain manifests for a VoxCeleb2 tree (see the module notes).
+
+    ``speakers``: keep this many speakers (0: all), drawn by ``seed`` (explicit forget speakers are
+    always kept). ``forget_speakers``: a count drawn by ``seed`` or a list of IDs.
+    ``max_utterances``: per speaker, a seeded random subset of files before decoding (0: all);
+    files that then fail are left out, so a speaker may end with fewer. ``min_duration`` (s):
+    shorter files are left out. Returns a :class:`PrepareResult`; ``skipped`` when the stamp in
+    ``out`` matches these options and inputs.
+    """
+    root, out = Path(root).resolve(), Path(out).resolve()
+    meta = _default_side_file(meta, root / "vox2_meta.csv")
+    transcripts = _default_side_file(transcripts, root / "transcripts.csv")
+    if segment_seconds < 0 or min_duration < 0 or max_utterances < 0:
+        raise ValueError("segment_seconds, min_duration and max_utterances must be >= 0")
+    explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
+    options = dict(format=FORMAT_VERSION, root=str(root), meta=str(meta),
+                   transcripts=str(transcripts), sets=sorted(sets) if sets else None,
+                   speakers=speakers, forget_speakers=explicit or forget_speakers,
+                   forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
+                   max_utterances=max_utterances, segment_seconds=segment_seconds,
+                   min_duration=min_duration, seed=seed)
+    sources, dups = scan_voxceleb(root, sets, exclude=out, progress=progress)
+    if not sources:
+        raise FileNotFoundError(f"no audio files under {root} "
+                                "(expected dev/aac/idNNNNN/<video>/NNNNN.m4a)")
+    digest = _options_digest(options, sources, [meta, transcripts])
+    out.mkdir(parents=True, exist_ok=True)
+    stamp_path, report_path = out / "prepare_stamp.json", out / "prepare_report.json"
+    manifests = {name: out / f"{name}.csv" for name in SPLIT_NAMES}
+    done = [stamp_path, report_path, *manifests.values()]
+    if not force and all(p.is_file() for p in done):
+        if json.loads(stamp_path.read_text()).get("digest") == digest:
+            report = json.loads(report_path.read_text())
+            return PrepareResult(out, manifests, report, skipped=True)
+    stamp_path.unlink(missing_ok=True)  # an interrupted rebuild must not look finished
+
+    todo = _select_files(sources, speakers, explicit or [], max_utterances, seed)
+    entries = _decode_all(todo, out, jobs, progress)
+    utts, failed, too_short = _utterances(
+        todo, entries, int(round(min_duration * SR)),
+        read_vox_meta(meta) if meta else {},
+        read_transcripts(transcripts) if transcripts and segment_seconds <= 0 else {},
+    )
+    kept = sorted({u.spk_id for u in utts})
+    forget = choose_forget_speakers(kept, explicit or forget_speakers, seed)
+    splits, info = make_splits(utts, forget, forget_fraction, test_video_fraction, seed)
+
+    counts = {}
+    for name, items in splits.items():
+        rows = [r for u in items for r in segment_rows(u, SR, segment_seconds)]
+        write_manifest(manifests[name], rows, columns=_columns(utts))
+        counts[name] = {"utterances": len(items), "rows": len(rows),
+                        "speakers": len({u.spk_id for u in items}),
+                        "hours": round(sum(r["duration"] for r in rows) / 3600, 4)}
+    report = {"options": options, "files_found": len(sources), "duplicates": dups,
+              "files_selected": len(todo), "failed": failed, "too_short": too_short,
+              "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
+              "counts": counts, **info}
+    _write_json(report_path, report)
+    _write_json(stamp_path, {"digest": digest, "options": options})
+    return PrepareResult(out, manifests, report)
+
+
+def _default_side_file(given: str | os.PathLike | None, default: Path) -> Path | None:
+    return Path(given).resolve() if given else (default if default.is_file() else None)
+
+
+def _select_files(sources: list[Source], speakers: int, keep: list[str], max_utterances: int,
+                  seed: int) -> list[Source]:
+    """The files to decode: the chosen speakers', capped per speaker by a seeded draw."""
+    by_spk: dict[str, list[Source]] = {}
+    for src in sources:
+        by_spk.setdefault(src.spk_id, []).append(src)
+    todo: list[Source] = []
+    for spk in select_speakers(by_spk, speakers, seed, keep=keep):
+        files = by_spk[spk]
+        if max_utterances and len(files) > max_utterances:
+            files = random.Random(f"cap:{seed}:{spk}").sample(files, max_utterances)
+        todo += sorted(files, key=lambda s: s.id)
+    return todo
+
+
+def _decode_all(todo: list[Source], out: Path, jobs: int, progress: bool) -> list[dict]:
+    """Decode/validate every file (threads; cached in audio_index.json); one entry per file."""
+    index_path = out / "audio_index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    workers = jobs or min(4, os.cpu_count() or 1)
+    # Threads, not processes: FFmpeg, libsndfile and scipy drop the GIL for much of the work,
+    # and no worker has to re-import torch.
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        work = pool.map(lambda s: _convert_one(s, out / "wav", index.get(s.path)), todo)
+        entries = list(tqdm(work, total=len(todo), unit="file", desc="decoding audio",
+                            disable=not progress))
+    index.update({src.path: entry for src, entry in zip(todo, entries)})
+    _write_json(index_path, index)
+    return entries
+
+
+def _utterances(todo: list[Source], entries: list[dict], min_frames: int,
+                meta: dict[str, dict[str, str]], text: dict[str, str]):
+    """Good files as Utterances (with gender/text extras), plus the failed and too-short ones."""
+    utts, failed, too_short = [], [], []
+    for src, entry in zip(todo, entries):
+        if "error" in entry:
+            failed.append({"path": src.path, "reason": entry["error"]})
+        elif entry["frames"] < min_frames:
+            too_short.append({"path": src.path, "seconds": entry["frames"] / SR})
+        else:
+            extra = {}
+            if meta:
+                extra["gender"] = meta.get(src.spk_id, {}).get("gender", "")
+            if text:
+                extra["text"] = text.get(src.id, "")
+            utts.append(Utterance(src.spk_id, src.video, src.utt, entry["wav"], entry["frames"],
+                                  extra))
+    return utts, failed, too_short
+
+
+def _columns(utts: list[Utterance]) -> list[str]:
+    extra = list(utts[0].extra) if utts else []
+    return ["ID", "duration", "wav", "start", "stop", "spk_id", *extra]
+
+
+app = typer.Typer(add_completion=False, help="VoxCeleb2 forget/retain manifests.")
+
+
+@app.callback()
+def _root() -> None:
+    """VoxCeleb2 data preparation."""
+
+
+_Opt = typer.Option
+
+
+@app.command("prepare")
+def prepare_command(
+    root: Annotated[Path, _Opt("--root", help="VoxCeleb2 tree: dev/aac/idNNNNN/<video>/NNNNN.m4a "
+                               "(and/or test/aac/...; .wav/.flac work too).")],
+    out: Annotated[Path, _Opt("--out", help="Output folder: manifests, converted wavs, report.")],
+    meta: Annotated[Path | None, _Opt(help="vox2_meta.csv (adds a gender column); default "
+                                      "<root>/vox2_meta.csv when present.")] = None,
+    transcripts: Annotated[Path | None, _Opt(help="CSV with ID,text (adds a text column unless "
+                                             "segmenting); default <root>/transcripts.csv")] = None,
+    sets: Annotated[str, _Opt(help="Comma list of subsets to read: dev, test.")] = "dev,test",
+    speakers: Annotated[int, _Opt(min=0, help="Keep this many speakers, by --seed (0: all).")] = 0,
+    forget_speakers: Annotated[str, _Opt(help="Number of forget speakers drawn by --seed, or a "
+                                         "comma list of IDs (id00012,id00015).")] = "2",
+    forget_fraction: Annotated[float, _Opt(min=0.0, max=0.5, help="Sample level: fraction of each "
+                                           "retained speaker's training utterances to forget; as "
+                                           "many more become the never-trained holdout.")] = 0.1,
+    test_video_fraction: Annotated[float, _Opt(min=0.0, max=1.0, help="Per speaker, fraction of "
+                                               "videos held out for the *_test splits (at least "
+                                               "one, at most all but one).")] = 0.2,
+    max_utterances: Annotated[int, _Opt(min=0, help="Per speaker, at most this many files, drawn "
+                                        "by --seed before decoding (0: all).")] = 0,
+    segment_seconds: Annotated[float, _Opt(min=0.0, help="Cut files into fixed segments of this "
+                                           "many seconds with start/stop (0: whole files).")] = 0.0,
+    min_duration: Annotated[float, _Opt(min=0.0, help="Leave out files shorter (seconds).")] = 1.0,
+    seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
+    jobs: Annotated[int, _Opt(min=0, help="Decoding threads (0: up to 4).")] = 0,
+    force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date.")] = False,
+) -> None:
+    """Decode audio to 16 kHz wav and write speaker- and sample-level forget/retain manifests."""
+    forget: int | list[str] = (
+        int(forget_speakers) if forget_speakers.strip().isdigit()
+        else [s.strip() for s in forget_speakers.split(",") if s.strip()]
+    )
+    res = prepare(root, out, meta=meta, transcripts=transcripts, speakers=speakers,
+                  sets=[s.strip() for s in sets.split(",") if s.strip()], forget_speakers=forget,
+                  forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
+                  max_utterances=max_utterances, segment_seconds=segment_seconds,
+                  min_duration=min_duration, seed=seed, jobs=jobs, force=force)
+    rep = res.report
+    typer.echo(f"{res.out}: {'up to date (skipped)' if res.skipped else 'written'}; "
+               f"forget speakers {rep['forget_speakers']}")
+    for name, c in rep["counts"].items():
+        typer.echo(f"  {name + '.csv':22s} {c['utterances']:7d} utts {c['rows']:7d} rows "
+                   f"{c['speakers']:5d} spk {c['hours']:8.3f} h")
+    for item in rep["failed"]:
+        typer.echo(f"  left out (unreadable/silent): {item['path']}: {item['reason']}", err=True)
+    if rep["too_short"]:
+        typer.echo(f"  left out (shorter than {min_duration} s): {len(rep['too_short'])} files",
+                   err=True)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,254 @@
+"""Speech manifests (SpeechBrain CSV ``ID,duration,wav,start,stop,spk_id``) and forget/retain splits.
+
+``duration`` is in seconds, ``start``/``stop`` are sample indices at 16 kHz into ``wav`` (an
+absolute path), so SpeechBrain's ``DynamicItemDataset.from_csv`` and :func:`read_manifest` read
+the same files. Extra columns (``gender``, ``text``, ...) pass through as strings.
+
+Splits (:func:`make_splits`) work on :class:`Utterance` records of any corpus with speakers and
+recording sessions ("videos"); they are made per utterance, so all segments of one recording
+always land in the same split.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Columns every manifest carries, in this order.
+MANIFEST_COLUMNS: tuple[str, ...] = ("ID", "duration", "wav", "start", "stop", "spk_id")
+_TYPES = {"duration": float, "start": int, "stop": int}
+
+
+class ManifestError(ValueError):
+    """A manifest file is missing, malformed or inconsistent. The message names the file."""
+
+
+def read_manifest(
+    path: str | os.PathLike, required: Sequence[str] = MANIFEST_COLUMNS
+) -> list[dict[str, Any]]:
+    """Read a manifest CSV into a list of dicts (``duration`` float, ``start``/``stop`` int).
+
+    Raises :class:`ManifestError` naming the file when it is missing, lacks a ``required``
+    column, has an empty or duplicate ``ID``, a value that does not parse, or ``stop <= start``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"{path}: manifest not found")
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise ManifestError(
+                f"{path}: missing column(s) {missing}; header has {header or 'nothing'}"
+            )
+        reader.fieldnames = header
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for line, raw in enumerate(reader, start=2):
+            row: dict[str, Any] = {
+                k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()
+            }
+            if None in row or any(v is None for v in row.values()):
+                raise ManifestError(f"{path}:{line}: wrong number of fields")
+            for col, typ in _TYPES.items():
+                if col in row:
+                    try:
+                        row[col] = typ(row[col])
+                    except ValueError:
+                        raise ManifestError(f"{path}:{line}: column {col!r} value "
+                                            f"{row[col]!r} is not {typ.__name__}") from None
+            if "ID" in row:
+                if not row["ID"]:
+                    raise ManifestError(f"{path}:{line}: empty ID")
+                if row["ID"] in seen:
+                    raise ManifestError(f"{path}:{line}: duplicate ID {row['ID']!r}")
+                seen.add(row["ID"])
+            if "start" in row and "stop" in row and row["stop"] <= row["start"]:
+                raise ManifestError(f"{path}:{line}: stop {row['stop']} <= start {row['start']}")
+            rows.append(row)
+    return rows
+
+
+def write_manifest(
+    path: str | os.PathLike,
+    rows: Iterable[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+) -> Path:
+    """Write ``rows`` as a manifest CSV atomically (temp file in the same folder + rename).
+
+    ``columns`` defaults to :data:`MANIFEST_COLUMNS` followed by any extra keys of the first row
+    (in its order). Every row must hold every column; floats are written with 4 decimals.
+    """
+    path = Path(path)
+    rows = list(rows)
+    if columns is None:
+        extra = [k for k in (rows[0] if rows else {}) if k not in MANIFEST_COLUMNS]
+        columns = [*MANIFEST_COLUMNS, *extra]
+    missing_base = [c for c in MANIFEST_COLUMNS if c not in columns]
+    if missing_base:
+        raise ManifestError(f"{path}: columns {list(columns)} lack required {missing_base}")
+    for i, row in enumerate(rows):
+        lacking = [c for c in columns if c not in row]
+        if lacking:
+            raise ManifestError(f"{path}: row {i} (ID={row.get('ID')!r}) lacks {lacking}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(columns)
+            for row in rows:
+                writer.writerow(
+                    [f"{row[c]:.4f}" if isinstance(row[c], float) else row[c] for c in columns]
+                )
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+#: Split names, in the order they are written. The first five partition the kept utterances;
+#: ``sample_forget`` is a subset of ``spk_retain_train``; ``train`` = both ``*_train`` splits and
+#: ``sample_retain`` = ``train`` minus ``sample_forget``.
+SPLIT_NAMES: tuple[str, ...] = (
+    "spk_forget_train", "spk_forget_test", "spk_retain_train", "spk_retain_test", "sample_holdout",
+    "sample_forget", "sample_retain", "train",
+)
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One recording: speaker, video (session), utterance name, audio file, length in samples."""
+
+    spk_id: str
+    video: str
+    utt: str
+    wav: str
+    frames: int
+    extra: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.spk_id}--{self.video}--{self.utt}"
+
+
+def select_speakers(
+    speakers: Iterable[str], n: int, seed: int, keep: Iterable[str] = ()
+) -> list[str]:
+    """``n`` speakers (all when ``n <= 0``) drawn by ``seed``, always including ``keep``; sorted."""
+    pool, keep = sorted(set(speakers)), sorted(set(keep))
+    unknown = [s for s in keep if s not in pool]
+    if unknown:
+        raise ValueError(f"speaker(s) {unknown} not found among {len(pool)} speakers")
+    if n <= 0 or n >= len(pool):
+        return pool
+    if n < len(keep):
+        raise ValueError(f"--speakers {n} is fewer than the {len(keep)} explicit forget speakers")
+    rest = [s for s in pool if s not in keep]
+    return sorted(keep + random.Random(f"speakers:{seed}").sample(rest, n - len(keep)))
+
+
+def choose_forget_speakers(
+    speakers: Sequence[str], forget: int | Sequence[str], seed: int
+) -> list[str]:
+    """``forget`` speakers drawn by ``seed`` (an int) or the given IDs; leaves >= 1 retained."""
+    pool = sorted(set(speakers))
+    if isinstance(forget, int):
+        if not 0 < forget < len(pool):
+            raise ValueError(f"forget speakers must be in [1, {len(pool) - 1}] for "
+                             f"{len(pool)} speakers, got {forget}")
+        return sorted(random.Random(f"forget:{seed}").sample(pool, forget))
+    chosen = sorted(set(forget))
+    unknown = [s for s in chosen if s not in pool]
+    if unknown or not chosen or len(chosen) >= len(pool):
+        raise ValueError(f"forget speakers {chosen} must be known ({unknown} are not) and "
+                         f"leave one of {len(pool)} retained")
+    return chosen
+
+
+def make_splits(
+    utts: Sequence[Utterance],
+    forget_speakers: Sequence[str],
+    forget_fraction: float = 0.1,
+    test_video_fraction: float = 0.2,
+    seed: int = 0,
+) -> tuple[dict[str, list[Utterance]], dict[str, Any]]:
+    """Speaker-level and sample-level forget/retain splits (see :data:`SPLIT_NAMES`).
+
+    Per speaker, ``round(test_video_fraction * n_videos)`` videos (at least 1, at most all but 1)
+    are test videos: their utterances form the ``*_test`` splits and never enter training. A
+    speaker with one video has no test part. For each retained speaker, ``k = round(forget_fraction
+    * n_train)`` (at least 1 when the fraction is > 0, at most half) of its training utterances form
+    ``sample_forget`` and another ``k`` of them ``sample_holdout``, which leaves training. Returns
+    the splits (each sorted by ID) and info (test videos per speaker, speakers without one).
+    """
+    if not 0.0 <= forget_fraction <= 0.5:
+        raise ValueError("forget_fraction must be in [0, 0.5] (an equal holdout is drawn), "
+                         f"got {forget_fraction}")
+    if not 0.0 < test_video_fraction < 1.0:
+        raise ValueError(f"test_video_fraction must be in (0, 1), got {test_video_fraction}")
+    ids = [u.id for u in utts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("utterance IDs are not unique")
+    by_spk: dict[str, list[Utterance]] = {}
+    for u in sorted(utts, key=lambda u: u.id):
+        by_spk.setdefault(u.spk_id, []).append(u)
+    unknown = sorted(set(forget_speakers) - set(by_spk))
+    if unknown:
+        raise ValueError(f"forget speakers {unknown} have no utterances")
+    splits: dict[str, list[Utterance]] = {name: [] for name in SPLIT_NAMES}
+    info: dict[str, Any] = {"test_videos": {}, "speakers_without_test_video": []}
+    for spk, items in by_spk.items():
+        rng = random.Random(f"split:{seed}:{spk}")
+        videos = sorted({u.video for u in items})
+        n_test = min(max(1, round(test_video_fraction * len(videos))), len(videos) - 1)
+        test_videos = set(rng.sample(videos, n_test))
+        info["test_videos"][spk] = sorted(test_videos)
+        if not test_videos:
+            info["speakers_without_test_video"].append(spk)
+        train = [u for u in items if u.video not in test_videos]
+        test = [u for u in items if u.video in test_videos]
+        if spk in forget_speakers:
+            splits["spk_forget_train"] += train
+            splits["spk_forget_test"] += test
+            continue
+        splits["spk_retain_test"] += test
+        k = min(len(train) // 2, max(1, round(forget_fraction * len(train))))
+        k = k if forget_fraction > 0 else 0
+        rng.shuffle(train)
+        splits["sample_forget"] += train[:k]
+        splits["sample_holdout"] += train[k : 2 * k]
+        splits["spk_retain_train"] += train[:k] + train[2 * k :]
+    held = {u.id for u in splits["sample_forget"]}
+    splits["train"] = splits["spk_forget_train"] + splits["spk_retain_train"]
+    splits["sample_retain"] = [u for u in splits["train"] if u.id not in held]
+    return {k: sorted(v, key=lambda u: u.id) for k, v in splits.items()}, info
+
+
+def segment_rows(
+    utt: Utterance, sr: int = 16000, segment_seconds: float = 0.0
+) -> list[dict[str, Any]]:
+    """Manifest rows for one utterance: the whole file, or ``floor(len / seg)`` fixed segments.
+
+    With ``segment_seconds > 0`` a file shorter than one segment gives one row for the whole file;
+    the remainder after the last full segment is dropped. IDs get a ``_start_stop`` suffix.
+    """
+    seg = int(round(segment_seconds * sr))
+    if seg <= 0 or utt.frames <= seg:
+        bounds = [(0, utt.frames)]
+    else:
+        bounds = [(i * seg, (i + 1) * seg) for i in range(utt.frames // seg)]
+    rows = []
+    for start, stop in bounds:
+        rid = utt.id if seg <= 0 else f"{utt.id}_{start}_{stop}"
+        rows.append({"ID": rid, "duration": (stop - start) / sr, "wav": utt.wav, "start": start,
+                     "stop": stop, "spk_id": utt.spk_id, **dict(utt.extra)})
+    return rows
