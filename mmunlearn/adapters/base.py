@@ -29,11 +29,19 @@ class ModalityAdapter(Protocol):
     def collate(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Turn examples into a padded batch with ``labels`` (-100 outside the target tokens)."""
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean NLL of the target tokens (differentiable)."""
+    # Scoring methods take an optional ``model`` (a training loop's possibly wrapped module).
+    def loss(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Mean NLL of the targets (differentiable)."""
 
-    def logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced per-token log-probs of the targets (B x T) and their mask."""
+
+    def sequence_logprob(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None,
+                         average: bool = False) -> torch.Tensor:
+        """log p(y | x) per example (B,), summed over target tokens (or their mean); for NPO/SimNPO."""
+
+    def target_distributions(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Log-probabilities over the output space at every target position (N x V); for KL terms."""
 
     def hidden_states(self, batch: dict[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Hidden states (B x T x d) at a layer; ``final`` is the last normed state."""

@@ -148,23 +148,37 @@ class TextLLMAdapter:
         return {k: v.to(self.device) for k, v in batch.items()}
 
     # ------------------------------------------------------------------ scoring
-    def logits(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    # Every scoring method takes an optional ``model``: a training loop passes its (possibly
+    # distributed-wrapped) module so gradients flow through the wrapper.
+    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits aligned with their targets: (B x T-1 x V, targets B x T-1)."""
         b = self._to(batch)
-        out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+        out = (model or self.model)(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
         return out.logits[:, :-1].float(), b["labels"][:, 1:]
 
-    def loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
         """Mean NLL over all answer tokens of the batch."""
-        logits, targets = self.logits(batch)
+        logits, targets = self.logits(batch, model)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
-    def logprobs(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced log p(y_t | x, y_<t) of every answer token (B x T-1; 0 off the mask) and the mask."""
-        logits, targets = self.logits(batch)
+        logits, targets = self.logits(batch, model)
         mask = targets != IGNORE
         lp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return lp * mask, mask
+
+    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
+                         average: bool = False) -> torch.Tensor:
+        """log p(y | x) per example (B,): the sum over answer tokens, or their mean if ``average``."""
+        lp, mask = self.logprobs(batch, model)
+        total = lp.sum(1)
+        return total / mask.sum(1).clamp(min=1) if average else total
+
+    def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Log-probabilities over the vocabulary at every answer position (N x V), for KL terms."""
+        logits, targets = self.logits(batch, model)
+        return torch.log_softmax(logits[targets != IGNORE], -1)
 
     @torch.no_grad()
     def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16,
