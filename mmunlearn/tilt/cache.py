@@ -1,0 +1,117 @@
+"""Hidden-state cache for T3: one frozen pass over retain and forget answers, stored on disk.
+
+For every answer token y_t the cache keeps the final hidden state at position t-1 (the state
+that predicts y_t), the token id, and the partition label (retain 1, forget 0). The file name
+is a key over the model's fingerprint, the data and the layer, so later runs with the same
+model and data reuse it; the one-off extraction time is reported separately from training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from mmunlearn.adapters.text_llm import IGNORE, _qa
+from mmunlearn.tilt.processor import HiddenStateTap
+
+
+@dataclass
+class StateCache:
+    """Cached (state, token, label) triples and where they came from."""
+
+    states: torch.Tensor  # N x d
+    tokens: torch.Tensor  # N (the answer token each state predicts)
+    labels: torch.Tensor  # N, 1.0 = retain, 0.0 = forget
+    seq: torch.Tensor  # N, index of the example the token belongs to
+    path: Path | None
+    seconds: float  # extraction time (0 if loaded from disk)
+    reused: bool
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A cheap identity of a model's weights: names, shapes, dtypes, sums and a few values."""
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        flat = p.detach().reshape(-1)
+        sample = torch.cat([flat[:8], flat[-8:]]).float().cpu() if flat.numel() else flat.float().cpu()
+        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|{float(flat.double().sum()) if flat.numel() else 0.0!r}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()
+
+
+def data_digest(examples: Sequence[Any]) -> str:
+    """Hash of the (question, answer) pairs, in order."""
+    return hashlib.sha256(json.dumps([_qa(e) for e in examples]).encode()).hexdigest()
+
+
+def cache_key(model: torch.nn.Module, retain: Sequence[Any], forget: Sequence[Any], layer: str) -> str:
+    parts = [model_fingerprint(model), data_digest(retain), data_digest(forget), layer]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+@torch.no_grad()
+def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc: str | None = None):
+    """(states, tokens, seq) of every answer token of ``examples`` from the final hidden state."""
+    tap = HiddenStateTap(adapter.model.base_model)
+    try:
+        states, tokens, seq = [], [], []
+        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
+            batch = adapter.collate(examples[i : i + batch_size])
+            b = {k: v.to(adapter.device) for k, v in batch.items()}
+            adapter.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+            h = tap.states[:, :-1]
+            targets = b["labels"][:, 1:]
+            mask = targets != IGNORE
+            states.append(h[mask].float().cpu())
+            tokens.append(targets[mask].cpu())
+            rows = torch.arange(i, i + len(batch["input_ids"]), device=mask.device)[:, None].expand_as(mask)
+            seq.append(rows[mask].cpu())
+    finally:
+        tap.remove()
+    return torch.cat(states), torch.cat(tokens), torch.cat(seq)
+
+
+def build_cache(adapter, retain: Sequence[Any], forget: Sequence[Any], cache_dir: str | os.PathLike | None = None,
+                batch_size: int = 16, layer: str = "final") -> StateCache:
+    """Extract (or reuse from ``cache_dir``) the hidden states of retain and forget answers."""
+    if not retain or not forget:
+        raise ValueError(f"T3 needs both retain and forget examples (got {len(retain)} retain, {len(forget)} forget)")
+    if layer != "final":
+        raise ValueError(f"only the final hidden state is supported as the tilt input, got layer={layer!r}")
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"states-{cache_key(adapter.model, retain, forget, layer)}.safetensors"
+        if path.is_file():
+            t = load_file(str(path))
+            return StateCache(t["states"], t["tokens"], t["labels"], t["seq"], path, 0.0, True)
+    start = time.perf_counter()
+    hr, yr, sr = extract_states(adapter, retain, batch_size, desc="cache retain states")
+    hf, yf, sf = extract_states(adapter, forget, batch_size, desc="cache forget states")
+    cache = StateCache(
+        states=torch.cat([hr, hf]), tokens=torch.cat([yr, yf]),
+        labels=torch.cat([torch.ones(len(yr)), torch.zeros(len(yf))]),
+        seq=torch.cat([sr, sf + len(retain)]), path=path, seconds=time.perf_counter() - start, reused=False,
+    )
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({"states": cache.states.contiguous(), "tokens": cache.tokens, "labels": cache.labels,
+                       "seq": cache.seq}, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return cache
