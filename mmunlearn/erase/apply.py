@@ -82,6 +82,7 @@ def erase(
     rows: bool = False,
     groups: Mapping[str, str] | Callable[[str], str] | None = None,
     seed: int = 0,
+    clamp_ranks: bool = False,
 ) -> EraseReport:
     """Erase the forget task's subspace from ``model`` in place.
 
@@ -99,6 +100,8 @@ def erase(
         rows: also remove the retain task's row space from the update.
         groups: parameter name -> layer group (mapping or function); default: block index.
         seed: seed of randomised subspace methods.
+        clamp_ranks: cap rank / retain_rank at each matrix's min(m, n) instead of raising (one
+            setting for layers of different shapes, e.g. Conv1d kernels next to Linear weights).
     """
     start = time.perf_counter()
     if method not in METHODS:
@@ -112,7 +115,7 @@ def erase(
     if not forget:
         raise ValueError("no forget task matrices given")
     params = ParamTable(model)
-    plan = _plan(params, forget, retain, rank, retain_rank)
+    plan = _plan(params, forget, retain, None if clamp_ranks else rank, None if clamp_ranks else retain_rank)
     key = groups if callable(groups) else (lambda n: groups.get(n, group_of(n))) if groups else group_of
     energies = layer_energy(forget, key)
     chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
@@ -124,14 +127,15 @@ def erase(
             continue
         for label, view, t, r in items:
             t0 = time.perf_counter()
-            bf = column_basis(t, rank=rank, energy=energy, method=method, seed=seed)
+            cap = (lambda k, m: None if k is None else min(k, *m.shape)) if clamp_ranks else (lambda k, m: k)
+            bf = column_basis(t, rank=cap(rank, t), energy=energy, method=method, seed=seed)
             Q_r = P_r = None
             k_r = 0
             if r is not None:
-                br = column_basis(r, rank=retain_rank, energy=retain_energy, method=method, seed=seed)
+                br = column_basis(r, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed)
                 Q_r, k_r = br.Q, br.k
                 if rows:
-                    P_r = column_basis(r.T, rank=retain_rank, energy=retain_energy, method=method, seed=seed).Q
+                    P_r = column_basis(r.T, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed).Q
             A, B = discriminate_factors(bf.Q, t.to(bf.Q.dtype), Q_r, P_r, coef=bf.coef)
             row = MatrixRow(name=label, shape=tuple(view.shape), rank_forget=bf.k, rank_retain=k_r,
                             captured=bf.captured, norm_removed=0.0, rel_norm_removed=0.0,
@@ -154,7 +158,7 @@ def erase(
               for g, e in energies.items()]
     settings = {"rank": rank, "energy": energy, "retain_rank": retain_rank, "retain_energy": retain_energy,
                 "localize": localize, "rule": rule, "top": top, "threshold": threshold, "scale": scale,
-                "rows": rows, "seed": seed, "retain": retain is not None}
+                "rows": rows, "seed": seed, "retain": retain is not None, "clamp_ranks": clamp_ranks}
     report = EraseReport(method=method, settings=settings, layers=layers,
                          seconds=time.perf_counter() - start, patch=patch)
     if out is not None:
