@@ -13,6 +13,7 @@ import mmunlearn
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
+from recipes.tofu import app as tofu_app
 
 app = typer.Typer(
     name="mmunlearn",
@@ -21,6 +22,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(bench_app, name="bench")
+app.add_typer(tofu_app, name="tofu")
 console = Console()
 
 Method = Enum("Method", {m: m for m in METHODS}, type=str)  # type: ignore[misc]

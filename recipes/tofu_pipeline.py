@@ -1,0 +1,215 @@
+"""The steps the TOFU recipes share: build/reuse models, cached evaluations, one method's row, tables, plot."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.data.tofu import load_split, split_info
+
+#: Columns of the comparison table: (header, TOFU log key or row field).
+COLUMNS = (
+    ("forget quality", "forget_quality"),
+    ("model utility", "model_utility"),
+    ("MU-ROUGE", "model_utility_rouge"),
+    ("forget ROUGE-L", "forget_Q_A_ROUGE"),
+    ("forget truth ratio", "forget_truth_ratio"),
+    ("forget prob", "forget_Q_A_Prob"),
+    ("retain prob", "retain_Q_A_Prob"),
+    ("privleak", "privleak"),
+    ("unlearn s", "unlearn_seconds"),
+    ("+ extraction s", "total_seconds"),
+    ("params changed", "changed_fraction"),
+)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int,
+                device: str, retain_logs: Path | None = None) -> Path:
+    """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.eval import evaluate_tofu
+
+    spec = json.dumps([str(data), forget_split, authors, max_new_tokens, str(retain_logs)])
+    out = Path(model_dir) / "evals" / hashlib.sha256(spec.encode()).hexdigest()[:12]
+    if not (out / "TOFU_EVAL.json").is_file():
+        adapter = TextLLMAdapter.from_pretrained(model_dir, device=device)
+        evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
+                      max_new_tokens=max_new_tokens, model_name=Path(model_dir).name)
+    return out / "TOFU_EVAL.json"
+
+
+@dataclass
+class Context:
+    """Models and reference evaluations of one (preset, data, split, authors, seed)."""
+
+    preset: str
+    data: str
+    forget_split: str
+    authors: int | None
+    max_new_tokens: int
+    built: Any  # BuiltModels
+    retain_logs: Path
+    target_logs: Path
+    cache_dir: Path
+    forget: list
+    retain: list
+
+    def reference_row(self, which: str) -> dict:
+        logs = json.loads((self.retain_logs if which == "retain" else self.target_logs).read_text())
+        row = {"method": f"{which} model", **_metrics(logs), "unlearn_seconds": None, "total_seconds": None,
+               "changed_fraction": None}
+        if which == "retain":  # against itself, by the same formulas: KS p = 1, privleak = 0
+            from mmunlearn.metrics import forget_quality, privleak
+            from mmunlearn.metrics.entries import per_item
+
+            ratios = per_item(logs["forget_truth_ratio"])
+            row["forget_quality"] = forget_quality(ratios, ratios)
+            auc = logs["mia_min_k"]["agg_value"]
+            row["privleak"] = privleak(auc, auc) if auc < 1.0 else None
+        return row
+
+    def forget_target(self) -> float:
+        """Forget-set NLL of the base model (before it saw the forget authors): the sweep's target."""
+        from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+        base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
+        return float(base.answer_nll(self.forget).mean())
+
+    def describe(self) -> dict:
+        return {"preset": self.preset, "data": self.data, "forget_split": self.forget_split, "authors": self.authors,
+                "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
+                "forget_items": len(self.forget), "retain_items": len(self.retain),
+                "max_new_tokens": self.max_new_tokens}
+
+
+def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
+            device: str, max_new_tokens: int) -> Context:
+    """Build (or reuse) base/target/retain models and their evaluations."""
+    from mmunlearn.presets.build import build_models
+    from mmunlearn.presets.cache import default_cache_dir
+
+    built = build_models(preset, data, forget_split, authors, seed, cache_dir, device)
+    retain_logs = cached_eval(built.retain, data, forget_split, authors, max_new_tokens, device)
+    target_logs = cached_eval(built.target, data, forget_split, authors, max_new_tokens, device, retain_logs)
+    pct = split_info(forget_split).forget_pct
+    forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
+    retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
+    return Context(preset, data, forget_split, authors, max_new_tokens, built, retain_logs, target_logs,
+                   Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain)
+
+
+def _metrics(logs: dict) -> dict:
+    out = {}
+    for _, key in COLUMNS:
+        if key in logs:
+            out[key] = logs[key].get("agg_value") if isinstance(logs[key], dict) else logs[key]
+    return out
+
+
+def _reference(ctx: Context, base: str, device: str):
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+    if base == "target":
+        return None
+    path = ctx.built.base if base == "base" else Path(base)
+    return TextLLMAdapter.from_pretrained(path, device=device)
+
+
+def run_method_row(method: str, ctx: Context, settings, base: str, out: Path, device: str) -> dict:
+    """Unlearn with ``method`` on a fresh copy of the target, evaluate, save; returns the table row."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.eval import evaluate_tofu
+    from mmunlearn.unlearn.registry import run_method
+
+    target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
+    result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=_reference(ctx, base, device))
+    logs = evaluate_tofu(result.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
+                         out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method)
+    if method == "t3":
+        result.adapter.model.base_path = str(ctx.built.target)
+        result.adapter.model.save(out / "tilt", overwrite=True)
+    else:
+        result.adapter.save(out / "model", overwrite=True)
+    info = {k: v for k, v in result.info.items() if k != "report"}
+    if "report" in result.info:
+        result.info["report"].to_json(out / "erase_report.json")
+        result.info["report"].plot_energy(out / "layer_energy.png")
+    row = {"method": method, **_metrics(logs), "unlearn_seconds": result.unlearn_seconds,
+           "total_seconds": result.unlearn_seconds + result.extract_seconds,
+           "changed_fraction": result.changed_fraction}
+    _write_atomic(out / "run.json", json.dumps({"row": row, "info": info, "context": ctx.describe()}, indent=2,
+                                               default=str))
+    return row
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
+            return f"{value:.2e}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| method | " + " | ".join(h for h, _ in COLUMNS) + " |"
+    sep = "|---|" + "---:|" * len(COLUMNS)
+    body = ["| " + r["method"] + " | " + " | ".join(_fmt(r.get(k)) for _, k in COLUMNS) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def write_tables(out: Path, rows: list[dict], context: dict) -> None:
+    """compare.md, compare.csv and compare.json (each written atomically)."""
+    _write_atomic(out / "compare.md", markdown(rows) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["method", *(k for _, k in COLUMNS)], extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    _write_atomic(out / "compare.csv", buf.getvalue())
+    _write_atomic(out / "compare.json", json.dumps({"context": context, "rows": rows, "time": time.time()}, indent=2))
+
+
+def scatter(path: Path, rows: list[dict]) -> Path:
+    """Forget quality (log scale) against model utility; target and retain models marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r in rows:
+        fq, mu = r.get("forget_quality"), r.get("model_utility")
+        if fq is None or mu is None or not math.isfinite(fq):
+            continue
+        ref = r["method"].endswith("model")
+        ax.scatter(mu, max(fq, 1e-30), marker="*" if ref else "o", s=160 if ref else 60,
+                   color="black" if ref else None, zorder=3)
+        ax.annotate(r["method"], (mu, max(fq, 1e-30)), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("model utility")
+    ax.set_ylabel("forget quality (KS p-value, log scale)")
+    ax.set_title("TOFU: forget quality vs model utility")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
