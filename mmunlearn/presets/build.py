@@ -1,0 +1,321 @@
+"""Target and retain models for the TOFU harness: pretrain a base, then fine-tune on ``full`` and ``retainRR``.
+
+Protocol (a built preset such as ``micro`` or ``mini``):
+
+1. a byte-level BPE is trained on the pretraining corpus plus every text field of every split of the
+   evaluated data (so each script the data uses is covered);
+2. a ``base`` Llama is pretrained on :func:`mmunlearn.data.corpus.pretrain_corpus`: fictitious authors
+   disjoint from the evaluated ones, plus the data's real-authors and world-facts QA (the knowledge
+   model utility measures, which must exist before any unlearning);
+3. the TARGET is fine-tuned from the base on ``full`` and the RETAIN model on ``retainRR`` (matching
+   the forget split), with the same seed and hyperparameters: they differ only by the data seen.
+
+A model directory (a real checkpoint) is its own base and keeps its tokenizer. Losses are over
+answer tokens only. Every model lands in a cache keyed by a hash of what it depends on (see
+:mod:`mmunlearn.presets.cache`) with a ``train_log.json`` beside its weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.data.corpus import pretrain_corpus
+from mmunlearn.data.tofu import QAItem, TOFUFormatError, list_splits, load_split, split_info
+from mmunlearn.presets.cache import (LOG_FILE, cache_key, default_cache_dir, is_built, items_digest, read_log,
+                                     texts_digest, write_log)
+from mmunlearn.presets.models import Preset, get_preset, parameter_count
+from mmunlearn.train import TrainConfig, causal_lm_loss, train
+from mmunlearn.train.config import resolve_mixed_precision
+
+log = logging.getLogger(__name__)
+FACT_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
+
+
+@dataclass
+class BuiltModels:
+    """Folders of the three models (each loadable by ``TextLLMAdapter.from_pretrained``) and their logs."""
+
+    base: Path
+    target: Path
+    retain: Path
+    logs: dict[str, dict[str, Any]]
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` intra-op torch threads (None: leave the setting alone), then restore it.
+
+    On a small shared machine one thread can be many times faster for these small models than two.
+    """
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise ValueError(f"threads must be >= 1, got {n}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------- data
+def _item_texts(item: QAItem) -> list[str]:
+    return [t for t in (item.question, item.answer, item.paraphrased_answer, item.paraphrased_question,
+                        *item.perturbed_answer) if t]
+
+
+def source_texts(data: str | os.PathLike) -> list[str]:
+    """Every text field of every split of a TOFU source (splits that do not parse are skipped, logged)."""
+    texts: list[str] = []
+    for split in list_splits(data):
+        try:
+            items = load_split(data, split)
+        except (TOFUFormatError, ValueError) as e:
+            log.warning("tokenizer texts: skipping split %r of %s (%s)", split, data, e)
+            continue
+        texts.extend(t for it in items for t in _item_texts(it))
+    if not texts:
+        raise ValueError(f"no text found in the TOFU source {data!r}")
+    return texts
+
+
+def base_corpus(data: str | os.PathLike, n_authors: int, seed: int) -> list[QAItem]:
+    """The pretraining corpus for ``data``: its real-authors and world-facts QA as facts (the built-in
+    ones if it has none) and fictitious authors none of whose names occur in its author splits."""
+    splits = set(list_splits(data))
+    facts = ([it for s in FACT_SPLITS for it in load_split(data, s)] if set(FACT_SPLITS) <= splits else None)
+    authored = [s for s in splits if s == "full" or split_info(s).family == "holdout"]
+    exclude = [it for s in sorted(authored) for it in load_split(data, s)]
+    return pretrain_corpus(seed, n_authors=n_authors, facts=facts, exclude=exclude)
+
+
+def fact_items(data: str | os.PathLike) -> list[QAItem]:
+    """The data's real-authors and world-facts QA (empty when it has none), to watch utility knowledge."""
+    splits = set(list_splits(data))
+    return [it for s in FACT_SPLITS if s in splits for it in load_split(data, s)]
+
+
+def training_items(data: str | os.PathLike, split: str, authors: int | None, forget_pct: float | None) -> list[QAItem]:
+    """Rows of ``split`` (an author subset of ``authors`` authors when given) as question/answer items."""
+    items = load_split(data, split, authors=authors, forget_pct=forget_pct)
+    return [QAItem(it.question, it.answer, author=it.author) for it in items]
+
+
+# ---------------------------------------------------------------------- training one model
+def _resolved(cfg: TrainConfig, seed: int, device: str, overrides: Mapping[str, Any] | None) -> TrainConfig:
+    cfg = cfg.replace(seed=seed, **dict(overrides or {}))
+    dev_type = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    return cfg.replace(mixed_precision=resolve_mixed_precision(cfg.mixed_precision, dev_type))
+
+
+def _mean_nll(adapter, items: Sequence[QAItem]) -> float | None:
+    if not items:
+        return None
+    return float(adapter.answer_nll(items, batch_size=32).mean())
+
+
+def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: Path, info: dict[str, Any], *,
+                  max_length: int, device: str, progress: bool, desc: str, resume_dir: Path | None,
+                  checkpoint_every: int | None, facts: Sequence[QAItem], save_dtype: torch.dtype | None = None
+                  ) -> dict[str, Any]:
+    """Train on ``items`` (answer-token loss), then write weights, tokenizer and train_log.json to ``out``."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+    adapter = TextLLMAdapter(model, tokenizer, max_length=max_length)
+    result = train(model, causal_lm_loss, items, adapter.collate, cfg, device=device, progress=progress, desc=desc,
+                   checkpoint_dir=resume_dir if checkpoint_every else None, checkpoint_every=checkpoint_every,
+                   resume=bool(checkpoint_every))
+    t0 = time.perf_counter()
+    per_epoch = max(1, round(result.steps / max(result.epochs, 1e-9)))
+    epoch_losses = [sum(c) / len(c) for c in (result.losses[i:i + per_epoch]
+                                               for i in range(0, len(result.losses), per_epoch))]
+    train_log = {**info, "answer_nll": _mean_nll(adapter, items), "facts_answer_nll": _mean_nll(adapter, facts),
+                 "train_loss": result.final_loss, "epoch_losses": epoch_losses, "seconds": result.seconds,
+                 "steps": result.steps, "epochs": result.epochs, "resumed_from_step": result.resumed_from,
+                 "n_examples": len(items), "parameters": parameter_count(model), "config": cfg.to_dict(),
+                 "device": str(adapter.device), "torch_threads": torch.get_num_threads()}
+    train_log["eval_seconds"] = time.perf_counter() - t0
+    if save_dtype is not None:
+        model.to(save_dtype)
+    with atomic_dir(out, overwrite=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_log(tmp, train_log)
+    if resume_dir is not None:
+        shutil.rmtree(resume_dir, ignore_errors=True)
+    log.info("%s: answer NLL %.4f after %d steps (%.1f s) -> %s", desc, train_log["answer_nll"], result.steps,
+             result.seconds, out)
+    return train_log
+
+
+# ---------------------------------------------------------------------- base
+def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, seed: int = 0,
+               cache_dir: str | os.PathLike | None = None, device: str = "auto", progress: bool = True,
+               overrides: Mapping[str, Any] | None = None, checkpoint_every: int | None = 200
+               ) -> tuple[Path, dict[str, Any]]:
+    """The pretrained base of a built preset for ``data`` (from the cache when already built).
+
+    For a model-directory preset the base is that directory itself. ``overrides`` change the
+    preset's pretraining hyperparameters (e.g. ``{"epochs": 2}``). Returns (folder, train log).
+    """
+    p = preset if isinstance(preset, Preset) else get_preset(preset)
+    if p.is_model_dir:
+        return p.model_dir, {"model": "base", "preset": p.name, "cached": True, "path": str(p.model_dir)}
+    from mmunlearn.presets.tokenizer import train_bpe
+
+    cfg = _resolved(p.pretrain, seed, device, overrides)
+    corpus = base_corpus(data, p.corpus_authors, seed)
+    tok_texts = [t for it in corpus for t in (it.question, it.answer)] + source_texts(data)
+    spec = {"kind": "base", "arch": p.to_dict()["arch"], "corpus_authors": p.corpus_authors,
+            "max_length": p.max_length, "pretrain": cfg.to_dict(), "seed": seed,
+            "corpus": items_digest(corpus), "tokenizer_texts": texts_digest(tok_texts)}
+    key = cache_key(spec)
+    group = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    out = group / f"{p.name}-{key}" / "base"
+    if is_built(out, key):
+        log.info("base: reusing %s", out)
+        return out, {**read_log(out), "cached": True, "path": str(out)}
+    tokenizer = train_bpe(tok_texts, vocab_size=p.arch.vocab_size)
+    model = p.arch.build(tokenizer, seed=seed)
+    info = {"model": "base", "key": key, "preset": p.name, "data": str(data), "seed": seed,
+            "tokenizer_size": len(tokenizer), "corpus_examples": len(corpus)}
+    train_log = _fit_and_save(model, tokenizer, corpus, cfg, out, info, max_length=p.max_length, device=device,
+                              progress=progress, desc=f"{p.name} base", resume_dir=group / ".resume" / f"base-{key}",
+                              checkpoint_every=checkpoint_every, facts=fact_items(data))
+    return out, {**train_log, "cached": False, "path": str(out)}
+
+
+# ---------------------------------------------------------------------- fine-tuning
+def _load_parent(p: Preset, base: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    save_dtype = None
+    if p.is_model_dir:  # keep the checkpoint's own dtype on disk (trained in float32 + autocast)
+        cfg = json.loads((base / "config.json").read_text())
+        name = cfg.get("dtype") or cfg.get("torch_dtype")
+        save_dtype = getattr(torch, name) if isinstance(name, str) and hasattr(torch, name) else None
+    return model, tokenizer, save_dtype
+
+
+def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items: list[QAItem], out: Path | None,
+                   group: Path, *, role: str, authors: int | None, seed: int, device: str, progress: bool,
+                   overrides: Mapping[str, Any] | None, checkpoint_every: int | None, overwrite: bool
+                   ) -> tuple[Path, dict[str, Any]]:
+    cfg = _resolved(p.finetune, seed, device, overrides)
+    spec = {"kind": "finetune", "parent": base_key, "split": split, "data": items_digest(items),
+            "finetune": cfg.to_dict(), "max_length": p.max_length, "seed": seed}
+    key = cache_key(spec)
+    tag = f"{split}-a{authors}" if authors is not None else split
+    target = out if out is not None else group / f"{tag}-{key}"
+    if is_built(target, key):
+        log.info("%s: reusing %s", role, target)
+        return target, {**read_log(target), "cached": True, "path": str(target)}
+    if out is not None and out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists and holds another model (no {LOG_FILE} with this build's key); "
+                              f"pass overwrite=True to replace it")
+    model, tokenizer, save_dtype = _load_parent(p, base)
+    info = {"model": role, "key": key, "preset": p.name, "data": str(data), "split": split, "authors": authors,
+            "seed": seed, "base": str(base)}
+    train_log = _fit_and_save(model, tokenizer, items, cfg, target, info, max_length=p.max_length, device=device,
+                              progress=progress, desc=f"{p.name} {role} ({tag})",
+                              resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
+                              facts=fact_items(data), save_dtype=save_dtype)
+    return target, {**train_log, "cached": False, "path": str(target)}
+
+
+def _prepare(preset, data, seed, cache_dir, device, progress, pretrain_overrides, checkpoint_every):
+    p = preset if isinstance(preset, Preset) else get_preset(preset)
+    every = checkpoint_every if checkpoint_every != "auto" else (None if p.is_model_dir else 200)
+    base, base_log = build_base(p, data, seed=seed, cache_dir=cache_dir, device=device, progress=progress,
+                                overrides=pretrain_overrides, checkpoint_every=every)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if p.is_model_dir:
+        base_key = cache_key({"kind": "model_dir", "preset": p.to_dict()})
+        group = root / f"{p.name}-{base_key}"
+    else:
+        base_key, group = base_log["key"], base.parent
+    return p, base, base_key, base_log, group, every
+
+
+def build_models(preset: str | os.PathLike, data: str | os.PathLike, forget_split: str = "forget10",
+                 authors: int | None = None, seed: int = 0, cache_dir: str | os.PathLike | None = None,
+                 device: str = "auto", *, progress: bool = True, overrides: Mapping[str, Any] | None = None,
+                 pretrain_overrides: Mapping[str, Any] | None = None,
+                 checkpoint_every: int | None | str = "auto", threads: int | None = None) -> BuiltModels:
+    """Base, target (fine-tuned on ``full``) and retain (on ``retainRR`` for ``forgetPP``) models.
+
+    ``preset``: ``micro``, ``mini`` or a model directory; ``data``: a TOFU folder or ``synthetic[:...]``;
+    ``authors`` N: a world of N authors (the first retain authors plus forget authors in proportion,
+    :func:`mmunlearn.data.tofu.author_subset`). ``overrides`` / ``pretrain_overrides`` change the
+    preset's fine-tuning / pretraining hyperparameters (part of the cache key). Long runs save a
+    resumable training state every ``checkpoint_every`` steps (``auto``: 200 for built presets, never
+    for model directories) under ``<cache>/.resume``, so an interrupted build picks up where it stopped.
+    ``threads``: torch threads while building (None: unchanged).
+    """
+    with torch_threads(threads):
+        return _build_models(preset, data, forget_split, authors, seed, cache_dir, device, progress, overrides,
+                             pretrain_overrides, checkpoint_every)
+
+
+def _build_models(preset, data, forget_split, authors, seed, cache_dir, device, progress, overrides,
+                  pretrain_overrides, checkpoint_every) -> BuiltModels:
+    info = split_info(forget_split)
+    if info.family != "forget" or forget_split.endswith("_perturbed"):
+        raise ValueError(f"forget_split must be a forget split such as 'forget10', got {forget_split!r}")
+    retain_split = f"retain{100 - info.forget_pct:02d}"
+    full_items = training_items(data, "full", authors, info.forget_pct)
+    retain_items = training_items(data, retain_split, authors, None)
+    p, base, base_key, base_log, group, every = _prepare(preset, data, seed, cache_dir, device, progress,
+                                                         pretrain_overrides, checkpoint_every)
+    common = dict(authors=authors, seed=seed, device=device, progress=progress, overrides=overrides,
+                  checkpoint_every=every, overwrite=False)
+    # with an author subset the target's `full` depends on the forget share: name it apart
+    full_name = "full" if authors is None else f"full-f{info.forget_pct:02d}"
+    target, target_log = _finetune_into(p, base, base_key, data, full_name, full_items, None, group,
+                                        role="target", **common)
+    retain, retain_log = _finetune_into(p, base, base_key, data, retain_split, retain_items, None, group,
+                                        role="retain", **common)
+    return BuiltModels(base=base, target=target, retain=retain,
+                       logs={"base": base_log, "target": target_log, "retain": retain_log})
+
+
+def finetune(preset_or_model_dir: str | os.PathLike, data: str | os.PathLike, split: str = "full",
+             authors: int | None = None, out: str | os.PathLike | None = None, *, forget_pct: float = 10,
+             seed: int = 0, cache_dir: str | os.PathLike | None = None, device: str = "auto", progress: bool = True,
+             overrides: Mapping[str, Any] | None = None, pretrain_overrides: Mapping[str, Any] | None = None,
+             checkpoint_every: int | None | str = "auto", overwrite: bool = False,
+             threads: int | None = None) -> Path:
+    """One fine-tuned model (``mmunlearn tofu finetune``): the preset's base (built or reused from the
+    cache; a model directory is its own base) fine-tuned on ``split`` of ``data``, written to ``out``
+    (default: the cache) with its ``train_log.json``. With ``authors`` N and ``split='full'``,
+    ``forget_pct`` says how many of the N authors are forget authors (default 10, as for forget10).
+    Re-running with the same options into the same ``out`` reuses the model found there.
+    ``threads``: torch threads while training (None: unchanged).
+    """
+    split_info(split)
+    items = training_items(data, split, authors, forget_pct)
+    with torch_threads(threads):
+        p, base, base_key, _, group, every = _prepare(preset_or_model_dir, data, seed, cache_dir, device, progress,
+                                                      pretrain_overrides, checkpoint_every)
+        name = split if authors is None or split != "full" else f"full-f{int(forget_pct):02d}"
+        path, _ = _finetune_into(p, base, base_key, data, name, items, Path(out) if out is not None else None,
+                                 group, role="finetuned", authors=authors, seed=seed, device=device,
+                                 progress=progress, overrides=overrides, checkpoint_every=every,
+                                 overwrite=overwrite)
+    return path

@@ -1,0 +1,111 @@
+"""Hyperparameters of one training run (:class:`TrainConfig`), validated, hashable and JSON-friendly."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("onecycle", "constant", "linear", "cosine")
+PRECISIONS = ("no", "bf16", "fp16", "auto")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What :func:`mmunlearn.train.train` needs to know besides the model and the data.
+
+    Exactly one of ``epochs`` (passes over the data) and ``steps`` (optimizer steps) is set.
+    ``batch_size`` is per process and per micro-batch; the effective batch is
+    ``batch_size * grad_accum * processes``. ``warmup`` is the fraction of optimizer steps spent
+    warming up (None: 0.3 for ``onecycle``, whose peak it places, else 0). Weight decay applies to
+    parameters of two or more dimensions only (not to norms and biases).
+    """
+
+    epochs: int | None = None
+    steps: int | None = None
+    batch_size: int = 16
+    lr: float = 1e-3
+    optimizer: str = "adamw"
+    schedule: str = "constant"
+    warmup: float | None = None
+    weight_decay: float = 0.0
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    mixed_precision: str = "no"
+    seed: int = 0
+    shuffle: bool = True
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError(f"give exactly one of epochs and steps (got epochs={self.epochs}, steps={self.steps})")
+        for name in ("epochs", "steps", "batch_size", "grad_accum"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.warmup is not None and not 0.0 <= self.warmup < 1.0:
+            raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup!r}")
+        if self.schedule == "onecycle" and self.warmup == 0.0:
+            raise ValueError("the onecycle schedule needs warmup > 0 (the fraction of steps before its peak)")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive or None, got {self.max_grad_norm!r}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {self.mixed_precision!r}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+    @property
+    def warmup_fraction(self) -> float:
+        """``warmup`` with the schedule's default filled in."""
+        if self.warmup is not None:
+            return self.warmup
+        return 0.3 if self.schedule == "onecycle" else 0.0
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with some fields changed (unknown names raise ``TypeError``). Setting ``steps`` clears
+        ``epochs`` and vice versa, so a preset's epochs can be overridden by a step count."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+        if "steps" in changes and changes["steps"] is not None and "epochs" not in changes:
+            changes["epochs"] = None
+        if "epochs" in changes and changes["epochs"] is not None and "steps" not in changes:
+            changes["steps"] = None
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["betas"] = list(self.betas)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        data = dict(data)
+        if "betas" in data:
+            data["betas"] = tuple(data["betas"])
+        return cls(**data)
+
+
+def resolve_mixed_precision(mode: str, device_type: str) -> str:
+    """``auto`` -> bf16 on a CUDA device that supports it, else ``no``; fp16 needs CUDA."""
+    if mode not in PRECISIONS:
+        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {mode!r}")
+    if mode == "auto":
+        return "bf16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "no"
+    if mode == "fp16" and device_type != "cuda":
+        raise ValueError(f"mixed_precision='fp16' needs a CUDA device (training on {device_type}); use 'bf16' or 'no'")
+    if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("mixed_precision='bf16' is not supported by this GPU; use 'fp16' or 'no'")
+    return mode
