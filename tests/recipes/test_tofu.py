@@ -1,0 +1,73 @@
+"""TOFU recipe end to end on the micro preset: harness ordering, every method, QR-Erase properties."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.erase import column_basis, restore
+from mmunlearn.unlearn.registry import METHODS, run_method
+from recipes import tofu_pipeline
+from recipes.tofu import app
+from recipes.tofu_settings import method_settings
+
+DATA = "synthetic:n_authors=10"
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return tofu_pipeline.prepare("micro", DATA, "forget10", None, 0, cache, "cpu", max_new_tokens=24)
+
+
+def test_target_forget_quality_far_below_the_retain_models(ctx):
+    target, retain = ctx.reference_row("target"), ctx.reference_row("retain")
+    assert retain["forget_quality"] == pytest.approx(1.0)
+    assert target["forget_quality"] < 0.05
+    assert target["forget_Q_A_Prob"] > 2 * retain["forget_Q_A_Prob"]  # it saw the forget authors
+
+
+def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
+    res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
+                                   "--cache-dir", str(ctx.cache_dir), "--max-new-tokens", "24", "--device", "cpu",
+                                   "--no-sweep"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["target model", "retain model", *METHODS]
+    for r in rows[2:]:
+        assert r["forget_quality"] is not None and r["unlearn_seconds"] > 0
+        assert (tmp_path / r["method"] / "TOFU_EVAL.json").is_file()
+    assert (tmp_path / "compare.md").is_file() and (tmp_path / "compare.csv").is_file()
+    assert (tmp_path / "fq_vs_mu.png").stat().st_size > 0
+    t3 = next(r for r in rows if r["method"] == "t3")
+    assert t3["changed_fraction"] == 0.0  # the base stays frozen
+
+
+def test_qr_erase_properties_on_micro(ctx):
+    target = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
+    before = {k: v.clone() for k, v in target.model.state_dict().items()}
+    settings = method_settings("micro", progress=False)
+    p_f, p_r = target.answer_nll(ctx.forget).neg().exp().mean(), target.answer_nll(ctx.retain).neg().exp().mean()
+    res = run_method("qr-erase", target, ctx.forget, ctx.retain, settings)
+    report = res.info["report"]
+    after = target.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(any(k.startswith(layer + ".") for layer in report.selected) for k in changed)
+    # no component of the edit in the retain subspace (task vectors re-extracted: deterministic)
+    from mmunlearn.taskvec.extract import extract_task_matrices
+
+    fresh = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
+    tr = extract_task_matrices(fresh, ctx.retain, settings.erase.extract, progress=False)
+    for name in changed:
+        delta = (before[name] - after[name]).double()
+        k_r = min(settings.erase.retain_rank, *delta.shape)
+        Q_r = column_basis(tr[name], rank=k_r).Q.double()
+        assert float((Q_r.T @ delta).norm()) < 1e-4 * float(delta.norm())
+    # forget probability falls far more than retain probability
+    q_f, q_r = target.answer_nll(ctx.forget).neg().exp().mean(), target.answer_nll(ctx.retain).neg().exp().mean()
+    assert (p_f - q_f) > 2 * (p_r - q_r) and q_f < p_f
+    # the undo patch gives the target back bit for bit
+    restore(target.model, report)
+    assert all(torch.equal(before[k], target.model.state_dict()[k]) for k in before)
