@@ -13,6 +13,13 @@ app = typer.Typer(help="Benchmarks: print a table, optionally write JSON.", no_a
 console = Console()
 
 
+def _set_threads(n: int | None) -> None:
+    if n is not None:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 @app.command()
 def subspace(
     sizes: Annotated[list[int], typer.Option(help="Matrix sizes n (n x n task matrices); repeat the option or list several values.")] = [768, 1024, 2048, 4096],  # noqa: B006
@@ -21,11 +28,13 @@ def subspace(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write rows, checks and machine info to this JSON file.")] = None,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the table as Markdown to this file.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit with status 1 if a target is missed.")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
 ) -> None:
     """Time full SVD, full LAPACK CPQR, truncated CPQR (LAPACK and torch), sketched CPQR and
     randomised SVD on the same task matrices; report speed-up, residual and subspace cosines."""
     from mmunlearn.bench import subspace as sb
 
+    _set_threads(threads)
     meta = sb.machine()
     console.print(f"[bold]subspace benchmark[/bold] on {meta['cpu']} ({meta['threads']} threads), "
                   f"torch {meta['torch']}, sizes {sizes}, k={rank}, median of {repeats}")
@@ -53,4 +62,38 @@ def subspace(
         markdown_out.parent.mkdir(parents=True, exist_ok=True)
         markdown_out.write_text(sb.markdown(rows) + "\n")
     if strict and not all(ok for _, ok, _ in checks):
+        raise typer.Exit(1)
+
+
+@app.command()
+def tilt(
+    preset: Annotated[str, typer.Option(help="Architecture preset of the (random-init) model: micro or mini.")] = "mini",
+    batch: Annotated[int, typer.Option(help="Prompts decoded together.")] = 16,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt (EOS disabled).")] = 64,
+    repeats: Annotated[int, typer.Option(help="Alternating plain/tilted runs (median reported).")] = 5,
+    rank: Annotated[int, typer.Option(help="Tilt head rank h.")] = 20,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the result to this JSON file.")] = None,
+    strict: Annotated[bool, typer.Option(help="Exit with status 1 if the overhead is 15% or more.")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+) -> None:
+    """T3 throughput: tilted vs plain greedy generation, tokens/s on the same prompts in one run."""
+    import json
+
+    from mmunlearn.bench import tilt as tb
+
+    _set_threads(threads)
+    row = tb.run(preset, batch=batch, new_tokens=new_tokens, repeats=repeats, rank=rank)
+    table = Table(title=f"T3 generation throughput ({preset}, batch {batch}, {new_tokens} new tokens)")
+    for col in ("plain tok/s", "tilted tok/s", "overhead per token", "head params", "model params"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{row.plain_tokens_per_s:.1f}", f"{row.tilted_tokens_per_s:.1f}", f"{100 * row.overhead:+.1f}%",
+                  f"{row.head_parameters:,}", f"{row.model_parameters:,}")
+    console.print(table)
+    ok = row.overhead < 0.15
+    console.print(f"{'[green]PASS[/green]' if ok else '[red]MISS[/red]'}  token-level head costs under 15% extra "
+                  f"time per generated token: {100 * row.overhead:+.1f}%")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(row.to_dict(), indent=2))
+    if strict and not ok:
         raise typer.Exit(1)

@@ -32,8 +32,12 @@ class HiddenStateTap:
 
 
 def tilt_logprobs(logits: torch.Tensor, states: torch.Tensor, head: TiltHead | None, temperature: float) -> torch.Tensor:
-    """Normalised T3 log-probs: log_softmax(log_softmax(logits) / T + log f(states))."""
-    out = torch.log_softmax(logits.float(), -1) / temperature
+    """Normalised T3 log-probs: log_softmax(log_softmax(logits) / T + log f(states)).
+
+    log_softmax(logits) differs from logits by a per-row constant, which the outer normalisation
+    removes, so one log_softmax of logits / T + log f suffices.
+    """
+    out = logits.float() / temperature if temperature != 1.0 else logits.float()
     if head is not None:
         out = out + head.log_f(states).float()
     return torch.log_softmax(out, -1)
