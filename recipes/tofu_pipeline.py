@@ -26,6 +26,9 @@ COLUMNS = (
     ("forget prob", "forget_Q_A_Prob"),
     ("retain prob", "retain_Q_A_Prob"),
     ("privleak", "privleak"),
+    ("forget NLL rise", "forget_nll_rise"),
+    ("retain NLL rise", "retain_nll_rise"),
+    ("selectivity", "selectivity"),
     ("unlearn s", "unlearn_seconds"),
     ("+ extraction s", "total_seconds"),
     ("params changed", "changed_fraction"),
@@ -138,8 +141,12 @@ def run_method_row(method: str, ctx: Context, settings, base: str, out: Path, de
     from mmunlearn.eval import evaluate_tofu
     from mmunlearn.unlearn.registry import run_method
 
+    from mmunlearn.unlearn.erase_method import mean_nll
+
     target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
+    f0, r0 = mean_nll(target, ctx.forget), mean_nll(target, ctx.retain)
     result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=_reference(ctx, base, device))
+    f1, r1 = mean_nll(result.adapter, ctx.forget), mean_nll(result.adapter, ctx.retain)
     logs = evaluate_tofu(result.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
                          out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method)
     if method == "t3":
@@ -153,7 +160,10 @@ def run_method_row(method: str, ctx: Context, settings, base: str, out: Path, de
         result.info["report"].plot_energy(out / "layer_energy.png")
     row = {"method": method, **_metrics(logs), "unlearn_seconds": result.unlearn_seconds,
            "total_seconds": result.unlearn_seconds + result.extract_seconds,
-           "changed_fraction": result.changed_fraction}
+           "changed_fraction": result.changed_fraction,
+           # training partitions: how much more the forget answers' NLL rose than the retain answers'
+           "forget_nll_rise": f1 - f0, "retain_nll_rise": r1 - r0,
+           "selectivity": (f1 - f0) / (r1 - r0) if r1 - r0 > 1e-6 else None}
     _write_atomic(out / "run.json", json.dumps({"row": row, "info": info, "context": ctx.describe()}, indent=2,
                                                default=str))
     return row
@@ -185,6 +195,40 @@ def write_tables(out: Path, rows: list[dict], context: dict) -> None:
     writer.writerows(rows)
     _write_atomic(out / "compare.csv", buf.getvalue())
     _write_atomic(out / "compare.json", json.dumps({"context": context, "rows": rows, "time": time.time()}, indent=2))
+
+
+def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: float | None) -> Path | None:
+    """Forget vs retain NLL (training partitions) along each method's sweep: erasure scale,
+    T3 temperature, baseline epochs. Reads ``out/<method>/run.json``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    drawn = 0
+    for m in methods:
+        run = out / m / "run.json"
+        if not run.is_file():
+            continue
+        points = json.loads(run.read_text())["info"].get("sweep") or []
+        if points:
+            ax.plot([p["retain_nll"] for p in points], [p["forget_nll"] for p in points], marker="o", label=m)
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    if forget_target is not None:
+        ax.axhline(forget_target, color="gray", linestyle="--", linewidth=1, label="forget NLL target (base model)")
+    ax.set_xlabel("retain NLL (training partition)")
+    ax.set_ylabel("forget NLL (training partition)")
+    ax.set_title("Selectivity along each method's sweep (up and left is better)")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def scatter(path: Path, rows: list[dict]) -> Path:

@@ -80,4 +80,5 @@ def add_sweeps(settings: MethodSettings, forget_target: float, retain_bound: flo
                             "forget_target": forget_target, "retain_bound": retain_bound}
     settings.t3_sweep = {"temperatures": SWEEP_TEMPERATURES, "forget_target": forget_target,
                          "retain_bound": retain_bound}
+    settings.baseline_sweep = {"forget_target": forget_target, "retain_bound": retain_bound}
     return settings

@@ -32,6 +32,7 @@ class MethodSettings:
     erase: EraseMethodConfig = field(default_factory=EraseMethodConfig)
     erase_sweep: dict | None = None  # see run_erase_method
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    baseline_sweep: dict | None = None  # {"forget_target": x, "retain_bound": y}: early stop by the rule
     t3: dict = field(default_factory=lambda: {"rank": 20, "epochs": 100, "lr": 1e-2, "temperature": 1.0})
     t3_sweep: dict | None = None  # {"temperatures": [...], "forget_target": x, "retain_bound": y}
     cache_dir: str | None = None
@@ -69,10 +70,37 @@ def run_method(name: str, target, forget: Sequence[Any], retain: Sequence[Any], 
                             info | {"report": out.report})
     if name in BASELINES:
         start = time.perf_counter()
-        res = unlearn(target, name, forget, retain, s.baseline, progress=s.progress)
+        on_step, trajectory = _early_stop(target, forget, retain, s) if s.baseline_sweep else (None, [])
+        res = unlearn(target, name, forget, retain, s.baseline, progress=s.progress, on_step=on_step)
         return MethodResult(target, 0.0, time.perf_counter() - start, changed_fraction(before, target.model),
-                            {"final_loss": res.final_loss, "steps": res.steps})
+                            {"final_loss": res.final_loss, "steps": res.steps, "sweep": trajectory})
     return _run_t3(target, forget, retain, s)
+
+
+def _early_stop(target, forget, retain, s: MethodSettings):
+    """The sweep rule for the baselines: after every epoch, score the training partitions and stop
+    once the forget NLL reaches the target or the retain NLL rose by more than the bound."""
+    import math
+
+    from mmunlearn.unlearn.erase_method import mean_nll
+
+    rule = s.baseline_sweep
+    check = rule.get("retain_items") or retain
+    every = max(1, math.ceil(len(forget) / (s.baseline.batch_size * s.baseline.grad_accum)))
+    base_r = mean_nll(target, check)
+    trajectory: list[dict] = []
+
+    def on_step(step: int, _loss: float) -> bool:
+        if step % every:
+            return False
+        was_training = target.model.training
+        target.model.eval()
+        f, r = mean_nll(target, forget), mean_nll(target, check)
+        target.model.train(was_training)
+        trajectory.append({"step": step, "forget_nll": f, "retain_nll": r})
+        return f >= rule["forget_target"] or r - base_r > rule["retain_bound"]
+
+    return on_step, trajectory
 
 
 def _run_t3(target, forget, retain, s: MethodSettings) -> MethodResult:
