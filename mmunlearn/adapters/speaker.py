@@ -1,0 +1,267 @@
+"""Adapter for speaker classifiers: SpeechBrain ECAPA-TDNN embeddings + cosine Classifier head, Fbank features.
+
+Built from a size preset (:meth:`SpeakerAdapter.build`) or read from a directory in SpeechBrain's
+pretrained ``EncoderClassifier`` layout (:meth:`SpeakerAdapter.load`, see
+:mod:`mmunlearn.adapters.speaker_io`), e.g. a local copy of speechbrain/spkrec-ecapa-voxceleb.
+
+Scores, for one utterance x with speaker class y, cosine similarities c_k = cos(emb(x), w_k) and the
+AAM scale s:
+
+* ``loss`` is the training loss, AAM-softmax (additive angular margin m; Deng et al., 2019,
+  "ArcFace", arXiv:1801.07698): mean of -log softmax(s * [cos(theta_y + m), c_k (k != y)])_y.
+* ``logits`` are s * c (no margin); the unlearning methods' per-example log-likelihood
+  (``logprobs``, ``sequence_logprob``; each utterance is a one-"token" sequence), the class
+  distribution (``target_distributions``, N x C) and the loss attack of the membership-inference
+  metric all use log softmax(s * c). The margin only shapes training; at test time it would merely
+  shift the target logit.
+
+>>> import torch
+>>> adapter = SpeakerAdapter.build(["spk_a", "spk_b", "spk_c"], preset="tiny", device="cpu")
+>>> batch = adapter.collate([{"wav": torch.randn(8000), "spk_id": "spk_b"},
+...                          {"wav": torch.randn(6000), "spk_id": "spk_a"}])
+>>> batch["wavs"].shape, batch["wav_lens"].tolist(), batch["labels"].tolist()
+(torch.Size([2, 8000]), [1.0, 0.75], [1, 0])
+>>> adapter.logits(batch).shape, adapter.embeddings(batch).shape
+(torch.Size([2, 3]), torch.Size([2, 16]))
+>>> adapter.hidden_states(batch, 0).shape  # frames x channels of the first TDNN block
+torch.Size([2, 51, 16])
+>>> adapter.target_distributions(batch).shape
+torch.Size([2, 3])
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mmunlearn.adapters.base import LayerWeight, resolve_device
+from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
+from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, build_net, hparams_yaml
+from mmunlearn.speech.audio import AudioCache, example_waveform
+
+IGNORE = -100
+
+
+def block_of(name: str) -> str:
+    """Layer group of a parameter: one ECAPA block (``embedding_model.blocks.<i>``, ``.mfa``, ``.asp``,
+    ``.fc``) or the ``classifier``.
+
+    >>> block_of("embedding_model.blocks.2.res2net_block.blocks.0.conv.conv.weight")
+    'embedding_model.blocks.2'
+    >>> block_of("embedding_model.asp.tdnn.conv.conv.weight"), block_of("classifier.weight")
+    ('embedding_model.asp', 'classifier')
+    """
+    parts = name.split(".")
+    if parts[0] == "embedding_model" and len(parts) > 2:
+        if parts[1] == "blocks" and parts[2].isdigit():
+            return ".".join(parts[:3])
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+class SpeakerAdapter:
+    """A :class:`SpeakerNet` with its speaker IDs (class index -> ID) and the adapter interface of DESIGN.md.
+
+    Batches (from :meth:`collate`): ``wavs`` B x T (zero-padded, 16 kHz), ``wav_lens`` B (relative
+    lengths, 1.0 = T) and ``labels`` B (class indices, -100 for an unknown speaker). In train mode
+    ECAPA's BatchNorm after pooling needs batches of two or more utterances.
+    """
+
+    def __init__(self, model: SpeakerNet, speakers: Sequence[str], *, margin: float, scale: float,
+                 hparams_text: str, sample_rate: int = 16000, audio_cache: AudioCache | None = None):
+        if len(speakers) != model.n_classes:
+            raise ValueError(f"{len(speakers)} speaker IDs for a classifier of {model.n_classes} classes")
+        if len(set(speakers)) != len(speakers):
+            raise ValueError("speaker IDs must be unique")
+        from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
+
+        self.model = model
+        self.speakers = [str(s) for s in speakers]
+        self.index = {s: i for i, s in enumerate(self.speakers)}
+        self.margin, self.scale, self.sample_rate = float(margin), float(scale), int(sample_rate)
+        self.hparams_text = hparams_text
+        self.config: SpeakerConfig | None = None  # set by build(); None for a loaded directory
+        self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
+        self._aam = LogSoftmaxWrapper(AdditiveAngularMargin(margin=self.margin, scale=self.scale))
+
+    # ------------------------------------------------------------------ building, loading, saving
+    @classmethod
+    def build(cls, n_speakers: int | Sequence[str], preset: str = "small", *, seed: int = 0,
+              device: str | torch.device = "auto", **overrides: Any) -> "SpeakerAdapter":
+        """A fresh model for ``n_speakers`` classes (or these speaker IDs, in this class order).
+
+        ``preset``: a size in :data:`~mmunlearn.adapters.speaker_model.PRESETS`; ``overrides``:
+        any :class:`SpeakerConfig` field (``channels``, ``lin_neurons``, ``margin``, ``scale``, ...).
+        Initialisation is seeded by ``seed`` without touching the global RNG.
+        """
+        speakers = [str(i) for i in range(n_speakers)] if isinstance(n_speakers, int) else [str(s) for s in n_speakers]
+        config = SpeakerConfig.from_preset(len(speakers), preset, **overrides)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = build_net(config)
+        adapter = cls(net.to(resolve_device(device)).eval(), speakers, margin=config.margin, scale=config.scale,
+                      hparams_text=hparams_yaml(config), sample_rate=config.sample_rate)
+        adapter.config = config
+        return adapter
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> "SpeakerAdapter":
+        """Read a SpeechBrain-layout directory (written by :meth:`save` or SpeechBrain's own)."""
+        found = read_speaker_dir(path)
+        return cls(found.net.to(resolve_device(device)).eval(), found.speakers, margin=found.margin,
+                   scale=found.scale, hparams_text=found.hparams_text, sample_rate=found.sample_rate)
+
+    from_pretrained = load
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write hyperparams.yaml, embedding_model.ckpt, classifier.ckpt, label_encoder.txt (atomically)."""
+        return write_speaker_dir(path, self.model, self.speakers, self.hparams_text, overwrite=overwrite)
+
+    def clone(self) -> "SpeakerAdapter":
+        """An independent copy of the model (e.g. to unlearn while keeping the original); the decoded-audio
+        cache is shared."""
+        twin = SpeakerAdapter(copy.deepcopy(self.model), self.speakers, margin=self.margin, scale=self.scale,
+                              hparams_text=self.hparams_text, sample_rate=self.sample_rate,
+                              audio_cache=self.audio_cache)
+        twin.config = self.config
+        return twin
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ layers
+    def layers(self, include_classifier: bool = True) -> Iterator[LayerWeight]:
+        """Every Conv1d kernel (3-D, out x in x k; erasure views it as out x in*k) and Linear weight of the
+        embedding model, and the classifier's class-weight matrix, grouped by :func:`block_of`."""
+        for mname, module in self.model.named_modules():
+            is_head = module is self.model.classifier
+            if not (isinstance(module, (nn.Conv1d, nn.Linear)) or is_head) or (is_head and not include_classifier):
+                continue
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, nn.Parameter) and weight.dim() in (2, 3):
+                name = f"{mname}.weight"
+                yield LayerWeight(name, block_of(name), weight)
+
+    def groups(self, include_classifier: bool = True) -> dict[str, str]:
+        """Parameter name -> block, for ``erase(..., groups=adapter.groups())`` (its default grouping
+        by the first numeric name part would split MFA/ASP/fc into sub-module groups)."""
+        return {lw.name: lw.block for lw in self.layers(include_classifier)}
+
+    # ------------------------------------------------------------------ batches
+    def collate(self, examples: Sequence[Mapping[str, Any]], require_labels: bool = True) -> dict[str, torch.Tensor]:
+        """Zero-padded batch of examples: manifest rows (decoded, via ``audio_cache``) or dicts whose
+        ``wav`` is a 1-D waveform. ``spk_id`` gives the label; an unknown (or missing) speaker is an
+        error unless ``require_labels`` is False, then its label is -100."""
+        if not examples:
+            raise ValueError("cannot collate an empty list of examples")
+        wavs = [example_waveform(ex, self.audio_cache, self.sample_rate) for ex in examples]
+        labels = []
+        for i, ex in enumerate(examples):
+            spk = ex.get("spk_id")
+            label = self.index.get(str(spk), IGNORE) if spk is not None else IGNORE
+            if label == IGNORE and require_labels:
+                raise ValueError(f"example {i} ({ex.get('ID', '?')}): speaker {spk!r} is not one of the "
+                                 f"model's {len(self.speakers)} classes (pass require_labels=False to score it)")
+            labels.append(label)
+        width = max(w.numel() for w in wavs)
+        batch = torch.zeros(len(wavs), width)
+        for i, w in enumerate(wavs):
+            batch[i, : w.numel()] = w
+        lens = torch.tensor([w.numel() / width for w in wavs], dtype=torch.float32)
+        return {"wavs": batch, "wav_lens": lens, "labels": torch.tensor(labels, dtype=torch.long)}
+
+    def _to(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    # ------------------------------------------------------------------ scoring
+    # Every scoring method takes an optional ``model``: a training loop passes its (possibly
+    # distributed-wrapped) module so gradients flow through the wrapper.
+    def _forward(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None) -> tuple[torch.Tensor, ...]:
+        b = self._to(batch)
+        cosine, emb = (model or self.model)(b["wavs"], b["wav_lens"])
+        return cosine.float(), emb, b["labels"]
+
+    def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
+                              model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`logits` and :meth:`embeddings` from one forward pass."""
+        cosine, emb, _ = self._forward(batch, model)
+        return self.scale * cosine, emb
+
+    def cosine(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Cosine similarity of each embedding to each class weight, B x C in [-1, 1]."""
+        return self._forward(batch, model)[0]
+
+    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Class logits ``scale * cosine`` (B x C): softmax of these is the model's class posterior."""
+        return self.scale * self.cosine(batch, model)
+
+    def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Mean AAM-softmax loss of the batch (the training loss; every label must be known)."""
+        cosine, _, labels = self._forward(batch, model)
+        if (labels < 0).any():
+            raise ValueError("loss needs a known speaker label for every example (found -100)")
+        return self._aam(cosine.unsqueeze(1), labels.unsqueeze(1))
+
+    def logprobs(self, batch: Mapping[str, torch.Tensor],
+                 model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(label | x) under softmax(logits) as B x 1 (0 where the label is unknown) and its B x 1 mask."""
+        logits = self.logits(batch, model)
+        labels = batch["labels"].to(logits.device)
+        mask = (labels != IGNORE).unsqueeze(1)
+        lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(1))
+        return lp * mask, mask
+
+    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
+                         average: bool = False) -> torch.Tensor:
+        """log p(label | x) per example (B,); ``average`` changes nothing (one target per utterance)."""
+        return self.logprobs(batch, model)[0].squeeze(1)
+
+    def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Log-probabilities over the speaker classes for every example (B x C), for KL terms."""
+        return torch.log_softmax(self.logits(batch, model), -1)
+
+    def nll(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Per-example cross-entropy -log p(label | x) (B,); the membership-inference loss score."""
+        return -self.sequence_logprob(batch, model)
+
+    def embeddings(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Speaker embeddings (B x d), the x-vectors verification scores by cosine similarity."""
+        return self._forward(batch, model)[1]
+
+    def predict(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Most likely class index per example (B,)."""
+        with torch.no_grad():
+            return self.cosine(batch).argmax(-1)
+
+    def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
+        """Frame-level outputs B x frames x channels of ECAPA block ``layer`` (an int indexes
+        ``embedding_model.blocks``, ``"mfa"`` the aggregation layer); ``"final"``: the embedding as B x 1 x d."""
+        ecapa = self.model.embedding_model
+        blocks = getattr(ecapa, "blocks", [])
+        if layer == "final":
+            return self.embeddings(batch).unsqueeze(1)
+        if layer == "mfa" and hasattr(ecapa, "mfa"):
+            module = ecapa.mfa
+        elif isinstance(layer, int) and not isinstance(layer, bool) and -len(blocks) <= layer < len(blocks):
+            module = blocks[layer]
+        else:
+            raise ValueError(f"layer must be 'final', 'mfa' or an int in [-{len(blocks)}, {len(blocks) - 1}], "
+                             f"got {layer!r}")
+        captured: list[torch.Tensor] = []
+        handle = module.register_forward_hook(lambda _m, _i, out: captured.append(out))
+        try:
+            self._forward(batch, None)
+        finally:
+            handle.remove()
+        return captured[0].transpose(1, 2)
+
+    def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
+        """Speaker IDs of class indices."""
+        return [self.speakers[int(i)] for i in indices]

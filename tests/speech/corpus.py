@@ -1,0 +1,41 @@
+"""A tiny synthetic speaker corpus and its manifests, built once per test session (shared by the speaker tests)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_prep.synth_speakers import synthesize_corpus
+from data_prep.voxceleb2 import prepare
+
+
+_BUILT: dict[int, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def speaker_manifests(tmp_path_factory) -> Path:
+    """Manifest directory of 4 espeak speakers x 8 utterances x 2 videos: 1 forget speaker, 25 % sample forget.
+
+    Tests must not modify it.
+    """
+    # Imported into several test modules, this fixture gets one definition (and one session cache)
+    # per module: memoise here so the corpus is built once per session.
+    key = id(tmp_path_factory)
+    if key not in _BUILT:
+        base = tmp_path_factory.mktemp("speaker_corpus")
+        root = synthesize_corpus(base / "vox", speakers=4, utterances=8, videos=2, seed=0, progress=False)
+        _BUILT[key] = prepare(root, base / "manifests", forget_speakers=1, forget_fraction=0.25, progress=False).out
+    return _BUILT[key]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread while a speaker test module runs (restored after).
+
+    On a shared 2-core machine ECAPA's many small convolutions run ~20x slower with 2 threads
+    than with 1 when the other core is busy (the threads wait on each other).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
