@@ -100,8 +100,9 @@ def _select_params(model: nn.Module, params: Iterable[nn.Parameter | str] | None
 
 
 def _fresh_accelerator(device: str, mixed_precision: str, grad_accum: int):
-    """A new Accelerator; accelerate keeps process-wide state, reset here so that successive runs in one
-    process may use other precision or accumulation settings (the distributed setup is kept)."""
+    """A new Accelerator. accelerate keeps process-wide state: it is reset here so that successive runs
+    in one process may use other precision or accumulation settings (an initialised process group is
+    kept; see :func:`_process_state_is_stale`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -109,11 +110,23 @@ def _fresh_accelerator(device: str, mixed_precision: str, grad_accum: int):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' requested but CUDA is not available")
-    AcceleratorState._reset_state(reset_partial_state=False)
+    AcceleratorState._reset_state(reset_partial_state=_process_state_is_stale())
     GradientState._reset_state()
-    dev_type = "cpu" if device == "cpu" or not torch.cuda.is_available() else "cuda"
-    return Accelerator(cpu=device == "cpu", mixed_precision=resolve_mixed_precision(mixed_precision, dev_type),
-                       gradient_accumulation_steps=grad_accum)
+    on_cpu = device == "cpu" or not torch.cuda.is_available()  # accelerate needs cpu=True for CPU processes
+    precision = resolve_mixed_precision(mixed_precision, "cpu" if on_cpu else "cuda")
+    return Accelerator(cpu=on_cpu, mixed_precision=precision, gradient_accumulation_steps=grad_accum)
+
+
+def _process_state_is_stale() -> bool:
+    """Whether accelerate's process state may be rebuilt: always when no process group exists (nothing
+    to lose), and when its process count disagrees with the group's (a ``PartialState()`` made without
+    ``cpu=True`` under a CPU launch sets up the group yet records a single process)."""
+    from accelerate.state import PartialState
+
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    return bool(PartialState._shared_state) and PartialState().num_processes != dist.get_world_size()
 
 
 def _checkpoints(root: Path) -> list[Path]:
@@ -155,7 +168,7 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
           collate2: Callable[[list], Any] | None = None, device: str = "auto", progress: bool = True,
           desc: str = "train", log_every: int = 50, checkpoint_dir: str | os.PathLike | None = None,
           checkpoint_every: int | None = None, keep_checkpoints: int = 1, resume: bool = False,
-          on_step: StepCallback | None = None, **overrides: Any) -> TrainResult:
+          on_step: StepCallback | None = None, train_mode: bool = True, **overrides: Any) -> TrainResult:
     """Train ``model`` in place on ``data`` and return the loss history.
 
     - ``loss_fn(model, batch)`` returns a scalar loss; ``batch`` is ``collate(list of examples)``
@@ -172,6 +185,8 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
       continues from the latest one there (or starts fresh when there is none); the data order is a
       function of (seed, epoch), so a resumed run ends with the weights of an uninterrupted one.
     - ``on_step(step, loss)`` is called after each optimizer step; returning True stops the run.
+    - ``train_mode=False`` keeps the model in eval mode while it trains (dropout off, BatchNorm
+      running statistics frozen), e.g. when unlearning a classifier on forget-only batches.
     - ``device``: ``auto`` (accelerate's choice: the launcher's GPU, else CPU), ``cpu`` or ``cuda``.
 
     Deterministic for a seed on the CPU. The model is left in eval mode, unwrapped, on the device.
@@ -203,14 +218,14 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
         p.requires_grad_(id(p) in keep_ids)
     try:
         return _run(acc, cfg, model, loss_fn, data, collate, data2, collate2, trainable, progress, desc,
-                    log_every, ckroot, checkpoint_every, keep_checkpoints, resume, on_step)
+                    log_every, ckroot, checkpoint_every, keep_checkpoints, resume, on_step, train_mode)
     finally:
         for p, flag in grad_flags:
             p.requires_grad_(flag)
 
 
 def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, trainable, progress, desc,
-         log_every, ckroot, checkpoint_every, keep_checkpoints, resume, on_step) -> TrainResult:
+         log_every, ckroot, checkpoint_every, keep_checkpoints, resume, on_step, train_mode=True) -> TrainResult:
     paired = data2 is not None
     sampler = EpochSampler(len(data), cfg.seed, cfg.shuffle, n2=len(data2) if paired else None)
     dataset = PairedDataset(data, data2) if paired else data
@@ -234,7 +249,7 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
     start_step, t0 = prog.step, time.perf_counter()
     bar = tqdm(total=total, initial=prog.step, desc=desc, disable=not progress or not acc.is_local_main_process,
                dynamic_ncols=True)
-    wrapped.train()
+    wrapped.train(train_mode)
     epoch, skip = divmod(prog.micro, len(loader))
     running, n_micro, done = torch.zeros((), device=acc.device), 0, prog.step >= total
     try:

@@ -58,16 +58,24 @@ def task_vectors(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: Ext
     return tf, tr
 
 
-def _erase(model, tf, tr, cfg: EraseMethodConfig, rank, scale):
-    common = dict(method=cfg.method, localize=cfg.localize, rule=cfg.rule, scale=scale, rows=cfg.rows)
+def _erase(model, tf, tr, cfg: EraseMethodConfig, rank, scale, groups=None):
+    common = dict(method=cfg.method, localize=cfg.localize, rule=cfg.rule, scale=scale, rows=cfg.rows, groups=groups)
     if rank is None:
         return erase(model, tf, tr, energy=cfg.energy, retain_energy=cfg.energy, **common)
     retain = tr if cfg.retain_rank else None
     return erase(model, tf, retain, rank=rank, retain_rank=cfg.retain_rank, clamp_ranks=True, **common)
 
 
-def mean_nll(adapter, items: Sequence[Any]) -> float:
-    return float(adapter.answer_nll(items).mean())
+def mean_nll(adapter, items: Sequence[Any], batch_size: int = 16) -> float:
+    """Mean per-example NLL (length-normalised) of the targets of ``items`` under ``adapter``."""
+    if hasattr(adapter, "answer_nll"):
+        return float(adapter.answer_nll(items, batch_size=batch_size).mean())
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(items), batch_size):
+            batch = adapter.collate(items[i : i + batch_size])
+            total += float(-adapter.sequence_logprob(batch, average=True).sum())
+    return total / len(items)
 
 
 def choose(points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float,
@@ -93,6 +101,7 @@ def run_erase_method(target, forget: Sequence[Any], retain: Sequence[Any], cfg: 
     "retain_items": [...]}``; each candidate is applied, scored on the training partitions,
     and undone with its undo patch; the chosen one is then applied.
     """
+    groups = target.groups() if hasattr(target, "groups") else None  # adapters that group layers themselves
     t0 = time.perf_counter()
     tf, tr = task_vectors(reference or target, forget, retain, cfg.extract, progress)
     extract_seconds = time.perf_counter() - t0
@@ -103,7 +112,7 @@ def run_erase_method(target, forget: Sequence[Any], retain: Sequence[Any], cfg: 
         base_f, base_r = mean_nll(target, forget), mean_nll(target, check_retain)
         for r in sweep.get("ranks") or [cfg.rank]:
             for s in sweep["scales"]:
-                rep = _erase(target.model, tf, tr, cfg, r, s)
+                rep = _erase(target.model, tf, tr, cfg, r, s, groups)
                 points.append(SweepPoint(r, s, mean_nll(target, forget), mean_nll(target, check_retain)))
                 restore(target.model, rep)
         best = choose(points, base_f, base_r, sweep["forget_target"], sweep["retain_bound"])
@@ -111,7 +120,7 @@ def run_erase_method(target, forget: Sequence[Any], retain: Sequence[Any], cfg: 
         chosen = {"rank": rank, "scale": scale, "base_forget_nll": base_f, "base_retain_nll": base_r,
                   "forget_target": sweep["forget_target"], "retain_bound": sweep["retain_bound"]}
     t1 = time.perf_counter()
-    report = _erase(target.model, tf, tr, cfg, rank, scale)
+    report = _erase(target.model, tf, tr, cfg, rank, scale, groups)
     return EraseOutcome(report, extract_seconds, time.perf_counter() - t1, points, chosen)
 
 

@@ -37,6 +37,7 @@ class MethodSettings:
     t3_sweep: dict | None = None  # {"temperatures": [...], "forget_target": x, "retain_bound": y}
     cache_dir: str | None = None
     progress: bool = True
+    train_mode: bool = True  # False: baselines train with the model in eval mode (BatchNorm stats frozen)
 
 
 @dataclass
@@ -71,7 +72,8 @@ def run_method(name: str, target, forget: Sequence[Any], retain: Sequence[Any], 
     if name in BASELINES:
         start = time.perf_counter()
         on_step, trajectory = _early_stop(target, forget, retain, s) if s.baseline_sweep else (None, [])
-        res = unlearn(target, name, forget, retain, s.baseline, progress=s.progress, on_step=on_step)
+        res = unlearn(target, name, forget, retain, s.baseline, progress=s.progress, on_step=on_step,
+                      train_mode=s.train_mode)
         return MethodResult(target, 0.0, time.perf_counter() - start, changed_fraction(before, target.model),
                             {"final_loss": res.final_loss, "steps": res.steps, "sweep": trajectory})
     return _run_t3(target, forget, retain, s)
