@@ -14,6 +14,7 @@ from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
 from recipes.tofu import app as tofu_app
+from recipes.voxceleb2 import app as voxceleb2_app
 
 app = typer.Typer(
     name="mmunlearn",
@@ -23,10 +24,15 @@ app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 app.add_typer(tofu_app, name="tofu")
+app.add_typer(voxceleb2_app, name="voxceleb2")
 console = Console()
 
 Method = Enum("Method", {m: m for m in METHODS}, type=str)  # type: ignore[misc]
 Rule = Enum("Rule", {r: r for r in RULES}, type=str)  # type: ignore[misc]
+STREAM_HELP = ("Work shard by shard, one task matrix at a time (memory: about one shard plus one matrix's task "
+               "matrices); --no-stream loads the whole checkpoint and task matrices. Same weights bit for bit.")
+HARDLINK_HELP = ("With --stream: hard-link the shards that need no change into --out (copied when linking fails); "
+                 "--no-hardlink copies them. Linked files are shared with --model: never rewrite them in place.")
 
 
 @app.command()
@@ -54,15 +60,21 @@ def erase(
     rows: Annotated[bool, typer.Option(help="Also remove the retain task's row space from the update.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of randomised subspace methods.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+    stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
+    hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,
 ) -> None:
     """Erase a forget task from a checkpoint (QR-Erase); the input checkpoint is never modified."""
-    from mmunlearn.erase_checkpoint import erase_checkpoint
+    options = dict(retain=retain, rank=rank, energy=energy, retain_rank=retain_rank, retain_energy=retain_energy,
+                   method=Method(method).value, scale=scale, localize=localize, rule=Rule(rule).value, top=top,
+                   threshold=threshold, rows=rows, seed=seed, overwrite=overwrite)
+    if stream:
+        from mmunlearn.erase.stream import stream_erase_checkpoint
 
-    report = erase_checkpoint(
-        model, forget, out, retain=retain, rank=rank, energy=energy, retain_rank=retain_rank,
-        retain_energy=retain_energy, method=Method(method).value, scale=scale, localize=localize,
-        rule=Rule(rule).value, top=top, threshold=threshold, rows=rows, seed=seed, overwrite=overwrite,
-    )
+        report = stream_erase_checkpoint(model, forget, out, hardlink=hardlink, **options)
+    else:
+        from mmunlearn.erase_checkpoint import erase_checkpoint
+
+        report = erase_checkpoint(model, forget, out, **options)
     console.print(report.table())
     console.print(f"edited model, undo patch and report written to [bold]{out}[/bold]")
 
@@ -73,11 +85,18 @@ def restore(
     out: Annotated[Path, typer.Option(help="Directory for the restored model (created; must not exist unless --overwrite).")],
     patch: Annotated[Optional[Path], typer.Option(help="Undo patch (default: MODEL/undo_patch.safetensors).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+    stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
+    hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,
 ) -> None:
     """Undo an erase: write the original weights back, bit for bit."""
-    from mmunlearn.erase_checkpoint import restore_checkpoint
+    if stream:
+        from mmunlearn.erase.stream import stream_restore_checkpoint
 
-    restore_checkpoint(model, out, patch=patch, overwrite=overwrite)
+        stream_restore_checkpoint(model, out, patch=patch, overwrite=overwrite, hardlink=hardlink)
+    else:
+        from mmunlearn.erase_checkpoint import restore_checkpoint
+
+        restore_checkpoint(model, out, patch=patch, overwrite=overwrite)
     console.print(f"restored model written to [bold]{out}[/bold]")
 
 

@@ -1,8 +1,9 @@
 """Storage of task matrices: parameter name -> tensor, plus metadata, as safetensors.
 
-A task-matrix set is one ``.safetensors`` file, or a directory of them (e.g. one file per layer
-group, so a large model's matrices can be streamed); the metadata (kind, data hash, steps, lr,
-...) travels in the safetensors header as JSON.
+A task-matrix set is one ``.safetensors`` file, a directory of them (e.g. one file per layer
+group), or a sharded file's ``*.safetensors.index.json``; the metadata (kind, data hash, steps, lr,
+...) travels in the safetensors header as JSON. ``open_task_matrices`` reads headers only and
+loads each tensor when asked for by name, so a large model's matrices can be streamed.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def save_task_matrices(path: str | os.PathLike, tensors: Mapping[str, torch.Tens
 
 
 def _files(path: Path) -> list[Path]:
+    if path.is_file() and path.name.endswith(".index.json"):
+        try:
+            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{path} is not a valid safetensors index (needs 'weight_map')") from exc
+        return [path.parent / s for s in shards]
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -65,23 +72,62 @@ def _files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"task matrices not found: {path}")
 
 
+class LazyTaskMatrices(Mapping):
+    """Task matrices on disk, read one tensor at a time by name (headers only at open).
+
+    Iterates in the order of :func:`load_task_matrices` (files sorted by name, tensors in file
+    order). Each lookup opens the file, so no memory map outlives the tensor it returned.
+    """
+
+    def __init__(self, path: str | os.PathLike, device: str = "cpu"):
+        self.path, self.device = Path(path), device
+        self.meta: dict = {}
+        self._file_of: dict[str, Path] = {}
+        self._shape: dict[str, tuple[int, ...]] = {}
+        for f in _files(self.path):
+            if not f.is_file():
+                raise FileNotFoundError(f"task-matrix shard {f} listed in {self.path} not found")
+            try:
+                with safe_open(str(f), framework="pt") as st:
+                    header = st.metadata() or {}
+                    for key in st.keys():
+                        if key in self._file_of:
+                            raise ValueError(f"task matrix {key!r} appears twice (again in {f})")
+                        self._file_of[key] = f
+                        self._shape[key] = tuple(st.get_slice(key).get_shape())
+            except SafetensorError as exc:
+                raise ValueError(f"{f} is not a readable safetensors file: {exc}") from exc
+            if "mmunlearn" in header:
+                self.meta.update(json.loads(header["mmunlearn"]))
+        if not self._file_of:
+            raise ValueError(f"{path} holds no task matrices")
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        f = self._file_of[key]
+        with safe_open(str(f), framework="pt", device=self.device) as st:
+            return st.get_tensor(key)
+
+    def __contains__(self, key: object) -> bool:  # Mapping's default would load the tensor
+        return key in self._file_of
+
+    def __iter__(self):
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """Shape of a task matrix, from the file header (nothing loaded)."""
+        return self._shape[key]
+
+
+def open_task_matrices(path: str | os.PathLike, device: str = "cpu") -> LazyTaskMatrices:
+    """Task matrices from a safetensors file, a directory of them or a sharded file's index,
+    loaded lazily by name."""
+    return LazyTaskMatrices(path, device)
+
+
 def load_task_matrices(path: str | os.PathLike, device: str = "cpu") -> TaskMatrices:
-    """Read task matrices from a safetensors file or a directory of them."""
-    path = Path(path)
-    tensors: dict[str, torch.Tensor] = {}
-    meta: dict = {}
-    for f in _files(path):
-        try:
-            with safe_open(str(f), framework="pt", device=device) as st:
-                header = st.metadata() or {}
-                for key in st.keys():
-                    if key in tensors:
-                        raise ValueError(f"task matrix {key!r} appears twice (again in {f})")
-                    tensors[key] = st.get_tensor(key)
-        except SafetensorError as exc:
-            raise ValueError(f"{f} is not a readable safetensors file: {exc}") from exc
-        if "mmunlearn" in header:
-            meta.update(json.loads(header["mmunlearn"]))
-    if not tensors:
-        raise ValueError(f"{path} holds no task matrices")
-    return TaskMatrices(tensors, meta)
+    """Read task matrices from a safetensors file, a directory of them or a sharded file's index."""
+    lazy = open_task_matrices(path, device)
+    return TaskMatrices({key: lazy[key] for key in lazy}, dict(lazy.meta))

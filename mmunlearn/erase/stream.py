@@ -1,0 +1,304 @@
+"""Streaming QR-Erase and restore of (sharded) safetensors checkpoints: one shard, one task matrix at a time.
+
+``stream_erase_checkpoint`` gives the weights, undo patch and report of
+:func:`mmunlearn.erase_checkpoint.erase_checkpoint` bit for bit, without holding the model or the task
+matrices in memory:
+
+1. headers only: every forget (and retain) task matrix is matched with a checkpoint tensor and its
+   shape and ranks are checked, as ``erase`` does before touching a weight;
+2. layer energies: the forget matrices are read one at a time for their norms, then the layers to
+   edit are selected;
+3. per shard, in file order: a shard with nothing to edit is hard-linked into the output (copied
+   when linking fails, e.g. across file systems, or with ``hardlink=False``); a shard with edits is
+   opened (memory-mapped), each of its edited tensors is erased with its own forget / retain matrix
+   (read just then) by :func:`mmunlearn.erase.erase`, and the shard is written anew with its
+   header metadata. The index and the non-weight files are copied.
+
+Peak memory is about one shard plus one matrix's forget and retain task matrices and the
+temporaries of one edit, whatever the size of the model. Everything is written into a temporary
+sibling of ``out`` that is renamed into place at the end: an interrupted run leaves no ``out``.
+Hard-linked shards share their inode with the input: rewriting one of them *in place* would change
+both (writers that replace the file, as safetensors and HF ``save_pretrained`` do, are safe).
+
+One difference from the in-memory path: a selected matrix whose forget task matrix is exactly zero
+is left as it is without an undo entry (the in-memory path records a no-op edit for it); the
+weights are the same either way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from mmunlearn.checkpoint import INDEX, atomic_dir, shard_files
+from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, _check_rank, erase, restore
+from mmunlearn.erase.basis import METHODS
+from mmunlearn.erase.energy import group_of, layer_energy, select_layers
+from mmunlearn.erase.norms import sq_norm
+from mmunlearn.erase.patch import PatchEntry, UndoPatch
+from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
+from mmunlearn.erase.views import ParamTable, task_matrices_for
+from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
+
+log = logging.getLogger(__name__)
+PLOT_NAME = "layer_energy.png"
+LEFTOVERS = (PATCH_NAME, REPORT_NAME, PLOT_NAME)  # outputs of an erase, not part of a model
+ERASE_OPTIONS = set(inspect.signature(erase).parameters) - {"model", "forget", "retain", "out"}
+
+
+@dataclass
+class ShardedCheckpoint:
+    """The layout of a safetensors checkpoint directory, from its index and shard headers only."""
+
+    root: Path
+    shards: dict[str, list[str]]  # shard file -> tensor names, in index order
+    shard_of: dict[str, str]  # tensor name -> shard file
+    shapes: dict[str, tuple[int, ...]]
+    shard_meta: dict[str, dict]  # shard file -> safetensors header metadata
+
+    def meta_tensors(self) -> dict[str, torch.Tensor]:
+        """Shape-only (``meta`` device) stand-ins of every tensor: validation without loading."""
+        return {n: torch.empty(s, device="meta") for n, s in self.shapes.items()}
+
+
+def open_checkpoint(root: str | os.PathLike) -> ShardedCheckpoint:
+    """Read the layout of a checkpoint directory (``model.safetensors`` or index + shards)."""
+    root = Path(root)
+    shards = shard_files(root)
+    shapes: dict[str, tuple[int, ...]] = {}
+    shard_meta: dict[str, dict] = {}
+    for shard, names in shards.items():
+        try:
+            with safe_open(str(root / shard), framework="pt") as f:
+                shard_meta[shard] = f.metadata() or {}
+                present = set(f.keys())
+                for name in names:
+                    if name not in present:
+                        raise ValueError(f"{root / INDEX} maps {name!r} to {shard}, which does not hold it")
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except (SafetensorError, FileNotFoundError) as exc:
+            raise ValueError(f"cannot read shard {root / shard}: {exc}") from exc
+    shard_of = {n: s for s, names in shards.items() for n in names}
+    return ShardedCheckpoint(root=root, shards=shards, shard_of=shard_of, shapes=shapes, shard_meta=shard_meta)
+
+
+def _load_shard(root: Path, shard: str) -> dict[str, torch.Tensor]:
+    """Every tensor of one shard, memory-mapped copy-on-write: edits never reach the file."""
+    with safe_open(str(root / shard), framework="pt") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict) -> None:
+    """Write one shard (the layout ``write_checkpoint`` uses)."""
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(path), metadata=metadata or {"format": "pt"})
+
+
+def _link_or_copy(src: Path, dst: Path, hardlink: bool) -> bool:
+    """Hard-link ``src`` (through symlinks) to ``dst``, or copy it; True when linked."""
+    if hardlink:
+        try:
+            os.link(src, dst)
+            return True
+        except OSError:  # other file system, no link support, or not permitted
+            pass
+    shutil.copy2(src, dst)
+    return False
+
+
+def _copy_other_files(root: Path, dst: Path, weight_files: set[str], skip: tuple[str, ...] = ()) -> None:
+    for item in root.iterdir():
+        if item.name in weight_files or item.name in skip:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, dst / item.name)
+        else:
+            shutil.copy2(item, dst / item.name)
+
+
+def _prepare_out(model_dir: Path, out: Path, overwrite: bool) -> None:
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory already exists: {out} (use --overwrite)")
+    if out.resolve() == model_dir.resolve():
+        raise ValueError("--out must differ from --model: the input checkpoint is never modified")
+
+
+def _check_inputs(ckpt: ShardedCheckpoint, forget: LazyTaskMatrices, retain: LazyTaskMatrices | None,
+                  rank: int | None, retain_rank: int | None) -> None:
+    """The name, shape and rank checks of ``erase`` on headers only (values are checked when read)."""
+    params = ParamTable(ckpt.meta_tensors())
+    for name in forget:
+        param, kind = params.get(name)
+        tf = task_matrices_for(name, torch.empty(forget.shape(name), device="meta"), param, kind)
+        tr = [None] * len(tf)
+        if retain is not None:
+            if name not in retain:
+                raise KeyError(f"retain task matrices have no entry for {name!r}")
+            tr = [t for _, t in task_matrices_for(name, torch.empty(retain.shape(name), device="meta"), param, kind)]
+        for (label, t), r in zip(tf, tr):
+            _check_rank(rank, label, tuple(t.shape), "forget")
+            if r is not None:
+                _check_rank(retain_rank, label, tuple(r.shape), "retain")
+
+
+class _WithProgress(Mapping):
+    """A mapping whose iteration shows a progress bar (for the energy pass)."""
+
+    def __init__(self, inner: Mapping, desc: str, enabled: bool):
+        self.inner, self.desc, self.enabled = inner, desc, enabled
+
+    def __getitem__(self, key):
+        return self.inner[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(tqdm(list(self.inner), desc=self.desc, disable=not self.enabled, dynamic_ncols=True))
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def stream_erase_checkpoint(
+    model_dir: str | os.PathLike,
+    forget: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    retain: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    hardlink: bool = True,
+    progress: bool = True,
+    **options,
+) -> EraseReport:
+    """QR-Erase a checkpoint directory into ``out`` shard by shard (see the module docstring).
+
+    ``forget`` / ``retain``: a task-matrix file, a directory of them or a sharded file's index.
+    ``options`` are those of :func:`mmunlearn.erase.erase` (rank, energy, method, scale, localize,
+    rule, top, threshold, retain_rank, retain_energy, rows, groups, seed, clamp_ranks).
+    ``hardlink``: hard-link the shards with no edit (else copy them).
+    """
+    start = time.perf_counter()
+    unknown = set(options) - ERASE_OPTIONS
+    if unknown:
+        raise TypeError(f"unknown erase option(s): {', '.join(sorted(unknown))}")
+    model_dir, out = Path(model_dir), Path(out)
+    _prepare_out(model_dir, out, overwrite)
+    localize = options.pop("localize", True)
+    rule, top, threshold = options.pop("rule", "mean"), options.pop("top", None), options.pop("threshold", None)
+    groups = options.pop("groups", None)
+    key: Callable[[str], str] = (groups if callable(groups) else
+                                 (lambda n: groups.get(n, group_of(n))) if groups else group_of)
+    rank, energy = options.get("rank"), options.get("energy")
+    if rank is None and energy is None:
+        options["energy"] = energy = 0.9
+    retain_rank, retain_energy = options.get("retain_rank"), options.get("retain_energy")
+    if retain_rank is None and retain_energy is None:
+        retain_rank, retain_energy = rank, energy
+    method, scale = options.get("method", "cpqr"), options.get("scale", 1.0)
+    if method not in METHODS:
+        raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+
+    ckpt = open_checkpoint(model_dir)
+    tf = open_task_matrices(forget)
+    tr = open_task_matrices(retain) if retain is not None else None
+    clamp = options.get("clamp_ranks", False)
+    _check_inputs(ckpt, tf, tr, None if clamp else rank, None if clamp else retain_rank)
+    energies = layer_energy(_WithProgress(tf, "layer energies", progress), key)
+    chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
+    edit = [n for n in tf if key(n) in chosen]
+    by_shard: dict[str, list[str]] = {}
+    for name in edit:
+        by_shard.setdefault(ckpt.shard_of[name], []).append(name)
+
+    rows: dict[str, list[MatrixRow]] = {}
+    entries: dict[str, list[PatchEntry]] = {}
+    linked = 0
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        _copy_other_files(model_dir, tmp, set(ckpt.shards) | {INDEX})
+        for shard in tqdm(ckpt.shards, desc="erase shards", disable=not progress, dynamic_ncols=True):
+            if shard not in by_shard:
+                linked += _link_or_copy(model_dir / shard, tmp / shard, hardlink)
+                continue
+            tensors = _load_shard(model_dir, shard)
+            for name in by_shard[shard]:
+                t_f = tf[name]
+                if sq_norm(t_f) == 0.0:  # nothing to remove (erase() cannot localise a zero task)
+                    continue
+                t_r = {name: tr[name]} if tr is not None else None
+                sub = erase({name: tensors[name]}, {name: t_f}, t_r, localize=False, out=None, **options)
+                rows[name] = [m for layer in sub.layers for m in layer.matrices]
+                entries[name] = list(sub.patch.entries)
+                del t_f, t_r, sub
+            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
+            del tensors
+        if (model_dir / INDEX).is_file():
+            shutil.copy2(model_dir / INDEX, tmp / INDEX)
+        # Patch entries and report rows in forget order, as the in-memory erase lists them.
+        patch = UndoPatch([e for name in edit for e in entries.get(name, [])])
+        by_group: dict[str, list[MatrixRow]] = {}
+        for name in edit:
+            by_group.setdefault(key(name), []).extend(rows.get(name, []))
+        settings = {"rank": rank, "energy": energy, "retain_rank": retain_rank, "retain_energy": retain_energy,
+                    "localize": localize, "rule": rule, "top": top, "threshold": threshold, "scale": scale,
+                    "rows": options.get("rows", False), "seed": options.get("seed", 0), "retain": tr is not None,
+                    "clamp_ranks": clamp}  # the keys and values of erase()'s own report
+        layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=by_group.get(g, []))
+                  for g, e in energies.items()]
+        report = EraseReport(method=method, settings=settings, layers=layers, seconds=0.0, patch=patch)
+        patch.save(tmp / PATCH_NAME)
+        report.patch_path = str(out / PATCH_NAME)
+        report.seconds = time.perf_counter() - start
+        report.to_json(tmp / REPORT_NAME)
+        report.plot_energy(tmp / PLOT_NAME)
+    log.info("streamed erase: %d of %d shards rewritten, %d hard-linked", len(by_shard), len(ckpt.shards), linked)
+    return report
+
+
+def stream_restore_checkpoint(
+    model_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    patch: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    hardlink: bool = True,
+    progress: bool = True,
+) -> None:
+    """Write the original checkpoint of an erased one into ``out``, shard by shard.
+
+    Only the shards holding patched tensors are read and rewritten; the others are hard-linked
+    (or copied). Each shard's matrices are checked against the patch before any is written back.
+    """
+    model_dir, out = Path(model_dir), Path(out)
+    _prepare_out(model_dir, out, overwrite)
+    undo = UndoPatch.load(patch if patch is not None else model_dir / PATCH_NAME)
+    ckpt = open_checkpoint(model_dir)
+    by_shard: dict[str, list[PatchEntry]] = {}
+    for entry in undo.entries:
+        name = entry.label.split("[", 1)[0]
+        if name not in ckpt.shard_of:
+            raise KeyError(f"the undo patch edits {entry.label!r}, which {model_dir} does not hold")
+        by_shard.setdefault(ckpt.shard_of[name], []).append(entry)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        _copy_other_files(model_dir, tmp, set(ckpt.shards) | {INDEX}, skip=LEFTOVERS)
+        for shard in tqdm(ckpt.shards, desc="restore shards", disable=not progress, dynamic_ncols=True):
+            if shard not in by_shard:
+                _link_or_copy(model_dir / shard, tmp / shard, hardlink)
+                continue
+            tensors = _load_shard(model_dir, shard)
+            names = {e.label.split("[", 1)[0] for e in by_shard[shard]}
+            restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
+            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
+            del tensors
+        if (model_dir / INDEX).is_file():
+            shutil.copy2(model_dir / INDEX, tmp / INDEX)
