@@ -19,9 +19,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mmunlearn bench subspace --sizes 768 1024 2048 4096 --rank 64 --json runs/bench_subspace.json
+	$(BIN)/mmunlearn tofu compare --out runs/tofu_compare
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: demo
+bench: $(STAMP)
+	$(BIN)/mmunlearn bench subspace --sizes 768 1024 2048 4096 --rank 64 --json runs/bench_subspace.json
+	$(BIN)/mmunlearn bench tilt --json runs/bench_tilt.json
+	$(BIN)/mmunlearn bench stream --json runs/bench_stream.json

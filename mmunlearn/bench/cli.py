@@ -20,8 +20,9 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})
 def subspace(
+    ctx: typer.Context,
     sizes: Annotated[list[int], typer.Option(help="Matrix sizes n (n x n task matrices); repeat the option or list several values.")] = [768, 1024, 2048, 4096],  # noqa: B006
     rank: Annotated[int, typer.Option(help="Subspace rank k.")] = 64,
     repeats: Annotated[int, typer.Option(help="Timed repeats per method (the median is reported).")] = 3,
@@ -35,6 +36,11 @@ def subspace(
     from mmunlearn.bench import subspace as sb
 
     _set_threads(threads)
+    # `--sizes 768 1024 2048` (the values after the first arrive as extra arguments)
+    try:
+        sizes = list(sizes) + [int(a) for a in ctx.args]
+    except ValueError as exc:
+        raise typer.BadParameter(f"--sizes takes integers, got extra arguments {ctx.args}") from exc
     meta = sb.machine()
     console.print(f"[bold]subspace benchmark[/bold] on {meta['cpu']} ({meta['threads']} threads), "
                   f"torch {meta['torch']}, sizes {sizes}, k={rank}, median of {repeats}")
