@@ -9,6 +9,10 @@ Protocol (a built preset such as ``micro`` or ``mini``):
    model utility measures, which must exist before any unlearning);
 3. the TARGET is fine-tuned from the base on ``full`` and the RETAIN model on ``retainRR`` (matching
    the forget split), with the same seed and hyperparameters: they differ only by the data seen.
+   Built presets (``replay_facts``) mix the real-authors and world-facts QA into both fine-tuning
+   sets: without this rehearsal a small model forgets them while memorising TOFU (measured on
+   ``mini``: facts answer NLL 0.38 after pretraining, 7.4 after 22 epochs on 40 authors), and model
+   utility would measure nothing.
 
 A model directory (a real checkpoint) is its own base and keeps its tokenizer. Losses are over
 answer tokens only. Every model lands in a cache keyed by a hash of what it depends on (see
@@ -33,8 +37,8 @@ import torch
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.data.corpus import pretrain_corpus
 from mmunlearn.data.tofu import QAItem, TOFUFormatError, list_splits, load_split, split_info
-from mmunlearn.presets.cache import (LOG_FILE, cache_key, default_cache_dir, is_built, items_digest, read_log,
-                                     texts_digest, write_log)
+from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, default_cache_dir, is_built, items_digest,
+                                     read_log, texts_digest, write_log)
 from mmunlearn.presets.models import Preset, get_preset, parameter_count
 from mmunlearn.train import TrainConfig, causal_lm_loss, train
 from mmunlearn.train.config import resolve_mixed_precision
@@ -130,23 +134,28 @@ def _mean_nll(adapter, items: Sequence[QAItem]) -> float | None:
 
 def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: Path, info: dict[str, Any], *,
                   max_length: int, device: str, progress: bool, desc: str, resume_dir: Path | None,
-                  checkpoint_every: int | None, facts: Sequence[QAItem], save_dtype: torch.dtype | None = None
-                  ) -> dict[str, Any]:
-    """Train on ``items`` (answer-token loss), then write weights, tokenizer and train_log.json to ``out``."""
+                  checkpoint_every: int | None, facts: Sequence[QAItem], replay: Sequence[QAItem] = (),
+                  save_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Train on ``items`` (+ ``replay``, mixed in) with the answer-token loss, then write weights,
+    tokenizer and train_log.json (answer NLL of ``items`` and of ``facts`` after training) to ``out``."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
 
     adapter = TextLLMAdapter(model, tokenizer, max_length=max_length)
-    result = train(model, causal_lm_loss, items, adapter.collate, cfg, device=device, progress=progress, desc=desc,
+    result = train(model, causal_lm_loss, list(items) + list(replay), adapter.collate, cfg, device=device,
+                   progress=progress, desc=desc,
                    checkpoint_dir=resume_dir if checkpoint_every else None, checkpoint_every=checkpoint_every,
                    resume=bool(checkpoint_every))
     t0 = time.perf_counter()
     per_epoch = max(1, round(result.steps / max(result.epochs, 1e-9)))
     epoch_losses = [sum(c) / len(c) for c in (result.losses[i:i + per_epoch]
                                                for i in range(0, len(result.losses), per_epoch))]
-    train_log = {**info, "answer_nll": _mean_nll(adapter, items), "facts_answer_nll": _mean_nll(adapter, facts),
+    answer_nll = _mean_nll(adapter, items)  # eval mode, after training: the model's final answer loss
+    train_log = {**info, "final_loss": answer_nll, "answer_nll": answer_nll,
+                 "facts_answer_nll": _mean_nll(adapter, facts),
                  "train_loss": result.final_loss, "epoch_losses": epoch_losses, "seconds": result.seconds,
                  "steps": result.steps, "epochs": result.epochs, "resumed_from_step": result.resumed_from,
-                 "n_examples": len(items), "parameters": parameter_count(model), "config": cfg.to_dict(),
+                 "n_examples": len(items), "replay_examples": len(replay), "parameters": parameter_count(model),
+                 "config": cfg.to_dict(),
                  "device": str(adapter.device), "torch_threads": torch.get_num_threads()}
     train_log["eval_seconds"] = time.perf_counter() - t0
     if save_dtype is not None:
@@ -189,13 +198,17 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
     if is_built(out, key):
         log.info("base: reusing %s", out)
         return out, {**read_log(out), "cached": True, "path": str(out)}
-    tokenizer = train_bpe(tok_texts, vocab_size=p.arch.vocab_size)
-    model = p.arch.build(tokenizer, seed=seed)
-    info = {"model": "base", "key": key, "preset": p.name, "data": str(data), "seed": seed,
-            "tokenizer_size": len(tokenizer), "corpus_examples": len(corpus)}
-    train_log = _fit_and_save(model, tokenizer, corpus, cfg, out, info, max_length=p.max_length, device=device,
-                              progress=progress, desc=f"{p.name} base", resume_dir=group / ".resume" / f"base-{key}",
-                              checkpoint_every=checkpoint_every, facts=fact_items(data))
+    with build_lock(out):
+        if is_built(out, key):  # built by another process while this one waited
+            return out, {**read_log(out), "cached": True, "path": str(out)}
+        tokenizer = train_bpe(tok_texts, vocab_size=p.arch.vocab_size)
+        model = p.arch.build(tokenizer, seed=seed)
+        info = {"model": "base", "key": key, "preset": p.name, "data": str(data), "seed": seed,
+                "tokenizer_size": len(tokenizer), "corpus_examples": len(corpus)}
+        train_log = _fit_and_save(model, tokenizer, corpus, cfg, out, info, max_length=p.max_length,
+                                  device=device, progress=progress, desc=f"{p.name} base",
+                                  resume_dir=group / ".resume" / f"base-{key}", checkpoint_every=checkpoint_every,
+                                  facts=fact_items(data))
     return out, {**train_log, "cached": False, "path": str(out)}
 
 
@@ -218,24 +231,29 @@ def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items
                    overrides: Mapping[str, Any] | None, checkpoint_every: int | None, overwrite: bool
                    ) -> tuple[Path, dict[str, Any]]:
     cfg = _resolved(p.finetune, seed, device, overrides)
+    facts = fact_items(data)
+    replay = facts if p.replay_facts else []
     spec = {"kind": "finetune", "parent": base_key, "split": split, "data": items_digest(items),
-            "finetune": cfg.to_dict(), "max_length": p.max_length, "seed": seed}
+            "replay": items_digest(replay), "finetune": cfg.to_dict(), "max_length": p.max_length, "seed": seed}
     key = cache_key(spec)
     tag = f"{split}-a{authors}" if authors is not None else split
     target = out if out is not None else group / f"{tag}-{key}"
     if is_built(target, key):
         log.info("%s: reusing %s", role, target)
         return target, {**read_log(target), "cached": True, "path": str(target)}
-    if out is not None and out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists and holds another model (no {LOG_FILE} with this build's key); "
-                              f"pass overwrite=True to replace it")
-    model, tokenizer, save_dtype = _load_parent(p, base)
-    info = {"model": role, "key": key, "preset": p.name, "data": str(data), "split": split, "authors": authors,
-            "seed": seed, "base": str(base)}
-    train_log = _fit_and_save(model, tokenizer, items, cfg, target, info, max_length=p.max_length, device=device,
-                              progress=progress, desc=f"{p.name} {role} ({tag})",
-                              resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
-                              facts=fact_items(data), save_dtype=save_dtype)
+    with build_lock(target):
+        if is_built(target, key):  # built by another process while this one waited
+            return target, {**read_log(target), "cached": True, "path": str(target)}
+        if out is not None and out.exists() and not overwrite:
+            raise FileExistsError(f"{out} exists and holds another model (no {LOG_FILE} with this build's key); "
+                                  f"pass overwrite=True to replace it")
+        model, tokenizer, save_dtype = _load_parent(p, base)
+        info = {"model": role, "key": key, "preset": p.name, "data": str(data), "split": split,
+                "authors": authors, "seed": seed, "base": str(base)}
+        train_log = _fit_and_save(model, tokenizer, items, cfg, target, info, max_length=p.max_length,
+                                  device=device, progress=progress, desc=f"{p.name} {role} ({tag})",
+                                  resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
+                                  facts=facts, replay=replay, save_dtype=save_dtype)
     return target, {**train_log, "cached": False, "path": str(target)}
 
 

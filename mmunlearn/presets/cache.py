@@ -3,20 +3,23 @@
 A model's key hashes everything its weights depend on (preset, training data content, seed,
 hyperparameters, parent model), so a re-run with the same options finds it and any change builds a
 new one. Models are written atomically (:func:`mmunlearn.checkpoint.atomic_dir`), so a folder that
-exists is complete.
+exists is complete, and built under a per-model file lock, so concurrent runs train each model once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from mmunlearn.data.tofu import QAItem
 
+log = logging.getLogger(__name__)
 CACHE_ENV = "MMUNLEARN_CACHE"
 LOG_FILE = "train_log.json"
 # Bump when a change to the builder alters the models it produces, so stale cache entries are not reused.
@@ -64,6 +67,29 @@ def write_log(model_dir: Path, log: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{LOG_FILE}.tmp")
     tmp.write_text(json.dumps(log, indent=1, default=str))
     os.replace(tmp, path)
+
+
+@contextmanager
+def build_lock(model_dir: Path) -> Iterator[None]:
+    """Hold an inter-process lock for building ``model_dir`` (a ``.<name>.lock`` file beside it).
+
+    Two processes asked for the same model at once would otherwise both train it and share its
+    resume checkpoints; with the lock the second waits, then finds the finished model in the cache.
+    """
+    from filelock import FileLock, Timeout  # a dependency of torch, datasets and huggingface_hub
+
+    model_dir = Path(model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(model_dir.parent / f".{model_dir.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another process that is building %s", model_dir)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def is_built(model_dir: Path, key: str) -> bool:

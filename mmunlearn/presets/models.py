@@ -68,6 +68,7 @@ class Preset:
     corpus_authors: int = 0  # fictitious authors in the pretraining corpus (20 QA each)
     max_length: int = 512  # tokens per QA example
     model_dir: Path | None = None
+    replay_facts: bool = False  # mix the data's real-authors / world-facts QA into target and retain training
 
     @property
     def is_model_dir(self) -> bool:
@@ -78,7 +79,7 @@ class Preset:
         return {"name": self.name, "arch": dataclasses.asdict(self.arch) if self.arch else None,
                 "pretrain": self.pretrain.to_dict() if self.pretrain else None,
                 "finetune": self.finetune.to_dict(), "corpus_authors": self.corpus_authors,
-                "max_length": self.max_length,
+                "max_length": self.max_length, "replay_facts": self.replay_facts,
                 "model_dir": _dir_fingerprint(self.model_dir) if self.model_dir else None}
 
 
@@ -87,7 +88,7 @@ MICRO = Preset(
     arch=LlamaArch(hidden=64, layers=2, heads=4, kv_heads=4, intermediate=256, vocab_size=1024, max_positions=384),
     pretrain=TrainConfig(epochs=4, batch_size=16, lr=4e-3, schedule="onecycle", weight_decay=0.01),
     finetune=TrainConfig(epochs=8, batch_size=16, lr=4e-3, schedule="onecycle", weight_decay=0.01),
-    corpus_authors=10, max_length=384,
+    corpus_authors=10, max_length=384, replay_facts=True,
 )
 
 # DESIGN.md: 5.2M parameters (hidden 256, 4 layers, 4 heads, FFN 1024, tied 4,096-token embeddings)
@@ -97,7 +98,7 @@ MINI = Preset(
     arch=LlamaArch(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=1024, vocab_size=4096),
     pretrain=TrainConfig(epochs=8, batch_size=16, lr=2e-3, schedule="onecycle", weight_decay=0.01),
     finetune=TrainConfig(epochs=22, batch_size=16, lr=2e-3, schedule="onecycle", weight_decay=0.01),
-    corpus_authors=60, max_length=512,
+    corpus_authors=60, max_length=512, replay_facts=True,
 )
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (MICRO, MINI)}

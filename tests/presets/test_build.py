@@ -1,6 +1,7 @@
 """Base / target / retain building on the micro preset and synthetic TOFU: protocol, cache, determinism."""
 
 import json
+import threading
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.synthetic import synthetic_authors
 from mmunlearn.data.tofu import load_split
 from mmunlearn.presets.build import base_corpus, build_models, finetune, training_items
+from mmunlearn.presets.cache import build_lock
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 DATA = "synthetic:n_authors=10,seed=0"
@@ -54,11 +56,15 @@ def test_models_load_and_carry_their_training_logs(built):
         on_disk = json.loads((path / "train_log.json").read_text())
         log = built.logs[name]
         assert on_disk["key"] == log["key"] and log["cached"] is False and log["model"] == name
-        assert log["answer_nll"] < log["epoch_losses"][0] and log["seconds"] > 0 and log["steps"] > 0
+        assert log["final_loss"] == log["answer_nll"] < log["epoch_losses"][0]
+        assert log["seconds"] > 0 and log["steps"] > 0
     assert built.logs["target"]["n_examples"] == 200 and built.logs["retain"]["n_examples"] == 180
+    # both rehearse the same 34 real-author and 38 world-fact QA (built presets replay the facts)
+    assert built.logs["target"]["replay_examples"] == built.logs["retain"]["replay_examples"] == 72
     assert built.logs["retain"]["split"] == "retain90" and built.logs["target"]["base"] == str(built.base)
     base_w, target_w = _weights(built.base), _weights(built.target)
-    assert base_w.keys() == target_w.keys() and not torch.equal(base_w["model.norm.weight"], target_w["model.norm.weight"])
+    assert base_w.keys() == target_w.keys()
+    assert not torch.equal(base_w["model.norm.weight"], target_w["model.norm.weight"])
 
 
 @pytest.mark.slow
@@ -118,7 +124,7 @@ def test_finetune_a_model_directory_and_reuse_it(tmp_path):
     assert path == out
     log = json.loads((out / "train_log.json").read_text())
     assert log["split"] == "retain90" and log["n_examples"] == 180 and log["config"]["lr"] == 1e-3
-    assert log["base"] == str(src.resolve())
+    assert log["base"] == str(src.resolve()) and log["replay_examples"] == 0  # a real checkpoint: TOFU as is
     before = _weights(src)
     after = _weights(out)
     assert not torch.equal(before["model.norm.weight"], after["model.norm.weight"])
@@ -145,3 +151,18 @@ def test_finetune_with_a_preset_reuses_the_cached_base(built, cache, tmp_path):
     assert (built.base / "model.safetensors").stat().st_mtime_ns == stamp
     assert TextLLMAdapter.from_pretrained(out, device="cpu").tokenizer.vocab_size == \
         TextLLMAdapter.from_pretrained(built.base, device="cpu").tokenizer.vocab_size
+
+
+def test_a_model_being_built_by_another_process_is_waited_for(tmp_path):
+    src = tmp_path / "src"
+    tiny_causal_lm(vocab=512).save_pretrained(src)
+    tiny_tokenizer().save_pretrained(src)
+    out, done = tmp_path / "out", []
+    opts = dict(authors=10, cache_dir=tmp_path / "cache", device="cpu", progress=False, overrides={"epochs": 1})
+    worker = threading.Thread(target=lambda: done.append(finetune(str(src), DATA, "forget10", out=out, **opts)))
+    with build_lock(out):  # as another builder of the same folder would hold it
+        worker.start()
+        worker.join(timeout=1.5)
+        assert worker.is_alive() and not out.exists()  # blocked, nothing written
+    worker.join(timeout=120)
+    assert done == [out] and json.loads((out / "train_log.json").read_text())["split"] == "forget10"

@@ -13,7 +13,8 @@ def test_mini_is_the_5_2m_llama_of_the_design_notes():
     # + 256 (final norm) + 4096 * 256
     expected = 4 * (4 * 256 * 256 + 3 * 256 * 1024 + 2 * 256) + 256 + 4096 * 256
     assert parameter_count(model) == expected == 5_245_184
-    assert model.config.tie_word_embeddings and model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert (model.config.eos_token_id, model.config.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
     assert MINI.finetune.lr == 2e-3 and MINI.finetune.schedule == "onecycle" and MINI.finetune.batch_size == 16
 
