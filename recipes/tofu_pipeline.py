@@ -44,17 +44,22 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int,
-                device: str, retain_logs: Path | None = None) -> Path:
-    """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs."""
+                device: str, retain_logs: Path | None = None, metrics: tuple[str, ...] | None = None) -> Path:
+    """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs.
+
+    ``data`` is named by its ``str`` in the cache key (a mapping source needs a short, content-bound
+    ``str``, e.g. :class:`mmunlearn.data.ctofu.SplitMapping`); ``metrics``: evaluate_tofu's groups.
+    """
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu
 
-    spec = json.dumps([str(data), forget_split, authors, max_new_tokens, str(retain_logs)])
+    key = [str(data), forget_split, authors, max_new_tokens, str(retain_logs)]
+    spec = json.dumps(key if metrics is None else [*key, sorted(metrics)])
     out = Path(model_dir) / "evals" / hashlib.sha256(spec.encode()).hexdigest()[:12]
     if not (out / "TOFU_EVAL.json").is_file():
         adapter = TextLLMAdapter.from_pretrained(model_dir, device=device)
         evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
-                      max_new_tokens=max_new_tokens, model_name=Path(model_dir).name)
+                      max_new_tokens=max_new_tokens, model_name=Path(model_dir).name, metrics=metrics)
     return out / "TOFU_EVAL.json"
 
 
@@ -212,6 +217,8 @@ def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: f
         if not run.is_file():
             continue
         points = json.loads(run.read_text())["info"].get("sweep") or []
+        key = next((k for k in ("scale", "temperature", "step") if points and k in points[0]), None)
+        points = sorted(points, key=lambda p: p[key]) if key else points
         if points:
             ax.plot([p["retain_nll"] for p in points], [p["forget_nll"] for p in points], marker="o", label=m)
             drawn += 1

@@ -36,7 +36,7 @@ T3 = {
     "mini": {"rank": 20, "epochs": 100, "lr": 1e-2, "temperature": 1.0},
     "model_dir": {"rank": 20, "epochs": 100, "lr": 1e-2, "temperature": 1.0},
 }
-SWEEP_SCALES = [0.5, 1.0, 2.0, 4.0, 8.0]
+SWEEP_SCALES = "auto"  # doubling from 0.25 until the forget target or the retain bound is crossed
 SWEEP_TEMPERATURES = [1.0, 1.25, 1.5, 2.0]
 
 

@@ -66,6 +66,14 @@ def _erase(model, tf, tr, cfg: EraseMethodConfig, rank, scale, groups=None):
     return erase(model, tf, retain, rank=rank, retain_rank=cfg.retain_rank, clamp_ranks=True, **common)
 
 
+#: ``scales="auto"``: double the scale from 0.25 until the rule's target or bound is crossed.
+AUTO_SCALES = tuple(0.25 * 2**i for i in range(17))
+
+
+def _scales(spec):
+    return AUTO_SCALES if spec == "auto" else spec
+
+
 def mean_nll(adapter, items: Sequence[Any], batch_size: int = 16) -> float:
     """Mean per-example NLL (length-normalised) of the targets of ``items`` under ``adapter``."""
     if hasattr(adapter, "answer_nll"):
@@ -99,7 +107,9 @@ def run_erase_method(target, forget: Sequence[Any], retain: Sequence[Any], cfg: 
     ``reference``: the adapter to take task vectors from (default: the target itself).
     ``sweep``: ``{"ranks": [...], "scales": [...], "forget_target": x, "retain_bound": y,
     "retain_items": [...]}``; each candidate is applied, scored on the training partitions,
-    and undone with its undo patch; the chosen one is then applied.
+    and undone with its undo patch; the chosen one is then applied. Optional ``"forget_measure"``
+    / ``"retain_measure"``: ``f(adapter, items) -> float`` scoring each side in place of
+    :func:`mean_nll` (e.g. a classifier's forget error rate); the rule of :func:`choose` is unchanged.
     """
     groups = target.groups() if hasattr(target, "groups") else None  # adapters that group layers themselves
     t0 = time.perf_counter()
@@ -109,12 +119,29 @@ def run_erase_method(target, forget: Sequence[Any], retain: Sequence[Any], cfg: 
     chosen: dict = {"rank": rank, "scale": scale}
     if sweep:
         check_retain = sweep.get("retain_items") or retain
-        base_f, base_r = mean_nll(target, forget), mean_nll(target, check_retain)
+        measure_f, measure_r = sweep.get("forget_measure", mean_nll), sweep.get("retain_measure", mean_nll)
+        base_f, base_r = measure_f(target, forget), measure_r(target, check_retain)
+        def score(r, s):
+            rep = _erase(target.model, tf, tr, cfg, r, s, groups)
+            points.append(SweepPoint(r, s, measure_f(target, forget), measure_r(target, check_retain)))
+            restore(target.model, rep)
+            p = points[-1]
+            return p.forget_nll >= sweep["forget_target"], p.retain_nll - base_r > sweep["retain_bound"]
+
         for r in sweep.get("ranks") or [cfg.rank]:
-            for s in sweep["scales"]:
-                rep = _erase(target.model, tf, tr, cfg, r, s, groups)
-                points.append(SweepPoint(r, s, mean_nll(target, forget), mean_nll(target, check_retain)))
-                restore(target.model, rep)
+            good = None
+            for s in _scales(sweep["scales"]):
+                reached, over = score(r, s)
+                if sweep["scales"] != "auto":
+                    continue
+                if reached or over:  # larger scales only go further past the target or the bound
+                    lo, hi = good, s
+                    for _ in range(2 if lo is not None else 0):  # geometric bisection of the crossing
+                        mid = (lo * hi) ** 0.5
+                        reached, over = score(r, mid)
+                        lo, hi = (lo, mid) if (reached or over) else (mid, hi)
+                    break
+                good = s
         best = choose(points, base_f, base_r, sweep["forget_target"], sweep["retain_bound"])
         rank, scale = best.rank, best.scale
         chosen = {"rank": rank, "scale": scale, "base_forget_nll": base_f, "base_retain_nll": base_r,

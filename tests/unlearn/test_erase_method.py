@@ -1,0 +1,37 @@
+"""The erasure method's sweep: the training-partition rule, auto scales and bisection."""
+
+import pytest
+
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.data.tofu import load_split
+from mmunlearn.taskvec.extract import ExtractConfig
+from mmunlearn.unlearn.erase_method import EraseMethodConfig, SweepPoint, choose, mean_nll, run_erase_method
+from tests.tiny import tiny_causal_lm, tiny_tokenizer
+
+
+def test_choose_rule():
+    pts = [SweepPoint(8, 1, 1.0, 0.50), SweepPoint(8, 2, 2.0, 0.55), SweepPoint(8, 4, 3.0, 0.58), SweepPoint(8, 8, 4.0, 0.9)]
+    # target reached within the bound: the reaching point with the smallest retain NLL
+    assert choose(pts, 0.5, 0.5, forget_target=2.5, retain_bound=0.1).scale == 4
+    # target not reached within bound: the highest forget NLL within bound
+    assert choose(pts, 0.5, 0.5, forget_target=10.0, retain_bound=0.1).scale == 4
+    # nothing within bound: the smallest edit
+    assert choose(pts, 0.5, 0.3, forget_target=10.0, retain_bound=0.01).scale == 1
+
+
+def test_auto_sweep_doubles_then_bisects_and_obeys_the_bound():
+    src = "synthetic:n_authors=10"
+    forget, retain = load_split(src, "forget10")[:10], load_split(src, "retain90")[:20]
+    ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
+    base_r = mean_nll(ad, retain)
+    cfg = EraseMethodConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0))
+    out = run_erase_method(ad, forget, retain, cfg, progress=False,
+                           sweep={"scales": "auto", "forget_target": 1e9, "retain_bound": 0.05})
+    scales = [p.scale for p in out.sweep]
+    doubling = [s for s in scales if s in {0.25 * 2**i for i in range(17)}]
+    assert doubling == sorted(doubling) and doubling[0] == 0.25
+    assert len(scales) >= len(doubling)  # bisection points come after the crossing
+    chosen = next(p for p in out.sweep if p.scale == out.chosen["scale"])
+    assert chosen.retain_nll - base_r <= 0.05
+    # the applied edit is the chosen one: the model now scores what the sweep measured
+    assert mean_nll(ad, forget) == pytest.approx(chosen.forget_nll, rel=1e-5)
