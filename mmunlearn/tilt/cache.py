@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,17 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def _example_key(example: Any) -> tuple:
+    """(question, answer), plus the audio segment for spoken-QA examples whose ``wav`` is a file path."""
+    wav = example.get("wav") if isinstance(example, Mapping) else None
+    if isinstance(wav, (str, os.PathLike)):
+        return (*_qa(example), str(wav), example.get("start"), example.get("stop"))
+    return _qa(example)
+
+
 def data_digest(examples: Sequence[Any]) -> str:
-    """Hash of the (question, answer) pairs, in order."""
-    return hashlib.sha256(json.dumps([_qa(e) for e in examples]).encode()).hexdigest()
+    """Hash of the (question, answer[, audio]) of the examples, in order."""
+    return hashlib.sha256(json.dumps([_example_key(e) for e in examples]).encode()).hexdigest()
 
 
 def cache_key(model: torch.nn.Module, retain: Sequence[Any], forget: Sequence[Any], layer: str) -> str:
@@ -69,7 +77,7 @@ def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc:
         for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
             batch = adapter.collate(examples[i : i + batch_size])
             b = {k: v.to(adapter.device) for k, v in batch.items()}
-            adapter.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+            adapter.model(**{k: v for k, v in b.items() if k != "labels"})  # audio inputs too, if any
             h = tap.states[:, :-1]
             targets = b["labels"][:, 1:]
             mask = targets != IGNORE

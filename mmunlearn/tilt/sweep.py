@@ -23,8 +23,9 @@ def choose_temperature(adapter, head: TiltHead, forget: Sequence[Any], retain: S
     base_f, base_r = mean_nll(adapter, forget), mean_nll(adapter, check)
     points = []
     for t in temperatures:
-        tilted = TextLLMAdapter(TiltedCausalLM(adapter.model, head, t), adapter.tokenizer,
-                                max_length=adapter.max_length, use_chat_template=adapter.use_chat_template)
+        tilted_model = TiltedCausalLM(adapter.model, head, t)
+        tilted = adapter.with_model(tilted_model) if hasattr(adapter, "with_model") else TextLLMAdapter(
+            tilted_model, adapter.tokenizer, max_length=adapter.max_length, use_chat_template=adapter.use_chat_template)
         points.append(SweepPoint(None, t, mean_nll(tilted, forget), mean_nll(tilted, check)))
         tilted.model.tap.remove()
     best = choose(points, base_f, base_r, forget_target, retain_bound)

@@ -81,15 +81,17 @@ def run_method(name: str, target, forget: Sequence[Any], retain: Sequence[Any], 
 
 def _early_stop(target, forget, retain, s: MethodSettings):
     """The sweep rule for the baselines: after every epoch, score the training partitions and stop
-    once the forget NLL reaches the target or the retain NLL rose by more than the bound."""
+    once the forget NLL reaches the target or the retain NLL rose by more than the bound (the
+    rule's optional ``forget_measure`` / ``retain_measure`` replace the NLLs, as in the erase sweep)."""
     import math
 
     from mmunlearn.unlearn.erase_method import mean_nll
 
     rule = s.baseline_sweep
     check = rule.get("retain_items") or retain
+    measure_f, measure_r = rule.get("forget_measure", mean_nll), rule.get("retain_measure", mean_nll)
     every = max(1, math.ceil(len(forget) / (s.baseline.batch_size * s.baseline.grad_accum)))
-    base_r = mean_nll(target, check)
+    base_r = measure_r(target, check)
     trajectory: list[dict] = []
 
     def on_step(step: int, _loss: float) -> bool:
@@ -97,7 +99,7 @@ def _early_stop(target, forget, retain, s: MethodSettings):
             return False
         was_training = target.model.training
         target.model.eval()
-        f, r = mean_nll(target, forget), mean_nll(target, check)
+        f, r = measure_f(target, forget), measure_r(target, check)
         target.model.train(was_training)
         trajectory.append({"step": step, "forget_nll": f, "retain_nll": r})
         return f >= rule["forget_target"] or r - base_r > rule["retain_bound"]
@@ -120,6 +122,10 @@ def _run_t3(target, forget, retain, s: MethodSettings) -> MethodResult:
         temperature, points = choose_temperature(target, fit.head, forget, retain, **s.t3_sweep)
         info["sweep"] = points
     info["temperature"] = temperature
-    tilted = TextLLMAdapter(TiltedCausalLM(target.model, fit.head, temperature), target.tokenizer,
-                            max_length=target.max_length, use_chat_template=target.use_chat_template)
+    tilted_model = TiltedCausalLM(target.model, fit.head, temperature)
+    if hasattr(target, "with_model"):  # adapters that know how to wrap another model (speech LLM)
+        tilted = target.with_model(tilted_model)
+    else:
+        tilted = TextLLMAdapter(tilted_model, target.tokenizer, max_length=target.max_length,
+                                use_chat_template=target.use_chat_template)
     return MethodResult(tilted, fit.cache_seconds, fit.train_seconds, 0.0, info)

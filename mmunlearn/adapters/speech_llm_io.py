@@ -1,0 +1,89 @@
+"""Speech-LLM directories in ``save_pretrained`` layout: read (thinker-only or full Omni model) and write.
+
+A directory holds ``config.json`` + safetensors weights, the tokenizer files (with the chat
+template) and ``preprocessor_config.json`` (the Whisper feature extractor), or a full processor
+(``processor_config.json`` / ``chat_template.*`` next to them) as the hub checkpoints ship it.
+The processor is used when transformers can build it from the directory; otherwise the tokenizer
+and feature extractor are read on their own (directories written here, or processors whose image
+or video parts cannot be built on this machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from mmunlearn.adapters.base import resolve_device, resolve_dtype
+from mmunlearn.adapters.speech_llm_families import family_of_dir
+from mmunlearn.checkpoint import atomic_dir
+
+log = logging.getLogger(__name__)
+
+
+def _processor(path: Path):
+    """The directory's processor if transformers can build it with a tokenizer and a feature extractor."""
+    from transformers import AutoProcessor
+
+    try:
+        proc = AutoProcessor.from_pretrained(str(path))
+    except Exception as exc:  # noqa: BLE001 - any failure means "use tokenizer + feature extractor"
+        log.info("no usable processor in %s (%s: %s); reading tokenizer and feature extractor", path,
+                 type(exc).__name__, exc)
+        return None
+    if getattr(proc, "tokenizer", None) is None or getattr(proc, "feature_extractor", None) is None:
+        return None
+    return proc
+
+
+def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto"):
+    """(thinker model, full container or None, tokenizer, feature extractor, processor or None, family)."""
+    from transformers import AutoFeatureExtractor, AutoTokenizer
+
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"speech-LLM directory not found: {root}")
+    family, full = family_of_dir(root)
+    dev = resolve_device(device)
+    loaded = family.model_cls(full).from_pretrained(str(root), dtype=resolve_dtype(dtype, dev))
+    loaded = loaded.to(dev).eval()
+    container, model = (loaded, loaded.thinker) if full else (None, loaded)
+    processor = _processor(root)
+    if processor is not None:
+        tokenizer, fe = processor.tokenizer, processor.feature_extractor
+    else:
+        if not (root / "preprocessor_config.json").is_file():
+            raise FileNotFoundError(f"{root} has no preprocessor_config.json (the audio feature extractor)")
+        tokenizer, fe = AutoTokenizer.from_pretrained(str(root)), AutoFeatureExtractor.from_pretrained(str(root))
+    return model, container, tokenizer, fe, processor, family
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt.index.json", ".safetensors.index.json", ".bin.index.json")
+
+
+def _copy_side_files(source: Path, out: Path) -> None:
+    """Top-level files of the source directory that ``save_pretrained`` does not write (e.g. Qwen2.5-Omni's
+    ``spk_dict.pt`` voice table, a README), so the written directory loads like the one read."""
+    for item in source.iterdir():
+        if item.is_file() and not (out / item.name).exists() and not item.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(item, out / item.name)
+
+
+def save_dir(adapter, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write the adapter's model (its container when it has one) and processor parts, atomically."""
+    with atomic_dir(path, overwrite=overwrite) as tmp:
+        (adapter.container or adapter.model).save_pretrained(tmp)
+        if adapter.processor is not None:
+            adapter.processor.save_pretrained(tmp)
+        else:
+            if adapter.chat_template and not getattr(adapter.tokenizer, "chat_template", None):
+                adapter.tokenizer.chat_template = adapter.chat_template
+            adapter.tokenizer.save_pretrained(tmp)
+            adapter.feature_extractor.save_pretrained(tmp)
+        source = getattr(adapter, "source_dir", None)
+        if source is not None and Path(source).is_dir():
+            _copy_side_files(Path(source), tmp)
+    return Path(path)

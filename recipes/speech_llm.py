@@ -1,0 +1,352 @@
+"""VoxCeleb2 forgetting with a speech LLM (the recipe's ``--model speech-llm`` path): build, unlearn, evaluate, table.
+
+The speech LLM answers spoken questions about each utterance (:mod:`mmunlearn.speech.llm_tasks`):
+"Who is speaking?" (the knowledge to forget) and a target task that must survive on the same audio
+(``gender`` by default, or ``transcript``). Levels, on ``prepare``'s manifests:
+
+* ``speaker``: forget = the speaker question on ``spk_forget_train``; retain = both questions on
+  ``spk_retain_train`` plus the target question on the forget speakers' audio. Reported: speaker-ID
+  accuracy on forget (``forget_acc``, ``forget_test_acc``) and retained speakers (``retain_acc``,
+  ``test_acc`` on held-out recordings), target-task accuracy on the forget audio
+  (``target_forget_acc``) and on held-out recordings (``target_acc``).
+* ``sample``: forget = both questions on ``sample_forget``; retain = both on ``sample_retain``.
+  Reported: speaker-ID accuracy on ``sample_forget`` / ``sample_holdout`` / ``sample_retain`` / held-out
+  recordings, ``target_acc``, and ``mia_auc`` (loss attack on the speaker answer: forget vs holdout).
+
+Models (TOFU-like, cached): a preset (``tiny``, ``mini``: Qwen2.5-Omni-thinker-shaped, built from config)
+gives three models per level: ``base`` (audio tower warmed up as a speaker classifier, then both
+questions, on the retain rows only), ``target`` (the base fine-tuned on all training rows: the model to
+unlearn from) and ``retrain`` (the base fine-tuned on the retain rows only: the gold standard). The
+erasure methods take their task vectors from the base (the model before it heard the forget part).
+A model directory (``--model DIR``) works the same, with ``--reference`` the model it was fine-tuned
+from (default: itself).
+
+Every method of :mod:`mmunlearn.unlearn.registry` runs on a fresh copy of the original; ``--where``
+limits erasure and training to the ``audio`` tower, the ``text`` model or ``both``. Outputs in
+``--out``: ``results.json``, ``results.md`` and ``energy_<method>.png`` (per-layer task energy across
+audio-tower and language-model layers) with the erase reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mmunlearn.baselines import BaselineConfig
+from mmunlearn.speech.dataset import LEVELS, split_rows
+from mmunlearn.speech.llm_tasks import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
+from mmunlearn.taskvec.extract import ExtractConfig
+from mmunlearn.train import TrainConfig
+from mmunlearn.unlearn.erase_method import EraseMethodConfig
+from mmunlearn.unlearn.registry import ERASE_METHODS, METHODS, MethodSettings, run_method
+
+DEFAULT_METHODS = ("qr-erase", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3")
+FINETUNE = TrainConfig(epochs=6, batch_size=16, lr=1e-3, schedule="onecycle", weight_decay=0.0)
+#: (audio warm-up, spoken-QA training of the base, fine-tuning of target and retrain from the base)
+TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {
+    "tiny": (DEFAULT_WARM_UP.replace(epochs=2), DEFAULT_TRAIN.replace(epochs=2), FINETUNE.replace(epochs=1)),
+    "mini": (DEFAULT_WARM_UP, DEFAULT_TRAIN, FINETUNE),
+}
+SETTINGS: dict[str, MethodSettings] = {
+    "mini": MethodSettings(
+        erase=EraseMethodConfig(rank=8, retain_rank=32, scale=1.0,
+                                extract=ExtractConfig(kind="finetune", steps=30, lr=1e-3, batch_size=16)),
+        baseline=BaselineConfig(epochs=5, lr=2e-4, batch_size=16, weight_decay=0.0),
+        t3={"rank": 8, "epochs": 60, "lr": 2e-2, "temperature": 1.0}),
+    "model_dir": MethodSettings(
+        erase=EraseMethodConfig(rank=16, retain_rank=64, scale=1.0,
+                                extract=ExtractConfig(kind="finetune", steps=50, lr=1e-5, batch_size=8)),
+        baseline=BaselineConfig(epochs=5, lr=1e-5, batch_size=8, grad_accum=4, weight_decay=0.01),
+        t3={"rank": 20, "epochs": 100, "lr": 1e-2, "temperature": 1.0}),
+}
+SETTINGS["tiny"] = SETTINGS["mini"]
+
+
+def method_settings(preset: str, *, rank: int | None = None, scale: float | None = None,
+                    progress: bool = True) -> MethodSettings:
+    """The defaults of a preset (``model_dir`` for a directory) with the given overrides."""
+    s = SETTINGS[preset if preset in SETTINGS else "model_dir"]
+    erase = replace(s.erase, **{k: v for k, v in (("rank", rank), ("scale", scale)) if v is not None})
+    return replace(s, erase=erase, t3=dict(s.t3), progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------- data
+def make_corpus(root: str | os.PathLike, *, speakers: int = 10, utterances: int = 30, videos: int = 3,
+                forget_speakers: int = 2, forget_fraction: float = 0.1, seed: int = 0, progress: bool = True) -> Path:
+    """The built-in synthetic corpus in ``root/vox`` and its manifests in ``root/manifests`` (both reused)."""
+    from data_prep.synth_speakers import synthesize_corpus
+    from data_prep.voxceleb2 import prepare
+
+    audio = synthesize_corpus(Path(root) / "vox", speakers, utterances, videos, seed, progress=progress)
+    return prepare(audio, Path(root) / "manifests", forget_speakers=forget_speakers,
+                   forget_fraction=forget_fraction, seed=seed, progress=progress).out
+
+
+def training_rows(manifests, level: str = "speaker", retain_only: bool = False) -> list[dict[str, Any]]:
+    """Rows of the original model (``train``) or of the retrained reference (retain part of ``level``)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    name = ("spk_retain_train" if level == "speaker" else "sample_retain") if retain_only else "train"
+    return split_rows(manifests, name)
+
+
+def partitions(manifests, level: str, target: str = "gender") -> tuple[list[dict], list[dict]]:
+    """(forget, retain) spoken-QA examples of a level (see the module notes)."""
+    tasks = ("speaker", target)
+    if level == "speaker":
+        forget_rows = split_rows(manifests, "spk_forget_train")
+        retain = spoken_qa(split_rows(manifests, "spk_retain_train"), tasks) + spoken_qa(forget_rows, (target,))
+        return spoken_qa(forget_rows, ("speaker",)), retain
+    if level == "sample":
+        return spoken_qa(split_rows(manifests, "sample_forget"), tasks), spoken_qa(split_rows(manifests, "sample_retain"), tasks)
+    raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+
+
+def evaluate(adapter, manifests, level: str, target: str = "gender", *, batch_size: int = 32,
+             progress: bool = True) -> dict[str, float]:
+    """The level's accuracies (greedy answers) and, for ``sample``, the loss-attack MIA AUC."""
+    from mmunlearn.metrics.mia import mia_auc
+    from mmunlearn.speech.llm_tasks import answer_nll
+
+    def acc(name: str, examples: list[dict]) -> float:
+        return task_accuracy(adapter, examples, batch_size=batch_size, desc=name if progress else None)[0]
+
+    def qa(*splits: str, task: str = "speaker") -> list[dict]:
+        return spoken_qa([r for s in splits for r in split_rows(manifests, s)], (task,))
+
+    out: dict[str, float] = {}
+    if level == "speaker":
+        out["forget_acc"] = acc("forget", qa("spk_forget_train"))
+        forget_test = qa("spk_forget_test")
+        if forget_test:
+            out["forget_test_acc"] = acc("forget test", forget_test)
+        out["retain_acc"] = acc("retain", qa("spk_retain_train"))
+        out["test_acc"] = acc("test", qa("spk_retain_test"))
+        out["target_forget_acc"] = acc("target on forget audio", qa("spk_forget_train", "spk_forget_test", task=target))
+        out["target_acc"] = acc("target", qa("spk_retain_test", task=target))
+        return out
+    forget, holdout = qa("sample_forget"), qa("sample_holdout")
+    out["forget_acc"], out["holdout_acc"] = acc("forget", forget), acc("holdout", holdout)
+    out["retain_acc"] = acc("retain", qa("sample_retain"))
+    out["test_acc"] = acc("test", qa("spk_retain_test", "spk_forget_test"))
+    out["target_acc"] = acc("target", qa("spk_retain_test", "spk_forget_test", task=target))
+    out["mia_auc"] = mia_auc(answer_nll(adapter, forget, batch_size), answer_nll(adapter, holdout, batch_size))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- models
+ROLES = ("base", "target", "retrain")
+
+
+def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni", level: str = "speaker",
+                role: str = "target", target: str = "gender", seed: int = 0, device: str = "auto",
+                cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+    """Train (or find in the cache) one model of the TOFU-like setting, for a level:
+
+    * ``base``: from config, audio warm-up then both questions, on the level's retain rows only (it never
+      hears the forget part); the reference the erasure methods take task vectors from;
+    * ``target``: the base fine-tuned on all training rows (the model to unlearn from);
+    * ``retrain``: the base fine-tuned the same way on the retain rows only (the gold standard).
+
+    The tokenizer is trained on the full training set's texts, so all three share it.
+    """
+    from mmunlearn.adapters.base import resolve_device
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
+    from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
+    from mmunlearn.speech.llm_tasks import train_speech_llm, warm_up_audio_tower
+
+    if preset not in TRAIN_PLANS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(TRAIN_PLANS)}")
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    tasks = ("speaker", target)
+    rows = training_rows(manifests, level, retain_only=role != "target")
+    warm, plan, finetune = (c.replace(seed=seed) for c in TRAIN_PLANS[preset])
+    arch = arch_for(preset, family)
+    spec: dict[str, Any] = {"kind": "speech-llm", "role": role, "tasks": tasks, "seed": seed,
+                            "rows": texts_digest(f"{r['ID']}|{r['wav']}|{r.get('start')}|{r.get('stop')}|{r['spk_id']}"
+                                                 for r in rows)}
+    parent = None
+    if role == "base":
+        texts = texts_of(spoken_qa(split_rows(manifests, "train"), tasks))
+        spec |= {"arch": arch.__dict__, "warm_up": warm.to_dict(), "train": plan.to_dict(), "texts": texts_digest(texts)}
+    else:
+        parent = build_model(manifests, preset=preset, family=family, level=level, role="base", target=target,
+                             seed=seed, device=device, cache_dir=cache_dir, progress=progress)
+        spec |= {"parent": parent.name, "finetune": finetune.to_dict()}
+    key = cache_key(spec)
+    out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"speech-llm-{preset}-{level}-{role}-{key}"
+    if is_built(out, key):
+        return out
+    start = time.perf_counter()
+    if parent is None:
+        adapter = SpeechLLMAdapter.build(preset, texts=texts, family=family, seed=seed, device=resolve_device(device))
+        w = warm_up_audio_tower(adapter, rows, warm, device=device, progress=progress).losses
+        t = train_speech_llm(adapter, spoken_qa(rows, tasks), plan, device=device, progress=progress)
+    else:
+        adapter, w = SpeechLLMAdapter.load(parent, device=device), []
+        t = train_speech_llm(adapter, spoken_qa(rows, tasks), finetune, device=device, progress=progress,
+                             desc=f"fine-tune {role}")
+    adapter.save(out, overwrite=True)
+    write_log(out, {"key": key, "spec": spec, "summary": arch_summary(arch, adapter.model), "warm_up_losses": w,
+                    "losses": t.losses, "final_loss": t.final_loss, "seconds": time.perf_counter() - start,
+                    "rows": len(rows)})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- runs
+#: (header, row key, percent?) per level, as in the speaker-classifier recipe's tables, plus the target task.
+COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "speaker": (("forget acc %", "forget_acc", True), ("forget test acc %", "forget_test_acc", True),
+                ("retain acc %", "retain_acc", True), ("test acc %", "test_acc", True),
+                ("target on forget audio %", "target_forget_acc", True), ("target test %", "target_acc", True)),
+    "sample": (("forget acc %", "forget_acc", True), ("holdout acc %", "holdout_acc", True),
+               ("retain acc %", "retain_acc", True), ("test acc %", "test_acc", True),
+               ("target test %", "target_acc", True), ("MIA AUC", "mia_auc", False)),
+}
+COMMON = (("forget NLL", "forget_nll", False), ("retain NLL", "retain_nll", False),
+          ("unlearn s", "unlearn_seconds", False), ("+ extraction s", "total_seconds", False),
+          ("params changed", "changed_fraction", False))
+
+
+def _fmt(value: Any, percent: bool) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{100 * value:.1f}" if percent else f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def table_markdown(rows: Sequence[Mapping[str, Any]], level: str) -> str:
+    """The results as a Markdown table (accuracies in %, NLL in nats, times in seconds)."""
+    if level not in COLUMNS:
+        raise ValueError(f"level must be one of {sorted(COLUMNS)}, got {level!r}")
+    cols = COLUMNS[level] + COMMON
+    lines = ["| method | " + " | ".join(h for h, _, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
+    lines += ["| " + str(r["method"]) + " | " + " | ".join(_fmt(r.get(k), pct) for _, k, pct in cols) + " |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, level: str = "speaker",
+        methods: Sequence[str] = DEFAULT_METHODS, where: str = "both", target: str = "gender",
+        settings: MethodSettings | None = None, retrain_dir: str | os.PathLike | None = None,
+        reference_dir: str | os.PathLike | None = None, device: str = "auto", batch_size: int = 32,
+        progress: bool = True) -> list[dict[str, Any]]:
+    """Evaluate the original (and the retrained model), run every method on a fresh copy, write the table.
+
+    ``reference_dir``: the model the erasure methods take task vectors from (the base the original was
+    fine-tuned from; None: the original itself).
+    """
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.unlearn.erase_method import mean_nll
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    s = settings or SETTINGS["model_dir"]
+    original = SpeechLLMAdapter.load(model_dir, device=device, where=where)
+    reference = SpeechLLMAdapter.load(reference_dir, device=device, where=where) if reference_dir else None
+    forget, retain = partitions(manifests, level, target)
+
+    def score(adapter) -> dict[str, float]:
+        return {**evaluate(adapter, manifests, level, target, batch_size=batch_size, progress=progress),
+                "forget_nll": mean_nll(adapter, forget), "retain_nll": mean_nll(adapter, retain)}
+
+    rows = [{"method": "original", **score(original)}]
+    if retrain_dir is not None:
+        rows.append({"method": "retrain", **score(SpeechLLMAdapter.load(retrain_dir, device=device))})
+    for method in methods:
+        result = run_method(method, original.clone(), forget, retain, s, reference=reference)
+        row = {"method": method, **score(result.adapter), "unlearn_seconds": result.unlearn_seconds,
+               "total_seconds": result.unlearn_seconds + result.extract_seconds,
+               "changed_fraction": result.changed_fraction}
+        report = result.info.get("report")
+        if method in ERASE_METHODS and report is not None:
+            report.to_json(out / f"erase_{method}.json")
+            report.plot_energy(out / f"energy_{method}.png")
+            row["selected_layers"] = report.selected
+        if method == "t3":
+            result.adapter.model.tap.remove()
+            row["temperature"] = result.info.get("temperature")
+        rows.append(row)
+        _write_text(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
+                                                       "rows": rows}, indent=2))
+    _write_text(out / "results.md", table_markdown(rows, level))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+app = typer.Typer(help="VoxCeleb2 forgetting with a speech LLM (mount as the recipe's --model speech-llm path).",
+                  no_args_is_help=True)
+
+
+def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
+              model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
+              where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
+              rank: int | None = None, scale: float | None = None, seed: int = 0, device: str = "auto",
+              cache_dir: str | None = None, progress: bool = True) -> list[dict]:
+    """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does: corpus (unless ``manifests``), models
+    (a preset's base, target and retrain, trained and cached; or a directory, with ``reference`` the model it
+    was fine-tuned from, if any), every method, the table in ``out/<level>``."""
+    man = Path(manifests) if manifests else make_corpus(corpus, seed=seed, progress=progress)
+    is_dir = Path(model).is_dir()
+    opts = dict(preset=model, level=level, target=target, seed=seed, device=device, cache_dir=cache_dir,
+                progress=progress)
+    model_dir = Path(model) if is_dir else build_model(man, role="target", **opts)
+    reference_dir = Path(reference) if reference else None if is_dir else build_model(man, role="base", **opts)
+    retrain_dir = build_model(man, role="retrain", **opts) if retrain and not is_dir else None
+    settings = method_settings("model_dir" if is_dir else model, rank=rank, scale=scale, progress=progress)
+    return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
+               settings=settings, retrain_dir=retrain_dir, reference_dir=reference_dir, device=device,
+               progress=progress)
+
+
+def _command(level: str):
+    def command(
+        manifests: Annotated[str | None, typer.Option(help="prepare's manifest folder (default: built-in corpus)")] = None,
+        model: Annotated[str, typer.Option(help="preset (tiny, mini) or a speech-LLM directory")] = "mini",
+        out: Annotated[str, typer.Option(help="results folder")] = "results/voxceleb2-speech-llm",
+        methods: Annotated[str, typer.Option(help="comma-separated methods")] = ",".join(DEFAULT_METHODS),
+        where: Annotated[str, typer.Option(help="audio | text | both")] = "both",
+        target: Annotated[str, typer.Option(help="target task that must survive: gender | transcript")] = "gender",
+        retrain: Annotated[bool, typer.Option(help="presets: also build and score the retrained model")] = True,
+        reference: Annotated[str | None, typer.Option(help="model directory the --model directory was "
+                                                      "fine-tuned from (task-vector reference)")] = None,
+        rank: Annotated[int | None, typer.Option(help="erasure rank")] = None,
+        scale: Annotated[float | None, typer.Option(help="erasure scale")] = None,
+        seed: int = 0, threads: Annotated[int, typer.Option(help="torch threads (1 is fastest on a busy CPU)")] = 1,
+    ) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        rows = run_level(level, manifests=manifests, model=model, out=out, methods=methods.split(","), where=where,
+                         target=target, retrain=retrain, reference=reference, rank=rank, scale=scale, seed=seed)
+        typer.echo(table_markdown(rows, level))
+
+    command.__doc__ = f"{level.capitalize()}-level forgetting with a speech LLM: every method, one table."
+    return command
+
+
+app.command("speaker")(_command("speaker"))
+app.command("sample")(_command("sample"))
+
+
+if __name__ == "__main__":  # python -m recipes.speech_llm speaker|sample [options]
+    app()
