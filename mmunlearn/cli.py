@@ -13,6 +13,7 @@ import mmunlearn
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
+from recipes.ctofu import app as ctofu_app
 from recipes.tofu import app as tofu_app
 from recipes.voxceleb2 import app as voxceleb2_app
 
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 app.add_typer(tofu_app, name="tofu")
+app.add_typer(ctofu_app, name="ctofu")
 app.add_typer(voxceleb2_app, name="voxceleb2")
 console = Console()
 

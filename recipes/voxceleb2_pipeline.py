@@ -1,0 +1,253 @@
+"""The steps of the VoxCeleb2 recipe: built-in corpus, cached classifiers and evaluations, one method's row.
+
+Trained classifiers are cached under ``<cache>/models/<name>-<key>``, the key hashing the training
+rows (IDs, files and their size/mtime), the label space, the preset, the training settings and the
+seed, so ``train``, ``speaker`` and ``sample`` share them; evaluations of the original and retrained
+models are cached beside them (``evals/<key>.json``). Tables and plots live in
+:mod:`recipes.voxceleb2_report`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.speech.dataset import LEVELS, split_rows
+
+#: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
+PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
+RETRAIN_NAME = {"speaker": "retrain-speaker", "sample": "retrain-sample"}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def builtin_manifests(workdir: Path, *, speakers: int = 20, utterances: int = 30, videos: int = 3,
+                      forget_speakers: int = 2, forget_fraction: float = 0.1, seed: int = 0,
+                      progress: bool = True) -> Path:
+    """Synthesise (or reuse) the espeak-ng corpus in ``workdir/corpus`` and prepare (or reuse) its
+    manifests in ``workdir/manifests``; returns the manifest directory."""
+    from data_prep.synth_speakers import synthesize_corpus
+    from data_prep.voxceleb2 import prepare
+
+    root = synthesize_corpus(Path(workdir) / "corpus", speakers, utterances, videos, seed, progress=progress)
+    return prepare(root, Path(workdir) / "manifests", forget_speakers=forget_speakers,
+                   forget_fraction=forget_fraction, seed=seed, progress=progress).out
+
+
+def rows_digest(rows: list[dict]) -> str:
+    """Digest of manifest rows: their IDs, spans, speakers and audio files (path, size, mtime)."""
+    h = hashlib.sha256()
+    for r in rows:
+        wav = str(r["wav"])
+        try:
+            st = os.stat(wav)
+            stamp = f"{st.st_size}:{st.st_mtime_ns}"
+        except OSError as exc:
+            raise FileNotFoundError(f"row {r.get('ID')}: audio file {wav} is not readable") from exc
+        h.update(f"{r.get('ID')}\0{wav}\0{r.get('start')}\0{r.get('stop')}\0{r['spk_id']}\0{stamp}\n".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a trained classifier depends on (its cache key)."""
+
+    name: str  # original | retrain-speaker | retrain-sample
+    preset: str
+    train: dict  # TrainConfig.to_dict()
+    crop_seconds: float | None
+    seed: int
+
+    def key(self, rows: list[dict], speakers: list[str]) -> str:
+        spec = json.dumps([asdict(self), rows_digest(rows), speakers], sort_keys=True, default=str)
+        return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: str = "cpu",
+                  progress: bool = True) -> Path:
+    """Directory of the classifier ``spec`` trained on ``manifests`` (trained now unless cached).
+
+    ``original`` trains on ``train`` (retain + forget); ``retrain-speaker`` on ``spk_retain_train``;
+    ``retrain-sample`` on ``sample_retain``. All share the label space of ``train``.
+    """
+    from mmunlearn.speech.train import train_speaker_classifier, training_rows
+    from mmunlearn.train import TrainConfig
+
+    if spec.name == "original":
+        rows, speakers = training_rows(manifests, "speaker", retain_only=False)
+    elif spec.name in RETRAIN_NAME.values():
+        level = next(k for k, v in RETRAIN_NAME.items() if v == spec.name)
+        rows, speakers = training_rows(manifests, level, retain_only=True)
+    else:
+        raise ValueError(f"unknown model {spec.name!r}; choose original, {' or '.join(RETRAIN_NAME.values())}")
+    out = Path(cache_dir) / "models" / f"{spec.name}-{spec.key(rows, speakers)}"
+    if (out / "train_log.json").is_file():
+        return out
+    start = time.perf_counter()
+    adapter, result = train_speaker_classifier(rows, speakers=speakers, preset=spec.preset,
+                                               crop_seconds=spec.crop_seconds, config=TrainConfig(**spec.train),
+                                               seed=spec.seed, device=device, progress=progress,
+                                               desc=f"train {spec.name}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        adapter.save(tmp / "model", overwrite=True)
+        log = {"spec": asdict(spec), "rows": len(rows), "speakers": len(speakers), "manifests": str(manifests),
+               "final_loss": result.final_loss, "steps": result.steps, "seconds": time.perf_counter() - start}
+        write_atomic(tmp / "model" / "train_log.json", json.dumps(log, indent=2))
+        if out.exists():  # an unfinished earlier attempt
+            shutil.rmtree(out)
+        os.replace(tmp / "model", out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@dataclass
+class EvalOptions:
+    """Options of :func:`mmunlearn.eval.speaker.evaluate_speaker_unlearning`."""
+
+    batch_size: int = 16
+    segment_seconds: float | None = None
+    max_trials: int | None = 20000
+    seed: int = 0
+
+
+def evaluate(adapter, manifests: Path, level: str, opts: EvalOptions, progress: bool = True) -> dict[str, float]:
+    from mmunlearn.eval.speaker import evaluate_speaker_unlearning
+
+    return evaluate_speaker_unlearning(adapter, manifests, level, progress=progress, **asdict(opts))
+
+
+def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions, device: str,
+                progress: bool = True) -> dict[str, float]:
+    """Evaluate a cached classifier once per (manifests content, level, options)."""
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.data.manifest import SPLIT_NAMES
+
+    digest = hashlib.sha256()
+    for name in SPLIT_NAMES:
+        digest.update(f"{name}:{rows_digest(split_rows(manifests, name))}\n".encode())
+    spec = json.dumps([digest.hexdigest(), level, asdict(opts)], sort_keys=True)
+    path = Path(model_dir) / "evals" / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    metrics = evaluate(SpeakerAdapter.load(model_dir, device=device), manifests, level, opts, progress)
+    write_atomic(path, json.dumps(metrics, indent=2))
+    return metrics
+
+
+@dataclass
+class Context:
+    """One level's partitions, the original and retrained classifiers and their evaluations."""
+
+    level: str
+    manifests: Path
+    original: Path
+    retrained: Path
+    forget: list[dict]
+    retain: list[dict]
+    eval_opts: EvalOptions
+    device: str
+    reference: dict[str, dict] = field(default_factory=dict)  # "original model" / "retrained model" -> metrics
+    base_nll: dict[str, float] = field(default_factory=dict)  # the original's forget/retain NLL
+
+    def reference_rows(self) -> list[dict]:
+        return [{"method": name, **metrics} for name, metrics in self.reference.items()]
+
+    def describe(self) -> dict:
+        return {"level": self.level, "manifests": str(self.manifests), "original": str(self.original),
+                "retrained": str(self.retrained), "forget_items": len(self.forget), "retain_items": len(self.retain),
+                "eval": asdict(self.eval_opts), "device": self.device}
+
+
+def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,
+                 progress: bool = True) -> Context:
+    """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.unlearn.erase_method import mean_nll
+
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    forget_name, retain_name = PARTITIONS[level]
+    forget, retain = split_rows(manifests, forget_name), split_rows(manifests, retain_name)
+    if not forget or not retain:
+        raise ValueError(f"{manifests}: the {forget_name} and {retain_name} manifests must not be empty "
+                         f"(got {len(forget)} and {len(retain)} rows)")
+    ctx = Context(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device)
+    for name, path in (("original model", original), ("retrained model", retrained)):
+        ctx.reference[name] = cached_eval(path, manifests, level, eval_opts, device, progress)
+    target = SpeakerAdapter.load(original, device=device)
+    ctx.base_nll = {"forget": mean_nll(target, forget), "retain": mean_nll(target, retain)}
+    ctx.reference["original model"].update(forget_nll=ctx.base_nll["forget"], retain_nll=ctx.base_nll["retain"])
+    return ctx
+
+
+def run_method_row(method: str, ctx: Context, settings, out: Path, progress: bool = True) -> dict:
+    """Unlearn with ``method`` on a fresh copy of the original classifier, evaluate it, save it; the row.
+
+    Erasure task vectors come from a clone of the original (see :mod:`recipes.voxceleb2_settings`).
+    ``out`` receives the unlearned model (SpeechBrain layout), ``run.json`` and, for the erasure
+    methods, ``erase_report.json``, ``undo_patch.safetensors`` and ``layer_energy.png``.
+    """
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.unlearn.registry import ERASE_METHODS, run_method
+
+    from recipes.voxceleb2_settings import batchnorm_safe
+
+    target = SpeakerAdapter.load(ctx.original, device=ctx.device)
+    reference = None
+    if method in ERASE_METHODS:
+        reference = target.clone()
+        settings = batchnorm_safe(settings, len(ctx.forget), len(ctx.retain))
+    result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=reference)
+    metrics = evaluate(result.adapter, ctx.manifests, ctx.level, ctx.eval_opts, progress)
+    row = {"method": method, **metrics,
+           "forget_nll": mean_nll(result.adapter, ctx.forget), "retain_nll": mean_nll(result.adapter, ctx.retain),
+           "unlearn_seconds": result.unlearn_seconds, "total_seconds": result.unlearn_seconds + result.extract_seconds,
+           "changed_fraction": result.changed_fraction}
+    result.adapter.save(out / "model", overwrite=True)
+    info = {k: v for k, v in result.info.items() if k != "report"}
+    report = result.info.get("report")
+    if report is not None:
+        report.patch.save(out / "undo_patch.safetensors")
+        report.to_json(out / "erase_report.json")
+        report.plot_energy(out / "layer_energy.png")
+    write_atomic(out / "run.json", json.dumps({"row": row, "info": info, "context": ctx.describe(),
+                                               "settings": _settings_dict(settings)}, indent=2, default=str))
+    return row
+
+
+def _settings_dict(settings) -> dict:
+    """The method settings as JSON-able data (callables of the sweep rule by name)."""
+    def clean(value: Any) -> Any:
+        if callable(value):
+            return getattr(value, "__name__", repr(value))
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    return clean({"erase": asdict(settings.erase), "baseline": asdict(settings.baseline),
+                  "erase_sweep": settings.erase_sweep, "baseline_sweep": settings.baseline_sweep,
+                  "train_mode": settings.train_mode})

@@ -1,0 +1,143 @@
+"""Tables (Markdown, CSV, JSON) and the accuracy plot of the VoxCeleb2 recipe.
+
+Accuracies and EER are fractions in the CSV/JSON and percentages in the Markdown table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from recipes.voxceleb2_pipeline import write_atomic
+
+#: (header, row key, percent?) per level.
+COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "speaker": (
+        ("forget acc %", "forget_acc", True),
+        ("forget test acc %", "forget_test_acc", True),
+        ("retain acc %", "retain_acc", True),
+        ("test acc %", "test_acc", True),
+        ("EER %", "eer", True),
+        ("forget NLL", "forget_nll", False),
+        ("retain NLL", "retain_nll", False),
+        ("unlearn s", "unlearn_seconds", False),
+        ("+ extraction s", "total_seconds", False),
+        ("params changed", "changed_fraction", False),
+    ),
+    "sample": (
+        ("forget acc %", "forget_acc", True),
+        ("holdout acc %", "holdout_acc", True),
+        ("retain acc %", "retain_acc", True),
+        ("test acc %", "test_acc", True),
+        ("EER %", "eer", True),
+        ("MIA AUC", "mia_auc", False),
+        ("forget NLL", "forget_nll", False),
+        ("retain NLL", "retain_nll", False),
+        ("unlearn s", "unlearn_seconds", False),
+        ("+ extraction s", "total_seconds", False),
+        ("params changed", "changed_fraction", False),
+    ),
+}
+#: Bars of the plot: (label, row key) per level.
+BARS = {
+    "speaker": (("forget", "forget_acc"), ("forget test", "forget_test_acc"), ("retain", "retain_acc"),
+                ("test", "test_acc")),
+    "sample": (("forget", "forget_acc"), ("holdout", "holdout_acc"), ("retain", "retain_acc"), ("test", "test_acc")),
+}
+
+
+def _columns(level: str) -> tuple[tuple[str, str, bool], ...]:
+    if level not in COLUMNS:
+        raise ValueError(f"level must be one of {sorted(COLUMNS)}, got {level!r}")
+    return COLUMNS[level]
+
+
+def fmt(value: Any, percent: bool = False) -> str:
+    """A table cell: n/a for missing values, percentages with one decimal, short floats otherwise."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if percent:
+            return f"{100 * value:.1f}"
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
+            return f"{value:.2e}"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def markdown(rows: list[dict], level: str) -> str:
+    cols = _columns(level)
+    head = "| method | " + " | ".join(h for h, _, _ in cols) + " |"
+    sep = "|---|" + "---:|" * len(cols)
+    body = ["| " + r["method"] + " | " + " | ".join(fmt(r.get(k), pct) for _, k, pct in cols) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def write_tables(out: Path, rows: list[dict], level: str, context: dict) -> list[Path]:
+    """``<level>.md``, ``<level>.csv`` and ``<level>.json`` in ``out`` (each written atomically)."""
+    cols = _columns(level)
+    paths = [out / f"{level}.md", out / f"{level}.csv", out / f"{level}.json"]
+    write_atomic(paths[0], markdown(rows, level) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["method", *(k for _, k, _ in cols)], extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(paths[1], buf.getvalue())
+    write_atomic(paths[2], json.dumps({"level": level, "context": context, "rows": rows, "time": time.time()},
+                                      indent=2, default=str))
+    return paths
+
+
+def plot_accuracies(path: Path, rows: list[dict], level: str, chance: float | None = None) -> Path:
+    """Grouped bars: per method (original, retrained, each unlearning method) its accuracies; for the
+    sample level a second panel with the MIA AUC (0.5 = no membership signal)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    bars = [(label, key) for label, key in BARS[level] if any(r.get(key) is not None for r in rows)]
+    mia = level == "sample" and any(r.get("mia_auc") is not None for r in rows)
+    x = np.arange(len(rows))
+    width = 0.8 / max(1, len(bars))
+    fig, axes = plt.subplots(1, 2 if mia else 1, figsize=(max(7, 1.2 * len(rows) + 3) * (1.5 if mia else 1), 4.5),
+                             squeeze=False, gridspec_kw={"width_ratios": [2, 1]} if mia else None)
+    ax = axes[0][0]
+    for i, (label, key) in enumerate(bars):
+        values = [100 * r[key] if r.get(key) is not None else np.nan for r in rows]
+        ax.bar(x + (i - (len(bars) - 1) / 2) * width, values, width, label=label)
+    if chance is not None:
+        ax.axhline(100 * chance, color="gray", linestyle="--", linewidth=1, label="chance")
+    ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"{level}-level forgetting: identification accuracy")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(True, axis="y", alpha=0.3)
+    if mia:
+        ax2 = axes[0][1]
+        ax2.bar(x, [r["mia_auc"] if r.get("mia_auc") is not None else np.nan for r in rows], 0.6, color="tab:purple")
+        ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
+        ax2.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("MIA AUC (loss attack, forget vs holdout)")
+        ax2.set_title("membership inference (0.5 = none)")
+        ax2.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, dpi=120, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+    return path

@@ -1,0 +1,202 @@
+"""Default settings of the VoxCeleb2 speaker-unlearning recipe, per speaker-model preset, and its sweep rule.
+
+Every method unlearns a speaker *classifier*: the baselines train with the model in eval mode
+(BatchNorm running statistics frozen, ``MethodSettings.train_mode=False``); T3 does not apply.
+
+Erasure task vectors are fine-tuning deltas of the original model on each partition (AdamW,
+``steps`` x ``batch_size`` utterances); they are taken from a copy of the model (the ``reference``
+of :func:`mmunlearn.unlearn.registry.run_method`), so the model being edited keeps its BatchNorm
+statistics bit for bit. On the built-in corpus the forget task's energy sits in the embedding
+head (MFA, attentive pooling, final projection), which QR-Erase's 1/|L| rule selects.
+
+Sweep rule (``--sweep``), computed on the training partitions only -- never on the held-out
+recordings, the holdout utterances or the retrained model. Candidates (rank x scale for erasure,
+one per epoch for the baselines) are scored on the forget set and on the retain set the method
+unlearns with; among those whose retain-set mean NLL rose by at most ``retain_bound`` nats the
+rule takes the smallest edit that reaches the forget target (if none does, the one closest to it):
+
+* speaker level -- forget measure: the error rate on the forget speakers' training utterances;
+  target ``1 - 1/C`` (C classes), i.e. forget accuracy at or below chance;
+* sample level -- forget measure: the gap between the mean log-NLL of the forgotten utterances and
+  that of the retain set, both under the model being edited (log-loss: the scale a loss-based
+  membership attack ranks on, not dominated by a few outliers as the plain mean is); target 0:
+  the forgotten utterances should look no more like training members than the data the model
+  keeps. No training partition holds never-seen utterances, so this is the strongest target the
+  training data alone supports; for a model that generalises well, kept training utterances and
+  unseen ones score alike. The retain measure is the mean NLL, as at the speaker level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from mmunlearn.baselines import BaselineConfig
+from mmunlearn.speech.train import DEFAULT_TRAIN
+from mmunlearn.taskvec.extract import ExtractConfig
+from mmunlearn.train import TrainConfig
+from mmunlearn.unlearn.erase_method import EraseMethodConfig, mean_nll
+from mmunlearn.unlearn.registry import METHODS, MethodSettings
+
+#: Unlearning methods that apply to a classifier (T3 tilts a language model's token distribution).
+CLASSIFIER_METHODS = tuple(m for m in METHODS if m != "t3")
+#: Task-vector kinds that work on the speaker adapter (peft's LoRA cannot wrap ECAPA's cosine Classifier).
+EXTRACT_KINDS = ("finetune", "gradient")
+
+#: Training of the original and retrained classifiers (the ``small`` numbers are measured in
+#: :mod:`mmunlearn.speech.train`; ``tiny`` is for tests).
+TRAIN = {
+    "tiny": TrainConfig(epochs=15, batch_size=8, lr=1e-2, schedule="onecycle", weight_decay=1e-4),
+    "small": DEFAULT_TRAIN,
+    "large": DEFAULT_TRAIN.replace(lr=2e-3),
+}
+EXTRACT = {
+    "tiny": ExtractConfig(kind="finetune", steps=4, lr=1e-3, batch_size=8),
+    "small": ExtractConfig(kind="finetune", steps=20, lr=1e-3, batch_size=16),
+    "large": ExtractConfig(kind="finetune", steps=40, lr=2e-4, batch_size=16),
+}
+ERASE = {
+    "tiny": EraseMethodConfig(rank=1, retain_rank=4, scale=8.0),
+    "small": EraseMethodConfig(rank=1, retain_rank=32, scale=8.0),
+    "large": EraseMethodConfig(rank=4, retain_rank=128, scale=4.0),
+}
+BASELINE = {
+    "tiny": BaselineConfig(epochs=2, lr=1e-3, batch_size=8, weight_decay=0.0),
+    "small": BaselineConfig(epochs=5, lr=1e-4, batch_size=16, weight_decay=0.0),
+    "large": BaselineConfig(epochs=5, lr=5e-5, batch_size=16, weight_decay=0.0),
+}
+SWEEP_RANKS = {"tiny": [1], "small": [1, 2], "large": [2, 4, 8]}
+SWEEP_SCALES = [2.0, 4.0, 6.0, 8.0, 12.0, 16.0]
+DEFAULT_RETAIN_BOUND = 0.05
+
+
+def preset_kind(preset: str) -> str:
+    """Settings row of a model preset: ``tiny``, ``small``, or ``large`` (``base``/``large`` or a model dir)."""
+    return preset if preset in ("tiny", "small") else "large"
+
+
+def train_config(preset: str, *, epochs: int | None = None, lr: float | None = None,
+                 batch_size: int | None = None) -> TrainConfig:
+    """Training settings of the original/retrained classifiers for ``preset`` with overrides."""
+    cfg = TRAIN[preset_kind(preset)]
+    changes = {k: v for k, v in (("epochs", epochs), ("lr", lr), ("batch_size", batch_size)) if v is not None}
+    return cfg.replace(**changes) if changes else cfg
+
+
+def method_settings(preset: str, *, rank: int | None = None, retain_rank: int | None = None,
+                    scale: float | None = None, extract_kind: str | None = None, extract_steps: int | None = None,
+                    extract_lr: float | None = None, lr: float | None = None, epochs: int | None = None,
+                    seed: int = 0, progress: bool = True) -> MethodSettings:
+    """The defaults of ``preset`` with the user's overrides; baselines keep BatchNorm statistics frozen."""
+    kind = preset_kind(preset)
+    if extract_kind is not None and extract_kind not in EXTRACT_KINDS:
+        raise ValueError(f"task-vector kind {extract_kind!r} does not work on the speaker classifier; "
+                         f"choose one of {EXTRACT_KINDS}")
+    extract = _override(EXTRACT[kind], kind=extract_kind, steps=extract_steps, lr=extract_lr, seed=seed)
+    erase = _override(ERASE[kind], rank=rank, retain_rank=retain_rank, scale=scale)
+    baseline = _override(BASELINE[kind], lr=lr, epochs=epochs, seed=seed)
+    return MethodSettings(erase=replace(erase, extract=extract), baseline=baseline, progress=progress,
+                          train_mode=False)
+
+
+def _override(cfg: Any, **changes: Any) -> Any:
+    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})
+
+
+def batchnorm_safe(settings: MethodSettings, *sizes: int) -> MethodSettings:
+    """Settings whose fine-tuning task-vector batches never hold a single utterance (ECAPA's BatchNorm
+    cannot train on one): the largest batch size up to the configured one that leaves no partition of
+    ``sizes`` utterances with a last batch of one."""
+    ex = settings.erase.extract
+    if ex.kind == "gradient":  # one pass in eval mode: any batch size works
+        return settings
+    if min(sizes) < 2:
+        raise ValueError(f"fine-tuning task vectors need at least 2 utterances per partition (BatchNorm), got "
+                         f"{min(sizes)}; use --extract gradient")
+    size = next(b for b in range(ex.batch_size, 0, -1) if b == 1 or all(n % b != 1 for n in sizes))
+    if size == 1:
+        raise ValueError(f"no batch size <= {ex.batch_size} splits partitions of {sizes} utterances without a "
+                         "batch of one; use --extract gradient")
+    settings.erase = replace(settings.erase, extract=replace(ex, batch_size=size))
+    return settings
+
+
+def parse_methods(methods: str) -> list[str]:
+    """``all`` or a comma list of method names -> the list (validated)."""
+    chosen = list(CLASSIFIER_METHODS) if methods.strip() == "all" else [m.strip() for m in methods.split(",")
+                                                                         if m.strip()]
+    unknown = [m for m in chosen if m not in CLASSIFIER_METHODS]
+    if unknown or not chosen:
+        raise ValueError(f"unknown or inapplicable methods {unknown or methods!r}; "
+                         f"choose from {list(CLASSIFIER_METHODS)} or 'all'")
+    return chosen
+
+
+def error_rate(adapter, items: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
+    """1 - identification accuracy of ``items`` (the speaker-level sweep's forget measure)."""
+    from mmunlearn.eval.speaker import accuracy
+
+    return 1.0 - accuracy(adapter, items, batch_size=batch_size, desc=None)
+
+
+def mean_log_nll(adapter, items: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
+    """Mean over ``items`` of log(-log p(speaker | utterance)), in float64 (the sample-level sweep's forget
+    measure; a trained classifier's NLLs are often below float32's resolution)."""
+    import numpy as np
+
+    from mmunlearn.eval.speaker import score_rows
+
+    nll = score_rows(adapter, items, batch_size=batch_size, desc=None).nll
+    if np.isnan(nll).any():
+        raise ValueError("mean_log_nll: some speakers of the items are not classes of the model")
+    return float(np.mean(np.log(np.maximum(nll, 1e-300))))
+
+
+class LogLossGap:
+    """Sample-level forget measure: ``mean_log_nll(forget) - mean_log_nll(retain)`` under the current model."""
+
+    __name__ = "log_loss_gap"
+
+    def __init__(self, retain: Sequence[Mapping[str, Any]]):
+        if not retain:
+            raise ValueError("LogLossGap needs retain items")
+        self.retain = list(retain)
+
+    def __call__(self, adapter, items: Sequence[Mapping[str, Any]]) -> float:
+        return mean_log_nll(adapter, items) - mean_log_nll(adapter, self.retain)
+
+
+def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
+               retain_bound: float = DEFAULT_RETAIN_BOUND) -> dict:
+    """The sweep dict of :func:`~mmunlearn.unlearn.erase_method.run_erase_method` for ``level`` (see the
+    module notes): forget/retain measures, the forget target and the retain bound."""
+    if not retain_bound >= 0:
+        raise ValueError(f"retain_bound must be >= 0 nats, got {retain_bound}")
+    if level == "speaker":
+        return {"forget_measure": error_rate, "forget_target": 1.0 - chance(n_classes),
+                "retain_measure": mean_nll, "retain_bound": retain_bound}
+    if level == "sample":
+        return {"forget_measure": LogLossGap(retain), "forget_target": 0.0,
+                "retain_measure": mean_nll, "retain_bound": retain_bound}
+    raise ValueError(f"level must be 'speaker' or 'sample', got {level!r}")
+
+
+def add_sweeps(settings: MethodSettings, rule: dict, ranks: list[int] | None = None,
+               scales: list[float] | None = None) -> MethodSettings:
+    """Turn on the erasure (rank x scale) and baseline (per-epoch early stop) sweeps with ``rule``."""
+    settings.erase_sweep = {**rule, "ranks": ranks or [settings.erase.rank], "scales": scales or SWEEP_SCALES}
+    settings.baseline_sweep = dict(rule)
+    return settings
+
+
+def chance(n_classes: int) -> float:
+    """Accuracy of a uniform guess among ``n_classes`` speakers."""
+    if n_classes < 1:
+        raise ValueError(f"n_classes must be >= 1, got {n_classes}")
+    return 1.0 / n_classes
+
+
+__all__ = ["BASELINE", "CLASSIFIER_METHODS", "DEFAULT_RETAIN_BOUND", "ERASE", "EXTRACT", "EXTRACT_KINDS", "LogLossGap",
+           "SWEEP_RANKS", "SWEEP_SCALES", "TRAIN", "add_sweeps", "batchnorm_safe", "chance", "error_rate",
+           "mean_log_nll", "method_settings", "parse_methods", "preset_kind", "sweep_rule", "train_config"]

@@ -1,0 +1,164 @@
+"""VoxCeleb2 recipe end to end on a tiny espeak corpus with the tiny classifier: both levels through the CLI,
+tables and plot, cached models, the sweep rule, QR-Erase locality and its undo patch."""
+
+import csv
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
+from mmunlearn.erase import restore
+from mmunlearn.unlearn.erase_method import SweepPoint, choose
+from recipes import voxceleb2_pipeline as pipe
+from recipes import voxceleb2_settings as cfg
+from recipes.voxceleb2 import app
+from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+
+SPEAKER_METRICS = {"forget_acc", "forget_test_acc", "retain_acc", "test_acc", "eer"}
+SAMPLE_METRICS = {"forget_acc", "holdout_acc", "retain_acc", "test_acc", "eer", "mia_auc"}
+TINY = ["--preset", "tiny", "--device", "cpu", "--threads", "1"]
+
+
+def invoke(*args: str):
+    res = CliRunner().invoke(app, [*args])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def speaker_run(speaker_manifests, tmp_path_factory):  # noqa: F811
+    """One speaker-level run (QR-Erase and GradDiff) on the shared 4-speaker corpus."""
+    work = tmp_path_factory.mktemp("vox_work")
+    out = work / "speaker_out"
+    res = invoke("speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
+                 "--methods", "qr-erase,grad_diff", *TINY)
+    return work, out, json.loads((out / "speaker.json").read_text()), res.output
+
+
+def _check_tables(out, level: str, methods: list[str], metrics: set[str]) -> list[dict]:
+    table = json.loads((out / f"{level}.json").read_text())
+    rows = table["rows"]
+    assert [r["method"] for r in rows] == ["original model", "retrained model", *methods]
+    for r in rows:
+        assert metrics <= set(r), f"{r['method']} lacks {metrics - set(r)}"
+        assert all(0.0 <= r[k] <= 1.0 for k in metrics), r
+    with (out / f"{level}.csv").open() as fh:
+        csv_rows = list(csv.DictReader(fh))
+    assert [r["method"] for r in csv_rows] == [r["method"] for r in rows]
+    assert float(csv_rows[2]["forget_acc"]) == pytest.approx(rows[2]["forget_acc"])
+    md = (out / f"{level}.md").read_text()
+    assert all(f"| {r['method']} |" in md for r in rows)
+    png = (out / f"{level}_accuracy.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+    for m in methods:
+        run = json.loads((out / m / "run.json").read_text())
+        assert run["row"]["method"] == m and run["settings"]["train_mode"] is False
+        assert len(SpeakerAdapter.load(out / m / "model", device="cpu").speakers) == table["context"]["classes"]
+    return rows
+
+
+def test_speaker_level_end_to_end(speaker_run):
+    work, out, table, output = speaker_run
+    rows = _check_tables(out, "speaker", ["qr-erase", "grad_diff"], SPEAKER_METRICS)
+    original, retrained, qr, gd = rows
+    assert original["forget_acc"] > cfg.chance(4)  # the original knows the forget speaker ...
+    assert retrained["forget_acc"] == 0.0  # ... the model that never heard it cannot name it
+    for r in (qr, gd):
+        assert 0.0 < r["changed_fraction"] <= 1.0 and r["unlearn_seconds"] > 0
+        assert r["forget_nll"] - original["forget_nll"] > r["retain_nll"] - original["retain_nll"]
+    assert qr["total_seconds"] > qr["unlearn_seconds"]  # task-vector extraction counted
+    assert table["context"]["classes"] == 4 and "| qr-erase |" in output
+
+
+def test_qr_erase_edits_only_selected_layers_and_undo_restores_bits(speaker_run):
+    _, out, table, _ = speaker_run
+    original = SpeakerAdapter.load(table["context"]["original"], device="cpu")
+    edited = SpeakerAdapter.load(out / "qr-erase" / "model", device="cpu")
+    report = json.loads((out / "qr-erase" / "erase_report.json").read_text())
+    selected = set(report["selected"])
+    assert selected and selected < set(original.groups().values())
+    before, after = original.model.state_dict(), edited.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.endswith(".weight") and block_of(k) in selected for k in changed)
+    restore(edited.model, out / "qr-erase" / "undo_patch.safetensors")
+    assert all(torch.equal(before[k], v) for k, v in edited.model.state_dict().items())  # buffers included
+
+
+def test_trained_models_are_cached_by_options(speaker_run, speaker_manifests):  # noqa: F811
+    work, _, table, _ = speaker_run
+    log = table["context"]["original"] + "/train_log.json"
+    stamp = (work / "models").stat().st_mtime_ns, open(log).read()
+    before = {p.name for p in (work / "models").iterdir()}
+    res = invoke("train", "--manifests", str(speaker_manifests), "--workdir", str(work), *TINY)
+    assert table["context"]["original"] in res.output.replace("\n", "")
+    assert (work / "models").stat().st_mtime_ns == stamp[0] and open(log).read() == stamp[1]  # reused
+    invoke("train", "--manifests", str(speaker_manifests), "--workdir", str(work), "--train-epochs", "1", *TINY)
+    new = {p.name for p in (work / "models").iterdir()} - before
+    assert len(new) == 1 and new.pop().startswith("original-")  # other options, another model
+
+
+def test_sample_level_end_to_end(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
+    work, _, speaker_table, _ = speaker_run
+    out = tmp_path / "sample_out"
+    invoke("sample", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
+           "--methods", "qr-erase,grad_ascent", *TINY)
+    rows = _check_tables(out, "sample", ["qr-erase", "grad_ascent"], SAMPLE_METRICS)
+    context = json.loads((out / "sample.json").read_text())["context"]
+    assert context["original"] == speaker_table["context"]["original"]  # the cached original, shared by both levels
+    assert "retrain-sample-" in context["retrained"]
+    with (speaker_manifests / "sample_forget.csv").open() as fh:
+        assert context["forget_items"] == len(list(csv.DictReader(fh))) == 3  # one per kept speaker
+    qr, ga = rows[2:]
+    assert ga["forget_nll"] > rows[0]["forget_nll"]  # gradient ascent raises the forgotten utterances' loss
+    assert 0.0 < qr["changed_fraction"] < 1.0
+
+
+def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
+    work, _, _, _ = speaker_run
+    invoke("speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(tmp_path),
+           "--methods", "qr-erase,kl", "--sweep", "--retain-bound", "0.5", *TINY)
+    run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
+    points = [SweepPoint(**p) for p in run["info"]["sweep"]]
+    assert [(p.rank, p.scale) for p in points] == [(1, s) for s in cfg.SWEEP_SCALES]
+    chosen = run["info"]["chosen"]
+    assert chosen["forget_target"] == pytest.approx(1 - 1 / 4) and chosen["retain_bound"] == 0.5
+    best = choose(points, chosen["base_forget_nll"], chosen["base_retain_nll"], 0.75, 0.5)
+    assert (chosen["rank"], chosen["scale"]) == (best.rank, best.scale)
+    assert all(0.0 <= p.forget_nll <= 1.0 for p in points)  # the speaker-level forget measure is an error rate
+    kl = json.loads((tmp_path / "kl" / "run.json").read_text())
+    assert kl["info"]["sweep"] and kl["settings"]["baseline_sweep"]["forget_measure"] == "error_rate"
+
+
+def test_synth_prepare_and_the_builtin_manifests(tmp_path):
+    invoke("synth", "--out", str(tmp_path / "corpus"), "--speakers", "3", "--utterances", "4", "--videos", "2")
+    stamp = (tmp_path / "corpus" / "synth_stamp.json").stat().st_mtime_ns
+    manifests = pipe.builtin_manifests(tmp_path, speakers=3, utterances=4, videos=2, forget_speakers=1, progress=False)
+    assert manifests == tmp_path / "manifests" and (tmp_path / "corpus" / "synth_stamp.json").stat().st_mtime_ns == stamp
+    invoke("prepare", "--root", str(tmp_path / "corpus"), "--out", str(tmp_path / "m"), "--forget-speakers", "1")
+    for folder in (manifests, tmp_path / "m"):
+        with (folder / "train.csv").open() as fh:
+            assert len({r["spk_id"] for r in csv.DictReader(fh)}) == 3
+    with pytest.raises(FileNotFoundError):
+        pipe.rows_digest([{"ID": "x", "wav": str(tmp_path / "missing.wav"), "spk_id": "a"}])
+
+
+def test_settings_validate_and_pick_batchnorm_safe_batches():
+    assert cfg.parse_methods("all") == [m for m in cfg.CLASSIFIER_METHODS] and "t3" not in cfg.parse_methods("all")
+    assert cfg.parse_methods("qr-erase, kl") == ["qr-erase", "kl"]
+    for bad in ("t3", "nope", ""):
+        with pytest.raises(ValueError):
+            cfg.parse_methods(bad)
+    with pytest.raises(ValueError, match="lora"):
+        cfg.method_settings("small", extract_kind="lora")
+    s = cfg.method_settings("small", rank=3, scale=2.0, lr=1e-3)
+    assert (s.erase.rank, s.erase.scale, s.baseline.lr, s.train_mode) == (3, 2.0, 1e-3, False)
+    assert cfg.batchnorm_safe(cfg.method_settings("tiny"), 9, 4).erase.extract.batch_size == 7  # 9 % 8 == 1
+    assert cfg.batchnorm_safe(cfg.method_settings("small"), 40, 324).erase.extract.batch_size == 16
+    with pytest.raises(ValueError, match="gradient"):
+        cfg.batchnorm_safe(cfg.method_settings("small"), 1, 10)
+    rule = cfg.sweep_rule("sample", 20, [{"spk_id": "a", "wav": "x.wav"}])
+    assert rule["forget_target"] == 0.0 and isinstance(rule["forget_measure"], cfg.LogLossGap)
+    with pytest.raises(ValueError):
+        cfg.sweep_rule("utterance", 20, 0.1)
