@@ -69,6 +69,7 @@ def _selected(adapter, layers: Sequence[str] | None) -> dict[str, torch.nn.Param
 
 def _finetune(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict[str, torch.Tensor]:
     saved = {n: p.detach().clone() for n, p in params.items()}  # only the extracted layers
+    buffers = {n: b.detach().clone() for n, b in adapter.model.named_buffers()}  # e.g. BatchNorm statistics
     try:
         train(adapter.model, lambda m, b: adapter.loss(b, model=m), examples, adapter.collate,
               TrainConfig(steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, max_grad_norm=None),
@@ -78,6 +79,9 @@ def _finetune(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> 
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(saved[n])
+            for n, b in adapter.model.named_buffers():
+                if n in buffers:
+                    b.copy_(buffers[n])
 
 
 def _gradient(adapter, examples, params, cfg: ExtractConfig) -> dict[str, torch.Tensor]:
@@ -111,8 +115,9 @@ def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict
     lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=modules, lora_dropout=0.0,
                       init_lora_weights=True)
     torch.manual_seed(cfg.seed)
-    inject_adapter_in_model(lcfg, model)
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     try:
+        inject_adapter_in_model(lcfg, model)  # inside try: a partial injection is undone too
         lora = [p for n, p in model.named_parameters() if "lora_" in n]
         train(model, lambda m, b: adapter.loss(b, model=m), examples, adapter.collate,
               TrainConfig(steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, max_grad_norm=None),
@@ -126,6 +131,10 @@ def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict
             out[n] = (layer.scaling["default"] * (B @ A)).cpu()
         return out
     finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in buffers:
+                    b.copy_(buffers[n])
         _remove_lora(model, before)
 
 

@@ -81,3 +81,34 @@ def test_roundtrip_and_errors(adapter, forget, tmp_path):
         ExtractConfig(kind="svd")
     with pytest.raises(KeyError, match="not layers"):
         extract_task_matrices(adapter, forget, layers=["lm_head.weight"], progress=False)
+
+
+class _BNAdapter:
+    """A minimal adapter around a BatchNorm classifier (real torch modules)."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)).eval()
+
+    def layers(self):
+        from mmunlearn.adapters.base import LayerWeight
+
+        for name, p in self.model.named_parameters():
+            if p.dim() == 2:
+                yield LayerWeight(name, name.split(".")[0], p)
+
+    def collate(self, examples):
+        return {"x": torch.stack([e[0] for e in examples]), "y": torch.tensor([e[1] for e in examples])}
+
+    def loss(self, batch, model=None):
+        return torch.nn.functional.cross_entropy((model or self.model)(batch["x"]), batch["y"])
+
+
+@pytest.mark.parametrize("kind", ["finetune", "gradient"])
+def test_batchnorm_statistics_are_restored(kind):
+    ad = _BNAdapter()
+    data = [(torch.randn(6), i % 3) for i in range(12)]
+    before = {k: v.clone() for k, v in ad.model.state_dict().items()}
+    extract_task_matrices(ad, data, kind=kind, steps=3, batch_size=4, progress=False)
+    after = ad.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # running_mean/var and num_batches_tracked too
