@@ -146,16 +146,19 @@ def compare(
     start = time.perf_counter()
     ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
+    # rows of methods not run now are kept from an earlier comparison of the same context
+    kept = tofu_pipeline.earlier_rows(out, ctx.describe(), exclude=chosen)
     target_nll = ctx.forget_target() if sweep else None
     for name in chosen:
         settings = method_settings(preset, cache_dir=str(ctx.cache_dir))
         if sweep:
             add_sweeps(settings, target_nll, retain_bound)
         rows.append(tofu_pipeline.run_method_row(name, ctx, settings, base, out / name, device))
-        tofu_pipeline.write_tables(out, rows, ctx.describe())  # after each method: nothing lost if interrupted
+        tofu_pipeline.write_tables(out, tofu_pipeline.ordered(rows + kept), ctx.describe())  # nothing lost if interrupted
+    rows = tofu_pipeline.ordered(rows + kept)
     tofu_pipeline.scatter(out / "fq_vs_mu.png", rows)
     if sweep:
-        tofu_pipeline.selectivity_plot(out / "selectivity.png", out, chosen, target_nll)
+        tofu_pipeline.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)
     console.print(tofu_pipeline.markdown(rows))
     console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png in {time.perf_counter() - start:.0f} s")
 

@@ -174,6 +174,26 @@ def run_method_row(method: str, ctx: Context, settings, base: str, out: Path, de
     return row
 
 
+def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
+    """Method rows of an earlier ``compare.json`` in ``out`` with the same context, except ``exclude``."""
+    path = out / "compare.json"
+    if not path.is_file():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier.get("context") != json.loads(json.dumps(context)):
+        return []
+    return [r for r in earlier["rows"] if not r["method"].endswith(" model") and r["method"] not in exclude]
+
+
+def ordered(rows: list[dict]) -> list[dict]:
+    """Reference rows first, then methods in the registry's order."""
+    from mmunlearn.unlearn.registry import METHODS
+
+    rank = {m: i for i, m in enumerate(METHODS)}
+    return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
+                                       r["method"] != "target model"))
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "n/a"

@@ -80,7 +80,7 @@ def run_method(name: str, target, forget: Sequence[Any], retain: Sequence[Any], 
 
 
 def _early_stop(target, forget, retain, s: MethodSettings):
-    """The sweep rule for the baselines: after every epoch, score the training partitions and stop
+    """The sweep rule for the baselines: a few times an epoch, score the training partitions and stop
     once the forget NLL reaches the target or the retain NLL rose by more than the bound (the
     rule's optional ``forget_measure`` / ``retain_measure`` replace the NLLs, as in the erase sweep)."""
     import math
@@ -90,7 +90,8 @@ def _early_stop(target, forget, retain, s: MethodSettings):
     rule = s.baseline_sweep
     check = rule.get("retain_items") or retain
     measure_f, measure_r = rule.get("forget_measure", mean_nll), rule.get("retain_measure", mean_nll)
-    every = max(1, math.ceil(len(forget) / (s.baseline.batch_size * s.baseline.grad_accum)))
+    per_epoch = max(1, math.ceil(len(forget) / (s.baseline.batch_size * s.baseline.grad_accum)))
+    every = max(1, per_epoch // rule.get("checks_per_epoch", 4))  # a finer stop than once an epoch
     base_r = measure_r(target, check)
     trajectory: list[dict] = []
 

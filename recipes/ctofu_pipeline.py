@@ -1,0 +1,203 @@
+"""The steps of the cTOFU recipe: models of a multilingual world, per-language cached evaluations, one
+method's rows (one per evaluation language), and the cross-lingual transfer summary.
+
+Model building, the cached evaluation and the unlearning call are the TOFU recipe's
+(:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`,
+:func:`mmunlearn.unlearn.registry.run_method`); the world's data is a dict source
+(:class:`mmunlearn.data.ctofu.SplitMapping`) so both read it unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.data.ctofu import World
+from recipes.tofu_pipeline import cached_eval
+
+# no MIA: the translations ship no holdout split (its non-members)
+EVAL_GROUPS = ("forget", "memorization", "utility")
+#: per-language metrics of a row: (header, key)
+COLUMNS = (
+    ("forget quality", "forget_quality"),
+    ("forget ROUGE-L", "forget_Q_A_ROUGE"),
+    ("ROUGE-L drop", "rouge_drop"),
+    ("forget truth ratio", "forget_truth_ratio"),
+    ("forget prob", "forget_Q_A_Prob"),
+    ("model utility", "model_utility"),
+    ("retain ROUGE-L", "retain_Q_A_ROUGE"),
+)
+MIN_DROP = 0.1  # a relative forget ROUGE-L drop below this in the forget language(s) is "no forgetting"
+
+
+def _summary(logs_path: Path) -> dict[str, float]:
+    from mmunlearn.metrics.logs import read_tofu_logs, summarize
+
+    return summarize(read_tofu_logs(logs_path))
+
+
+@dataclass
+class Context:
+    """Models and per-language reference evaluations of one (preset, world, seed)."""
+
+    preset: str
+    world: World
+    forget_langs: tuple[str, ...]
+    retain_langs: tuple[str, ...]
+    eval_langs: tuple[str, ...]
+    max_new_tokens: int
+    built: Any  # BuiltModels
+    retain_logs: dict[str, Path]
+    target_logs: dict[str, Path]
+    cache_dir: Path
+    forget: list
+    retain: list
+
+    def reference_rows(self, which: str) -> list[dict]:
+        """The target or retain model's row per evaluation language (the retain model's forget quality
+        is 1 by definition: KS of its truth ratios against themselves)."""
+        rows = []
+        for lang in self.eval_langs:
+            logs = _summary((self.retain_logs if which == "retain" else self.target_logs)[lang])
+            if which == "retain":
+                logs["forget_quality"] = 1.0
+            rows.append(make_row(f"{which} model", lang, logs, _summary(self.target_logs[lang])))
+        return rows
+
+    def forget_target(self) -> float:
+        """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target."""
+        from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+        base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
+        return float(base.answer_nll(self.forget).mean())
+
+    def describe(self) -> dict:
+        return {"preset": self.preset, "world": self.world.describe(), "forget_langs": list(self.forget_langs),
+                "retain_langs": list(self.retain_langs), "eval_langs": list(self.eval_langs),
+                "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
+                "forget_items": len(self.forget), "retain_items": len(self.retain),
+                "max_new_tokens": self.max_new_tokens}
+
+
+def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: str):
+    """Base, target (every language's retain + forget rows) and retain (every language's retain rows)."""
+    from mmunlearn.presets.build import build_models
+
+    return build_models(preset, world.training_data, world.forget_split, None, seed, cache_dir, device)
+
+
+def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs: tuple[str, ...],
+            retain_langs: tuple[str, ...], seed: int, cache_dir: Path | None, device: str,
+            max_new_tokens: int) -> Context:
+    """Build (or reuse) the models and evaluate target and retain model in every evaluation language."""
+    from mmunlearn.presets.cache import default_cache_dir
+
+    for what, langs in (("forget", forget_langs), ("eval", eval_langs), ("retain", retain_langs)):
+        missing = [lang for lang in langs if lang not in world.languages]
+        if missing or not langs:
+            raise ValueError(f"{what} languages {missing or list(langs)} are not in the world's languages "
+                             f"{', '.join(world.languages)}")
+    built = build(preset, world, seed, cache_dir, device)
+    retain_logs, target_logs = {}, {}
+    for lang in eval_langs:
+        data = world.eval_data[lang]
+        retain_logs[lang] = cached_eval(built.retain, data, world.forget_split, None, max_new_tokens, device,
+                                        metrics=EVAL_GROUPS)
+        target_logs[lang] = cached_eval(built.target, data, world.forget_split, None, max_new_tokens, device,
+                                        retain_logs[lang], metrics=EVAL_GROUPS)
+    return Context(preset, world, forget_langs, retain_langs, eval_langs, max_new_tokens, built, retain_logs,
+                   target_logs, Path(cache_dir) if cache_dir else default_cache_dir(),
+                   world.items("forget", forget_langs), world.items("retain", retain_langs))
+
+
+def make_row(method: str, lang: str, summary: dict[str, float], target: dict[str, float]) -> dict:
+    """One (method, language) row: the COLUMNS metrics, plus the forget ROUGE-L and prob drops against
+    the target model (absolute and relative to the target's value)."""
+    row: dict[str, Any] = {"method": method, "lang": lang}
+    row.update({key: summary.get(key) for _, key in COLUMNS if key in summary})
+    for name, key in (("rouge", "forget_Q_A_ROUGE"), ("prob", "forget_Q_A_Prob")):
+        before, after = target.get(key), summary.get(key)
+        drop = None if before is None or after is None else before - after
+        row[f"{name}_drop"] = drop
+        row[f"{name}_rel_drop"] = drop / before if drop is not None and before > 0 else None
+    return row
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    from mmunlearn.metrics.logs import write_json_atomic
+
+    write_json_atomic(path, obj)
+
+
+def run_method_rows(method: str, ctx: Context, settings, base: str, out: Path, device: str) -> list[dict]:
+    """Unlearn the forget languages' rows from a fresh copy of the target with ``method``, evaluate it in
+    every evaluation language (``out/<lang>/TOFU_EVAL.json``), save it; returns one row per language."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.eval import evaluate_tofu
+    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.unlearn.registry import run_method
+
+    target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
+    reference = None if base == "target" else TextLLMAdapter.from_pretrained(
+        ctx.built.base if base == "base" else Path(base), device=device)
+    f0, r0 = mean_nll(target, ctx.forget), mean_nll(target, ctx.retain)
+    result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=reference)
+    f1, r1 = mean_nll(result.adapter, ctx.forget), mean_nll(result.adapter, ctx.retain)
+    rows = []
+    for lang in ctx.eval_langs:
+        logs = evaluate_tofu(result.adapter, ctx.world.eval_data[lang], ctx.world.forget_split, None,
+                             retain_logs=ctx.retain_logs[lang], out_dir=out / lang, metrics=EVAL_GROUPS,
+                             max_new_tokens=ctx.max_new_tokens, model_name=f"{method} ({lang})")
+        summary = {k: v["agg_value"] for k, v in logs.items() if isinstance(v, dict) and v.get("agg_value") is not None}
+        rows.append(make_row(method, lang, summary, _summary(ctx.target_logs[lang])))
+    if method == "t3":
+        result.adapter.model.base_path = str(ctx.built.target)
+        result.adapter.model.save(out / "tilt", overwrite=True)
+    else:
+        result.adapter.save(out / "model", overwrite=True)
+    if "report" in result.info:
+        result.info["report"].to_json(out / "erase_report.json")
+    cost = {"unlearn_seconds": result.unlearn_seconds, "total_seconds": result.unlearn_seconds + result.extract_seconds,
+            "changed_fraction": result.changed_fraction, "forget_nll_rise": f1 - f0, "retain_nll_rise": r1 - r0}
+    for row in rows:
+        row.update(cost)
+    info = {k: v for k, v in result.info.items() if k != "report"}
+    _write_json(out / "run.json", {"rows": rows, "info": info, "context": ctx.describe()})
+    return rows
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def transfer_summary(rows: list[dict], forget_langs: tuple[str, ...]) -> list[dict]:
+    """Per method: relative forget ROUGE-L (and prob) drop in the forget language(s) and in the others,
+    their ratio (the share of the forgetting that carries over), and a verdict from it: ``transfers``
+    (ratio >= 0.5), ``partial`` (>= 0.2), ``does not transfer``, ``no forgetting`` when the forget
+    language's relative ROUGE-L drop is below MIN_DROP, ``n/a`` when a side was not evaluated."""
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows if not r["method"].endswith(" model")):
+        mine = [r for r in rows if r["method"] == method]
+        own = [r for r in mine if r["lang"] in forget_langs]
+        other = [r for r in mine if r["lang"] not in forget_langs]
+        entry: dict[str, Any] = {"method": method}
+        for name in ("rouge", "prob"):
+            f, o = _mean([r[f"{name}_rel_drop"] for r in own]), _mean([r[f"{name}_rel_drop"] for r in other])
+            entry[f"{name}_drop_forget_lang"], entry[f"{name}_drop_other_langs"] = f, o
+            entry[f"{name}_transfer"] = o / f if f is not None and o is not None and f > 0 else None
+        entry["fq_forget_lang"] = _mean([r.get("forget_quality") for r in own])
+        entry["fq_other_langs"] = _mean([r.get("forget_quality") for r in other])
+        entry["mu_mean"] = _mean([r.get("model_utility") for r in mine])
+        ratio, drop = entry["rouge_transfer"], entry["rouge_drop_forget_lang"]
+        if drop is None or entry["rouge_drop_other_langs"] is None:
+            entry["verdict"] = "n/a"
+        elif drop < MIN_DROP:
+            entry["verdict"] = "no forgetting"
+        else:
+            entry["verdict"] = "transfers" if ratio >= 0.5 else "partial" if ratio >= 0.2 else "does not transfer"
+        out.append(entry)
+    return out

@@ -1,0 +1,122 @@
+"""cTOFU results as Markdown and JSON (method x language matrices, transfer summary, full table) and heatmaps."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from recipes.ctofu_pipeline import COLUMNS
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and abs(value) < 1e-3:
+            return f"{value:.1e}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _order(rows: list[dict], field: str) -> list[str]:
+    return list(dict.fromkeys(r[field] for r in rows))
+
+
+def matrix(rows: list[dict], key: str) -> str:
+    """Markdown table method x language of one metric."""
+    methods, langs = _order(rows, "method"), _order(rows, "lang")
+    cell = {(r["method"], r["lang"]): r.get(key) for r in rows}
+    lines = ["| method | " + " | ".join(langs) + " |", "|---|" + "---:|" * len(langs)]
+    lines += ["| " + m + " | " + " | ".join(_fmt(cell.get((m, lang))) for lang in langs) + " |" for m in methods]
+    return "\n".join(lines)
+
+
+def transfer_table(summary: list[dict]) -> str:
+    head = ("| method | rel. ROUGE-L drop, forget lang | rel. ROUGE-L drop, other langs | transfer (ROUGE-L) | "
+            "transfer (prob) | FQ forget lang | mean FQ other langs | mean MU | verdict |")
+    lines = [head, "|---|" + "---:|" * 7 + "---|"]
+    keys = ("rouge_drop_forget_lang", "rouge_drop_other_langs", "rouge_transfer", "prob_transfer", "fq_forget_lang",
+            "fq_other_langs", "mu_mean")
+    lines += ["| " + s["method"] + " | " + " | ".join(_fmt(s.get(k)) for k in keys) + f" | {s['verdict']} |"
+              for s in summary]
+    return "\n".join(lines)
+
+
+def long_table(rows: list[dict]) -> str:
+    lines = ["| method | lang | " + " | ".join(h for h, _ in COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
+    lines += [f"| {r['method']} | {r['lang']} | " + " | ".join(_fmt(r.get(k)) for _, k in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...]) -> str:
+    forget = ", ".join(forget_langs)
+    return "\n\n".join([
+        f"### Forget quality (KS p-value vs the retain model, per language); forget data in: {forget}",
+        matrix(rows, "forget_quality"),
+        "### Forget ROUGE-L drop (target model minus this model, per language)",
+        matrix(rows, "rouge_drop"),
+        "### Cross-lingual transfer (relative drops: 1 - value / target's value)",
+        transfer_table(summary),
+        "### Every method x every language",
+        long_table(rows)]) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_report(out: Path, stem: str, rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...],
+                 context: dict) -> tuple[Path, Path]:
+    """``<stem>.md`` and ``<stem>.json`` in ``out`` (each written atomically)."""
+    from mmunlearn.metrics.logs import write_json_atomic
+
+    md = out / f"{stem}.md"
+    _write_text(md, markdown(rows, summary, forget_langs))
+    js = write_json_atomic(out / f"{stem}.json", {"context": context, "rows": rows, "transfer": summary,
+                                                  "time": time.time()})
+    return md, js
+
+
+def heatmap(path: Path, rows: list[dict], key: str, title: str, *, log10: bool = False, cmap: str = "viridis") -> Path:
+    """A method x language heatmap of ``key`` (log10 of it with ``log10``), values written in the cells."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    methods, langs = _order(rows, "method"), _order(rows, "lang")
+    cell = {(r["method"], r["lang"]): r.get(key) for r in rows}
+    grid = np.full((len(methods), len(langs)), np.nan)
+    for i, m in enumerate(methods):
+        for j, lang in enumerate(langs):
+            v = cell.get((m, lang))
+            if v is not None and math.isfinite(v):
+                grid[i, j] = math.log10(max(v, 1e-30)) if log10 else v
+    fig, ax = plt.subplots(figsize=(max(5.0, 2.2 + 0.7 * len(langs)), 1.4 + 0.42 * len(methods)))
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto")
+    ax.set_xticks(range(len(langs)), langs)
+    ax.set_yticks(range(len(methods)), methods)
+    for i in range(len(methods)):
+        for j in range(len(langs)):
+            if np.isfinite(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.1f}" if log10 else f"{grid[i, j]:.2f}", ha="center", va="center",
+                        fontsize=7, color="white" if grid[i, j] < np.nanmean(grid) else "black")
+    fig.colorbar(im, ax=ax, label=("log10 " if log10 else "") + key)
+    ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
