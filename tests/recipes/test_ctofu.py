@@ -1,0 +1,129 @@
+"""cTOFU recipe end to end on the micro preset, three stand-in languages (en, fr, ar) read from files:
+every method through run_method, the CLI (finetune, compare) on two methods, misaligned data."""
+
+import json
+import math
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.data.ctofu import build_world, open_ctofu
+from mmunlearn.data.ctofu_synthetic import synthetic_ctofu, write_language_files
+from mmunlearn.unlearn.erase_method import mean_nll
+from mmunlearn.unlearn.registry import METHODS, run_method
+from recipes import ctofu_pipeline
+from recipes.ctofu import _world, app
+from recipes.tofu_settings import method_settings
+
+WORLD = dict(authors=2, facts=5)
+OPTS = ["--authors", "2", "--facts", "5", "--preset", "micro", "--device", "cpu", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ctofu")
+    write_language_files(synthetic_ctofu(("en", "fr", "ar"), retain_authors=2, forget_authors=1), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ctx(folder, tmp_path_factory):
+    world = build_world(open_ctofu(folder), **WORLD)
+    return ctofu_pipeline.prepare("micro", world, ("en",), ("en", "ar"), ("en",), 0,
+                                  tmp_path_factory.mktemp("cache"), "cpu", max_new_tokens=8)
+
+
+def test_target_knows_the_forget_authors_in_every_language(ctx):
+    target = {r["lang"]: r for r in ctx.reference_rows("target")}
+    retain = {r["lang"]: r for r in ctx.reference_rows("retain")}
+    for lang in ("en", "ar"):
+        assert retain[lang]["forget_quality"] == 1.0 and target[lang]["forget_quality"] < 0.05
+        assert target[lang]["forget_Q_A_Prob"] > 1.5 * retain[lang]["forget_Q_A_Prob"]
+        assert target[lang]["rouge_drop"] == 0.0
+
+
+def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
+    world = ctx.world
+    probes = {lang: world.items("forget", (lang,)) for lang in world.languages}
+    fresh = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
+    before = {lang: mean_nll(fresh, items) for lang, items in probes.items()}
+    for method in METHODS:
+        target = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
+        res = run_method(method, target, ctx.forget, ctx.retain, method_settings("micro", progress=False))
+        after = {lang: mean_nll(res.adapter, items) for lang, items in probes.items()}
+        assert after["en"] > before["en"], (method, before, after)  # micro defaults, no sweep: some rise
+        assert all(math.isfinite(v) for v in after.values())  # also in the languages it was not given
+        assert (res.changed_fraction == 0.0) == (method == "t3"), method
+
+
+def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
+    res = CliRunner().invoke(app, ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent,t3",
+                                   "--forget-lang", "en", "--eval-langs", "en,ar", "--no-sweep",
+                                   "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "compare.json").read_text())
+    rows = report["rows"]
+    assert [(r["method"], r["lang"]) for r in rows] == [
+        (m, lang) for m in ("target model", "retain model", "grad_ascent", "t3") for lang in ("en", "ar")]
+    target = {r["lang"]: r for r in rows if r["method"] == "target model"}
+    for r in rows[4:]:
+        logs = json.loads((tmp_path / r["method"] / r["lang"] / "TOFU_EVAL.json").read_text())
+        rouge = logs["forget_Q_A_ROUGE"]["agg_value"]
+        assert r["forget_Q_A_ROUGE"] == pytest.approx(rouge)
+        assert r["rouge_drop"] == pytest.approx(target[r["lang"]]["forget_Q_A_ROUGE"] - rouge)
+        assert r["forget_quality"] == pytest.approx(logs["forget_quality"]["agg_value"])
+    ga = {r["lang"]: r for r in rows if r["method"] == "grad_ascent"}
+    summary = {s["method"]: s for s in report["transfer"]}
+    assert summary["grad_ascent"]["rouge_drop_forget_lang"] == pytest.approx(ga["en"]["rouge_rel_drop"])
+    if ga["en"]["rouge_rel_drop"] > 0:
+        assert summary["grad_ascent"]["rouge_transfer"] == pytest.approx(
+            ga["ar"]["rouge_rel_drop"] / ga["en"]["rouge_rel_drop"])
+    md = (tmp_path / "compare.md").read_text()
+    assert "| method | en | ar |" in md and "| t3 |" in md
+    assert (tmp_path / "fq_heatmap.png").stat().st_size > 0 and (tmp_path / "rouge_drop.png").stat().st_size > 0
+    assert (tmp_path / "t3" / "tilt").is_dir() and (tmp_path / "grad_ascent" / "model").is_dir()
+
+
+def test_finetune_cli_reuses_the_built_models(ctx, folder, tmp_path):
+    res = CliRunner().invoke(app, ["finetune", "--data", str(folder), *OPTS, "--cache-dir", str(ctx.cache_dir),
+                                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    models = json.loads((tmp_path / "models.json").read_text())
+    assert models["target"] == str(ctx.built.target) and models["retain"] == str(ctx.built.retain)
+    assert models["logs"]["target"]["cached"] and models["world"]["languages"] == ["en", "ar", "fr"]
+    assert "| fr | retain99 | 40 |" in (tmp_path / "alignment.md").read_text()
+
+
+def test_misaligned_language_stops_the_run_or_is_left_out(folder, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    rows = json.loads((broken / "retain99_fr.json").read_text())
+    (broken / "retain99_fr.json").write_text(json.dumps(rows[:-1], ensure_ascii=False))
+    res = CliRunner().invoke(app, ["finetune", "--data", str(broken), *OPTS, "--out", str(tmp_path / "out")])
+    assert res.exit_code != 0 and "not row-aligned" in res.output
+    assert json.loads((tmp_path / "out" / "alignment.json").read_text())["errors"] == [
+        {"lang": "fr", "split": "retain99", "error": "39 rows, English has 40"}]
+    world = _world(str(broken), None, "all", 2, 5, True, tmp_path / "out2")
+    assert world.languages == ("en", "ar")
+
+
+def test_rows_and_transfer_summary_by_hand():
+    target = {"forget_Q_A_ROUGE": 0.8, "forget_Q_A_Prob": 0.5}
+    row = ctofu_pipeline.make_row("m", "en", {"forget_Q_A_ROUGE": 0.2, "forget_Q_A_Prob": 0.1}, target)
+    assert row["rouge_drop"] == pytest.approx(0.6) and row["rouge_rel_drop"] == pytest.approx(0.75)
+    assert row["prob_drop"] == pytest.approx(0.4) and row["prob_rel_drop"] == pytest.approx(0.8)
+
+    def r(method, lang, rel):
+        return {"method": method, "lang": lang, "rouge_rel_drop": rel, "prob_rel_drop": rel / 2,
+                "forget_quality": 0.1, "model_utility": 0.5}
+    rows = [r("target model", "en", 0.0), r("a", "en", 0.8), r("a", "fr", 0.4), r("a", "ar", 0.2),
+            r("b", "en", 0.6), r("b", "fr", 0.6), r("b", "ar", 0.3), r("c", "en", 0.05), r("c", "fr", 0.0)]
+    summary = {s["method"]: s for s in ctofu_pipeline.transfer_summary(rows, ("en",))}
+    assert set(summary) == {"a", "b", "c"}
+    assert summary["a"]["rouge_transfer"] == pytest.approx(0.3 / 0.8) and summary["a"]["verdict"] == "partial"
+    assert summary["a"]["prob_transfer"] == pytest.approx(0.15 / 0.4)
+    assert summary["b"]["rouge_transfer"] == pytest.approx(0.75) and summary["b"]["verdict"] == "transfers"
+    assert summary["c"]["verdict"] == "no forgetting"
+    assert ctofu_pipeline.transfer_summary(rows, ("de",))[0]["verdict"] == "n/a"  # forget language not evaluated
