@@ -5,6 +5,8 @@ are the data; ``train`` builds the original classifier or the retrained referenc
 ``sample`` unlearn with one or more methods and write one table (Markdown, CSV, JSON) and a plot
 of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
 (synthesise, prepare, train, unlearn, report), reusing whatever an earlier run built.
+``--model speech-llm`` runs the same levels with a Qwen-Omni-style speech LLM instead of the classifier
+(:mod:`recipes.speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_report as report
 from recipes import voxceleb2_settings as cfg
 
-app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a speaker classifier (ECAPA-TDNN).",
+app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a speaker classifier (ECAPA-TDNN) or a "
+                       "speech LLM (--model speech-llm).",
                   no_args_is_help=True)
 app.command("prepare")(prepare_command)
 console = Console()
@@ -127,6 +130,33 @@ def train(
     console.print(report.markdown([{"method": name, **metrics}], level))
 
 
+def _unlearn_speech_llm(level: str, out: Path | None, methods: str, manifests: Path | None, workdir: Path,
+                        llm: str, where: str, target: str, reference: str | None, rank: int | None,
+                        scale: float | None, seed: int, device: str, threads: int | None,
+                        cache_dir: Path | None) -> None:
+    """The ``--model speech-llm`` path: corpus (unless --manifests), models, every method, one table."""
+    from recipes import speech_llm
+
+    chosen = list(speech_llm.DEFAULT_METHODS) if methods.strip() == "all" else [
+        m.strip() for m in methods.split(",") if m.strip()]
+    if where not in ("audio", "text", "both") or target not in ("gender", "transcript"):
+        raise typer.BadParameter(f"--where must be audio|text|both and --target gender|transcript, got "
+                                 f"{where!r} / {target!r}")
+    device = _setup(device, threads)
+    start = time.perf_counter()
+    try:
+        rows = speech_llm.run_level(level, manifests=str(manifests) if manifests else None,
+                                    corpus=str(workdir / "speech_llm_corpus"), model=llm,
+                                    out=str(out or workdir / "speech_llm"), methods=chosen, where=where,
+                                    target=target, reference=reference, rank=rank, scale=scale, seed=seed,
+                                    device=device, cache_dir=str(cache_dir) if cache_dir else None)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    console.print(speech_llm.table_markdown(rows, level))
+    console.print(f"wrote {(out or workdir / 'speech_llm') / level}/results.md, results.json and the energy plots "
+                  f"in {time.perf_counter() - start:.0f} s")
+
+
 def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None, workdir: Path, speakers: int,
              utterances: int, videos: int, forget_speakers: int, forget_fraction: float, preset: str,
              train_epochs: int | None, train_lr: float | None, crop_seconds: float, sweep: bool, retain_bound: float,
@@ -184,6 +214,11 @@ Lr = Annotated[Optional[float], typer.Option(help="Baselines: learning rate.")]
 Epochs = Annotated[Optional[int], typer.Option(min=1, help="Baselines: epochs over the forget set (with --sweep: the most).")]
 Segment = Annotated[Optional[float], typer.Option(help="Evaluation: average logits/embeddings over windows of this many seconds (default: whole utterances).")]
 MaxTrials = Annotated[int, typer.Option(min=0, help="Evaluation: at most this many verification trials, drawn by --seed (0: all pairs).")]
+Model = Annotated[str, typer.Option(help="classifier (ECAPA-TDNN speaker classifier) or speech-llm (Qwen-Omni-style model answering 'who is speaking?'; adds t3 to the methods).")]
+Llm = Annotated[str, typer.Option(help="With --model speech-llm: preset tiny or mini (built from config, trained and cached), or a speech-LLM directory.")]
+Where = Annotated[str, typer.Option(help="With --model speech-llm: erase in the audio tower, the language model (text) or both.")]
+Target = Annotated[str, typer.Option(help="With --model speech-llm: the task that must survive on the same audio: gender or transcript.")]
+Reference = Annotated[Optional[str], typer.Option(help="With --model speech-llm and a directory: the model it was fine-tuned from (task-vector reference).")]
 
 
 def _level_command(level: str):
@@ -196,8 +231,17 @@ def _level_command(level: str):
         scale: Scale = None, extract: Extract = None, extract_steps: ExtractSteps = None, extract_lr: ExtractLr = None,
         lr: Lr = None, epochs: Epochs = None, segment_seconds: Segment = None, max_trials: MaxTrials = 20000,
         seed: Seed = 0, device: Device = "auto", threads: Threads = None, cache_dir: CacheDir = None,
+        model: Model = "classifier", llm: Llm = "mini", where: Where = "both", target: Target = "gender",
+        reference: Reference = None,
     ) -> None:
-        _unlearn(level, **{k: v for k, v in locals().items() if k != "level"})
+        if model == "speech-llm":
+            _unlearn_speech_llm(level, out, methods, manifests, workdir, llm, where, target, reference, rank, scale,
+                                seed, device, threads, cache_dir)
+            return
+        if model != "classifier":
+            raise typer.BadParameter(f"--model must be classifier or speech-llm, got {model!r}")
+        _unlearn(level, **{k: v for k, v in locals().items()
+                           if k not in ("level", "model", "llm", "where", "target", "reference")})
 
     return command
 

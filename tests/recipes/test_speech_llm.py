@@ -1,0 +1,63 @@
+"""The speech-LLM VoxCeleb2 path on a tiny Qwen2.5-Omni-thinker-shaped model: the recipe's table and the
+``mmunlearn voxceleb2 <level> --model speech-llm`` mount."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mmunlearn.baselines import BaselineConfig
+from mmunlearn.speech.dataset import split_rows
+from mmunlearn.taskvec.extract import ExtractConfig
+from mmunlearn.unlearn.erase_method import EraseMethodConfig
+from mmunlearn.unlearn.registry import MethodSettings
+from recipes import speech_llm
+from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+
+FAST = MethodSettings(erase=EraseMethodConfig(rank=2, retain_rank=4, extract=ExtractConfig(kind="gradient", lr=1.0)),
+                      baseline=BaselineConfig(epochs=1, lr=1e-3, batch_size=8), progress=False,
+                      t3={"rank": 4, "epochs": 20, "lr": 5e-2, "temperature": 1.0})
+
+
+@pytest.fixture(scope="module")
+def llm_dir(speaker_manifests, tmp_path_factory):
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.speech.llm_tasks import spoken_qa, texts_of
+
+    texts = texts_of(spoken_qa(split_rows(speaker_manifests, "train"), ("speaker", "gender")))
+    path = tmp_path_factory.mktemp("recipe") / "llm"
+    SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=0).save(path)
+    return path
+
+
+@pytest.mark.parametrize("where", ["audio", "text"])
+def test_erasure_stays_in_the_chosen_tower_and_the_table_is_written(llm_dir, speaker_manifests, tmp_path, where):
+    rows = speech_llm.run(speaker_manifests, llm_dir, tmp_path, level="speaker", methods=["qr-erase"], where=where,
+                          settings=FAST, device="cpu", progress=False)
+    assert [r["method"] for r in rows] == ["original", "qr-erase"]
+    for key in ("forget_acc", "retain_acc", "test_acc", "target_acc", "forget_nll", "retain_nll"):
+        assert all(0.0 <= r[key] <= 1.0 for r in rows) if key.endswith("acc") else all(r[key] > 0 for r in rows)
+    selected = rows[1]["selected_layers"]
+    assert selected and all(g.startswith(f"{where}.") for g in selected)
+    report = json.loads((tmp_path / "erase_qr-erase.json").read_text())
+    assert all(row["layer"].startswith(f"{where}.") for row in report["layers"])  # energy over that tower only
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["where"] == where and [r["method"] for r in saved["rows"]] == ["original", "qr-erase"]
+    assert "| qr-erase |" in (tmp_path / "results.md").read_text()
+    assert rows[1]["forget_nll"] > rows[0]["forget_nll"]  # erasing the forget direction raises its loss
+
+
+def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tmp_path):
+    from mmunlearn.cli import app
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["voxceleb2", "sample", "--model", "speech-llm", "--llm", str(llm_dir),
+                                      "--manifests", str(speaker_manifests), "--methods", "grad_ascent",
+                                      "--out", str(out), "--device", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "sample" / "results.json").read_text())
+    assert saved["level"] == "sample" and [r["method"] for r in saved["rows"]] == ["original", "grad_ascent"]
+    assert 0.0 <= saved["rows"][0]["mia_auc"] <= 1.0
+    bad = CliRunner().invoke(app, ["voxceleb2", "speaker", "--model", "speech-llm", "--where", "vision",
+                                   "--manifests", str(speaker_manifests)])
+    assert bad.exit_code != 0 and "--where" in bad.output
