@@ -42,6 +42,7 @@ from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, default_ca
 from mmunlearn.presets.models import Preset, get_preset, parameter_count
 from mmunlearn.train import TrainConfig, causal_lm_loss, train
 from mmunlearn.train.config import resolve_mixed_precision
+from mmunlearn.train.loop import is_main_process, wait_for_everyone
 
 log = logging.getLogger(__name__)
 FACT_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
@@ -160,12 +161,14 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
     train_log["eval_seconds"] = time.perf_counter() - t0
     if save_dtype is not None:
         model.to(save_dtype)
-    with atomic_dir(out, overwrite=True) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_log(tmp, train_log)
-    if resume_dir is not None:
-        shutil.rmtree(resume_dir, ignore_errors=True)
+    if is_main_process():  # under `accelerate launch` every rank holds the same weights: one writes
+        with atomic_dir(out, overwrite=True) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            write_log(tmp, train_log)
+        if resume_dir is not None:
+            shutil.rmtree(resume_dir, ignore_errors=True)
+    wait_for_everyone()
     log.info("%s: answer NLL %.4f after %d steps (%.1f s) -> %s", desc, train_log["answer_nll"], result.steps,
              result.seconds, out)
     return train_log

@@ -75,9 +75,16 @@ def build_lock(model_dir: Path) -> Iterator[None]:
 
     Two processes asked for the same model at once would otherwise both train it and share its
     resume checkpoints; with the lock the second waits, then finds the finished model in the cache.
+    Under ``accelerate launch`` only rank 0 takes it: the other ranks are part of the same build (were
+    they to wait on the lock, rank 0's training would wait on them for ever).
     """
     from filelock import FileLock, Timeout  # a dependency of torch, datasets and huggingface_hub
 
+    from mmunlearn.train.loop import is_main_process
+
+    if not is_main_process():  # ranks of one `accelerate launch` train together; rank 0 holds the lock
+        yield
+        return
     model_dir = Path(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(model_dir.parent / f".{model_dir.name}.lock"))

@@ -117,6 +117,25 @@ def _fresh_accelerator(device: str, mixed_precision: str, grad_accum: int):
     return Accelerator(cpu=on_cpu, mixed_precision=precision, gradient_accumulation_steps=grad_accum)
 
 
+def is_main_process() -> bool:
+    """True in a single-process run and on rank 0 of an ``accelerate launch``: where files are written."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    from accelerate.state import PartialState
+
+    return PartialState().is_main_process
+
+
+def wait_for_everyone() -> None:
+    """Barrier across the launched processes (nothing in a single-process run)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        from accelerate.state import PartialState
+
+        PartialState().wait_for_everyone()
+
+
 def _process_state_is_stale() -> bool:
     """Whether accelerate's process state may be rebuilt: always when no process group exists (nothing
     to lose), and when its process count disagrees with the group's (a ``PartialState()`` made without

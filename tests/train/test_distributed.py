@@ -10,6 +10,7 @@ whole batch and the two runs follow the same trajectory up to float rounding.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -64,6 +65,13 @@ def _worker(out: Path) -> None:
     ck = out / "ck"
     _train("sgd", BATCH, checkpoint_dir=ck, checkpoint_every=3, on_step=lambda step, loss: step == 5)
     results["resumed"] = _train("sgd", BATCH, checkpoint_dir=ck, checkpoint_every=3, resume=True)
+    # a preset build under the launcher: the ranks train it together, rank 0 alone locks and writes
+    # (were every rank to take the build lock, rank 1 would wait on it while rank 0 waits on rank 1)
+    from mmunlearn.presets.build import build_base
+
+    path, log = build_base("micro", "synthetic:n_authors=4", cache_dir=out / "cache", device="cpu",
+                           progress=False, overrides={"epochs": 1}, checkpoint_every=None)
+    (out / f"base{rank}.json").write_text(json.dumps({"path": str(path), "steps": log["steps"]}))
     torch.save({name: {"state": m.state_dict(), "losses": r.losses, "lrs": r.lrs, "steps": r.steps,
                        "resumed_from": r.resumed_from}
                 for name, (m, r) in results.items()}, out / f"rank{rank}.pt")
@@ -97,6 +105,12 @@ def test_two_processes_match_one_process_with_the_double_batch(tmp_path):
             assert torch.allclose(two["state"][key], value, atol=2e-5, rtol=1e-4), (name, key)
             moved = not torch.equal(start[key], value)
             assert moved or "norm" in key, (name, key)  # every matrix was trained
+    built = [json.loads((tmp_path / f"base{r}.json").read_text()) for r in (0, 1)]
+    assert built[0] == built[1]  # same model folder, trained in the same (shared) steps
+    base = Path(built[0]["path"])
+    assert (base / "model.safetensors").is_file() and (base / "train_log.json").is_file()
+    leftovers = [p.name for p in base.parent.iterdir() if p.name != "base" and not p.name.endswith(".lock")]
+    assert not leftovers, leftovers  # no second copy or half-written folder from rank 1
     resumed, full = ranks[0]["resumed"], ranks[0]["sgd"]
     assert resumed["resumed_from"] == 3 and resumed["steps"] == full["steps"]
     assert resumed["losses"] == full["losses"] and resumed["lrs"] == full["lrs"]
