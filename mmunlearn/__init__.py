@@ -19,6 +19,7 @@ from mmunlearn.erase import (  # noqa: E402
 
 __all__ = [
     "Basis",
+    "unlearn",
     "EraseReport",
     "__version__",
     "column_basis",
@@ -28,3 +29,13 @@ __all__ = [
     "restore",
     "select_layers",
 ]
+
+
+def __getattr__(name: str):
+    """``mmunlearn.unlearn``: the voice-pipeline entry point (:func:`mmunlearn.api.unlearn`), imported on
+    first use so that ``import mmunlearn`` stays light."""
+    if name == "unlearn":
+        from mmunlearn.api import unlearn
+
+        return unlearn
+    raise AttributeError(f"module 'mmunlearn' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 ``unlearn(model_dir, forget=..., retain=..., method="qr-erase", out=...)`` loads either kind of speech
 model, a speaker classifier in SpeechBrain's ``EncoderClassifier`` layout (``hyperparams.yaml``) or a
 speech LLM in ``save_pretrained`` layout (Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni), runs an unlearning
-method of :mod:`mmunlearn.unlearn.registry` and writes the edited model to ``out`` in the format it
+method of :mod:`mmunlearn.methods.registry` and writes the edited model to ``out`` in the format it
 was read from, plus ``unlearn_report.json`` (and, for the erasure methods, the erase report, its
 undo patch and the per-layer energy plot). The input directory is never modified.
 
@@ -16,14 +16,14 @@ add ``"gender"`` to protect the gender answer on the same audio).
 Example, on the built-in synthetic corpus (the recipe's helpers build the corpus and a trained ``mini``
 speech LLM, cached; ``reference`` is the model it was fine-tuned from)::
 
-    from mmunlearn.api import unlearn
+    import mmunlearn
     from recipes.speech_llm import build_model, make_corpus, method_settings
 
     man = make_corpus("corpus")  # 10 espeak speakers in the VoxCeleb2 layout, 2 to forget, and manifests
     target, base = (build_model(man, preset="mini", role=r) for r in ("target", "base"))
-    result = unlearn(target, forget=man / "spk_forget_train.csv", retain=man / "spk_retain_train.csv",
-                     method="qr-erase", out="unlearned-speech-llm", reference=base,
-                     retain_tasks=("speaker", "gender"), settings=method_settings("mini"))
+    result = mmunlearn.unlearn(target, forget=man / "spk_forget_train.csv", retain=man / "spk_retain_train.csv",
+                               method="qr-erase", out="unlearned-speech-llm", reference=base,
+                               retain_tasks=("speaker", "gender"), settings=method_settings("mini"))
     print(result.report["forget_nll"], result.report["retain_nll"])
 """
 
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.unlearn.registry import ERASE_METHODS, METHODS, MethodSettings, run_method
+from mmunlearn.methods.registry import ERASE_METHODS, METHODS, MethodSettings, run_method
 
 REPORT_NAME = "unlearn_report.json"
 KINDS = ("speaker", "speech-llm")
@@ -115,7 +115,7 @@ def default_settings(kind: str, progress: bool = True) -> MethodSettings:
     """Method settings for a model directory of ``kind`` (real-checkpoint scale: small steps)."""
     from mmunlearn.baselines import BaselineConfig
     from mmunlearn.taskvec.extract import ExtractConfig
-    from mmunlearn.unlearn.erase_method import EraseMethodConfig
+    from mmunlearn.methods.erase_method import EraseMethodConfig
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -153,7 +153,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     Args:
         model_dir: a speaker-classifier directory (SpeechBrain layout) or a speech-LLM directory.
         forget / retain: manifest CSV, list of manifest rows, or list of (audio path, speaker label).
-        method: one of :data:`mmunlearn.unlearn.registry.METHODS` (``qr-erase``, ``svd-unlearn``,
+        method: one of :data:`mmunlearn.methods.registry.METHODS` (``qr-erase``, ``svd-unlearn``,
             ``grad_ascent``, ``grad_diff``, ``kl``, ``npo``, ``simnpo``, ``t3``; ``t3`` needs a speech LLM).
         out: output directory (None: nothing is written; the adapter is returned). For ``t3`` the base
             weights are unchanged: ``out`` holds the base model and the tilt head in ``out/tilt``.
@@ -167,7 +167,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     Returns:
         :class:`UnlearnResult` with the adapter, ``out`` and the report (also ``out/unlearn_report.json``).
     """
-    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.methods.erase_method import mean_nll
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")

@@ -179,7 +179,7 @@ def compare(
 ) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary."""
     from mmunlearn.presets.build import torch_threads
-    from mmunlearn.unlearn.registry import METHODS
+    from mmunlearn.methods.registry import METHODS
 
     chosen = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in METHODS]

@@ -3,7 +3,7 @@ method's rows (one per evaluation language), and the cross-lingual transfer summ
 
 Model building, the cached evaluation and the unlearning call are the TOFU recipe's
 (:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`,
-:func:`mmunlearn.unlearn.registry.run_method`); the world's data is a dict source
+:func:`mmunlearn.methods.registry.run_method`); the world's data is a dict source
 (:class:`mmunlearn.data.ctofu.SplitMapping`) so both read it unchanged.
 """
 
@@ -137,8 +137,8 @@ def run_method_rows(method: str, ctx: Context, settings, base: str, out: Path, d
     every evaluation language (``out/<lang>/TOFU_EVAL.json``), save it; returns one row per language."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu
-    from mmunlearn.unlearn.erase_method import mean_nll
-    from mmunlearn.unlearn.registry import run_method
+    from mmunlearn.methods.erase_method import mean_nll
+    from mmunlearn.methods.registry import run_method
 
     target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
     reference = None if base == "target" else TextLLMAdapter.from_pretrained(

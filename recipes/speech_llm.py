@@ -21,7 +21,7 @@ erasure methods take their task vectors from the base (the model before it heard
 A model directory (``--model DIR``) works the same, with ``--reference`` the model it was fine-tuned
 from (default: itself).
 
-Every method of :mod:`mmunlearn.unlearn.registry` runs on a fresh copy of the original; ``--where``
+Every method of :mod:`mmunlearn.methods.registry` runs on a fresh copy of the original; ``--where``
 limits erasure and training to the ``audio`` tower, the ``text`` model or ``both``. Outputs in
 ``--out``: ``results.json``, ``results.md`` and ``energy_<method>.png`` (per-layer task energy across
 audio-tower and language-model layers) with the erase reports.
@@ -44,8 +44,8 @@ from mmunlearn.speech.dataset import LEVELS, split_rows
 from mmunlearn.speech.llm_tasks import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.train import TrainConfig
-from mmunlearn.unlearn.erase_method import EraseMethodConfig
-from mmunlearn.unlearn.registry import ERASE_METHODS, METHODS, MethodSettings, run_method
+from mmunlearn.methods.erase_method import EraseMethodConfig
+from mmunlearn.methods.registry import ERASE_METHODS, METHODS, MethodSettings, run_method
 
 DEFAULT_METHODS = ("qr-erase", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3")
 FINETUNE = TrainConfig(epochs=6, batch_size=16, lr=1e-3, schedule="onecycle", weight_decay=0.0)
@@ -253,7 +253,7 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     fine-tuned from; None: the original itself).
     """
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.methods.erase_method import mean_nll
 
     unknown = [m for m in methods if m not in METHODS]
     if unknown:

@@ -136,7 +136,7 @@ def compare(
     threads: Threads = None,
 ) -> None:
     """Run every method on the same target model and split; one table and a scatter plot."""
-    from mmunlearn.unlearn.registry import METHODS
+    from mmunlearn.methods.registry import METHODS
 
     _threads(threads)
     chosen = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]

@@ -144,9 +144,9 @@ def run_method_row(method: str, ctx: Context, settings, base: str, out: Path, de
     """Unlearn with ``method`` on a fresh copy of the target, evaluate, save; returns the table row."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu
-    from mmunlearn.unlearn.registry import run_method
+    from mmunlearn.methods.registry import run_method
 
-    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.methods.erase_method import mean_nll
 
     target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
     f0, r0 = mean_nll(target, ctx.forget), mean_nll(target, ctx.retain)
@@ -187,7 +187,7 @@ def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
 
 def ordered(rows: list[dict]) -> list[dict]:
     """Reference rows first, then methods in the registry's order."""
-    from mmunlearn.unlearn.registry import METHODS
+    from mmunlearn.methods.registry import METHODS
 
     rank = {m: i for i, m in enumerate(METHODS)}
     return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),

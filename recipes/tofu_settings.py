@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from mmunlearn.baselines import BaselineConfig
 from mmunlearn.taskvec.extract import ExtractConfig
-from mmunlearn.unlearn.erase_method import EraseMethodConfig
-from mmunlearn.unlearn.registry import MethodSettings
+from mmunlearn.methods.erase_method import EraseMethodConfig
+from mmunlearn.methods.registry import MethodSettings
 
 BASELINE = {
     "micro": BaselineConfig(epochs=5, lr=5e-4, batch_size=8, weight_decay=0.0),

@@ -183,7 +183,7 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
                  progress: bool = True) -> Context:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.methods.erase_method import mean_nll
 
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -209,8 +209,8 @@ def run_method_row(method: str, ctx: Context, settings, out: Path, progress: boo
     methods, ``erase_report.json``, ``undo_patch.safetensors`` and ``layer_energy.png``.
     """
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.unlearn.erase_method import mean_nll
-    from mmunlearn.unlearn.registry import ERASE_METHODS, run_method
+    from mmunlearn.methods.erase_method import mean_nll
+    from mmunlearn.methods.registry import ERASE_METHODS, run_method
 
     from recipes.voxceleb2_settings import batchnorm_safe
 

@@ -5,7 +5,7 @@ Every method unlearns a speaker *classifier*: the baselines train with the model
 
 Erasure task vectors are fine-tuning deltas of the original model on each partition (AdamW,
 ``steps`` x ``batch_size`` utterances); they are taken from a copy of the model (the ``reference``
-of :func:`mmunlearn.unlearn.registry.run_method`), so the model being edited keeps its BatchNorm
+of :func:`mmunlearn.methods.registry.run_method`), so the model being edited keeps its BatchNorm
 statistics bit for bit. On the built-in corpus the forget task's energy sits in the embedding
 head (MFA, attentive pooling, final projection), which QR-Erase's 1/|L| rule selects.
 
@@ -36,8 +36,8 @@ from mmunlearn.baselines import BaselineConfig
 from mmunlearn.speech.train import DEFAULT_TRAIN
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.train import TrainConfig
-from mmunlearn.unlearn.erase_method import EraseMethodConfig, mean_nll
-from mmunlearn.unlearn.registry import METHODS, MethodSettings
+from mmunlearn.methods.erase_method import EraseMethodConfig, mean_nll
+from mmunlearn.methods.registry import METHODS, MethodSettings
 
 #: Unlearning methods that apply to a classifier (T3 tilts a language model's token distribution).
 CLASSIFIER_METHODS = tuple(m for m in METHODS if m != "t3")
@@ -169,7 +169,7 @@ class LogLossGap:
 
 def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
                retain_bound: float = DEFAULT_RETAIN_BOUND) -> dict:
-    """The sweep dict of :func:`~mmunlearn.unlearn.erase_method.run_erase_method` for ``level`` (see the
+    """The sweep dict of :func:`~mmunlearn.methods.erase_method.run_erase_method` for ``level`` (see the
     module notes): forget/retain measures, the forget target and the retain bound."""
     if not retain_bound >= 0:
         raise ValueError(f"retain_bound must be >= 0 nats, got {retain_bound}")

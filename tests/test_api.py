@@ -10,8 +10,8 @@ from mmunlearn.baselines import BaselineConfig
 from mmunlearn.erase import PATCH_NAME, restore
 from mmunlearn.speech.dataset import split_rows
 from mmunlearn.taskvec.extract import ExtractConfig
-from mmunlearn.unlearn.erase_method import EraseMethodConfig
-from mmunlearn.unlearn.registry import MethodSettings
+from mmunlearn.methods.erase_method import EraseMethodConfig
+from mmunlearn.methods.registry import MethodSettings
 from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 FAST = MethodSettings(erase=EraseMethodConfig(rank=2, retain_rank=4, extract=ExtractConfig(kind="gradient", lr=1.0)),
@@ -51,10 +51,15 @@ def llm_dir(speaker_manifests, tmp_path_factory):
 def test_speaker_classifier_is_unlearned_into_the_same_format(speaker_dir, speaker_manifests, tmp_path):
     from mmunlearn.adapters.speaker import SpeakerAdapter
 
+    import mmunlearn
+
+    assert mmunlearn.unlearn is unlearn  # the package-level entry point is the API function
+    with pytest.raises(AttributeError):
+        mmunlearn.not_a_thing  # noqa: B018
     before = _digest(speaker_dir)
-    result = unlearn(speaker_dir, forget=speaker_manifests / "spk_forget_train.csv",
-                     retain=speaker_manifests / "spk_retain_train.csv", method="qr-erase", out=tmp_path / "out",
-                     settings=FAST, device="cpu")
+    result = mmunlearn.unlearn(speaker_dir, forget=speaker_manifests / "spk_forget_train.csv",
+                               retain=speaker_manifests / "spk_retain_train.csv", method="qr-erase",
+                               out=tmp_path / "out", settings=FAST, device="cpu")
     assert _digest(speaker_dir) == before  # the input is never modified
     assert model_kind(speaker_dir) == model_kind(tmp_path / "out") == "speaker"
     original, edited = SpeakerAdapter.load(speaker_dir, device="cpu"), SpeakerAdapter.load(tmp_path / "out", device="cpu")

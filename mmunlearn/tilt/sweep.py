@@ -17,7 +17,7 @@ def choose_temperature(adapter, head: TiltHead, forget: Sequence[Any], retain: S
     """
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.tilt.model import TiltedCausalLM
-    from mmunlearn.unlearn.erase_method import SweepPoint, choose, mean_nll
+    from mmunlearn.methods.erase_method import SweepPoint, choose, mean_nll
 
     check = retain_items or retain
     base_f, base_r = mean_nll(adapter, forget), mean_nll(adapter, check)

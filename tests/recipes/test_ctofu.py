@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.ctofu import build_world, open_ctofu
 from mmunlearn.data.ctofu_synthetic import synthetic_ctofu, write_language_files
-from mmunlearn.unlearn.erase_method import mean_nll
-from mmunlearn.unlearn.registry import METHODS, run_method
+from mmunlearn.methods.erase_method import mean_nll
+from mmunlearn.methods.registry import METHODS, run_method
 from recipes import ctofu_pipeline
 from recipes.ctofu import _world, app
 from recipes.tofu_settings import method_settings

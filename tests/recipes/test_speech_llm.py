@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 from mmunlearn.baselines import BaselineConfig
 from mmunlearn.speech.dataset import split_rows
 from mmunlearn.taskvec.extract import ExtractConfig
-from mmunlearn.unlearn.erase_method import EraseMethodConfig
-from mmunlearn.unlearn.registry import MethodSettings
+from mmunlearn.methods.erase_method import EraseMethodConfig
+from mmunlearn.methods.registry import MethodSettings
 from recipes import speech_llm
 from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 

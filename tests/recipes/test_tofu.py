@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.erase import column_basis, restore
-from mmunlearn.unlearn.registry import METHODS, run_method
+from mmunlearn.methods.registry import METHODS, run_method
 from recipes import tofu_pipeline
 from recipes.tofu import app
 from recipes.tofu_settings import method_settings

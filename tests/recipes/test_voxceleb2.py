@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
 from mmunlearn.erase import restore
-from mmunlearn.unlearn.erase_method import SweepPoint, choose
+from mmunlearn.methods.erase_method import SweepPoint, choose
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_settings as cfg
 from recipes.voxceleb2 import app

@@ -5,7 +5,7 @@ import pytest
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.taskvec.extract import ExtractConfig
-from mmunlearn.unlearn.erase_method import EraseMethodConfig, SweepPoint, choose, mean_nll, run_erase_method
+from mmunlearn.methods.erase_method import EraseMethodConfig, SweepPoint, choose, mean_nll, run_erase_method
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from mmunlearn.baselines import REGISTRY as BASELINES
 from mmunlearn.baselines import BaselineConfig, unlearn
-from mmunlearn.unlearn.erase_method import EraseMethodConfig, changed_fraction, run_erase_method
+from mmunlearn.methods.erase_method import EraseMethodConfig, changed_fraction, run_erase_method
 
 ERASE_METHODS = {
     "qr-erase": {"method": "cpqr", "localize": True, "rows": False},
@@ -85,7 +85,7 @@ def _early_stop(target, forget, retain, s: MethodSettings):
     rule's optional ``forget_measure`` / ``retain_measure`` replace the NLLs, as in the erase sweep)."""
     import math
 
-    from mmunlearn.unlearn.erase_method import mean_nll
+    from mmunlearn.methods.erase_method import mean_nll
 
     rule = s.baseline_sweep
     check = rule.get("retain_items") or retain
