@@ -23,6 +23,7 @@ import torch
 
 from mmunlearn.erase.cpqr import cpqr_lapack, cpqr_torch, lapack_available, pivots_of_sketch
 from mmunlearn.erase.norms import all_finite, sq_norm
+from mmunlearn.taskvec.lowrank import LowRank
 
 
 @dataclass
@@ -198,8 +199,11 @@ def column_basis(
         oversample: extra sketch rows / randomised-SVD columns p.
 
     Directions with (numerically) zero energy are dropped, so ``k`` can be below ``rank`` when
-    ``T`` has lower rank.
+    ``T`` has lower rank. ``T`` may be a :class:`~mmunlearn.taskvec.lowrank.LowRank` (B @ A, e.g. a
+    LoRA update): then it is never materialised (see :func:`_lowrank_basis`).
     """
+    if isinstance(T, LowRank):
+        return _lowrank_basis(T, rank, energy, method, seed, oversample)
     _validate(T, rank, energy, method)
     work = T.detach()
     work = work if work.dtype in (torch.float32, torch.float64) else work.float()
@@ -228,3 +232,28 @@ def column_basis(
         seconds=time.perf_counter() - start,
         coef=found.coef.to(work.device),
     )
+
+
+def _lowrank_basis(T: LowRank, rank: int | None, energy: float | None, method: str, seed: int,
+                   oversample: int) -> Basis:
+    """Basis of a factored T = B A from B alone: with Q_B an orthonormal basis of range(B) (thin QR,
+    m x r), T = Q_B C where C = (Q_B^T B) A is only r x n; the method runs on C, and Q = Q_B Q_C.
+    Since Q_B is orthonormal, ||C||_F = ||T||_F and Q^T T = Q_C^T C: energies, ranks and coefficients
+    are those of T itself, at O((m + n) r^2) cost instead of the m x n matrix."""
+    if method not in METHODS:
+        raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
+    if (rank is None) == (energy is None):
+        raise ValueError("give exactly one of rank=k or energy=tau")
+    if rank is not None and not (isinstance(rank, int) and 1 <= rank <= min(T.shape)):
+        raise ValueError(f"rank must be an integer in [1, {min(T.shape)}] for shape {tuple(T.shape)}, got {rank!r}")
+    if not T.is_finite():
+        raise ValueError("task matrix contains NaN or Inf values")
+    start = time.perf_counter()
+    B = T.B.detach()
+    B = B if B.dtype in (torch.float32, torch.float64) else B.float()
+    Q_B, R = torch.linalg.qr(B)
+    C = R @ T.A.detach().to(B.dtype)
+    inner = column_basis(C, rank=None if rank is None else min(rank, min(C.shape)), energy=energy, method=method,
+                         seed=seed, oversample=oversample)
+    return Basis(Q=Q_B @ inner.Q, k=inner.k, captured=inner.captured, method=method, pivots=None,
+                 seconds=time.perf_counter() - start, coef=inner.coef)

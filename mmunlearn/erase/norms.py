@@ -6,9 +6,13 @@ import math
 
 import torch
 
+from mmunlearn.taskvec.lowrank import LowRank
+
 
 def sq_norm(T: torch.Tensor) -> float:
-    """||T||_F^2 as a Python float (no float64 copy of T)."""
+    """||T||_F^2 as a Python float (no float64 copy of T; a factored task matrix is not materialised)."""
+    if isinstance(T, LowRank):
+        return T.sq_norm()
     return float(torch.linalg.vector_norm(T)) ** 2
 
 
@@ -28,6 +32,8 @@ def col_sq_norms(A: torch.Tensor, block: int = 512) -> torch.Tensor:
 def all_finite(T: torch.Tensor) -> bool:
     """Whether every entry is finite. A finite norm proves it at the cost of one reduction;
     only a non-finite norm (NaN/Inf, or float overflow of huge entries) checks entry by entry."""
+    if isinstance(T, LowRank):
+        return T.is_finite()
     if T.numel() == 0:
         return True
     if math.isfinite(float(torch.linalg.vector_norm(T.detach().float() if not T.is_floating_point() else T.detach()))):

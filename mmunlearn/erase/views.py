@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
+from mmunlearn.taskvec.lowrank import LowRank
+
 KINDS = ("linear", "conv", "experts")
 
 
@@ -51,7 +53,10 @@ def matrices(name: str, tensor: torch.Tensor, kind: str) -> list[tuple[str, torc
 
 
 def task_matrices_for(name: str, task: torch.Tensor, param: torch.Tensor, kind: str) -> list[tuple[str, torch.Tensor]]:
-    """Split a task tensor the way its parameter is split; the shapes must agree."""
+    """Split a task tensor the way its parameter is split; the shapes must agree. A factored task
+    matrix stays factored on a Linear weight and is materialised for a reshaped (conv, experts) one."""
+    if isinstance(task, LowRank) and kind != "linear":
+        task = task.dense()
     if kind == "conv" and task.dim() == 2 and task.shape == (param.shape[0], param[0].numel()):
         return [(name, task)]
     if task.shape != param.shape:

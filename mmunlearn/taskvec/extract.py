@@ -6,7 +6,9 @@ come from the same kind and settings. The model is left exactly as it was (bit f
 
 - ``finetune``: only the extracted layers are trained (a copy of just those weights is kept to
   restore them), N steps of AdamW; T = W_ft - W.
-- ``lora``: a peft LoRA on the extracted layers; T = (alpha / r) B A.
+- ``lora``: a peft LoRA on the extracted layers; T = (alpha / r) B A, kept factored as a
+  :class:`~mmunlearn.taskvec.lowrank.LowRank` (the erase path takes the subspace from B alone and
+  never forms the m x n matrix; ``.dense()`` does when something needs it).
 - ``gradient``: T = -lr * sum of the partition's loss gradients over one pass (no optimiser
   state): the cheapest, a linearised SGD step.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from mmunlearn.taskvec.lowrank import LowRank
 from mmunlearn.taskvec.store import TaskMatrices
 from mmunlearn.train import TrainConfig, train
 
@@ -106,7 +109,7 @@ def _gradient(adapter, examples, params, cfg: ExtractConfig) -> dict[str, torch.
     return {n: (-cfg.lr * g).cpu() for n, g in grads.items()}
 
 
-def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict[str, torch.Tensor]:
+def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict[str, LowRank]:
     from peft import LoraConfig, inject_adapter_in_model
 
     model = adapter.model
@@ -116,6 +119,7 @@ def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict
                       init_lora_weights=True)
     torch.manual_seed(cfg.seed)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    had_config = hasattr(model, "peft_config")
     try:
         inject_adapter_in_model(lcfg, model)  # inside try: a partial injection is undone too
         lora = [p for n, p in model.named_parameters() if "lora_" in n]
@@ -128,13 +132,15 @@ def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict
             layer = named[n.rsplit(".", 1)[0]]
             A = layer.lora_A["default"].weight.detach().float()
             B = layer.lora_B["default"].weight.detach().float()
-            out[n] = (layer.scaling["default"] * (B @ A)).cpu()
+            out[n] = LowRank((layer.scaling["default"] * B).cpu(), A.cpu())  # kept factored
         return out
     finally:
         with torch.no_grad():
             for n, b in model.named_buffers():
                 if n in buffers:
                     b.copy_(buffers[n])
+        if not had_config and hasattr(model, "peft_config"):
+            del model.peft_config  # left by the injection: a later extraction would warn about it
         _remove_lora(model, before)
 
 

@@ -19,10 +19,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mmunlearn.taskvec.lowrank import LowRank
+
 
 @dataclass
 class TaskMatrices(Mapping):
-    """A mapping ``layer_name -> tensor`` with metadata."""
+    """A mapping ``layer_name -> tensor`` (or :class:`LowRank` factors, for LoRA) with metadata."""
 
     tensors: dict[str, torch.Tensor]
     meta: dict = field(default_factory=dict)
@@ -46,7 +48,9 @@ def save_task_matrices(path: str | os.PathLike, tensors: Mapping[str, torch.Tens
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        data = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        # a factored (LoRA) matrix is written dense: the file layout stays one tensor per parameter
+        data = {k: (v.dense() if isinstance(v, LowRank) else v).detach().contiguous().cpu()
+                for k, v in tensors.items()}
         save_file(data, tmp, metadata={"mmunlearn": json.dumps(meta or {})})
         os.replace(tmp, path)
     finally:

@@ -5,7 +5,8 @@ import torch
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
-from mmunlearn.taskvec import load_task_matrices, save_task_matrices
+from mmunlearn.erase.norms import sq_norm
+from mmunlearn.taskvec import LowRank, load_task_matrices, save_task_matrices
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
@@ -34,15 +35,20 @@ def test_every_kind_leaves_model_bitwise_unchanged(adapter, forget, kind):
     assert set(tm) == set(names)
     params = dict(adapter.model.named_parameters())
     for n in names:
-        assert tm[n].shape == params[n].shape and torch.isfinite(tm[n]).all()
-    assert sum(float(t.norm()) for t in tm.values()) > 0
+        t = tm[n].dense() if kind == "lora" else tm[n]
+        assert t.shape == params[n].shape and torch.isfinite(t).all()
+    assert sum(sq_norm(t) for t in tm.values()) > 0
     assert tm.meta["kind"] == kind and tm.meta["examples"] == len(forget)
 
 
-def test_lora_task_matrices_have_rank_at_most_r(adapter, forget):
+def test_lora_task_matrices_stay_factored_with_rank_r(adapter, forget):
     tm = extract_task_matrices(adapter, forget, kind="lora", steps=4, lr=5e-2, lora_rank=2, batch_size=4, progress=False)
-    for t in tm.values():
-        assert torch.linalg.matrix_rank(t.double(), rtol=1e-5) <= 2
+    params = dict(adapter.model.named_parameters())
+    for n, t in tm.items():
+        assert isinstance(t, LowRank) and t.rank == 2 and t.shape == params[n].shape
+        assert t.B.shape == (params[n].shape[0], 2) and t.A.shape == (2, params[n].shape[1])
+        assert torch.linalg.matrix_rank(t.dense().double(), rtol=1e-5) <= 2
+        assert sq_norm(t) == pytest.approx(float(t.dense().double().pow(2).sum()), rel=1e-5)
 
 
 def test_gradient_is_minus_lr_times_summed_gradients(adapter, forget):
