@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from recipes import ctofu_pipeline, ctofu_report
-from recipes.tofu import CacheDir, Device, Preset, Seed, Threads
+from recipes.tofu import Base, CacheDir, Device, Preset, RetainBound, Seed, Threads
 from recipes.tofu_settings import add_sweeps, method_settings
 
 app = typer.Typer(help="Cross-lingual TOFU: fine-tune on every language, forget in one, measure in all.",
@@ -122,9 +122,9 @@ def run(
     facts: Facts = None,
     preset: Preset = "micro",
     skip_misaligned: SkipMisaligned = False,
-    base: Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base or a model directory.")] = "target",
+    base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick rank/scale (erasure), temperature (T3) and baseline epochs on the training partitions.")] = False,
-    retain_bound: Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")] = 0.1,
+    retain_bound: RetainBound = 0.1,
     rank: Annotated[Optional[int], typer.Option(help="Erasure: forget rank k.")] = None,
     scale: Annotated[Optional[float], typer.Option(help="Erasure: W' = W - scale * T~.")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="T3 temperature T >= 1.")] = None,
@@ -168,9 +168,9 @@ def compare(
     facts: Facts = None,
     preset: Preset = "mini",
     skip_misaligned: SkipMisaligned = False,
-    base: Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base or a model directory.")] = "target",
+    base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature/epochs on the training partitions.")] = True,
-    retain_bound: Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")] = 0.1,
+    retain_bound: RetainBound = 0.1,
     max_new_tokens: MaxNew = 200,
     seed: Seed = 0,
     device: Device = "auto",

@@ -28,6 +28,8 @@ ForgetSplit = Annotated[str, typer.Option(help="Forget split: forget01, forget05
 Seed = Annotated[int, typer.Option(help="Seed of data order and initialisation.")]
 Device = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
 CacheDir = Annotated[Optional[Path], typer.Option(help="Where built models are cached (default ~/.cache/mmunlearn).")]
+Base = Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base (the preset's pretrained base) or a model directory.")]
+RetainBound = Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")]
 Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice; 1 is faster on a busy 2-core machine).")]
 
 
@@ -91,9 +93,9 @@ def run(
     preset: Preset = "micro",
     forget_split: ForgetSplit = "forget10",
     authors: Authors = None,
-    base: Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base (the preset's pretrained base) or a model directory.")] = "target",
+    base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick rank/scale (erasure) and temperature (T3) on the training partitions.")] = False,
-    retain_bound: Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")] = 0.1,
+    retain_bound: RetainBound = 0.1,
     rank: Annotated[Optional[int], typer.Option(help="Erasure: forget rank k.")] = None,
     scale: Annotated[Optional[float], typer.Option(help="Erasure: W' = W - scale * T~.")] = None,
     extract: Annotated[Optional[str], typer.Option(help="Erasure task vectors: finetune, lora or gradient.")] = None,
@@ -126,9 +128,9 @@ def compare(
     preset: Preset = "mini",
     forget_split: ForgetSplit = "forget10",
     authors: Authors = None,
-    base: Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base or a model directory.")] = "target",
+    base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature on the training partitions.")] = True,
-    retain_bound: Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")] = 0.1,
+    retain_bound: RetainBound = 0.1,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE.")] = 200,
     seed: Seed = 0,
     device: Device = "auto",

@@ -12,7 +12,7 @@ from mmunlearn.speech.dataset import split_rows
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.methods.erase_method import EraseMethodConfig
 from mmunlearn.methods.registry import MethodSettings
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from tests.speech.corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 FAST = MethodSettings(erase=EraseMethodConfig(rank=2, retain_rank=4, extract=ExtractConfig(kind="gradient", lr=1.0)),
                       baseline=BaselineConfig(epochs=1, lr=1e-3, batch_size=8), progress=False,
@@ -34,17 +34,6 @@ def speaker_dir(speaker_manifests, tmp_path_factory):
     speakers = sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")})
     path = tmp_path_factory.mktemp("api") / "speaker"
     SpeakerAdapter.build(speakers, preset="tiny", device="cpu", seed=0).save(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def llm_dir(speaker_manifests, tmp_path_factory):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.speech.llm_tasks import spoken_qa, texts_of
-
-    texts = texts_of(spoken_qa(split_rows(speaker_manifests, "train"), ("speaker", "gender")))
-    path = tmp_path_factory.mktemp("api") / "llm"
-    SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=0).save(path)
     return path
 
 

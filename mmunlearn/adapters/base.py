@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 
 
 class LayerWeight(NamedTuple):
@@ -73,3 +74,29 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None
     if dtype not in named:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(named)}")
     return named[dtype]
+
+
+IGNORE = -100  # label of the tokens that are not scored (prompt, padding)
+
+
+class TokenScoring:
+    """Answer-token scores shared by the causal-LM adapters (text and speech LLM): each defines
+    ``logits(batch, model) -> (B x T-1 x V logits, B x T-1 targets)``; these follow from it."""
+
+    def loss(self, batch, model=None) -> torch.Tensor:
+        """Mean NLL over all answer tokens of the batch."""
+        logits, targets = self.logits(batch, model)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+    def logprobs(self, batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced log p(y_t | x, y_<t) of every answer token (B x T-1; 0 off the mask) and the mask."""
+        logits, targets = self.logits(batch, model)
+        mask = targets != IGNORE
+        lp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return lp * mask, mask
+
+    def sequence_logprob(self, batch, model=None, average: bool = False) -> torch.Tensor:
+        """log p(y | x) per example (B,): the sum over answer tokens, or their mean if ``average``."""
+        lp, mask = self.logprobs(batch, model)
+        total = lp.sum(1)
+        return total / mask.sum(1).clamp(min=1) if average else total

@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.adapters.base import LayerWeight
+from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring
 from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
-from mmunlearn.adapters.text_llm import IGNORE, _qa
+from mmunlearn.adapters.text_llm import _qa
 from mmunlearn.speech.audio import AudioCache, example_waveform
 
 SAMPLE_RATE = 16000
@@ -42,7 +41,7 @@ def check_where(where: str) -> str:
     return where
 
 
-class SpeechLLMAdapter:
+class SpeechLLMAdapter(TokenScoring):
     """A speech LLM with its tokenizer, feature extractor and chat template, behind the adapter interface.
 
     ``container``: the full model (thinker + talker) when the directory held one; edits to
@@ -268,24 +267,6 @@ class SpeechLLMAdapter:
         """Next-token logits aligned with their targets: (B x T-1 x V, targets B x T-1)."""
         out = (model or self.model)(**self.model_inputs(batch))
         return out.logits[:, :-1].float(), batch["labels"][:, 1:].to(out.logits.device)
-
-    def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Mean NLL over all answer tokens of the batch."""
-        logits, targets = self.logits(batch, model)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
-
-    def logprobs(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced log p(y_t | audio, question, y_<t) of every answer token (B x T-1) and the mask."""
-        logits, targets = self.logits(batch, model)
-        mask = targets != IGNORE
-        lp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return lp * mask, mask
-
-    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
-                         average: bool = False) -> torch.Tensor:
-        """log p(answer | audio, question) per example (B,); the token mean if ``average``."""
-        lp, mask = self.logprobs(batch, model)
-        return lp.sum(1) / mask.sum(1).clamp(min=1) if average else lp.sum(1)
 
     def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
         """Log-probabilities over the vocabulary at every answer position (N x V), for KL terms."""

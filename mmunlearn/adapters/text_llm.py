@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.adapters.base import LayerWeight, resolve_device, resolve_dtype
+from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.erase.energy import group_of
 
-IGNORE = -100
+
 PLAIN_TEMPLATE = ("Question: {question}\nAnswer:", " {answer}")
 
 
@@ -36,7 +35,7 @@ def _qa(example: Any) -> tuple[str, str | None]:
     return q, a
 
 
-class TextLLMAdapter:
+class TextLLMAdapter(TokenScoring):
     """Wraps a causal LM and its tokenizer with the adapter interface of DESIGN.md."""
 
     def __init__(self, model: nn.Module, tokenizer, *, max_length: int = 512, use_chat_template: bool | None = None):
@@ -155,25 +154,6 @@ class TextLLMAdapter:
         b = self._to(batch)
         out = (model or self.model)(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
         return out.logits[:, :-1].float(), b["labels"][:, 1:]
-
-    def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Mean NLL over all answer tokens of the batch."""
-        logits, targets = self.logits(batch, model)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
-
-    def logprobs(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced log p(y_t | x, y_<t) of every answer token (B x T-1; 0 off the mask) and the mask."""
-        logits, targets = self.logits(batch, model)
-        mask = targets != IGNORE
-        lp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return lp * mask, mask
-
-    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
-                         average: bool = False) -> torch.Tensor:
-        """log p(y | x) per example (B,): the sum over answer tokens, or their mean if ``average``."""
-        lp, mask = self.logprobs(batch, model)
-        total = lp.sum(1)
-        return total / mask.sum(1).clamp(min=1) if average else total
 
     def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
         """Log-probabilities over the vocabulary at every answer position (N x V), for KL terms."""

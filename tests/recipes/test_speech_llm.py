@@ -7,27 +7,15 @@ import pytest
 from typer.testing import CliRunner
 
 from mmunlearn.baselines import BaselineConfig
-from mmunlearn.speech.dataset import split_rows
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.methods.erase_method import EraseMethodConfig
 from mmunlearn.methods.registry import MethodSettings
 from recipes import speech_llm
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from tests.speech.corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 FAST = MethodSettings(erase=EraseMethodConfig(rank=2, retain_rank=4, extract=ExtractConfig(kind="gradient", lr=1.0)),
                       baseline=BaselineConfig(epochs=1, lr=1e-3, batch_size=8), progress=False,
                       t3={"rank": 4, "epochs": 20, "lr": 5e-2, "temperature": 1.0})
-
-
-@pytest.fixture(scope="module")
-def llm_dir(speaker_manifests, tmp_path_factory):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.speech.llm_tasks import spoken_qa, texts_of
-
-    texts = texts_of(spoken_qa(split_rows(speaker_manifests, "train"), ("speaker", "gender")))
-    path = tmp_path_factory.mktemp("recipe") / "llm"
-    SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=0).save(path)
-    return path
 
 
 @pytest.mark.parametrize("where", ["audio", "text"])

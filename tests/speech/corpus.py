@@ -39,3 +39,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def llm_dir(speaker_manifests, tmp_path_factory) -> Path:
+    """A tiny random-init Qwen2.5-Omni-thinker-shaped speech LLM saved to a folder, with a tokenizer
+    trained on the corpus's spoken-QA texts. Tests must not modify it."""
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.speech.dataset import split_rows
+    from mmunlearn.speech.llm_tasks import spoken_qa, texts_of
+
+    texts = texts_of(spoken_qa(split_rows(speaker_manifests, "train"), ("speaker", "gender")))
+    path = tmp_path_factory.mktemp("speech_llm") / "llm"
+    SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=0).save(path)
+    return path
