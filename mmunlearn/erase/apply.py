@@ -181,10 +181,16 @@ def restore(model: Model, patch: UndoPatch | str | os.PathLike | EraseReport) ->
     if not isinstance(patch, UndoPatch):
         raise TypeError("patch must be an UndoPatch, its path, or an EraseReport")
     params = ParamTable(model)
+    flat = model if isinstance(model, Mapping) else model.state_dict(keep_vars=True)
     views: dict[str, torch.Tensor] = {}
     for entry in patch.entries:
         name = entry.label.split("[", 1)[0]
-        views.update(params.views(name))
+        if entry.original is not None:  # a dense record: the tensor itself, of any shape
+            if name not in flat:
+                raise KeyError(f"the undo patch restores {name!r}, which the model does not hold")
+            views[name] = flat[name].data if isinstance(flat[name], torch.nn.Parameter) else flat[name]
+        else:
+            views.update(params.views(name))
     originals = [(views[e.label], revert_exact(views[e.label], e)) for e in patch.entries]
     with torch.no_grad():
         for view, original in originals:

@@ -46,6 +46,7 @@ class PatchEntry:
     fix_val: torch.Tensor  # original values there
     before: str  # digest of the original matrix
     after: str  # digest of the edited matrix
+    original: torch.Tensor | None = None  # dense record: the original tensor itself (any shape; A, B unused)
 
 
 @dataclass
@@ -64,6 +65,8 @@ class UndoPatch:
             tensors[f"{i}.B"] = e.B.contiguous()
             tensors[f"{i}.fix_idx"] = e.fix_idx.contiguous()
             tensors[f"{i}.fix_val"] = e.fix_val.contiguous()
+            if e.original is not None:
+                tensors[f"{i}.orig"] = e.original.detach().cpu().contiguous()
             meta.append({"label": e.label, "before": e.before, "after": e.after})
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -91,7 +94,7 @@ class UndoPatch:
         entries = [
             PatchEntry(label=m["label"], A=tensors[f"{i}.A"], B=tensors[f"{i}.B"],
                        fix_idx=tensors[f"{i}.fix_idx"], fix_val=tensors[f"{i}.fix_val"],
-                       before=m["before"], after=m["after"])
+                       before=m["before"], after=m["after"], original=tensors.get(f"{i}.orig"))
             for i, m in enumerate(json.loads(meta["entries"]))
         ]
         return cls(entries)
@@ -112,12 +115,24 @@ def apply_exact(view: torch.Tensor, A: torch.Tensor, B: torch.Tensor, label: str
     return entry, float(torch.linalg.vector_norm(D.double()))
 
 
+def dense_entry(label: str, before: torch.Tensor, after: torch.Tensor) -> PatchEntry:
+    """Undo record of a tensor changed by any means (training, ...): its original value, stored whole."""
+    empty = torch.zeros(0, dtype=torch.float64)
+    return PatchEntry(label=label, A=empty, B=empty, fix_idx=torch.zeros(0, dtype=torch.int32),
+                      fix_val=torch.zeros(0, dtype=before.dtype), before=digest(before), after=digest(after),
+                      original=before.detach().to("cpu").clone())
+
+
 def revert_exact(view: torch.Tensor, entry: PatchEntry) -> torch.Tensor:
     """The original matrix of an edited ``view`` (not written back; see ``restore``)."""
     cur = view.detach().to("cpu")
     if digest(cur) != entry.after:
         raise ValueError(f"{entry.label}: the weights are not the ones this patch produced "
                          "(already restored, edited again, or another model)")
+    if entry.original is not None:
+        if entry.original.shape != cur.shape or digest(entry.original) != entry.before:
+            raise ValueError(f"{entry.label}: the undo patch's stored original is damaged")
+        return entry.original.clone()
     out = cur + delta(entry.A, entry.B, cur.dtype)
     flat = out.reshape(-1)
     flat[entry.fix_idx.long()] = entry.fix_val.to(out.dtype)
