@@ -18,7 +18,7 @@ from rich.console import Console
 
 from recipes import ctofu_pipeline, ctofu_report
 from recipes.tofu import Base, CacheDir, Device, Preset, RetainBound, Seed, Threads
-from recipes.tofu_settings import add_sweeps, method_settings
+from recipes.tofu_settings import sweep_rule
 
 app = typer.Typer(help="Cross-lingual TOFU: fine-tune on every language, forget in one, measure in all.",
                   no_args_is_help=True)
@@ -110,7 +110,7 @@ def finetune(
 
 @app.command()
 def run(
-    method: Annotated[str, typer.Option(help="qr-erase, qr-erase-rows, svd-unlearn, grad_ascent, grad_diff, kl, npo, simnpo or t3.")],
+    method: Annotated[str, typer.Option(help="A method of `mmunlearn methods` (qr-erase, svd-unlearn, grad_diff, t3, rmu, ...).")],
     out: Annotated[Path, typer.Option(help="Output directory: run.md/.json, one folder of TOFU logs per language, the model.")],
     forget_lang: ForgetLang = "en",
     eval_langs: EvalLangs = "all",
@@ -142,11 +142,9 @@ def run(
     with torch_threads(threads):
         ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
                        retain_langs, seed, cache_dir, device, max_new_tokens)
-        settings = method_settings(preset, rank=rank, scale=scale, temperature=temperature, lr=lr, epochs=epochs,
-                                   cache_dir=str(ctx.cache_dir))
-        if sweep:
-            add_sweeps(settings, ctx.forget_target(), retain_bound)
-        mine = ctofu_pipeline.run_method_rows(method, ctx, settings, base, out / method, device)
+        options = dict(rank=rank, scale=scale, temperature=temperature, lr=lr, epochs=epochs)
+        rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
+        mine = ctofu_pipeline.run_method_rows(method, ctx, options, rule, base, out / method, device)
         rows = [*ctx.reference_rows("target"), *mine, *ctx.reference_rows("retain")]
     summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)
     ctofu_report.write_report(out, "run", rows, summary, ctx.forget_langs, ctx.describe())
@@ -179,12 +177,13 @@ def compare(
 ) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary."""
     from mmunlearn.presets.build import torch_threads
-    from mmunlearn.methods.registry import METHODS
+    from mmunlearn.methods import names
 
-    chosen = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
+    known = names("text")
+    chosen = known if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in known]
     if unknown:
-        raise typer.BadParameter(f"unknown methods {unknown}; choose from {list(METHODS)}", param_hint="--methods")
+        raise typer.BadParameter(f"unknown methods {unknown}; choose from {known}", param_hint="--methods")
     start = time.perf_counter()
     with torch_threads(threads):
         ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
@@ -193,10 +192,8 @@ def compare(
         target_nll = ctx.forget_target() if sweep else None
         rows: list[dict] = []
         for name in chosen:
-            settings = method_settings(preset, cache_dir=str(ctx.cache_dir))
-            if sweep:
-                add_sweeps(settings, target_nll, retain_bound)
-            rows += ctofu_pipeline.run_method_rows(name, ctx, settings, base, out / name, device)
+            rows += ctofu_pipeline.run_method_rows(name, ctx, {}, sweep_rule(target_nll, retain_bound), base,
+                                                   out / name, device)
             summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)  # after each method: nothing lost
             ctofu_report.write_report(out, "compare", refs + rows, summary, ctx.forget_langs,
                                       {**ctx.describe(), "seconds": time.perf_counter() - start})

@@ -3,7 +3,7 @@ method's rows (one per evaluation language), and the cross-lingual transfer summ
 
 Model building, the cached evaluation and the unlearning call are the TOFU recipe's
 (:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`,
-:func:`mmunlearn.methods.registry.run_method`); the world's data is a dict source
+:func:`mmunlearn.methods.run_unlearning`); the world's data is a dict source
 (:class:`mmunlearn.data.ctofu.SplitMapping`) so both read it unchanged.
 """
 
@@ -132,40 +132,38 @@ def _write_json(path: Path, obj: Any) -> None:
     write_json_atomic(path, obj)
 
 
-def run_method_rows(method: str, ctx: Context, settings, base: str, out: Path, device: str) -> list[dict]:
-    """Unlearn the forget languages' rows from a fresh copy of the target with ``method``, evaluate it in
-    every evaluation language (``out/<lang>/TOFU_EVAL.json``), save it; returns one row per language."""
+def run_method_rows(method: str, ctx: Context, options: dict, rule, base: str, out: Path, device: str) -> list[dict]:
+    """Unlearn the forget languages' rows from a fresh copy of the target with ``method`` through the harness
+    (``out/model``, restorable), evaluate it in every evaluation language (``out/<lang>/TOFU_EVAL.json``);
+    returns one row per language."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu
-    from mmunlearn.methods.erase_method import mean_nll
-    from mmunlearn.methods.registry import run_method
+    from mmunlearn.methods import run_unlearning
+
+    from recipes.tofu_settings import method_options, preset_size
 
     target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
     reference = None if base == "target" else TextLLMAdapter.from_pretrained(
         ctx.built.base if base == "base" else Path(base), device=device)
-    f0, r0 = mean_nll(target, ctx.forget), mean_nll(target, ctx.retain)
-    result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=reference)
-    f1, r1 = mean_nll(result.adapter, ctx.forget), mean_nll(result.adapter, ctx.retain)
+    outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size=preset_size(ctx.preset),
+                             overrides=method_options(method, **options), reference=reference, rule=rule,
+                             out=out / "model", inputs=[ctx.built.target], overwrite=True,
+                             cache_dir=str(ctx.cache_dir), meta={"model_dir": str(ctx.built.target)})
     rows = []
     for lang in ctx.eval_langs:
-        logs = evaluate_tofu(result.adapter, ctx.world.eval_data[lang], ctx.world.forget_split, None,
+        logs = evaluate_tofu(outcome.adapter, ctx.world.eval_data[lang], ctx.world.forget_split, None,
                              retain_logs=ctx.retain_logs[lang], out_dir=out / lang, metrics=EVAL_GROUPS,
                              max_new_tokens=ctx.max_new_tokens, model_name=f"{method} ({lang})")
         summary = {k: v["agg_value"] for k, v in logs.items() if isinstance(v, dict) and v.get("agg_value") is not None}
         rows.append(make_row(method, lang, summary, _summary(ctx.target_logs[lang])))
-    if method == "t3":
-        result.adapter.model.base_path = str(ctx.built.target)
-        result.adapter.model.save(out / "tilt", overwrite=True)
-    else:
-        result.adapter.save(out / "model", overwrite=True)
-    if "report" in result.info:
-        result.info["report"].to_json(out / "erase_report.json")
-    cost = {"unlearn_seconds": result.unlearn_seconds, "total_seconds": result.unlearn_seconds + result.extract_seconds,
-            "changed_fraction": result.changed_fraction, "forget_nll_rise": f1 - f0, "retain_nll_rise": r1 - r0}
+    rep = outcome.report
+    cost = {"unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
+            "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"],
+            "forget_nll_rise": rep["forget_nll"]["after"] - rep["forget_nll"]["before"],
+            "retain_nll_rise": rep["retain_nll"]["after"] - rep["retain_nll"]["before"]}
     for row in rows:
         row.update(cost)
-    info = {k: v for k, v in result.info.items() if k != "report"}
-    _write_json(out / "run.json", {"rows": rows, "info": info, "context": ctx.describe()})
+    _write_json(out / "run.json", {"rows": rows, "info": rep["info"], "context": ctx.describe()})
     return rows
 
 

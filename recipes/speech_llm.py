@@ -21,10 +21,11 @@ erasure methods take their task vectors from the base (the model before it heard
 A model directory (``--model DIR``) works the same, with ``--reference`` the model it was fine-tuned
 from (default: itself).
 
-Every method of :mod:`mmunlearn.methods.registry` runs on a fresh copy of the original; ``--where``
-limits erasure and training to the ``audio`` tower, the ``text`` model or ``both``. Outputs in
-``--out``: ``results.json``, ``results.md`` and ``energy_<method>.png`` (per-layer task energy across
-audio-tower and language-model layers) with the erase reports.
+Every method of :mod:`mmunlearn.methods` that applies to a speech LLM runs on a fresh copy of the original
+through the harness; ``--where`` limits erasure and training to the ``audio`` tower, the ``text`` model or
+``both``. Outputs in ``--out/<level>``: ``results.json``, ``results.md`` and one folder per method in the
+harness's layout (the model, ``unlearn_report.json``, the undo patch and, for the erasure methods, the erase
+report and ``layer_energy.png`` across audio-tower and language-model layers).
 """
 
 from __future__ import annotations
@@ -33,19 +34,12 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from mmunlearn.baselines import BaselineConfig
 from mmunlearn.speech.dataset import LEVELS, split_rows
 from mmunlearn.speech.llm_tasks import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
-from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.train import TrainConfig
-from mmunlearn.methods.erase_method import EraseMethodConfig
-from mmunlearn.methods.registry import ERASE_METHODS, METHODS, MethodSettings, run_method
 
 DEFAULT_METHODS = ("qr-erase", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3")
 FINETUNE = TrainConfig(epochs=6, batch_size=16, lr=1e-3, schedule="onecycle", weight_decay=0.0)
@@ -54,27 +48,11 @@ TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {
     "tiny": (DEFAULT_WARM_UP.replace(epochs=2), DEFAULT_TRAIN.replace(epochs=2), FINETUNE.replace(epochs=1)),
     "mini": (DEFAULT_WARM_UP, DEFAULT_TRAIN, FINETUNE),
 }
-SETTINGS: dict[str, MethodSettings] = {
-    "mini": MethodSettings(
-        erase=EraseMethodConfig(rank=8, retain_rank=32, scale=1.0,
-                                extract=ExtractConfig(kind="finetune", steps=30, lr=1e-3, batch_size=16)),
-        baseline=BaselineConfig(epochs=5, lr=2e-4, batch_size=16, weight_decay=0.0),
-        t3={"rank": 8, "epochs": 60, "lr": 2e-2, "temperature": 1.0}),
-    "model_dir": MethodSettings(
-        erase=EraseMethodConfig(rank=16, retain_rank=64, scale=1.0,
-                                extract=ExtractConfig(kind="finetune", steps=50, lr=1e-5, batch_size=8)),
-        baseline=BaselineConfig(epochs=5, lr=1e-5, batch_size=8, grad_accum=4, weight_decay=0.01),
-        t3={"rank": 20, "epochs": 100, "lr": 1e-2, "temperature": 1.0}),
-}
-SETTINGS["tiny"] = SETTINGS["mini"]
 
 
-def method_settings(preset: str, *, rank: int | None = None, scale: float | None = None,
-                    progress: bool = True) -> MethodSettings:
-    """The defaults of a preset (``model_dir`` for a directory) with the given overrides."""
-    s = SETTINGS[preset if preset in SETTINGS else "model_dir"]
-    erase = replace(s.erase, **{k: v for k, v in (("rank", rank), ("scale", scale)) if v is not None})
-    return replace(s, erase=erase, t3=dict(s.t3), progress=progress)
+def preset_size(preset: str) -> str:
+    """The method-config preset of a model preset (``tiny``, ``mini``; a directory: ``model_dir``)."""
+    return preset if preset in ("tiny", "mini") else "model_dir"
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -244,23 +222,24 @@ def _write_text(path: Path, text: str) -> None:
 
 def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, level: str = "speaker",
         methods: Sequence[str] = DEFAULT_METHODS, where: str = "both", target: str = "gender",
-        settings: MethodSettings | None = None, retrain_dir: str | os.PathLike | None = None,
-        reference_dir: str | os.PathLike | None = None, device: str = "auto", batch_size: int = 32,
-        progress: bool = True) -> list[dict[str, Any]]:
-    """Evaluate the original (and the retrained model), run every method on a fresh copy, write the table.
+        size: str = "model_dir", options: Mapping[str, Any] | None = None,
+        retrain_dir: str | os.PathLike | None = None, reference_dir: str | os.PathLike | None = None,
+        device: str = "auto", batch_size: int = 32, progress: bool = True) -> list[dict[str, Any]]:
+    """Evaluate the original (and the retrained model), run every method on a fresh copy through the harness
+    (``out/<method>``: the model, its reports and undo patch), write the table.
 
     ``reference_dir``: the model the erasure methods take task vectors from (the base the original was
-    fine-tuned from; None: the original itself).
+    fine-tuned from; None: the original itself). ``options``: overrides of the methods' configs
+    (each method takes those its config has).
     """
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.methods.erase_method import mean_nll
+    from mmunlearn.config import applicable_overrides
+    from mmunlearn.methods import get, mean_nll, run_unlearning
 
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    for m in methods:
+        get(m, "speech-llm")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    s = settings or SETTINGS["model_dir"]
     original = SpeechLLMAdapter.load(model_dir, device=device, where=where)
     reference = SpeechLLMAdapter.load(reference_dir, device=device, where=where) if reference_dir else None
     forget, retain = partitions(manifests, level, target)
@@ -273,18 +252,19 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     if retrain_dir is not None:
         rows.append({"method": "retrain", **score(SpeechLLMAdapter.load(retrain_dir, device=device))})
     for method in methods:
-        result = run_method(method, original.clone(), forget, retain, s, reference=reference)
-        row = {"method": method, **score(result.adapter), "unlearn_seconds": result.unlearn_seconds,
-               "total_seconds": result.unlearn_seconds + result.extract_seconds,
-               "changed_fraction": result.changed_fraction}
-        report = result.info.get("report")
-        if method in ERASE_METHODS and report is not None:
-            report.to_json(out / f"erase_{method}.json")
-            report.plot_energy(out / f"energy_{method}.png")
-            row["selected_layers"] = report.selected
-        if method == "t3":
-            result.adapter.model.tap.remove()
-            row["temperature"] = result.info.get("temperature")
+        outcome = run_unlearning(method, original.clone(), forget, retain, kind="speech-llm", size=size,
+                                 overrides=applicable_overrides(get(method).config, dict(options or {})),
+                                 reference=reference, out=out / method, inputs=[model_dir], overwrite=True,
+                                 progress=progress, meta={"model_dir": str(model_dir), "where": where, "level": level})
+        rep = outcome.report
+        row = {"method": method, **score(outcome.adapter), "unlearn_seconds": rep["unlearn_seconds"],
+               "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
+               "changed_fraction": rep["changed_fraction"]}
+        for key in ("selected_layers", "temperature"):
+            if key in rep["info"]:
+                row[key] = rep["info"][key]
+        if getattr(outcome.adapter.model, "tap", None) is not None:
+            outcome.adapter.model.tap.remove()
         rows.append(row)
         _write_text(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
                                                        "rows": rows}, indent=2))
@@ -293,10 +273,6 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-app = typer.Typer(help="VoxCeleb2 forgetting with a speech LLM (mount as the recipe's --model speech-llm path).",
-                  no_args_is_help=True)
-
-
 def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
               model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
               where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
@@ -312,41 +288,6 @@ def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech
     model_dir = Path(model) if is_dir else build_model(man, role="target", **opts)
     reference_dir = Path(reference) if reference else None if is_dir else build_model(man, role="base", **opts)
     retrain_dir = build_model(man, role="retrain", **opts) if retrain and not is_dir else None
-    settings = method_settings("model_dir" if is_dir else model, rank=rank, scale=scale, progress=progress)
     return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
-               settings=settings, retrain_dir=retrain_dir, reference_dir=reference_dir, device=device,
-               progress=progress)
-
-
-def _command(level: str):
-    def command(
-        manifests: Annotated[str | None, typer.Option(help="prepare's manifest folder (default: built-in corpus)")] = None,
-        model: Annotated[str, typer.Option(help="preset (tiny, mini) or a speech-LLM directory")] = "mini",
-        out: Annotated[str, typer.Option(help="results folder")] = "results/voxceleb2-speech-llm",
-        methods: Annotated[str, typer.Option(help="comma-separated methods")] = ",".join(DEFAULT_METHODS),
-        where: Annotated[str, typer.Option(help="audio | text | both")] = "both",
-        target: Annotated[str, typer.Option(help="target task that must survive: gender | transcript")] = "gender",
-        retrain: Annotated[bool, typer.Option(help="presets: also build and score the retrained model")] = True,
-        reference: Annotated[str | None, typer.Option(help="model directory the --model directory was "
-                                                      "fine-tuned from (task-vector reference)")] = None,
-        rank: Annotated[int | None, typer.Option(help="erasure rank")] = None,
-        scale: Annotated[float | None, typer.Option(help="erasure scale")] = None,
-        seed: int = 0, threads: Annotated[int, typer.Option(help="torch threads (1 is fastest on a busy CPU)")] = 1,
-    ) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        rows = run_level(level, manifests=manifests, model=model, out=out, methods=methods.split(","), where=where,
-                         target=target, retrain=retrain, reference=reference, rank=rank, scale=scale, seed=seed)
-        typer.echo(table_markdown(rows, level))
-
-    command.__doc__ = f"{level.capitalize()}-level forgetting with a speech LLM: every method, one table."
-    return command
-
-
-app.command("speaker")(_command("speaker"))
-app.command("sample")(_command("sample"))
-
-
-if __name__ == "__main__":  # python -m recipes.speech_llm speaker|sample [options]
-    app()
+               size=preset_size("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
+               retrain_dir=retrain_dir, reference_dir=reference_dir, device=device, progress=progress)

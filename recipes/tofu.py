@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from recipes import tofu_pipeline
-from recipes.tofu_settings import add_sweeps, method_settings
+from recipes.tofu_settings import sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
 console = Console()
@@ -87,8 +87,8 @@ def evaluate(
 
 @app.command()
 def run(
-    method: Annotated[str, typer.Option(help="qr-erase, qr-erase-rows, svd-unlearn, grad_ascent, grad_diff, kl, npo, simnpo or t3.")],
-    out: Annotated[Path, typer.Option(help="Output directory (unlearned model, TOFU_EVAL.json, run.json).")],
+    method: Annotated[str, typer.Option(help="A method of `mmunlearn methods` (qr-erase, svd-unlearn, grad_diff, t3, rmu, ...).")],
+    out: Annotated[Path, typer.Option(help="Output directory: model/ (unlearned model, undo patch, reports; `mmunlearn restore --model OUT/model` undoes it), TOFU_EVAL.json, run.json.")],
     data: Data = "synthetic",
     preset: Preset = "micro",
     forget_split: ForgetSplit = "forget10",
@@ -112,11 +112,10 @@ def run(
     """Unlearn the forget split from the target model with one method, then evaluate it."""
     _threads(threads)
     ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens)
-    settings = method_settings(preset, rank=rank, scale=scale, extract_kind=extract, temperature=temperature,
-                               t3_rank=t3_rank, lr=lr, epochs=epochs, cache_dir=str(ctx.cache_dir))
-    if sweep:
-        add_sweeps(settings, ctx.forget_target(), retain_bound)
-    row = tofu_pipeline.run_method_row(method, ctx, settings, base, out, device)
+    options = dict(rank=rank, scale=scale, extract_kind=extract, temperature=temperature, head_rank=t3_rank, lr=lr,
+                   epochs=epochs)
+    rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
+    row = tofu_pipeline.run_method_row(method, ctx, options, rule, base, out, device)
     console.print(tofu_pipeline.markdown([ctx.reference_row("target"), row, ctx.reference_row("retain")]))
 
 
@@ -138,13 +137,14 @@ def compare(
     threads: Threads = None,
 ) -> None:
     """Run every method on the same target model and split; one table and a scatter plot."""
-    from mmunlearn.methods.registry import METHODS
+    from mmunlearn.methods import names
 
     _threads(threads)
-    chosen = list(METHODS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
+    known = names("text")
+    chosen = known if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in known]
     if unknown:
-        raise typer.BadParameter(f"unknown methods {unknown}; choose from {list(METHODS)}")
+        raise typer.BadParameter(f"unknown methods {unknown}; choose from {known}")
     start = time.perf_counter()
     ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
@@ -152,10 +152,8 @@ def compare(
     kept = tofu_pipeline.earlier_rows(out, ctx.describe(), exclude=chosen)
     target_nll = ctx.forget_target() if sweep else None
     for name in chosen:
-        settings = method_settings(preset, cache_dir=str(ctx.cache_dir))
-        if sweep:
-            add_sweeps(settings, target_nll, retain_bound)
-        rows.append(tofu_pipeline.run_method_row(name, ctx, settings, base, out / name, device))
+        rows.append(tofu_pipeline.run_method_row(name, ctx, {}, sweep_rule(target_nll, retain_bound), base,
+                                                 out / name, device))
         tofu_pipeline.write_tables(out, tofu_pipeline.ordered(rows + kept), ctx.describe())  # nothing lost if interrupted
     rows = tofu_pipeline.ordered(rows + kept)
     tofu_pipeline.scatter(out / "fq_vs_mu.png", rows)

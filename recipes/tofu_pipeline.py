@@ -32,6 +32,7 @@ COLUMNS = (
     ("unlearn s", "unlearn_seconds"),
     ("+ extraction s", "total_seconds"),
     ("params changed", "changed_fraction"),
+    ("rule met", "target_reached"),
 )
 
 
@@ -140,37 +141,32 @@ def _reference(ctx: Context, base: str, device: str):
     return TextLLMAdapter.from_pretrained(path, device=device)
 
 
-def run_method_row(method: str, ctx: Context, settings, base: str, out: Path, device: str) -> dict:
-    """Unlearn with ``method`` on a fresh copy of the target, evaluate, save; returns the table row."""
+def run_method_row(method: str, ctx: Context, options: dict, rule, base: str, out: Path, device: str) -> dict:
+    """Unlearn with ``method`` on a fresh copy of the target through the harness (``out/model``: the
+    harness's layout, restorable), evaluate it (``out/TOFU_EVAL.json``); returns the table row."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu
-    from mmunlearn.methods.registry import run_method
+    from mmunlearn.methods import run_unlearning
 
-    from mmunlearn.methods.erase_method import mean_nll
+    from recipes.tofu_settings import method_options, preset_size
 
     target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
-    f0, r0 = mean_nll(target, ctx.forget), mean_nll(target, ctx.retain)
-    result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=_reference(ctx, base, device))
-    f1, r1 = mean_nll(result.adapter, ctx.forget), mean_nll(result.adapter, ctx.retain)
-    logs = evaluate_tofu(result.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
+    outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size=preset_size(ctx.preset),
+                             overrides=method_options(method, **options), reference=_reference(ctx, base, device),
+                             rule=rule, out=out / "model", inputs=[ctx.built.target], overwrite=True,
+                             cache_dir=str(ctx.cache_dir), meta={"model_dir": str(ctx.built.target)})
+    logs = evaluate_tofu(outcome.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
                          out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method)
-    if method == "t3":
-        result.adapter.model.base_path = str(ctx.built.target)
-        result.adapter.model.save(out / "tilt", overwrite=True)
-    else:
-        result.adapter.save(out / "model", overwrite=True)
-    info = {k: v for k, v in result.info.items() if k != "report"}
-    if "report" in result.info:
-        result.info["report"].to_json(out / "erase_report.json")
-        result.info["report"].plot_energy(out / "layer_energy.png")
-    row = {"method": method, **_metrics(logs), "unlearn_seconds": result.unlearn_seconds,
-           "total_seconds": result.unlearn_seconds + result.extract_seconds,
-           "changed_fraction": result.changed_fraction,
+    rep = outcome.report
+    df = rep["forget_nll"]["after"] - rep["forget_nll"]["before"]
+    dr = rep["retain_nll"]["after"] - rep["retain_nll"]["before"]
+    row = {"method": method, **_metrics(logs), "unlearn_seconds": rep["unlearn_seconds"],
+           "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"], "changed_fraction": rep["changed_fraction"],
            # training partitions: how much more the forget answers' NLL rose than the retain answers'
-           "forget_nll_rise": f1 - f0, "retain_nll_rise": r1 - r0,
-           "selectivity": (f1 - f0) / (r1 - r0) if r1 - r0 > 1e-6 else None}
-    _write_atomic(out / "run.json", json.dumps({"row": row, "info": info, "context": ctx.describe()}, indent=2,
-                                               default=str))
+           "forget_nll_rise": df, "retain_nll_rise": dr, "selectivity": df / dr if dr > 1e-6 else None,
+           "target_reached": rep["target_reached"]}
+    _write_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe()},
+                                               indent=2, default=str))
     return row
 
 
@@ -187,9 +183,9 @@ def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
 
 def ordered(rows: list[dict]) -> list[dict]:
     """Reference rows first, then methods in the registry's order."""
-    from mmunlearn.methods.registry import METHODS
+    from mmunlearn.methods import names
 
-    rank = {m: i for i, m in enumerate(METHODS)}
+    rank = {m: i for i, m in enumerate(names())}
     return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
                                        r["method"] != "target model"))
 
@@ -197,6 +193,8 @@ def ordered(rows: list[dict]) -> list[dict]:
 def _fmt(value: Any) -> str:
     if value is None:
         return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
             return f"{value:.2e}"

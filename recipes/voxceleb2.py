@@ -167,7 +167,7 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
     start = time.perf_counter()
     try:
         chosen = cfg.parse_methods(methods)
-        cfg.method_settings(preset, extract_kind=extract)  # validates the options before any work
+        cfg.method_options(chosen[0], extract_kind=extract)  # validates the options before any work
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     device = _setup(device, threads)
@@ -186,13 +186,10 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
                "classes": n_classes}
     for i, name in enumerate(chosen, 1):
         console.print(f"[bold]{level} level[/bold]: {name} ({i}/{len(chosen)})")
-        settings = cfg.method_settings(preset, rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract,
-                                       extract_steps=extract_steps, extract_lr=extract_lr, lr=lr, epochs=epochs,
-                                       seed=seed)
-        if sweep:
-            rule = cfg.sweep_rule(level, n_classes, ctx.retain, retain_bound)
-            cfg.add_sweeps(settings, rule, ranks=[rank] if rank else cfg.SWEEP_RANKS[cfg.preset_kind(preset)])
-        rows.append(pipe.run_method_row(name, ctx, settings, out / name))
+        options = cfg.method_options(name, rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract,
+                                     extract_steps=extract_steps, extract_lr=extract_lr, lr=lr, epochs=epochs, seed=seed)
+        rule = cfg.sweep_rule(level, n_classes, ctx.retain, retain_bound) if sweep else None
+        rows.append(pipe.run_method_row(name, ctx, cfg.preset_kind(preset), options, rule, out / name))
         report.write_tables(out, rows, level, context)  # after each method: nothing lost if interrupted
     report.plot_accuracies(out / f"{level}_accuracy.png", rows, level,
                            chance=cfg.chance(n_classes) if level == "speaker" else None)

@@ -17,7 +17,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mmunlearn.speech.dataset import LEVELS, split_rows
 
@@ -183,7 +182,7 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
                  progress: bool = True) -> Context:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.methods.erase_method import mean_nll
+    from mmunlearn.methods import mean_nll
 
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -201,53 +200,23 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     return ctx
 
 
-def run_method_row(method: str, ctx: Context, settings, out: Path, progress: bool = True) -> dict:
-    """Unlearn with ``method`` on a fresh copy of the original classifier, evaluate it, save it; the row.
-
-    Erasure task vectors come from a clone of the original (see :mod:`recipes.voxceleb2_settings`).
-    ``out`` receives the unlearned model (SpeechBrain layout), ``run.json`` and, for the erasure
-    methods, ``erase_report.json``, ``undo_patch.safetensors`` and ``layer_energy.png``.
-    """
+def run_method_row(method: str, ctx: Context, size: str, options: dict, rule, out: Path,
+                   progress: bool = True) -> dict:
+    """Unlearn with ``method`` on a fresh copy of the original classifier through the harness (``out/model``:
+    SpeechBrain layout plus the harness's reports and undo patch), evaluate it; the row (also ``out/run.json``)."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.methods.erase_method import mean_nll
-    from mmunlearn.methods.registry import ERASE_METHODS, run_method
-
-    from recipes.voxceleb2_settings import batchnorm_safe
+    from mmunlearn.methods import run_unlearning
 
     target = SpeakerAdapter.load(ctx.original, device=ctx.device)
-    reference = None
-    if method in ERASE_METHODS:
-        reference = target.clone()
-        settings = batchnorm_safe(settings, len(ctx.forget), len(ctx.retain))
-    result = run_method(method, target, ctx.forget, ctx.retain, settings, reference=reference)
-    metrics = evaluate(result.adapter, ctx.manifests, ctx.level, ctx.eval_opts, progress)
-    row = {"method": method, **metrics,
-           "forget_nll": mean_nll(result.adapter, ctx.forget), "retain_nll": mean_nll(result.adapter, ctx.retain),
-           "unlearn_seconds": result.unlearn_seconds, "total_seconds": result.unlearn_seconds + result.extract_seconds,
-           "changed_fraction": result.changed_fraction}
-    result.adapter.save(out / "model", overwrite=True)
-    info = {k: v for k, v in result.info.items() if k != "report"}
-    report = result.info.get("report")
-    if report is not None:
-        report.patch.save(out / "undo_patch.safetensors")
-        report.to_json(out / "erase_report.json")
-        report.plot_energy(out / "layer_energy.png")
-    write_atomic(out / "run.json", json.dumps({"row": row, "info": info, "context": ctx.describe(),
-                                               "settings": _settings_dict(settings)}, indent=2, default=str))
+    outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="speaker", size=size, overrides=options,
+                             rule=rule, out=out / "model", inputs=[ctx.original], overwrite=True, progress=progress,
+                             meta={"model_dir": str(ctx.original), "level": ctx.level})
+    metrics = evaluate(outcome.adapter, ctx.manifests, ctx.level, ctx.eval_opts, progress)
+    rep = outcome.report
+    row = {"method": method, **metrics, "forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
+           "unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
+           "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"]}
+    write_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe(),
+                                               "config": rep["config"], "rule": rep.get("rule")}, indent=2,
+                                              default=str))
     return row
-
-
-def _settings_dict(settings) -> dict:
-    """The method settings as JSON-able data (callables of the sweep rule by name)."""
-    def clean(value: Any) -> Any:
-        if callable(value):
-            return getattr(value, "__name__", repr(value))
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        return value
-
-    return clean({"erase": asdict(settings.erase), "baseline": asdict(settings.baseline),
-                  "erase_sweep": settings.erase_sweep, "baseline_sweep": settings.baseline_sweep,
-                  "train_mode": settings.train_mode})

@@ -1,12 +1,10 @@
 """Default settings of the VoxCeleb2 speaker-unlearning recipe, per speaker-model preset, and its sweep rule.
 
-Every method unlearns a speaker *classifier*: the baselines train with the model in eval mode
-(BatchNorm running statistics frozen, ``MethodSettings.train_mode=False``); T3 does not apply.
-
-Erasure task vectors are fine-tuning deltas of the original model on each partition (AdamW,
-``steps`` x ``batch_size`` utterances); they are taken from a copy of the model (the ``reference``
-of :func:`mmunlearn.methods.registry.run_method`), so the model being edited keeps its BatchNorm
-statistics bit for bit. On the built-in corpus the forget task's energy sits in the embedding
+Every method unlearns a speaker *classifier* (the methods' ``speaker`` presets hold their settings): the
+optimisation methods train with the model in eval mode (BatchNorm running statistics frozen); T3 and RMU do
+not apply. Erasure task vectors are fine-tuning deltas of the original model on each partition (AdamW,
+``steps`` x ``batch_size`` utterances), taken from a copy of the model, so the model being edited keeps its
+BatchNorm statistics bit for bit. On the built-in corpus the forget task's energy sits in the embedding
 head (MFA, attentive pooling, final projection), which QR-Erase's 1/|L| rule selects.
 
 Sweep rule (``--sweep``), computed on the training partitions only -- never on the held-out
@@ -29,18 +27,14 @@ rule takes the smallest edit that reaches the forget target (if none does, the o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from mmunlearn.baselines import BaselineConfig
+from mmunlearn.methods import SweepRule, mean_nll, names
 from mmunlearn.speech.train import DEFAULT_TRAIN
-from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.train import TrainConfig
-from mmunlearn.methods.erase_method import EraseMethodConfig, mean_nll
-from mmunlearn.methods.registry import METHODS, MethodSettings
 
-#: Unlearning methods that apply to a classifier (T3 tilts a language model's token distribution).
-CLASSIFIER_METHODS = tuple(m for m in METHODS if m != "t3")
+#: Unlearning methods that apply to a classifier (T3 and RMU act on a language model).
+CLASSIFIER_METHODS = tuple(names("speaker"))
 #: Task-vector kinds that work on the speaker adapter (peft's LoRA cannot wrap ECAPA's cosine Classifier).
 EXTRACT_KINDS = ("finetune", "gradient")
 
@@ -51,23 +45,6 @@ TRAIN = {
     "small": DEFAULT_TRAIN,
     "large": DEFAULT_TRAIN.replace(lr=2e-3),
 }
-EXTRACT = {
-    "tiny": ExtractConfig(kind="finetune", steps=4, lr=1e-3, batch_size=8),
-    "small": ExtractConfig(kind="finetune", steps=20, lr=1e-3, batch_size=16),
-    "large": ExtractConfig(kind="finetune", steps=40, lr=2e-4, batch_size=16),
-}
-ERASE = {
-    "tiny": EraseMethodConfig(rank=1, retain_rank=4, scale=8.0),
-    "small": EraseMethodConfig(rank=1, retain_rank=32, scale=8.0),
-    "large": EraseMethodConfig(rank=4, retain_rank=128, scale=4.0),
-}
-BASELINE = {
-    "tiny": BaselineConfig(epochs=2, lr=1e-3, batch_size=8, weight_decay=0.0),
-    "small": BaselineConfig(epochs=5, lr=1e-4, batch_size=16, weight_decay=0.0),
-    "large": BaselineConfig(epochs=5, lr=5e-5, batch_size=16, weight_decay=0.0),
-}
-SWEEP_RANKS = {"tiny": [1], "small": [1, 2], "large": [2, 4, 8]}
-SWEEP_SCALES = [2.0, 4.0, 6.0, 8.0, 12.0, 16.0]
 DEFAULT_RETAIN_BOUND = 0.05
 
 
@@ -84,42 +61,21 @@ def train_config(preset: str, *, epochs: int | None = None, lr: float | None = N
     return cfg.replace(**changes) if changes else cfg
 
 
-def method_settings(preset: str, *, rank: int | None = None, retain_rank: int | None = None,
-                    scale: float | None = None, extract_kind: str | None = None, extract_steps: int | None = None,
-                    extract_lr: float | None = None, lr: float | None = None, epochs: int | None = None,
-                    seed: int = 0, progress: bool = True) -> MethodSettings:
-    """The defaults of ``preset`` with the user's overrides; baselines keep BatchNorm statistics frozen."""
-    kind = preset_kind(preset)
+def method_options(method: str, *, rank: int | None = None, retain_rank: int | None = None,
+                   scale: float | None = None, extract_kind: str | None = None, extract_steps: int | None = None,
+                   extract_lr: float | None = None, lr: float | None = None, epochs: int | None = None,
+                   seed: int = 0) -> dict[str, Any]:
+    """The CLI's overrides that ``method``'s config has (its defaults per preset live in the config)."""
+    from mmunlearn.config import applicable_overrides
+    from mmunlearn.methods import get
+
     if extract_kind is not None and extract_kind not in EXTRACT_KINDS:
         raise ValueError(f"task-vector kind {extract_kind!r} does not work on the speaker classifier; "
                          f"choose one of {EXTRACT_KINDS}")
-    extract = _override(EXTRACT[kind], kind=extract_kind, steps=extract_steps, lr=extract_lr, seed=seed)
-    erase = _override(ERASE[kind], rank=rank, retain_rank=retain_rank, scale=scale)
-    baseline = _override(BASELINE[kind], lr=lr, epochs=epochs, seed=seed)
-    return MethodSettings(erase=replace(erase, extract=extract), baseline=baseline, progress=progress,
-                          train_mode=False)
-
-
-def _override(cfg: Any, **changes: Any) -> Any:
-    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})
-
-
-def batchnorm_safe(settings: MethodSettings, *sizes: int) -> MethodSettings:
-    """Settings whose fine-tuning task-vector batches never hold a single utterance (ECAPA's BatchNorm
-    cannot train on one): the largest batch size up to the configured one that leaves no partition of
-    ``sizes`` utterances with a last batch of one."""
-    ex = settings.erase.extract
-    if ex.kind == "gradient":  # one pass in eval mode: any batch size works
-        return settings
-    if min(sizes) < 2:
-        raise ValueError(f"fine-tuning task vectors need at least 2 utterances per partition (BatchNorm), got "
-                         f"{min(sizes)}; use --extract gradient")
-    size = next(b for b in range(ex.batch_size, 0, -1) if b == 1 or all(n % b != 1 for n in sizes))
-    if size == 1:
-        raise ValueError(f"no batch size <= {ex.batch_size} splits partitions of {sizes} utterances without a "
-                         "batch of one; use --extract gradient")
-    settings.erase = replace(settings.erase, extract=replace(ex, batch_size=size))
-    return settings
+    return applicable_overrides(get(method).config, dict(
+        rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract_kind, extract_steps=extract_steps,
+        extract_lr=extract_lr, extract_seed=seed, lr=lr, epochs=epochs, seed=seed,
+        sweep_ranks=(rank,) if rank else None))
 
 
 def parse_methods(methods: str) -> list[str]:
@@ -168,26 +124,18 @@ class LogLossGap:
 
 
 def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
-               retain_bound: float = DEFAULT_RETAIN_BOUND) -> dict:
-    """The sweep dict of :func:`~mmunlearn.methods.erase_method.run_erase_method` for ``level`` (see the
-    module notes): forget/retain measures, the forget target and the retain bound."""
+               retain_bound: float = DEFAULT_RETAIN_BOUND) -> SweepRule:
+    """The :class:`~mmunlearn.methods.rule.SweepRule` of ``level`` (see the module notes): forget/retain
+    measures, the forget target and the retain bound."""
     if not retain_bound >= 0:
         raise ValueError(f"retain_bound must be >= 0 nats, got {retain_bound}")
     if level == "speaker":
-        return {"forget_measure": error_rate, "forget_target": 1.0 - chance(n_classes),
-                "retain_measure": mean_nll, "retain_bound": retain_bound}
+        return SweepRule(forget_measure=error_rate, forget_target=1.0 - chance(n_classes), retain_measure=mean_nll,
+                         retain_bound=retain_bound)
     if level == "sample":
-        return {"forget_measure": LogLossGap(retain), "forget_target": 0.0,
-                "retain_measure": mean_nll, "retain_bound": retain_bound}
+        return SweepRule(forget_measure=LogLossGap(retain), forget_target=0.0, retain_measure=mean_nll,
+                         retain_bound=retain_bound)
     raise ValueError(f"level must be 'speaker' or 'sample', got {level!r}")
-
-
-def add_sweeps(settings: MethodSettings, rule: dict, ranks: list[int] | None = None,
-               scales: list[float] | None = None) -> MethodSettings:
-    """Turn on the erasure (rank x scale) and baseline (per-epoch early stop) sweeps with ``rule``."""
-    settings.erase_sweep = {**rule, "ranks": ranks or [settings.erase.rank], "scales": scales or SWEEP_SCALES}
-    settings.baseline_sweep = dict(rule)
-    return settings
 
 
 def chance(n_classes: int) -> float:
@@ -197,6 +145,6 @@ def chance(n_classes: int) -> float:
     return 1.0 / n_classes
 
 
-__all__ = ["BASELINE", "CLASSIFIER_METHODS", "DEFAULT_RETAIN_BOUND", "ERASE", "EXTRACT", "EXTRACT_KINDS", "LogLossGap",
-           "SWEEP_RANKS", "SWEEP_SCALES", "TRAIN", "add_sweeps", "batchnorm_safe", "chance", "error_rate",
-           "mean_log_nll", "method_settings", "parse_methods", "preset_kind", "sweep_rule", "train_config"]
+__all__ = ["CLASSIFIER_METHODS", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "TRAIN", "chance",
+           "error_rate", "mean_log_nll", "method_options", "parse_methods", "preset_kind", "sweep_rule",
+           "train_config"]

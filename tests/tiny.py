@@ -70,3 +70,17 @@ def tiny_causal_lm(arch: str = "llama", vocab: int = 512, hidden: int = 32, laye
         cfg = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
         return tf.GPT2LMHeadModel(cfg).eval()
     raise ValueError(arch)
+
+
+#: Settings that make every method fast on tiny models; ``fast(method)`` keeps those its config has.
+FAST_OPTIONS = {"rank": 2, "retain_rank": 4, "extract_kind": "gradient", "extract_lr": 1.0, "epochs": 1, "lr": 1e-3,
+                "batch_size": 8, "head_rank": 4, "head_epochs": 30, "head_lr": 5e-2, "temperature": 1.0,
+                "steps": 4}
+
+
+def fast(method: str, **more) -> dict:
+    """``FAST_OPTIONS`` (and ``more``) restricted to the settings of ``method``'s config."""
+    from mmunlearn.config import applicable_overrides
+    from mmunlearn.methods import get
+
+    return applicable_overrides(get(method).config, {**FAST_OPTIONS, **more})

@@ -36,7 +36,7 @@ def _qa(example: Any) -> tuple[str, str | None]:
 
 
 class TextLLMAdapter(TokenScoring):
-    """Wraps a causal LM and its tokenizer with the adapter interface of DESIGN.md."""
+    """Wraps a causal LM and its tokenizer with the adapter interface (:class:`mmunlearn.adapters.base.ModalityAdapter`)."""
 
     def __init__(self, model: nn.Module, tokenizer, *, max_length: int = 512, use_chat_template: bool | None = None):
         self.model = model
@@ -74,6 +74,17 @@ class TextLLMAdapter(TokenScoring):
             self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
         return Path(path)
+
+    def with_model(self, model: nn.Module) -> "TextLLMAdapter":
+        """The same tokenizer and formatting around another model (e.g. T3's tilted wrapper)."""
+        return TextLLMAdapter(model, self.tokenizer, max_length=self.max_length,
+                              use_chat_template=self.use_chat_template)
+
+    def clone(self) -> "TextLLMAdapter":
+        """An independent copy of the model; the tokenizer is shared."""
+        import copy
+
+        return self.with_model(copy.deepcopy(self.model))
 
     @property
     def device(self) -> torch.device:

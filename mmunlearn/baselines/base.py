@@ -4,28 +4,44 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from mmunlearn.config import PresetConfig, opt
+
+_TEXT_DIR = dict(epochs=5, lr=1e-5, batch_size=8, grad_accum=4, weight_decay=0.01)
+
 
 @dataclass(frozen=True)
-class BaselineConfig:
-    """Hyperparameters of an optimisation baseline (defaults follow the TOFU reference settings
-    for real checkpoints; the recipes scale lr and epochs for the tiny presets)."""
+class BaselineConfig(PresetConfig):
+    """Hyperparameters of an optimisation method (defaults follow the TOFU reference settings for real
+    checkpoints; the tiny presets memorise with large steps and unlearn at that scale)."""
 
-    epochs: int = 5  # passes over the forget set
-    lr: float = 1e-5
-    batch_size: int = 32
-    grad_accum: int = 1
-    weight_decay: float = 0.01
-    alpha: float = 1.0  # weight of the retain term (GradDiff, KL, NPO, SimNPO)
-    gamma: float = 1.0  # weight of the forget term (GradDiff, KL, NPO, SimNPO)
-    beta: float = 0.1  # inverse temperature of NPO / SimNPO
-    delta: float = 0.0  # SimNPO margin on the length-normalised forget NLL
-    seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    epochs: int = opt(5, "Passes over the forget set (with a sweep rule: the most; it stops early).")
+    lr: float = opt(1e-5, "Learning rate (AdamW, linear decay).")
+    batch_size: int = opt(32, "Forget (and paired retain) examples per step.")
+    grad_accum: int = opt(1, "Gradient accumulation steps.")
+    weight_decay: float = opt(0.01, "AdamW weight decay.")
+    alpha: float = opt(1.0, "Weight of the retain term (GradDiff, KL, NPO, SimNPO).")
+    gamma: float = opt(1.0, "Weight of the forget term (GradDiff, KL, NPO, SimNPO).")
+    beta: float = opt(0.1, "Inverse temperature of NPO / SimNPO.")
+    delta: float = opt(0.0, "SimNPO margin on the length-normalised forget NLL.")
+    seed: int = opt(0, "Seed of the data order.")
+    extra: dict[str, Any] = opt(help="Method-specific extras.", factory=dict)
+
+    PRESETS: ClassVar[dict] = {
+        ("text", "micro"): dict(epochs=5, lr=5e-4, batch_size=8, weight_decay=0.0),
+        ("text", "mini"): dict(epochs=10, lr=1e-3, batch_size=16, weight_decay=0.0),
+        ("text", "model_dir"): _TEXT_DIR,
+        ("speaker", "tiny"): dict(epochs=2, lr=1e-3, batch_size=8, weight_decay=0.0),
+        ("speaker", "small"): dict(epochs=5, lr=1e-4, batch_size=16, weight_decay=0.0),
+        ("speaker", "large"): dict(epochs=5, lr=5e-5, batch_size=16, weight_decay=0.0),
+        ("speech-llm", "tiny"): dict(epochs=5, lr=2e-4, batch_size=16, weight_decay=0.0),
+        ("speech-llm", "mini"): dict(epochs=5, lr=2e-4, batch_size=16, weight_decay=0.0),
+        ("speech-llm", "model_dir"): _TEXT_DIR,
+    }
 
 
 @dataclass

@@ -1,1 +1,14 @@
-"""Unlearning methods behind one interface (QR-Erase, SVD-UNLEARN, the baselines, T3), for the recipes."""
+"""Unlearning methods as plug-ins (one module each, one registry) and the harness that runs any of them.
+
+``mmunlearn.methods.get(name)`` gives a :class:`~mmunlearn.methods.base.Method`; importing this package
+registers the built-in ones: QR-Erase, QR-Erase-rows, SVD-UNLEARN (:mod:`.erasure`), the optimisation
+methods (:mod:`.optimisation`), T3 (:mod:`.t3`) and RMU (:mod:`.rmu`).
+"""
+
+from mmunlearn.methods import erasure, optimisation, t3  # noqa: F401  (register)
+from mmunlearn.methods.base import REGISTRY, Method, MethodResult, RunContext, get, names, register
+from mmunlearn.methods.harness import Outcome, run_unlearning
+from mmunlearn.methods.rule import SweepRule, mean_nll
+
+__all__ = ["REGISTRY", "Method", "MethodResult", "Outcome", "RunContext", "SweepRule", "get", "mean_nll", "names",
+           "register", "run_unlearning"]

@@ -1,21 +1,20 @@
 """cTOFU recipe end to end on the micro preset, three stand-in languages (en, fr, ar) read from files:
-every method through run_method, the CLI (finetune, compare) on two methods, misaligned data."""
+every method through the harness, the CLI (finetune, compare) on two methods, misaligned data."""
 
 import json
 import math
 import shutil
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.ctofu import build_world, open_ctofu
 from mmunlearn.data.ctofu_synthetic import synthetic_ctofu, write_language_files
-from mmunlearn.methods.erase_method import mean_nll
-from mmunlearn.methods.registry import METHODS, run_method
+from mmunlearn.methods import mean_nll, names, run_unlearning
 from recipes import ctofu_pipeline
 from recipes.ctofu import _world, app
-from recipes.tofu_settings import method_settings
 
 WORLD = dict(authors=2, facts=5)
 OPTS = ["--authors", "2", "--facts", "5", "--preset", "micro", "--device", "cpu", "--threads", "1"]
@@ -49,13 +48,13 @@ def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
     probes = {lang: world.items("forget", (lang,)) for lang in world.languages}
     fresh = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
     before = {lang: mean_nll(fresh, items) for lang, items in probes.items()}
-    for method in METHODS:
+    for method in names("text"):
         target = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
-        res = run_method(method, target, ctx.forget, ctx.retain, method_settings("micro", progress=False))
+        res = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size="micro", progress=False)
         after = {lang: mean_nll(res.adapter, items) for lang, items in probes.items()}
         assert after["en"] > before["en"], (method, before, after)  # micro defaults, no sweep: some rise
         assert all(math.isfinite(v) for v in after.values())  # also in the languages it was not given
-        assert (res.changed_fraction == 0.0) == (method == "t3"), method
+        assert (res.report["changed_fraction"] == 0.0) == (method == "t3"), method
 
 
 def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
@@ -83,7 +82,14 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
     md = (tmp_path / "compare.md").read_text()
     assert "| method | en | ar |" in md and "| t3 |" in md
     assert (tmp_path / "fq_heatmap.png").stat().st_size > 0 and (tmp_path / "rouge_drop.png").stat().st_size > 0
-    assert (tmp_path / "t3" / "tilt").is_dir() and (tmp_path / "grad_ascent" / "model").is_dir()
+    assert (tmp_path / "t3" / "model" / "tilt").is_dir() and (tmp_path / "grad_ascent" / "model").is_dir()
+    from mmunlearn.checkpoint import load_checkpoint
+    from mmunlearn.undo import restore_folder
+
+    original = load_checkpoint(ctx.built.target).tensors
+    for method in ("grad_ascent", "t3"):  # cTOFU outputs restore to the target bit for bit
+        back = load_checkpoint(restore_folder(tmp_path / method / "model", tmp_path / "r" / method)).tensors
+        assert all(torch.equal(back[k], original[k]) for k in original), method
 
 
 def test_finetune_cli_reuses_the_built_models(ctx, folder, tmp_path):

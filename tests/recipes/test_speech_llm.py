@@ -6,28 +6,21 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from mmunlearn.baselines import BaselineConfig
-from mmunlearn.taskvec.extract import ExtractConfig
-from mmunlearn.methods.erase_method import EraseMethodConfig
-from mmunlearn.methods.registry import MethodSettings
 from recipes import speech_llm
 from tests.speech.corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
-
-FAST = MethodSettings(erase=EraseMethodConfig(rank=2, retain_rank=4, extract=ExtractConfig(kind="gradient", lr=1.0)),
-                      baseline=BaselineConfig(epochs=1, lr=1e-3, batch_size=8), progress=False,
-                      t3={"rank": 4, "epochs": 20, "lr": 5e-2, "temperature": 1.0})
+from tests.tiny import FAST_OPTIONS
 
 
 @pytest.mark.parametrize("where", ["audio", "text"])
 def test_erasure_stays_in_the_chosen_tower_and_the_table_is_written(llm_dir, speaker_manifests, tmp_path, where):
     rows = speech_llm.run(speaker_manifests, llm_dir, tmp_path, level="speaker", methods=["qr-erase"], where=where,
-                          settings=FAST, device="cpu", progress=False)
+                          options=FAST_OPTIONS, device="cpu", progress=False)
     assert [r["method"] for r in rows] == ["original", "qr-erase"]
     for key in ("forget_acc", "retain_acc", "test_acc", "target_acc", "forget_nll", "retain_nll"):
         assert all(0.0 <= r[key] <= 1.0 for r in rows) if key.endswith("acc") else all(r[key] > 0 for r in rows)
     selected = rows[1]["selected_layers"]
     assert selected and all(g.startswith(f"{where}.") for g in selected)
-    report = json.loads((tmp_path / "erase_qr-erase.json").read_text())
+    report = json.loads((tmp_path / "qr-erase" / "erase_report.json").read_text())
     assert all(row["layer"].startswith(f"{where}.") for row in report["layers"])  # energy over that tower only
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["where"] == where and [r["method"] for r in saved["rows"]] == ["original", "qr-erase"]

@@ -8,10 +8,11 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.erase import column_basis, restore
-from mmunlearn.methods.registry import METHODS, run_method
+from mmunlearn.methods import get, names, run_unlearning
 from recipes import tofu_pipeline
 from recipes.tofu import app
-from recipes.tofu_settings import method_settings
+
+METHODS = names("text")
 
 DATA = "synthetic:n_authors=10"
 
@@ -43,15 +44,25 @@ def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
     assert (tmp_path / "fq_vs_mu.png").stat().st_size > 0
     t3 = next(r for r in rows if r["method"] == "t3")
     assert t3["changed_fraction"] == 0.0  # the base stays frozen
+    # every method's output is in the harness's layout and restores to the target bit for bit
+    from mmunlearn.checkpoint import load_checkpoint
+    from mmunlearn.undo import restore_folder
+
+    original = load_checkpoint(ctx.built.target).tensors
+    for r in rows[2:]:
+        restored = restore_folder(tmp_path / r["method"] / "model", tmp_path / "restored" / r["method"])
+        back = load_checkpoint(restored).tensors
+        assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in back), r["method"]
+        assert not (restored / "undo_patch.safetensors").exists() and not (restored / "tilt").exists()
 
 
 def test_qr_erase_properties_on_micro(ctx):
     target = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
     before = {k: v.clone() for k, v in target.model.state_dict().items()}
-    settings = method_settings("micro", progress=False)
+    cfg = get("qr-erase").config_for("text", "micro")
     p_f, p_r = target.answer_nll(ctx.forget).neg().exp().mean(), target.answer_nll(ctx.retain).neg().exp().mean()
-    res = run_method("qr-erase", target, ctx.forget, ctx.retain, settings)
-    report = res.info["report"]
+    res = run_unlearning("qr-erase", target, ctx.forget, ctx.retain, kind="text", config=cfg, progress=False).result
+    report = res.erase_report
     after = target.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(any(k.startswith(layer + ".") for layer in report.selected) for k in changed)
@@ -59,10 +70,10 @@ def test_qr_erase_properties_on_micro(ctx):
     from mmunlearn.taskvec.extract import extract_task_matrices
 
     fresh = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
-    tr = extract_task_matrices(fresh, ctx.retain, settings.erase.extract, progress=False)
+    tr = extract_task_matrices(fresh, ctx.retain, cfg.extract, progress=False)
     for name in changed:
         delta = (before[name] - after[name]).double()
-        k_r = min(settings.erase.retain_rank, *delta.shape)
+        k_r = min(cfg.retain_rank, *delta.shape)
         Q_r = column_basis(tr[name], rank=k_r).Q.double()
         assert float((Q_r.T @ delta).norm()) < 1e-4 * float(delta.norm())
     # forget probability falls far more than retain probability

@@ -10,7 +10,9 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
 from mmunlearn.erase import restore
-from mmunlearn.methods.erase_method import SweepPoint, choose
+from mmunlearn.undo import restore_folder
+from mmunlearn.methods.erasure import EraseConfig, batchnorm_safe
+from mmunlearn.methods.rule import SweepPoint, choose
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_settings as cfg
 from recipes.voxceleb2 import app
@@ -52,10 +54,17 @@ def _check_tables(out, level: str, methods: list[str], metrics: set[str]) -> lis
     assert all(f"| {r['method']} |" in md for r in rows)
     png = (out / f"{level}_accuracy.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
+    original = SpeakerAdapter.load(table["context"]["original"], device="cpu").model
     for m in methods:
         run = json.loads((out / m / "run.json").read_text())
-        assert run["row"]["method"] == m and run["settings"]["train_mode"] is False
-        assert len(SpeakerAdapter.load(out / m / "model", device="cpu").speakers) == table["context"]["classes"]
+        assert run["row"]["method"] == m
+        edited = SpeakerAdapter.load(out / m / "model", device="cpu")
+        assert len(edited.speakers) == table["context"]["classes"]
+        # BatchNorm running statistics are never moved (methods train the classifier in eval mode)
+        assert all(torch.equal(a, b) for a, b in zip(original.buffers(), edited.model.buffers()))
+        restored = restore_folder(out / m / "model", out / "restored" / m)  # the harness's output restores
+        back = SpeakerAdapter.load(restored, device="cpu").model.state_dict()
+        assert all(torch.equal(v, back[k]) for k, v in original.state_dict().items()), m
     return rows
 
 
@@ -76,13 +85,13 @@ def test_qr_erase_edits_only_selected_layers_and_undo_restores_bits(speaker_run)
     _, out, table, _ = speaker_run
     original = SpeakerAdapter.load(table["context"]["original"], device="cpu")
     edited = SpeakerAdapter.load(out / "qr-erase" / "model", device="cpu")
-    report = json.loads((out / "qr-erase" / "erase_report.json").read_text())
+    report = json.loads((out / "qr-erase" / "model" / "erase_report.json").read_text())
     selected = set(report["selected"])
     assert selected and selected < set(original.groups().values())
     before, after = original.model.state_dict(), edited.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.endswith(".weight") and block_of(k) in selected for k in changed)
-    restore(edited.model, out / "qr-erase" / "undo_patch.safetensors")
+    restore(edited.model, out / "qr-erase" / "model" / "undo_patch.safetensors")
     assert all(torch.equal(before[k], v) for k, v in edited.model.state_dict().items())  # buffers included
 
 
@@ -121,14 +130,16 @@ def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifest
            "--methods", "qr-erase,kl", "--sweep", "--retain-bound", "0.5", *TINY)
     run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
     points = [SweepPoint(**p) for p in run["info"]["sweep"]]
-    assert [(p.rank, p.scale) for p in points] == [(1, s) for s in cfg.SWEEP_SCALES]
-    chosen = run["info"]["chosen"]
-    assert chosen["forget_target"] == pytest.approx(1 - 1 / 4) and chosen["retain_bound"] == 0.5
-    best = choose(points, chosen["base_forget_nll"], chosen["base_retain_nll"], 0.75, 0.5)
+    assert [(p.rank, p.scale) for p in points] == [(1, s) for s in EraseConfig.for_preset("speaker", "tiny").sweep_scales]
+    chosen, rule = run["info"]["chosen"], run["rule"]
+    assert rule["forget_target"] == pytest.approx(1 - 1 / 4) and rule["retain_bound"] == 0.5
+    best = choose(points, rule["base_forget"], rule["base_retain"], 0.75, 0.5)
     assert (chosen["rank"], chosen["scale"]) == (best.rank, best.scale)
     assert all(0.0 <= p.forget_nll <= 1.0 for p in points)  # the speaker-level forget measure is an error rate
+    reached = rule["forget"] >= 0.75 and rule["retain"] - rule["base_retain"] <= 0.5
+    assert run["row"]["target_reached"] is reached  # the table says whether the rule was met
     kl = json.loads((tmp_path / "kl" / "run.json").read_text())
-    assert kl["info"]["sweep"] and kl["settings"]["baseline_sweep"]["forget_measure"] == "error_rate"
+    assert kl["info"]["sweep"] and kl["rule"]["forget_measure"] == "error_rate"
 
 
 def test_synth_prepare_and_the_builtin_manifests(tmp_path):
@@ -151,14 +162,18 @@ def test_settings_validate_and_pick_batchnorm_safe_batches():
         with pytest.raises(ValueError):
             cfg.parse_methods(bad)
     with pytest.raises(ValueError, match="lora"):
-        cfg.method_settings("small", extract_kind="lora")
-    s = cfg.method_settings("small", rank=3, scale=2.0, lr=1e-3)
-    assert (s.erase.rank, s.erase.scale, s.baseline.lr, s.train_mode) == (3, 2.0, 1e-3, False)
-    assert cfg.batchnorm_safe(cfg.method_settings("tiny"), 9, 4).erase.extract.batch_size == 7  # 9 % 8 == 1
-    assert cfg.batchnorm_safe(cfg.method_settings("small"), 40, 324).erase.extract.batch_size == 16
+        cfg.method_options("qr-erase", extract_kind="lora")
+    from mmunlearn.methods import get
+
+    erase = get("qr-erase").config_for("speaker", "small", **cfg.method_options("qr-erase", rank=3, scale=2.0, lr=1e-3))
+    base = get("kl").config_for("speaker", "small", **cfg.method_options("kl", rank=3, scale=2.0, lr=1e-3))
+    assert (erase.rank, erase.scale, base.lr) == (3, 2.0, 1e-3)
+    tiny, small = (EraseConfig.for_preset("speaker", s).extract for s in ("tiny", "small"))
+    assert batchnorm_safe(tiny, 9, 4).batch_size == 7  # 9 % 8 == 1
+    assert batchnorm_safe(small, 40, 324).batch_size == 16
     with pytest.raises(ValueError, match="gradient"):
-        cfg.batchnorm_safe(cfg.method_settings("small"), 1, 10)
+        batchnorm_safe(small, 1, 10)
     rule = cfg.sweep_rule("sample", 20, [{"spk_id": "a", "wav": "x.wav"}])
-    assert rule["forget_target"] == 0.0 and isinstance(rule["forget_measure"], cfg.LogLossGap)
+    assert rule.forget_target == 0.0 and isinstance(rule.forget_measure, cfg.LogLossGap)
     with pytest.raises(ValueError):
         cfg.sweep_rule("utterance", 20, 0.1)

@@ -5,7 +5,9 @@ import pytest
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.taskvec.extract import ExtractConfig
-from mmunlearn.methods.erase_method import EraseMethodConfig, SweepPoint, choose, mean_nll, run_erase_method
+from mmunlearn.methods import RunContext, SweepRule, mean_nll
+from mmunlearn.methods.erasure import AUTO_SCALES, EraseConfig, run
+from mmunlearn.methods.rule import SweepPoint, choose
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 
@@ -24,14 +26,15 @@ def test_auto_sweep_doubles_then_bisects_and_obeys_the_bound():
     forget, retain = load_split(src, "forget10")[:10], load_split(src, "retain90")[:20]
     ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
     base_r = mean_nll(ad, retain)
-    cfg = EraseMethodConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0))
-    out = run_erase_method(ad, forget, retain, cfg, progress=False,
-                           sweep={"scales": "auto", "forget_target": 1e9, "retain_bound": 0.05})
-    scales = [p.scale for p in out.sweep]
-    doubling = [s for s in scales if s in {0.25 * 2**i for i in range(17)}]
+    cfg = EraseConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0))
+    res = run(ad, forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=0.05),
+                                                  progress=False))
+    sweep = [SweepPoint(**p) for p in res.info["sweep"]]
+    scales = [p.scale for p in sweep]
+    doubling = [s for s in scales if s in set(AUTO_SCALES)]
     assert doubling == sorted(doubling) and doubling[0] == 0.25
     assert len(scales) >= len(doubling)  # bisection points come after the crossing
-    chosen = next(p for p in out.sweep if p.scale == out.chosen["scale"])
+    chosen = next(p for p in sweep if p.scale == res.info["chosen"]["scale"])
     assert chosen.retain_nll - base_r <= 0.05
     # the applied edit is the chosen one: the model now scores what the sweep measured
     assert mean_nll(ad, forget) == pytest.approx(chosen.forget_nll, rel=1e-5)

@@ -1,0 +1,154 @@
+"""QR-Erase, QR-Erase-rows and SVD-UNLEARN: task vectors -> localise -> basis -> discriminate -> erase.
+
+Task vectors come from a reference point: the model the target was fine-tuned from (subtracting the
+forget-specific part of the update undoes that learning) or the target itself (subtracting the update
+that pushes it further into the forget data pushes it away). A speaker classifier's task vectors are
+taken from a copy of it, so the edited model keeps its BatchNorm statistics bit for bit. With a sweep
+rule, rank x scale is chosen on the training partitions; ``sweep_scales="auto"`` doubles from 0.25 until
+the rule's target or bound is crossed, then bisects the crossing geometrically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from mmunlearn.erase import erase, restore
+from mmunlearn.config import PresetConfig, opt
+from mmunlearn.methods.base import MethodResult, RunContext, register
+from mmunlearn.methods.rule import Scorer, SweepPoint, choose
+from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
+
+#: ``sweep_scales="auto"``: the doubling grid (0.25 .. 16384).
+AUTO_SCALES = tuple(0.25 * 2**i for i in range(17))
+_SPK_SCALES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+
+def _ex(kind: str = "finetune", **kw: Any) -> ExtractConfig:
+    return ExtractConfig(kind=kind, **kw)
+
+
+@dataclass(frozen=True)
+class EraseConfig(PresetConfig):
+    """Settings of a subspace-erasure method."""
+
+    subspace: str = opt("cpqr", "Subspace method: cpqr (QR-Erase), svd (UNLEARN) or another column_basis method.")
+    localize: bool = opt(True, "Edit only the layers whose forget-task energy passes the layer rule.")
+    layer_rule: str = opt("mean", "Layer selection: mean (energy >= 1/|L|), top, threshold, all.")
+    rank: int | None = opt(32, "Rank of the forget basis per matrix (None: by energy).")
+    energy: float | None = opt(None, "With rank None: energy fraction the forget basis captures.")
+    retain_rank: int | None = opt(128, "Rank of the retain basis that is protected (0/None: no retain projection).")
+    rows: bool = opt(False, "Also remove the retain task's row space from the update.")
+    scale: float = opt(1.0, "Edit strength: W' = W - scale * T~ (without a sweep).")
+    extract: ExtractConfig = opt(help="How task vectors are extracted (finetune | lora | gradient).",
+                                 factory=ExtractConfig)
+    sweep_ranks: tuple[int, ...] | None = opt(None, "With a sweep rule: ranks tried (default: rank alone).")
+    sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (doubling, then bisection).")
+
+    PRESETS: ClassVar[dict] = {
+        ("text", "micro"): dict(rank=8, retain_rank=32, scale=2.0, extract=_ex(steps=20, lr=1e-3, batch_size=8)),
+        ("text", "mini"): dict(rank=32, retain_rank=128, scale=2.0, extract=_ex(steps=40, lr=5e-4, batch_size=16)),
+        ("text", "model_dir"): dict(rank=32, retain_rank=128, scale=1.0, extract=_ex(steps=50, lr=1e-5, batch_size=8)),
+        ("speaker", "tiny"): dict(rank=1, retain_rank=4, scale=8.0, sweep_ranks=(1,), sweep_scales=_SPK_SCALES,
+                                  extract=_ex(steps=4, lr=1e-3, batch_size=8)),
+        ("speaker", "small"): dict(rank=1, retain_rank=32, scale=8.0, sweep_ranks=(1, 2), sweep_scales=_SPK_SCALES,
+                                   extract=_ex(steps=20, lr=1e-3, batch_size=16)),
+        ("speaker", "large"): dict(rank=4, retain_rank=128, scale=4.0, sweep_ranks=(2, 4, 8), sweep_scales=_SPK_SCALES,
+                                   extract=_ex(steps=40, lr=2e-4, batch_size=16)),
+        ("speech-llm", "tiny"): dict(rank=8, retain_rank=32, scale=1.0, extract=_ex(steps=30, lr=1e-3, batch_size=16)),
+        ("speech-llm", "mini"): dict(rank=8, retain_rank=32, scale=1.0, extract=_ex(steps=30, lr=1e-3, batch_size=16)),
+        ("speech-llm", "model_dir"): dict(rank=16, retain_rank=64, scale=1.0,
+                                          extract=_ex(steps=30, lr=1e-4, batch_size=8)),
+    }
+
+
+def task_vectors(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: ExtractConfig, progress: bool = True):
+    """Forget and retain task matrices from the same recipe and settings."""
+    return (extract_task_matrices(adapter, forget, cfg, progress=progress),
+            extract_task_matrices(adapter, retain, cfg, progress=progress))
+
+
+def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
+    """Fine-tuning batches that never hold a single utterance (ECAPA's BatchNorm cannot train on one): the
+    largest batch size up to the configured one leaving no partition of ``sizes`` with a last batch of one."""
+    if extract.kind == "gradient":  # one pass in eval mode: any batch size works
+        return extract
+    if min(sizes) < 2:
+        raise ValueError(f"fine-tuning task vectors need at least 2 utterances per partition (BatchNorm), got "
+                         f"{min(sizes)}; use the gradient extraction")
+    size = next(b for b in range(extract.batch_size, 0, -1) if b == 1 or all(n % b != 1 for n in sizes))
+    if size == 1:
+        raise ValueError(f"no batch size <= {extract.batch_size} splits partitions of {sizes} utterances without "
+                         "a batch of one; use the gradient extraction")
+    return replace(extract, batch_size=size)
+
+
+def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups):
+    common = dict(method=cfg.subspace, localize=cfg.localize, rule=cfg.layer_rule, scale=scale, rows=cfg.rows,
+                  groups=groups)
+    if rank is None:
+        return erase(model, tf, tr, energy=cfg.energy or 0.9, retain_energy=cfg.energy or 0.9, **common)
+    retain = tr if cfg.retain_rank else None
+    return erase(model, tf, retain, rank=rank, retain_rank=cfg.retain_rank, clamp_ranks=True, **common)
+
+
+def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups) -> tuple[list[SweepPoint], SweepPoint]:
+    """Score candidate (rank, scale) edits (each applied, measured and undone); the rule's choice."""
+    points: list[SweepPoint] = []
+    auto = cfg.sweep_scales == "auto"
+
+    def score(r, s) -> tuple[bool, bool]:
+        rep = _apply(target.model, tf, tr, cfg, r, s, groups)
+        points.append(SweepPoint(r, s, *scorer.score(target)))
+        restore(target.model, rep)
+        return scorer.reached(points[-1].forget_nll), scorer.over(points[-1].retain_nll)
+
+    for r in cfg.sweep_ranks or (cfg.rank,):
+        good = None
+        for s in AUTO_SCALES if auto else cfg.sweep_scales:
+            reached, over = score(r, s)
+            if not auto:
+                continue
+            if reached or over:  # larger scales only go further past the target or the bound
+                lo, hi = good, s
+                for _ in range(2 if lo is not None else 0):  # geometric bisection of the crossing
+                    mid = (lo * hi) ** 0.5
+                    reached, over = score(r, mid)
+                    lo, hi = (lo, mid) if (reached or over) else (mid, hi)
+                break
+            good = s
+    rule = scorer.rule
+    return points, choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
+
+
+def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig, ctx: RunContext) -> MethodResult:
+    """Erase ``forget`` from ``adapter.model`` in place (sweeping rank x scale when ``ctx.rule`` is set)."""
+    groups = adapter.groups() if hasattr(adapter, "groups") else None
+    extract = cfg.extract
+    reference = ctx.reference
+    if ctx.kind == "speaker":
+        extract = batchnorm_safe(extract, len(forget), len(retain))
+        reference = reference or adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
+    t0 = time.perf_counter()
+    tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
+    extract_seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    rank, scale, info = cfg.rank, cfg.scale, {}
+    if ctx.rule is not None:
+        points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups)
+        rank, scale = best.rank, best.scale
+        info["sweep"] = [vars(p) for p in points]
+    info["chosen"] = {"rank": rank, "scale": scale}
+    report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups)
+    info.update(selected_layers=report.selected, energies=report.energies)
+    return MethodResult(adapter, extract_seconds, time.perf_counter() - t1, info, erase_report=report)
+
+
+register("qr-erase", EraseConfig, run,
+         help="Localised CPQR erasure of the forget task's column space, projected off the retain subspace.")
+register("qr-erase-rows", EraseConfig, run, defaults={"rows": True},
+         help="QR-Erase that also removes the retain task's row space from the update.")
+register("svd-unlearn", EraseConfig, run, defaults={"subspace": "svd", "localize": False},
+         help="UNLEARN baseline: full SVD of every layer's forget task matrix, no localisation.")

@@ -1,0 +1,228 @@
+"""The one unlearning step every entry point runs: method -> score -> save -> report, in one output layout.
+
+``run_unlearning(method, adapter, forget, retain, kind=...)`` runs any registered method on any adapter
+and, given ``out``, writes ONE folder (atomically)::
+
+    out/                        the model in the format it was read in (save_pretrained / SpeechBrain layout)
+      unlearn_report.json       method, settings, NLLs before/after, rule and whether it was met, costs
+      undo_patch.safetensors    methods that edit weights: restores the input bit for bit, names as on disk
+      erase_report.json         erasure methods: layers, energies, ranks, norms removed
+      layer_energy.png          erasure methods: the per-layer task energy and the selection
+      tilt/                     T3: the head and its settings (the base weights beside it are unchanged)
+
+``mmunlearn restore --model out --out restored`` works on every such folder. "params changed" counts
+unique parameters: tensors shared by several names (tied embeddings) count once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmunlearn.methods.base import MethodResult, RunContext, get
+from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
+
+log = logging.getLogger(__name__)
+REPORT_NAME = "unlearn_report.json"
+TILT_DIR = "tilt"
+#: Largest relative update ||dW||_F / ||W||_F of one tensor before the report flags it (see README).
+LARGE_UPDATE = 0.5
+
+
+@dataclass
+class Outcome:
+    """What ``run_unlearning`` returns: the adapter to evaluate (T3: the tilted wrapper), the method's
+    result, the report (also ``out/unlearn_report.json``) and the output folder."""
+
+    adapter: Any
+    result: MethodResult
+    report: dict[str, Any]
+    out: Path | None
+
+
+def unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers, each storage once (the first name of tied tensors)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        out[name] = t
+    return out
+
+
+def changed_fraction(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> float:
+    """Fraction of the model's unique parameters (tied ones once) whose value differs from ``before``."""
+    changed = total = 0
+    for name, p in model.named_parameters():  # remove_duplicate=True: tied weights once
+        total += p.numel()
+        if name in before:
+            changed += int((p.detach() != before[name].to(p.device)).sum())
+    return changed / total if total else 0.0
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return getattr(value, "__name__", str(value))
+
+
+def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> tuple[list[str], dict[str, float]]:
+    """Names of the changed tensors and their relative update; non-finite results are an error."""
+    changed, rel = [], {}
+    for name, t in unique_tensors(model).items():
+        old = before.get(name)
+        if old is None or torch.equal(old, t.detach()):
+            continue
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"the edit left NaN or Inf values in {name!r}; nothing was written "
+                             "(lower the scale or the learning rate)")
+        changed.append(name)
+        if t.is_floating_point():
+            norm = float(torch.linalg.vector_norm(old.double()))
+            rel[name] = float(torch.linalg.vector_norm((t.detach() - old).double())) / norm if norm else float("inf")
+    return changed, rel
+
+
+def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence[Any], *, kind: str,
+                   config: Any = None, size: str | None = None, overrides: Mapping[str, Any] | None = None,
+                   reference=None, rule: SweepRule | None = None, out: str | os.PathLike | None = None,
+                   inputs: Sequence[str | os.PathLike] = (), overwrite: bool = False, cache_dir: str | None = None,
+                   progress: bool = True, meta: Mapping[str, Any] | None = None) -> Outcome:
+    """Unlearn ``forget`` from ``adapter`` (in place, except T3) with ``method``; write ``out`` if given.
+
+    Args:
+        kind: ``text``, ``speech-llm`` or ``speaker`` (the method must apply to it).
+        config: the method's config (default: its preset ``size`` for ``kind`` with ``overrides``).
+        reference: adapter the erasure methods take task vectors from (default: the target).
+        rule: the sweep rule on the training partitions (None: the config's settings as they are).
+        inputs: folders the output must not be, lie inside or contain (the model's own folder).
+        meta: extra JSON-able fields for the report (e.g. the source folder).
+    """
+    spec = get(method, kind)
+    if not forget or not retain:
+        raise ValueError(f"the forget and retain sets must not be empty (got {len(forget)} and {len(retain)} items)")
+    cfg = config if config is not None else spec.config_for(kind, size, **(overrides or {}))
+    if out is not None:
+        _check_out(Path(out), inputs, overwrite)
+    before = {n: t.detach().clone() for n, t in unique_tensors(adapter.model).items()} if spec.edits_weights else {}
+    nll_before = {"forget": mean_nll(adapter, forget), "retain": mean_nll(adapter, retain)}
+    scorer = Scorer(rule, adapter, forget, retain) if rule is not None else None
+    ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=cache_dir, progress=progress)
+    result = spec.run(adapter, forget, retain, cfg, ctx)
+    edited = result.adapter
+    changed, rel = _check_edit(before, adapter.model) if spec.edits_weights else ([], {})
+    large = sorted(n for n, r in rel.items() if r > LARGE_UPDATE)
+    if large:
+        log.warning("%s: %d tensor(s) moved by more than %.0f%% of their norm (e.g. %s); check the model's outputs",
+                    method, len(large), 100 * LARGE_UPDATE, large[0])
+    nll_after = {"forget": mean_nll(edited, forget), "retain": mean_nll(edited, retain)}
+    report: dict[str, Any] = {
+        "method": method, "model_kind": kind, "forget_items": len(forget), "retain_items": len(retain),
+        "extract_seconds": result.extract_seconds, "unlearn_seconds": result.unlearn_seconds,
+        "changed_fraction": changed_fraction(before, adapter.model) if spec.edits_weights else 0.0,
+        "forget_nll": {"before": nll_before["forget"], "after": nll_after["forget"]},
+        "retain_nll": {"before": nll_before["retain"], "after": nll_after["retain"]},
+        "max_relative_update": max(rel.values(), default=0.0), "large_update_tensors": large,
+        "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(dict(meta or {}))}
+    if scorer is not None:
+        f, r = scorer.score(edited)
+        report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
+                          "forget": f, "retain": r}
+        report["target_reached"] = scorer.reached(f) and not scorer.over(r)
+        if not report["target_reached"]:
+            log.warning("%s did not meet its rule: forget %.4g (target %.4g), retain rise %.4g (bound %.4g)",
+                        method, f, rule.forget_target, r - scorer.base_retain, rule.retain_bound)
+    else:
+        report["target_reached"] = None
+    if out is not None:
+        out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite)
+    return Outcome(edited, result, report, out)
+
+
+def _check_out(out: Path, inputs: Sequence[str | os.PathLike], overwrite: bool) -> None:
+    try:
+        from mmunlearn.checkpoint import check_output_dir
+    except ImportError:  # pragma: no cover - older checkpoint module
+        check_output_dir = None
+    if check_output_dir is not None:
+        check_output_dir(out, *inputs, overwrite=overwrite)
+        return
+    o = out.resolve()
+    for src in map(lambda p: Path(p).resolve(), inputs):
+        if o == src or src in o.parents or o in src.parents:
+            raise ValueError(f"--out {out} must not be the input {src}, lie inside it or contain it")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"output directory already exists: {out} (pass overwrite to replace it)")
+
+
+def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before: Mapping[str, torch.Tensor],
+           changed: list[str], overwrite: bool) -> Path:
+    """The model in its own format, then the undo patch and reports, all renamed into ``out`` at once."""
+    from mmunlearn.checkpoint import atomic_dir
+    from mmunlearn.erase.apply import PATCH_NAME
+    from mmunlearn.erase.apply import REPORT_NAME as ERASE_REPORT
+    from mmunlearn.erase.patch import UndoPatch, dense_entry
+    from mmunlearn.methods.ondisk import disk_names
+
+    final = out.resolve()
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        adapter.save(tmp / "model", overwrite=True)  # the base as edited in place (T3: unchanged)
+        for item in list((tmp / "model").iterdir()):
+            os.replace(item, tmp / item.name)
+        (tmp / "model").rmdir()
+        if not spec.edits_weights:
+            tilt = result.adapter.model
+            tilt.base_path = str(final)
+            tilt.save(tmp / TILT_DIR, overwrite=True)
+            report["tilt_dir"] = str(final / TILT_DIR)
+        elif changed:
+            erase_report = result.erase_report
+            flat = adapter.model.state_dict()
+            patched = {e.label.split("[", 1)[0] for e in erase_report.patch.entries} if erase_report else set()
+            current = {n: flat[n] for n in {*changed, *patched}}
+            names = disk_names(current, tmp)
+            if erase_report is not None:
+                entries = [replace(e, label=names[base] + e.label[len(base):])
+                           for e in erase_report.patch.entries for base in [e.label.split("[", 1)[0]]]
+                erase_report.patch = UndoPatch(entries)
+            else:
+                entries = [dense_entry(names[n], before[n], current[n]) for n in changed]
+            UndoPatch(entries).save(tmp / PATCH_NAME)
+            report["undo_patch"] = str(final / PATCH_NAME)
+            if erase_report is not None:
+                erase_report.patch_path = str(final / PATCH_NAME)
+                erase_report.to_json(tmp / ERASE_REPORT)
+                erase_report.plot_energy(tmp / "layer_energy.png")
+                report["erase_report"] = str(final / ERASE_REPORT)
+        report["out"] = str(final)
+        (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2))
+    return final
+
+
+def restore_leftovers() -> tuple[str, ...]:
+    """Files and folders of an unlearning output that are not part of the model itself."""
+    from mmunlearn.erase.apply import PATCH_NAME
+    from mmunlearn.erase.apply import REPORT_NAME as ERASE_REPORT
+
+    return (PATCH_NAME, ERASE_REPORT, "layer_energy.png", REPORT_NAME, TILT_DIR)
+
+
+__all__ = ["LARGE_UPDATE", "Outcome", "REPORT_NAME", "changed_fraction", "restore_leftovers", "run_unlearning",
+           "unique_tensors"]

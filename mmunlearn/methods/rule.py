@@ -1,0 +1,140 @@
+"""The sweep rule every method obeys, on the training partitions only, and the shared mean-NLL scorer.
+
+Rule: raise the forget measure (default: the mean answer NLL) to ``forget_target`` while the retain
+measure rises by at most ``retain_bound`` over the unedited model. Erasure sweeps rank x scale, T3 the
+temperature and tilt strength, the optimisation baselines and RMU stop early; all choose with
+:func:`choose` and record whether the target was reached (``target_reached``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Measure = Callable[[Any, Sequence[Any]], float]
+
+
+def mean_nll(adapter, items: Sequence[Any], batch_size: int = 16) -> float:
+    """Mean per-example NLL (length-normalised) of the targets of ``items`` under ``adapter``."""
+    if not items:
+        raise ValueError("mean_nll: no items to score")
+    if hasattr(adapter, "answer_nll"):
+        return float(adapter.answer_nll(items, batch_size=batch_size).mean())
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(items), batch_size):
+            batch = adapter.collate(items[i : i + batch_size])
+            total += float(-adapter.sequence_logprob(batch, average=True).sum())
+    return total / len(items)
+
+
+@dataclass
+class SweepRule:
+    """What a sweep aims at (measured on the training partitions, never on evaluation metrics).
+
+    ``forget_measure`` / ``retain_measure``: ``f(adapter, items) -> float`` (default :func:`mean_nll`);
+    e.g. a classifier's forget error rate. ``retain_items``: the retain rows scored (default: the retain
+    partition the method trains with).
+    """
+
+    forget_target: float
+    retain_bound: float
+    forget_measure: Measure = mean_nll
+    retain_measure: Measure = mean_nll
+    retain_items: Sequence[Any] | None = None
+    checks_per_epoch: int = 4  # early-stopping methods: how often an epoch they score
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.retain_bound, (int, float)) and self.retain_bound >= 0):
+            raise ValueError(f"retain_bound must be >= 0, got {self.retain_bound!r}")
+        if not math.isfinite(self.forget_target):
+            raise ValueError(f"forget_target must be finite, got {self.forget_target!r}")
+
+    def describe(self) -> dict:
+        name = lambda f: getattr(f, "__name__", type(f).__name__)  # noqa: E731
+        return {"forget_target": self.forget_target, "retain_bound": self.retain_bound,
+                "forget_measure": name(self.forget_measure), "retain_measure": name(self.retain_measure)}
+
+
+@dataclass
+class SweepPoint:
+    """One setting tried by a sweep and what the rule's measures gave."""
+
+    rank: int | None
+    scale: float  # erasure scale, T3 temperature, or training step
+    forget_nll: float
+    retain_nll: float
+
+
+class Scorer:
+    """The rule's two measures on one adapter, with the unedited model's values as reference."""
+
+    def __init__(self, rule: SweepRule, adapter, forget: Sequence[Any], retain: Sequence[Any]):
+        self.rule, self.forget = rule, list(forget)
+        self.retain = list(rule.retain_items or retain)
+        self.base_forget = rule.forget_measure(adapter, self.forget)
+        self.base_retain = rule.retain_measure(adapter, self.retain)
+
+    def score(self, adapter) -> tuple[float, float]:
+        return self.rule.forget_measure(adapter, self.forget), self.rule.retain_measure(adapter, self.retain)
+
+    def reached(self, forget_value: float) -> bool:
+        return forget_value >= self.rule.forget_target
+
+    def over(self, retain_value: float) -> bool:
+        return retain_value - self.base_retain > self.rule.retain_bound
+
+    def point_meets(self, p: SweepPoint) -> bool:
+        return self.reached(p.forget_nll) and not self.over(p.retain_nll)
+
+    def chosen(self, p: SweepPoint, **extra: Any) -> dict:
+        return {"rank": p.rank, "scale": p.scale, "base_forget_nll": self.base_forget,
+                "base_retain_nll": self.base_retain, **self.rule.describe(), **extra}
+
+
+def choose(points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float,
+           retain_bound: float) -> SweepPoint:
+    """The sweep rule: among points whose retain measure rose by at most ``retain_bound``, the one that
+    reaches ``forget_target`` with the smallest retain measure; if none does, the one with the highest
+    forget measure; if none keeps retain within bound, the first (smallest) edit."""
+    if not points:
+        raise ValueError("choose: the sweep scored no points")
+    ok = [p for p in points if p.retain_nll - base_retain <= retain_bound]
+    if not ok:
+        return points[0]
+    reached = [p for p in ok if p.forget_nll >= forget_target]
+    if reached:
+        return min(reached, key=lambda p: p.retain_nll)
+    return max(ok, key=lambda p: p.forget_nll)
+
+
+def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: SweepRule, steps_per_epoch: int):
+    """``(on_step, trajectory, scorer)`` for a training loop: a few times an epoch score the training
+    partitions and stop once the forget measure reaches the target or the retain measure passes the bound."""
+    scorer = Scorer(rule, adapter, forget, retain)
+    every = max(1, steps_per_epoch // max(1, rule.checks_per_epoch))
+    trajectory: list[dict] = []
+
+    def on_step(step: int, _loss: float) -> bool:
+        if step % every:
+            return False
+        was_training = adapter.model.training
+        adapter.model.eval()
+        f, r = scorer.score(adapter)
+        adapter.model.train(was_training)
+        trajectory.append({"step": step, "forget_nll": f, "retain_nll": r})
+        return scorer.reached(f) or scorer.over(r)
+
+    return on_step, trajectory, scorer
+
+
+def trajectory_reached(trajectory: list[dict], scorer: Scorer) -> bool:
+    """Whether the last scored state of an early-stopped run met the rule."""
+    if not trajectory:
+        return False
+    last = trajectory[-1]
+    return scorer.reached(last["forget_nll"]) and not scorer.over(last["retain_nll"])

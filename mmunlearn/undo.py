@@ -1,0 +1,81 @@
+"""``mmunlearn restore`` for every output folder: the original weights back, bit for bit, in a new folder.
+
+Handles what ``mmunlearn erase`` writes (safetensors, streamed shard by shard or in memory) and what the
+unlearning harness writes for any method and model kind: safetensors models (text and speech LLMs),
+SpeechBrain-layout speaker classifiers (``.ckpt`` state dicts, read with ``weights_only=True``) and T3
+outputs (no weight changed: the model without its ``tilt/`` head). Reports, plots and the undo patch are
+not carried into the restored folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.erase.apply import PATCH_NAME, restore
+from mmunlearn.erase.patch import UndoPatch
+from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
+from mmunlearn.methods.ondisk import SPEAKER_CKPTS
+
+
+def _copy_model_files(src: Path, dst: Path, skip: set[str]) -> None:
+    for item in src.iterdir():
+        if item.name in skip or item.name.startswith("."):
+            continue
+        if item.is_symlink():
+            raise ValueError(f"{item} is a symbolic link; model folders must hold plain files")
+        if item.is_dir():
+            shutil.copytree(item, dst / item.name)
+        else:
+            shutil.copy2(item, dst / item.name)
+
+
+def _restore_speaker(model_dir: Path, out: Path, undo: UndoPatch, overwrite: bool) -> None:
+    states = {f: torch.load(model_dir / f, map_location="cpu", weights_only=True) for f in SPEAKER_CKPTS
+              if (model_dir / f).is_file()}
+    flat = {f"{f.rsplit('.', 1)[0]}.{k}": t for f, s in states.items() for k, t in s.items()}
+    restore(flat, undo)  # writes into the loaded tensors
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        _copy_model_files(model_dir, tmp, set(restore_leftovers()) | set(states))
+        for f, state in states.items():
+            torch.save(state, tmp / f)
+
+
+def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patch: str | os.PathLike | None = None,
+                   overwrite: bool = False, stream: bool = True, hardlink: bool = True, progress: bool = True) -> Path:
+    """Write the original model of an unlearning output ``model_dir`` into ``out``."""
+    model_dir, out = Path(model_dir), Path(out)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder not found: {model_dir}")
+    if out.resolve() == model_dir.resolve():
+        raise ValueError("--out must differ from --model: the input folder is never modified")
+    patch_path = Path(patch) if patch is not None else model_dir / PATCH_NAME
+    report = {}
+    if (model_dir / REPORT_NAME).is_file():
+        try:
+            report = json.loads((model_dir / REPORT_NAME).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: {exc}") from exc
+    if not patch_path.is_file() and report and (report.get("changed_fraction") == 0.0 or report.get("tilt_dir")):
+        with atomic_dir(out, overwrite=overwrite) as tmp:  # nothing was edited (T3): the model without its head
+            _copy_model_files(model_dir, tmp, set(restore_leftovers()))
+        return out
+    if not patch_path.is_file():
+        raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch)")
+    if (model_dir / "hyperparams.yaml").is_file():
+        _restore_speaker(model_dir, out, UndoPatch.load(patch_path), overwrite)
+    elif stream:
+        from mmunlearn.erase.stream import stream_restore_checkpoint
+
+        stream_restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite, hardlink=hardlink,
+                                  progress=progress)
+    else:
+        from mmunlearn.erase_checkpoint import restore_checkpoint
+
+        restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite)
+    return out
