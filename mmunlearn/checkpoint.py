@@ -3,16 +3,18 @@
 Editing tools (erase, restore) work on the tensors of a checkpoint without instantiating the
 model, so they apply to any architecture. Outputs are written to a temporary sibling directory
 and renamed into place: an interrupted run leaves no partial output, and the input checkpoint
-is never modified.
+is never modified. Model folders are untrusted: shard names must be plain names, symbolic links
+must stay inside the folder, and an output may not overlap an input (see :mod:`mmunlearn.paths`).
+Only safetensors files are read; pickled ``.bin`` / ``.pt`` weights are never loaded.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,21 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mmunlearn.atomic import dir_mode, write_json_atomic
+from mmunlearn.errors import NonFiniteError
+from mmunlearn.paths import (
+    MARKER,
+    check_output_dir,
+    check_tree,
+    clean_leftovers,
+    make_temp_dir,
+    plain_name,
+)
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+__all__ = ["INDEX", "MARKER", "SINGLE", "Checkpoint", "atomic_dir", "check_finite", "check_output_dir",
+           "copy_extra_files", "load_checkpoint", "shard_files", "write_checkpoint"]
 
 
 @dataclass
@@ -35,22 +50,40 @@ class Checkpoint:
     shard_meta: dict[str, dict]  # shard file name -> safetensors header metadata
 
 
+def _read_index(path: Path) -> dict[str, str]:
+    """The ``weight_map`` of a safetensors index: tensor name -> plain shard file name."""
+    try:
+        weight_map = json.loads(path.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a valid safetensors index (needs 'weight_map')") from exc
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
+        raise ValueError(f"{path} is not a valid safetensors index ('weight_map' must map tensor names to files)")
+    for shard in set(weight_map.values()):
+        plain_name(shard, path)
+    return weight_map
+
+
 def shard_files(root: Path) -> dict[str, list[str]]:
-    """Shard file name -> tensor names, from the index file or the single safetensors file."""
+    """Shard file name -> tensor names, from the index file or the single safetensors file.
+
+    Checks the folder first (:func:`mmunlearn.paths.check_tree`: no link leaving it) and every
+    shard name of the index (a plain name inside the folder), before any shard is opened.
+    """
+    root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory not found: {root}")
+    check_tree(root)
     if (root / INDEX).is_file():
-        try:
-            weight_map = json.loads((root / INDEX).read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise ValueError(f"{root / INDEX} is not a valid safetensors index (needs 'weight_map')") from exc
         shards: dict[str, list[str]] = {}
-        for name, shard in weight_map.items():
+        for name, shard in _read_index(root / INDEX).items():
             shards.setdefault(shard, []).append(name)
         return shards
     if (root / SINGLE).is_file():
-        with safe_open(str(root / SINGLE), framework="pt") as f:
-            return {SINGLE: list(f.keys())}
+        try:
+            with safe_open(str(root / SINGLE), framework="pt") as f:
+                return {SINGLE: list(f.keys())}
+        except SafetensorError as exc:
+            raise ValueError(f"cannot read {root / SINGLE}: not a valid safetensors file ({exc})") from exc
     found = sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
     hint = f" (found {found}: convert to safetensors with save_pretrained(safe_serialization=True))" if found else ""
     raise FileNotFoundError(f"{root} has no {SINGLE} or {INDEX}{hint}")
@@ -74,21 +107,39 @@ def load_checkpoint(root: str | os.PathLike) -> Checkpoint:
     return Checkpoint(root=root, tensors=tensors, shard_of=shard_of, shard_meta=shard_meta)
 
 
+def _write_marker(folder: Path) -> None:
+    """The marker that lets ``overwrite`` replace this folder later. No timestamp (the folder's mtime
+    has it): two runs that write the same output give byte-identical folders."""
+    from mmunlearn import __version__
+
+    write_json_atomic(folder / MARKER, {"tool": "mmunlearn", "version": __version__})
+
+
 @contextmanager
-def atomic_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``out`` only if the block completes."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output directory already exists: {out} (pass overwrite to replace it)")
+def atomic_dir(out: str | os.PathLike, overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = ()
+               ) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``out`` only if the block completes.
+
+    ``out`` is checked first with :func:`check_output_dir` against ``inputs`` (never one of them,
+    inside or above one; replaced only with ``overwrite`` and only if mmunlearn wrote it), and
+    temporary folders that killed runs left next to it are removed. The finished folder holds the
+    marker file :data:`MARKER` and has ordinary permissions (0o777 minus the umask).
+    """
+    inputs = tuple(inputs)
+    out = check_output_dir(out, *inputs, overwrite=overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    clean_leftovers(out)
+    tmp = make_temp_dir(out, "tmp")
     try:
         yield tmp
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        _write_marker(tmp)
+        os.chmod(tmp, dir_mode())
+        check_output_dir(out, *inputs, overwrite=overwrite)  # again: another process may have written it meanwhile
+        if os.path.lexists(out):
+            old = make_temp_dir(out, "old")
             os.replace(out, old / "x")
             os.replace(tmp, out)
-            shutil.rmtree(old)
+            shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
     finally:
@@ -96,22 +147,67 @@ def atomic_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], where: str) -> None:
+    """Raise :class:`~mmunlearn.errors.NonFiniteError` if a floating-point tensor holds NaN or Inf.
+
+    ``where`` says what was about to happen (e.g. ``"erase into out/"``); the message names the
+    first bad tensor and how many of its entries are not finite. Costs one norm per tensor.
+    """
+    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    for name, t in items:
+        if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+            continue
+        t = t.detach()
+        if math.isfinite(float(torch.linalg.vector_norm(t))):
+            continue
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise NonFiniteError(f"{where}: {name} would hold {bad} NaN/Inf value(s) of {t.numel()}; nothing was "
+                                 "written (a --scale too large for the weights' dtype, or corrupt inputs)")
+
+
+def _copy_entry(src: Path, dst: Path, real_root: Path) -> None:
+    if src.is_symlink() and src.is_dir():
+        target = src.resolve()
+        if target == real_root or real_root in target.parents:
+            # a folder link inside the model folder stays a (relative) link: copying through it could loop
+            os.symlink(os.path.relpath(target, src.parent.resolve()), dst)
+            return
+        shutil.copytree(target, dst)
+    elif src.is_dir():
+        dst.mkdir(mode=dir_mode())
+        for child in sorted(src.iterdir()):
+            _copy_entry(child, dst / child.name, real_root)
+    else:  # a file, or a link (checked to stay inside the folder) copied as the file it points to
+        shutil.copy2(src, dst)
+
+
+def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> None:
+    """Copy everything in ``root`` but the names in ``skip`` and :data:`MARKER` into ``dst``.
+
+    Links are checked (:func:`mmunlearn.paths.check_tree`) before anything is copied; a file link
+    is copied as its file, a folder link inside ``root`` is kept as a relative link.
+    """
+    root, dst = Path(root), Path(dst)
+    check_tree(root)
+    skip = set(skip) | {MARKER}
+    real_root = root.resolve()
+    for item in sorted(root.iterdir()):
+        if item.name not in skip:
+            _copy_entry(item, dst / item.name, real_root)
+
+
 def write_checkpoint(ckpt: Checkpoint, out_dir: Path, tensors: Mapping[str, torch.Tensor] | None = None) -> None:
     """Write ``ckpt`` (with ``tensors`` replacing its own) into ``out_dir`` in the same layout.
 
-    Non-weight files (config, tokenizer, generation config, ...) are copied as they are.
+    Non-weight files (config, tokenizer, generation config, ...) are copied as they are
+    (:func:`copy_extra_files`).
     """
     tensors = dict(ckpt.tensors if tensors is None else tensors)
     weight_files = set(ckpt.shard_meta) | {INDEX}
-    for item in ckpt.root.iterdir():
-        if item.name in weight_files:
-            continue
-        if item.is_dir():
-            shutil.copytree(item, out_dir / item.name)
-        else:
-            shutil.copy2(item, out_dir / item.name)
+    copy_extra_files(ckpt.root, out_dir, skip=weight_files)
     for shard, meta in ckpt.shard_meta.items():
         part = {n: tensors[n].contiguous() for n, s in ckpt.shard_of.items() if s == shard}
-        save_file(part, str(out_dir / shard), metadata=meta or {"format": "pt"})
+        save_file(part, str(out_dir / plain_name(shard, ckpt.root / INDEX)), metadata=meta or {"format": "pt"})
     if (ckpt.root / INDEX).is_file():
         shutil.copy2(ckpt.root / INDEX, out_dir / INDEX)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mmunlearn.checkpoint import atomic_dir, load_checkpoint, write_checkpoint
+from mmunlearn.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
 from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
+from mmunlearn.errors import NonFiniteError
 from mmunlearn.taskvec.store import load_task_matrices
 
 PLOT_NAME = "layer_energy.png"
@@ -26,18 +27,23 @@ def erase_checkpoint(
     """QR-Erase a checkpoint directory into ``out`` (edited weights + undo patch + report + plot).
 
     ``options`` are those of :func:`mmunlearn.erase.erase`. Everything is validated before
-    anything is written, and ``out`` appears only once complete.
+    anything is written, and ``out`` appears only once complete. ``out`` may not overlap an input
+    (:func:`mmunlearn.checkpoint.check_output_dir`), and edited weights with NaN or Inf values are
+    never written.
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output directory already exists: {out} (use --overwrite)")
-    if Path(out).resolve() == Path(model_dir).resolve():
-        raise ValueError("--out must differ from --model: the input checkpoint is never modified")
+    inputs = (model_dir, forget, retain)
+    check_output_dir(out, *inputs, overwrite=overwrite)
     ckpt = load_checkpoint(model_dir)
     tf = load_task_matrices(forget)
     tr = load_task_matrices(retain) if retain is not None else None
-    report = erase(ckpt.tensors, tf, tr, out=None, **options)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    try:
+        report = erase(ckpt.tensors, tf, tr, out=None, **options)
+    except NonFiniteError as exc:
+        raise NonFiniteError(f"erase of {model_dir}: {exc}") from exc
+    edited = {e.label.split("[", 1)[0] for e in report.patch.entries}
+    check_finite({n: ckpt.tensors[n] for n in edited}, f"erase of {model_dir} into {out}")
+    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         write_checkpoint(ckpt, tmp)
         report.patch.save(tmp / PATCH_NAME)
         report.patch_path = str(out / PATCH_NAME)
@@ -53,12 +59,16 @@ def restore_checkpoint(
     patch: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> None:
-    """Write the original checkpoint of an erased one into ``out``."""
+    """Write the original checkpoint of an erased one into ``out`` (not an input, nor overlapping one)."""
     model_dir = Path(model_dir)
+    inputs = (model_dir, patch)
+    check_output_dir(out, *inputs, overwrite=overwrite)
+    ckpt = load_checkpoint(model_dir)  # first: a missing model folder is reported as such
     undo = UndoPatch.load(patch if patch is not None else model_dir / PATCH_NAME)
-    ckpt = load_checkpoint(model_dir)
     restore(ckpt.tensors, undo)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    restored = {e.label.split("[", 1)[0] for e in undo.entries}
+    check_finite({n: ckpt.tensors[n] for n in restored}, f"restore of {model_dir} into {out}")
+    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         write_checkpoint(ckpt, tmp)
         for leftover in (PATCH_NAME, REPORT_NAME, PLOT_NAME):
             (tmp / leftover).unlink(missing_ok=True)

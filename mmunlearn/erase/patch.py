@@ -81,22 +81,34 @@ class UndoPatch:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "UndoPatch":
-        from safetensors import safe_open
+        """Read a saved patch; a missing, unreadable or malformed file raises an error naming it."""
+        from safetensors import SafetensorError, safe_open
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"undo patch not found: {path}")
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is not a readable undo patch: not a valid safetensors file ({exc})") from exc
         if meta.get("format") != FORMAT:
             raise ValueError(f"{path} is not an mmunlearn undo patch (format {meta.get('format')!r})")
-        tensors = load_file(str(path))
-        entries = [
-            PatchEntry(label=m["label"], A=tensors[f"{i}.A"], B=tensors[f"{i}.B"],
-                       fix_idx=tensors[f"{i}.fix_idx"], fix_val=tensors[f"{i}.fix_val"],
-                       before=m["before"], after=m["after"], original=tensors.get(f"{i}.orig"))
-            for i, m in enumerate(json.loads(meta["entries"]))
-        ]
+        try:
+            tensors = load_file(str(path))
+            records = json.loads(meta["entries"])
+            entries = [
+                PatchEntry(label=str(m["label"]), A=tensors[f"{i}.A"], B=tensors[f"{i}.B"],
+                           fix_idx=tensors[f"{i}.fix_idx"], fix_val=tensors[f"{i}.fix_val"],
+                           before=m["before"], after=m["after"], original=tensors.get(f"{i}.orig"))
+                for i, m in enumerate(records)
+            ]
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is a corrupt undo patch: {exc}") from exc
+        except KeyError as exc:
+            raise ValueError(f"{path} is a corrupt undo patch: {exc.args[0]!r} is missing") from exc
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{path} is a corrupt undo patch: its 'entries' list is not valid ({exc})") from exc
         return cls(entries)
 
 

@@ -16,7 +16,9 @@ matrices in memory:
 
 Peak memory is about one shard plus one matrix's forget and retain task matrices and the
 temporaries of one edit, whatever the size of the model. Everything is written into a temporary
-sibling of ``out`` that is renamed into place at the end: an interrupted run leaves no ``out``.
+sibling of ``out`` that is renamed into place at the end: an interrupted run leaves no ``out``
+(and the next run on the same ``out`` removes its temporary folder). ``out`` may not overlap an input,
+and no edited or restored tensor with NaN or Inf values is ever written.
 Hard-linked shards share their inode with the input: rewriting one of them *in place* would change
 both (writers that replace the file, as safetensors and HF ``save_pretrained`` do, are safe).
 
@@ -42,7 +44,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from mmunlearn.checkpoint import INDEX, atomic_dir, shard_files
+from mmunlearn.checkpoint import INDEX, atomic_dir, check_finite, check_output_dir, copy_extra_files, shard_files
 from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, _check_rank, erase, restore
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
@@ -50,6 +52,7 @@ from mmunlearn.erase.norms import sq_norm
 from mmunlearn.erase.patch import PatchEntry, UndoPatch
 from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
+from mmunlearn.errors import NonFiniteError
 from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
 
 log = logging.getLogger(__name__)
@@ -96,8 +99,11 @@ def open_checkpoint(root: str | os.PathLike) -> ShardedCheckpoint:
 
 def _load_shard(root: Path, shard: str) -> dict[str, torch.Tensor]:
     """Every tensor of one shard, memory-mapped copy-on-write: edits never reach the file."""
-    with safe_open(str(root / shard), framework="pt") as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
+    try:
+        with safe_open(str(root / shard), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"cannot read shard {root / shard}: {exc}") from exc
 
 
 def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict) -> None:
@@ -115,23 +121,6 @@ def _link_or_copy(src: Path, dst: Path, hardlink: bool) -> bool:
             pass
     shutil.copy2(src, dst)
     return False
-
-
-def _copy_other_files(root: Path, dst: Path, weight_files: set[str], skip: tuple[str, ...] = ()) -> None:
-    for item in root.iterdir():
-        if item.name in weight_files or item.name in skip:
-            continue
-        if item.is_dir():
-            shutil.copytree(item, dst / item.name)
-        else:
-            shutil.copy2(item, dst / item.name)
-
-
-def _prepare_out(model_dir: Path, out: Path, overwrite: bool) -> None:
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output directory already exists: {out} (use --overwrite)")
-    if out.resolve() == model_dir.resolve():
-        raise ValueError("--out must differ from --model: the input checkpoint is never modified")
 
 
 def _check_inputs(ckpt: ShardedCheckpoint, forget: LazyTaskMatrices, retain: LazyTaskMatrices | None,
@@ -191,7 +180,8 @@ def stream_erase_checkpoint(
     if unknown:
         raise TypeError(f"unknown erase option(s): {', '.join(sorted(unknown))}")
     model_dir, out = Path(model_dir), Path(out)
-    _prepare_out(model_dir, out, overwrite)
+    inputs = (model_dir, forget, retain)
+    check_output_dir(out, *inputs, overwrite=overwrite)
     localize = options.pop("localize", True)
     rule, top, threshold = options.pop("rule", "mean"), options.pop("top", None), options.pop("threshold", None)
     groups = options.pop("groups", None)
@@ -224,8 +214,8 @@ def stream_erase_checkpoint(
     rows: dict[str, list[MatrixRow]] = {}
     entries: dict[str, list[PatchEntry]] = {}
     linked = 0
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        _copy_other_files(model_dir, tmp, set(ckpt.shards) | {INDEX})
+    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
+        copy_extra_files(model_dir, tmp, skip=set(ckpt.shards) | {INDEX})
         for shard in tqdm(ckpt.shards, desc="erase shards", disable=not progress, dynamic_ncols=True):
             if shard not in by_shard:
                 linked += _link_or_copy(model_dir / shard, tmp / shard, hardlink)
@@ -236,10 +226,14 @@ def stream_erase_checkpoint(
                 if sq_norm(t_f) == 0.0:  # nothing to remove (erase() cannot localise a zero task)
                     continue
                 t_r = {name: tr[name]} if tr is not None else None
-                sub = erase({name: tensors[name]}, {name: t_f}, t_r, localize=False, out=None, **options)
+                try:
+                    sub = erase({name: tensors[name]}, {name: t_f}, t_r, localize=False, out=None, **options)
+                except NonFiniteError as exc:
+                    raise NonFiniteError(f"erase of {model_dir / shard}: {exc}") from exc
                 rows[name] = [m for layer in sub.layers for m in layer.matrices]
                 entries[name] = list(sub.patch.entries)
                 del t_f, t_r, sub
+            check_finite({n: tensors[n] for n in by_shard[shard]}, f"erase of {model_dir} into {out}")
             _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
             del tensors
         if (model_dir / INDEX).is_file():
@@ -280,17 +274,18 @@ def stream_restore_checkpoint(
     (or copied). Each shard's matrices are checked against the patch before any is written back.
     """
     model_dir, out = Path(model_dir), Path(out)
-    _prepare_out(model_dir, out, overwrite)
+    inputs = (model_dir, patch)
+    check_output_dir(out, *inputs, overwrite=overwrite)
+    ckpt = open_checkpoint(model_dir)  # first: a missing model folder is reported as such
     undo = UndoPatch.load(patch if patch is not None else model_dir / PATCH_NAME)
-    ckpt = open_checkpoint(model_dir)
     by_shard: dict[str, list[PatchEntry]] = {}
     for entry in undo.entries:
         name = entry.label.split("[", 1)[0]
         if name not in ckpt.shard_of:
             raise KeyError(f"the undo patch edits {entry.label!r}, which {model_dir} does not hold")
         by_shard.setdefault(ckpt.shard_of[name], []).append(entry)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        _copy_other_files(model_dir, tmp, set(ckpt.shards) | {INDEX}, skip=LEFTOVERS)
+    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
+        copy_extra_files(model_dir, tmp, skip=set(ckpt.shards) | {INDEX} | set(LEFTOVERS))
         for shard in tqdm(ckpt.shards, desc="restore shards", disable=not progress, dynamic_ncols=True):
             if shard not in by_shard:
                 _link_or_copy(model_dir / shard, tmp / shard, hardlink)
@@ -298,6 +293,7 @@ def stream_restore_checkpoint(
             tensors = _load_shard(model_dir, shard)
             names = {e.label.split("[", 1)[0] for e in by_shard[shard]}
             restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
+            check_finite({n: tensors[n] for n in names}, f"restore of {model_dir} into {out}")
             _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
             del tensors
         if (model_dir / INDEX).is_file():

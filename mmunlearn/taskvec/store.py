@@ -4,6 +4,9 @@ A task-matrix set is one ``.safetensors`` file, a directory of them (e.g. one fi
 group), or a sharded file's ``*.safetensors.index.json``; the metadata (kind, data hash, steps, lr,
 ...) travels in the safetensors header as JSON. ``open_task_matrices`` reads headers only and
 loads each tensor when asked for by name, so a large model's matrices can be streamed.
+
+Files are untrusted: an index may only name plain files in its own folder, every task matrix must
+be floating point, and a file that cannot be read is reported by name.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mmunlearn.paths import plain_name
 from mmunlearn.taskvec.lowrank import LowRank
+
+# safetensors header dtypes that are not floating point, with torch's names for the message
+_NOT_FLOAT = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+              "U32": "uint32", "I64": "int64", "U64": "uint64"}
 
 
 @dataclass
@@ -63,9 +71,9 @@ def _files(path: Path) -> list[Path]:
     if path.is_file() and path.name.endswith(".index.json"):
         try:
             shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
             raise ValueError(f"{path} is not a valid safetensors index (needs 'weight_map')") from exc
-        return [path.parent / s for s in shards]
+        return [path.parent / plain_name(s, path) for s in shards]
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -97,19 +105,29 @@ class LazyTaskMatrices(Mapping):
                     for key in st.keys():
                         if key in self._file_of:
                             raise ValueError(f"task matrix {key!r} appears twice (again in {f})")
+                        dtype = st.get_slice(key).get_dtype()
+                        if dtype in _NOT_FLOAT:
+                            raise ValueError(f"task matrix {key} in {f} has dtype {_NOT_FLOAT[dtype]}; "
+                                             "expected floating point")
                         self._file_of[key] = f
                         self._shape[key] = tuple(st.get_slice(key).get_shape())
             except SafetensorError as exc:
                 raise ValueError(f"{f} is not a readable safetensors file: {exc}") from exc
             if "mmunlearn" in header:
-                self.meta.update(json.loads(header["mmunlearn"]))
+                try:
+                    self.meta.update(json.loads(header["mmunlearn"]))
+                except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                    raise ValueError(f"{f} has a malformed 'mmunlearn' metadata entry ({exc})") from exc
         if not self._file_of:
             raise ValueError(f"{path} holds no task matrices")
 
     def __getitem__(self, key: str) -> torch.Tensor:
         f = self._file_of[key]
-        with safe_open(str(f), framework="pt", device=self.device) as st:
-            return st.get_tensor(key)
+        try:
+            with safe_open(str(f), framework="pt", device=self.device) as st:
+                return st.get_tensor(key)
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(f"cannot read task matrix {key} from {f}: {exc}") from exc
 
     def __contains__(self, key: object) -> bool:  # Mapping's default would load the tensor
         return key in self._file_of

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from mmunlearn.checkpoint import MARKER
 from mmunlearn.cli import app
 from mmunlearn.erase import stream as st
 from mmunlearn.erase.energy import group_of
@@ -42,7 +43,8 @@ def sharded(tmp_path):
 
 
 def files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+    """Every file's bytes, but the output marker (an mmunlearn output has one, a save_pretrained folder not)."""
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file() and p.name != MARKER}
 
 
 def same_content(a: Path, b: Path) -> bool:

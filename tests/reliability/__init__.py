@@ -1,0 +1,1 @@
+"""Reliability tests: untrusted folders, bad input, interrupted runs (issue 13)."""
