@@ -2,12 +2,15 @@
 
 For each selected layer group and each of its matrices W with forget task matrix T_f:
 Q_f = column_basis(T_f), Q_r = column_basis(T_r), T~ = (I - Q_r Q_r^T) Q_f Q_f^T T_f and
-W' = W - scale * T~. Every input is validated before any weight is touched, and an undo patch
+W' = W - scale * T~. Every input is validated before any weight is touched (including that no
+edited weight would become NaN or Inf), an edit larger than :data:`~mmunlearn.erase.report.LARGE_UPDATE`
+times the weights it changes is logged as a warning and flagged in the report, and an undo patch
 lets ``restore`` give back the original weights bit for bit.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -21,9 +24,13 @@ from mmunlearn.erase.basis import METHODS, column_basis
 from mmunlearn.erase.discriminate import discriminate_factors
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.norms import all_finite
-from mmunlearn.erase.patch import UndoPatch, apply_exact, revert_exact
-from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
+from mmunlearn.erase.patch import PatchEntry, UndoPatch, apply_exact, delta, revert_exact
+from mmunlearn.erase.report import LARGE_UPDATE, EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
+from mmunlearn.errors import NonFiniteError
+from mmunlearn.taskvec.lowrank import LowRank
+
+log = logging.getLogger(__name__)
 
 PATCH_NAME = "undo_patch.safetensors"
 REPORT_NAME = "erase_report.json"
@@ -36,11 +43,22 @@ def _check_rank(rank: int | None, label: str, shape: tuple[int, ...], what: str)
         raise ValueError(f"{what} rank {rank} exceeds min(m, n) = {min(shape)} of {label} {tuple(shape)}")
 
 
+def _check_float(what: str, t, name: str) -> None:
+    dtype = t.dtype
+    if not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point")
+
+
 def _plan(params: ParamTable, forget: Mapping, retain: Mapping | None, rank, retain_rank):
     """Validate every input and pair each matrix view with its task matrices."""
     plan: dict[str, list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]]] = {}
     for name, T in forget.items():
         param, kind = params.get(name)
+        _check_float("model parameter", param, name)
+        if not isinstance(T, LowRank):
+            _check_float("forget task matrix for", T, name)
+        if retain is not None and name in retain and not isinstance(retain[name], LowRank):
+            _check_float("retain task matrix for", retain[name], name)
         if not all_finite(param):
             raise ValueError(f"model parameter {name!r} contains NaN or Inf values")
         views = dict(params.views(name))
@@ -61,6 +79,27 @@ def _plan(params: ParamTable, forget: Mapping, retain: Mapping | None, rank, ret
             rows.append((label, views[label], t, r))
         plan[name] = rows
     return plan
+
+
+def _check_update_finite(label: str, view: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: float) -> None:
+    """Raise NonFiniteError if W - A @ B (in W's dtype) would hold NaN or Inf.
+
+    A bound first: |(A B)_ij| <= ||A_i|| ||B^j||, so max|W| + max_i ||A_i|| max_j ||B^j|| below the
+    dtype's largest value proves every entry finite; only otherwise is the edit computed to check.
+    """
+    W = view.detach()
+    if W.numel() == 0 or A.numel() == 0:
+        return
+    info = torch.finfo(W.dtype)
+    lo, hi = torch.aminmax(W)
+    w_max = max(abs(float(lo)), abs(float(hi)))
+    bound = w_max + float(torch.linalg.vector_norm(A, dim=1).max()) * float(torch.linalg.vector_norm(B, dim=0).max())
+    if math.isfinite(bound) and bound < info.max * (1 - 2 * info.eps):
+        return
+    new = W.to("cpu") - delta(A, B, W.dtype)
+    if not bool(torch.isfinite(new).all()):
+        raise NonFiniteError(f"the edit of {label} would write NaN or Inf weights ({str(W.dtype).replace('torch.', '')} "
+                             f"overflows at scale {scale:g}); nothing was changed: lower the scale")
 
 
 def erase(
@@ -142,6 +181,8 @@ def erase(
                             seconds=time.perf_counter() - t0)
             updates.append((name, label, view, float(scale) * A.double(), B.double(), row))
 
+    for _, label, view, A, B, _ in updates:
+        _check_update_finite(label, view, A, B, scale)
     patch = UndoPatch()
     rows_by_name: dict[str, list[MatrixRow]] = {}
     for name, label, view, A, B, row in updates:
@@ -152,6 +193,9 @@ def erase(
         row.norm_removed = removed
         row.rel_norm_removed = removed / w_norm if w_norm else 0.0
         row.seconds += time.perf_counter() - t0
+        if row.rel_norm_removed > LARGE_UPDATE:
+            log.warning("large edit of %s: ||dW||/||W|| = %.3g > %g (check the scale and that the task matrices "
+                        "belong to this model)", label, row.rel_norm_removed, LARGE_UPDATE)
         rows_by_name.setdefault(key(name), []).append(row)
 
     layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, []))
@@ -191,7 +235,30 @@ def restore(model: Model, patch: UndoPatch | str | os.PathLike | EraseReport) ->
             views[name] = flat[name].data if isinstance(flat[name], torch.nn.Parameter) else flat[name]
         else:
             views.update(params.views(name))
+    for entry in patch.entries:
+        if entry.label not in views:
+            raise KeyError(f"the undo patch restores {entry.label!r}, which the model does not hold")
+        _check_entry(entry, views[entry.label])
     originals = [(views[e.label], revert_exact(views[e.label], e)) for e in patch.entries]
     with torch.no_grad():
         for view, original in originals:
             view.copy_(original.to(view.device))
+
+
+def _check_entry(entry: PatchEntry, view: torch.Tensor) -> None:
+    """An undo record must fit the tensor it restores (a corrupt or foreign patch fails here, readably)."""
+    if entry.original is not None:
+        if tuple(entry.original.shape) != tuple(view.shape) or entry.original.dtype != view.dtype:
+            raise ValueError(f"the undo patch stores {entry.label} as {tuple(entry.original.shape)} "
+                             f"{entry.original.dtype}, the model has {tuple(view.shape)} {view.dtype}")
+        return
+    A, B, idx, val = entry.A, entry.B, entry.fix_idx, entry.fix_val
+    m, n = view.shape
+    ok = (A.dim() == 2 and B.dim() == 2 and A.shape[0] == m and B.shape[1] == n and A.shape[1] == B.shape[0]
+          and A.dtype.is_floating_point and B.dtype.is_floating_point
+          and idx.dim() == 1 and val.dim() == 1 and idx.shape == val.shape
+          and not idx.dtype.is_floating_point and idx.dtype != torch.bool
+          and (idx.numel() == 0 or (int(idx.min()) >= 0 and int(idx.max()) < m * n)))
+    if not ok:
+        raise ValueError(f"the undo patch entry for {entry.label} does not fit its {m} x {n} matrix "
+                         f"(A {tuple(A.shape)}, B {tuple(B.shape)}, {idx.numel()} fixes): corrupt or for another model")

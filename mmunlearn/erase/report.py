@@ -1,4 +1,8 @@
-"""The erase report: every layer with its energy, whether it was edited, ranks, norms, time."""
+"""The erase report: every layer with its energy, whether it was edited, ranks, norms, time.
+
+Layers with an edit larger than :data:`LARGE_UPDATE` times the weights it changes are flagged
+(``large_update_layers`` in the JSON, a warning under the table).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,11 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+# An edit with ||dW||_F / ||W||_F above this in any matrix of a layer is flagged: it changes the
+# weights by more than half their size, which usually means a --scale far too large or task
+# matrices that belong to another model. The edit is still made (and can be undone).
+LARGE_UPDATE = 0.5
 
 
 @dataclass
@@ -64,6 +73,11 @@ class EraseReport:
     def energies(self) -> dict[str, float]:
         return {row.layer: row.energy for row in self.layers}
 
+    @property
+    def large_update_layers(self) -> list[str]:
+        """Layers with a matrix whose relative update ||dW|| / ||W|| exceeds :data:`LARGE_UPDATE`."""
+        return [row.layer for row in self.layers if any(m.rel_norm_removed > LARGE_UPDATE for m in row.matrices)]
+
     def to_dict(self) -> dict:
         return {
             "method": self.method,
@@ -71,6 +85,8 @@ class EraseReport:
             "seconds": self.seconds,
             "patch": self.patch_path,
             "selected": self.selected,
+            "large_update_layers": self.large_update_layers,
+            "large_update_threshold": LARGE_UPDATE,
             "layers": [
                 {**{k: v for k, v in asdict(row).items() if k != "matrices"},
                  "rank": row.rank, "norm_removed": row.norm_removed, "seconds": row.seconds,
@@ -101,6 +117,10 @@ class EraseReport:
             t.add_row(row.layer, f"{row.energy:.4f}", "yes" if row.selected else "",
                       str(row.rank) if row.selected else "", f"{row.norm_removed:.4g}" if row.selected else "",
                       f"{row.seconds:.3f}" if row.selected else "")
+        if self.large_update_layers:
+            t.caption = (f"warning: ||dW||/||W|| > {LARGE_UPDATE} in {', '.join(self.large_update_layers)}: "
+                         "an update larger than half the weights (check --scale and the task matrices)")
+            t.caption_style = "bold red"
         return t
 
     def plot_energy(self, path: str | os.PathLike) -> Path:
