@@ -117,3 +117,19 @@ def test_speech_llm_where_audio_and_t3(llm_dir, speaker_manifests, tmp_path):
     nll = tilted.report["forget_nll"]
     assert nll["after"] > nll["before"]
     tilted.adapter.model.tap.remove()
+
+
+def test_rmu_on_a_speech_llm_restores_from_its_folder(llm_dir, speaker_manifests, tmp_path):
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+
+    forget, retain = speaker_manifests / "spk_forget_train.csv", speaker_manifests / "spk_retain_train.csv"
+    res = unlearn(llm_dir, forget=forget, retain=retain, method="rmu", out=tmp_path / "rmu", device="cpu",
+                  progress=False, layer=1, lr=1e-3, epochs=2, steering=8.0)
+    assert res.report["info"]["updated_layers"] == [0, 1]
+    original = SpeechLLMAdapter.load(llm_dir, device="cpu").model.state_dict()
+    changed = _changed(original, SpeechLLMAdapter.load(tmp_path / "rmu", device="cpu").model.state_dict())
+    # only the language model's MLPs of layers 0..1 train (the random-init tiny model's NLL says little here;
+    # tests/methods/test_methods.py checks that RMU raises the forget NLL of a trained model)
+    assert changed and all(".language_model.layers." in n and ".mlp." in n for n in changed)
+    restore_folder(tmp_path / "rmu", tmp_path / "back")
+    assert not _changed(original, SpeechLLMAdapter.load(tmp_path / "back", device="cpu").model.state_dict())

@@ -5,7 +5,7 @@ registers the built-in ones: QR-Erase, QR-Erase-rows, SVD-UNLEARN (:mod:`.erasur
 methods (:mod:`.optimisation`), T3 (:mod:`.t3`) and RMU (:mod:`.rmu`).
 """
 
-from mmunlearn.methods import erasure, optimisation, t3  # noqa: F401  (register)
+from mmunlearn.methods import erasure, optimisation, rmu, t3  # noqa: F401  (register)
 from mmunlearn.methods.base import REGISTRY, Method, MethodResult, RunContext, get, names, register
 from mmunlearn.methods.harness import Outcome, run_unlearning
 from mmunlearn.methods.rule import SweepRule, mean_nll

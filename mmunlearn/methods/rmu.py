@@ -1,0 +1,123 @@
+"""RMU (representation misdirection for unlearning; Li et al., 2024, "The WMDP benchmark", arXiv:2403.03218).
+
+At one decoder layer l, forget activations are steered towards a fixed random direction c * u while
+retain activations are kept where the frozen model puts them; only the MLPs of layers l-2 .. l train:
+
+    L = mean_f ||h_l(x) - c u||^2 + alpha * mean_r ||h_l(x) - h_l^frozen(x)||^2
+
+over answer tokens. ``steering`` sets c in units of the frozen model's mean activation norm at layer l on
+the forget set (the paper fixes c per model; a relative scale carries over between model sizes). With a
+sweep rule training stops early, as for the optimisation methods.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from mmunlearn.config import PresetConfig, opt
+from mmunlearn.methods.base import MethodResult, RunContext, register
+from mmunlearn.methods.rule import early_stop
+from mmunlearn.train import TrainConfig, train
+
+
+@dataclass(frozen=True)
+class RMUConfig(PresetConfig):
+    """Settings of RMU."""
+
+    layer: int | None = opt(None, "Decoder layer l whose activations are steered (default: a third of the depth).")
+    steering: float = opt(4.0, "c in units of the frozen model's mean activation norm at layer l (forget set).")
+    alpha: float = opt(10.0, "Weight of the retain term.")
+    epochs: int = opt(5, "Passes over the forget set (with a sweep rule: the most; it stops early).")
+    lr: float = opt(5e-5, "Learning rate (AdamW) of the updated MLPs.")
+    batch_size: int = opt(8, "Forget (and paired retain) examples per step.")
+    seed: int = opt(0, "Seed of the random direction and the data order.")
+
+    PRESETS: ClassVar[dict] = {("text", "micro"): dict(lr=1e-3, epochs=5), ("text", "mini"): dict(lr=5e-4, epochs=5),
+                               ("speech-llm", "tiny"): dict(lr=1e-3), ("speech-llm", "mini"): dict(lr=5e-4)}
+
+
+def _decoder_layers(model) -> torch.nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"RMU needs a decoder with .layers; {type(model).__name__} has none")
+    return layers
+
+
+class _Tap:
+    """Keeps the output hidden states of one decoder layer."""
+
+    def __init__(self, layer: torch.nn.Module):
+        self.out: torch.Tensor | None = None
+        self.handle = layer.register_forward_hook(self._hook)
+
+    def _hook(self, _module, _inputs, output) -> None:
+        self.out = output[0] if isinstance(output, tuple) else output
+
+
+def _acts(adapter, model, batch, tap: _Tap) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer-l activations at the answer positions (N x d) of ``batch`` under ``model``."""
+    logits, targets = adapter.logits(batch, model)  # runs the forward pass; the tap keeps layer l's output
+    mask = targets != -100  # answer tokens, predicted from position t (states aligned with logits)
+    return tap.out[:, : mask.shape[1]][mask], mask
+
+
+def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, ctx: RunContext) -> MethodResult:
+    """Steer the forget activations of one layer to a random direction; keep the retain ones."""
+    start = time.perf_counter()
+    model = adapter.model
+    layers = _decoder_layers(model)
+    l = cfg.layer if cfg.layer is not None else max(2, len(layers) // 3)
+    if not 0 <= l < len(layers):
+        raise ValueError(f"RMU layer {l} is outside the decoder's {len(layers)} layers")
+    frozen = copy.deepcopy(model).eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    tap, frozen_tap = _Tap(layers[l]), _Tap(_decoder_layers(frozen)[l])
+    params = [p for i in range(max(0, l - 2), l + 1) for n, p in layers[i].named_parameters() if "mlp" in n]
+    if not params:
+        raise ValueError(f"RMU found no MLP parameters in decoder layers {max(0, l - 2)}..{l}")
+    try:
+        with torch.no_grad():
+            probe = adapter.collate(list(forget[: cfg.batch_size]))
+            h, _ = _acts(adapter, frozen, probe, frozen_tap)
+            norm = float(h.norm(dim=-1).mean())
+        g = torch.Generator().manual_seed(cfg.seed)
+        u = torch.rand(h.shape[-1], generator=g)
+        control = (cfg.steering * norm * u / u.norm()).to(h.device, h.dtype)
+
+        def loss_fn(m, f_batch, r_batch):
+            hf, _ = _acts(adapter, m, f_batch, tap)
+            hr, _ = _acts(adapter, m, r_batch, tap)
+            with torch.no_grad():
+                hr0, _ = _acts(adapter, frozen, r_batch, frozen_tap)
+            return ((hf - control) ** 2).sum(-1).mean() / norm**2 + cfg.alpha * ((hr - hr0) ** 2).sum(-1).mean() / norm**2
+
+        on_step, trajectory = None, []
+        if ctx.rule is not None:
+            per_epoch = max(1, math.ceil(len(forget) / cfg.batch_size))
+            on_step, trajectory, _ = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
+        res = train(model, loss_fn, list(forget), adapter.collate,
+                    TrainConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=0.0,
+                                schedule="constant", seed=cfg.seed),
+                    data2=list(retain), params=params, progress=ctx.progress, desc="rmu", on_step=on_step)
+    finally:
+        tap.handle.remove()
+        frozen_tap.handle.remove()
+    model.eval()
+    info = {"layer": l, "updated_layers": list(range(max(0, l - 2), l + 1)), "control_norm": float(control.norm()),
+            "final_loss": res.final_loss, "steps": res.steps}
+    if trajectory:
+        info["sweep"] = trajectory
+    return MethodResult(adapter, 0.0, time.perf_counter() - start, info)
+
+
+register("rmu", RMUConfig, run, kinds=("text", "speech-llm"),
+         help="Representation misdirection: steer one layer's forget activations to a random direction.")
