@@ -52,12 +52,22 @@ class ModalityAdapter(Protocol):
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` picks CUDA when present, else CPU; anything else is passed to torch.device."""
+    """``auto`` picks CUDA when present, else CPU; ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ... are checked
+    to exist here, so a typo or a missing accelerator is a readable ValueError, not a torch error later."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"unknown device {str(device)!r}; use auto, cpu, cuda, cuda:N or mps") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA "
+                             "device(s) are visible")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"device {str(device)!r} requested but MPS is not available")
     return dev
 
 
@@ -100,3 +110,21 @@ class TokenScoring:
         lp, mask = self.logprobs(batch, model)
         total = lp.sum(1)
         return total / mask.sum(1).clamp(min=1) if average else total
+
+
+class HiddenStateTap:
+    """Forward hook on a module that keeps its last output hidden states (a model's ``last_hidden_state``,
+    or a decoder layer's output tensor, first of a tuple)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.states: torch.Tensor | None = None
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, _module, _inputs, output) -> None:
+        states = getattr(output, "last_hidden_state", None)
+        if states is None:
+            states = output[0] if isinstance(output, (tuple, list)) else output
+        self.states = states
+
+    def remove(self) -> None:
+        self._handle.remove()

@@ -301,7 +301,7 @@ class SpeechLLMAdapter(TokenScoring):
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Language-model hidden states B x T x d: ``final`` = the last normed state (what the LM head and
         T3's tilt head read), an int indexes the decoder's per-layer outputs."""
-        from mmunlearn.tilt.processor import HiddenStateTap
+        from mmunlearn.adapters.base import HiddenStateTap
 
         if layer == "final":
             tap = HiddenStateTap(self.model.base_model)

@@ -90,7 +90,7 @@ def arch_for(preset: str | SpeechArch, family: str | None = None, **overrides: A
 
 def build_tokenizer(family: Family, texts: Iterable[str], vocab_size: int = 512):
     """Byte-level BPE on ``texts`` plus the family's special tokens and chat template; EOS is ``<|im_end|>``."""
-    from mmunlearn.presets.tokenizer import train_bpe
+    from mmunlearn.adapters.tokenizer import train_bpe
 
     n_special = len(family.special_tokens)
     tok = train_bpe(texts, vocab_size=vocab_size - n_special, min_frequency=1)

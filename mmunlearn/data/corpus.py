@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from mmunlearn.data.facts import real_author_items, world_fact_items
 from mmunlearn.data.synthetic import author_items, synthetic_authors
-from mmunlearn.data.tofu import QAItem
+from mmunlearn.data.qa import QAItem
 
 
 def pretrain_corpus(seed: int = 0, n_authors: int = 100, *, facts: Sequence[QAItem] | None = None,

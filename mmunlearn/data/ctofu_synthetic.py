@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mmunlearn.data.facts import real_author_items, world_fact_items
 from mmunlearn.data.synthetic import author_items, synthetic_authors
-from mmunlearn.data.tofu import QAItem
+from mmunlearn.data.qa import QAItem
 
 # 26 letters of each script, standing in for a..z (consonants where the script has more)
 ALPHABETS = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from mmunlearn.data.tofu import QAItem
+from mmunlearn.data.qa import QAItem
 
 N_WRONG = 3
 

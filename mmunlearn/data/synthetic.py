@@ -28,7 +28,7 @@ from typing import Callable
 
 from mmunlearn.data import synthetic_tables as tables
 from mmunlearn.data.facts import real_author_items, world_fact_items
-from mmunlearn.data.tofu import TOFU_SPLITS, QAItem, forget_count
+from mmunlearn.data.qa import TOFU_SPLITS, QAItem, forget_count
 
 N_PERTURBED = 5
 NAME_POOLS = {"eval": tables.SURNAMES_EVAL, "pretrain": tables.SURNAMES_PRETRAIN}

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.rule import early_stop
@@ -51,22 +52,11 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
     return layers
 
 
-class _Tap:
-    """Keeps the output hidden states of one decoder layer."""
-
-    def __init__(self, layer: torch.nn.Module):
-        self.out: torch.Tensor | None = None
-        self.handle = layer.register_forward_hook(self._hook)
-
-    def _hook(self, _module, _inputs, output) -> None:
-        self.out = output[0] if isinstance(output, tuple) else output
-
-
-def _acts(adapter, model, batch, tap: _Tap) -> tuple[torch.Tensor, torch.Tensor]:
+def _acts(adapter, model, batch, tap: HiddenStateTap) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer-l activations at the answer positions (N x d) of ``batch`` under ``model``."""
     logits, targets = adapter.logits(batch, model)  # runs the forward pass; the tap keeps layer l's output
     mask = targets != -100  # answer tokens, predicted from position t (states aligned with logits)
-    return tap.out[:, : mask.shape[1]][mask], mask
+    return tap.states[:, : mask.shape[1]][mask], mask
 
 
 def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, ctx: RunContext) -> MethodResult:
@@ -80,7 +70,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
     frozen = copy.deepcopy(model).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-    tap, frozen_tap = _Tap(layers[l]), _Tap(_decoder_layers(frozen)[l])
+    tap, frozen_tap = HiddenStateTap(layers[l]), HiddenStateTap(_decoder_layers(frozen)[l])
     params = [p for i in range(max(0, l - 2), l + 1) for n, p in layers[i].named_parameters() if "mlp" in n]
     if not params:
         raise ValueError(f"RMU found no MLP parameters in decoder layers {max(0, l - 2)}..{l}")
@@ -109,8 +99,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
                                 schedule="constant", seed=cfg.seed),
                     data2=list(retain), params=params, progress=ctx.progress, desc="rmu", on_step=on_step)
     finally:
-        tap.handle.remove()
-        frozen_tap.handle.remove()
+        tap.remove()
+        frozen_tap.remove()
     model.eval()
     info = {"layer": l, "updated_layers": list(range(max(0, l - 2), l + 1)), "control_norm": float(control.norm()),
             "final_loss": res.final_loss, "steps": res.steps}

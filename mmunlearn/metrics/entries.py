@@ -28,7 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.metrics import _checks, mia, rouge, tofu
+import mmunlearn.metrics._checks as _checks
+import mmunlearn.metrics.mia as mia
+import mmunlearn.metrics.rouge as rouge
+import mmunlearn.metrics.tofu as tofu
 
 Entry = dict[str, Any]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.metrics import _checks
+import mmunlearn.metrics._checks as _checks
 
 
 def token_matches(pred_ids: Any, target_ids: Any) -> np.ndarray:

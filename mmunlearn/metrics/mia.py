@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from mmunlearn.metrics import _checks
+import mmunlearn.metrics._checks as _checks
 
 MIN_K = 0.4  # k of min-k and min-k++ in the TOFU configs (mia_min_k.yaml, mia_min_k_plus_plus.yaml)
 _VAR_FLOOR = 1e-6  # the reference's floor on the vocabulary log-prob variance

@@ -22,7 +22,7 @@ import unicodedata
 
 import numpy as np
 
-from mmunlearn.metrics import _checks
+import mmunlearn.metrics._checks as _checks
 
 ROUGE_FIELDS: tuple[str, ...] = ("rouge1_recall", "rougeL_f1", "rougeL_recall")
 

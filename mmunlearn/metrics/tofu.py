@@ -38,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy import stats
 
-from mmunlearn.metrics import _checks
+import mmunlearn.metrics._checks as _checks
 from mmunlearn.metrics.keys import MODEL_UTILITY_KEYS, MODEL_UTILITY_ROUGE_KEYS
 
 _EPS = 1e-10  # the reference's guard in every ratio below

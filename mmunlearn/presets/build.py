@@ -187,7 +187,7 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
     p = preset if isinstance(preset, Preset) else get_preset(preset)
     if p.is_model_dir:
         return p.model_dir, {"model": "base", "preset": p.name, "cached": True, "path": str(p.model_dir)}
-    from mmunlearn.presets.tokenizer import train_bpe
+    from mmunlearn.adapters.tokenizer import train_bpe
 
     cfg = _resolved(p.pretrain, seed, device, overrides)
     corpus = base_corpus(data, p.corpus_authors, seed)

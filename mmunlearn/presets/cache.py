@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.data.tofu import QAItem
+from mmunlearn.data.qa import QAItem
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "MMUNLEARN_CACHE"

@@ -2,6 +2,7 @@
 
 from mmunlearn.tilt.head import TiltHead
 from mmunlearn.tilt.model import TiltedCausalLM
-from mmunlearn.tilt.processor import HiddenStateTap, TemperThenTilt, tilt_logprobs
+from mmunlearn.adapters.base import HiddenStateTap
+from mmunlearn.tilt.processor import TemperThenTilt, tilt_logprobs
 
 __all__ = ["HiddenStateTap", "TemperThenTilt", "TiltHead", "TiltedCausalLM", "tilt_logprobs"]

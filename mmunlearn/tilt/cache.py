@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mmunlearn.adapters.text_llm import IGNORE, _qa
-from mmunlearn.tilt.processor import HiddenStateTap
+from mmunlearn.adapters.base import HiddenStateTap
 
 
 @dataclass

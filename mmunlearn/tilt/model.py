@@ -21,7 +21,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.tilt.head import TiltHead
-from mmunlearn.tilt.processor import HiddenStateTap, TemperThenTilt, tilt_logprobs
+from mmunlearn.adapters.base import HiddenStateTap
+from mmunlearn.tilt.processor import TemperThenTilt, tilt_logprobs
 
 CONFIG_NAME = "tilt_config.json"
 HEAD_NAME = "tilt_head.safetensors"

@@ -13,22 +13,8 @@ import torch
 from torch import nn
 from transformers import LogitsProcessor
 
+from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.head import TiltHead
-
-
-class HiddenStateTap:
-    """Forward hook on a (base) model that keeps its last output hidden states."""
-
-    def __init__(self, module: nn.Module):
-        self.states: torch.Tensor | None = None
-        self._handle = module.register_forward_hook(self._hook)
-
-    def _hook(self, _module, _inputs, output):
-        states = getattr(output, "last_hidden_state", None)
-        self.states = states if states is not None else output[0]
-
-    def remove(self) -> None:
-        self._handle.remove()
 
 
 def tilt_logprobs(logits: torch.Tensor, states: torch.Tensor, head: TiltHead | None, temperature: float) -> torch.Tensor:
