@@ -32,6 +32,7 @@ torch.Size([2, 3])
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
-from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, build_net, hparams_yaml
+from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
 from mmunlearn.speech.audio import AudioCache, example_waveform
 
 IGNORE = -100
@@ -66,7 +67,8 @@ def block_of(name: str) -> str:
 
 
 class SpeakerAdapter:
-    """A :class:`SpeakerNet` with its speaker IDs (class index -> ID) and the adapter interface of DESIGN.md.
+    """A :class:`SpeakerNet` with its speaker IDs (class index -> ID) and the modality-adapter interface
+    (:class:`~mmunlearn.adapters.base.ModalityAdapter`).
 
     Batches (from :meth:`collate`): ``wavs`` B x T (zero-padded, 16 kHz), ``wav_lens`` B (relative
     lengths, 1.0 = T) and ``labels`` B (class indices, -100 for an unknown speaker). In train mode
@@ -74,7 +76,8 @@ class SpeakerAdapter:
     """
 
     def __init__(self, model: SpeakerNet, speakers: Sequence[str], *, margin: float, scale: float,
-                 hparams_text: str, sample_rate: int = 16000, audio_cache: AudioCache | None = None):
+                 spec: SpeakerSpec | None = None, sample_rate: int = 16000, audio_cache: AudioCache | None = None,
+                 spec_error: str | None = None):
         if len(speakers) != model.n_classes:
             raise ValueError(f"{len(speakers)} speaker IDs for a classifier of {model.n_classes} classes")
         if len(set(speakers)) != len(speakers):
@@ -85,7 +88,10 @@ class SpeakerAdapter:
         self.speakers = [str(s) for s in speakers]
         self.index = {s: i for i, s in enumerate(self.speakers)}
         self.margin, self.scale, self.sample_rate = float(margin), float(scale), int(sample_rate)
-        self.hparams_text = hparams_text
+        # What save() writes hyperparams.yaml from; None (with spec_error saying why) only for a
+        # trusted load of modules mmunlearn cannot describe, or an adapter built around a bare SpeakerNet.
+        self.spec = spec
+        self.spec_error = spec_error
         self.config: SpeakerConfig | None = None  # set by build(); None for a loaded directory
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
         self._aam = LogSoftmaxWrapper(AdditiveAngularMargin(margin=self.margin, scale=self.scale))
@@ -106,29 +112,51 @@ class SpeakerAdapter:
             torch.manual_seed(seed)
             net = build_net(config)
         adapter = cls(net.to(resolve_device(device)).eval(), speakers, margin=config.margin, scale=config.scale,
-                      hparams_text=hparams_yaml(config), sample_rate=config.sample_rate)
+                      spec=config.spec(), sample_rate=config.sample_rate)
         adapter.config = config
         return adapter
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> "SpeakerAdapter":
-        """Read a SpeechBrain-layout directory (written by :meth:`save` or SpeechBrain's own)."""
-        found = read_speaker_dir(path)
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto",
+             trust_hparams: bool = False) -> "SpeakerAdapter":
+        """Read a SpeechBrain-layout directory (written by :meth:`save` or SpeechBrain's own).
+
+        Safe by default: ``hyperparams.yaml`` is parsed as data and may only name the allow-listed
+        SpeechBrain classes; checkpoints are read with ``torch.load(weights_only=True)`` (see
+        :mod:`mmunlearn.adapters.speaker_io`). ``trust_hparams=True`` instantiates the YAML with
+        HyperPyYAML as SpeechBrain does, which **runs the code the file names**: only for trusted folders.
+        """
+        found = read_speaker_dir(path, trust_hparams=trust_hparams)
         return cls(found.net.to(resolve_device(device)).eval(), found.speakers, margin=found.margin,
-                   scale=found.scale, hparams_text=found.hparams_text, sample_rate=found.sample_rate)
+                   scale=found.scale, spec=found.spec, sample_rate=found.sample_rate, spec_error=found.spec_error)
 
     from_pretrained = load
 
+    @property
+    def hparams_text(self) -> str:
+        """The hyperparams.yaml :meth:`save` writes (generated from :attr:`spec`, never an input's text)."""
+        return hparams_yaml(self._spec_for_saving())
+
+    def _spec_for_saving(self) -> SpeakerSpec:
+        if self.spec is None:
+            why = f": {self.spec_error}" if self.spec_error else ""
+            raise ValueError("this speaker model has no SpeakerSpec to write hyperparams.yaml from (built around "
+                             f"a bare SpeakerNet, or loaded with trust_hparams=True from modules mmunlearn cannot "
+                             f"describe{why})")
+        if (self.spec.margin, self.spec.scale, self.spec.sample_rate) != (self.margin, self.scale, self.sample_rate):
+            return dataclasses.replace(self.spec, margin=self.margin, scale=self.scale, sample_rate=self.sample_rate)
+        return self.spec
+
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write hyperparams.yaml, embedding_model.ckpt, classifier.ckpt, label_encoder.txt (atomically)."""
-        return write_speaker_dir(path, self.model, self.speakers, self.hparams_text, overwrite=overwrite)
+        """Write hyperparams.yaml (generated), embedding_model.ckpt, classifier.ckpt, label_encoder.ckpt (atomically)."""
+        return write_speaker_dir(path, self.model, self.speakers, self._spec_for_saving(), overwrite=overwrite)
 
     def clone(self) -> "SpeakerAdapter":
         """An independent copy of the model (e.g. to unlearn while keeping the original); the decoded-audio
         cache is shared."""
         twin = SpeakerAdapter(copy.deepcopy(self.model), self.speakers, margin=self.margin, scale=self.scale,
-                              hparams_text=self.hparams_text, sample_rate=self.sample_rate,
-                              audio_cache=self.audio_cache)
+                              spec=self.spec, sample_rate=self.sample_rate, audio_cache=self.audio_cache,
+                              spec_error=self.spec_error)
         twin.config = self.config
         return twin
 

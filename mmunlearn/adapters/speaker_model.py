@@ -3,13 +3,23 @@
 :class:`SpeakerNet` holds the four modules of SpeechBrain's ``EncoderClassifier`` under the same
 names (``compute_features``, ``mean_var_norm``, ``embedding_model``, ``classifier``), so its
 parameter names are those of SpeechBrain checkpoints prefixed by the module name, e.g.
-``embedding_model.blocks.0.conv.conv.weight``. :func:`hparams_yaml` writes the
-``hyperparams.yaml`` of a SpeechBrain pretrained-model directory for a :class:`SpeakerConfig`.
+``embedding_model.blocks.0.conv.conv.weight``.
+
+A :class:`SpeakerSpec` describes the four modules as data: an allow-listed class name
+(:data:`MODULE_CLASSES`) and plain keyword arguments for each. :func:`build_modules` builds a
+network from it through an explicit table of imported classes (never by importing a name read from
+a file), and :func:`hparams_yaml` writes the ``hyperparams.yaml`` of a SpeechBrain pretrained-model
+directory from it, so a saved directory's YAML is always generated, never copied from an input.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
+import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +39,25 @@ PRESETS: dict[str, dict] = {
 
 #: AAM-softmax defaults of SpeechBrain's ECAPA VoxCeleb recipe.
 DEFAULT_MARGIN, DEFAULT_SCALE = 0.2, 30.0
+
+FBANK = "speechbrain.lobes.features.Fbank"
+INPUT_NORM = "speechbrain.processing.features.InputNormalization"
+ECAPA = "speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN"
+CLASSIFIER = "speechbrain.lobes.models.ECAPA_TDNN.Classifier"
+PRETRAINER = "speechbrain.utils.parameter_transfer.Pretrainer"
+LABEL_ENCODER = "speechbrain.dataio.encoder.CategoricalEncoder"
+
+#: The classes each module of a :class:`SpeakerNet` may have (``mean_var_norm`` may also be absent).
+MODULE_CLASSES: dict[str, tuple[str, ...]] = {
+    "compute_features": (FBANK,),
+    "mean_var_norm": (INPUT_NORM,),
+    "embedding_model": (ECAPA,),
+    "classifier": (CLASSIFIER,),
+}
+#: Names a keyword argument may hold as ``!name:`` (ECAPA-TDNN's ``activation``).
+ACTIVATIONS: tuple[str, ...] = ("torch.nn.ReLU", "torch.nn.LeakyReLU", "torch.nn.PReLU", "torch.nn.GELU")
+#: Keyword arguments dropped from a spec: where a module lives is the caller's choice, not the file's.
+_PLACEMENT = ("device",)
 
 
 @dataclass(frozen=True)
@@ -72,6 +101,20 @@ class SpeakerConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def spec(self) -> "SpeakerSpec":
+        """The :class:`SpeakerSpec` of this configuration (what :func:`build_net` builds)."""
+        return SpeakerSpec(
+            compute_features=ModuleSpec.bind(FBANK, kwargs={"n_mels": self.n_mels, "sample_rate": self.sample_rate}),
+            mean_var_norm=ModuleSpec.bind(INPUT_NORM, kwargs={"norm_type": "sentence", "std_norm": False}),
+            embedding_model=ModuleSpec.bind(ECAPA, kwargs={
+                "input_size": self.n_mels, "channels": list(self.channels), "kernel_sizes": list(self.kernel_sizes),
+                "dilations": list(self.dilations), "attention_channels": self.attention_channels,
+                "se_channels": self.se_channels, "res2net_scale": self.res2net_scale,
+                "lin_neurons": self.lin_neurons}),
+            classifier=ModuleSpec.bind(CLASSIFIER, kwargs={"input_size": self.lin_neurons,
+                                                           "out_neurons": self.n_speakers}),
+            sample_rate=self.sample_rate, margin=self.margin, scale=self.scale)
+
 
 class SpeakerNet(nn.Module):
     """Waveforms -> Fbank -> mean(-variance) normalisation -> ECAPA embedding -> cosine logits.
@@ -108,78 +151,205 @@ class SpeakerNet(nn.Module):
         return self.classifier(emb.unsqueeze(1)).squeeze(1), emb
 
 
-def build_net(config: SpeakerConfig) -> SpeakerNet:
-    """A freshly initialised :class:`SpeakerNet` (uses the global torch RNG)."""
+def _classes() -> dict[str, Any]:
+    """Allow-listed dotted names -> the objects, by explicit import (never ``pydoc.locate`` of a file's text)."""
     from speechbrain.lobes.features import Fbank
     from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
     from speechbrain.processing.features import InputNormalization
 
-    c = config
-    ecapa = ECAPA_TDNN(c.n_mels, lin_neurons=c.lin_neurons, channels=list(c.channels),
-                       kernel_sizes=list(c.kernel_sizes), dilations=list(c.dilations),
-                       attention_channels=c.attention_channels, res2net_scale=c.res2net_scale,
-                       se_channels=c.se_channels)
-    return SpeakerNet(Fbank(n_mels=c.n_mels, sample_rate=c.sample_rate),
-                      InputNormalization(norm_type="sentence", std_norm=False), ecapa,
-                      Classifier(input_size=c.lin_neurons, out_neurons=c.n_speakers))
+    return {FBANK: Fbank, INPUT_NORM: InputNormalization, ECAPA: ECAPA_TDNN, CLASSIFIER: Classifier,
+            "torch.nn.ReLU": nn.ReLU, "torch.nn.LeakyReLU": nn.LeakyReLU, "torch.nn.PReLU": nn.PReLU,
+            "torch.nn.GELU": nn.GELU}
 
 
-def hparams_yaml(config: SpeakerConfig, pretrained_path: str = ".") -> str:
+@dataclass(frozen=True)
+class NameRef:
+    """A keyword argument that names a class instead of holding a value (``!name:torch.nn.ReLU``)."""
+
+    target: str
+
+    def __post_init__(self) -> None:
+        if self.target not in ACTIVATIONS:
+            raise ValueError(f"!name:{self.target} is not allowed as an argument; allowed: {list(ACTIVATIONS)}")
+
+
+def _check_value(value: Any, where: str) -> Any:
+    """``value`` as plain data (lists for tuples), or ValueError: only numbers, strings, booleans, None,
+    lists, string-keyed mappings and :class:`NameRef` may appear in a spec."""
+    if value is None or isinstance(value, (bool, int, str, NameRef)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: non-finite number {value!r}")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_check_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise ValueError(f"{where}: mapping keys must be strings")
+        return {k: _check_value(v, f"{where}[{k}]") for k, v in value.items()}
+    raise ValueError(f"{where}: {type(value).__name__} values are not allowed (plain data only)")
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """One module: an allow-listed class (dotted name) and its keyword arguments. Make one with
+    :meth:`bind`, which checks the arguments against the class's signature and orders them by it."""
+
+    target: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def bind(cls, target: str, args: list | tuple = (), kwargs: Mapping[str, Any] | None = None,
+             where: str = "module") -> "ModuleSpec":
+        """A spec for ``target(*args, **kwargs)``; ValueError for a class outside the allow-list, arguments
+        the class does not take, or values that are not plain data."""
+        classes = _classes()
+        if target not in classes or target in ACTIVATIONS:
+            raise ValueError(f"{where}: class {target} is not allowed; allowed: "
+                             f"{sorted(t for ts in MODULE_CLASSES.values() for t in ts)}")
+        kwargs = dict(kwargs or {})
+        if not all(isinstance(k, str) for k in kwargs):
+            raise ValueError(f"{where}: argument names must be strings")
+        try:
+            bound = inspect.signature(classes[target]).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ValueError(f"{where}: {target}: {exc}") from None
+        clean = {k: _check_value(v, f"{where}[{k}]") for k, v in bound.arguments.items() if k not in _PLACEMENT}
+        return cls(target, clean)
+
+    def build(self) -> nn.Module:
+        classes = _classes()
+        if self.target not in classes or self.target in ACTIVATIONS:
+            raise ValueError(f"class {self.target} is not allowed")
+        kwargs = {k: _materialise(v, classes) for k, v in self.kwargs.items()}
+        return classes[self.target](**kwargs)
+
+
+def _materialise(value: Any, classes: Mapping[str, Any]) -> Any:
+    if isinstance(value, NameRef):
+        return classes[value.target]
+    if isinstance(value, list):
+        return [_materialise(v, classes) for v in value]
+    if isinstance(value, dict):
+        return {k: _materialise(v, classes) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class SpeakerSpec:
+    """The four modules of a :class:`SpeakerNet` as data, plus the scalars hyperparams.yaml records."""
+
+    compute_features: ModuleSpec
+    mean_var_norm: ModuleSpec | None
+    embedding_model: ModuleSpec
+    classifier: ModuleSpec
+    sample_rate: int = 16000
+    margin: float = DEFAULT_MARGIN
+    scale: float = DEFAULT_SCALE
+
+    def __post_init__(self) -> None:
+        for role, allowed in MODULE_CLASSES.items():
+            module = getattr(self, role)
+            if module is None and role == "mean_var_norm":
+                continue
+            if not isinstance(module, ModuleSpec) or module.target not in allowed:
+                raise ValueError(f"{role} must be one of {list(allowed)}, got "
+                                 f"{getattr(module, 'target', module)!r}")
+        norm = self.mean_var_norm
+        if norm is not None and norm.kwargs.get("norm_type", "global") == "global":
+            raise ValueError("mean_var_norm with norm_type 'global' keeps statistics this loader does not read; "
+                             "only 'sentence' / 'batch' normalisation is supported")
+        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) or self.sample_rate < 1:
+            raise ValueError(f"sample_rate must be an integer >= 1, got {self.sample_rate!r}")
+        for name in ("margin", "scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"aam_{name} must be a finite number, got {value!r}")
+        if not 0.0 <= self.margin < 1.0 or not self.scale > 0:
+            raise ValueError(f"AAM margin must be in [0, 1) and scale > 0, got {self.margin}, {self.scale}")
+
+
+def build_modules(spec: SpeakerSpec) -> SpeakerNet:
+    """A freshly initialised :class:`SpeakerNet` of ``spec`` (uses the global torch RNG; the embedding
+    model is built first, then the feature modules and the classifier)."""
+    ecapa = spec.embedding_model.build()
+    features = spec.compute_features.build()
+    norm = spec.mean_var_norm.build() if spec.mean_var_norm is not None else None
+    return SpeakerNet(features, norm, ecapa, spec.classifier.build())
+
+
+def build_net(config: SpeakerConfig) -> SpeakerNet:
+    """A freshly initialised :class:`SpeakerNet` (uses the global torch RNG)."""
+    return build_modules(config.spec())
+
+
+def _yaml_value(value: Any) -> str:
+    """``value`` (plain data, see :func:`_check_value`) as a YAML flow scalar/collection that PyYAML's
+    SafeLoader and ruamel (HyperPyYAML) read back as the same value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"cannot write non-finite number {value!r}")
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:  # YAML 1.1 floats need a dot: 1e-05 -> 1.0e-05
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent if exponent[0] in '+-' else '+' + exponent}"
+        return text
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid double-quoted YAML scalar
+    if isinstance(value, NameRef):
+        return f"!name:{value.target}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"cannot write {type(value).__name__} to hyperparams.yaml")
+
+
+def _module_yaml(key: str, module: ModuleSpec) -> str:
+    lines = [f"{key}: !new:{module.target}"]
+    lines += [f"    {name}: {_yaml_value(value)}" for name, value in module.kwargs.items()]
+    return "\n".join(lines)
+
+
+def hparams_yaml(spec: SpeakerSpec | SpeakerConfig) -> str:
     """hyperparams.yaml in the layout of SpeechBrain's pretrained ``EncoderClassifier`` models.
 
-    ``pretrained_path`` is where the pretrainer finds the checkpoint files; :meth:`SpeakerAdapter.load`
-    overrides it with the directory it reads, SpeechBrain's ``from_hparams`` can do the same
-    (``overrides={"pretrained_path": dir}``). ``aam_margin``/``aam_scale`` record the training loss.
+    Generated from ``spec`` alone (every value written as plain data), so it never carries anything
+    an input file said beyond the module arguments. The pretrainer names no ``paths``: SpeechBrain's
+    ``EncoderClassifier.from_hparams(source=dir, savedir=...)`` then fetches ``<name>.ckpt`` from
+    ``dir``, wherever the directory has been moved. ``aam_margin``/``aam_scale`` record the training loss.
     """
-    c = config
+    if isinstance(spec, SpeakerConfig):
+        spec = spec.spec()
+    modules = [("compute_features", spec.compute_features), ("mean_var_norm", spec.mean_var_norm),
+               ("embedding_model", spec.embedding_model), ("classifier", spec.classifier)]
+    modules = [(k, m) for k, m in modules if m is not None]
+    blocks = "\n\n".join(_module_yaml(k, m) for k, m in modules)
+    refs = "\n".join(f"    {k}: !ref <{k}>" for k, _ in modules)
     return f"""# Speaker classifier written by mmunlearn: SpeechBrain ECAPA-TDNN + cosine Classifier.
 # Loads with mmunlearn's SpeakerAdapter.load(dir), or with SpeechBrain:
-#   EncoderClassifier.from_hparams(source=dir, savedir=..., overrides={{"pretrained_path": dir}})
-pretrained_path: {pretrained_path}
-sample_rate: {c.sample_rate}
-n_mels: {c.n_mels}
-lin_neurons: {c.lin_neurons}
-out_n_neurons: {c.n_speakers}
-aam_margin: {c.margin}
-aam_scale: {c.scale}
+#   EncoderClassifier.from_hparams(source=dir, savedir=...)
+sample_rate: {spec.sample_rate}
+aam_margin: {_yaml_value(float(spec.margin))}
+aam_scale: {_yaml_value(float(spec.scale))}
 
-compute_features: !new:speechbrain.lobes.features.Fbank
-    n_mels: !ref <n_mels>
-    sample_rate: !ref <sample_rate>
-
-mean_var_norm: !new:speechbrain.processing.features.InputNormalization
-    norm_type: sentence
-    std_norm: False
-
-embedding_model: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
-    input_size: !ref <n_mels>
-    channels: {list(c.channels)}
-    kernel_sizes: {list(c.kernel_sizes)}
-    dilations: {list(c.dilations)}
-    attention_channels: {c.attention_channels}
-    se_channels: {c.se_channels}
-    res2net_scale: {c.res2net_scale}
-    lin_neurons: !ref <lin_neurons>
-
-classifier: !new:speechbrain.lobes.models.ECAPA_TDNN.Classifier
-    input_size: !ref <lin_neurons>
-    out_neurons: !ref <out_n_neurons>
+{blocks}
 
 modules:
-    compute_features: !ref <compute_features>
-    mean_var_norm: !ref <mean_var_norm>
-    embedding_model: !ref <embedding_model>
-    classifier: !ref <classifier>
+{refs}
 
-label_encoder: !new:speechbrain.dataio.encoder.CategoricalEncoder
+label_encoder: !new:{LABEL_ENCODER}
 
-pretrainer: !new:speechbrain.utils.parameter_transfer.Pretrainer
+pretrainer: !new:{PRETRAINER}
     loadables:
         embedding_model: !ref <embedding_model>
         classifier: !ref <classifier>
         label_encoder: !ref <label_encoder>
-    paths:
-        embedding_model: !ref <pretrained_path>/embedding_model.ckpt
-        classifier: !ref <pretrained_path>/classifier.ckpt
-        label_encoder: !ref <pretrained_path>/label_encoder.txt
 """
