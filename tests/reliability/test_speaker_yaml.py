@@ -16,7 +16,7 @@ from mmunlearn.adapters.speaker_io import (
     spec_from_hparams,
 )
 from mmunlearn.adapters.speaker_model import SpeakerConfig, hparams_yaml
-from tests.reliability import tree_hashes
+from tests.reliability.untrusted import digest_tree
 
 SPEAKERS = ["id00001", "id00002", "id00003"]
 
@@ -55,7 +55,7 @@ def test_unknown_tags_are_refused_before_anything_runs(model_dir, tmp_path, name
     payload = PAYLOADS[name].format(marker=marker)
     yaml_file = model_dir / HPARAMS
     yaml_file.write_text(yaml_file.read_text() + payload)
-    before = tree_hashes(tmp_path)
+    before = digest_tree(tmp_path)
     with pytest.raises(ValueError) as err:
         SpeakerAdapter.load(model_dir, device="cpu")
     message = str(err.value)
@@ -63,7 +63,7 @@ def test_unknown_tags_are_refused_before_anything_runs(model_dir, tmp_path, name
     tag = payload.split()[1].replace("!!python/", "tag:yaml.org,2002:python/")
     assert tag in message and "trust_hparams=True" in message
     assert not marker.exists()
-    assert tree_hashes(tmp_path) == before  # the folder is byte-identical and nothing was written anywhere
+    assert digest_tree(tmp_path) == before  # the folder is byte-identical and nothing was written anywhere
 
 
 def test_a_payload_inside_a_module_argument_is_refused(model_dir, tmp_path):
@@ -115,11 +115,11 @@ def test_a_pickled_payload_in_a_checkpoint_is_refused(model_dir, tmp_path, ckpt)
     assert (tmp_path / "PROOF").exists()
     proof.unlink()
     (tmp_path / "PROOF").unlink()
-    before = tree_hashes(tmp_path)
+    before = digest_tree(tmp_path)
     with pytest.raises(ValueError, match=rf"{model_dir / ckpt}: not a weights-only PyTorch checkpoint, refused"):
         SpeakerAdapter.load(model_dir, device="cpu")  # ... loading the folder never does
     assert not marker.exists()
-    assert tree_hashes(tmp_path) == before
+    assert digest_tree(tmp_path) == before
 
 
 def test_a_saved_folder_loads_in_speechbrain_after_a_move(adapter, tmp_path):
