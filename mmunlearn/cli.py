@@ -1,7 +1,14 @@
-"""The ``mmunlearn`` command line: a Typer root app; recipes mount into it as sub-apps."""
+"""The ``mmunlearn`` command line: a Typer root app; recipes mount into it as sub-apps.
+
+The console script runs :func:`main`, which shows a user error (a bad file, folder or option:
+:data:`mmunlearn.errors.USER_ERRORS`) as one line ``error: <message>`` with exit status 2; ``--debug``
+or ``MMUNLEARN_DEBUG=1`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import math
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,6 +20,8 @@ import mmunlearn
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
+from mmunlearn.erase.report import LARGE_UPDATE
+from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
 from recipes.ctofu import app as ctofu_app
 from recipes.tofu import app as tofu_app
 from recipes.voxceleb2 import app as voxceleb2_app
@@ -35,6 +44,25 @@ STREAM_HELP = ("Work shard by shard, one task matrix at a time (memory: about on
                "matrices); --no-stream loads the whole checkpoint and task matrices. Same weights bit for bit.")
 HARDLINK_HELP = ("With --stream: hard-link the shards that need no change into --out (copied when linking fails); "
                  "--no-hardlink copies them. Linked files are shared with --model: never rewrite them in place.")
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an error "
+                                               "(also MMUNLEARN_DEBUG=1).")] = False) -> None:
+    _state["debug"] = debug
+
+
+def _fraction(value: Optional[float]) -> Optional[float]:
+    if value is not None and not 0 < value <= 1:
+        raise typer.BadParameter(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _finite(value: Optional[float]) -> Optional[float]:
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
 
 
 @app.command()
@@ -49,23 +77,26 @@ def erase(
     forget: Annotated[Path, typer.Option(help="Forget task matrices: a .safetensors file (parameter name -> tensor) or a directory of them.")],
     out: Annotated[Path, typer.Option(help="Directory for the edited model, undo patch, JSON report and energy plot (created; must not exist unless --overwrite).")],
     retain: Annotated[Optional[Path], typer.Option(help="Retain task matrices for the same parameters; their subspace is protected.")] = None,
-    rank: Annotated[Optional[int], typer.Option(help="Rank k of the forget basis per matrix.")] = None,
-    energy: Annotated[Optional[float], typer.Option(help="Instead of --rank: smallest k capturing this fraction of each forget matrix's energy (default 0.9 if neither is given).")] = None,
-    retain_rank: Annotated[Optional[int], typer.Option(help="Rank of the retain basis (default: as the forget basis).")] = None,
-    retain_energy: Annotated[Optional[float], typer.Option(help="Energy fraction of the retain basis (default: as the forget basis).")] = None,
+    rank: Annotated[Optional[int], typer.Option(min=1, help="Rank k of the forget basis per matrix.")] = None,
+    energy: Annotated[Optional[float], typer.Option(callback=_fraction, help="Instead of --rank: smallest k capturing this fraction of each forget matrix's energy (default 0.9 if neither is given).")] = None,
+    retain_rank: Annotated[Optional[int], typer.Option(min=1, help="Rank of the retain basis (default: as the forget basis).")] = None,
+    retain_energy: Annotated[Optional[float], typer.Option(callback=_fraction, help="Energy fraction of the retain basis (default: as the forget basis).")] = None,
     method: Annotated[Method, typer.Option(help="Subspace method: cpqr (QR-Erase), svd (UNLEARN baseline), or a faster variant.")] = "cpqr",  # type: ignore[assignment]
-    scale: Annotated[float, typer.Option(help="Edit strength: W' = W - scale * T~.")] = 1.0,
+    scale: Annotated[float, typer.Option(callback=_finite, help="Edit strength: W' = W - scale * T~ (an edit that would overflow the weights' dtype is refused).")] = 1.0,
     localize: Annotated[bool, typer.Option(help="Edit only the layers chosen by --rule (else every layer with a forget matrix).")] = True,
     rule: Annotated[Rule, typer.Option(help="Layer selection: mean (energy >= 1/|L|), top (--top N), threshold (--threshold X), all.")] = "mean",  # type: ignore[assignment]
-    top: Annotated[Optional[int], typer.Option(help="With --rule top: number of most energetic layers to edit.")] = None,
-    threshold: Annotated[Optional[float], typer.Option(help="With --rule threshold: minimum layer energy.")] = None,
+    top: Annotated[Optional[int], typer.Option(min=1, help="With --rule top: number of most energetic layers to edit.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(callback=_finite, help="With --rule threshold: minimum layer energy.")] = None,
     rows: Annotated[bool, typer.Option(help="Also remove the retain task's row space from the update.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of randomised subspace methods.")] = 0,
-    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists and is a folder mmunlearn wrote.")] = False,
     stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
     hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,
 ) -> None:
-    """Erase a forget task from a checkpoint (QR-Erase); the input checkpoint is never modified."""
+    """Erase a forget task from a checkpoint (QR-Erase); the input checkpoint is never modified.
+
+    --out may not be --model, inside it or above it; symbolic links leaving --model are refused.
+    """
     options = dict(retain=retain, rank=rank, energy=energy, retain_rank=retain_rank, retain_energy=retain_energy,
                    method=Method(method).value, scale=scale, localize=localize, rule=Rule(rule).value, top=top,
                    threshold=threshold, rows=rows, seed=seed, overwrite=overwrite)
@@ -79,6 +110,9 @@ def erase(
         report = erase_checkpoint(model, forget, out, **options)
     console.print(report.table())
     console.print(f"edited model, undo patch and report written to [bold]{out}[/bold]")
+    if report.large_update_layers:
+        typer.echo(f"warning: update larger than {LARGE_UPDATE} x the weights (||dW||/||W||) in "
+                   f"{', '.join(report.large_update_layers)}: check --scale and the task matrices", err=True)
 
 
 @app.command()
@@ -102,9 +136,16 @@ def restore(
     console.print(f"restored model written to [bold]{out}[/bold]")
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    app()
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console entry point: run the app; a user error is one line ``error: ...`` on stderr and exit 2."""
+    try:
+        app(args=argv, prog_name="mmunlearn")
+    except USER_ERRORS as exc:
+        if _state["debug"] or debug_enabled():
+            raise
+        typer.echo(f"error: {one_line(exc)}", err=True)
+        sys.exit(2)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    app()
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,7 @@ from mmunlearn.checkpoint import atomic_dir, check_finite, check_output_dir, loa
 from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
-from mmunlearn.errors import NonFiniteError
+from mmunlearn.errors import NonFiniteError, about
 from mmunlearn.taskvec.store import load_task_matrices
 
 PLOT_NAME = "layer_energy.png"
@@ -38,7 +38,8 @@ def erase_checkpoint(
     tf = load_task_matrices(forget)
     tr = load_task_matrices(retain) if retain is not None else None
     try:
-        report = erase(ckpt.tensors, tf, tr, out=None, **options)
+        with about(f"model {model_dir}, forget {forget}" + (f", retain {retain}" if retain is not None else "")):
+            report = erase(ckpt.tensors, tf, tr, out=None, **options)
     except NonFiniteError as exc:
         raise NonFiniteError(f"erase of {model_dir}: {exc}") from exc
     edited = {e.label.split("[", 1)[0] for e in report.patch.entries}
@@ -64,8 +65,10 @@ def restore_checkpoint(
     inputs = (model_dir, patch)
     check_output_dir(out, *inputs, overwrite=overwrite)
     ckpt = load_checkpoint(model_dir)  # first: a missing model folder is reported as such
-    undo = UndoPatch.load(patch if patch is not None else model_dir / PATCH_NAME)
-    restore(ckpt.tensors, undo)
+    patch_path = patch if patch is not None else model_dir / PATCH_NAME
+    undo = UndoPatch.load(patch_path)
+    with about(f"model {model_dir}, undo patch {patch_path}"):
+        restore(ckpt.tensors, undo)
     restored = {e.label.split("[", 1)[0] for e in undo.entries}
     check_finite({n: ckpt.tensors[n] for n in restored}, f"restore of {model_dir} into {out}")
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:

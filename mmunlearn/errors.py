@@ -8,6 +8,8 @@ exits with status 2; ``--debug`` or ``MMUNLEARN_DEBUG=1`` shows the traceback in
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 DEBUG_ENV = "MMUNLEARN_DEBUG"
 
@@ -37,6 +39,18 @@ def one_line(exc: BaseException) -> str:
     else:
         text = str(exc) or type(exc).__name__
     return " ".join(text.split())
+
+
+@contextmanager
+def about(files: str) -> Iterator[None]:
+    """Append ``(files)`` to the message of a plain ValueError / KeyError raised in the block, so a
+    library's complaint about a tensor also names the files it came from. Other errors pass as they are."""
+    try:
+        yield
+    except (ValueError, KeyError) as exc:
+        if type(exc) not in (ValueError, KeyError):
+            raise
+        raise type(exc)(f"{one_line(exc)} ({files})") from exc
 
 
 def debug_enabled() -> bool:

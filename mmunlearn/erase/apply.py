@@ -239,7 +239,10 @@ def restore(model: Model, patch: UndoPatch | str | os.PathLike | EraseReport) ->
         if entry.label not in views:
             raise KeyError(f"the undo patch restores {entry.label!r}, which the model does not hold")
         _check_entry(entry, views[entry.label])
-    originals = [(views[e.label], revert_exact(views[e.label], e)) for e in patch.entries]
+    try:
+        originals = [(views[e.label], revert_exact(views[e.label], e)) for e in patch.entries]
+    except RuntimeError as exc:  # the digests matched but the factors did not give the original back
+        raise ValueError(f"{exc}: the undo patch is damaged") from exc
     with torch.no_grad():
         for view, original in originals:
             view.copy_(original.to(view.device))

@@ -52,7 +52,7 @@ from mmunlearn.erase.norms import sq_norm
 from mmunlearn.erase.patch import PatchEntry, UndoPatch
 from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
-from mmunlearn.errors import NonFiniteError
+from mmunlearn.errors import NonFiniteError, about
 from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
 
 log = logging.getLogger(__name__)
@@ -203,9 +203,10 @@ def stream_erase_checkpoint(
     tf = open_task_matrices(forget)
     tr = open_task_matrices(retain) if retain is not None else None
     clamp = options.get("clamp_ranks", False)
-    _check_inputs(ckpt, tf, tr, None if clamp else rank, None if clamp else retain_rank)
-    energies = layer_energy(_WithProgress(tf, "layer energies", progress), key)
-    chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
+    with about(f"model {model_dir}, forget {forget}" + (f", retain {retain}" if retain is not None else "")):
+        _check_inputs(ckpt, tf, tr, None if clamp else rank, None if clamp else retain_rank)
+        energies = layer_energy(_WithProgress(tf, "layer energies", progress), key)
+        chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
     edit = [n for n in tf if key(n) in chosen]
     by_shard: dict[str, list[str]] = {}
     for name in edit:
@@ -292,7 +293,8 @@ def stream_restore_checkpoint(
                 continue
             tensors = _load_shard(model_dir, shard)
             names = {e.label.split("[", 1)[0] for e in by_shard[shard]}
-            restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
+            with about(f"model {model_dir}, undo patch {patch if patch is not None else model_dir / PATCH_NAME}"):
+                restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
             check_finite({n: tensors[n] for n in names}, f"restore of {model_dir} into {out}")
             _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
             del tensors
