@@ -4,6 +4,10 @@
 absolute path), so SpeechBrain's ``DynamicItemDataset.from_csv`` and :func:`read_manifest` read
 the same files. Extra columns (``gender``, ``text``, ...) pass through as strings.
 
+Rows are checked before anything trains on them (:func:`check_rows`, ``read_manifest(...,
+check_files=True)``): a bad manifest fails at once with one error naming the file and listing the
+bad rows, instead of mid-run when the loader first opens ``../../etc/passwd`` as audio.
+
 Splits (:func:`make_splits`) work on :class:`Utterance` records of any corpus with speakers and
 recording sessions ("videos"); they are made per utterance, so all segments of one recording
 always land in the same split.
@@ -12,9 +16,12 @@ always land in the same split.
 from __future__ import annotations
 
 import csv
+import math
+import operator
 import os
-import tempfile
 import random
+import stat
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,50 +36,174 @@ class ManifestError(ValueError):
     """A manifest file is missing, malformed or inconsistent. The message names the file."""
 
 
+#: File name endings of the audio :func:`check_rows` accepts (what :mod:`mmunlearn.data.audio` decodes).
+AUDIO_SUFFIXES: frozenset[str] = frozenset({
+    ".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".m4a", ".aac", ".mp4", ".mp3", ".webm"})
+#: How many bad rows one error lists (the rest are counted).
+MAX_LISTED = 10
+
+
+def _problems_message(source: str, problems: list[str], bad_rows: int, total_rows: int) -> str:
+    listed = "\n  ".join(problems[:MAX_LISTED])
+    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    return f"{source}: {bad_rows} bad row(s) of {total_rows}; nothing was run:\n  {listed}{more}"
+
+
+def _wav_problem(wav: Any, root: Path | None) -> str | None:
+    """Why the audio file ``wav`` (opened as given: a relative path from the working directory, as the
+    audio loader does) cannot be used, or None."""
+    path = Path(os.fsdecode(wav)) if isinstance(wav, (str, bytes, os.PathLike)) else None
+    if path is None:
+        return None  # a decoded waveform: nothing to open
+    if not str(path).strip():
+        return "empty 'wav' path"
+    if path.suffix.lower() not in AUDIO_SUFFIXES:
+        return f"'wav' {str(path)!r} is not an audio file name (.wav, .flac, .m4a, ...; mmunlearn.data.manifest.AUDIO_SUFFIXES)"
+    try:
+        real = path.resolve(strict=True)  # follows symlinks: what would really be opened
+        st = real.stat()
+    except (OSError, RuntimeError):  # missing, dangling link, loop, permission on a parent
+        return f"'wav' {str(path)!r} does not exist"
+    if not stat.S_ISREG(st.st_mode):
+        return f"'wav' {str(path)!r} is not a regular file"
+    if not os.access(real, os.R_OK):
+        return f"'wav' {str(path)!r} is not readable"
+    if root is not None and not real.is_relative_to(root):
+        return f"'wav' {str(path)!r} resolves to {real}, outside the data folder {root}"
+    return None
+
+
+def _empty(value: Any) -> bool:
+    return value is None or isinstance(value, str) and not value.strip()
+
+
+def _parse_row(row: dict[str, Any]) -> list[str]:
+    """Convert ``duration``/``start``/``stop`` in place; the problems found."""
+    problems = []
+    for col, typ in _TYPES.items():
+        value = row.get(col)
+        if col not in row or isinstance(value, typ) and not isinstance(value, bool):
+            continue
+        try:
+            if typ is float:
+                row[col] = float(value)
+            elif isinstance(value, str):
+                row[col] = int(value)
+            else:  # numbers given in memory: integral floats and numpy integers are fine
+                row[col] = int(value) if isinstance(value, float) and value.is_integer() else operator.index(value)
+        except (TypeError, ValueError):
+            problems.append(f"column {col!r} value {value!r} is not {typ.__name__}")
+    dur = row.get("duration")
+    if isinstance(dur, float) and not (math.isfinite(dur) and dur >= 0):
+        problems.append(f"duration {dur!r} is not a finite number >= 0")
+    start, stop = row.get("start"), row.get("stop")
+    if isinstance(start, int) and start < 0:
+        problems.append(f"start {start} < 0")
+    if isinstance(start, int) and isinstance(stop, int) and stop <= start:
+        problems.append(f"stop {stop} <= start {start}")
+    return problems
+
+
+def check_rows(
+    rows: Sequence[Mapping[str, Any]],
+    source: str | os.PathLike,
+    *,
+    root: str | os.PathLike | None = None,
+    required: Sequence[str] = (),
+) -> None:
+    """Check rows before any training reads them; one :class:`ManifestError` lists every bad row.
+
+    Per row: the ``required`` columns are present and non-empty; ``duration``/``start``/``stop`` parse
+    (``duration`` finite >= 0, ``0 <= start < stop``); a ``wav`` given as a path names an existing,
+    regular, readable file with an audio suffix (:data:`AUDIO_SUFFIXES`), after following symlinks,
+    and, with ``root``, inside ``root``. A relative ``wav`` is checked as the audio loader opens it,
+    from the working directory. ``wav`` values that are waveforms (arrays, tensors) are not files and
+    pass. ``source`` names the rows in the message (a manifest path, or e.g. ``"forget items"``); the
+    first :data:`MAX_LISTED` bad rows are listed and the rest counted. The rows are not modified.
+    """
+    base = Path(root).resolve() if root is not None else None
+    problems, bad_rows = [], 0
+    for i, raw in enumerate(rows):
+        where = f"row {i}"
+        if not isinstance(raw, Mapping):
+            problems.append(f"{where}: expected a mapping, got {type(raw).__name__}")
+            bad_rows += 1
+            continue
+        row = dict(raw)
+        if not _empty(row.get("ID")):
+            where += f" (ID {row['ID']!r})"
+        found = [f"missing {c!r}" for c in required if _empty(row.get(c))]
+        found += _parse_row(row)
+        wav_problem = None if _empty(row.get("wav")) else _wav_problem(row["wav"], base)
+        found += [wav_problem] if wav_problem else []
+        problems += [f"{where}: {p}" for p in found]
+        bad_rows += bool(found)
+    if problems:
+        raise ManifestError(_problems_message(str(source), problems, bad_rows, len(rows)))
+
+
 def read_manifest(
-    path: str | os.PathLike, required: Sequence[str] = MANIFEST_COLUMNS
+    path: str | os.PathLike,
+    required: Sequence[str] = MANIFEST_COLUMNS,
+    *,
+    check_files: bool = False,
+    root: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
     """Read a manifest CSV into a list of dicts (``duration`` float, ``start``/``stop`` int).
 
-    Raises :class:`ManifestError` naming the file when it is missing, lacks a ``required``
-    column, has an empty or duplicate ``ID``, a value that does not parse, or ``stop <= start``.
+    Raises one :class:`ManifestError` naming the file when it is missing, not UTF-8 CSV, or lacks a
+    ``required`` column, or listing every bad row (first :data:`MAX_LISTED`, then a count): an empty
+    or duplicate ``ID``, a wrong number of fields, a value that does not parse, ``stop <= start``.
+    ``check_files`` also checks every ``wav`` file as :func:`check_rows` does (exists, regular,
+    readable, audio suffix; inside ``root`` when given), which every reader that trains or unlearns
+    from the rows should ask for (:func:`mmunlearn.speech.dataset.split_rows` does).
     """
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"{path}: manifest not found")
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise ManifestError(
-                f"{path}: missing column(s) {missing}; header has {header or 'nothing'}"
-            )
-        reader.fieldnames = header
-        rows: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for line, raw in enumerate(reader, start=2):
-            row: dict[str, Any] = {
-                k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()
-            }
-            if None in row or any(v is None for v in row.values()):
-                raise ManifestError(f"{path}:{line}: wrong number of fields")
-            for col, typ in _TYPES.items():
-                if col in row:
-                    try:
-                        row[col] = typ(row[col])
-                    except ValueError:
-                        raise ManifestError(f"{path}:{line}: column {col!r} value "
-                                            f"{row[col]!r} is not {typ.__name__}") from None
-            if "ID" in row:
-                if not row["ID"]:
-                    raise ManifestError(f"{path}:{line}: empty ID")
-                if row["ID"] in seen:
-                    raise ManifestError(f"{path}:{line}: duplicate ID {row['ID']!r}")
-                seen.add(row["ID"])
-            if "start" in row and "stop" in row and row["stop"] <= row["start"]:
-                raise ManifestError(f"{path}:{line}: stop {row['stop']} <= start {row['start']}")
-            rows.append(row)
+    base = Path(root).resolve() if root is not None else None
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    bad_rows = 0
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise ManifestError(
+                    f"{path}: missing column(s) {missing}; header has {header or 'nothing'}"
+                )
+            reader.fieldnames = header
+            seen: set[str] = set()
+            line = 1
+            for line, raw in enumerate(reader, start=2):
+                row: dict[str, Any] = {
+                    k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()
+                }
+                if None in row or any(v is None for v in row.values()):
+                    problems.append(f"{path}:{line}: wrong number of fields")
+                    bad_rows += 1
+                    continue
+                found = _parse_row(row)
+                if "ID" in row:
+                    if not row["ID"]:
+                        found.append("empty ID")
+                    elif row["ID"] in seen:
+                        found.append(f"duplicate ID {row['ID']!r}")
+                    seen.add(row["ID"])
+                if check_files:
+                    wav_problem = _wav_problem(row.get("wav"), base) if row.get("wav") else "empty 'wav' path"
+                    found += [wav_problem] if wav_problem else []
+                problems += [f"{path}:{line}: {p}" for p in found]
+                bad_rows += bool(found)
+                rows.append(row)
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text ({exc})") from None
+    except csv.Error as exc:
+        raise ManifestError(f"{path}: not a readable CSV file ({exc})") from None
+    if problems:
+        raise ManifestError(_problems_message(str(path), problems, bad_rows, line - 1))
     return rows
 
 

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmunlearn.data.audio import DEFAULT_SR
-from mmunlearn.data.manifest import read_manifest
+from mmunlearn.data.manifest import check_rows, read_manifest
 from mmunlearn.speech.audio import AudioCache, crop, example_waveform
 
 
@@ -109,12 +109,19 @@ def manifest_paths(manifests: Manifests) -> dict[str, Path]:
     return {p.stem: p for p in root.glob("*.csv")}
 
 
-def split_rows(manifests: Manifests, name: str) -> list[dict[str, Any]]:
+def split_rows(manifests: Manifests, name: str, *, root: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     """Rows of split ``name`` (e.g. ``spk_retain_test``) of ``prepare``'s manifests: a directory, or a
-    mapping from split names to CSV paths or to lists of rows."""
+    mapping from split names to CSV paths or to lists of rows.
+
+    Every row is checked before it is returned (:func:`~mmunlearn.data.manifest.check_rows`): a
+    manifest row or a given row whose ``wav`` path is missing, not a regular readable audio file, or
+    (with ``root``) outside ``root`` fails here with one error listing the bad rows, not mid-training.
+    """
     if isinstance(manifests, Mapping) and name in manifests and not isinstance(manifests[name], (str, os.PathLike)):
-        return [dict(r) for r in manifests[name]]
+        rows = [dict(r) for r in manifests[name]]
+        check_rows(rows, f"{name!r} rows", root=root)
+        return rows
     paths = manifest_paths(manifests)
     if name not in paths:
         raise FileNotFoundError(f"no {name!r} manifest among {sorted(paths)}")
-    return read_manifest(paths[name])
+    return read_manifest(paths[name], check_files=True, root=root)
