@@ -206,3 +206,20 @@ def test_a_run_killed_with_sigkill_leaves_a_temp_folder_the_next_run_removes(pro
     with caplog.at_level(logging.WARNING, logger="mmunlearn.paths"):
         erase_stream(model, forget, out)
     assert listing(tmp_path) == {"P", "out"} and "interrupted run" in caplog.text and left[0].name in caplog.text
+
+
+def test_atomic_file_writes_have_ordinary_permissions_and_leave_no_temp_file(tmp_path):
+    from mmunlearn.atomic import write_json_atomic, write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        path = write_json_atomic(tmp_path / "sub" / "r.json", {"a": 1})
+        write_text_atomic(tmp_path / "t.txt", "first")
+        write_text_atomic(tmp_path / "t.txt", "second")  # replaces
+    finally:
+        os.umask(old)
+    assert json.loads(path.read_text()) == {"a": 1} and path.stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "t.txt").read_text() == "second"
+    with pytest.raises(ValueError):
+        write_json_atomic(tmp_path / "nan.json", {"x": float("nan")})  # strict JSON: NaN is refused
+    assert listing(tmp_path) == {"sub", "t.txt"} and listing(tmp_path / "sub") == {"r.json"}
