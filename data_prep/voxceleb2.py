@@ -1,8 +1,9 @@
 """VoxCeleb2 preparation: decode a VoxCeleb2 tree to 16 kHz wav, write speaker/sample-level forget/retain manifests.
 
 Input: ``<root>/{dev,test}/aac/idNNNNN/<video>/NNNNN.m4a`` as distributed (or the same with
-``.wav``/``.flac``), optionally ``vox2_meta.csv`` (adds ``gender``) and ``transcripts.csv`` (adds
-``text``, only without segmenting). Output in ``--out``::
+``.wav``/``.flac``), optionally ``vox2_meta.csv`` (adds ``gender``; it must have a ``Gender`` column
+unless ``allow_no_gender``) and ``transcripts.csv`` (adds ``text``, only without segmenting). Both
+side files are read and checked before any audio is decoded. Output in ``--out``::
 
     wav/idNNNNN/<video>/NNNNN.wav   every input not already 16 kHz mono wav/flac, converted once
     <split>.csv                     one per name in mmunlearn.data.manifest.SPLIT_NAMES
@@ -13,6 +14,11 @@ Input: ``<root>/{dev,test}/aac/idNNNNN/<video>/NNNNN.m4a`` as distributed (or th
 Converting m4a to wav once makes training read fast (no AAC decode per epoch) and lets segments
 seek. 16 kHz mono wav/flac inputs are referenced in place, never copied. Unreadable or silent files
 are reported and left out; they never stop the run.
+
+A failed run leaves no partial output: the manifests and the report are written to a temporary
+folder inside ``--out`` and moved into place only once all of them are written (the stamp last).
+A corrupt ``audio_index.json`` (the decode cache) stops the run with a one-line error, unless
+``force``: then it is discarded and the audio decoded again.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import random
 import re
+import shutil
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +52,8 @@ from mmunlearn.data.manifest import (
     select_speakers,
     write_manifest,
 )
+
+log = logging.getLogger(__name__)
 
 SR = 16000
 FORMAT_VERSION = 1
@@ -129,28 +139,47 @@ def scan_voxceleb(
     return [found[k][1] for k in sorted(found)], dups
 
 
-def read_vox_meta(path: str | os.PathLike) -> dict[str, dict[str, str]]:
-    """``vox2_meta.csv`` as ``{id: {"vggface2_id", "gender", "set"}}``, stray spaces stripped."""
+def _read_csv_rows(path: Path, what: str) -> list[list[str]]:
+    """All rows of a CSV side file (header first); an error naming the file when it cannot be read."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} not found")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            return list(csv.reader(fh))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: the {what} is not UTF-8 text ({exc})") from None
+    except csv.Error as exc:
+        raise ValueError(f"{path}: the {what} is not a readable CSV file ({exc})") from None
+
+
+def read_vox_meta(path: str | os.PathLike, allow_no_gender: bool = False) -> dict[str, dict[str, str]]:
+    """``vox2_meta.csv`` as ``{id: {"vggface2_id", "gender", "set"}}``, stray spaces stripped.
+
+    ValueError naming the file when it is not UTF-8 CSV, has no ``VoxCeleb2 ID`` column, or has no
+    ``Gender`` column (unless ``allow_no_gender``: the records then have no ``gender``).
+    """
     path = Path(path)
     names = {"voxceleb2 id": "id", "vggface2 id": "vggface2_id", "gender": "gender", "set": "set"}
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = [h.strip().lower() for h in next(reader, [])]
-        if "voxceleb2 id" not in header:
-            raise ValueError(f"{path}: no 'VoxCeleb2 ID' column in header {header}")
-        recs = [{names.get(h, h): v.strip() for h, v in zip(header, row)} for row in reader]
+    rows = _read_csv_rows(path, "VoxCeleb2 meta file")
+    header = [h.strip().lower() for h in (rows[0] if rows else [])]
+    if "voxceleb2 id" not in header:
+        raise ValueError(f"{path}: no 'VoxCeleb2 ID' column in header {header}")
+    if "gender" not in header and not allow_no_gender:
+        raise ValueError(f"{path}: no 'Gender' column (columns found: {header}), so every gender would be "
+                         "empty; pass allow_no_gender=True (--allow-no-gender) to prepare without genders")
+    recs = [{names.get(h, h): v.strip() for h, v in zip(header, row)} for row in rows[1:]]
     return {r.pop("id"): r for r in recs if r.get("id")}
 
 
 def read_transcripts(path: str | os.PathLike) -> dict[str, str]:
     """``transcripts.csv`` (``ID``, ``text`` columns, as the synthetic corpus has): ID -> text."""
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        if not {"ID", "text"} <= set(reader.fieldnames or []):
-            raise ValueError(f"{path}: transcripts need columns ID and text, "
-                             f"got {reader.fieldnames}")
-        return {r["ID"].strip(): r["text"].strip() for r in reader}
+    rows = _read_csv_rows(path, "transcripts file")
+    header = [h.strip() for h in (rows[0] if rows else [])]
+    if not {"ID", "text"} <= set(header):
+        raise ValueError(f"{path}: transcripts need columns ID and text, got {header}")
+    recs = [dict(zip(header, row)) for row in rows[1:]]
+    return {r["ID"].strip(): r.get("text", "").strip() for r in recs if r.get("ID", "").strip()}
 
 
 def _convert_one(src: Source, wav_dir: Path, cached: dict | None) -> dict:
@@ -185,9 +214,47 @@ def _options_digest(options: dict, sources: list[Source], side_files: Sequence[P
 
 def _write_json(path: Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _index_entry_ok(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), int) for k in ("size", "mtime_ns")):
+        return False
+    if "error" in entry:
+        return isinstance(entry["error"], str)
+    return isinstance(entry.get("wav"), str) and isinstance(entry.get("frames"), int)
+
+
+def read_audio_index(path: Path, force: bool = False) -> dict[str, dict]:
+    """The decode cache ``audio_index.json`` (``{}`` when absent).
+
+    A file that is not a JSON object is corrupt: a one-line ValueError saying to use ``--force``,
+    or with ``force`` it is discarded (with a warning) and every file is decoded again. Entries of
+    the wrong shape are dropped: those files are decoded again.
+    """
+    if not path.is_file():
+        return {}
+    problem = None
+    try:
+        index = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problem = f"not valid JSON: {exc}"
+    else:
+        if not isinstance(index, dict):
+            problem = f"expected a JSON object of file entries, got {type(index).__name__}"
+    if problem is not None:
+        if not force:
+            raise ValueError(f"{path} is corrupt ({problem}); rerun with --force to discard it and decode "
+                             "the audio again")
+        log.warning("%s is corrupt (%s): discarded, decoding the audio again", path, problem)
+        return {}
+    return {k: v for k, v in index.items() if _index_entry_ok(v)}
 
 
 def prepare(
@@ -208,6 +275,7 @@ def prepare(
     jobs: int = 0,
     force: bool = False,
     progress: bool = True,
+    allow_no_gender: bool = False,
 ) -> PrepareResult:
     """Write the forget/retain manifests for a VoxCeleb2 tree (see the module notes).
 
@@ -215,14 +283,22 @@ def prepare(
     always kept). ``forget_speakers``: a count drawn by ``seed`` or a list of IDs.
     ``max_utterances``: per speaker, a seeded random subset of files before decoding (0: all);
     files that then fail are left out, so a speaker may end with fewer. ``min_duration`` (s):
-    shorter files are left out. Returns a :class:`PrepareResult`; ``skipped`` when the stamp in
-    ``out`` matches these options and inputs.
+    shorter files are left out. ``allow_no_gender``: accept a meta file without a ``Gender``
+    column (the manifests then have no gender column). Returns a :class:`PrepareResult`;
+    ``skipped`` when the stamp in ``out`` matches these options and inputs.
+
+    Everything that can be checked without decoding (the side files, the options, the explicit
+    forget speakers, the decode cache) is checked first; nothing in ``out`` changes on a failure
+    except the decode cache (converted wavs and ``audio_index.json``, reused by the next run).
     """
     root, out = Path(root).resolve(), Path(out).resolve()
     meta = _default_side_file(meta, root / "vox2_meta.csv")
     transcripts = _default_side_file(transcripts, root / "transcripts.csv")
     if segment_seconds < 0 or min_duration < 0 or max_utterances < 0:
         raise ValueError("segment_seconds, min_duration and max_utterances must be >= 0")
+    if not 0.0 <= forget_fraction <= 0.5 or not 0.0 < test_video_fraction < 1.0:
+        raise ValueError(f"forget_fraction must be in [0, 0.5] and test_video_fraction in (0, 1), got "
+                         f"{forget_fraction} and {test_video_fraction}")
     explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
     options = dict(format=FORMAT_VERSION, root=str(root), meta=str(meta),
                    transcripts=str(transcripts), sets=sorted(sets) if sets else None,
@@ -230,45 +306,62 @@ def prepare(
                    forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
                    max_utterances=max_utterances, segment_seconds=segment_seconds,
                    min_duration=min_duration, seed=seed)
+    # The side files first: a bad meta or transcripts file must fail now, not after hours of decoding.
+    meta_recs = read_vox_meta(meta, allow_no_gender=allow_no_gender) if meta else {}
+    genders = {k: r["gender"] for k, r in meta_recs.items() if "gender" in r}
+    text = read_transcripts(transcripts) if transcripts and segment_seconds <= 0 else {}
     sources, dups = scan_voxceleb(root, sets, exclude=out, progress=progress)
     if not sources:
         raise FileNotFoundError(f"no audio files under {root} "
                                 "(expected dev/aac/idNNNNN/<video>/NNNNN.m4a)")
     digest = _options_digest(options, sources, [meta, transcripts])
-    out.mkdir(parents=True, exist_ok=True)
     stamp_path, report_path = out / "prepare_stamp.json", out / "prepare_report.json"
     manifests = {name: out / f"{name}.csv" for name in SPLIT_NAMES}
     done = [stamp_path, report_path, *manifests.values()]
     if not force and all(p.is_file() for p in done):
-        if json.loads(stamp_path.read_text()).get("digest") == digest:
-            report = json.loads(report_path.read_text())
+        try:
+            stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            stamp = report = None  # a damaged stamp or report: rebuild
+        if isinstance(stamp, dict) and isinstance(report, dict) and stamp.get("digest") == digest:
             return PrepareResult(out, manifests, report, skipped=True)
-    stamp_path.unlink(missing_ok=True)  # an interrupted rebuild must not look finished
 
-    todo = _select_files(sources, speakers, explicit or [], max_utterances, seed)
-    entries = _decode_all(todo, out, jobs, progress)
-    utts, failed, too_short = _utterances(
-        todo, entries, int(round(min_duration * SR)),
-        read_vox_meta(meta) if meta else {},
-        read_transcripts(transcripts) if transcripts and segment_seconds <= 0 else {},
-    )
+    todo = _select_files(sources, speakers, explicit or [], max_utterances, seed)  # unknown forget IDs fail here
+    choose_forget_speakers(sorted({s.spk_id for s in todo}), explicit or forget_speakers, seed)  # count fits?
+    index = read_audio_index(out / "audio_index.json", force=force)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = _decode_all(todo, out, jobs, progress, index)
+    utts, failed, too_short = _utterances(todo, entries, int(round(min_duration * SR)),
+                                          {k: {"gender": g} for k, g in genders.items()}, text)
     kept = sorted({u.spk_id for u in utts})
     forget = choose_forget_speakers(kept, explicit or forget_speakers, seed)
     splits, info = make_splits(utts, forget, forget_fraction, test_video_fraction, seed)
+    no_gender = sorted(s for s in kept if not genders.get(s)) if genders else []
+    if no_gender:
+        log.warning("%s gives no gender for %d kept speaker(s): %s", meta, len(no_gender), no_gender[:10])
 
-    counts = {}
-    for name, items in splits.items():
-        rows = [r for u in items for r in segment_rows(u, SR, segment_seconds)]
-        write_manifest(manifests[name], rows, columns=_columns(utts))
-        counts[name] = {"utterances": len(items), "rows": len(rows),
-                        "speakers": len({u.spk_id for u in items}),
-                        "hours": round(sum(r["duration"] for r in rows) / 3600, 4)}
-    report = {"options": options, "files_found": len(sources), "duplicates": dups,
-              "files_selected": len(todo), "failed": failed, "too_short": too_short,
-              "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
-              "counts": counts, **info}
-    _write_json(report_path, report)
-    _write_json(stamp_path, {"digest": digest, "options": options})
+    # Written beside the final files, then moved into place; the old stamp goes first, the new one last.
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".prepare-tmp-"))
+    try:
+        counts = {}
+        for name, items in splits.items():
+            rows = [r for u in items for r in segment_rows(u, SR, segment_seconds)]
+            write_manifest(staging / manifests[name].name, rows, columns=_columns(utts))
+            counts[name] = {"utterances": len(items), "rows": len(rows),
+                            "speakers": len({u.spk_id for u in items}),
+                            "hours": round(sum(r["duration"] for r in rows) / 3600, 4)}
+        report = {"options": options, "files_found": len(sources), "duplicates": dups,
+                  "files_selected": len(todo), "failed": failed, "too_short": too_short,
+                  "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
+                  "speakers_without_gender": no_gender, "counts": counts, **info}
+        _write_json(staging / report_path.name, report)
+        stamp_path.unlink(missing_ok=True)  # an interrupted move must not look finished
+        for path in [*manifests.values(), report_path]:
+            os.replace(staging / path.name, path)
+        _write_json(stamp_path, {"digest": digest, "options": options})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return PrepareResult(out, manifests, report)
 
 
@@ -291,10 +384,9 @@ def _select_files(sources: list[Source], speakers: int, keep: list[str], max_utt
     return todo
 
 
-def _decode_all(todo: list[Source], out: Path, jobs: int, progress: bool) -> list[dict]:
+def _decode_all(todo: list[Source], out: Path, jobs: int, progress: bool, index: dict[str, dict]) -> list[dict]:
     """Decode/validate every file (threads; cached in audio_index.json); one entry per file."""
     index_path = out / "audio_index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
     workers = jobs or min(4, os.cpu_count() or 1)
     # Threads, not processes: FFmpeg, libsndfile and scipy drop the GIL for much of the work,
     # and no worker has to re-import torch.
@@ -369,7 +461,10 @@ def prepare_command(
     min_duration: Annotated[float, _Opt(min=0.0, help="Leave out files shorter (seconds).")] = 1.0,
     seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
     jobs: Annotated[int, _Opt(min=0, help="Decoding threads (0: up to 4).")] = 0,
-    force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date.")] = False,
+    force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date; discard a corrupt "
+                                "audio_index.json (decode cache).")] = False,
+    allow_no_gender: Annotated[bool, _Opt("--allow-no-gender", help="Accept a meta file without a Gender "
+                                          "column (no gender column in the manifests).")] = False,
 ) -> None:
     """Decode audio to 16 kHz wav and write speaker- and sample-level forget/retain manifests."""
     forget: int | list[str] = (
@@ -380,7 +475,8 @@ def prepare_command(
                   sets=[s.strip() for s in sets.split(",") if s.strip()], forget_speakers=forget,
                   forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
                   max_utterances=max_utterances, segment_seconds=segment_seconds,
-                  min_duration=min_duration, seed=seed, jobs=jobs, force=force)
+                  min_duration=min_duration, seed=seed, jobs=jobs, force=force,
+                  allow_no_gender=allow_no_gender)
     rep = res.report
     typer.echo(f"{res.out}: {'up to date (skipped)' if res.skipped else 'written'}; "
                f"forget speakers {rep['forget_speakers']}")
@@ -389,6 +485,9 @@ def prepare_command(
                    f"{c['speakers']:5d} spk {c['hours']:8.3f} h")
     for item in rep["failed"]:
         typer.echo(f"  left out (unreadable/silent): {item['path']}: {item['reason']}", err=True)
+    if rep.get("speakers_without_gender"):
+        typer.echo(f"  no gender in the meta file for {len(rep['speakers_without_gender'])} speaker(s): "
+                   f"{rep['speakers_without_gender'][:10]}", err=True)
     if rep["too_short"]:
         typer.echo(f"  left out (shorter than {min_duration} s): {len(rep['too_short'])} files",
                    err=True)
