@@ -119,7 +119,8 @@ def write_summary_md(out_dir: str | os.PathLike[str], logs: Mapping[str, Any], m
     """Write ``out_dir/TOFU_SUMMARY.md``: a title, the headline table and the evaluation settings."""
     parts = [f"# TOFU evaluation: {model_name}\n", summary_table(logs)]
     if any(_agg(logs.get(k)) is None for k in ("forget_quality", "privleak") if k in logs):
-        parts.append("n/a: needs the retain model's logs (`--retain-logs`).\n")
+        parts.append("n/a: needs the retain model's logs (`--retain-logs`), evaluated with the forget "
+                     "(forget quality) and mia (privleak) metrics.\n")
     if settings:
         parts.append("## Settings\n")
         for k, v in settings.items():

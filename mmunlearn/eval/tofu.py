@@ -14,8 +14,10 @@ Forget quality and privleak compare with a *retain model* (never trained on the 
 its ``TOFU_EVAL.json`` (or the directory holding it) as ``retain_logs``. Without it both keys are
 written with ``agg_value: None`` (as the reference does for forget quality; the reference would fall
 back to a retain AUC of 0.5 for privleak, which makes the number look meaningful when it is not, so
-it is left None here). Evaluate the retain model first, without ``retain_logs``, then every other
-model against its logs.
+it is left None here). A retain log without the entry one of them needs (``forget_truth_ratio``,
+``mia_min_k``) leaves that one None with a warning naming the file, as the reference does; the other
+is still computed. Evaluate the retain model first, without ``retain_logs``, then every other model
+against its logs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from mmunlearn.eval.scoring import Scores, generate_answers, score_answers, scor
 from mmunlearn.eval.splits import EvalSplits, load_eval_splits
 from mmunlearn.eval.summary import write_summary_md
 from mmunlearn.metrics import entries, memorization, mia, tofu
-from mmunlearn.metrics.logs import read_tofu_logs, retain_agg_value, retain_forget_truth_ratios, write_tofu_logs
+from mmunlearn.metrics.keys import RETAIN_LOGS_PRIVLEAK_KEY, RETAIN_LOGS_TRUTH_RATIO_KEY
+from mmunlearn.metrics.logs import (EVAL_FILENAME, read_tofu_logs, retain_agg_value, retain_forget_truth_ratios,
+                                    write_tofu_logs)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,13 @@ def _groups(metrics: Collection[str] | None) -> tuple[str, ...]:
 
 
 class _RetainRef:
-    """What forget quality and privleak read from the retain model's logs (read and checked up front)."""
+    """What forget quality and privleak read from the retain model's logs (read and checked up front).
+
+    As the reference evaluator does, a retain log without the entry a metric needs is not an error:
+    that metric is left None with a warning naming the file (``forget_truth_ratio`` for forget
+    quality, ``mia_min_k`` with an ``agg_value`` for privleak), and the other is still computed. A
+    missing or unreadable file, or an entry of the wrong shape, is still an error.
+    """
 
     def __init__(self, path: str | os.PathLike[str] | None, groups: Sequence[str]):
         self.path = path
@@ -71,11 +81,24 @@ class _RetainRef:
         self.min_k_auc: float | None = None
         if path is None:
             return
-        read_tofu_logs(path)  # clear FileNotFoundError / JSON error first
+        logs = read_tofu_logs(path)  # clear FileNotFoundError / JSON error first
+        file = Path(path) / EVAL_FILENAME if Path(path).is_dir() else Path(path)
         if "forget" in groups:
-            self.truth_ratios = retain_forget_truth_ratios(path)
+            if RETAIN_LOGS_TRUTH_RATIO_KEY in logs:
+                self.truth_ratios = retain_forget_truth_ratios(path)
+            else:
+                log.warning("%s has no %r entry: forget_quality is left None (evaluate the retain model with the "
+                            "forget metrics to get it)", file, RETAIN_LOGS_TRUTH_RATIO_KEY)
         if "mia" in groups:
-            self.min_k_auc = retain_agg_value(path, "mia_min_k")
+            entry = logs.get(RETAIN_LOGS_PRIVLEAK_KEY)
+            if isinstance(entry, Mapping) and entry.get("agg_value") is not None:
+                self.min_k_auc = retain_agg_value(path, RETAIN_LOGS_PRIVLEAK_KEY)
+            elif entry is None or isinstance(entry, Mapping):
+                log.warning("%s has no %r AUC: privleak is left None (evaluate the retain model with the mia "
+                            "metrics to get it)", file, RETAIN_LOGS_PRIVLEAK_KEY)
+            else:
+                raise ValueError(f"{file}: {RETAIN_LOGS_PRIVLEAK_KEY!r} is not an entry (a mapping with an "
+                                 f"'agg_value'), got {type(entry).__name__}")
 
 
 def _qa_block(adapter: Any, prefix: str, items: list, answer: Scores, *, para: bool, batch_size: int,
