@@ -17,7 +17,7 @@ Example, on the built-in synthetic corpus (the recipe's helpers build the corpus
 speech LLM, cached; ``reference`` is the model it was fine-tuned from)::
 
     import mmunlearn
-    from recipes.speech_llm import build_model, make_corpus
+    from recipes.voxceleb2_speech_llm import build_model, make_corpus
 
     man = make_corpus("corpus")  # 10 espeak speakers in the VoxCeleb2 layout, 2 to forget, and manifests
     target, base = (build_model(man, preset="mini", role=r) for r in ("target", "base"))

@@ -40,7 +40,7 @@ def _summary(logs_path: Path) -> dict[str, float]:
 
 
 @dataclass
-class Context:
+class CrossLingualSetup:
     """Models and per-language reference evaluations of one (preset, world, seed)."""
 
     preset: str
@@ -91,7 +91,7 @@ def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: 
 
 def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs: tuple[str, ...],
             retain_langs: tuple[str, ...], seed: int, cache_dir: Path | None, device: str,
-            max_new_tokens: int) -> Context:
+            max_new_tokens: int) -> CrossLingualSetup:
     """Build (or reuse) the models and evaluate target and retain model in every evaluation language."""
     from mmunlearn.presets.cache import default_cache_dir
 
@@ -108,7 +108,7 @@ def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs
                                         metrics=EVAL_GROUPS)
         target_logs[lang] = cached_eval(built.target, data, world.forget_split, None, max_new_tokens, device,
                                         retain_logs[lang], metrics=EVAL_GROUPS)
-    return Context(preset, world, forget_langs, retain_langs, eval_langs, max_new_tokens, built, retain_logs,
+    return CrossLingualSetup(preset, world, forget_langs, retain_langs, eval_langs, max_new_tokens, built, retain_logs,
                    target_logs, Path(cache_dir) if cache_dir else default_cache_dir(),
                    world.items("forget", forget_langs), world.items("retain", retain_langs))
 
@@ -132,7 +132,7 @@ def _write_json(path: Path, obj: Any) -> None:
     write_json_atomic(path, obj)
 
 
-def run_method_rows(method: str, ctx: Context, options: dict, rule, base: str, out: Path, device: str) -> list[dict]:
+def run_method_rows(method: str, ctx: CrossLingualSetup, options: dict, rule, base: str, out: Path, device: str) -> list[dict]:
     """Unlearn the forget languages' rows from a fresh copy of the target with ``method`` through the harness
     (``out/model``, restorable), evaluate it in every evaluation language (``out/<lang>/TOFU_EVAL.json``);
     returns one row per language."""

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from recipes import tofu_pipeline
+from recipes import tofu_pipeline, tofu_report
 from recipes.tofu_settings import sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
@@ -116,7 +116,7 @@ def run(
                    epochs=epochs)
     rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
     row = tofu_pipeline.run_method_row(method, ctx, options, rule, base, out, device)
-    console.print(tofu_pipeline.markdown([ctx.reference_row("target"), row, ctx.reference_row("retain")]))
+    console.print(tofu_report.markdown([ctx.reference_row("target"), row, ctx.reference_row("retain")]))
 
 
 @app.command()
@@ -149,17 +149,17 @@ def compare(
     ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
-    kept = tofu_pipeline.earlier_rows(out, ctx.describe(), exclude=chosen)
+    kept = tofu_report.earlier_rows(out, ctx.describe(), exclude=chosen)
     target_nll = ctx.forget_target() if sweep else None
     for name in chosen:
         rows.append(tofu_pipeline.run_method_row(name, ctx, {}, sweep_rule(target_nll, retain_bound), base,
                                                  out / name, device))
-        tofu_pipeline.write_tables(out, tofu_pipeline.ordered(rows + kept), ctx.describe())  # nothing lost if interrupted
-    rows = tofu_pipeline.ordered(rows + kept)
-    tofu_pipeline.scatter(out / "fq_vs_mu.png", rows)
+        tofu_report.write_tables(out, tofu_report.ordered(rows + kept), ctx.describe())  # nothing lost if interrupted
+    rows = tofu_report.ordered(rows + kept)
+    tofu_report.scatter(out / "fq_vs_mu.png", rows)
     if sweep:
-        tofu_pipeline.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)
-    console.print(tofu_pipeline.markdown(rows))
+        tofu_report.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)
+    console.print(tofu_report.markdown(rows))
     console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png in {time.perf_counter() - start:.0f} s")
 
 

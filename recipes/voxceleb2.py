@@ -6,7 +6,7 @@ are the data; ``train`` builds the original classifier or the retrained referenc
 of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
 (synthesise, prepare, train, unlearn, report), reusing whatever an earlier run built.
 ``--model speech-llm`` runs the same levels with a Qwen-Omni-style speech LLM instead of the classifier
-(:mod:`recipes.speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep).
+(:mod:`recipes.voxceleb2_speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _unlearn_speech_llm(level: str, out: Path | None, methods: str, manifests: P
                         scale: float | None, seed: int, device: str, threads: int | None,
                         cache_dir: Path | None) -> None:
     """The ``--model speech-llm`` path: corpus (unless --manifests), models, every method, one table."""
-    from recipes import speech_llm
+    from recipes import voxceleb2_speech_llm as speech_llm
 
     chosen = list(speech_llm.DEFAULT_METHODS) if methods.strip() == "all" else [
         m.strip() for m in methods.split(",") if m.strip()]

@@ -155,7 +155,7 @@ def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions,
 
 
 @dataclass
-class Context:
+class SpeakerSetup:
     """One level's partitions, the original and retrained classifiers and their evaluations."""
 
     level: str
@@ -179,7 +179,7 @@ class Context:
 
 
 def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,
-                 progress: bool = True) -> Context:
+                 progress: bool = True) -> SpeakerSetup:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
     from mmunlearn.methods import mean_nll
@@ -191,7 +191,7 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     if not forget or not retain:
         raise ValueError(f"{manifests}: the {forget_name} and {retain_name} manifests must not be empty "
                          f"(got {len(forget)} and {len(retain)} rows)")
-    ctx = Context(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device)
+    ctx = SpeakerSetup(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device)
     for name, path in (("original model", original), ("retrained model", retrained)):
         ctx.reference[name] = cached_eval(path, manifests, level, eval_opts, device, progress)
     target = SpeakerAdapter.load(original, device=device)
@@ -200,7 +200,7 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     return ctx
 
 
-def run_method_row(method: str, ctx: Context, size: str, options: dict, rule, out: Path,
+def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rule, out: Path,
                    progress: bool = True) -> dict:
     """Unlearn with ``method`` on a fresh copy of the original classifier through the harness (``out/model``:
     SpeechBrain layout plus the harness's reports and undo patch), evaluate it; the row (also ``out/run.json``)."""

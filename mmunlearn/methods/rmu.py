@@ -64,7 +64,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
     start = time.perf_counter()
     model = adapter.model
     layers = _decoder_layers(model)
-    l = cfg.layer if cfg.layer is not None else max(2, len(layers) // 3)
+    l = cfg.layer if cfg.layer is not None else min(len(layers) - 1, len(layers) // 3)
     if not 0 <= l < len(layers):
         raise ValueError(f"RMU layer {l} is outside the decoder's {len(layers)} layers")
     frozen = copy.deepcopy(model).eval()

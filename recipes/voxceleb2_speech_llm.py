@@ -37,11 +37,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.methods import names
 from mmunlearn.speech.dataset import LEVELS, split_rows
 from mmunlearn.speech.llm_tasks import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
 from mmunlearn.train import TrainConfig
 
-DEFAULT_METHODS = ("qr-erase", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3")
+#: Every method that applies to a speech LLM, in registry order.
+DEFAULT_METHODS = tuple(names("speech-llm"))
 FINETUNE = TrainConfig(epochs=6, batch_size=16, lr=1e-3, schedule="onecycle", weight_decay=0.0)
 #: (audio warm-up, spoken-QA training of the base, fine-tuning of target and retrain from the base)
 TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {

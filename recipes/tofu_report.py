@@ -1,0 +1,147 @@
+"""Tables and plots of the TOFU recipes: the comparison table (Markdown, CSV, JSON), the forget-quality vs
+utility scatter and the selectivity plot along each method's sweep."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.atomic import write_text_atomic
+
+#: Columns of the comparison table: (header, TOFU log key or row field).
+COLUMNS = (
+    ("forget quality", "forget_quality"),
+    ("model utility", "model_utility"),
+    ("MU-ROUGE", "model_utility_rouge"),
+    ("forget ROUGE-L", "forget_Q_A_ROUGE"),
+    ("forget truth ratio", "forget_truth_ratio"),
+    ("forget prob", "forget_Q_A_Prob"),
+    ("retain prob", "retain_Q_A_Prob"),
+    ("privleak", "privleak"),
+    ("forget NLL rise", "forget_nll_rise"),
+    ("retain NLL rise", "retain_nll_rise"),
+    ("selectivity", "selectivity"),
+    ("unlearn s", "unlearn_seconds"),
+    ("+ extraction s", "total_seconds"),
+    ("params changed", "changed_fraction"),
+    ("rule met", "target_reached"),
+)
+
+
+def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
+    """Method rows of an earlier ``compare.json`` in ``out`` with the same context, except ``exclude``."""
+    path = out / "compare.json"
+    if not path.is_file():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier.get("context") != json.loads(json.dumps(context)):
+        return []
+    return [r for r in earlier["rows"] if not r["method"].endswith(" model") and r["method"] not in exclude]
+
+
+def ordered(rows: list[dict]) -> list[dict]:
+    """Reference rows first, then methods in the registry's order."""
+    from mmunlearn.methods import names
+
+    rank = {m: i for i, m in enumerate(names())}
+    return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
+                                       r["method"] != "target model"))
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
+            return f"{value:.2e}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| method | " + " | ".join(h for h, _ in COLUMNS) + " |"
+    sep = "|---|" + "---:|" * len(COLUMNS)
+    body = ["| " + r["method"] + " | " + " | ".join(_fmt(r.get(k)) for _, k in COLUMNS) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def write_tables(out: Path, rows: list[dict], context: dict) -> None:
+    """compare.md, compare.csv and compare.json (each written atomically)."""
+    write_text_atomic(out / "compare.md", markdown(rows) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["method", *(k for _, k in COLUMNS)], extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(out / "compare.csv", buf.getvalue())
+    write_text_atomic(out / "compare.json", json.dumps({"context": context, "rows": rows, "time": time.time()}, indent=2))
+
+
+def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: float | None) -> Path | None:
+    """Forget vs retain NLL (training partitions) along each method's sweep: erasure scale,
+    T3 temperature, baseline epochs. Reads ``out/<method>/run.json``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    drawn = 0
+    for m in methods:
+        run = out / m / "run.json"
+        if not run.is_file():
+            continue
+        points = json.loads(run.read_text())["info"].get("sweep") or []
+        key = next((k for k in ("scale", "temperature", "step") if points and k in points[0]), None)
+        points = sorted(points, key=lambda p: p[key]) if key else points
+        if points:
+            ax.plot([p["retain_nll"] for p in points], [p["forget_nll"] for p in points], marker="o", label=m)
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    if forget_target is not None:
+        ax.axhline(forget_target, color="gray", linestyle="--", linewidth=1, label="forget NLL target (base model)")
+    ax.set_xlabel("retain NLL (training partition)")
+    ax.set_ylabel("forget NLL (training partition)")
+    ax.set_title("Selectivity along each method's sweep (up and left is better)")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def scatter(path: Path, rows: list[dict]) -> Path:
+    """Forget quality (log scale) against model utility; target and retain models marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r in rows:
+        fq, mu = r.get("forget_quality"), r.get("model_utility")
+        if fq is None or mu is None or not math.isfinite(fq):
+            continue
+        ref = r["method"].endswith("model")
+        ax.scatter(mu, max(fq, 1e-30), marker="*" if ref else "o", s=160 if ref else 60,
+                   color="black" if ref else None, zorder=3)
+        ax.annotate(r["method"], (mu, max(fq, 1e-30)), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("model utility")
+    ax.set_ylabel("forget quality (KS p-value, log scale)")
+    ax.set_title("TOFU: forget quality vs model utility")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
