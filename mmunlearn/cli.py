@@ -22,9 +22,6 @@ from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
-from recipes.ctofu import app as ctofu_app
-from recipes.tofu import app as tofu_app
-from recipes.voxceleb2 import app as voxceleb2_app
 
 app = typer.Typer(
     name="mmunlearn",
@@ -33,10 +30,34 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(bench_app, name="bench")
-app.add_typer(tofu_app, name="tofu")
-app.add_typer(ctofu_app, name="ctofu")
-app.add_typer(voxceleb2_app, name="voxceleb2")
 console = Console()
+#: Recipe apps are found by entry point (group ``mmunlearn.recipes`` in pyproject.toml), as plug-ins: the
+#: library never imports the recipes package.
+RECIPE_GROUP = "mmunlearn.recipes"
+
+
+def _mount_recipes() -> None:
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=RECIPE_GROUP), key=lambda e: e.name):
+        app.add_typer(ep.load(), name=ep.name)
+
+
+_mount_recipes()
+
+
+@app.command()
+def methods() -> None:
+    """List the unlearning methods, the model kinds each applies to, and their settings with help text."""
+    from dataclasses import MISSING, fields
+
+    from mmunlearn.methods import REGISTRY
+
+    for m in REGISTRY.values():
+        console.print(f"[bold]{m.name}[/bold] ({', '.join(m.kinds)}): {m.help}")
+        for f in fields(m.config):
+            default = f.default if f.default is not MISSING else "(see presets)"
+            console.print(f"    {f.name} = {m.defaults.get(f.name, default)!r}: {f.metadata.get('help', '')}")
 
 Method = Enum("Method", {m: m for m in METHODS}, type=str)  # type: ignore[misc]
 Rule = Enum("Rule", {r: r for r in RULES}, type=str)  # type: ignore[misc]
@@ -117,22 +138,17 @@ def erase(
 
 @app.command()
 def restore(
-    model: Annotated[Path, typer.Option(help="Edited model directory (output of `mmunlearn erase`).")],
+    model: Annotated[Path, typer.Option(help="Edited model folder: the output of `mmunlearn erase`, of `mmunlearn.unlearn`, or a recipe's <method>/model folder.")],
     out: Annotated[Path, typer.Option(help="Directory for the restored model (created; must not exist unless --overwrite).")],
     patch: Annotated[Optional[Path], typer.Option(help="Undo patch (default: MODEL/undo_patch.safetensors).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
     stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
     hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,
 ) -> None:
-    """Undo an erase: write the original weights back, bit for bit."""
-    if stream:
-        from mmunlearn.erase.stream import stream_restore_checkpoint
+    """Undo an erase or any unlearning output: write the original weights back, bit for bit."""
+    from mmunlearn.undo import restore_folder
 
-        stream_restore_checkpoint(model, out, patch=patch, overwrite=overwrite, hardlink=hardlink)
-    else:
-        from mmunlearn.erase_checkpoint import restore_checkpoint
-
-        restore_checkpoint(model, out, patch=patch, overwrite=overwrite)
+    restore_folder(model, out, patch=patch, overwrite=overwrite, stream=stream, hardlink=hardlink)
     console.print(f"restored model written to [bold]{out}[/bold]")
 
 
