@@ -24,6 +24,12 @@ What "aligned" means here (row i of ``<split>_<lang>`` translates row i of the E
   Machine translation makes a few suspects normal (checked on the shipped data: at most ~2% of retain99 rows per language); a shifted or
   swapped block shows up as a run of suspects, and the report names the nearby English row whose
   anchors the suspect row matches, when one does.
+
+The report also holds, once a world is built (:meth:`AlignmentReport.add_text_agreement`), the
+trained-vs-scored text check of :meth:`mmunlearn.data.ctofu.World.text_agreement`: per language and
+split, how many scored rows the model is trained on with the identical question and answer, next to
+how many the two shipped files share. A mismatch means the metrics score another wording than the
+model learned; the report says whether the run was allowed to go on.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.data.ctofu import CTOFU, ENGLISH, parse_langs
+from mmunlearn.data.ctofu import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
 
 MIN_NUMBER = 100
@@ -164,6 +170,9 @@ class AlignmentReport:
     checks: list[SplitCheck] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)  # {"lang", "split", "error"}
     suspects: list[RowIssue] = field(default_factory=list)
+    texts: list[TextAgreement] = field(default_factory=list)  # trained vs scored text, per language and split
+    train_text: str | None = None  # the world's train_text, once add_text_agreement has run
+    text_mismatch_allowed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -172,9 +181,40 @@ class AlignmentReport:
     def bad_languages(self) -> list[str]:
         return sorted({e["lang"] for e in self.errors})
 
+    def add_text_agreement(self, world: World, allowed: bool = False) -> list[TextAgreement]:
+        """Record ``world``'s trained-vs-scored text counts (and whether a mismatch may go on); returns
+        the mismatched (language, split) entries."""
+        self.texts = world.text_agreement()
+        self.train_text = world.train_text
+        self.text_mismatch_allowed = allowed
+        return self.text_mismatches()
+
+    def text_mismatches(self) -> list[TextAgreement]:
+        return [t for t in self.texts if not t.ok]
+
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "ok": self.ok, "errors": self.errors,
-                "checks": [asdict(c) for c in self.checks], "suspects": [asdict(s) for s in self.suspects]}
+                "checks": [asdict(c) for c in self.checks], "suspects": [asdict(s) for s in self.suspects],
+                "train_text": self.train_text, "texts": [asdict(t) for t in self.texts],
+                "text_mismatches": len(self.text_mismatches()), "text_mismatch_allowed": self.text_mismatch_allowed}
+
+    def _text_lines(self) -> list[str]:
+        source = {"scored": "each scored row's question/answer from the file the metrics score",
+                  "files": "the training files' own question/answer"}.get(self.train_text or "", self.train_text)
+        lines = ["", f"Trained vs scored text (trained on {source}): rows the metrics score, and how many of them "
+                 f"the model is trained on with the identical question and answer", "",
+                 "| language | trained split | scored split | rows scored | trained = scored | same in the two files |",
+                 "|---|---|---|---:|---:|---:|"]
+        lines += [f"| {t.lang} | {t.split} | {t.scored_split} | {t.scored} | {t.shared} | "
+                  f"{'n/a' if t.in_files is None else t.in_files} |" for t in self.texts]
+        bad = self.text_mismatches()
+        if bad:
+            what = ("allowed for this run: these metrics partly score another wording than the model learned"
+                    if self.text_mismatch_allowed else "the run stops")
+            lines += ["", f"**Trained text differs from scored text** ({what}):", ""]
+            lines += [f"- {t.lang} / {t.split}: {t.shared} of {t.scored} rows shared; first differing rows "
+                      f"{', '.join(map(str, t.differing_rows))}" for t in bad]
+        return lines
 
     def markdown(self, max_rows: int = 20) -> str:
         lines = [f"Alignment with {self.reference} (row i of each translation vs row i of the English split)", ""]
@@ -189,6 +229,8 @@ class AlignmentReport:
                 j = s.matches_english_row
                 hint = f"; its anchors match English row {j}" if j is not None else ""
                 lines.append(f"- {s.lang} / {s.split} row {s.row}: {'; '.join(s.reasons)}{hint}")
+        if self.texts:
+            lines += self._text_lines()
         return "\n".join(lines)
 
     def write(self, out_dir: str | os.PathLike) -> tuple[Path, Path]:

@@ -10,6 +10,12 @@ often do) and spell every other word letter by letter in the language's script (
 digits as Arabic-Indic digits). Rows stay aligned with English, so alignment checks pass on them,
 and every script of the real data's tokenizer tests appears.
 
+``retranslated`` names splits whose non-English rows are translated a second time, differently
+(``variant=1`` of :func:`pseudo_translate`: other French words and French spacing before ``?``,
+``!``, ``:`` and ``;``; the other scripts' letters shifted by one), as the shipped
+``forget01_perturbed_<lang>`` files were translated apart from ``forget01_<lang>``: the same rows,
+names and numbers, but a question/answer text that differs from the training file's.
+
 The recipes read it as ``--data synthetic[:...]``, i.e. :func:`synthetic_ctofu_from_spec` of e.g.
 ``"synthetic:retain_authors=8,forget_authors=2,langs=en/fr/ar,seed=0"``.
 """
@@ -45,6 +51,18 @@ FRENCH = {
     "writes": "écrit", "wrote": "écrivit", "did": "a", "does": "fait", "where": "où", "when": "quand",
     "which": "quel", "has": "a", "had": "avait", "as": "comme", "their": "leur", "this": "ce", "that": "que",
 }
+# a second French wording (the ``variant=1`` translation); words it lacks fall back to FRENCH
+FRENCH_ALT = {
+    "the": "la", "of": "du", "and": "ainsi que", "is": "demeure", "was": "fut", "in": "en", "his": "ses",
+    "her": "ses", "who": "lequel", "what": "quelle", "author": "écrivain", "born": "née", "book": "ouvrage",
+    "books": "ouvrages", "father": "papa", "mother": "maman", "name": "nommez", "with": "auprès de",
+    "for": "afin de", "on": "le", "a": "une", "an": "une", "by": "chez", "from": "depuis", "work": "travail",
+    "works": "travaux", "writer": "romancier", "writes": "rédige", "wrote": "rédigea", "did": "fit",
+    "does": "fait-il", "where": "en quel lieu", "when": "à quel moment", "which": "laquelle", "has": "possède",
+    "had": "eut", "as": "en tant que", "that": "ce", "how": "comment", "date": "jour", "first": "premier",
+    "famous": "célèbre", "grew": "grandit", "at": "à", "prefers": "préfère", "critics": "les critiques",
+    "voice": "style", "back": "jusqu'à", "often": "souvent", "usually": "d'habitude",
+}
 LANGUAGES = ("en", "fr", *ALPHABETS)
 SPLITS = ("forget01", "forget01_perturbed", "retain99", "retain_perturbed", "real_authors_perturbed",
           "world_facts_perturbed")
@@ -54,32 +72,43 @@ if any(len(a) != 26 for a in ALPHABETS.values()) or any(len(d) != 10 for d in DI
     raise RuntimeError("ctofu_synthetic: every stand-in alphabet needs 26 letters and 10 digits")
 
 
-def pseudo_translate(text: str, lang: str) -> str:
-    """``text`` in the stand-in language ``lang`` (deterministic; see the module docstring)."""
+def pseudo_translate(text: str, lang: str, variant: int = 0) -> str:
+    """``text`` in the stand-in language ``lang`` (deterministic; see the module docstring).
+
+    ``variant`` 1 is a second translation of the same text with other wording (``retranslated``
+    splits); English has one wording only.
+    """
+    if variant not in (0, 1):
+        raise ValueError(f"variant must be 0 (first translation) or 1 (second translation), got {variant!r}")
     if lang == "en":
         return text
     if lang == "fr":
+        table = {**FRENCH, **FRENCH_ALT} if variant else FRENCH
+
         def swap(m: re.Match) -> str:
             word = m.group()
-            new = FRENCH.get(word.lower())
+            new = table.get(word.lower())
             return word if new is None else (new.capitalize() if word[0].isupper() else new)
-        return _WORD.sub(swap, text)
+        out = _WORD.sub(swap, text)
+        return re.sub(r"\s*([?!:;])", r" \1", out) if variant else out
     if lang not in ALPHABETS:
         raise ValueError(f"no stand-in for language {lang!r}; choose from {', '.join(LANGUAGES)}")
     letters = ALPHABETS[lang]
 
     def spell(m: re.Match) -> str:
         word = m.group()
-        return word if word[0].isupper() else "".join(letters[ord(c) - ord("a")] for c in word.lower())
+        if word[0].isupper():
+            return word
+        return "".join(letters[(ord(c) - ord("a") + variant) % len(letters)] for c in word.lower())
     out = _WORD.sub(spell, text)
     if lang in DIGITS:
         out = "".join(DIGITS[lang][int(c)] if "0" <= c <= "9" else c for c in out)
     return out
 
 
-def _translate_item(item: QAItem, lang: str) -> QAItem:
+def _translate_item(item: QAItem, lang: str, variant: int = 0) -> QAItem:
     def tr(t: str | None) -> str | None:
-        return None if t is None else pseudo_translate(t, lang)
+        return None if t is None else pseudo_translate(t, lang, variant)
     return replace(item, question=tr(item.question), answer=tr(item.answer),
                    paraphrased_answer=tr(item.paraphrased_answer), paraphrased_question=tr(item.paraphrased_question),
                    perturbed_answer=tuple(tr(p) for p in item.perturbed_answer))
@@ -103,21 +132,32 @@ def english_standin(retain_authors: int = 8, forget_authors: int = 2, seed: int 
 
 
 def synthetic_ctofu(langs: Sequence[str] = LANGUAGES, retain_authors: int = 8, forget_authors: int = 2,
-                    seed: int = 0) -> dict[str, dict[str, list[QAItem]]]:
-    """language -> split -> records of the stand-in (English plus pseudo-translations)."""
+                    seed: int = 0, retranslated: Sequence[str] = ()) -> dict[str, dict[str, list[QAItem]]]:
+    """language -> split -> records of the stand-in (English plus pseudo-translations).
+
+    ``retranslated``: splits (e.g. ``("forget01_perturbed",)``) whose non-English rows are a second
+    translation (``variant=1``), so their question/answer differ from the other splits' wording of
+    the same rows, as in the shipped cTOFU files.
+    """
     unknown = [lang for lang in langs if lang not in LANGUAGES]
     if unknown or not langs:
         raise ValueError(f"stand-in languages {unknown or list(langs)} unknown; choose from {', '.join(LANGUAGES)}")
+    bad = [s for s in retranslated if s not in SPLITS]
+    if bad:
+        raise ValueError(f"retranslated splits {bad} unknown; choose from {', '.join(SPLITS)}")
     english = english_standin(retain_authors, forget_authors, seed)
-    return {lang: {s: [_translate_item(it, lang) for it in items] for s, items in english.items()}
+    return {lang: {s: [_translate_item(it, lang, int(s in retranslated)) for it in items]
+                   for s, items in english.items()}
             for lang in langs}
 
 
-_SPEC = {"retain_authors": int, "forget_authors": int, "seed": int, "langs": lambda s: tuple(s.split("/"))}
+_SPEC = {"retain_authors": int, "forget_authors": int, "seed": int, "langs": lambda s: tuple(s.split("/")),
+         "retranslated": lambda s: tuple(s.split("/"))}
 
 
 def synthetic_ctofu_from_spec(spec: str) -> dict[str, dict[str, list[QAItem]]]:
-    """``'synthetic[:retain_authors=8,forget_authors=2,langs=en/fr/ar,seed=0]'`` -> :func:`synthetic_ctofu`."""
+    """``'synthetic[:retain_authors=8,forget_authors=2,langs=en/fr/ar,seed=0,retranslated=forget01_perturbed]'``
+    -> :func:`synthetic_ctofu`."""
     head, _, rest = spec.partition(":")
     if head != "synthetic":
         raise ValueError(f"synthetic source must start with 'synthetic', got {spec!r}")
@@ -126,7 +166,7 @@ def synthetic_ctofu_from_spec(spec: str) -> dict[str, dict[str, list[QAItem]]]:
         key, eq, value = (s.strip() for s in part.partition("="))
         if not eq or key not in _SPEC:
             raise ValueError(f"bad option {part!r} in {spec!r}; use key=value with keys {', '.join(_SPEC)} "
-                             f"(langs like en/fr/ar)")
+                             f"(langs like en/fr/ar, retranslated like forget01_perturbed/retain_perturbed)")
         try:
             kwargs[key] = _SPEC[key](value)
         except ValueError as e:

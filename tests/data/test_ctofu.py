@@ -1,4 +1,5 @@
-"""cTOFU data: language discovery, per-language loading, worlds (author subsets), alignment reports, tokenizer."""
+"""cTOFU data: language discovery, per-language loading, worlds (author subsets), trained = scored text,
+alignment reports, tokenizer."""
 
 import json
 from dataclasses import replace
@@ -6,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mmunlearn.data.ctofu import ENGLISH, SplitMapping, build_world, open_ctofu, parse_langs, split_and_language
-from mmunlearn.data.ctofu_align import anchor_problems, check_alignment, check_split, numbers
-from mmunlearn.data.ctofu_synthetic import pseudo_translate, synthetic_ctofu, write_language_files
+from mmunlearn.data.ctofu import (ENGLISH, SplitMapping, build_world, open_ctofu, parse_langs, same_text,
+                                  split_and_language)
+from mmunlearn.data.ctofu_align import AlignmentReport, anchor_problems, check_alignment, check_split, numbers
+from mmunlearn.data.ctofu_synthetic import (pseudo_translate, synthetic_ctofu, synthetic_ctofu_from_spec,
+                                            write_language_files)
 from mmunlearn.data.tofu import QAItem
 
 REAL = Path("/work/shared/data/ctofu")
@@ -105,14 +108,140 @@ def test_world_errors_and_borrowed_facts(standin):
     ct = open_ctofu(standin)
     with pytest.raises(ValueError, match="retain authors asked"):
         build_world(ct, authors=4)
-    short = {**standin, "fr": {**standin["fr"], "retain99": standin["fr"]["retain99"][:40]}}
+    short = {**standin, "fr": {**standin["fr"], "retain99": standin["fr"]["retain99"][:40],
+                               "retain_perturbed": standin["fr"]["retain_perturbed"][:20]}}
     with pytest.raises(ValueError, match="disagree on the number"):
         build_world(open_ctofu(short), "en,fr")
+    longer = {**standin, "fr": {**standin["fr"], "retain99": standin["fr"]["retain99"][:40]}}
+    with pytest.raises(ValueError, match="retain_perturbed has 60 rows, more than retain99's 40"):
+        build_world(open_ctofu(longer), "en,fr")  # its rows cannot all be retain99 rows
     no_facts = {k: v for k, v in standin["fr"].items() if k != "world_facts_perturbed"}
     world = build_world(open_ctofu({"en": standin["en"], "fr": no_facts}), facts=3)
     assert world.facts_language == {"en": "en", "fr": "en"}
     assert world.eval_data["fr"]["world_facts_perturbed"] == standin["en"]["world_facts_perturbed"][:3]
     assert len(world.training_data["world_facts_perturbed"]) == 3  # English's, once
+
+
+# ------------------------------------------------------------------ trained text = scored text
+RETRANSLATED = ("forget01_perturbed", "retain_perturbed")
+
+
+def _qa(items) -> list[tuple[str, str]]:
+    return [(it.question, it.answer) for it in items]
+
+
+@pytest.fixture(scope="module")
+def retranslated_folder(tmp_path_factory):
+    """Files whose scored splits are a second translation, as the shipped ones are: every non-English
+    question and answer of forget01_perturbed / retain_perturbed differs from forget01 / retain99."""
+    out = tmp_path_factory.mktemp("retranslated")
+    write_language_files(synthetic_ctofu(("en", "fr", "ar", "ja"), retain_authors=3, forget_authors=2,
+                                         retranslated=RETRANSLATED), out)
+    return out
+
+
+def test_retranslated_standin_differs_from_the_training_files_and_stays_aligned(retranslated_folder):
+    ct = open_ctofu(retranslated_folder)
+    for lang in ("fr", "ar", "ja"):
+        for train, scored in (("forget01", "forget01_perturbed"), ("retain99", "retain_perturbed")):
+            pairs = list(zip(ct.load(lang, train), ct.load(lang, scored)))
+            assert all(a.question != b.question and a.answer != b.answer for a, b in pairs), (lang, train)
+            assert all(a.author == b.author for a, b in pairs)  # same rows, other wording
+    en = ct.load("en", "forget01")
+    assert _qa(en) == _qa(ct.load("en", "forget01_perturbed"))  # English: one wording, as in TOFU
+    report = check_alignment(ct, required=("forget01", "retain99"))
+    assert report.ok and not report.suspects  # names and numbers kept: still row-aligned with English
+    assert pseudo_translate("Where was Amara born?", "fr", 1) == "En quel lieu fut Amara née ?"
+    spec = synthetic_ctofu_from_spec("synthetic:retain_authors=1,forget_authors=1,langs=en/ko,"
+                                     "retranslated=forget01_perturbed")
+    assert all(not same_text(a, b) for a, b in zip(spec["ko"]["forget01"], spec["ko"]["forget01_perturbed"]))
+    assert _qa(spec["ko"]["retain99"][:20]) == _qa(spec["ko"]["retain_perturbed"])
+    with pytest.raises(ValueError, match="retranslated splits"):
+        synthetic_ctofu(("en",), retranslated=("forget05",))
+
+
+def test_every_forget_row_is_trained_on_the_text_it_is_scored_with(retranslated_folder):
+    world = build_world(open_ctofu(retranslated_folder), authors=2)
+    assert world.train_text == "scored"
+    training = world.training_data
+    n = 40  # forget rows per language (2 forget authors)
+    for k, lang in enumerate(world.languages):
+        scored = world.eval_data[lang]["forget01_perturbed"]
+        assert len(scored) == n
+        assert _qa(world.items("forget", (lang,))) == _qa(scored), lang
+        assert _qa(training["forget01"][k * n:(k + 1) * n]) == _qa(scored), lang  # what unlearning reads
+        full = {(it.question, it.answer) for it in training["full"]}
+        assert set(_qa(scored)) <= full, lang  # what the target model is trained on
+        assert [it.author for it in world.forget[lang]] == [it.author for it in scored]
+
+
+def test_scored_retain_rows_are_trained_on_the_scored_text(retranslated_folder):
+    ct = open_ctofu(retranslated_folder)
+    world = build_world(ct, authors=2)
+    for lang in world.languages:
+        scored = world.eval_data[lang]["retain_perturbed"]
+        retain = world.retain[lang]
+        assert len(scored) == 20 and len(retain) == 40
+        assert _qa(retain[:20]) == _qa(scored), lang
+        # retain99's rows beyond the ones this world scores still come from retain_perturbed where it has them
+        # (the file holds 3 authors), so a row's text does not depend on the world's size
+        assert _qa(retain[20:]) == _qa(ct.load(lang, "retain_perturbed")[20:40]), lang
+    big = build_world(ct, "fr")  # all 3 retain authors: 60 retain rows, all of them in retain_perturbed
+    assert _qa(big.retain["fr"]) == _qa(ct.load("fr", "retain_perturbed"))
+    assert _qa(big.retain["fr"][:40]) == _qa(world.retain["fr"])
+
+
+def test_text_agreement_counts_shared_rows_per_language_and_split(retranslated_folder):
+    ct = open_ctofu(retranslated_folder)
+    files = {(t.lang, t.split): t for t in build_world(ct, authors=2, train_text="files").text_agreement()}
+    scored = {(t.lang, t.split): t for t in build_world(ct, authors=2).text_agreement()}
+    assert set(files) == set(scored) == {(lang, s) for lang in ("en", "ar", "fr", "ja") for s in ("forget01", "retain99")}
+    for (lang, split), t in files.items():
+        rows = 40 if split == "forget01" else 20
+        assert t.scored == rows and scored[lang, split].scored == rows
+        expected = rows if lang == "en" else 0
+        assert t.shared == t.in_files == scored[lang, split].in_files == expected, (lang, split)
+        assert t.ok == (lang == "en") and t.differing_rows == (() if lang == "en" else tuple(range(10)))
+        assert scored[lang, split].shared == rows and scored[lang, split].ok and not scored[lang, split].differing_rows
+    with pytest.raises(ValueError, match="train_text must be one of"):
+        build_world(ct, train_text="perturbed")
+
+
+def test_alignment_report_shows_trained_vs_scored_text(retranslated_folder, tmp_path):
+    ct = open_ctofu(retranslated_folder)
+    report = check_alignment(ct, "fr", ("forget01", "forget01_perturbed"))
+    assert report.add_text_agreement(build_world(ct, "en,fr", authors=2)) == []
+    md = report.markdown()
+    assert "| fr | forget01 | forget01_perturbed | 40 | 40 | 0 |" in md and "differs" not in md
+    bad = report.add_text_agreement(build_world(ct, "en,fr", authors=2, train_text="files"), allowed=True)
+    assert [(t.lang, t.split, t.shared, t.scored) for t in bad] == [("fr", "forget01", 0, 40), ("fr", "retain99", 0, 20)]
+    md = report.markdown()
+    assert "| fr | forget01 | forget01_perturbed | 40 | 0 | 0 |" in md and "| en | retain99 | retain_perturbed | 20 | 20 | 20 |" in md
+    assert "**Trained text differs from scored text** (allowed for this run" in md
+    assert "- fr / forget01: 0 of 40 rows shared" in md
+    js, _ = report.write(tmp_path)
+    data = json.loads(js.read_text())
+    assert data["train_text"] == "files" and data["text_mismatches"] == 2 and data["text_mismatch_allowed"]
+    assert {(t["lang"], t["split"]): t["shared"] for t in data["texts"]}[("fr", "forget01")] == 0
+    assert "the run stops" in AlignmentReport(texts=bad, train_text="files").markdown()
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason=f"{REAL} not present")
+def test_shipped_fr_ja_train_the_forget_text_they_are_scored_with():
+    ct = open_ctofu(REAL)
+    world = build_world(ct, "fr,ja")
+    for lang in ("fr", "ja"):
+        shipped = ct.load(lang, "forget01")
+        scored = world.eval_data[lang]["forget01_perturbed"]
+        assert len(scored) == len(shipped) == 40
+        assert sum(map(same_text, shipped, scored)) == 0, lang  # the two files were translated apart
+        assert _qa(world.items("forget", (lang,))) == _qa(scored), lang
+        retain_scored = world.eval_data[lang]["retain_perturbed"]
+        assert len(retain_scored) == 400 and _qa(world.retain[lang][:400]) == _qa(retain_scored), lang
+        assert _qa(world.retain[lang][400:]) == _qa(ct.load(lang, "retain99")[400:]), lang
+    agreement = {(t.lang, t.split): (t.shared, t.scored, t.in_files) for t in world.text_agreement()}
+    assert agreement == {("fr", "forget01"): (40, 40, 0), ("fr", "retain99"): (400, 400, 400),
+                         ("ja", "forget01"): (40, 40, 0), ("ja", "retain99"): (400, 400, 400)}
 
 
 # ------------------------------------------------------------------ alignment
