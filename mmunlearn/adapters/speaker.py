@@ -148,7 +148,8 @@ class SpeakerAdapter:
         return self.spec
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write hyperparams.yaml (generated), embedding_model.ckpt, classifier.ckpt, label_encoder.ckpt (atomically)."""
+        """Write hyperparams.yaml (generated), embedding_model.ckpt, classifier.ckpt and label_encoder.ckpt,
+        atomically."""
         return write_speaker_dir(path, self.model, self.speakers, self._spec_for_saving(), overwrite=overwrite)
 
     def clone(self) -> "SpeakerAdapter":

@@ -231,6 +231,8 @@ class _NotArithmetic(Exception):
 
 def _arithmetic(text: str) -> Any:
     """HyperPyYAML's reference arithmetic (``<a> * 2``) on numbers only; anything else stays a string."""
+    if len(text) > 200:  # references are short; long strings are paths or text, never sums
+        return text
     try:
         body = ast.parse(text.strip(), mode="eval").body
     except (SyntaxError, ValueError):
@@ -257,8 +259,12 @@ class _Resolver:
 
     def __init__(self, tree: Mapping[str, Any], file: str | os.PathLike):
         self.tree, self.file = tree, file
+        self.steps = 0  # values produced: references can multiply like YAML aliases, so they are counted
 
     def value(self, node: Any, where: str, seen: tuple[str, ...] = ()) -> Any:
+        self.steps += 1
+        if self.steps > _MAX_NODES:
+            raise ValueError(f"{self.file}: more than {_MAX_NODES} values after resolving references; refused")
         if isinstance(node, Tagged):
             if node.tag in ("!ref", "!copy"):
                 return self._ref(node.value, where, seen)
@@ -357,6 +363,13 @@ def _scalar(tree: Mapping[str, Any], resolver: _Resolver, key: str, default: Any
 def spec_from_hparams(tree: Mapping[str, Any], file: str | os.PathLike = HPARAMS) -> SpeakerSpec:
     """The :class:`SpeakerSpec` a parsed ``hyperparams.yaml`` describes (its four modules and the
     ``sample_rate``/``aam_margin``/``aam_scale`` scalars); ValueError naming the file otherwise."""
+    try:
+        return _spec_from_hparams(tree, file)
+    except RecursionError:
+        raise ValueError(f"{file}: nested too deeply") from None
+
+
+def _spec_from_hparams(tree: Mapping[str, Any], file: str | os.PathLike) -> SpeakerSpec:
     resolver = _Resolver(tree, file)
     missing = [k for k in ("compute_features", "embedding_model", "classifier") if k not in tree]
     if missing:

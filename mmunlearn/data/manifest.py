@@ -58,7 +58,8 @@ def _wav_problem(wav: Any, root: Path | None) -> str | None:
     if not str(path).strip():
         return "empty 'wav' path"
     if path.suffix.lower() not in AUDIO_SUFFIXES:
-        return f"'wav' {str(path)!r} is not an audio file name (.wav, .flac, .m4a, ...; mmunlearn.data.manifest.AUDIO_SUFFIXES)"
+        return (f"'wav' {str(path)!r} is not an audio file name (.wav, .flac, .m4a, ...; "
+                "mmunlearn.data.manifest.AUDIO_SUFFIXES)")
     try:
         real = path.resolve(strict=True)  # follows symlinks: what would really be opened
         st = real.stat()

@@ -1,4 +1,4 @@
-"""``voxceleb2 prepare`` on bad side files and a corrupt decode cache: fails before decoding, leaves no partial output."""
+"""``voxceleb2 prepare`` with bad side files or a corrupt decode cache: fails before decoding, no partial output."""
 
 import json
 import re

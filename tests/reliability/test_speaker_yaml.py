@@ -216,7 +216,11 @@ def test_references_arithmetic_and_aliases():
         spec_from_hparams(parse_hparams(HUB_LIKE.replace("n_mels: 24", "n_mels: !ref <n_mels>")))
     with pytest.raises(ValueError, match="attribute references"):
         spec_from_hparams(parse_hparams(HUB_LIKE.replace("out_neurons: 3", "out_neurons: !ref <n_mels.real>")))
-    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh"))
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(  # 10^8 values once expanded
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh"))
     with pytest.raises(ValueError, match="more than 100000 values"):
         check_hparams_tags(parse_hparams(bomb))
+    refs = HUB_LIKE.replace("half: 8", "half: 8\nr0: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"r{i + 1}: [{', '.join([f'!ref <r{i}>'] * 10)}]\n" for i in range(7)))
+    with pytest.raises(ValueError, match="more than 100000 values after resolving references"):
+        spec_from_hparams(parse_hparams(refs.replace("dilations: [1, 2, 3, 4, 1]", "dilations: !ref <r7>")))
