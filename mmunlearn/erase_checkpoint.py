@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from mmunlearn.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
@@ -73,5 +74,11 @@ def restore_checkpoint(
     check_finite({n: ckpt.tensors[n] for n in restored}, f"restore of {model_dir} into {out}")
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         write_checkpoint(ckpt, tmp)
-        for leftover in (PATCH_NAME, REPORT_NAME, PLOT_NAME):
-            (tmp / leftover).unlink(missing_ok=True)
+        from mmunlearn.erase.stream import LEFTOVERS
+
+        for leftover in LEFTOVERS:
+            path = tmp / leftover
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)

@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.checkpoint import atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
 from mmunlearn.methods.ondisk import SPEAKER_CKPTS
-
-
-def _copy_model_files(src: Path, dst: Path, skip: set[str]) -> None:
-    for item in src.iterdir():
-        if item.name in skip or item.name.startswith("."):
-            continue
-        if item.is_symlink():
-            raise ValueError(f"{item} is a symbolic link; model folders must hold plain files")
-        if item.is_dir():
-            shutil.copytree(item, dst / item.name)
-        else:
-            shutil.copy2(item, dst / item.name)
 
 
 def _restore_speaker(model_dir: Path, out: Path, undo: UndoPatch, overwrite: bool) -> None:
@@ -40,8 +27,8 @@ def _restore_speaker(model_dir: Path, out: Path, undo: UndoPatch, overwrite: boo
               if (model_dir / f).is_file()}
     flat = {f"{f.rsplit('.', 1)[0]}.{k}": t for f, s in states.items() for k, t in s.items()}
     restore(flat, undo)  # writes into the loaded tensors
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        _copy_model_files(model_dir, tmp, set(restore_leftovers()) | set(states))
+    with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
+        copy_extra_files(model_dir, tmp, set(restore_leftovers()) | set(states))
         for f, state in states.items():
             torch.save(state, tmp / f)
 
@@ -52,9 +39,8 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
     model_dir, out = Path(model_dir), Path(out)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder not found: {model_dir}")
-    if out.resolve() == model_dir.resolve():
-        raise ValueError("--out must differ from --model: the input folder is never modified")
     patch_path = Path(patch) if patch is not None else model_dir / PATCH_NAME
+    check_output_dir(out, model_dir, patch_path, overwrite=overwrite)  # never the input, inside it or above it
     report = {}
     if (model_dir / REPORT_NAME).is_file():
         try:
@@ -62,8 +48,8 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
         except json.JSONDecodeError as exc:
             raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: {exc}") from exc
     if not patch_path.is_file() and report and (report.get("changed_fraction") == 0.0 or report.get("tilt_dir")):
-        with atomic_dir(out, overwrite=overwrite) as tmp:  # nothing was edited (T3): the model without its head
-            _copy_model_files(model_dir, tmp, set(restore_leftovers()))
+        with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:  # nothing was edited (T3): no head
+            copy_extra_files(model_dir, tmp, set(restore_leftovers()))
         return out
     if not patch_path.is_file():
         raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch)")

@@ -34,10 +34,9 @@ Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads (default
 
 
 def _threads(n: int | None) -> None:
-    if n is not None:
-        import torch
+    from mmunlearn.errors import set_threads
 
-        torch.set_num_threads(n)
+    set_threads(n)
 
 
 @app.command()

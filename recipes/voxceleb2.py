@@ -49,13 +49,11 @@ CacheDir = Annotated[Optional[Path], typer.Option(help="Where trained classifier
 
 def _setup(device: str, threads: int | None) -> str:
     """Resolve ``auto`` and set the torch thread count (1 on CPU unless told otherwise)."""
-    import torch
+    from mmunlearn.adapters.base import resolve_device
+    from mmunlearn.errors import set_threads
 
-    if device not in ("auto", "cpu", "cuda"):
-        raise typer.BadParameter(f"device must be auto, cpu or cuda, got {device!r}")
-    resolved = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-    if threads is not None or resolved == "cpu":
-        torch.set_num_threads(threads or 1)
+    resolved = resolve_device(device).type
+    set_threads(threads if threads is not None else 1 if resolved == "cpu" else None)
     return resolved
 
 

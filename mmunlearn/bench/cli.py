@@ -14,10 +14,9 @@ console = Console()
 
 
 def _set_threads(n: int | None) -> None:
-    if n is not None:
-        import torch
+    from mmunlearn.errors import set_threads
 
-        torch.set_num_threads(n)
+    set_threads(n)
 
 
 @app.command(context_settings={"allow_extra_args": True})

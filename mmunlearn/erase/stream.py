@@ -57,7 +57,8 @@ from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
 
 log = logging.getLogger(__name__)
 PLOT_NAME = "layer_energy.png"
-LEFTOVERS = (PATCH_NAME, REPORT_NAME, PLOT_NAME)  # outputs of an erase, not part of a model
+#: outputs of an erase or of the unlearning harness (its report, T3's head), not part of a model
+LEFTOVERS = (PATCH_NAME, REPORT_NAME, PLOT_NAME, "unlearn_report.json", "tilt")
 ERASE_OPTIONS = set(inspect.signature(erase).parameters) - {"model", "forget", "retain", "out"}
 
 

@@ -67,8 +67,9 @@ def torch_threads(n: int | None) -> Iterator[None]:
     if n is None:
         yield
         return
-    if n < 1:
-        raise ValueError(f"threads must be >= 1, got {n}")
+    from mmunlearn.errors import check_threads
+
+    check_threads(n)
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

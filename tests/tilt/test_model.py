@@ -99,7 +99,8 @@ def test_save_load_keeps_head_and_settings(tmp_path):
     with torch.no_grad():
         assert torch.equal(again(input_ids=ids).logits, tilted(input_ids=ids).logits)
     assert again.temperature == 1.7 and again.base_path == "somewhere"
-    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == ["tilt_config.json", "tilt_head.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == [".mmunlearn-output", "tilt_config.json",
+                                                                  "tilt_head.safetensors"]
 
 
 def test_adapter_scores_and_generates_through_the_tilted_model():
