@@ -388,11 +388,12 @@ def _spec_from_hparams(tree: Mapping[str, Any], file: str | os.PathLike) -> Spea
 
 # ---------------------------------------------------------------------------------------------- reading
 def _read_text(file: Path) -> str:
-    size = file.stat().st_size
-    if size > MAX_HPARAMS_BYTES:
-        raise ValueError(f"{file}: {size} bytes; a {HPARAMS} over {MAX_HPARAMS_BYTES} bytes is refused")
+    with file.open("rb") as fh:
+        data = fh.read(MAX_HPARAMS_BYTES + 1)  # bounded, whatever the file claims to be
+    if len(data) > MAX_HPARAMS_BYTES:
+        raise ValueError(f"{file}: a {HPARAMS} over {MAX_HPARAMS_BYTES} bytes is refused")
     try:
-        return file.read_bytes().decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{file}: not UTF-8 text ({exc})") from None
 
