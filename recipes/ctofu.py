@@ -1,8 +1,10 @@
 """Cross-lingual TOFU recipe (``mmunlearn ctofu ...``): forget in one language, measure in every language.
 
 ``finetune`` builds the target (every language's retain + forget rows) and the retain model (retain
-rows only) after checking that the translations are row-aligned with English; ``run`` unlearns the
-forget rows of ``--forget-lang`` with one method and evaluates the TOFU metrics per language;
+rows only) after checking that the translations are row-aligned with English and that the models are
+trained on the very question/answer text the metrics score (``alignment.md``; a mismatch stops the
+run unless ``--allow-text-mismatch``); ``run`` unlearns the forget rows of ``--forget-lang`` with
+one method and evaluates the TOFU metrics per language;
 ``compare`` does that for every method and writes the method x language tables, the forget-quality
 heatmap, the per-language forget ROUGE-L drop and the transfer summary (Markdown + JSON).
 """
@@ -33,15 +35,21 @@ ForgetLang = Annotated[str, typer.Option(help="Language(s) whose forget rows are
 EvalLangs = Annotated[str, typer.Option(help="Languages to evaluate in: 'all' (the trained ones) or e.g. en,fr,ar.")]
 RetainLangs = Annotated[str, typer.Option(help="Retain rows the methods may use: 'forget' (same languages as the forget rows), 'all', or a list.")]
 SkipMisaligned = Annotated[bool, typer.Option(help="Drop languages whose files are not row-aligned with English (default: stop with the report).")]
+TrainText = Annotated[str, typer.Option(help="Question/answer text the models are trained on: 'scored' (each scored row's text from the file the metrics score, forget01_perturbed / retain_perturbed; default) or 'files' (forget01 / retain99 as shipped, as before issue 16; on the shipped translations that differs from the scored text and needs --allow-text-mismatch).")]
+AllowTextMismatch = Annotated[bool, typer.Option(help="Go on when the trained question/answer text differs from the scored one (recorded in alignment.md; the forget metrics then partly measure paraphrase robustness). Default: stop with the counts.")]
 MaxNew = Annotated[int, typer.Option(help="Greedy generation length for ROUGE (the reference uses 200).")]
 
 
 def _world(data: str, english: Path | None, langs: str, authors: int | None, facts: int | None,
-           skip_misaligned: bool, out: Path):
-    """The run's world, after the alignment check (report written to ``out``; errors stop or drop)."""
-    from mmunlearn.data.ctofu import FACT_SPLITS, FORGET_SPLIT, build_world, open_ctofu, parse_langs, retain_split_for
+           skip_misaligned: bool, out: Path, train_text: str = "scored", allow_text_mismatch: bool = False):
+    """The run's world, after the alignment check and the trained-vs-scored text check (report written
+    to ``out``; alignment errors stop or drop languages, a text mismatch stops or is recorded)."""
+    from mmunlearn.data.ctofu import (FACT_SPLITS, FORGET_SPLIT, TRAIN_TEXTS, build_world, open_ctofu, parse_langs,
+                                      retain_split_for)
     from mmunlearn.data.ctofu_align import check_alignment
 
+    if train_text not in TRAIN_TEXTS:
+        raise typer.BadParameter(f"{train_text!r}; choose from {', '.join(TRAIN_TEXTS)}", param_hint="--train-text")
     ct = open_ctofu(data, english)
     chosen = parse_langs(langs, ct.languages)
     required = (FORGET_SPLIT, f"{FORGET_SPLIT}_perturbed", retain_split_for(FORGET_SPLIT), "retain_perturbed")
@@ -58,7 +66,22 @@ def _world(data: str, english: Path | None, langs: str, authors: int | None, fac
                                      f"--skip-misaligned to leave them out", param_hint="--data")
         chosen = tuple(lang for lang in chosen if lang not in bad)
         console.print(f"[yellow]left out (misaligned): {', '.join(bad)}[/yellow]")
-    return build_world(ct, chosen, authors=authors, facts=facts)
+    world = build_world(ct, chosen, authors=authors, facts=facts, train_text=train_text)
+    differ = report.add_text_agreement(world, allowed=allow_text_mismatch)
+    report.write(out)
+    shared = sum(t.shared for t in report.texts)
+    console.print(f"trained vs scored text: {shared} of {sum(t.scored for t in report.texts)} scored rows identical "
+                  f"(train text: {train_text})")
+    if differ:
+        counts = "; ".join(f"{t.lang} {t.split}: {t.shared}/{t.scored}" for t in differ)
+        if not allow_text_mismatch:
+            raise typer.BadParameter(
+                f"the models would be trained on other question/answer text than the metrics score ({counts} "
+                f"scored rows identical; see {out}/alignment.md); train on the scored text (--train-text scored) "
+                f"or pass --allow-text-mismatch to record it and go on", param_hint="--train-text")
+        console.print(f"[yellow]trained text differs from scored text ({counts}); going on as "
+                      f"--allow-text-mismatch asks[/yellow]")
+    return world
 
 
 def _langs(spec: str, world, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -68,10 +91,10 @@ def _langs(spec: str, world, default: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
-             retain_langs, seed, cache_dir, device, max_new_tokens):
+             retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch):
     from mmunlearn.data.ctofu import parse_langs
 
-    world = _world(data, english, langs, authors, facts, skip_misaligned, out)
+    world = _world(data, english, langs, authors, facts, skip_misaligned, out, train_text, allow_text_mismatch)
     forget = parse_langs(forget_lang, world.languages)
     return ctofu_pipeline.prepare(preset, world, forget, parse_langs(eval_langs, world.languages),
                                   _langs(retain_langs, world, forget), seed, cache_dir, device, max_new_tokens)
@@ -87,6 +110,8 @@ def finetune(
     facts: Facts = None,
     preset: Preset = "micro",
     skip_misaligned: SkipMisaligned = False,
+    train_text: TrainText = "scored",
+    allow_text_mismatch: AllowTextMismatch = False,
     seed: Seed = 0,
     device: Device = "auto",
     cache_dir: CacheDir = None,
@@ -97,7 +122,7 @@ def finetune(
     from mmunlearn.presets.build import torch_threads
 
     with torch_threads(threads):
-        world = _world(data, english, langs, authors, facts, skip_misaligned, out)
+        world = _world(data, english, langs, authors, facts, skip_misaligned, out, train_text, allow_text_mismatch)
         built = ctofu_pipeline.build(preset, world, seed, cache_dir, device)
     write_json_atomic(out / "models.json", {"world": world.describe(), "base": str(built.base),
                                             "target": str(built.target), "retain": str(built.retain),
@@ -122,6 +147,8 @@ def run(
     facts: Facts = None,
     preset: Preset = "micro",
     skip_misaligned: SkipMisaligned = False,
+    train_text: TrainText = "scored",
+    allow_text_mismatch: AllowTextMismatch = False,
     base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick rank/scale (erasure), temperature (T3) and baseline epochs on the training partitions.")] = False,
     retain_bound: RetainBound = 0.1,
@@ -141,7 +168,7 @@ def run(
 
     with torch_threads(threads):
         ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
-                       retain_langs, seed, cache_dir, device, max_new_tokens)
+                       retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch)
         options = dict(rank=rank, scale=scale, temperature=temperature, lr=lr, epochs=epochs)
         rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
         mine = ctofu_pipeline.run_method_rows(method, ctx, options, rule, base, out / method, device)
@@ -166,6 +193,8 @@ def compare(
     facts: Facts = None,
     preset: Preset = "mini",
     skip_misaligned: SkipMisaligned = False,
+    train_text: TrainText = "scored",
+    allow_text_mismatch: AllowTextMismatch = False,
     base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature/epochs on the training partitions.")] = True,
     retain_bound: RetainBound = 0.1,
@@ -187,7 +216,7 @@ def compare(
     start = time.perf_counter()
     with torch_threads(threads):
         ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
-                       retain_langs, seed, cache_dir, device, max_new_tokens)
+                       retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch)
         refs = [*ctx.reference_rows("target"), *ctx.reference_rows("retain")]
         target_nll = ctx.forget_target() if sweep else None
         rows: list[dict] = []

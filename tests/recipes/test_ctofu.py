@@ -1,5 +1,6 @@
 """cTOFU recipe end to end on the micro preset, three stand-in languages (en, fr, ar) read from files:
-every method through the harness, the CLI (finetune, compare) on two methods, misaligned data."""
+every method through the harness, the CLI (finetune, compare) on two methods, misaligned data, trained
+vs scored text."""
 
 import json
 import math
@@ -113,6 +114,44 @@ def test_misaligned_language_stops_the_run_or_is_left_out(folder, tmp_path):
         {"lang": "fr", "split": "retain99", "error": "39 rows, English has 40"}]
     world = _world(str(broken), None, "all", 2, 5, True, tmp_path / "out2")
     assert world.languages == ("en", "ar")
+
+
+def _plain_output(output: str) -> str:
+    return " ".join(output.replace("│", " ").split())  # rich wraps the error panel
+
+
+def test_text_mismatch_stops_the_run_or_is_recorded(tmp_path):
+    data = tmp_path / "retranslated"  # forget01_perturbed translated apart from forget01, as the shipped files
+    write_language_files(synthetic_ctofu(("en", "fr", "ar"), retain_authors=2, forget_authors=1,
+                                         retranslated=("forget01_perturbed",)), data)
+    res = CliRunner().invoke(app, ["finetune", "--data", str(data), *OPTS, "--train-text", "files",
+                                   "--out", str(tmp_path / "stop")])
+    assert res.exit_code != 0  # stops before any model is built
+    text = _plain_output(res.output)
+    assert "other question/answer text than the metrics score" in text and "--allow-text-mismatch" in text
+    assert not (tmp_path / "stop" / "models.json").exists()
+    report = json.loads((tmp_path / "stop" / "alignment.json").read_text())
+    shared = {(t["lang"], t["split"]): (t["shared"], t["scored"]) for t in report["texts"]}
+    assert shared == {("en", "forget01"): (20, 20), ("en", "retain99"): (20, 20), ("ar", "forget01"): (0, 20),
+                      ("ar", "retain99"): (20, 20), ("fr", "forget01"): (0, 20), ("fr", "retain99"): (20, 20)}
+    assert report["text_mismatches"] == 2 and not report["text_mismatch_allowed"]
+    assert "the run stops" in (tmp_path / "stop" / "alignment.md").read_text()
+
+    world = _world(str(data), None, "all", 2, 5, False, tmp_path / "allowed", "files", True)
+    assert world.train_text == "files"
+    md = (tmp_path / "allowed" / "alignment.md").read_text()
+    assert "| fr | forget01 | forget01_perturbed | 20 | 0 | 0 |" in md and "(allowed for this run" in md
+    assert json.loads((tmp_path / "allowed" / "alignment.json").read_text())["text_mismatch_allowed"]
+
+    world = _world(str(data), None, "all", 2, 5, False, tmp_path / "default")  # trained on the scored text
+    md = (tmp_path / "default" / "alignment.md").read_text()
+    assert "| fr | forget01 | forget01_perturbed | 20 | 20 | 0 |" in md and "differs" not in md
+    for lang in world.languages:
+        assert ([(it.question, it.answer) for it in world.items("forget", (lang,))]
+                == [(it.question, it.answer) for it in world.eval_data[lang]["forget01_perturbed"]])
+    res = CliRunner().invoke(app, ["finetune", "--data", str(data), *OPTS, "--train-text", "perturbed",
+                                   "--out", str(tmp_path / "bad")])
+    assert res.exit_code != 0 and "choose from scored, files" in _plain_output(res.output)
 
 
 def test_rows_and_transfer_summary_by_hand():
