@@ -19,8 +19,9 @@ probability, ROUGE-L, truth ratio) and ``retain_perturbed`` (retain metrics, mod
 the models train on ``forget01`` and ``retain99``. Row i of ``forget01_perturbed`` is row i of
 ``forget01``, and row i of ``retain_perturbed`` is row i of ``retain99`` (TOFU's first authors), but
 the shipped translations were made separately per file: ``forget01_<lang>`` and
-``forget01_perturbed_<lang>`` share almost no question/answer text (French 0 of 40 rows), and
-``retain_perturbed`` differs from ``retain99`` in a row or two (hi, ko). In English TOFU they are
+``forget01_perturbed_<lang>`` have no row with the same question and answer (0 of 40 in every
+language; at most 6 questions and 1 answer match), and ``retain_perturbed`` differs from
+``retain99`` in one row in hi and in ko. In English TOFU they are
 identical. So a world trains (``train_text="scored"``, the default) on the scoring file's
 question/answer wherever a row is scored: every forget row's text comes from
 ``<forget>_perturbed``, which also carries the paraphrased and perturbed answers the truth ratio
