@@ -19,6 +19,7 @@ from rich.console import Console
 import mmunlearn
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.erase.basis import METHODS
+from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.energy import RULES
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
@@ -92,24 +93,27 @@ def version() -> None:
     console.print(f"mmunlearn {mmunlearn.__version__}")
 
 
+_EH, _ED = EraseOptions.help, EraseOptions()  # every erase option's meaning and default, declared once
+
+
 @app.command()
 def erase(
     model: Annotated[Path, typer.Option(help="Model directory in HF save_pretrained layout (safetensors, sharded or not).")],
     forget: Annotated[Path, typer.Option(help="Forget task matrices: a .safetensors file (parameter name -> tensor) or a directory of them.")],
     out: Annotated[Path, typer.Option(help="Directory for the edited model, undo patch, JSON report and energy plot (created; must not exist unless --overwrite).")],
     retain: Annotated[Optional[Path], typer.Option(help="Retain task matrices for the same parameters; their subspace is protected.")] = None,
-    rank: Annotated[Optional[int], typer.Option(min=1, help="Rank k of the forget basis per matrix.")] = None,
-    energy: Annotated[Optional[float], typer.Option(callback=_fraction, help="Instead of --rank: smallest k capturing this fraction of each forget matrix's energy (default 0.9 if neither is given).")] = None,
-    retain_rank: Annotated[Optional[int], typer.Option(min=1, help="Rank of the retain basis (default: as the forget basis).")] = None,
-    retain_energy: Annotated[Optional[float], typer.Option(callback=_fraction, help="Energy fraction of the retain basis (default: as the forget basis).")] = None,
-    method: Annotated[Method, typer.Option(help="Subspace method: cpqr (QR-Erase), svd (UNLEARN baseline), or a faster variant.")] = "cpqr",  # type: ignore[assignment]
-    scale: Annotated[float, typer.Option(callback=_finite, help="Edit strength: W' = W - scale * T~ (an edit that would overflow the weights' dtype is refused).")] = 1.0,
-    localize: Annotated[bool, typer.Option(help="Edit only the layers chosen by --rule (else every layer with a forget matrix).")] = True,
-    rule: Annotated[Rule, typer.Option(help="Layer selection: mean (energy >= 1/|L|), top (--top N), threshold (--threshold X), all.")] = "mean",  # type: ignore[assignment]
-    top: Annotated[Optional[int], typer.Option(min=1, help="With --rule top: number of most energetic layers to edit.")] = None,
-    threshold: Annotated[Optional[float], typer.Option(callback=_finite, help="With --rule threshold: minimum layer energy.")] = None,
-    rows: Annotated[bool, typer.Option(help="Also remove the retain task's row space from the update.")] = False,
-    seed: Annotated[int, typer.Option(help="Seed of randomised subspace methods.")] = 0,
+    rank: Annotated[Optional[int], typer.Option(min=1, help=_EH("rank"))] = None,
+    energy: Annotated[Optional[float], typer.Option(callback=_fraction, help=_EH("energy"))] = None,
+    retain_rank: Annotated[Optional[int], typer.Option(min=1, help=_EH("retain_rank"))] = None,
+    retain_energy: Annotated[Optional[float], typer.Option(callback=_fraction, help=_EH("retain_energy"))] = None,
+    method: Annotated[Method, typer.Option(help=_EH("method"))] = _ED.method,  # type: ignore[assignment]
+    scale: Annotated[float, typer.Option(callback=_finite, help=_EH("scale"))] = _ED.scale,
+    localize: Annotated[bool, typer.Option(help=_EH("localize"))] = _ED.localize,
+    rule: Annotated[Rule, typer.Option(help=_EH("rule"))] = _ED.rule,  # type: ignore[assignment]
+    top: Annotated[Optional[int], typer.Option(min=1, help=_EH("top"))] = None,
+    threshold: Annotated[Optional[float], typer.Option(callback=_finite, help=_EH("threshold"))] = None,
+    rows: Annotated[bool, typer.Option(help=_EH("rows"))] = _ED.rows,
+    seed: Annotated[int, typer.Option(help=_EH("seed"))] = _ED.seed,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists and is a folder mmunlearn wrote.")] = False,
     stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
     hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,

@@ -15,6 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 from mmunlearn.erase.basis import METHODS, column_basis
 from mmunlearn.erase.discriminate import discriminate_factors
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
+from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.norms import all_finite
 from mmunlearn.erase.patch import PatchEntry, UndoPatch, apply_exact, delta, revert_exact
 from mmunlearn.erase.report import LARGE_UPDATE, EraseReport, LayerRow, MatrixRow
@@ -107,21 +109,9 @@ def erase(
     forget: Mapping[str, torch.Tensor],
     retain: Mapping[str, torch.Tensor] | None = None,
     *,
-    rank: int | None = None,
-    energy: float | None = None,
-    method: str = "cpqr",
-    localize: bool = True,
-    scale: float = 1.0,
     out: str | os.PathLike | None = None,
-    rule: str = "mean",
-    top: int | None = None,
-    threshold: float | None = None,
-    retain_rank: int | None = None,
-    retain_energy: float | None = None,
-    rows: bool = False,
     groups: Mapping[str, str] | Callable[[str], str] | None = None,
-    seed: int = 0,
-    clamp_ranks: bool = False,
+    **options: Any,
 ) -> EraseReport:
     """Erase the forget task's subspace from ``model`` in place.
 
@@ -129,28 +119,18 @@ def erase(
         model: an ``nn.Module`` or a state dict; keys of ``forget`` name its parameters.
         forget: forget task matrices, parameter name -> tensor of the parameter's shape.
         retain: retain task matrices for the same names (None: no retain discrimination).
-        rank / energy: size of the forget basis (exactly one; neither means ``energy=0.9``).
-        method: subspace method (``cpqr``, ``cpqr-sketch``, ``svd``, ``svd-lowrank``, ...).
-        localize: edit only the layers picked by ``rule`` (else every layer in ``forget``).
-        scale: W' = W - scale * T~.
         out: directory for the undo patch and the JSON report (None: patch kept in memory).
-        rule / top / threshold: layer selection (see ``select_layers``).
-        retain_rank / retain_energy: size of the retain basis (default: as the forget basis).
-        rows: also remove the retain task's row space from the update.
         groups: parameter name -> layer group (mapping or function); default: block index.
-        seed: seed of randomised subspace methods.
-        clamp_ranks: cap rank / retain_rank at each matrix's min(m, n) instead of raising (one
-            setting for layers of different shapes, e.g. Conv1d kernels next to Linear weights).
+        options: the fields of :class:`~mmunlearn.erase.options.EraseOptions` (rank or energy, method,
+            localize, scale, rule / top / threshold, retain_rank / retain_energy, rows, seed, clamp_ranks).
     """
     start = time.perf_counter()
+    o = EraseOptions.of(options).resolved()
+    rank, energy, method, localize, scale = o.rank, o.energy, o.method, o.localize, o.scale
+    rule, top, threshold, retain_rank, retain_energy = o.rule, o.top, o.threshold, o.retain_rank, o.retain_energy
+    rows, seed, clamp_ranks = o.rows, o.seed, o.clamp_ranks
     if method not in METHODS:
         raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
-    if rank is None and energy is None:
-        energy = 0.9
-    if retain_rank is None and retain_energy is None:
-        retain_rank, retain_energy = rank, energy
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
     if not forget:
         raise ValueError("no forget task matrices given")
     params = ParamTable(model)
@@ -200,9 +180,7 @@ def erase(
 
     layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, []))
               for g, e in energies.items()]
-    settings = {"rank": rank, "energy": energy, "retain_rank": retain_rank, "retain_energy": retain_energy,
-                "localize": localize, "rule": rule, "top": top, "threshold": threshold, "scale": scale,
-                "rows": rows, "seed": seed, "retain": retain is not None, "clamp_ranks": clamp_ranks}
+    settings = o.report_settings(retain is not None)
     report = EraseReport(method=method, settings=settings, layers=layers,
                          seconds=time.perf_counter() - start, patch=patch)
     if out is not None:

@@ -29,14 +29,12 @@ weights are the same either way.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -49,6 +47,7 @@ from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, _check_rank, erase, r
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.norms import sq_norm
+from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.patch import PatchEntry, UndoPatch
 from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
@@ -59,7 +58,6 @@ log = logging.getLogger(__name__)
 PLOT_NAME = "layer_energy.png"
 #: outputs of an erase or of the unlearning harness (its report, T3's head), not part of a model
 LEFTOVERS = (PATCH_NAME, REPORT_NAME, PLOT_NAME, "unlearn_report.json", "tilt")
-ERASE_OPTIONS = set(inspect.signature(erase).parameters) - {"model", "forget", "retain", "out"}
 
 
 @dataclass
@@ -172,38 +170,27 @@ def stream_erase_checkpoint(
     """QR-Erase a checkpoint directory into ``out`` shard by shard (see the module docstring).
 
     ``forget`` / ``retain``: a task-matrix file, a directory of them or a sharded file's index.
-    ``options`` are those of :func:`mmunlearn.erase.erase` (rank, energy, method, scale, localize,
-    rule, top, threshold, retain_rank, retain_energy, rows, groups, seed, clamp_ranks).
+    ``options``: ``groups`` and the fields of :class:`~mmunlearn.erase.options.EraseOptions` (as
+    :func:`mmunlearn.erase.erase` takes them).
     ``hardlink``: hard-link the shards with no edit (else copy them).
     """
     start = time.perf_counter()
-    unknown = set(options) - ERASE_OPTIONS
-    if unknown:
-        raise TypeError(f"unknown erase option(s): {', '.join(sorted(unknown))}")
+    groups = options.pop("groups", None)
+    o = EraseOptions.of(options).resolved()
     model_dir, out = Path(model_dir), Path(out)
     inputs = (model_dir, forget, retain)
     check_output_dir(out, *inputs, overwrite=overwrite)
-    localize = options.pop("localize", True)
-    rule, top, threshold = options.pop("rule", "mean"), options.pop("top", None), options.pop("threshold", None)
-    groups = options.pop("groups", None)
+    localize, rule, top, threshold = o.localize, o.rule, o.top, o.threshold
     key: Callable[[str], str] = (groups if callable(groups) else
                                  (lambda n: groups.get(n, group_of(n))) if groups else group_of)
-    rank, energy = options.get("rank"), options.get("energy")
-    if rank is None and energy is None:
-        options["energy"] = energy = 0.9
-    retain_rank, retain_energy = options.get("retain_rank"), options.get("retain_energy")
-    if retain_rank is None and retain_energy is None:
-        retain_rank, retain_energy = rank, energy
-    method, scale = options.get("method", "cpqr"), options.get("scale", 1.0)
+    rank, retain_rank, method = o.rank, o.retain_rank, o.method
     if method not in METHODS:
         raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
 
     ckpt = open_checkpoint(model_dir)
     tf = open_task_matrices(forget)
     tr = open_task_matrices(retain) if retain is not None else None
-    clamp = options.get("clamp_ranks", False)
+    clamp = o.clamp_ranks
     with about(f"model {model_dir}, forget {forget}" + (f", retain {retain}" if retain is not None else "")):
         _check_inputs(ckpt, tf, tr, None if clamp else rank, None if clamp else retain_rank)
         energies = layer_energy(_WithProgress(tf, "layer energies", progress), key)
@@ -229,7 +216,7 @@ def stream_erase_checkpoint(
                     continue
                 t_r = {name: tr[name]} if tr is not None else None
                 try:
-                    sub = erase({name: tensors[name]}, {name: t_f}, t_r, localize=False, out=None, **options)
+                    sub = erase({name: tensors[name]}, {name: t_f}, t_r, out=None, **{**asdict(o), "localize": False})
                 except NonFiniteError as exc:
                     raise NonFiniteError(f"erase of {model_dir / shard}: {exc}") from exc
                 rows[name] = [m for layer in sub.layers for m in layer.matrices]
@@ -245,10 +232,7 @@ def stream_erase_checkpoint(
         by_group: dict[str, list[MatrixRow]] = {}
         for name in edit:
             by_group.setdefault(key(name), []).extend(rows.get(name, []))
-        settings = {"rank": rank, "energy": energy, "retain_rank": retain_rank, "retain_energy": retain_energy,
-                    "localize": localize, "rule": rule, "top": top, "threshold": threshold, "scale": scale,
-                    "rows": options.get("rows", False), "seed": options.get("seed", 0), "retain": tr is not None,
-                    "clamp_ranks": clamp}  # the keys and values of erase()'s own report
+        settings = o.report_settings(tr is not None)  # the keys and values of erase()'s own report
         layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=by_group.get(g, []))
                   for g, e in energies.items()]
         report = EraseReport(method=method, settings=settings, layers=layers, seconds=0.0, patch=patch)
