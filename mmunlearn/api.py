@@ -63,12 +63,14 @@ def model_kind(model_dir: str | os.PathLike) -> str:
     raise ValueError(f"{root} is neither a speaker classifier (hyperparams.yaml) nor a speech LLM (config.json)")
 
 
-def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str = "both"):
-    """The adapter of a model directory of either kind (``where`` applies to speech LLMs)."""
+def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str = "both",
+               trust_hparams: bool = False):
+    """The adapter of a model directory of either kind (``where`` applies to speech LLMs; ``trust_hparams``
+    to speaker classifiers: True runs the code their ``hyperparams.yaml`` names, see the README)."""
     if model_kind(model_dir) == "speaker":
         from mmunlearn.adapters.speaker import SpeakerAdapter
 
-        return SpeakerAdapter.load(model_dir, device=device)
+        return SpeakerAdapter.load(model_dir, device=device, trust_hparams=trust_hparams)
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
 
     return SpeechLLMAdapter.load(model_dir, device=device, where=where)
@@ -76,10 +78,10 @@ def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str
 
 def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dict[str, Any]]:
     """Manifest rows from a CSV path, a list of rows (dicts), or a list of (audio path, label) pairs."""
-    from mmunlearn.data.manifest import read_manifest
+    from mmunlearn.data.manifest import check_rows, read_manifest
 
     if isinstance(source, (str, os.PathLike)):
-        return read_manifest(source)
+        return read_manifest(source, check_files=True)  # every row checked before any work
     rows = []
     for i, item in enumerate(source):
         if isinstance(item, Mapping):
@@ -93,6 +95,7 @@ def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dic
                              f"got {type(item).__name__}")
     if not rows:
         raise ValueError(f"{name} is empty")
+    check_rows(rows, name, required=("wav", "spk_id"))
     return rows
 
 
@@ -111,7 +114,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             out: str | os.PathLike | None = None, *, reference: str | os.PathLike | None = None, where: str = "both",
             forget_tasks: Sequence[str] = ("speaker",), retain_tasks: Sequence[str] = ("speaker",),
             config: Any = None, size: str | None = None, rule: Any = None, device: str = "auto",
-            overwrite: bool = False, progress: bool = True, **overrides: Any) -> UnlearnResult:
+            overwrite: bool = False, progress: bool = True, trust_hparams: bool = False,
+            **overrides: Any) -> UnlearnResult:
     """Unlearn ``forget`` from the speech model in ``model_dir`` and write the result to ``out``.
 
     Args:
@@ -133,6 +137,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             (:data:`mmunlearn.config.DEFAULT_SIZE`) with ``overrides`` (e.g. ``rank=4, scale=16``).
         rule: a :class:`~mmunlearn.methods.rule.SweepRule` to sweep the method's settings on the training
             partitions (None: the config as it is).
+        trust_hparams: speaker classifiers: load ``hyperparams.yaml`` with HyperPyYAML, which runs the code it
+            names (default False: parsed as data against an allow-list of classes; see the README).
     Returns:
         :class:`UnlearnResult` with the adapter, ``out`` and the report (also ``out/unlearn_report.json``).
     """
@@ -142,8 +148,9 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     get(method, kind)  # an unknown or inapplicable method fails before any model is loaded
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
-    adapter = load_model(model_dir, device=device, where=where)
-    base = load_model(reference, device=device, where=where) if reference is not None else None
+    adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams)
+    base = (load_model(reference, device=device, where=where, trust_hparams=trust_hparams)
+            if reference is not None else None)
     forget_items = _examples(adapter, read_items(forget, "forget"), forget_tasks)
     retain_items = _examples(adapter, read_items(retain, "retain"), retain_tasks)
     meta = {"model_dir": str(Path(model_dir).resolve()),

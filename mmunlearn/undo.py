@@ -23,8 +23,11 @@ from mmunlearn.methods.ondisk import SPEAKER_CKPTS
 
 
 def _restore_speaker(model_dir: Path, out: Path, undo: UndoPatch, overwrite: bool) -> None:
-    states = {f: torch.load(model_dir / f, map_location="cpu", weights_only=True) for f in SPEAKER_CKPTS
-              if (model_dir / f).is_file()}
+    from mmunlearn.adapters.speaker_io import HPARAMS, check_hparams_tags, parse_hparams, read_state
+
+    hparams = model_dir / HPARAMS  # carried over as is: it must name nothing but the allowed classes
+    check_hparams_tags(parse_hparams(hparams.read_text(encoding="utf-8"), hparams), hparams)
+    states = {f: read_state(model_dir / f) for f in SPEAKER_CKPTS if (model_dir / f).is_file()}
     flat = {f"{f.rsplit('.', 1)[0]}.{k}": t for f, s in states.items() for k, t in s.items()}
     restore(flat, undo)  # writes into the loaded tensors
     with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:

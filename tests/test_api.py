@@ -133,3 +133,18 @@ def test_rmu_on_a_speech_llm_restores_from_its_folder(llm_dir, speaker_manifests
     assert changed and all(".language_model.layers." in n and ".mlp." in n for n in changed)
     restore_folder(tmp_path / "rmu", tmp_path / "back")
     assert not _changed(original, SpeechLLMAdapter.load(tmp_path / "back", device="cpu").model.state_dict())
+
+
+def test_a_speaker_folder_that_names_code_is_refused_before_anything_runs(speaker_dir, speaker_manifests, tmp_path):
+    import shutil
+
+    evil = tmp_path / "evil"
+    shutil.copytree(speaker_dir, evil)
+    marker = tmp_path / "pwned"
+    with (evil / "hyperparams.yaml").open("a") as fh:
+        fh.write(f'\npwn: !apply:os.system ["touch {marker}"]\n')
+    before = _digest(evil)
+    with pytest.raises(ValueError, match="apply:os.system"):
+        unlearn(evil, forget=speaker_manifests / "spk_forget_train.csv",
+                retain=speaker_manifests / "spk_retain_train.csv", out=tmp_path / "out", device="cpu")
+    assert not marker.exists() and not (tmp_path / "out").exists() and _digest(evil) == before

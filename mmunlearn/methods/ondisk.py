@@ -20,11 +20,13 @@ SPEAKER_CKPTS = ("embedding_model.ckpt", "classifier.ckpt")
 
 
 def _speaker_tensors(root: Path) -> dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]]:
+    from mmunlearn.adapters.speaker_io import read_state
+
     out = {}
     for file in SPEAKER_CKPTS:
         if not (root / file).is_file():
             continue
-        state = torch.load(root / file, map_location="cpu", weights_only=True)
+        state = read_state(root / file)  # weights_only: a checkpoint carrying code is refused
         stem = file.rsplit(".", 1)[0]
         for key, t in state.items():
             out[f"{stem}.{key}"] = (tuple(t.shape), (lambda t=t: t))

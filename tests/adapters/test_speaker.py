@@ -91,7 +91,7 @@ def test_scores_agree_with_each_other(adapter):
     assert torch.allclose(dist.exp().sum(-1), torch.ones(3))
     assert torch.equal(adapter.predict(batch), cos.argmax(-1))
     # The training loss is the AAM softmax: with zero margin it is the mean NLL of the scaled cosines.
-    no_margin = SpeakerAdapter(adapter.model, SPEAKERS, margin=0.0, scale=adapter.scale, hparams_text="")
+    no_margin = SpeakerAdapter(adapter.model, SPEAKERS, margin=0.0, scale=adapter.scale)
     assert torch.allclose(no_margin.loss(batch).detach(), -expected.mean(), atol=1e-5)
     assert adapter.loss(batch) > no_margin.loss(batch)  # the margin penalises the target class
     unknown = adapter.collate(_examples(speakers=("x", "id00001", "id00003")), require_labels=False)
@@ -115,9 +115,9 @@ def test_hidden_states(adapter):
 
 def test_save_load_round_trip(adapter, tmp_path):
     out = adapter.save(tmp_path / "model")
-    assert sorted(p.name for p in out.iterdir()) == [
-        "classifier.ckpt", "embedding_model.ckpt", "hyperparams.yaml", "label_encoder.txt"]
-    assert f"pretrained_path: {out}" in (out / "hyperparams.yaml").read_text()
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "classifier.ckpt", "embedding_model.ckpt", "hyperparams.yaml", "label_encoder.ckpt"]
+    assert "pretrained_path" not in (out / "hyperparams.yaml").read_text()  # nothing to go stale on a move
     loaded = SpeakerAdapter.load(out, device="cpu")
     batch = adapter.collate(_examples())
     with torch.no_grad():
@@ -131,7 +131,7 @@ def test_save_load_round_trip(adapter, tmp_path):
         assert torch.equal(twin.logits(batch), -adapter.logits(batch))  # the original is untouched
     assert twin.audio_cache is adapter.audio_cache and twin.config == adapter.config
     moved = tmp_path / "moved"
-    out.rename(moved)  # the pretrained_path written inside is stale now: load overrides it
+    out.rename(moved)
     assert SpeakerAdapter.load(moved, device="cpu").speakers == SPEAKERS
 
 
@@ -229,10 +229,10 @@ def test_load_rejects_broken_directories(adapter, tmp_path):
     with pytest.raises(FileNotFoundError, match="no hyperparams.yaml"):
         SpeakerAdapter.load(tmp_path, device="cpu")
     out = adapter.save(tmp_path / "m")
-    (out / "label_encoder.txt").write_text("'a' => 0\n'b' => 5\n================\n'starting_index' => 0\n")
+    (out / "label_encoder.ckpt").write_text("'a' => 0\n'b' => 5\n================\n'starting_index' => 0\n")
     with pytest.raises(ValueError, match="indices"):
         SpeakerAdapter.load(out, device="cpu")
-    (out / "label_encoder.txt").unlink()
+    (out / "label_encoder.ckpt").unlink()
     with pytest.raises(FileNotFoundError, match="label_encoder"):
         SpeakerAdapter.load(out, device="cpu")
     big = SpeakerAdapter.build(SPEAKERS, preset="tiny", device="cpu", lin_neurons=8).save(tmp_path / "big")
