@@ -2,6 +2,10 @@
 
 A reader sees either the old file or the complete new one, never a partial write; a failed write
 leaves no temporary file behind. The new file gets ordinary permissions (0o666 minus the umask).
+
+:func:`write_bytes_atomic`, :func:`write_text_atomic` and :func:`write_json_atomic` write data held
+in memory; :func:`atomic_path` serves writers that want a path of their own (safetensors
+``save_file``, ``torch.save``, matplotlib ``savefig``, soundfile, csv writers).
 """
 
 from __future__ import annotations
@@ -9,26 +13,51 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder + rename); returns the path."""
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` to write; on a clean exit it replaces ``path`` atomically.
+
+    The temporary file (created empty, hidden, in ``path``'s folder, which is created if needed)
+    ends with ``path``'s suffix, so writers that pick a format from the name (matplotlib,
+    soundfile) write the same format as for ``path``. When the block ends without an error the
+    file is flushed to disk, given mode 0o666 minus the umask and renamed over ``path``; when the
+    block (or the rename) raises, the temporary file is removed and ``path`` is left as it was.
+    The writer must write to the yielded path itself, not to a name derived from it.
+
+    >>> import shutil, tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> with atomic_path(folder / "notes.txt") as tmp:
+    ...     _ = tmp.write_text("done")
+    >>> (folder / "notes.txt").read_text(), sorted(p.name for p in folder.iterdir())
+    ('done', ['notes.txt'])
+    >>> shutil.rmtree(folder)
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        _fsync(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder + rename); returns the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
@@ -39,6 +68,15 @@ def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8
 def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
     """Write ``obj`` as JSON (strict: NaN and Inf are refused) to ``path`` atomically; returns the path."""
     return write_text_atomic(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n")
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path``'s data to disk (a writer that closed the file has only handed it to the OS)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:
