@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.metrics.entries import per_item
 from mmunlearn.metrics.keys import ALL_KEYS, RETAIN_LOGS_PRIVLEAK_KEY, RETAIN_LOGS_TRUTH_RATIO_KEY
 
@@ -73,22 +73,13 @@ def _to_json(obj: Any) -> Any:
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` via a temp file in the same directory + os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(obj, indent=4, default=_to_json)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write ``obj`` as JSON indented by 4 to ``path`` atomically (:func:`mmunlearn.atomic.write_text_atomic`).
+
+    Unlike :func:`mmunlearn.atomic.write_json_atomic` it accepts numpy scalars and arrays and writes
+    NaN and infinities as ``NaN`` / ``Infinity`` (Python's ``json`` default), so a metric value that
+    came out NaN is logged rather than refused.
+    """
+    return write_text_atomic(path, json.dumps(obj, indent=4, default=_to_json))
 
 
 def write_tofu_logs(
