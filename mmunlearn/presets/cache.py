@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.qa import QAItem
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,8 @@ def read_log(model_dir: Path) -> dict[str, Any] | None:
 
 
 def write_log(model_dir: Path, log: Mapping[str, Any]) -> None:
-    """Write ``train_log.json`` atomically (temp file in the same folder, then rename)."""
-    path = Path(model_dir) / LOG_FILE
-    tmp = path.with_name(f".{LOG_FILE}.tmp")
-    tmp.write_text(json.dumps(log, indent=1, default=str))
-    os.replace(tmp, path)
+    """Write ``train_log.json`` atomically (a NaN loss is written as ``NaN``, not refused)."""
+    write_text_atomic(Path(model_dir) / LOG_FILE, json.dumps(log, indent=1, default=str))
 
 
 @contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mmunlearn.adapters.text_llm import IGNORE, _qa
+from mmunlearn.atomic import atomic_path
 from mmunlearn.adapters.base import HiddenStateTap
 
 
@@ -112,14 +112,7 @@ def build_cache(adapter, retain: Sequence[Any], forget: Sequence[Any], cache_dir
         seq=torch.cat([sr, sf + len(retain)]), path=path, seconds=time.perf_counter() - start, reused=False,
     )
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             save_file({"states": cache.states.contiguous(), "tokens": cache.tokens, "labels": cache.labels,
-                       "seq": cache.seq}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+                       "seq": cache.seq}, str(tmp))
     return cache
