@@ -4,8 +4,12 @@ Task vectors come from a reference point: the model the target was fine-tuned fr
 forget-specific part of the update undoes that learning) or the target itself (subtracting the update
 that pushes it further into the forget data pushes it away). A speaker classifier's task vectors are
 taken from a copy of it, so the edited model keeps its BatchNorm statistics bit for bit. With a sweep
-rule, rank x scale is chosen on the training partitions; ``sweep_scales="auto"`` doubles from 0.25 until
-the rule's target or bound is crossed, then bisects the crossing geometrically.
+rule, rank x scale is chosen on the training partitions. ``sweep_scales="auto"`` works in units of the task
+vectors' size: candidate edits have ||scale * T_f||_F / ||W||_F = 0.001, 0.002, 0.004, ... (an upper bound of the
+relative update ||dW|| / ||W||, up to 1, an update as large as the weights), so the grid fits a 5M and a 135M
+model alike; once the rule's target or bound is crossed, the crossing is bisected geometrically
+(``sweep_bisections`` steps). Ranks are tried in order and the sweep stops at the first rank whose edit meets
+the rule. Each point prints one progress line.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from typing import Any, ClassVar
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.methods.base import MethodResult, RunContext, register
-from mmunlearn.methods.rule import Scorer, SweepPoint, choose
+from mmunlearn.erase.norms import sq_norm
+from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
-#: ``sweep_scales="auto"``: the doubling grid (0.25 .. 16384).
-AUTO_SCALES = tuple(0.25 * 2**i for i in range(17))
+#: ``sweep_scales="auto"``: relative edit sizes ||scale * T_f|| / ||W|| tried, doubling from 0.001 to 1.024.
+AUTO_RELATIVE = tuple(0.001 * 2**i for i in range(11))
 _SPK_SCALES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 
@@ -45,7 +50,9 @@ class EraseConfig(PresetConfig):
     extract: ExtractConfig = opt(help="How task vectors are extracted (finetune | lora | gradient).",
                                  factory=ExtractConfig)
     sweep_ranks: tuple[int, ...] | None = opt(None, "With a sweep rule: ranks tried (default: rank alone).")
-    sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (doubling, then bisection).")
+    sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (relative edit sizes doubling from "
+                                    "0.001 of the weights' norm, then bisection of the crossing).")
+    sweep_bisections: int = opt(3, "With 'auto' scales: geometric bisection steps once the crossing is bracketed.")
 
     PRESETS: ClassVar[dict] = {
         ("text", "micro"): dict(rank=8, retain_rank=32, scale=2.0, extract=_ex(steps=20, lr=1e-3, batch_size=8)),
@@ -94,31 +101,49 @@ def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups):
     return erase(model, tf, retain, rank=rank, retain_rank=cfg.retain_rank, clamp_ranks=True, **common)
 
 
-def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups) -> tuple[list[SweepPoint], SweepPoint]:
+def relative_unit(model, tf) -> float:
+    """||T_f||_F / ||W||_F over the weights that have forget task matrices: an edit of scale s changes them by
+    at most s times this fraction of their norm (the projections only shrink T_f)."""
+    weights = dict(model.named_parameters())
+    t_sq = sum(sq_norm(t) for t in tf.values())
+    w_sq = sum(float(weights[n].detach().double().pow(2).sum()) for n in tf if n in weights)
+    if not (t_sq > 0 and w_sq > 0):
+        raise ValueError("the forget task matrices (or the weights they edit) are all zero: nothing to erase")
+    return (t_sq / w_sq) ** 0.5
+
+
+def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
+           progress: bool) -> tuple[list[SweepPoint], SweepPoint]:
     """Score candidate (rank, scale) edits (each applied, measured and undone); the rule's choice."""
     points: list[SweepPoint] = []
     auto = cfg.sweep_scales == "auto"
+    unit = relative_unit(target.model, tf)
 
     def score(r, s) -> tuple[bool, bool]:
         rep = _apply(target.model, tf, tr, cfg, r, s, groups)
-        points.append(SweepPoint(r, s, *scorer.score(target)))
+        points.append(SweepPoint(r, s, *scorer.score(target), relative=s * unit))
         restore(target.model, rep)
-        return scorer.reached(points[-1].forget_nll), scorer.over(points[-1].retain_nll)
+        p = points[-1]
+        log_point("erase", {"rank": r, "scale": s, "relative": p.relative, "forget_nll": p.forget_nll,
+                            "retain_nll": p.retain_nll}, scorer, progress)
+        return scorer.reached(p.forget_nll), scorer.over(p.retain_nll)
 
     for r in cfg.sweep_ranks or (cfg.rank,):
         good = None
-        for s in AUTO_SCALES if auto else cfg.sweep_scales:
+        for s in (u / unit for u in AUTO_RELATIVE) if auto else cfg.sweep_scales:
             reached, over = score(r, s)
             if not auto:
                 continue
             if reached or over:  # larger scales only go further past the target or the bound
                 lo, hi = good, s
-                for _ in range(2 if lo is not None else 0):  # geometric bisection of the crossing
+                for _ in range(cfg.sweep_bisections if lo is not None else 0):  # geometric bisection
                     mid = (lo * hi) ** 0.5
                     reached, over = score(r, mid)
                     lo, hi = (lo, mid) if (reached or over) else (mid, hi)
                 break
             good = s
+        if any(scorer.point_meets(p) for p in points if p.rank == r):
+            break  # the smallest rank whose edit meets the rule
     rule = scorer.rule
     return points, choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
 
@@ -137,7 +162,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}
     if ctx.rule is not None:
-        points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups)
+        points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress)
         rank, scale = best.rank, best.scale
         info["sweep"] = [vars(p) for p in points]
     info["chosen"] = {"rank": rank, "scale": scale}

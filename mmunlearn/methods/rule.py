@@ -68,6 +68,7 @@ class SweepPoint:
     scale: float  # erasure scale, T3 temperature, or training step
     forget_nll: float
     retain_nll: float
+    relative: float | None = None  # erasure: the scale in units of ||W||_F / ||T_f||_F (upper bound of ||dW|| / ||W||)
 
 
 class Scorer:
@@ -94,6 +95,21 @@ class Scorer:
     def chosen(self, p: SweepPoint, **extra: Any) -> dict:
         return {"rank": p.rank, "scale": p.scale, "base_forget_nll": self.base_forget,
                 "base_retain_nll": self.base_retain, **self.rule.describe(), **extra}
+
+
+def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True) -> None:
+    """One progress line per sweep point: the setting, both measures, and whether the rule is met."""
+    if not progress:
+        return
+    from tqdm.auto import tqdm
+
+    setting = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()
+                        if k not in ("forget_nll", "retain_nll"))
+    f, r = point["forget_nll"], point["retain_nll"]
+    state = ("meets the rule" if scorer.reached(f) and not scorer.over(r) else
+             "retain over the bound" if scorer.over(r) else "forget below the target")
+    tqdm.write(f"{method} sweep: {setting}: forget {f:.4g} (target {scorer.rule.forget_target:.4g}), retain rise "
+               f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}")
 
 
 def choose(points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float,

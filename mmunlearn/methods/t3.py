@@ -1,7 +1,11 @@
 """T3 (temper-then-tilt) as a plug-in: the base stays frozen; a low-rank head on cached hidden states
-estimates P(retain | x, y) and decoding samples from softmax(log p(y|x) / T + log f(x, y)).
+estimates P(retain | x, y) and decoding samples from softmax(log p(y|x) / T + lambda log f(x, y)); lambda = 1 is
+the paper's T3, a smaller tilt strength lambda weakens the tilt.
 
-With a sweep rule the temperature is chosen on the training partitions (Scorer of the rule). The returned adapter wraps the base with the head
+With a sweep rule, candidates are tried from the weakest intervention up: tilt strengths ascending at T = 1,
+then temperatures ascending at full strength; the sweep stops at the first candidate that meets the rule
+(forget measure at the target, retain within the bound), so it lands near the target instead of overshooting
+it. If none meets it, the rule's choice among the tried ones is taken and the report says so. The returned adapter wraps the base with the head
 (:class:`mmunlearn.tilt.TiltedCausalLM`); the harness writes the head beside the unchanged base.
 """
 
@@ -13,7 +17,7 @@ from typing import Any, ClassVar
 
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.methods.base import MethodResult, RunContext, register
-from mmunlearn.methods.rule import Scorer, SweepPoint, choose
+from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 
 _SMALL = dict(head_rank=8, head_epochs=60, head_lr=2e-2)
 
@@ -26,17 +30,20 @@ class T3Config(PresetConfig):
     head_epochs: int = opt(100, "Full-batch epochs of head training on the cached states.")
     head_lr: float = opt(1e-2, "Learning rate of the head.")
     temperature: float = opt(1.0, "Decoding temperature T >= 1 (without a sweep).")
-    sweep_temperatures: tuple[float, ...] = opt((1.0, 1.25, 1.5, 2.0),
-                                                "With a sweep rule: the temperatures tried.")
+    strength: float = opt(1.0, "Tilt strength lambda in [0, 1] (without a sweep): 1 is T3, smaller weakens the tilt.")
+    sweep_strengths: tuple[float, ...] = opt((1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0),
+                                             "With a sweep rule: tilt strengths tried at T = 1, weakest first.")
+    sweep_temperatures: tuple[float, ...] = opt((1.25, 1.5, 2.0),
+                                                "With a sweep rule: temperatures tried next, at full strength.")
 
     PRESETS: ClassVar[dict] = {("text", "micro"): _SMALL, ("speech-llm", "tiny"): _SMALL,
                                ("speech-llm", "mini"): _SMALL}
 
 
-def _tilted(adapter, head, temperature: float):
+def _tilted(adapter, head, temperature: float, strength: float = 1.0):
     from mmunlearn.tilt import TiltedCausalLM
 
-    return adapter.with_model(TiltedCausalLM(adapter.model, head, temperature))
+    return adapter.with_model(TiltedCausalLM(adapter.model, head, temperature, strength=strength))
 
 
 def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ctx: RunContext) -> MethodResult:
@@ -47,21 +54,28 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
                      progress=ctx.progress)
     info: dict = {"train_accuracy": fit.train_accuracy, "head_parameters": fit.parameters,
                   "head_fraction": fit.fraction, "cache_reused": fit.cache_reused}
-    temperature = cfg.temperature
+    temperature, strength = cfg.temperature, cfg.strength
     if ctx.rule is not None:
         scorer = Scorer(ctx.rule, adapter, forget, retain)
-        points = []
-        for t in cfg.sweep_temperatures:
-            tilted = _tilted(adapter, fit.head, t)
+        candidates = [(1.0, lam) for lam in sorted(cfg.sweep_strengths)] + [
+            (t, 1.0) for t in sorted(cfg.sweep_temperatures) if t > 1.0]
+        points, tried = [], []
+        for t, lam in candidates:
+            tilted = _tilted(adapter, fit.head, t, lam)
             points.append(SweepPoint(None, t, *scorer.score(tilted)))
             tilted.model.tap.remove()
+            tried.append({"temperature": t, "strength": lam, "forget_nll": points[-1].forget_nll,
+                          "retain_nll": points[-1].retain_nll})
+            log_point("t3", tried[-1], scorer, ctx.progress)
+            if scorer.point_meets(points[-1]):
+                break  # the weakest intervention meeting the rule
         rule = ctx.rule
-        temperature = choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target,
-                             rule.retain_bound).scale
-        info["sweep"] = [{"temperature": p.scale, "forget_nll": p.forget_nll, "retain_nll": p.retain_nll}
-                         for p in points]
-    info["temperature"] = temperature
-    return MethodResult(_tilted(adapter, fit.head, temperature), fit.cache_seconds, fit.train_seconds, info)
+        best = choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
+        temperature, strength = next((c for c, p in zip(candidates, points) if p is best))
+        info["sweep"] = tried
+    info["temperature"], info["strength"] = temperature, strength
+    return MethodResult(_tilted(adapter, fit.head, temperature, strength), fit.cache_seconds, fit.train_seconds,
+                        info)
 
 
 register("t3", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False,

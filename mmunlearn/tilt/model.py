@@ -22,7 +22,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.tilt.head import TiltHead
 from mmunlearn.adapters.base import HiddenStateTap
-from mmunlearn.tilt.processor import TemperThenTilt, tilt_logprobs
+from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs
 
 CONFIG_NAME = "tilt_config.json"
 HEAD_NAME = "tilt_head.safetensors"
@@ -31,7 +31,8 @@ HEAD_NAME = "tilt_head.safetensors"
 class TiltedCausalLM(nn.Module):
     """Frozen base LM + tilt head; the T3 distribution p^(1/T) f, renormalised."""
 
-    def __init__(self, base: nn.Module, head: TiltHead | None, temperature: float = 1.0, base_path: str | None = None):
+    def __init__(self, base: nn.Module, head: TiltHead | None, temperature: float = 1.0, base_path: str | None = None,
+                 strength: float = 1.0):
         super().__init__()
         if not temperature >= 1.0:
             raise ValueError(f"T3 tempers with T >= 1, got temperature={temperature}")
@@ -40,6 +41,7 @@ class TiltedCausalLM(nn.Module):
             p.requires_grad_(False)
         self.head = head
         self.temperature = float(temperature)
+        self.strength = check_strength(strength)
         self.base_path = base_path
         self.tap = HiddenStateTap(base.base_model)
         self.config = base.config
@@ -50,7 +52,7 @@ class TiltedCausalLM(nn.Module):
             # positions as generate() numbers them, so left-padded rows score as they generate
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        logits = tilt_logprobs(out.logits, self.tap.states, self.head, self.temperature)
+        logits = tilt_logprobs(out.logits, self.tap.states, self.head, self.temperature, self.strength)
         return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values,
                                       hidden_states=getattr(out, "hidden_states", None))
 
@@ -62,7 +64,7 @@ class TiltedCausalLM(nn.Module):
                 raise ValueError(f"{key}={kwargs[key]} would distort T3 sampling; set the temperature on the model")
             kwargs[key] = neutral
         processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
-        processors.append(TemperThenTilt(self.head, self.tap, self.temperature))
+        processors.append(TemperThenTilt(self.head, self.tap, self.temperature, self.strength))
         return self.base.generate(*args, logits_processor=processors, **kwargs)
 
     def get_output_embeddings(self):
@@ -71,7 +73,7 @@ class TiltedCausalLM(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Store the head and settings (not the base weights) in a new directory."""
-        cfg = {"temperature": self.temperature, "base_model": self.base_path,
+        cfg = {"temperature": self.temperature, "strength": self.strength, "base_model": self.base_path,
                "head": None if self.head is None else self.head.config}
         with atomic_dir(path, overwrite=overwrite) as tmp:
             (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2))
@@ -97,4 +99,4 @@ class TiltedCausalLM(nn.Module):
             head = TiltHead(**cfg["head"])
             head.load_state_dict(load_file(str(path / HEAD_NAME)))
             head.to(next(base.parameters()).device)
-        return cls(base, head, cfg["temperature"], base_path=cfg.get("base_model"))
+        return cls(base, head, cfg["temperature"], base_path=cfg.get("base_model"), strength=cfg.get("strength", 1.0))

@@ -6,7 +6,7 @@ from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.methods import RunContext, SweepRule, mean_nll
-from mmunlearn.methods.erasure import AUTO_SCALES, EraseConfig, run
+from mmunlearn.methods.erasure import AUTO_RELATIVE, EraseConfig, relative_unit, run
 from mmunlearn.methods.rule import SweepPoint, choose
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
@@ -30,11 +30,27 @@ def test_auto_sweep_doubles_then_bisects_and_obeys_the_bound():
     res = run(ad, forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=0.05),
                                                   progress=False))
     sweep = [SweepPoint(**p) for p in res.info["sweep"]]
-    scales = [p.scale for p in sweep]
-    doubling = [s for s in scales if s in set(AUTO_SCALES)]
-    assert doubling == sorted(doubling) and doubling[0] == 0.25
-    assert len(scales) >= len(doubling)  # bisection points come after the crossing
+    grid = [p for p in sweep if any(p.relative == pytest.approx(u) for u in AUTO_RELATIVE)]
+    # the grid is in units of the task vectors' size: relative edit sizes 0.001, 0.002, ... in order
+    assert [p.relative for p in grid] == pytest.approx(list(AUTO_RELATIVE[: len(grid)]))
+    assert all(p.scale * p.relative > 0 and p.relative / p.scale == pytest.approx(sweep[0].relative / sweep[0].scale)
+               for p in sweep)
+    assert 0 < len(grid) <= len(sweep) <= len(grid) + cfg.sweep_bisections  # bisection after the crossing
+    # the doubling stops at the first grid point past the bound (the target 1e9 is out of reach), or runs out
+    assert all(p.retain_nll - base_r <= 0.05 for p in grid[:-1])
+    assert grid[-1].retain_nll - base_r > 0.05 or len(grid) == len(AUTO_RELATIVE)
     chosen = next(p for p in sweep if p.scale == res.info["chosen"]["scale"])
     assert chosen.retain_nll - base_r <= 0.05
     # the applied edit is the chosen one: the model now scores what the sweep measured
     assert mean_nll(ad, forget) == pytest.approx(chosen.forget_nll, rel=1e-5)
+
+
+def test_relative_unit_is_the_task_to_weight_norm_ratio():
+    import torch
+
+    model = tiny_causal_lm(layers=1)
+    name, w = next((n, p) for n, p in model.named_parameters() if p.dim() == 2 and "proj" in n)
+    tf = {name: torch.full_like(w, 0.5)}
+    assert relative_unit(model, tf) == pytest.approx(float(tf[name].norm() / w.detach().norm()), rel=1e-6)
+    with pytest.raises(ValueError, match="all zero"):
+        relative_unit(model, {name: torch.zeros_like(w)})

@@ -68,3 +68,23 @@ def test_tied_weights_count_once(tmp_path):
         model.model.embed_tokens.weight.add_(1.0)
     unique = sum(p.numel() for p in model.parameters())  # tied tensors once
     assert changed_fraction(before, model) == pytest.approx(model.model.embed_tokens.weight.numel() / unique)
+
+
+def test_t3_sweep_tries_the_weakest_tilt_first_and_stops_at_the_rule(model_dir):
+    from mmunlearn.methods import SweepRule, mean_nll
+
+    forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
+    target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
+    rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
+    out = run_unlearning("t3", target, forget, retain, kind="text", size="micro", overrides=fast("t3"), rule=rule,
+                         progress=False)
+    sweep, info = out.report["info"]["sweep"], out.report["info"]
+    strengths = [p["strength"] for p in sweep if p["temperature"] == 1.0]
+    assert strengths == sorted(strengths)  # weakest intervention first
+    meets = [p["forget_nll"] >= rule.forget_target and p["retain_nll"] - out.report["rule"]["base_retain"] <= 2.0
+             for p in sweep]
+    assert not any(meets[:-1])  # it stopped at the first point meeting the rule ...
+    if meets[-1]:  # ... which is the one applied, and the report says the rule is met
+        assert (info["temperature"], info["strength"]) == (sweep[-1]["temperature"], sweep[-1]["strength"])
+        assert out.report["target_reached"] is True
+    out.adapter.model.tap.remove()
