@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from mmunlearn.atomic import atomic_path
 
 FORMAT = "mmunlearn-undo-1"
 
@@ -68,15 +69,8 @@ class UndoPatch:
             if e.original is not None:
                 tensors[f"{i}.orig"] = e.original.detach().cpu().contiguous()
             meta.append({"label": e.label, "before": e.before, "after": e.after})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata={"format": FORMAT, "entries": json.dumps(meta)})
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": FORMAT, "entries": json.dumps(meta)})
         return path
 
     @classmethod

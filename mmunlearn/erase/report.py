@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from mmunlearn.atomic import atomic_path, write_text_atomic
 
 # An edit with ||dW||_F / ||W||_F above this in any matrix of a layer is flagged: it changes the
 # weights by more than half their size, which usually means a --scale far too large or task
@@ -96,14 +97,8 @@ class EraseReport:
         }
 
     def to_json(self, path: str | os.PathLike) -> Path:
-        """Write the report as JSON (temp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
-        os.replace(tmp, path)
-        return path
+        """Write the report as JSON, atomically (a NaN value is written as ``NaN``, not refused)."""
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2))
 
     def table(self):
         """A rich Table with one row per layer."""
@@ -141,7 +136,9 @@ class EraseReport:
         ax.legend()
         fig.tight_layout()
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        try:
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=120)
+        finally:
+            plt.close(fig)
         return path
