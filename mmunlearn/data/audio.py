@@ -10,7 +10,6 @@ i.e. -80 dBFS): digital silence or a dead channel, never a quiet recording.
 from __future__ import annotations
 
 import os
-import tempfile
 from math import gcd
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import numpy as np
 import soundfile as sf
 import torch
 from scipy.signal import resample_poly
+
+from mmunlearn.atomic import atomic_path
 
 #: Peak absolute amplitude (on the [-1, 1] scale) below which audio counts as silent.
 SILENCE_PEAK = 1e-4
@@ -156,13 +157,6 @@ def save_wav(path: str | os.PathLike, wav: np.ndarray | torch.Tensor, sr: int) -
         raise ValueError(f"{path}: save_wav wants 1-D mono audio, got shape {tuple(wav.shape)}")
     if sr <= 0:
         raise ValueError(f"{path}: sample rate must be positive, got {sr}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         sf.write(tmp, np.clip(wav, -1.0, 1.0), sr, subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

@@ -39,13 +39,13 @@ import math
 import os
 import statistics
 import re
-import tempfile
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.ctofu import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
 
@@ -240,11 +240,7 @@ class AlignmentReport:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         js = write_json_atomic(out / "alignment.json", self.to_dict())
-        md = out / "alignment.md"
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".alignment.md.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(self.markdown() + "\n")
-        os.replace(tmp, md)
+        md = write_text_atomic(out / "alignment.md", self.markdown() + "\n")
         return js, md
 
 

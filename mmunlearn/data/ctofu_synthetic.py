@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.facts import real_author_items, world_fact_items
 from mmunlearn.data.synthetic import author_items, synthetic_authors
 from mmunlearn.data.qa import QAItem
@@ -183,9 +183,6 @@ def write_language_files(splits_by_lang: Mapping[str, Mapping[str, Sequence[QAIt
     for lang, splits in splits_by_lang.items():
         for split, items in splits.items():
             path = out / f"{split}_{lang}.json"
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump([it.to_dict() for it in items], f, ensure_ascii=False, indent=1)
-            os.replace(tmp, path)
+            write_text_atomic(path, json.dumps([it.to_dict() for it in items], ensure_ascii=False, indent=1))
             written.append(path)
     return written

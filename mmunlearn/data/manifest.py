@@ -21,11 +21,12 @@ import operator
 import os
 import random
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mmunlearn.atomic import atomic_path
 
 #: Columns every manifest carries, in this order.
 MANIFEST_COLUMNS: tuple[str, ...] = ("ID", "duration", "wav", "start", "stop", "spk_id")
@@ -230,20 +231,11 @@ def write_manifest(
         lacking = [c for c in columns if c not in row]
         if lacking:
             raise ManifestError(f"{path}: row {i} (ID={row.get('ID')!r}) lacks {lacking}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(columns)
-            for row in rows:
-                writer.writerow(
-                    [f"{row[c]:.4f}" if isinstance(row[c], float) else row[c] for c in columns]
-                )
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([f"{row[c]:.4f}" if isinstance(row[c], float) else row[c] for c in columns])
     return path
 
 
