@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from scipy.linalg import lapack
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.erase.basis import column_basis
 from mmunlearn.erase.cpqr import lapack_available
 
@@ -169,17 +169,11 @@ def machine() -> dict:
 
 
 def write_json(path: str | os.PathLike, rows: list[Row], checks, meta: dict) -> Path:
-    """Rows, checks and machine info as JSON (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Rows (NaN as null), checks and machine info as JSON, written atomically."""
     clean = [{k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(r).items()} for r in rows]
     payload = {"machine": meta, "rows": clean,
                "checks": [{"check": c, "passed": p, "measured": m} for c, p, m in checks]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json.dumps(payload, indent=2))
 
 
 def fmt_ratio(x: float) -> str:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.metrics.logs import EVAL_FILENAME, SUMMARY_FILENAME
 
 SUMMARY_MD_FILENAME = "TOFU_SUMMARY.md"
@@ -100,20 +100,6 @@ def compare_table(models: Mapping[str, Mapping[str, Any] | str | os.PathLike[str
     return "\n".join(lines) + "\n"
 
 
-def _write_text_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 def write_summary_md(out_dir: str | os.PathLike[str], logs: Mapping[str, Any], model_name: str,
                      settings: Mapping[str, Any] | None = None) -> Path:
     """Write ``out_dir/TOFU_SUMMARY.md``: a title, the headline table and the evaluation settings."""
@@ -128,4 +114,4 @@ def write_summary_md(out_dir: str | os.PathLike[str], logs: Mapping[str, Any], m
                 v = ", ".join(f"{name} {n}" for name, n in v.items())
             parts.append(f"- {k}: {v}")
         parts.append("")
-    return _write_text_atomic(Path(out_dir) / SUMMARY_MD_FILENAME, "\n".join(parts))
+    return write_text_atomic(Path(out_dir) / SUMMARY_MD_FILENAME, "\n".join(parts))

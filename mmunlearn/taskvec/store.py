@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mmunlearn.atomic import atomic_path
 from mmunlearn.paths import plain_name
 from mmunlearn.taskvec.lowrank import LowRank
 
@@ -52,18 +52,10 @@ def save_task_matrices(path: str | os.PathLike, tensors: Mapping[str, torch.Tens
     path = Path(path)
     if not tensors:
         raise ValueError("no task matrices to save")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        # a factored (LoRA) matrix is written dense: the file layout stays one tensor per parameter
-        data = {k: (v.dense() if isinstance(v, LowRank) else v).detach().contiguous().cpu()
-                for k, v in tensors.items()}
-        save_file(data, tmp, metadata={"mmunlearn": json.dumps(meta or {})})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # a factored (LoRA) matrix is written dense: the file layout stays one tensor per parameter
+    data = {k: (v.dense() if isinstance(v, LowRank) else v).detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(data, str(tmp), metadata={"mmunlearn": json.dumps(meta or {})})
     return path
 
 
