@@ -42,6 +42,7 @@ import soundfile as sf
 import typer
 from tqdm import tqdm
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.audio import AudioError, read_audio, save_wav
 from mmunlearn.data.manifest import (
     SPLIT_NAMES,
@@ -213,14 +214,8 @@ def _options_digest(options: dict, sources: list[Source], side_files: Sequence[P
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``obj`` as JSON (indent 1, keys sorted) to ``path``, atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def _index_entry_ok(entry: Any) -> bool:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.atomic import atomic_path, write_text_atomic
 from recipes.ctofu_pipeline import COLUMNS
 
 
@@ -68,21 +67,12 @@ def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...
         long_table(rows)]) + "\n"
 
 
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_report(out: Path, stem: str, rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...],
                  context: dict) -> tuple[Path, Path]:
     """``<stem>.md`` and ``<stem>.json`` in ``out`` (each written atomically)."""
     from mmunlearn.metrics.logs import write_json_atomic
 
-    md = out / f"{stem}.md"
-    _write_text(md, markdown(rows, summary, forget_langs))
+    md = write_text_atomic(out / f"{stem}.md", markdown(rows, summary, forget_langs))
     js = write_json_atomic(out / f"{stem}.json", {"context": context, "rows": rows, "transfer": summary,
                                                   "time": time.time()})
     return md, js
@@ -116,7 +106,9 @@ def heatmap(path: Path, rows: list[dict], key: str, title: str, *, log10: bool =
     fig.colorbar(im, ax=ax, label=("log10 " if log10 else "") + key)
     ax.set_title(textwrap.fill(title, 60), fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path

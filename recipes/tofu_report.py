@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.atomic import atomic_path, write_text_atomic
 
 #: Columns of the comparison table: (header, TOFU log key or row field).
 COLUMNS = (
@@ -114,8 +114,11 @@ def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: f
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -141,7 +144,9 @@ def scatter(path: Path, rows: list[dict]) -> Path:
     ax.set_title("TOFU: forget quality vs model utility")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return path

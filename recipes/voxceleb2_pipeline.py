@@ -18,24 +18,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.speech.dataset import LEVELS, split_rows
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
 RETRAIN_NAME = {"speaker": "retrain-speaker", "sample": "retrain-sample"}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def builtin_manifests(workdir: Path, *, speakers: int = 20, utterances: int = 30, videos: int = 3,
@@ -111,7 +99,7 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
         adapter.save(tmp / "model", overwrite=True)
         log = {"spec": asdict(spec), "rows": len(rows), "speakers": len(speakers), "manifests": str(manifests),
                "final_loss": result.final_loss, "steps": result.steps, "seconds": time.perf_counter() - start}
-        write_atomic(tmp / "model" / "train_log.json", json.dumps(log, indent=2))
+        write_text_atomic(tmp / "model" / "train_log.json", json.dumps(log, indent=2))
         if out.exists():  # an unfinished earlier attempt
             shutil.rmtree(out)
         os.replace(tmp / "model", out)
@@ -150,7 +138,7 @@ def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions,
     if path.is_file():
         return json.loads(path.read_text())
     metrics = evaluate(SpeakerAdapter.load(model_dir, device=device), manifests, level, opts, progress)
-    write_atomic(path, json.dumps(metrics, indent=2))
+    write_text_atomic(path, json.dumps(metrics, indent=2))
     return metrics
 
 
@@ -216,7 +204,7 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
     row = {"method": method, **metrics, "forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
            "unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
            "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"]}
-    write_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe(),
-                                               "config": rep["config"], "rule": rep.get("rule")}, indent=2,
-                                              default=str))
+    write_text_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe(),
+                                                    "config": rep["config"], "rule": rep.get("rule")}, indent=2,
+                                                   default=str))
     return row

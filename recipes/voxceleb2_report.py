@@ -8,13 +8,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from recipes.voxceleb2_pipeline import write_atomic
+from mmunlearn.atomic import atomic_path, write_text_atomic
 
 #: (header, row key, percent?) per level.
 COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -83,14 +81,14 @@ def write_tables(out: Path, rows: list[dict], level: str, context: dict) -> list
     """``<level>.md``, ``<level>.csv`` and ``<level>.json`` in ``out`` (each written atomically)."""
     cols = _columns(level)
     paths = [out / f"{level}.md", out / f"{level}.csv", out / f"{level}.json"]
-    write_atomic(paths[0], markdown(rows, level) + "\n")
+    write_text_atomic(paths[0], markdown(rows, level) + "\n")
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["method", *(k for _, k, _ in cols)], extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(paths[1], buf.getvalue())
-    write_atomic(paths[2], json.dumps({"level": level, "context": context, "rows": rows, "time": time.time()},
-                                      indent=2, default=str))
+    write_text_atomic(paths[1], buf.getvalue())
+    write_text_atomic(paths[2], json.dumps({"level": level, "context": context, "rows": rows, "time": time.time()},
+                                           indent=2, default=str))
     return paths
 
 
@@ -131,13 +129,9 @@ def plot_accuracies(path: Path, rows: list[dict], level: str, chance: float | No
         ax2.set_title("membership inference (0.5 = none)")
         ax2.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, dpi=120, format="png")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
     return path

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.methods import names
 from mmunlearn.speech.dataset import LEVELS, split_rows
 from mmunlearn.speech.llm_tasks import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
@@ -216,12 +217,6 @@ def table_markdown(rows: Sequence[Mapping[str, Any]], level: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, level: str = "speaker",
         methods: Sequence[str] = DEFAULT_METHODS, where: str = "both", target: str = "gender",
         size: str = "model_dir", options: Mapping[str, Any] | None = None,
@@ -268,9 +263,9 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
         if getattr(outcome.adapter.model, "tap", None) is not None:
             outcome.adapter.model.tap.remove()
         rows.append(row)
-        _write_text(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
-                                                       "rows": rows}, indent=2))
-    _write_text(out / "results.md", table_markdown(rows, level))
+        write_text_atomic(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
+                                                             "rows": rows}, indent=2))
+    write_text_atomic(out / "results.md", table_markdown(rows, level))
     return rows
 
 
