@@ -16,7 +16,15 @@ Protocol (a built preset such as ``micro`` or ``mini``):
 
 A model directory (a real checkpoint) is its own base and keeps its tokenizer. Losses are over
 answer tokens only. Every model lands in a cache keyed by a hash of what it depends on (see
-:mod:`mmunlearn.presets.cache`) with a ``train_log.json`` beside its weights.
+:mod:`mmunlearn.presets.cache`) with a ``train_log.json`` beside its weights; a model trained on rows of
+forget authors (the target, or ``full`` / ``forgetPP`` through :func:`finetune`) also records the
+answer NLL of those rows after training (``forget_answer_nll``), a cheap check that it memorised them.
+
+Stopped builds resume: a resumable training state is saved every ``checkpoint_every`` optimizer steps
+(``auto``: :data:`CHECKPOINT_EVERY_BUILT` for built presets, :data:`CHECKPOINT_EVERY_MODEL_DIR` for
+model directories, whose steps are slow on a CPU) under ``<cache>/.resume`` and picked up by the next
+run with the same options. The per-model build lock is an OS lock (``flock``) that dies with its
+process: a lock file a killed build left behind does not block the next run.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,15 +54,27 @@ from mmunlearn.train.loop import is_main_process, wait_for_everyone
 
 log = logging.getLogger(__name__)
 FACT_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
+#: ``checkpoint_every="auto"`` for a built preset: optimizer steps between resumable states (its steps take
+#: well under a second, so a shorter interval would spend more time saving than a stop could lose).
+CHECKPOINT_EVERY_BUILT = 200
+#: ``checkpoint_every="auto"`` for a model directory: a 135M-parameter checkpoint takes ~40-80 s per step
+#: on a CPU, so a stopped run loses at most a few minutes (a state is the float32 weights plus the AdamW
+#: moments, ~3x the weights on disk; only the latest is kept).
+CHECKPOINT_EVERY_MODEL_DIR = 5
+#: The training option that is not a :class:`TrainConfig` field: at most this many optimizer steps.
+MAX_STEPS = "max_steps"
 
 
 @dataclass
 class BuiltModels:
-    """Folders of the three models (each loadable by ``TextLLMAdapter.from_pretrained``) and their logs."""
+    """Folders of the three models (each loadable by ``TextLLMAdapter.from_pretrained``) and their logs.
+
+    ``target`` / ``retain`` are None only when :func:`build_models` was asked not to build them (``roles``).
+    """
 
     base: Path
-    target: Path
-    retain: Path
+    target: Path | None
+    retain: Path | None
     logs: dict[str, dict[str, Any]]
 
 
@@ -121,9 +141,47 @@ def training_items(data: str | os.PathLike, split: str, authors: int | None, for
     return [QAItem(it.question, it.answer, author=it.author) for it in items]
 
 
+def forget_rows(data: str | os.PathLike, split: str, authors: int | None, forget_pct: float) -> list[QAItem]:
+    """The rows of forget authors in training split ``split``: all of a forget split, the
+    ``forget<forget_pct>`` rows of ``full``, none of any other split (retain, holdout, ...)."""
+    if split == "full":
+        name = f"forget{int(forget_pct):02d}"
+        if int(forget_pct) != forget_pct or name not in list_splits(data):
+            log.warning("no %s split in %s: the forget rows of 'full' are not scored", name, data)
+            return []
+        return training_items(data, name, authors, forget_pct)
+    info = split_info(split)
+    if info.family == "forget" and not split.endswith("_perturbed"):
+        return training_items(data, split, authors, forget_pct)
+    return []
+
+
 # ---------------------------------------------------------------------- training one model
-def _resolved(cfg: TrainConfig, seed: int, device: str, overrides: Mapping[str, Any] | None) -> TrainConfig:
-    cfg = cfg.replace(seed=seed, **dict(overrides or {}))
+def planned_steps(cfg: TrainConfig, n_examples: int) -> int:
+    """Optimizer steps a run of ``cfg`` over ``n_examples`` takes (as :func:`mmunlearn.train.train`
+    counts them: an epoch's micro-batches split over the processes, then grouped by ``grad_accum``)."""
+    if cfg.steps is not None:
+        return cfg.steps
+    dist = torch.distributed
+    procs = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    micro = -(-(-(-n_examples // cfg.batch_size)) // procs)
+    return cfg.epochs * -(-micro // cfg.grad_accum)
+
+
+def _resolved(cfg: TrainConfig, seed: int, device: str, overrides: Mapping[str, Any] | None,
+              n_examples: int | None = None) -> TrainConfig:
+    """The preset's config with ``overrides`` (TrainConfig fields, plus ``max_steps`` N: when the run
+    would take more than N optimizer steps it becomes an N-step run, its schedule fitted to them)."""
+    overrides = dict(overrides or {})
+    max_steps = overrides.pop(MAX_STEPS, None)
+    cfg = cfg.replace(seed=seed, **overrides)
+    if max_steps is not None:
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+        if n_examples is None:
+            raise ValueError("max_steps needs the number of training examples")
+        if planned_steps(cfg, n_examples) > max_steps:
+            cfg = cfg.replace(steps=max_steps)
     dev_type = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     return cfg.replace(mixed_precision=resolve_mixed_precision(cfg.mixed_precision, dev_type))
 
@@ -137,9 +195,10 @@ def _mean_nll(adapter, items: Sequence[QAItem]) -> float | None:
 def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: Path, info: dict[str, Any], *,
                   max_length: int, device: str, progress: bool, desc: str, resume_dir: Path | None,
                   checkpoint_every: int | None, facts: Sequence[QAItem], replay: Sequence[QAItem] = (),
-                  save_dtype: torch.dtype | None = None) -> dict[str, Any]:
+                  save_dtype: torch.dtype | None = None, forget: Sequence[QAItem] = ()) -> dict[str, Any]:
     """Train on ``items`` (+ ``replay``, mixed in) with the answer-token loss, then write weights,
-    tokenizer and train_log.json (answer NLL of ``items`` and of ``facts`` after training) to ``out``."""
+    tokenizer and train_log.json (answer NLL of ``items``, of ``facts`` and of the ``forget`` rows
+    among the items, after training) to ``out``."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
 
     adapter = TextLLMAdapter(model, tokenizer, max_length=max_length)
@@ -154,6 +213,7 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
     answer_nll = _mean_nll(adapter, items)  # eval mode, after training: the model's final answer loss
     train_log = {**info, "final_loss": answer_nll, "answer_nll": answer_nll,
                  "facts_answer_nll": _mean_nll(adapter, facts),
+                 "forget_answer_nll": _mean_nll(adapter, forget), "forget_examples": len(forget),
                  "train_loss": result.final_loss, "epoch_losses": epoch_losses, "seconds": result.seconds,
                  "steps": result.steps, "epochs": result.epochs, "resumed_from_step": result.resumed_from,
                  "n_examples": len(items), "replay_examples": len(replay), "parameters": parameter_count(model),
@@ -178,20 +238,21 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
 # ---------------------------------------------------------------------- base
 def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, seed: int = 0,
                cache_dir: str | os.PathLike | None = None, device: str = "auto", progress: bool = True,
-               overrides: Mapping[str, Any] | None = None, checkpoint_every: int | None = 200
+               overrides: Mapping[str, Any] | None = None, checkpoint_every: int | None = CHECKPOINT_EVERY_BUILT
                ) -> tuple[Path, dict[str, Any]]:
     """The pretrained base of a built preset for ``data`` (from the cache when already built).
 
     For a model-directory preset the base is that directory itself. ``overrides`` change the
-    preset's pretraining hyperparameters (e.g. ``{"epochs": 2}``). Returns (folder, train log).
+    preset's pretraining hyperparameters (e.g. ``{"epochs": 2}``, ``{"max_steps": 50}``). Returns
+    (folder, train log).
     """
     p = preset if isinstance(preset, Preset) else get_preset(preset)
     if p.is_model_dir:
         return p.model_dir, {"model": "base", "preset": p.name, "cached": True, "path": str(p.model_dir)}
     from mmunlearn.adapters.tokenizer import train_bpe
 
-    cfg = _resolved(p.pretrain, seed, device, overrides)
     corpus = base_corpus(data, p.corpus_authors, seed)
+    cfg = _resolved(p.pretrain, seed, device, overrides, len(corpus))
     tok_texts = [t for it in corpus for t in (it.question, it.answer)] + source_texts(data)
     spec = {"kind": "base", "arch": p.to_dict()["arch"], "corpus_authors": p.corpus_authors,
             "max_length": p.max_length, "pretrain": cfg.to_dict(), "seed": seed,
@@ -232,11 +293,11 @@ def _load_parent(p: Preset, base: Path):
 
 def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items: list[QAItem], out: Path | None,
                    group: Path, *, role: str, authors: int | None, seed: int, device: str, progress: bool,
-                   overrides: Mapping[str, Any] | None, checkpoint_every: int | None, overwrite: bool
-                   ) -> tuple[Path, dict[str, Any]]:
-    cfg = _resolved(p.finetune, seed, device, overrides)
+                   overrides: Mapping[str, Any] | None, checkpoint_every: int | None, overwrite: bool,
+                   forget: Sequence[QAItem] = ()) -> tuple[Path, dict[str, Any]]:
     facts = fact_items(data)
     replay = facts if p.replay_facts else []
+    cfg = _resolved(p.finetune, seed, device, overrides, len(items) + len(replay))
     spec = {"kind": "finetune", "parent": base_key, "split": split, "data": items_digest(items),
             "replay": items_digest(replay), "finetune": cfg.to_dict(), "max_length": p.max_length, "seed": seed}
     key = cache_key(spec)
@@ -257,13 +318,19 @@ def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items
         train_log = _fit_and_save(model, tokenizer, items, cfg, target, info, max_length=p.max_length,
                                   device=device, progress=progress, desc=f"{p.name} {role} ({tag})",
                                   resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
-                                  facts=facts, replay=replay, save_dtype=save_dtype)
+                                  facts=facts, replay=replay, save_dtype=save_dtype, forget=forget)
     return target, {**train_log, "cached": False, "path": str(target)}
 
 
 def _prepare(preset, data, seed, cache_dir, device, progress, pretrain_overrides, checkpoint_every):
     p = preset if isinstance(preset, Preset) else get_preset(preset)
-    every = checkpoint_every if checkpoint_every != "auto" else (None if p.is_model_dir else 200)
+    if checkpoint_every == "auto":
+        every = CHECKPOINT_EVERY_MODEL_DIR if p.is_model_dir else CHECKPOINT_EVERY_BUILT
+    elif checkpoint_every is None or (isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
+                                      and checkpoint_every >= 1):
+        every = checkpoint_every
+    else:
+        raise ValueError(f"checkpoint_every must be a positive integer, None or 'auto', got {checkpoint_every!r}")
     base, base_log = build_base(p, data, seed=seed, cache_dir=cache_dir, device=device, progress=progress,
                                 overrides=pretrain_overrides, checkpoint_every=every)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -279,29 +346,38 @@ def build_models(preset: str | os.PathLike, data: str | os.PathLike, forget_spli
                  authors: int | None = None, seed: int = 0, cache_dir: str | os.PathLike | None = None,
                  device: str = "auto", *, progress: bool = True, overrides: Mapping[str, Any] | None = None,
                  pretrain_overrides: Mapping[str, Any] | None = None,
-                 checkpoint_every: int | None | str = "auto", threads: int | None = None) -> BuiltModels:
+                 checkpoint_every: int | None | str = "auto", threads: int | None = None,
+                 roles: Collection[str] = ("target", "retain")) -> BuiltModels:
     """Base, target (fine-tuned on ``full``) and retain (on ``retainRR`` for ``forgetPP``) models.
 
     ``preset``: ``micro``, ``mini`` or a model directory; ``data``: a TOFU folder or ``synthetic[:...]``;
     ``authors`` N: a world of N authors (the first retain authors plus forget authors in proportion,
     :func:`mmunlearn.data.tofu.author_subset`). ``overrides`` / ``pretrain_overrides`` change the
-    preset's fine-tuning / pretraining hyperparameters (part of the cache key). Long runs save a
-    resumable training state every ``checkpoint_every`` steps (``auto``: 200 for built presets, never
-    for model directories) under ``<cache>/.resume``, so an interrupted build picks up where it stopped.
-    ``threads``: torch threads while building (None: unchanged).
+    preset's fine-tuning / pretraining hyperparameters (part of the cache key; TrainConfig fields
+    plus ``max_steps``, see :func:`planned_steps`). Long runs save a resumable training state every
+    ``checkpoint_every`` steps (``auto``: :data:`CHECKPOINT_EVERY_BUILT` steps for built presets,
+    :data:`CHECKPOINT_EVERY_MODEL_DIR` for model directories) under ``<cache>/.resume``, so an
+    interrupted build picks up where it stopped. ``threads``: torch threads while building (None:
+    unchanged). ``roles``: which of ``target`` and ``retain`` to build (the other is None; the base
+    is always built). The target's log holds ``forget_answer_nll``, the answer NLL of its
+    ``forget_split`` rows after training.
     """
+    unknown = set(roles) - {"target", "retain"}
+    if unknown:
+        raise ValueError(f"roles: unknown role(s) {sorted(unknown)}; choose from 'target' and 'retain'")
     with torch_threads(threads):
         return _build_models(preset, data, forget_split, authors, seed, cache_dir, device, progress, overrides,
-                             pretrain_overrides, checkpoint_every)
+                             pretrain_overrides, checkpoint_every, set(roles))
 
 
 def _build_models(preset, data, forget_split, authors, seed, cache_dir, device, progress, overrides,
-                  pretrain_overrides, checkpoint_every) -> BuiltModels:
+                  pretrain_overrides, checkpoint_every, roles: set[str]) -> BuiltModels:
     info = split_info(forget_split)
     if info.family != "forget" or forget_split.endswith("_perturbed"):
         raise ValueError(f"forget_split must be a forget split such as 'forget10', got {forget_split!r}")
     retain_split = f"retain{100 - info.forget_pct:02d}"
     full_items = training_items(data, "full", authors, info.forget_pct)
+    forget_items = training_items(data, forget_split, authors, info.forget_pct)
     retain_items = training_items(data, retain_split, authors, None)
     p, base, base_key, base_log, group, every = _prepare(preset, data, seed, cache_dir, device, progress,
                                                          pretrain_overrides, checkpoint_every)
@@ -309,12 +385,15 @@ def _build_models(preset, data, forget_split, authors, seed, cache_dir, device, 
                   checkpoint_every=every, overwrite=False)
     # with an author subset the target's `full` depends on the forget share: name it apart
     full_name = "full" if authors is None else f"full-f{info.forget_pct:02d}"
-    target, target_log = _finetune_into(p, base, base_key, data, full_name, full_items, None, group,
-                                        role="target", **common)
-    retain, retain_log = _finetune_into(p, base, base_key, data, retain_split, retain_items, None, group,
-                                        role="retain", **common)
-    return BuiltModels(base=base, target=target, retain=retain,
-                       logs={"base": base_log, "target": target_log, "retain": retain_log})
+    logs: dict[str, dict[str, Any]] = {"base": base_log}
+    target = retain = None
+    if "target" in roles:
+        target, logs["target"] = _finetune_into(p, base, base_key, data, full_name, full_items, None, group,
+                                                role="target", forget=forget_items, **common)
+    if "retain" in roles:
+        retain, logs["retain"] = _finetune_into(p, base, base_key, data, retain_split, retain_items, None, group,
+                                                role="retain", **common)
+    return BuiltModels(base=base, target=target, retain=retain, logs=logs)
 
 
 def finetune(preset_or_model_dir: str | os.PathLike, data: str | os.PathLike, split: str = "full",
@@ -328,10 +407,14 @@ def finetune(preset_or_model_dir: str | os.PathLike, data: str | os.PathLike, sp
     (default: the cache) with its ``train_log.json``. With ``authors`` N and ``split='full'``,
     ``forget_pct`` says how many of the N authors are forget authors (default 10, as for forget10).
     Re-running with the same options into the same ``out`` reuses the model found there.
-    ``threads``: torch threads while training (None: unchanged).
+    ``overrides``: fine-tuning hyperparameters (TrainConfig fields plus ``max_steps``); stopped runs
+    resume (``checkpoint_every``, as for :func:`build_models`). ``threads``: torch threads while
+    training (None: unchanged). The log holds ``forget_answer_nll`` (:func:`forget_rows`; None when
+    the split has no forget authors).
     """
     split_info(split)
     items = training_items(data, split, authors, forget_pct)
+    forget = forget_rows(data, split, authors, forget_pct)
     with torch_threads(threads):
         p, base, base_key, _, group, every = _prepare(preset_or_model_dir, data, seed, cache_dir, device, progress,
                                                       pretrain_overrides, checkpoint_every)
@@ -339,5 +422,5 @@ def finetune(preset_or_model_dir: str | os.PathLike, data: str | os.PathLike, sp
         path, _ = _finetune_into(p, base, base_key, data, name, items, Path(out) if out is not None else None,
                                  group, role="finetuned", authors=authors, seed=seed, device=device,
                                  progress=progress, overrides=overrides, checkpoint_every=every,
-                                 overwrite=overwrite)
+                                 overwrite=overwrite, forget=forget)
     return path
