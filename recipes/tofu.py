@@ -3,6 +3,14 @@
 Read top to bottom: ``finetune`` and ``eval`` are the harness; ``run`` unlearns with one method
 and evaluates; ``compare`` runs every method on the same target and split and writes one table
 (Markdown, CSV, JSON) and a scatter plot; ``tilt`` trains a T3 head for any model and data files.
+
+Fine-tuning options (``finetune --epochs/--lr/--batch-size/--grad-accum/--max-steps/--precision``;
+the same as ``--ft-*`` on ``run`` and ``compare``, where ``--lr``/``--epochs`` are the baselines')
+change the preset's settings for the models built (part of their cache key). ``run``, ``compare``
+and ``eval`` take ``--target DIR`` / ``--retain-model DIR`` (e.g. made by ``finetune --out DIR``)
+instead of building those models. After building, the target is checked for having memorised the
+forget answers (:mod:`recipes.tofu_settings`); a warning is printed and ``memorised: false`` recorded
+in compare.json / run.json when it did not.
 """
 
 from __future__ import annotations
@@ -10,13 +18,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from recipes import tofu_pipeline, tofu_report
-from recipes.tofu_settings import sweep_rule
+from recipes.tofu_settings import forget_nll_warning, memorisation_warning, sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
 console = Console()
@@ -31,12 +39,102 @@ CacheDir = Annotated[Optional[Path], typer.Option(help="Where built models are c
 Base = Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base (the preset's pretrained base) or a model directory.")]
 RetainBound = Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")]
 Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice; 1 is faster on a busy 2-core machine).")]
+Target = Annotated[Optional[Path], typer.Option(help="Target model folder (e.g. from `tofu finetune --out DIR`) to use instead of building the preset's target; its train_log.json names its base.")]
+RetainModel = Annotated[Optional[Path], typer.Option(help="Retain model folder (never trained on the forget authors) to use instead of building the preset's retain model.")]
+Metrics = Annotated[Optional[str], typer.Option(help="Metric groups to compute, comma-separated: forget, memorization, utility, mia (default: all).")]
+Extract = Annotated[Optional[str], typer.Option(help="Erasure task vectors: finetune, lora or gradient (default: the method's).")]
+ExtractSteps = Annotated[Optional[int], typer.Option(help="Erasure: optimizer steps of the task-vector extraction (finetune, lora).")]
+FtEpochs = Annotated[Optional[int], typer.Option("--ft-epochs", help="Fine-tuning of the built target and retain models: epochs (default: the preset's).")]
+FtLr = Annotated[Optional[float], typer.Option("--ft-lr", help="Fine-tuning of the built target and retain models: learning rate.")]
+FtBatch = Annotated[Optional[int], typer.Option("--ft-batch-size", help="Fine-tuning of the built target and retain models: micro-batch size.")]
+FtAccum = Annotated[Optional[int], typer.Option("--ft-grad-accum", help="Fine-tuning of the built target and retain models: gradient accumulation steps.")]
+FtMaxSteps = Annotated[Optional[int], typer.Option("--ft-max-steps", help="Fine-tuning of the built target and retain models: at most N optimizer steps (the schedule fitted to them).")]
+FtPrecision = Annotated[Optional[str], typer.Option("--ft-precision", help="Fine-tuning of the built target and retain models: no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it).")]
+PRECISION_CHOICES = ("no", "bf16", "auto")
 
 
 def _threads(n: int | None) -> None:
     from mmunlearn.errors import set_threads
 
     set_threads(n)
+
+
+def _train_overrides(epochs: int | None, lr: float | None, batch_size: int | None, grad_accum: int | None,
+                     max_steps: int | None, precision: str | None, prefix: str = "--") -> dict[str, Any]:
+    """Fine-tuning options as ``build_models``/``finetune`` overrides, checked (a usage error otherwise)."""
+    from mmunlearn.train import TrainConfig
+
+    if precision is not None and precision not in PRECISION_CHOICES:
+        raise typer.BadParameter(f"choose from {', '.join(PRECISION_CHOICES)}, got {precision!r}",
+                                 param_hint=f"{prefix}precision")
+    if max_steps is not None and max_steps < 1:
+        raise typer.BadParameter(f"must be a positive integer, got {max_steps}", param_hint=f"{prefix}max-steps")
+    fields = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "grad_accum": grad_accum,
+              "mixed_precision": precision}
+    overrides = {k: v for k, v in fields.items() if v is not None}
+    try:
+        TrainConfig(epochs=1).replace(**overrides)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    return {**overrides, **({"max_steps": max_steps} if max_steps is not None else {})}
+
+
+def _metrics(text: str | None) -> tuple[str, ...] | None:
+    try:
+        return tofu_pipeline.parse_metrics(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--metrics") from None
+
+
+def _extract(kind: str | None, steps: int | None) -> dict[str, Any]:
+    from mmunlearn.taskvec.extract import KINDS
+
+    if kind is not None and kind not in KINDS:
+        raise typer.BadParameter(f"choose from {', '.join(KINDS)}, got {kind!r}", param_hint="--extract")
+    if steps is not None and steps < 1:
+        raise typer.BadParameter(f"must be a positive integer, got {steps}", param_hint="--extract-steps")
+    return {"extract_kind": kind, "extract_steps": steps}
+
+
+def _model_dir(path: Path | None, flag: str) -> Path | None:
+    if path is None:
+        return None
+    try:
+        return tofu_pipeline.check_model_dir(path)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint=flag) from None
+
+
+def _given_models(target: Path | None, retain_model: Path | None, base: str, sweep: bool,
+                  overrides: dict[str, Any], preset: str) -> tuple[Path | None, Path | None]:
+    """Check --target / --retain-model and what needs the target's base (before any model work)."""
+    from mmunlearn.presets.cache import read_log
+    from recipes.tofu_settings import preset_size
+
+    target, retain_model = _model_dir(target, "--target"), _model_dir(retain_model, "--retain-model")
+    made_by = (read_log(target) or {}).get("preset") if target is not None else None
+    if isinstance(made_by, str) and preset_size(made_by) != preset_size(preset):
+        console.print(f"warning: the target was fine-tuned from preset {made_by!r} and the methods use the "
+                      f"settings of --preset {preset!r} ({preset_size(preset)}); pass the preset the target was made with",
+                      style="yellow", markup=False, soft_wrap=True)
+    if target is not None and tofu_pipeline.target_base(target) is None:
+        if base == "base":
+            raise typer.BadParameter(f"the target {target} names no base model (no train_log.json with an existing "
+                                     f"'base'); pass --base DIR or --base target", param_hint="--base")
+        if sweep:
+            raise typer.BadParameter(f"the sweep aims at the base model's forget NLL and the target {target} names "
+                                     f"no base model (no train_log.json with an existing 'base'); pass --no-sweep",
+                                     param_hint="--sweep")
+    if overrides and target is not None and retain_model is not None:
+        console.print("[yellow]warning:[/yellow] the --ft-* options are ignored: --target and --retain-model "
+                      "are given, no model is built")
+    return target, retain_model
+
+
+def _warn_memorisation(ctx) -> None:
+    message = memorisation_warning(ctx.memorisation, hint="--ft-epochs/--ft-lr (tofu finetune: --epochs/--lr)")
+    if message:
+        console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -50,37 +148,69 @@ def finetune(
     device: Device = "auto",
     cache_dir: CacheDir = None,
     threads: Threads = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Epochs over the split (default: the preset's).")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (default: the preset's).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Micro-batch size (default: the preset's).")] = None,
+    grad_accum: Annotated[Optional[int], typer.Option(help="Gradient accumulation steps (default: the preset's).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="At most N optimizer steps: a longer run becomes N steps, its schedule fitted to them.")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it; default: the preset's).")] = None,
+    forget_pct: Annotated[float, typer.Option(help="With --authors and --split full: the forget share (as forgetPP), whose rows' answer NLL is checked.")] = 10,
 ) -> None:
-    """Fine-tune a model on one split (a preset first pretrains its base on a corpus disjoint from TOFU)."""
+    """Fine-tune a model on one split (a preset first pretrains its base on a corpus disjoint from TOFU).
+
+    A stopped run resumes from its last saved state when re-run with the same options. On a split with
+    forget authors (full, forgetPP) the answer NLL of the forget rows is recorded in train_log.json
+    (forget_answer_nll) and a warning printed when it is above the memorisation bound.
+    """
     from mmunlearn.presets.build import finetune as build_one
 
     _threads(threads)
-    path = build_one(preset, data, split, authors, out, seed=seed, cache_dir=cache_dir, device=device)
+    overrides = _train_overrides(epochs, lr, batch_size, grad_accum, max_steps, precision)
+    path = build_one(preset, data, split, authors, out, forget_pct=forget_pct, seed=seed, cache_dir=cache_dir,
+                     device=device, overrides=overrides)
     log = json.loads((path / "train_log.json").read_text())
     console.print(f"fine-tuned model in [bold]{path}[/bold]; final answer loss {log.get('final_loss', float('nan')):.4f}")
+    forget_nll = log.get("forget_answer_nll")
+    if forget_nll is not None:
+        console.print(f"answer NLL of the {log.get('forget_examples')} forget rows: {forget_nll:.4f}")
+    message = forget_nll_warning(preset, forget_nll)
+    if message:
+        console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
 
 
 @app.command("eval")
 def evaluate(
-    model: Annotated[Path, typer.Option(help="Model directory to evaluate.")],
+    model: Annotated[Path, typer.Option("--model", "--target", help="Model directory to evaluate (--target is the same option).")],
     out: Annotated[Path, typer.Option(help="Directory for TOFU_EVAL.json, TOFU_SUMMARY.json and TOFU_SUMMARY.md.")],
     data: Data = "synthetic",
     forget_split: ForgetSplit = "forget10",
     authors: Authors = None,
     retain_logs: Annotated[Optional[Path], typer.Option(help="The retain model's TOFU_EVAL.json (for forget quality and privleak).")] = None,
+    retain_model: Annotated[Optional[Path], typer.Option(help="The retain model's folder: evaluated first (cached in its evals/ folder) for forget quality and privleak; instead of --retain-logs.")] = None,
+    metrics: Metrics = None,
     batch_size: Annotated[int, typer.Option(help="Scoring batch size.")] = 16,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE (the reference uses 200).")] = 200,
     device: Device = "auto",
     threads: Threads = None,
 ) -> None:
-    """Evaluate a model with the full TOFU metric suite (reference definitions and log format)."""
+    """Evaluate a model with the TOFU metric suite (reference definitions and log format)."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu, summary_table
 
     _threads(threads)
+    model = _model_dir(model, "--model")
+    groups = _metrics(metrics)
+    if retain_model is not None:
+        if retain_logs is not None:
+            raise typer.BadParameter("give --retain-model or --retain-logs, not both", param_hint="--retain-model")
+        retain_model = _model_dir(retain_model, "--retain-model")
+        retain_logs = tofu_pipeline.cached_eval(retain_model, data, forget_split, authors, max_new_tokens, device,
+                                                metrics=tofu_pipeline.reference_metrics(groups),
+                                                fingerprint=tofu_pipeline.model_fingerprint(retain_model))
     adapter = TextLLMAdapter.from_pretrained(model, device=device)
     logs = evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
-                         batch_size=batch_size, max_new_tokens=max_new_tokens, model_name=Path(model).name)
+                         batch_size=batch_size, max_new_tokens=max_new_tokens, model_name=Path(model).name,
+                         metrics=groups)
     console.print(summary_table(logs))
 
 
@@ -97,12 +227,22 @@ def run(
     retain_bound: RetainBound = 0.1,
     rank: Annotated[Optional[int], typer.Option(help="Erasure: forget rank k.")] = None,
     scale: Annotated[Optional[float], typer.Option(help="Erasure: W' = W - scale * T~.")] = None,
-    extract: Annotated[Optional[str], typer.Option(help="Erasure task vectors: finetune, lora or gradient.")] = None,
+    extract: Extract = None,
+    extract_steps: ExtractSteps = None,
     temperature: Annotated[Optional[float], typer.Option(help="T3 temperature T >= 1.")] = None,
     t3_rank: Annotated[Optional[int], typer.Option("--t3-rank", help="T3 head rank h.")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Baselines: learning rate.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Baselines: epochs over the forget set.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE.")] = 200,
+    metrics: Metrics = None,
+    target: Target = None,
+    retain_model: RetainModel = None,
+    ft_epochs: FtEpochs = None,
+    ft_lr: FtLr = None,
+    ft_batch_size: FtBatch = None,
+    ft_grad_accum: FtAccum = None,
+    ft_max_steps: FtMaxSteps = None,
+    ft_precision: FtPrecision = None,
     seed: Seed = 0,
     device: Device = "auto",
     cache_dir: CacheDir = None,
@@ -110,12 +250,18 @@ def run(
 ) -> None:
     """Unlearn the forget split from the target model with one method, then evaluate it."""
     _threads(threads)
-    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens)
-    options = dict(rank=rank, scale=scale, extract_kind=extract, temperature=temperature, head_rank=t3_rank, lr=lr,
-                   epochs=epochs)
+    overrides = _train_overrides(ft_epochs, ft_lr, ft_batch_size, ft_grad_accum, ft_max_steps, ft_precision, "--ft-")
+    groups = _metrics(metrics)
+    options = dict(rank=rank, scale=scale, **_extract(extract, extract_steps), temperature=temperature,
+                   head_rank=t3_rank, lr=lr, epochs=epochs)
+    target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
+    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens,
+                                overrides=overrides, target=target, retain=retain_model, metrics=groups)
+    _warn_memorisation(ctx)
     rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
     row = tofu_pipeline.run_method_row(method, ctx, options, rule, base, out, device)
     console.print(tofu_report.markdown([ctx.reference_row("target"), row, ctx.reference_row("retain")]))
+    _warn_memorisation(ctx)  # again below the table, where it is seen
 
 
 @app.command()
@@ -130,6 +276,17 @@ def compare(
     sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature on the training partitions.")] = True,
     retain_bound: RetainBound = 0.1,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE.")] = 200,
+    metrics: Metrics = None,
+    extract: Extract = None,
+    extract_steps: ExtractSteps = None,
+    target: Target = None,
+    retain_model: RetainModel = None,
+    ft_epochs: FtEpochs = None,
+    ft_lr: FtLr = None,
+    ft_batch_size: FtBatch = None,
+    ft_grad_accum: FtAccum = None,
+    ft_max_steps: FtMaxSteps = None,
+    ft_precision: FtPrecision = None,
     seed: Seed = 0,
     device: Device = "auto",
     cache_dir: CacheDir = None,
@@ -144,21 +301,29 @@ def compare(
     unknown = [m for m in chosen if m not in known]
     if unknown:
         raise typer.BadParameter(f"unknown methods {unknown}; choose from {known}")
+    overrides = _train_overrides(ft_epochs, ft_lr, ft_batch_size, ft_grad_accum, ft_max_steps, ft_precision, "--ft-")
+    groups = _metrics(metrics)
+    options = _extract(extract, extract_steps)
+    target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
     start = time.perf_counter()
-    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens)
+    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens,
+                                overrides=overrides, target=target, retain=retain_model, metrics=groups)
+    _warn_memorisation(ctx)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
-    kept = tofu_report.earlier_rows(out, ctx.describe(), exclude=chosen)
+    context = {**ctx.describe(), **{k: v for k, v in options.items() if v is not None}}
+    kept = tofu_report.earlier_rows(out, context, exclude=chosen)
     target_nll = ctx.forget_target() if sweep else None
     for name in chosen:
-        rows.append(tofu_pipeline.run_method_row(name, ctx, {}, sweep_rule(target_nll, retain_bound), base,
+        rows.append(tofu_pipeline.run_method_row(name, ctx, options, sweep_rule(target_nll, retain_bound), base,
                                                  out / name, device))
-        tofu_report.write_tables(out, tofu_report.ordered(rows + kept), ctx.describe())  # nothing lost if interrupted
+        tofu_report.write_tables(out, tofu_report.ordered(rows + kept), context)  # nothing lost if interrupted
     rows = tofu_report.ordered(rows + kept)
     tofu_report.scatter(out / "fq_vs_mu.png", rows)
     if sweep:
         tofu_report.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)
     console.print(tofu_report.markdown(rows))
+    _warn_memorisation(ctx)  # again below the table, where it is seen
     console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png in {time.perf_counter() - start:.0f} s")
 
 

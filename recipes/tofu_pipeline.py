@@ -1,11 +1,13 @@
-"""The steps the TOFU recipes share: build/reuse models, cached evaluations, one method's row (tables and plots:
-:mod:`recipes.tofu_report`)."""
+"""The steps the TOFU recipes share: build/reuse models (or take given model folders), cached evaluations,
+the target's memorisation check, one method's row (tables and plots: :mod:`recipes.tofu_report`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +16,87 @@ from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.atomic import write_text_atomic
 from recipes.tofu_report import COLUMNS
 
+log = logging.getLogger(__name__)
+
+
+def check_model_dir(path: str | Path, what: str | None = None) -> Path:
+    """``path`` as a model folder (save_pretrained layout); a one-line ``ValueError`` (naming ``what``
+    when given) otherwise."""
+    path = Path(path)
+    name = f"{what} {path}" if what else str(path)
+    if not path.is_dir():
+        raise ValueError(f"{name}: no such folder")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{name}: no config.json there (not a model folder in save_pretrained layout)")
+    return path
+
+
+def target_base(target: Path) -> Path | None:
+    """The base model a target was fine-tuned from, as its ``train_log.json`` names it (``tofu finetune``
+    writes it), when that folder still exists; None otherwise."""
+    from mmunlearn.presets.cache import read_log
+
+    base = (read_log(target) or {}).get("base")
+    if not isinstance(base, str) or not (Path(base) / "config.json").is_file():
+        return None
+    return Path(base)
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """What identifies the weights of a model folder that is not in the build cache: its build key
+    (``train_log.json``) when it has one, else the names, sizes and times of its weight files."""
+    from mmunlearn.presets.cache import read_log
+
+    key = (read_log(model_dir) or {}).get("key")
+    if isinstance(key, str):
+        return key
+    files = sorted(p for p in Path(model_dir).iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    return hashlib.sha256(json.dumps([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+                          .encode()).hexdigest()[:16]
+
+
+def parse_metrics(text: str | None) -> tuple[str, ...] | None:
+    """``--metrics forget,utility`` as evaluate_tofu's metric groups (None or ``all``: every group)."""
+    from mmunlearn.eval.tofu import METRIC_GROUPS
+
+    if text is None or text.strip() == "all":
+        return None
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METRIC_GROUPS]
+    if unknown or not chosen:
+        raise ValueError(f"unknown metric group(s) {unknown or '(none given)'}; choose from "
+                         f"{', '.join(METRIC_GROUPS)} or all")
+    return None if set(chosen) == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)
+
+
+def reference_metrics(metrics: Collection[str] | None) -> tuple[str, ...] | None:
+    """The groups the target and retain models are evaluated with: the chosen ones plus ``forget``
+    (the memorisation check and forget quality need it; None: every group)."""
+    from mmunlearn.eval.tofu import METRIC_GROUPS
+
+    if metrics is None:
+        return None
+    chosen = set(metrics) | {"forget"}
+    return None if chosen == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)
+
+
 def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int,
-                device: str, retain_logs: Path | None = None, metrics: tuple[str, ...] | None = None) -> Path:
-    """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs.
+                device: str, retain_logs: Path | None = None, metrics: tuple[str, ...] | None = None,
+                fingerprint: str | None = None) -> Path:
+    """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs
+    (in ``model_dir/evals/<key>``).
 
     ``data`` is named by its ``str`` in the cache key (a mapping source needs a short, content-bound
     ``str``, e.g. :class:`mmunlearn.data.ctofu.SplitMapping`); ``metrics``: evaluate_tofu's groups.
+    ``fingerprint``: what identifies the weights of a folder outside the build cache (whose folder
+    names do not change with the weights; :func:`model_fingerprint`), part of the key when given.
     """
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu
 
     key = [str(data), forget_split, authors, max_new_tokens, str(retain_logs)]
-    spec = json.dumps(key if metrics is None else [*key, sorted(metrics)])
+    key = key if metrics is None else [*key, sorted(metrics)]
+    spec = json.dumps(key if fingerprint is None else [*key, fingerprint])
     out = Path(model_dir) / "evals" / hashlib.sha256(spec.encode()).hexdigest()[:12]
     if not (out / "TOFU_EVAL.json").is_file():
         adapter = TextLLMAdapter.from_pretrained(model_dir, device=device)
@@ -36,7 +107,12 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
 
 @dataclass
 class TofuSetup:
-    """Models and reference evaluations of one TOFU run (preset, data, split, authors, seed)."""
+    """Models and reference evaluations of one TOFU run (preset, data, split, authors, seed).
+
+    ``built.base`` is None when a given target names no base model (``--target``); ``metrics``: the
+    metric groups methods are evaluated with (None: all); ``memorisation``: the target's check
+    (:func:`recipes.tofu_settings.memorisation`).
+    """
 
     preset: str
     data: str
@@ -49,6 +125,8 @@ class TofuSetup:
     cache_dir: Path
     forget: list
     retain: list
+    metrics: tuple[str, ...] | None = None
+    memorisation: dict[str, Any] = field(default_factory=dict)
 
     def reference_row(self, which: str) -> dict:
         logs = json.loads((self.retain_logs if which == "retain" else self.target_logs).read_text())
@@ -58,16 +136,21 @@ class TofuSetup:
             from mmunlearn.metrics import forget_quality, privleak
             from mmunlearn.metrics.entries import per_item
 
-            ratios = per_item(logs["forget_truth_ratio"])
-            row["forget_quality"] = forget_quality(ratios, ratios)
-            auc = logs["mia_min_k"]["agg_value"]
-            row["privleak"] = privleak(auc, auc) if auc < 1.0 else None
+            if "forget_truth_ratio" in logs:
+                ratios = per_item(logs["forget_truth_ratio"])
+                row["forget_quality"] = forget_quality(ratios, ratios)
+            if "mia_min_k" in logs:
+                auc = logs["mia_min_k"]["agg_value"]
+                row["privleak"] = privleak(auc, auc) if auc < 1.0 else None
         return row
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (before it saw the forget authors): the sweep's target."""
         from mmunlearn.adapters.text_llm import TextLLMAdapter
 
+        if self.built.base is None:
+            raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
+                             "base model (no train_log.json with an existing 'base')")
         base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
         return float(base.answer_nll(self.forget).mean())
 
@@ -75,23 +158,65 @@ class TofuSetup:
         return {"preset": self.preset, "data": self.data, "forget_split": self.forget_split, "authors": self.authors,
                 "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
                 "forget_items": len(self.forget), "retain_items": len(self.retain),
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": self.max_new_tokens, "metrics": list(self.metrics) if self.metrics else "all",
+                "memorised": self.memorisation.get("memorised"), "memorisation": dict(self.memorisation)}
 
 
 def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
-            device: str, max_new_tokens: int) -> TofuSetup:
-    """Build (or reuse) base/target/retain models and their evaluations."""
-    from mmunlearn.presets.build import build_models
-    from mmunlearn.presets.cache import default_cache_dir
+            device: str, max_new_tokens: int, *, overrides: Mapping[str, Any] | None = None,
+            target: Path | None = None, retain: Path | None = None,
+            metrics: Collection[str] | None = None) -> TofuSetup:
+    """Build (or reuse) base/target/retain models, evaluate target and retain, check that the target
+    memorised the forget answers (a warning is logged when not; the CLI prints it).
 
-    built = build_models(preset, data, forget_split, authors, seed, cache_dir, device)
-    retain_logs = cached_eval(built.retain, data, forget_split, authors, max_new_tokens, device)
-    target_logs = cached_eval(built.target, data, forget_split, authors, max_new_tokens, device, retain_logs)
+    ``overrides``: fine-tuning options of the built target and retain models (TrainConfig fields and
+    ``max_steps``: :func:`mmunlearn.presets.build.build_models`). ``target`` / ``retain``: model folders
+    to use instead of building those models (their evaluations go to ``<folder>/evals``); with a given
+    target the base is the one its ``train_log.json`` names (:func:`target_base`; None when it names
+    none). ``metrics``: the groups methods are evaluated with (None: all); the reference models get
+    them plus ``forget`` (:func:`reference_metrics`).
+    """
+    from mmunlearn.presets.build import BuiltModels, build_models
+    from mmunlearn.presets.cache import default_cache_dir, read_log
+    from recipes.tofu_settings import memorisation, memorisation_warning
+
+    given = {"target": None if target is None else check_model_dir(target, "target"),
+             "retain": None if retain is None else check_model_dir(retain, "retain model")}
+    metrics = None if metrics is None else tuple(metrics)
+    roles = [r for r, path in given.items() if path is None]
+    built = build_models(preset, data, forget_split, authors, seed, cache_dir, device, overrides=overrides,
+                         roles=roles) if roles else None
+    models = {r: path if path is not None else getattr(built, r) for r, path in given.items()}
+    base = built.base if given["target"] is None else target_base(models["target"])
+    logs = dict(built.logs) if built is not None else {}
+    for r, path in given.items():
+        if path is not None:
+            logs[r] = {**(read_log(path) or {}), "given": True, "path": str(path)}
+    if given["target"] is not None:
+        logs["base"] = {"path": str(base) if base is not None else None, "from": "the target's train_log.json"}
+    setup = BuiltModels(base=base, target=models["target"], retain=models["retain"], logs=logs)
+
+    ref = reference_metrics(metrics)
+    fp = {r: model_fingerprint(path) if path is not None else None for r, path in given.items()}
+    retain_logs = cached_eval(models["retain"], data, forget_split, authors, max_new_tokens, device, metrics=ref,
+                              fingerprint=fp["retain"])
+    target_logs = cached_eval(models["target"], data, forget_split, authors, max_new_tokens, device, retain_logs,
+                              metrics=ref, fingerprint=fp["target"])
+    tl = json.loads(target_logs.read_text())
+    check = memorisation(preset, _agg(tl.get("forget_quality")), _agg(tl.get("forget_Q_A_ROUGE")))
+    warning = memorisation_warning(check)
+    if warning:
+        log.warning("%s", warning)
     pct = split_info(forget_split).forget_pct
     forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
-    retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
-    return TofuSetup(preset, data, forget_split, authors, max_new_tokens, built, retain_logs, target_logs,
-                   Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain)
+    retain_items = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
+    return TofuSetup(preset, data, forget_split, authors, max_new_tokens, setup, retain_logs, target_logs,
+                     Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain_items, metrics, check)
+
+
+def _agg(entry: Any) -> float | None:
+    value = entry.get("agg_value") if isinstance(entry, dict) else entry
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _metrics(logs: dict) -> dict:
@@ -107,6 +232,9 @@ def _reference(ctx: TofuSetup, base: str, device: str):
 
     if base == "target":
         return None
+    if base == "base" and ctx.built.base is None:
+        raise ValueError("--base base: the given target names no base model (no train_log.json with an existing "
+                         "'base'); pass --base DIR or --base target")
     path = ctx.built.base if base == "base" else Path(base)
     return TextLLMAdapter.from_pretrained(path, device=device)
 
@@ -126,7 +254,7 @@ def run_method_row(method: str, ctx: TofuSetup, options: dict, rule, base: str, 
                              rule=rule, out=out / "model", inputs=[ctx.built.target], overwrite=True,
                              cache_dir=str(ctx.cache_dir), meta={"model_dir": str(ctx.built.target)})
     logs = evaluate_tofu(outcome.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
-                         out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method)
+                         out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method, metrics=ctx.metrics)
     rep = outcome.report
     df = rep["forget_nll"]["after"] - rep["forget_nll"]["before"]
     dr = rep["retain_nll"]["after"] - rep["retain_nll"]["before"]

@@ -1,0 +1,153 @@
+"""TOFU recipe options on the micro preset: fine-tuning options, given target/retain folders, the
+memorisation check, metric groups and extraction options reach what they should."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from mmunlearn.eval.tofu import METRIC_GROUPS
+from recipes import tofu_pipeline
+from recipes.tofu import app
+
+DATA = "synthetic:n_authors=10"
+COMMON = ["--preset", "micro", "--data", DATA, "--device", "cpu", "--threads", "1"]
+FORGET_KEYS = set(METRIC_GROUPS["forget"])
+UNDERTRAINED = "the target did not memorise the forget answers"
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return tofu_pipeline.prepare("micro", DATA, "forget10", None, 0, cache, "cpu", max_new_tokens=24)
+
+
+def _invoke(*args):
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    return res, " ".join(res.output.replace("│", " ").split())  # rich boxes and wrapping undone
+
+
+def _copy_model(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("evals"))
+    return dst
+
+
+def test_finetune_options_reach_the_model_and_the_forget_nll_is_checked(ctx, tmp_path):
+    cache = ["--cache-dir", ctx.cache_dir]
+    res, text = _invoke("finetune", "--out", tmp_path / "weak", *COMMON, *cache, "--epochs", "1", "--lr", "1e-5",
+                        "--batch-size", "8", "--grad-accum", "2", "--precision", "bf16")
+    assert res.exit_code == 0, res.output
+    log = json.loads((tmp_path / "weak" / "train_log.json").read_text())
+    cfg = log["config"]
+    assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["grad_accum"], cfg["mixed_precision"]) == \
+        (1, 1e-5, 8, 2, "bf16")
+    assert log["steps"] == 17 and log["key"] != ctx.built.logs["target"]["key"]  # ceil(ceil(272 / 8) / 2)
+    assert log["forget_examples"] == 20 and log["forget_answer_nll"] > 2.5
+    assert "the model did not memorise the forget answers" in text and "nats" in text
+
+    res, text = _invoke("finetune", "--out", tmp_path / "capped", *COMMON, *cache, "--max-steps", "3")
+    assert res.exit_code == 0, res.output
+    log = json.loads((tmp_path / "capped" / "train_log.json").read_text())
+    assert log["steps"] == 3 and log["config"]["steps"] == 3 and log["config"]["epochs"] is None
+
+    res, text = _invoke("finetune", "--out", tmp_path / "default", *COMMON, *cache)
+    assert res.exit_code == 0, res.output
+    log = json.loads((tmp_path / "default" / "train_log.json").read_text())
+    assert log["key"] == ctx.built.logs["target"]["key"]  # the preset's settings: the same model as the target
+    assert log["forget_answer_nll"] < 2.5 and "did not memorise" not in text
+    res, text = _invoke("finetune", "--out", tmp_path / "bad", *COMMON, *cache, "--precision", "fp8")
+    assert res.exit_code == 2 and "--precision" in text and "bf16" in text
+
+
+def test_run_builds_with_the_ft_options_warns_and_records_an_undertrained_target(ctx, tmp_path):
+    res, text = _invoke("run", "--method", "qr-erase", "--out", tmp_path / "run", *COMMON,
+                        "--cache-dir", ctx.cache_dir, "--max-new-tokens", "8", "--metrics", "forget",
+                        "--ft-epochs", "1", "--ft-lr", "1e-5", "--extract", "lora", "--extract-steps", "3")
+    assert res.exit_code == 0, res.output
+    assert UNDERTRAINED in text and "--ft-epochs" in text
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    context = run["context"]
+    assert context["memorised"] is False and context["memorisation"]["forget_quality"] > 0.05
+    assert context["metrics"] == ["forget"]
+    assert context["target"] != str(ctx.built.target) and context["retain"] != str(ctx.built.retain)
+    for role in ("target", "retain"):
+        cfg = json.loads((tofu_pipeline.Path(context[role]) / "train_log.json").read_text())["config"]
+        assert cfg["epochs"] == 1 and cfg["lr"] == 1e-5
+    logs = json.loads((tmp_path / "run" / "TOFU_EVAL.json").read_text())
+    assert set(logs) == FORGET_KEYS and logs["forget_quality"]["agg_value"] is not None
+    report = json.loads((tmp_path / "run" / "model" / "unlearn_report.json").read_text())
+    assert report["config"]["extract"]["kind"] == "lora" and report["config"]["extract"]["steps"] == 3
+
+
+def test_compare_on_the_default_target_has_no_warning_and_only_the_chosen_metrics(ctx, tmp_path):
+    res, text = _invoke("compare", "--methods", "qr-erase", "--out", tmp_path, *COMMON, "--cache-dir", ctx.cache_dir,
+                        "--max-new-tokens", "24", "--no-sweep", "--metrics", "forget", "--extract", "gradient")
+    assert res.exit_code == 0, res.output
+    assert "did not memorise" not in text
+    comp = json.loads((tmp_path / "compare.json").read_text())
+    assert comp["context"]["memorised"] is True and comp["context"]["target"] == str(ctx.built.target)
+    assert comp["context"]["memorisation"]["forget_quality"] < 0.05 and comp["context"]["extract_kind"] == "gradient"
+    row = next(r for r in comp["rows"] if r["method"] == "qr-erase")
+    assert row["forget_quality"] is not None and "model_utility" not in row
+    assert set(json.loads((tmp_path / "qr-erase" / "TOFU_EVAL.json").read_text())) == FORGET_KEYS
+    report = json.loads((tmp_path / "qr-erase" / "model" / "unlearn_report.json").read_text())
+    assert report["config"]["extract"]["kind"] == "gradient"
+
+
+def test_given_target_and_retain_folders_are_used_and_nothing_is_built(ctx, tmp_path):
+    target = _copy_model(ctx.built.target, tmp_path / "my_target")
+    retain = _copy_model(ctx.built.retain, tmp_path / "my_retain")
+    empty = tmp_path / "empty_cache"
+    res, text = _invoke("run", "--method", "qr-erase", "--out", tmp_path / "run", *COMMON, "--cache-dir", empty,
+                        "--max-new-tokens", "24", "--metrics", "forget", "--target", target,
+                        "--retain-model", retain, "--base", "base")
+    assert res.exit_code == 0, res.output
+    assert not empty.exists() or not [p for p in empty.iterdir() if not p.name.startswith(".")]  # no model built
+    context = json.loads((tmp_path / "run" / "run.json").read_text())["context"]
+    assert context["target"] == str(target) and context["retain"] == str(retain)
+    assert context["base"] == str(ctx.built.base) and context["memorised"] is True  # the base its log names
+    assert (target / "evals").is_dir() and (retain / "evals").is_dir()
+
+    res, text = _invoke("eval", "--target", target, "--retain-model", retain, "--out", tmp_path / "ev",
+                        "--data", DATA, "--device", "cpu", "--max-new-tokens", "8", "--metrics", "forget")
+    assert res.exit_code == 0, res.output
+    logs = json.loads((tmp_path / "ev" / "TOFU_EVAL.json").read_text())
+    assert set(logs) == FORGET_KEYS and logs["forget_quality"]["agg_value"] < 0.05
+
+
+def test_bad_folders_metrics_and_a_missing_base_are_clear_errors(ctx, tmp_path):
+    target = _copy_model(ctx.built.target, tmp_path / "t")
+    (target / "train_log.json").unlink()  # a target that names no base
+    (tmp_path / "empty").mkdir()
+    run = ["run", "--method", "qr-erase", "--out", tmp_path / "o", *COMMON, "--cache-dir", tmp_path / "c"]
+    cases = [
+        (run + ["--target", tmp_path / "nowhere"], "no such folder"),
+        (run + ["--retain-model", tmp_path / "empty"], "no config.json"),
+        (run + ["--target", target, "--base", "base"], "names no base model"),
+        (["compare", "--methods", "qr-erase", "--out", tmp_path / "o", *COMMON, "--target", target], "--no-sweep"),
+        (run + ["--metrics", "forget,speed"], "unknown metric group"),
+        (run + ["--extract", "svd"], "lora"),
+        (run + ["--ft-lr", "0"], "lr must be positive"),
+        (["eval", "--target", target, "--retain-model", target, "--retain-logs", target, "--out", tmp_path / "o"],
+         "not both"),
+    ]
+    for args, message in cases:
+        res, text = _invoke(*args)
+        assert res.exit_code == 2 and message in text, (args, res.output)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "o").exists()  # refused before any model work
+
+
+def test_the_memorisation_rule_per_preset_size():
+    from recipes.tofu_settings import forget_nll_warning, memorisation, memorisation_warning
+
+    assert memorisation("mini", 0.01, 0.95)["memorised"] is True
+    assert memorisation("mini", 0.2, 0.95)["memorised"] is False  # indistinguishable from the retain model
+    low_rouge = memorisation("/models/smollm2", 0.01, 0.5)
+    assert low_rouge["memorised"] is False and low_rouge["min_forget_rouge"] == 0.9
+    assert "forget ROUGE-L 0.5 (memorised: >= 0.9)" in memorisation_warning(low_rouge)
+    assert memorisation("micro", 0.01, 0.24)["memorised"] is True  # micro's ROUGE-L is not checked
+    assert memorisation("micro", None, None)["memorised"] is None and memorisation_warning(
+        memorisation("micro", None, None)) is None
+    assert forget_nll_warning("mini", 0.4) is None and "0.600 nats" in forget_nll_warning("mini", 0.6)
+    assert forget_nll_warning("micro", 1.5) is None and forget_nll_warning("smollm2-135m", None) is None
