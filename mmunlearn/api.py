@@ -9,7 +9,7 @@ undo patch (``mmunlearn restore`` gives the input back bit for bit). The input d
 
 ``forget`` / ``retain`` are each a manifest CSV (``ID,duration,wav,start,stop,spk_id[,gender,text]``),
 a list of manifest rows, or a list of ``(audio path, label)`` pairs (label: the speaker ID). For a
-speech LLM the rows become spoken questions (:mod:`mmunlearn.speech.llm_tasks`): the forget set asks
+speech LLM the rows become spoken questions (:mod:`mmunlearn.speech.spoken_qa`): the forget set asks
 ``forget_tasks`` (default: "Who is speaking?"), the retain set ``retain_tasks`` (default the same;
 add ``"gender"`` to protect the gender answer on the same audio).
 
@@ -101,7 +101,7 @@ def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dic
 
 def _examples(adapter, rows: list[dict[str, Any]], tasks: Sequence[str]) -> list[dict[str, Any]]:
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.speech.llm_tasks import spoken_qa
+    from mmunlearn.speech.spoken_qa import spoken_qa
 
     if not isinstance(adapter, SpeechLLMAdapter):
         return rows

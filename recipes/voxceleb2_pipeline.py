@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mmunlearn.atomic import write_text_atomic
-from mmunlearn.speech.dataset import LEVELS, split_rows
+from mmunlearn.data.utterances import LEVELS, split_rows
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
@@ -75,7 +75,7 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
     ``original`` trains on ``train`` (retain + forget); ``retrain-speaker`` on ``spk_retain_train``;
     ``retrain-sample`` on ``sample_retain``. All share the label space of ``train``.
     """
-    from mmunlearn.speech.train import train_speaker_classifier, training_rows
+    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
     from mmunlearn.train import TrainConfig
 
     if spec.name == "original":

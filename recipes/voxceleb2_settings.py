@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmunlearn.methods import SweepRule, mean_nll, names
-from mmunlearn.speech.train import DEFAULT_TRAIN
+from mmunlearn.speech.speaker_training import DEFAULT_TRAIN
 from mmunlearn.train import TrainConfig
 
 #: Unlearning methods that apply to a classifier (T3 and RMU act on a language model).
@@ -39,7 +39,7 @@ CLASSIFIER_METHODS = tuple(names("speaker"))
 EXTRACT_KINDS = ("finetune", "gradient")
 
 #: Training of the original and retrained classifiers (the ``small`` numbers are measured in
-#: :mod:`mmunlearn.speech.train`; ``tiny`` is for tests).
+#: :mod:`mmunlearn.speech.speaker_training`; ``tiny`` is for tests).
 TRAIN = {
     "tiny": TrainConfig(epochs=15, batch_size=8, lr=1e-2, schedule="onecycle", weight_decay=1e-4),
     "small": DEFAULT_TRAIN,

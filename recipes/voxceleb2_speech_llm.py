@@ -1,6 +1,6 @@
 """VoxCeleb2 forgetting with a speech LLM (the recipe's ``--model speech-llm`` path): build, unlearn, evaluate, table.
 
-The speech LLM answers spoken questions about each utterance (:mod:`mmunlearn.speech.llm_tasks`):
+The speech LLM answers spoken questions about each utterance (:mod:`mmunlearn.speech.spoken_qa`):
 "Who is speaking?" (the knowledge to forget) and a target task that must survive on the same audio
 (``gender`` by default, or ``transcript``). Levels, on ``prepare``'s manifests:
 
@@ -39,8 +39,8 @@ from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.methods import names
-from mmunlearn.speech.dataset import LEVELS, split_rows
-from mmunlearn.speech.llm_tasks import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
+from mmunlearn.data.utterances import LEVELS, split_rows
+from mmunlearn.speech.spoken_qa import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
 from mmunlearn.train import TrainConfig
 
 #: Every method that applies to a speech LLM, in registry order.
@@ -94,7 +94,7 @@ def evaluate(adapter, manifests, level: str, target: str = "gender", *, batch_si
              progress: bool = True) -> dict[str, float]:
     """The level's accuracies (greedy answers) and, for ``sample``, the loss-attack MIA AUC."""
     from mmunlearn.metrics.mia import mia_auc
-    from mmunlearn.speech.llm_tasks import answer_nll
+    from mmunlearn.speech.spoken_qa import answer_nll
 
     def acc(name: str, examples: list[dict]) -> float:
         return task_accuracy(adapter, examples, batch_size=batch_size, desc=name if progress else None)[0]
@@ -142,7 +142,7 @@ def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni"
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
     from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
     from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
-    from mmunlearn.speech.llm_tasks import train_speech_llm, warm_up_audio_tower
+    from mmunlearn.speech.spoken_qa import train_speech_llm, warm_up_audio_tower
 
     if preset not in TRAIN_PLANS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(TRAIN_PLANS)}")

@@ -46,8 +46,8 @@ def llm_dir(speaker_manifests, tmp_path_factory) -> Path:
     """A tiny random-init Qwen2.5-Omni-thinker-shaped speech LLM saved to a folder, with a tokenizer
     trained on the corpus's spoken-QA texts. Tests must not modify it."""
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.speech.dataset import split_rows
-    from mmunlearn.speech.llm_tasks import spoken_qa, texts_of
+    from mmunlearn.data.utterances import split_rows
+    from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
 
     texts = texts_of(spoken_qa(split_rows(speaker_manifests, "train"), ("speaker", "gender")))
     path = tmp_path_factory.mktemp("speech_llm") / "llm"

@@ -7,9 +7,9 @@ import torch
 
 from mmunlearn.api import REPORT_NAME, model_kind, unlearn
 from mmunlearn.erase import PATCH_NAME, restore
-from mmunlearn.speech.dataset import split_rows
+from mmunlearn.data.utterances import split_rows
 from mmunlearn.undo import restore_folder
-from tests.speech.corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
 

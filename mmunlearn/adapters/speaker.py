@@ -44,7 +44,7 @@ from torch import nn
 from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
-from mmunlearn.speech.audio import AudioCache, example_waveform
+from mmunlearn.data.waveforms import AudioCache, example_waveform
 
 IGNORE = -100
 

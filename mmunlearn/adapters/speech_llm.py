@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring
 from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
 from mmunlearn.adapters.text_llm import _qa
-from mmunlearn.speech.audio import AudioCache, example_waveform
+from mmunlearn.data.waveforms import AudioCache, example_waveform
 
 SAMPLE_RATE = 16000
 END_OF_TURN = "<|im_end|>"

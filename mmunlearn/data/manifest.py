@@ -158,7 +158,7 @@ def read_manifest(
     or duplicate ``ID``, a wrong number of fields, a value that does not parse, ``stop <= start``.
     ``check_files`` also checks every ``wav`` file as :func:`check_rows` does (exists, regular,
     readable, audio suffix; inside ``root`` when given), which every reader that trains or unlearns
-    from the rows should ask for (:func:`mmunlearn.speech.dataset.split_rows` does).
+    from the rows should ask for (:func:`mmunlearn.data.utterances.split_rows` does).
     """
     path = Path(path)
     if not path.is_file():

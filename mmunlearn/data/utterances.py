@@ -1,4 +1,4 @@
-"""A manifest-backed dataset of utterances: decoded waveforms, optionally as seeded random fixed-length crops.
+"""Utterances of speech manifests: a manifest-backed dataset of decoded waveforms, optionally as seeded random fixed-length crops.
 
 Training draws a fresh crop of each utterance every time it is read; the crop offsets are a pure
 function of ``(seed, index, how often that index was read)``, so a run that reads the items in
@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from mmunlearn.data.audio import DEFAULT_SR
 from mmunlearn.data.manifest import check_rows, read_manifest
-from mmunlearn.speech.audio import AudioCache, crop, example_waveform
+from mmunlearn.data.waveforms import AudioCache, crop, example_waveform
 
 
 class UtteranceDataset(Dataset):

@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
 from mmunlearn.metrics.mia import mia_auc
-from mmunlearn.speech.audio import example_waveform, segments
-from mmunlearn.speech.dataset import LEVELS, Manifests, durations, split_rows
+from mmunlearn.data.waveforms import example_waveform, segments
+from mmunlearn.data.utterances import LEVELS, Manifests, durations, split_rows
 
 DEFAULT_MAX_TRIALS = 20000
 
@@ -217,7 +217,7 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
                                 batch_size: int = 16, segment_seconds: float | None = None,
                                 max_trials: int | None = DEFAULT_MAX_TRIALS, seed: int = 0,
                                 progress: bool = True) -> dict[str, float]:
-    """The recipe's numbers from ``prepare``'s manifests (see :func:`~mmunlearn.speech.dataset.split_rows`).
+    """The recipe's numbers from ``prepare``'s manifests (see :func:`~mmunlearn.data.utterances.split_rows`).
 
     Speaker level (forget speakers are gone, the rest are kept): ``forget_acc`` (spk_forget_train),
     ``forget_test_acc`` (spk_forget_test, when not empty), ``retain_acc`` (spk_retain_train),

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.speech.audio import AudioCache
-from mmunlearn.speech.dataset import LEVELS, Manifests, UtteranceDataset, split_rows
+from mmunlearn.data.waveforms import AudioCache
+from mmunlearn.data.utterances import LEVELS, Manifests, UtteranceDataset, split_rows
 from mmunlearn.train import TrainConfig, TrainResult, train
 
 #: On the built-in corpus (20 speakers x 30 utterances x 3 videos, 364 training utterances) the ``small``
@@ -27,7 +27,7 @@ DEFAULT_TRAIN = TrainConfig(epochs=10, batch_size=32, lr=5e-3, schedule="onecycl
 def training_rows(manifests: Manifests, level: str = "speaker",
                   retain_only: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows to train on, speaker IDs of the label space) from ``prepare``'s manifests (see
-    :func:`~mmunlearn.speech.dataset.split_rows`)."""
+    :func:`~mmunlearn.data.utterances.split_rows`)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     name = ("spk_retain_train" if level == "speaker" else "sample_retain") if retain_only else "train"

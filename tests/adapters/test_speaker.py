@@ -12,8 +12,8 @@ from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
 from mmunlearn.adapters.speaker_model import PRESETS, SpeakerConfig
 from mmunlearn.erase import erase, restore
 from mmunlearn.eval.speaker import accuracy
-from mmunlearn.speech.train import train_speaker_classifier, training_rows
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 SPEAKERS = ["id00001", "id00002", "id00003"]
 

@@ -1,4 +1,4 @@
-"""Tests of mmunlearn.speech: waveform cache, crops and segments, the utterance dataset, manifest splits."""
+"""Tests of mmunlearn.data.waveforms and mmunlearn.data.utterances: waveform cache, crops and segments, the utterance dataset, manifest splits."""
 
 import doctest
 
@@ -6,15 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-import mmunlearn.speech.audio
-import mmunlearn.speech.dataset
+import mmunlearn.data.waveforms
+import mmunlearn.data.utterances
 from mmunlearn.data.manifest import read_manifest
-from mmunlearn.speech import AudioCache, UtteranceDataset, crop, example_waveform, segments, split_rows
-from mmunlearn.speech.train import training_rows
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from mmunlearn.data.utterances import UtteranceDataset, split_rows
+from mmunlearn.data.waveforms import AudioCache, crop, example_waveform, segments
+from mmunlearn.speech.speaker_training import training_rows
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
-@pytest.mark.parametrize("module", [mmunlearn.speech.audio, mmunlearn.speech.dataset])
+@pytest.mark.parametrize("module", [mmunlearn.data.waveforms, mmunlearn.data.utterances])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

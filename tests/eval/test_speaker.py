@@ -11,8 +11,8 @@ from mmunlearn.adapters.speaker import SpeakerAdapter
 from mmunlearn.eval.speaker import (SpeakerScores, accuracy, accuracy_of, cosine_trial_scores, eer_of,
                                     equal_error_rate, evaluate_speaker_unlearning, mia_loss_auc, score_rows,
                                     verification_eer, verification_trials)
-from mmunlearn.speech import split_rows
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from mmunlearn.data.utterances import split_rows
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
 def test_doctests():

@@ -16,7 +16,7 @@ from mmunlearn.methods.rule import SweepPoint, choose
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_settings as cfg
 from recipes.voxceleb2 import app
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 SPEAKER_METRICS = {"forget_acc", "forget_test_acc", "retain_acc", "test_acc", "eer"}
 SAMPLE_METRICS = {"forget_acc", "holdout_acc", "retain_acc", "test_acc", "eer", "mia_auc"}

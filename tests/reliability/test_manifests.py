@@ -7,8 +7,8 @@ import pytest
 import soundfile as sf
 
 from mmunlearn.data.manifest import MANIFEST_COLUMNS, ManifestError, check_rows, read_manifest, write_manifest
-from mmunlearn.speech.dataset import split_rows
-from mmunlearn.speech.train import training_rows
+from mmunlearn.data.utterances import split_rows
+from mmunlearn.speech.speaker_training import training_rows
 from tests.reliability.untrusted import digest_tree
 
 
@@ -26,13 +26,13 @@ def _row(i, wav, spk="s1", start=0, stop=8000, duration=0.5):
 def no_audio(monkeypatch):
     """Fail the test if anything decodes audio (the checks must come first)."""
     import mmunlearn.data.audio
-    import mmunlearn.speech.audio
+    import mmunlearn.data.waveforms
 
     def refuse(*_a, **_k):
         raise AssertionError("audio was opened before the manifest was checked")
 
     monkeypatch.setattr(mmunlearn.data.audio, "read_audio", refuse)
-    monkeypatch.setattr(mmunlearn.speech.audio, "load_audio", refuse)
+    monkeypatch.setattr(mmunlearn.data.waveforms, "load_audio", refuse)
 
 
 def test_bad_rows_are_listed_in_one_error_before_training(tmp_path, no_audio, monkeypatch):

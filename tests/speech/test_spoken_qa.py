@@ -5,9 +5,9 @@ import doctest
 import pytest
 import torch
 
-import mmunlearn.speech.llm_tasks as llm_tasks
-from mmunlearn.speech.dataset import split_rows
-from mmunlearn.speech.llm_tasks import (
+import mmunlearn.speech.spoken_qa as llm_tasks
+from mmunlearn.data.utterances import split_rows
+from mmunlearn.speech.spoken_qa import (
     QUESTIONS,
     by_task,
     labelled_qa,
@@ -16,7 +16,7 @@ from mmunlearn.speech.llm_tasks import (
     texts_of,
     train_speech_llm,
 )
-from tests.speech.corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
 def test_doctests():
