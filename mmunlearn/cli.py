@@ -130,7 +130,7 @@ def erase(
 
         report = stream_erase_checkpoint(model, forget, out, hardlink=hardlink, **options)
     else:
-        from mmunlearn.erase_checkpoint import erase_checkpoint
+        from mmunlearn.erase.in_memory import erase_checkpoint
 
         report = erase_checkpoint(model, forget, out, **options)
     console.print(report.table())

@@ -64,7 +64,7 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
         stream_restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite, hardlink=hardlink,
                                   progress=progress)
     else:
-        from mmunlearn.erase_checkpoint import restore_checkpoint
+        from mmunlearn.erase.in_memory import restore_checkpoint
 
         restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite)
     return out

@@ -7,7 +7,7 @@ tied embeddings, bf16: about 2.5 GB) straight into safetensors shards split the 
 task matrices (float32, as the extractor writes them) for every 2-D weight of the decoder blocks,
 one file per block. A few "hot" blocks get 4x the forget energy, so the default ``mean`` rule
 edits those. Then ``mmunlearn.erase.stream.stream_erase_checkpoint`` and
-``mmunlearn.erase_checkpoint.erase_checkpoint`` run on the same inputs, each in a fresh Python
+``mmunlearn.erase.in_memory.erase_checkpoint`` run on the same inputs, each in a fresh Python
 process that reports its wall time and peak resident set (VmHWM: it includes the memory-mapped file
 pages a process touched, so loading a model lazily does not hide it). Both outputs are compared
 file by file (SHA-256).
@@ -202,7 +202,7 @@ def _child(argv: list[str]) -> None:
     """One erase path in this process; prints a JSON line with its time and memory."""
     import mmunlearn  # noqa: F401  (before transformers, as everywhere)
     from mmunlearn.erase.stream import stream_erase_checkpoint
-    from mmunlearn.erase_checkpoint import erase_checkpoint
+    from mmunlearn.erase.in_memory import erase_checkpoint
 
     path, model, forget, retain, out, rank, threads = argv
     if threads != "none":

@@ -1,7 +1,7 @@
 """Streaming QR-Erase and restore of (sharded) safetensors checkpoints: one shard, one task matrix at a time.
 
 ``stream_erase_checkpoint`` gives the weights, undo patch and report of
-:func:`mmunlearn.erase_checkpoint.erase_checkpoint` bit for bit, without holding the model or the task
+:func:`mmunlearn.erase.in_memory.erase_checkpoint` bit for bit, without holding the model or the task
 matrices in memory:
 
 1. headers only: every forget (and retain) task matrix is matched with a checkpoint tensor and its

@@ -15,7 +15,7 @@ from mmunlearn.checkpoint import MARKER
 from mmunlearn.cli import app
 from mmunlearn.erase import stream as st
 from mmunlearn.erase.energy import group_of
-from mmunlearn.erase_checkpoint import erase_checkpoint, restore_checkpoint
+from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.taskvec.store import LazyTaskMatrices, load_task_matrices, open_task_matrices, save_task_matrices
 from tests.tiny import ConvExperts, block_task_matrices, tiny_llama
 

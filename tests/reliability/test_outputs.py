@@ -14,7 +14,7 @@ import pytest
 
 from mmunlearn.checkpoint import MARKER, atomic_dir, check_output_dir
 from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
-from mmunlearn.erase_checkpoint import erase_checkpoint, restore_checkpoint
+from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.paths import _HOST, clean_leftovers
 from tests.reliability.untrusted import ROOT, digest_tree, listing, make_checkpoint, make_forget

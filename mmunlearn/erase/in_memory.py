@@ -1,4 +1,4 @@
-"""Erase and restore on checkpoint directories: load tensors, edit, write a new directory atomically."""
+"""Erase and restore of checkpoint folders in memory (the counterpart of erase/stream.py): load, edit, write atomically."""
 
 from __future__ import annotations
 
