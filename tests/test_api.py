@@ -148,3 +148,12 @@ def test_a_speaker_folder_that_names_code_is_refused_before_anything_runs(speake
         unlearn(evil, forget=speaker_manifests / "spk_forget_train.csv",
                 retain=speaker_manifests / "spk_retain_train.csv", out=tmp_path / "out", device="cpu")
     assert not marker.exists() and not (tmp_path / "out").exists() and _digest(evil) == before
+
+
+def test_the_output_may_not_be_the_input_or_inside_it(speaker_dir, speaker_manifests, tmp_path):
+    forget, retain = speaker_manifests / "spk_forget_train.csv", speaker_manifests / "spk_retain_train.csv"
+    before = _digest(speaker_dir)
+    for out in (speaker_dir, speaker_dir / "inside", speaker_dir.parent):
+        with pytest.raises(ValueError):
+            unlearn(speaker_dir, forget=forget, retain=retain, out=out, overwrite=True, device="cpu", progress=False)
+    assert _digest(speaker_dir) == before and not (speaker_dir / "inside").exists()
