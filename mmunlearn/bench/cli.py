@@ -153,3 +153,45 @@ def stream(
         markdown_out.write_text(sb.markdown(res) + "\n")
     if strict and not all(ok for _, ok, _ in checks):
         raise typer.Exit(1)
+
+
+@app.command()
+def precision(
+    model: Annotated[str, typer.Option(help="A real checkpoint (smollm2-135m), a save_pretrained folder, or a random-init preset architecture (micro, mini).")] = "smollm2-135m",
+    batch: Annotated[int, typer.Option(min=1, help="Sequences per batch (training step, scoring, prompts decoded together).")] = 8,
+    seq: Annotated[int, typer.Option(min=8, help="Tokens per sequence for training and scoring.")] = 128,
+    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per prompt (EOS disabled; prompts are 32 tokens).")] = 32,
+    repeats: Annotated[int, typer.Option(min=1, help="Rounds over all precisions after one warm-up (median reported).")] = 3,
+    stage: Annotated[Optional[list[str]], typer.Option(help="Stages to run: train, score, generate (repeat the option; default: all).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write rows and machine info to this JSON file.")] = None,
+    markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the table as Markdown to this file.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+) -> None:
+    """Tokens/s for training, scoring and KV-cache generation in float32, bf16 autocast and bf16 weights,
+    with each precision's accuracy against float32 (same batches, one run)."""
+    import json
+
+    from mmunlearn.atomic import write_text_atomic
+    from mmunlearn.bench import precision as pb
+
+    _set_threads(threads)
+    stages = tuple(stage or ("train", "score", "generate"))
+    bad = [s for s in stages if s not in ("train", "score", "generate")]
+    if bad:
+        raise typer.BadParameter(f"unknown stage(s) {bad}; choose from train, score, generate", param_hint="--stage")
+    res = pb.run(model, batch=batch, seq=seq, new_tokens=new_tokens, repeats=repeats, stages=stages,
+                 progress=lambda m: console.print(f"[dim]{m}[/dim]"))
+    table = Table(title=f"{res.model}: {res.parameters / 1e6:.1f}M parameters, batch {batch} x {seq} tokens, "
+                        f"{new_tokens} new tokens, {res.threads} threads, median of {repeats}")
+    for col in ("stage", "precision", "tokens/s", "speed-up vs float32", "accuracy"):
+        table.add_column(col, justify="right" if col in ("tokens/s", "speed-up vs float32") else "left")
+    for r in res.rows:
+        table.add_row(r.stage, r.precision, f"{r.tokens_per_s:.1f}", f"{r.speedup:.2f}x", r.agreement)
+    console.print(table)
+    best = pb.recommend(res)
+    console.print("fastest precision at >= 1.1x float32 per stage: " + ", ".join(f"{k} {v}" for k, v in best.items()))
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps({**res.to_dict(), "recommended": best}, indent=2))
+        console.print(f"wrote {json_out}")
+    if markdown_out is not None:
+        write_text_atomic(markdown_out, pb.markdown(res) + "\n")

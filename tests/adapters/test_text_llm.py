@@ -115,3 +115,10 @@ def test_bad_inputs():
         ad.collate([{"answer": "x"}])
     with pytest.raises(FileNotFoundError):
         TextLLMAdapter.from_pretrained("/nonexistent/model/dir")
+
+
+def test_kv_cache_generation_equals_recomputing_every_step(adapter):
+    questions = [ex["question"] for ex in QA]
+    cached = adapter.generate(questions, max_new_tokens=6, batch_size=3, use_cache=True)
+    recomputed = adapter.generate(questions, max_new_tokens=6, batch_size=3, use_cache=False)
+    assert cached == recomputed
