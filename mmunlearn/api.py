@@ -115,7 +115,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             forget_tasks: Sequence[str] = ("speaker",), retain_tasks: Sequence[str] = ("speaker",),
             config: Any = None, size: str | None = None, rule: Any = None, device: str = "auto",
             overwrite: bool = False, progress: bool = True, trust_hparams: bool = False,
-            **overrides: Any) -> UnlearnResult:
+            retain_state: str | os.PathLike | None = None, refresh_retain: bool = False, batch: bool | None = None,
+            compare_batch: bool = False, **overrides: Any) -> UnlearnResult:
     """Unlearn ``forget`` from the speech model in ``model_dir`` and write the result to ``out``.
 
     Args:
@@ -139,10 +140,21 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             partitions (None: the config as it is).
         trust_hparams: speaker classifiers: load ``hyperparams.yaml`` with HyperPyYAML, which runs the code it
             names (default False: parsed as data against an allow-list of classes; see the README).
+        retain_state: erasure methods: a folder for the retain side (``mmunlearn prepare-retain`` writes it).
+            Loaded when its fingerprints (weights, retain data, extraction settings) match, else computed and
+            written there; the report says which (``retain_state``). Only the forget side is then extracted.
+        refresh_retain: recompute the retain state even when it matches.
+        batch: ``forget`` is a list of forget sets (default: detected for a list of ``.csv`` manifest paths), edited
+            once with their union; ``compare_batch`` also applies them one by one to a fresh copy and
+            reports the difference (``report["batch"]["one_by_one"]``).
+    A ``model_dir`` that is itself an unlearning output keeps its history: the new output carries the earlier
+    requests' undo patches (``undo_history/``) and the report lists every request (``requests``); ``mmunlearn
+    restore`` undoes the latest one and gives the folder the request before it wrote.
     Returns:
         :class:`UnlearnResult` with the adapter, ``out`` and the report (also ``out/unlearn_report.json``).
     """
-    from mmunlearn.methods import get, run_unlearning
+    from mmunlearn.methods import get
+    from mmunlearn.requests import read_history, run_request
 
     kind = model_kind(model_dir)
     get(method, kind)  # an unknown or inapplicable method fails before any model is loaded
@@ -151,12 +163,56 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams)
     base = (load_model(reference, device=device, where=where, trust_hparams=trust_hparams)
             if reference is not None else None)
-    forget_items = _examples(adapter, read_items(forget, "forget"), forget_tasks)
+    if batch is None:
+        batch = (isinstance(forget, (list, tuple)) and bool(forget)
+                 and all(isinstance(f, (str, os.PathLike)) and os.fspath(f).lower().endswith(".csv") for f in forget))
+    if batch:
+        forget_items = [_examples(adapter, read_items(f, f"forget set {i}"), forget_tasks) for i, f in enumerate(forget)]
+    else:
+        forget_items = _examples(adapter, read_items(forget, "forget"), forget_tasks)
     retain_items = _examples(adapter, read_items(retain, "retain"), retain_tasks)
+    inputs = [model_dir] + ([reference] if reference is not None else [])
     meta = {"model_dir": str(Path(model_dir).resolve()),
             "reference": str(Path(reference).resolve()) if reference is not None else None,
             "where": where if kind != "speaker" else None}
-    outcome = run_unlearning(method, adapter, forget_items, retain_items, kind=kind, config=config, size=size,
-                             overrides=overrides, reference=base, rule=rule, out=out, inputs=[model_dir],
-                             overwrite=overwrite, progress=progress, meta=meta)
+    outcome = run_request(adapter, forget_items, retain_items, kind=kind, method=method, config=config, size=size,
+                          overrides=overrides, reference=base, rule=rule, out=out, inputs=inputs, overwrite=overwrite,
+                          progress=progress, meta=meta, retain_state=retain_state, refresh_retain=refresh_retain,
+                          history=read_history(model_dir), batch=batch, compare_batch=compare_batch,
+                          clone=lambda: load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams))
     return UnlearnResult(outcome.adapter, outcome.out, outcome.report)
+
+
+def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.PathLike, *, method: str = "qr-erase",
+                   reference: str | os.PathLike | None = None, where: str = "both",
+                   retain_tasks: Sequence[str] = ("speaker",), size: str | None = None, device: str = "auto",
+                   refresh: bool = False, progress: bool = True, trust_hparams: bool = False,
+                   **extract: Any) -> Any:
+    """Compute the retain side of an erasure method once and store it in ``out`` (``mmunlearn prepare-retain``).
+
+    ``retain`` as for :func:`unlearn`; the task vectors come from ``reference`` when given, else from the
+    model (as :func:`unlearn` takes them). ``extract`` overrides the method preset's extraction settings
+    (``kind``, ``steps``, ``lr``, ``batch_size``, ...). A matching state already in ``out`` is kept
+    (``refresh=True`` recomputes). Returns the :class:`~mmunlearn.requests.state.RetainState`; its
+    ``status`` says whether it was loaded, computed or recomputed, and ``reason`` why.
+    """
+    from dataclasses import replace
+
+    from mmunlearn.methods import get
+    from mmunlearn.requests.state import obtain_retain_state
+
+    kind = model_kind(model_dir)
+    spec = get(method, kind)
+    cfg = spec.config_for(kind, size)
+    if not hasattr(cfg, "extract"):
+        raise ValueError(f"a retain state applies to the erasure methods (qr-erase, qr-erase-rows, svd-unlearn), "
+                         f"not to {method}")
+    if reference is not None and model_kind(reference) != kind:
+        raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
+    settings = replace(cfg.extract, **{k: v for k, v in extract.items() if v is not None})
+    source = load_model(reference if reference is not None else model_dir, device=device, where=where,
+                        trust_hparams=trust_hparams)
+    items = _examples(source, read_items(retain, "retain"), retain_tasks)
+    inputs = [model_dir] + ([reference] if reference is not None else [])
+    return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,
+                               inputs=inputs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -37,9 +38,47 @@ def _restore_speaker(model_dir: Path, out: Path, undo: UndoPatch, overwrite: boo
 
 
 def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patch: str | os.PathLike | None = None,
-                   overwrite: bool = False, stream: bool = True, hardlink: bool = True, progress: bool = True) -> Path:
-    """Write the original model of an unlearning output ``model_dir`` into ``out``."""
+                   overwrite: bool = False, stream: bool = True, hardlink: bool = True, progress: bool = True,
+                   steps: int = 1) -> Path:
+    """Undo the latest request of an unlearning output ``model_dir`` into ``out``.
+
+    A folder edited by several requests (``undo_history/``, :mod:`mmunlearn.requests.history`) gives the
+    folder the request before wrote: its weights bit for bit, its undo patch, report and history.
+    ``steps`` undoes that many requests at once (0: all of them, back to the original model).
+    """
+    from mmunlearn.requests.history import read_history, step_back
+
     model_dir, out = Path(model_dir), Path(out)
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a whole number >= 0 (0: every request), got {steps!r}")
+    depth = read_history(model_dir).depth if patch is None and model_dir.is_dir() else 0
+    if depth < 2 and steps in (0, 1):
+        return _restore_one(model_dir, out, patch, overwrite, stream, hardlink, progress)
+    count = depth if steps == 0 else steps
+    if patch is not None or count > depth:
+        raise ValueError(f"{model_dir} records {depth} request(s); cannot undo {count}"
+                         + (" with --patch (one patch undoes one request)" if patch is not None else ""))
+    from mmunlearn.checkpoint import MARKER
+
+    check_output_dir(out, model_dir, overwrite=overwrite)
+    with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
+        src = model_dir
+        for i in range(count):
+            stage = tmp / f".step-{i}"
+            _restore_one(src, stage, None, False, stream, hardlink, progress)
+            step_back(src, stage)  # the folder the request before wrote
+            src = stage
+        for item in list(src.iterdir()):
+            if item.name != MARKER:
+                os.replace(item, tmp / item.name)
+        for i in range(count):
+            shutil.rmtree(tmp / f".step-{i}", ignore_errors=True)
+    return out
+
+
+def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, overwrite: bool, stream: bool,
+                 hardlink: bool, progress: bool) -> Path:
+    """Undo one patch of ``model_dir`` into ``out`` (any kind, any method)."""
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder not found: {model_dir}")
     patch_path = Path(patch) if patch is not None else model_dir / PATCH_NAME

@@ -23,6 +23,9 @@ class RunContext:
     rule: SweepRule | None = None  # None: no sweep, the config's settings as they are
     cache_dir: str | None = None  # T3's hidden-state cache
     progress: bool = True
+    #: precomputed retain task matrices (a retain state, :mod:`mmunlearn.requests.state`): the erasure
+    #: methods then extract only the forget side
+    retain_task: Any = None
 
 
 @dataclass

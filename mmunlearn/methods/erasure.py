@@ -153,11 +153,15 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     groups = adapter.groups() if hasattr(adapter, "groups") else None
     extract = cfg.extract
     reference = ctx.reference
+    cached = ctx.retain_task is not None  # a retain state: only the forget side is extracted
     if ctx.kind == "speaker":
-        extract = batchnorm_safe(extract, len(forget), len(retain))
+        extract = batchnorm_safe(extract, len(forget), *(() if cached else (len(retain),)))
         reference = reference or adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
     t0 = time.perf_counter()
-    tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
+    if cached:
+        tf, tr = extract_task_matrices(reference or adapter, forget, extract, progress=ctx.progress), ctx.retain_task
+    else:
+        tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
                    config: Any = None, size: str | None = None, overrides: Mapping[str, Any] | None = None,
                    reference=None, rule: SweepRule | None = None, out: str | os.PathLike | None = None,
                    inputs: Sequence[str | os.PathLike] = (), overwrite: bool = False, cache_dir: str | None = None,
-                   progress: bool = True, meta: Mapping[str, Any] | None = None) -> Outcome:
+                   progress: bool = True, meta: Mapping[str, Any] | None = None, retain_task: Any = None,
+                   extra: Callable[[Path, dict[str, Any]], None] | None = None) -> Outcome:
     """Unlearn ``forget`` from ``adapter`` (in place, except T3) with ``method``; write ``out`` if given.
 
     Args:
@@ -114,6 +115,9 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         rule: the sweep rule on the training partitions (None: the config's settings as they are).
         inputs: folders the output must not be, lie inside or contain (the model's own folder).
         meta: extra JSON-able fields for the report (e.g. the source folder).
+        retain_task: precomputed retain task matrices (a retain state, :mod:`mmunlearn.requests.state`).
+        extra: called with the output's staging folder and the report before the report is written (e.g. a
+            request history written beside the model); the folder is still renamed into ``out`` at once.
     """
     spec = get(method, kind)
     if not forget or not retain:
@@ -124,7 +128,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
     before = {n: t.detach().clone() for n, t in unique_tensors(adapter.model).items()} if spec.edits_weights else {}
     nll_before = {"forget": mean_nll(adapter, forget), "retain": mean_nll(adapter, retain)}
     scorer = Scorer(rule, adapter, forget, retain) if rule is not None else None
-    ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=cache_dir, progress=progress)
+    ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=cache_dir, progress=progress,
+                     retain_task=retain_task)
     result = spec.run(adapter, forget, retain, cfg, ctx)
     edited = result.adapter
     changed, rel = _check_edit(before, adapter.model) if spec.edits_weights else ([], {})
@@ -152,7 +157,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
     else:
         report["target_reached"] = None
     if out is not None:
-        out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite)
+        out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra)
     return Outcome(edited, result, report, out)
 
 
@@ -173,7 +178,7 @@ def _check_out(out: Path, inputs: Sequence[str | os.PathLike], overwrite: bool) 
 
 
 def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before: Mapping[str, torch.Tensor],
-           changed: list[str], overwrite: bool) -> Path:
+           changed: list[str], overwrite: bool, extra: Callable[[Path, dict], None] | None = None) -> Path:
     """The model in its own format, then the undo patch and reports, all renamed into ``out`` at once."""
     from mmunlearn.checkpoint import atomic_dir
     from mmunlearn.erase.apply import PATCH_NAME
@@ -212,6 +217,8 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
                 erase_report.plot_energy(tmp / "layer_energy.png")
                 report["erase_report"] = str(final / ERASE_REPORT)
         report["out"] = str(final)
+        if extra is not None:
+            extra(tmp, report)
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2))
     return final
 

@@ -1,0 +1,138 @@
+"""Request history of an unlearning output: requests that compose, and undo patches that chain.
+
+When a request edits a model folder that is itself an unlearning output, the new output carries the
+earlier requests' undo patches and reports in ``undo_history/`` (``request-0001.safetensors`` and
+``request-0001.json``, ...), its own patch stays ``undo_patch.safetensors``, and ``unlearn_report.json``
+lists every request (``requests``: oldest first, with fingerprints of the weights before and after each).
+``mmunlearn restore`` then undoes the latest request and writes the folder the request before it wrote
+(weights bit for bit, that request's patch, report and history), so restoring again walks back to the
+original model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.erase.apply import PATCH_NAME
+from mmunlearn.methods.harness import REPORT_NAME
+
+HISTORY_DIR = "undo_history"
+
+
+def entry_name(index: int) -> str:
+    """File stem of request ``index`` (1-based) in ``undo_history/``."""
+    return f"request-{index:04d}"
+
+
+def read_report(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """``unlearn_report.json`` of a folder (None when there is none); invalid JSON is an error naming it."""
+    path = Path(folder) / REPORT_NAME
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(report, dict):
+        raise ValueError(f"{path} is not an unlearning report (not a JSON object)")
+    return report
+
+
+@dataclass
+class History:
+    """The requests already applied to a model folder (oldest first) and where their undo records lie."""
+
+    folder: Path
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return len(self.requests)
+
+    def lineage(self, current: str) -> list[str]:
+        """Fingerprints of the models ``current`` derives from (oldest first); empty unless ``current`` is
+        the weights the last recorded request wrote (a folder edited since has no trusted lineage)."""
+        if not self.requests or self.requests[-1].get("model_after") != current:
+            return []
+        return [r.get("model_before") for r in self.requests if r.get("model_before")]
+
+
+def read_history(folder: str | os.PathLike) -> History:
+    """The request history of ``folder``: its report's ``requests``, or one request for an output of the
+    harness written without a history (report and undo patch), or none for a plain model folder."""
+    folder = Path(folder)
+    report = read_report(folder)
+    if report is None or not (folder / PATCH_NAME).is_file():
+        return History(folder)
+    requests = report.get("requests")
+    if not isinstance(requests, list) or not requests:
+        requests = [summary(report, index=1)]
+    for i, r in enumerate(requests[:-1], 1):
+        for ext in ("safetensors", "json"):
+            if not (folder / HISTORY_DIR / f"{entry_name(i)}.{ext}").is_file():
+                raise FileNotFoundError(f"{folder}: request {i}'s undo record {HISTORY_DIR}/{entry_name(i)}.{ext} "
+                                        "is missing")
+    return History(folder, [dict(r) for r in requests])
+
+
+def summary(unlearn_report: Mapping[str, Any], *, index: int, **more: Any) -> dict[str, Any]:
+    """One request's line of the history, from its unlearning report."""
+    keys = ("method", "forget_items", "retain_items", "extract_seconds", "unlearn_seconds", "target_reached",
+            "forget_nll", "retain_nll")
+    return {"index": index, **{k: unlearn_report.get(k) for k in keys}, **more}
+
+
+def carry_history(previous: History, staging: str | os.PathLike) -> None:
+    """Copy ``previous``'s undo records into ``staging/undo_history`` (its own patch and report become the
+    record of its last request)."""
+    if not previous.requests:
+        return
+    dst = Path(staging) / HISTORY_DIR
+    dst.mkdir(exist_ok=True)
+    n = previous.depth
+    for i in range(1, n):
+        for ext in ("safetensors", "json"):
+            shutil.copyfile(previous.folder / HISTORY_DIR / f"{entry_name(i)}.{ext}", dst / f"{entry_name(i)}.{ext}")
+    shutil.copyfile(previous.folder / PATCH_NAME, dst / f"{entry_name(n)}.safetensors")
+    shutil.copyfile(previous.folder / REPORT_NAME, dst / f"{entry_name(n)}.json")
+
+
+def step_back(folder: str | os.PathLike, restored: str | os.PathLike) -> None:
+    """Turn ``restored`` (the weights of ``folder`` with its latest request undone) into the folder the
+    request before wrote: that request's undo patch, report and the older history."""
+    folder, restored = Path(folder), Path(restored)
+    history = read_history(folder)
+    shutil.rmtree(restored / HISTORY_DIR, ignore_errors=True)
+    n = history.depth
+    if n < 2:
+        return
+    prev = entry_name(n - 1)
+    shutil.copyfile(folder / HISTORY_DIR / f"{prev}.safetensors", restored / PATCH_NAME)
+    shutil.copyfile(folder / HISTORY_DIR / f"{prev}.json", restored / REPORT_NAME)
+    if n > 2:
+        (restored / HISTORY_DIR).mkdir()
+        for i in range(1, n - 1):
+            for ext in ("safetensors", "json"):
+                shutil.copyfile(folder / HISTORY_DIR / f"{entry_name(i)}.{ext}",
+                                restored / HISTORY_DIR / f"{entry_name(i)}.{ext}")
+
+
+def record(requests: Sequence[Mapping[str, Any]], report: Mapping[str, Any], **more: Any) -> list[dict[str, Any]]:
+    """The history after one more request: ``requests`` with their undo records in ``undo_history/``, then
+    the new request (its patch: ``undo_patch.safetensors``)."""
+    out = []
+    for i, r in enumerate(requests, 1):
+        out.append({**r, "index": i, "undo_patch": f"{HISTORY_DIR}/{entry_name(i)}.safetensors",
+                    "report": f"{HISTORY_DIR}/{entry_name(i)}.json"})
+    out.append(summary(report, index=len(requests) + 1, undo_patch=PATCH_NAME, report=REPORT_NAME, **more))
+    return out
+
+
+__all__ = ["HISTORY_DIR", "History", "carry_history", "entry_name", "read_history", "read_report", "record",
+           "step_back", "summary"]

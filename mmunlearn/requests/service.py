@@ -1,0 +1,145 @@
+"""One deletion request (or a batch of them) through the harness, with a cached retain state and a history.
+
+``run_request(adapter, forget, retain, kind=..., retain_state=folder, history=read_history(model_dir))``
+is :func:`~mmunlearn.methods.harness.run_unlearning` plus what a service needs: the retain side of the
+erasure methods loaded from ``folder`` when its fingerprints match (else computed, stored and reported),
+and the output folder carrying the earlier requests' undo records. ``forget`` may be several sets (a
+batch): they are edited once with their union, and ``compare_batch=True`` also applies them one by one
+to a copy and reports how far the two results lie apart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.methods.harness import Outcome, run_unlearning
+from mmunlearn.methods.rule import SweepRule, mean_nll
+from mmunlearn.requests.history import History, carry_history, record
+from mmunlearn.requests.state import data_fingerprint, model_fingerprint, obtain_retain_state
+from mmunlearn.taskvec.extract import ExtractConfig
+
+
+def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
+    """The items of several forget sets, each once (rows with an ``ID`` by ID, others by value), in order."""
+    seen, out = set(), []
+    for items in sets:
+        for item in items:
+            key = item.get("ID") if isinstance(item, Mapping) and item.get("ID") is not None else repr(item)
+            if key not in seen:
+                seen.add(key)
+                out.append(item)
+    if not out:
+        raise ValueError("the forget sets are empty")
+    return out
+
+
+def _config(method: str, kind: str, config: Any, size: str | None, overrides: Mapping[str, Any] | None):
+    from mmunlearn.methods import get
+
+    spec = get(method, kind)
+    cfg = config if config is not None else spec.config_for(kind, size, **dict(overrides or {}))
+    return spec, cfg
+
+
+def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain: Sequence[Any], *, kind: str,
+                method: str = "qr-erase", config: Any = None, size: str | None = None,
+                overrides: Mapping[str, Any] | None = None, reference=None, rule: SweepRule | None = None,
+                out: str | os.PathLike | None = None, inputs: Sequence[str | os.PathLike] = (),
+                overwrite: bool = False, progress: bool = True, meta: Mapping[str, Any] | None = None,
+                retain_state: str | os.PathLike | None = None, use_retain_state: bool | None = None,
+                refresh_retain: bool = False, retain_extract: ExtractConfig | None = None,
+                history: History | None = None, batch: bool = False, compare_batch: bool = False,
+                clone=None) -> Outcome:
+    """Unlearn one request (``batch=True``: ``forget`` is a list of forget sets, edited once with their union).
+
+    Args:
+        retain_state: folder of the retain state (erasure methods): loaded when its fingerprints match,
+            else computed and written there. ``use_retain_state=True`` with no folder computes it in memory.
+        refresh_retain: recompute the retain state even when it matches.
+        retain_extract: how the retain state must be extracted (default: as the stored state was; a state
+            computed now uses the method preset's extraction: ``overrides`` only change the forget side).
+        history: the requests already applied to the model (``read_history(model_dir)``); the output carries
+            their undo records and the report lists them all.
+        compare_batch: with ``batch``, also apply the sets one by one to ``clone()`` (a fresh copy of the
+            input model) and report the difference (``report["batch"]["one_by_one"]``).
+    The rest as :func:`~mmunlearn.methods.harness.run_unlearning`.
+    """
+    t_start = time.perf_counter()
+    sets = [list(s) for s in forget] if batch else [list(forget)]
+    if batch and not sets:
+        raise ValueError("a batch needs at least one forget set")
+    items = union(sets) if batch else sets[0]
+    spec, cfg = _config(method, kind, config, size, overrides)
+    want_state = use_retain_state if use_retain_state is not None else retain_state is not None
+    if want_state and not hasattr(cfg, "extract"):
+        raise ValueError(f"a retain state applies to the erasure methods (qr-erase, qr-erase-rows, svd-unlearn), "
+                         f"not to {method}")
+    before = model_fingerprint(adapter.model)
+    report_meta: dict[str, Any] = dict(meta or {})
+    state = None
+    if want_state:
+        source = reference if reference is not None else adapter
+        lineage = history.lineage(before) if (history is not None and reference is None) else []
+        state = obtain_retain_state(retain_state, source, retain, retain_extract, kind=kind,
+                                    default_extract=spec.config_for(kind, size).extract, lineage=lineage,
+                                    refresh=refresh_retain, progress=progress, inputs=inputs)
+        report_meta["retain_state"] = state.describe()
+    if batch:
+        report_meta["batch"] = {"sets": [{"items": len(s), "fingerprint": data_fingerprint(s)} for s in sets],
+                                "union_items": len(items)}
+    previous = history if history is not None and history.requests else None
+
+    def add_history(report: dict[str, Any]) -> None:
+        more = {"model_before": before, "model_after": model_fingerprint(adapter.model),
+                "forget_fingerprint": data_fingerprint(items), "seconds": time.perf_counter() - t_start}
+        if batch:
+            more["batch_sets"] = len(sets)
+        report["requests"] = record(previous.requests if previous else [], report, **more)
+
+    def extra(staging: Path, report: dict[str, Any]) -> None:
+        if previous is not None:
+            carry_history(previous, staging)
+        add_history(report)
+
+    outcome = run_unlearning(method, adapter, items, retain, kind=kind, config=cfg, reference=reference, rule=rule,
+                             out=out, inputs=inputs, overwrite=overwrite, progress=progress, meta=report_meta,
+                             retain_task=state.task if state is not None else None, extra=extra)
+    if out is None:
+        add_history(outcome.report)
+    if batch and compare_batch:
+        if clone is None:
+            raise ValueError("compare_batch needs clone: a function returning a fresh copy of the input model")
+        outcome.report["batch"]["one_by_one"] = compare_one_by_one(
+            outcome.adapter, clone, sets, retain, kind=kind, method=method, cfg=cfg, reference=reference, rule=rule,
+            retain_task=state.task if state is not None else None)
+    return outcome
+
+
+def compare_one_by_one(edited, clone, sets: Sequence[Sequence[Any]], retain: Sequence[Any], *, kind: str,
+                       method: str, cfg: Any, reference=None, rule: SweepRule | None = None,
+                       retain_task: Any = None) -> dict[str, Any]:
+    """Apply ``sets`` one after another to ``clone()`` and compare with ``edited`` (the union's edit): the
+    largest relative difference of a weight tensor, and each set's forget NLL under both."""
+    import torch
+
+    seq = clone()
+    for s in sets:
+        run_unlearning(method, seq, list(s), retain, kind=kind, config=cfg, reference=reference, rule=rule,
+                       progress=False, retain_task=retain_task)
+    a, b = edited.model.state_dict(), seq.model.state_dict()
+    rel = 0.0
+    for name, t in a.items():
+        if t.is_floating_point() and not torch.equal(t, b[name]):
+            norm = float(torch.linalg.vector_norm(t.double())) or 1.0
+            rel = max(rel, float(torch.linalg.vector_norm((t - b[name].to(t.device)).double())) / norm)
+    return {"identical": rel == 0.0, "max_relative_weight_difference": rel,
+            "forget_nll_union": [mean_nll(edited, list(s)) for s in sets],
+            "forget_nll_one_by_one": [mean_nll(seq, list(s)) for s in sets],
+            "retain_nll_union": mean_nll(edited, retain), "retain_nll_one_by_one": mean_nll(seq, retain)}
+
+
+__all__ = ["compare_one_by_one", "run_request", "union"]
