@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 SR = 16000
 FORMAT_VERSION = 1
+#: Default of ``min_duration`` for VoxCeleb2 (its clips are >= 4 s); other corpora set their own.
+MIN_DURATION = 1.0
 #: Audio suffixes looked for, in order of preference when one utterance exists in several.
 AUDIO_SUFFIXES = (".wav", ".flac", ".m4a", ".aac", ".mp4", ".ogg", ".opus", ".mp3")
 _SPEAKER_DIR = re.compile(r"^id\d+$")
@@ -265,22 +267,28 @@ def prepare(
     test_video_fraction: float = 0.2,
     max_utterances: int = 0,
     segment_seconds: float = 0.0,
-    min_duration: float = 1.0,
+    min_duration: float = MIN_DURATION,
     seed: int = 0,
     jobs: int = 0,
     force: bool = False,
     progress: bool = True,
     allow_no_gender: bool = False,
+    allow_fewer: bool = False,
 ) -> PrepareResult:
     """Write the forget/retain manifests for a VoxCeleb2 tree (see the module notes).
 
     ``speakers``: keep this many speakers (0: all), drawn by ``seed`` (explicit forget speakers are
     always kept). ``forget_speakers``: a count drawn by ``seed`` or a list of IDs.
-    ``max_utterances``: per speaker, a seeded random subset of files before decoding (0: all);
-    files that then fail are left out, so a speaker may end with fewer. ``min_duration`` (s):
-    shorter files are left out. ``allow_no_gender``: accept a meta file without a ``Gender``
-    column (the manifests then have no gender column). Returns a :class:`PrepareResult`;
-    ``skipped`` when the stamp in ``out`` matches these options and inputs.
+    ``max_utterances``: per speaker, a seeded random subset of files before decoding (0: all).
+    ``min_duration`` (s): shorter files are left out (:data:`MIN_DURATION` by default, VoxCeleb2's
+    clips are >= 4 s). ``allow_no_gender``: accept a meta file without a ``Gender`` column (the
+    manifests then have no gender column). Returns a :class:`PrepareResult`; ``skipped`` when the
+    stamp in ``out`` matches these options and inputs.
+
+    When what was asked cannot be met -- fewer speakers than ``speakers`` (or than were found, with
+    0) survive decoding and the duration filter, a speaker keeps fewer than ``max_utterances`` files,
+    or a split is empty -- a :class:`ShortfallError` says what is missing and why, unless
+    ``allow_fewer``: then the shortfalls are logged and listed in the report (``shortfalls``).
 
     Everything that can be checked without decoding (the side files, the options, the explicit
     forget speakers, the decode cache) is checked first; nothing in ``out`` changes on a failure
@@ -289,18 +297,14 @@ def prepare(
     root, out = Path(root).resolve(), Path(out).resolve()
     meta = _default_side_file(meta, root / "vox2_meta.csv")
     transcripts = _default_side_file(transcripts, root / "transcripts.csv")
-    if segment_seconds < 0 or min_duration < 0 or max_utterances < 0:
-        raise ValueError("segment_seconds, min_duration and max_utterances must be >= 0")
-    if not 0.0 <= forget_fraction <= 0.5 or not 0.0 < test_video_fraction < 1.0:
-        raise ValueError(f"forget_fraction must be in [0, 0.5] and test_video_fraction in (0, 1), got "
-                         f"{forget_fraction} and {test_video_fraction}")
+    check_options(forget_fraction, test_video_fraction, max_utterances, segment_seconds, min_duration)
     explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
     options = dict(format=FORMAT_VERSION, root=str(root), meta=str(meta),
                    transcripts=str(transcripts), sets=sorted(sets) if sets else None,
                    speakers=speakers, forget_speakers=explicit or forget_speakers,
                    forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
                    max_utterances=max_utterances, segment_seconds=segment_seconds,
-                   min_duration=min_duration, seed=seed)
+                   min_duration=min_duration, seed=seed, allow_fewer=allow_fewer)
     # The side files first: a bad meta or transcripts file must fail now, not after hours of decoding.
     meta_recs = read_vox_meta(meta, allow_no_gender=allow_no_gender) if meta else {}
     genders = {k: r["gender"] for k, r in meta_recs.items() if "gender" in r}
@@ -309,7 +313,49 @@ def prepare(
     if not sources:
         raise FileNotFoundError(f"no audio files under {root} "
                                 "(expected dev/aac/idNNNNN/<video>/NNNNN.m4a)")
-    digest = _options_digest(options, sources, [meta, transcripts])
+    return prepare_sources(sources, out, options=options, side_files=[meta, transcripts], genders=genders,
+                           text=text, duplicates=dups, genders_from=meta, force=force, jobs=jobs,
+                           progress=progress)
+
+
+def check_options(forget_fraction: float, test_video_fraction: float, max_utterances: int,
+                  segment_seconds: float, min_duration: float) -> None:
+    """ValueError for split or filter options out of range (before anything is read)."""
+    if segment_seconds < 0 or min_duration < 0 or max_utterances < 0:
+        raise ValueError("segment_seconds, min_duration and max_utterances must be >= 0")
+    if not 0.0 <= forget_fraction <= 0.5 or not 0.0 < test_video_fraction < 1.0:
+        raise ValueError(f"forget_fraction must be in [0, 0.5] and test_video_fraction in (0, 1), got "
+                         f"{forget_fraction} and {test_video_fraction}")
+
+
+def prepare_sources(
+    sources: Sequence[Source],
+    out: str | os.PathLike,
+    *,
+    options: dict[str, Any],
+    side_files: Sequence[Path | None] = (),
+    genders: dict[str, str] | None = None,
+    text: dict[str, str] | None = None,
+    duplicates: int = 0,
+    genders_from: Path | None = None,
+    force: bool = False,
+    jobs: int = 0,
+    progress: bool = True,
+) -> PrepareResult:
+    """Decode ``sources`` (any corpus's files as :class:`Source` records) and write the manifests to ``out``.
+
+    ``options`` must hold ``speakers``, ``forget_speakers``, ``forget_fraction``,
+    ``test_video_fraction``, ``max_utterances``, ``segment_seconds``, ``min_duration``, ``seed``
+    and ``allow_fewer`` (see :func:`prepare`); all of it, with the sources and the ``side_files``'
+    content, makes the stamp: the same again skips the run. ``genders``: speaker -> gender (adds a
+    gender column); ``text``: utterance ID -> transcript (adds a text column).
+    """
+    out = Path(out).resolve()
+    genders, text = genders or {}, text or {}
+    speakers, forget_speakers = options["speakers"], options["forget_speakers"]
+    explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
+    min_duration, seed = options["min_duration"], options["seed"]
+    digest = _options_digest(options, list(sources), side_files)
     stamp_path, report_path = out / "prepare_stamp.json", out / "prepare_report.json"
     manifests = {name: out / f"{name}.csv" for name in SPLIT_NAMES}
     done = [stamp_path, report_path, *manifests.values()]
@@ -322,34 +368,56 @@ def prepare(
         if isinstance(stamp, dict) and isinstance(report, dict) and stamp.get("digest") == digest:
             return PrepareResult(out, manifests, report, skipped=True)
 
-    todo = _select_files(sources, speakers, explicit or [], max_utterances, seed)  # unknown forget IDs fail here
-    choose_forget_speakers(sorted({s.spk_id for s in todo}), explicit or forget_speakers, seed)  # count fits?
+    todo = _select_files(list(sources), speakers, explicit or [], options["max_utterances"], seed)  # unknown IDs fail here
+    selected = sorted({s.spk_id for s in todo})
+    choose_forget_speakers(selected, explicit or forget_speakers, seed)  # count fits?
     index = read_audio_index(out / "audio_index.json", force=force)
     out.mkdir(parents=True, exist_ok=True)
     entries = _decode_all(todo, out, jobs, progress, index)
     utts, failed, too_short = _utterances(todo, entries, int(round(min_duration * SR)),
                                           {k: {"gender": g} for k, g in genders.items()}, text)
     kept = sorted({u.spk_id for u in utts})
+    found = len({s.spk_id for s in sources})
+    wanted = min(speakers, found) if speakers > 0 else found
+    shortfalls = [f"{speakers} speakers asked for, {found} found"] if speakers > found else []
+    lost = [s for s in selected if s not in kept]
+    if lost or len(kept) < wanted:
+        shortfalls.append(f"{len(kept)} of {wanted} speakers left after decoding and the duration filter "
+                          f"(every file of {lost[:10]} was unreadable or shorter than {min_duration} s)")
+    if len(kept) < 2 or (isinstance(forget_speakers, int) and forget_speakers >= len(kept)):
+        raise ShortfallError(f"{len(kept)} speaker(s) left after decoding and the duration filter "
+                             f"({len(too_short)} file(s) shorter than {min_duration} s, {len(failed)} unreadable): "
+                             f"too few to forget {forget_speakers} and keep one; lower --min-duration")
     forget = choose_forget_speakers(kept, explicit or forget_speakers, seed)
-    splits, info = make_splits(utts, forget, forget_fraction, test_video_fraction, seed)
+    splits, info = make_splits(utts, forget, options["forget_fraction"], options["test_video_fraction"], seed)
+    per_speaker = _per_speaker(splits, todo, too_short, failed)
+    shortfalls += _split_shortfalls(splits, per_speaker, options)
+    if shortfalls:
+        hint = (f"; {len(too_short)} file(s) were shorter than --min-duration {min_duration} s" if too_short else "")
+        if not options.get("allow_fewer"):
+            raise ShortfallError("cannot prepare what was asked: " + "; ".join(shortfalls) + hint +
+                                 ". Pass --allow-fewer (allow_fewer=True) to write the manifests anyway")
+        for item in shortfalls:
+            log.warning("allowed shortfall: %s", item)
     no_gender = sorted(s for s in kept if not genders.get(s)) if genders else []
     if no_gender:
-        log.warning("%s gives no gender for %d kept speaker(s): %s", meta, len(no_gender), no_gender[:10])
+        log.warning("%s gives no gender for %d kept speaker(s): %s", genders_from, len(no_gender), no_gender[:10])
 
     # Written beside the final files, then moved into place; the old stamp goes first, the new one last.
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".prepare-tmp-"))
     try:
         counts = {}
         for name, items in splits.items():
-            rows = [r for u in items for r in segment_rows(u, SR, segment_seconds)]
+            rows = [r for u in items for r in segment_rows(u, SR, options["segment_seconds"])]
             write_manifest(staging / manifests[name].name, rows, columns=_columns(utts))
             counts[name] = {"utterances": len(items), "rows": len(rows),
                             "speakers": len({u.spk_id for u in items}),
                             "hours": round(sum(r["duration"] for r in rows) / 3600, 4)}
-        report = {"options": options, "files_found": len(sources), "duplicates": dups,
+        report = {"options": options, "files_found": len(sources), "duplicates": duplicates,
                   "files_selected": len(todo), "failed": failed, "too_short": too_short,
                   "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
-                  "speakers_without_gender": no_gender, "counts": counts, **info}
+                  "speakers_without_gender": no_gender, "counts": counts, "per_speaker": per_speaker,
+                  "shortfalls": shortfalls, **info}
         _write_json(staging / report_path.name, report)
         stamp_path.unlink(missing_ok=True)  # an interrupted move must not look finished
         for path in [*manifests.values(), report_path]:
@@ -358,6 +426,55 @@ def prepare(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return PrepareResult(out, manifests, report)
+
+
+class ShortfallError(ValueError):
+    """``prepare`` cannot give the speakers or utterances asked for (``--allow-fewer`` writes what there is)."""
+
+
+#: Splits that may be empty without a shortfall when the options ask for no such utterances.
+_SAMPLE_SPLITS = ("sample_forget", "sample_holdout")
+
+
+def _per_speaker(splits: dict[str, list[Utterance]], todo: list[Source], too_short: list[dict],
+                 failed: list[dict]) -> dict[str, dict[str, int]]:
+    """Per speaker: files selected, left out (too short / unreadable) and utterances in each split."""
+    by_path = {s.path: s.spk_id for s in todo}
+    table: dict[str, dict[str, int]] = {}
+    for src in todo:
+        row = table.setdefault(src.spk_id, {"files": 0, "too_short": 0, "failed": 0})
+        row["files"] += 1
+    for what, items in (("too_short", too_short), ("failed", failed)):
+        for item in items:
+            table[by_path[item["path"]]][what] += 1
+    for name in ("spk_forget_train", "spk_forget_test", "spk_retain_train", "spk_retain_test",
+                 "sample_forget", "sample_holdout"):
+        for u in splits[name]:
+            table[u.spk_id][name] = table[u.spk_id].get(name, 0) + 1
+    return dict(sorted(table.items()))
+
+
+def _split_shortfalls(splits: dict[str, list[Utterance]], per_speaker: dict[str, dict[str, int]],
+                      options: dict[str, Any]) -> list[str]:
+    """What the options asked for and the kept utterances do not give."""
+    found = []
+    cap = options["max_utterances"]
+    if cap:
+        short = {s: c["files"] - c["too_short"] - c["failed"] for s, c in per_speaker.items()}
+        short = {s: n for s, n in short.items() if n < cap}
+        if short:
+            found.append(f"{len(short)} speaker(s) have fewer than --max-utterances {cap} usable files: "
+                         + ", ".join(f"{s} {n}" for s, n in list(short.items())[:10]))
+    for name, items in splits.items():
+        if items or (name in _SAMPLE_SPLITS and options["forget_fraction"] == 0):
+            continue
+        found.append(f"split {name} is empty")
+    no_test = [s for s, c in per_speaker.items()
+               if c["files"] > c["too_short"] + c["failed"]
+               and not c.get("spk_forget_test") and not c.get("spk_retain_test")]
+    if no_test:
+        found.append(f"{len(no_test)} speaker(s) have a single video, so no held-out test utterances: {no_test[:10]}")
+    return found
 
 
 def _default_side_file(given: str | os.PathLike | None, default: Path) -> Path | None:
@@ -453,39 +570,62 @@ def prepare_command(
                                         "by --seed before decoding (0: all).")] = 0,
     segment_seconds: Annotated[float, _Opt(min=0.0, help="Cut files into fixed segments of this "
                                            "many seconds with start/stop (0: whole files).")] = 0.0,
-    min_duration: Annotated[float, _Opt(min=0.0, help="Leave out files shorter (seconds).")] = 1.0,
+    min_duration: Annotated[float, _Opt(min=0.0, help="Leave out files shorter than this (seconds; VoxCeleb2 "
+                                        "clips are >= 4 s, so 1.0 drops only damaged ones).")] = MIN_DURATION,
     seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
     jobs: Annotated[int, _Opt(min=0, help="Decoding threads (0: up to 4).")] = 0,
     force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date; discard a corrupt "
                                 "audio_index.json (decode cache).")] = False,
     allow_no_gender: Annotated[bool, _Opt("--allow-no-gender", help="Accept a meta file without a Gender "
                                           "column (no gender column in the manifests).")] = False,
+    allow_fewer: Annotated[bool, _Opt("--allow-fewer", help="Write the manifests even when fewer speakers or "
+                                      "utterances than asked survive (listed in prepare_report.json).")] = False,
 ) -> None:
     """Decode audio to 16 kHz wav and write speaker- and sample-level forget/retain manifests."""
-    forget: int | list[str] = (
-        int(forget_speakers) if forget_speakers.strip().isdigit()
-        else [s.strip() for s in forget_speakers.split(",") if s.strip()]
-    )
+    forget = parse_forget_speakers(forget_speakers)
     res = prepare(root, out, meta=meta, transcripts=transcripts, speakers=speakers,
                   sets=[s.strip() for s in sets.split(",") if s.strip()], forget_speakers=forget,
                   forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
                   max_utterances=max_utterances, segment_seconds=segment_seconds,
                   min_duration=min_duration, seed=seed, jobs=jobs, force=force,
-                  allow_no_gender=allow_no_gender)
+                  allow_no_gender=allow_no_gender, allow_fewer=allow_fewer)
+    echo_report(res)
+
+
+def parse_forget_speakers(text: str) -> int | list[str]:
+    """``--forget-speakers``: a count or a comma list of speaker IDs."""
+    return int(text) if text.strip().isdigit() else [s.strip() for s in text.split(",") if s.strip()]
+
+
+#: Per-speaker columns of the printed summary: (header, key in the report's ``per_speaker``).
+_SPEAKER_COLUMNS = (("files", "files"), ("short", "too_short"), ("bad", "failed"), ("fgt-tr", "spk_forget_train"),
+                    ("fgt-te", "spk_forget_test"), ("ret-tr", "spk_retain_train"), ("ret-te", "spk_retain_test"),
+                    ("s-fgt", "sample_forget"), ("s-hold", "sample_holdout"))
+
+
+def echo_report(res: PrepareResult) -> None:
+    """Print what ``prepare`` wrote: split sizes, per-speaker counts, what was left out and why."""
     rep = res.report
+    min_duration = rep["options"]["min_duration"]
     typer.echo(f"{res.out}: {'up to date (skipped)' if res.skipped else 'written'}; "
                f"forget speakers {rep['forget_speakers']}")
     for name, c in rep["counts"].items():
         typer.echo(f"  {name + '.csv':22s} {c['utterances']:7d} utts {c['rows']:7d} rows "
                    f"{c['speakers']:5d} spk {c['hours']:8.3f} h")
+    per_speaker = rep.get("per_speaker", {})
+    if per_speaker:
+        typer.echo("  per speaker: " + " ".join(f"{h:>7s}" for h, _ in _SPEAKER_COLUMNS))
+        for spk, c in per_speaker.items():
+            typer.echo(f"  {spk[:12]:>12s}: " + " ".join(f"{c.get(k, 0):7d}" for _, k in _SPEAKER_COLUMNS))
     for item in rep["failed"]:
         typer.echo(f"  left out (unreadable/silent): {item['path']}: {item['reason']}", err=True)
     if rep.get("speakers_without_gender"):
         typer.echo(f"  no gender in the meta file for {len(rep['speakers_without_gender'])} speaker(s): "
                    f"{rep['speakers_without_gender'][:10]}", err=True)
-    if rep["too_short"]:
-        typer.echo(f"  left out (shorter than {min_duration} s): {len(rep['too_short'])} files",
-                   err=True)
+    typer.echo(f"  duration filter (--min-duration {min_duration} s): left out {len(rep['too_short'])} of "
+               f"{rep['files_selected']} files", err=bool(rep["too_short"]))
+    for item in rep.get("shortfalls", []):
+        typer.echo(f"  allowed shortfall (--allow-fewer): {item}", err=True)
 
 
 if __name__ == "__main__":

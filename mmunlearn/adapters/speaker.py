@@ -214,7 +214,11 @@ class SpeakerAdapter:
     # distributed-wrapped) module so gradients flow through the wrapper.
     def _forward(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None) -> tuple[torch.Tensor, ...]:
         b = self._to(batch)
-        cosine, emb = (model or self.model)(b["wavs"], b["wav_lens"])
+        net = model or self.model
+        if net.training:  # BatchNorm learns from the batch: one pass, padding filled with each utterance's own audio
+            cosine, emb = net(repeat_pad(b["wavs"], b["wav_lens"]), torch.ones_like(b["wav_lens"]))
+        else:
+            cosine, emb = _by_length(net, b["wavs"], b["wav_lens"])
         return cosine.float(), emb, b["labels"]
 
     def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
@@ -271,7 +275,8 @@ class SpeakerAdapter:
 
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Frame-level outputs B x frames x channels of ECAPA block ``layer`` (an int indexes
-        ``embedding_model.blocks``, ``"mfa"`` the aggregation layer); ``"final"``: the embedding as B x 1 x d."""
+        ``embedding_model.blocks``, ``"mfa"`` the aggregation layer), computed in eval mode; frames past an
+        utterance's end are 0. ``"final"``: the embedding as B x 1 x d."""
         ecapa = self.model.embedding_model
         blocks = getattr(ecapa, "blocks", [])
         if layer == "final":
@@ -285,12 +290,77 @@ class SpeakerAdapter:
                              f"got {layer!r}")
         captured: list[torch.Tensor] = []
         handle = module.register_forward_hook(lambda _m, _i, out: captured.append(out))
+        was_training = self.model.training
         try:
-            self._forward(batch, None)
+            self.model.eval()  # one pass per length (see _by_length): the frames do not depend on the batch
+            b = self._to(batch)
+            groups = length_groups(b["wav_lens"], b["wavs"].shape[1])
+            _by_length(self.model, b["wavs"], b["wav_lens"])
         finally:
             handle.remove()
-        return captured[0].transpose(1, 2)
+            self.model.train(was_training)
+        if len(captured) == 1:
+            return captured[0].transpose(1, 2)
+        frames = max(c.shape[2] for c in captured)
+        out = captured[0].new_zeros(b["wavs"].shape[0], frames, captured[0].shape[1])
+        for (idx, _), states in zip(groups, captured):
+            out[idx, : states.shape[2]] = states.transpose(1, 2)
+        return out
 
     def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
         """Speaker IDs of class indices."""
         return [self.speakers[int(i)] for i in indices]
+
+
+#: Version of how utterances are scored and trained on (cache keys of trained models and evaluations
+#: include it). 2: scores do not depend on the batch (:func:`_by_length`), training fills padding with
+#: repeats of each utterance (:func:`repeat_pad`).
+SCORING_VERSION = 2
+
+
+def length_groups(wav_lens: torch.Tensor, width: int) -> list[tuple[torch.Tensor, int]]:
+    """(indices, samples) of the utterances of each length in a padded batch (``wav_lens`` relative to ``width``)."""
+    samples = torch.round(wav_lens.detach().double().cpu() * width).long().clamp(1, width)
+    return [((samples == n).nonzero().squeeze(1), int(n)) for n in torch.unique(samples).tolist()]
+
+
+def _by_length(net: nn.Module, wavs: torch.Tensor, wav_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``net``'s (cosine, embedding) of a padded batch, each utterance seeing no padding: one pass per
+    distinct length, on the utterances of that length cut to it.
+
+    ECAPA masks padding only in its pooling and squeeze-excitation means; its convolutions (receptive
+    field about +-11 frames), the filterbank's last frames and the sentence mean normalisation still
+    read the padded frames, so a short utterance beside a long one scores differently than alone (on
+    FSDD clips of ~0.4 s, a classifier trained with zero padding was right on 78 % of its training clips
+    alone and 99.7 % in random batches). Cut to its own length, an utterance scores the same in any batch.
+    """
+    groups = length_groups(wav_lens, wavs.shape[1])
+    if len(groups) == 1 and groups[0][1] == wavs.shape[1]:
+        return net(wavs, torch.ones_like(wav_lens))
+    cosine: torch.Tensor | None = None
+    emb: torch.Tensor | None = None
+    for idx, n in groups:
+        idx = idx.to(wavs.device)
+        c, e = net(wavs[idx, :n], torch.ones(len(idx), device=wavs.device, dtype=wav_lens.dtype))
+        if cosine is None:
+            cosine = c.new_zeros(wavs.shape[0], *c.shape[1:])
+            emb = e.new_zeros(wavs.shape[0], *e.shape[1:])
+        cosine = cosine.index_copy(0, idx, c)  # out of place: gradients reach every group
+        emb = emb.index_copy(0, idx, e)
+    return cosine, emb
+
+
+def repeat_pad(wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+    """The batch with each utterance's padding filled by repeating the utterance (as fixed-length crops of
+    short recordings are filled in SpeechBrain's VoxCeleb recipes), so training never sees zero padding.
+
+    >>> repeat_pad(torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 0.0, 0.0, 0.0]]), torch.tensor([1.0, 0.4]))
+    tensor([[1., 2., 3., 4., 5.],
+            [1., 2., 1., 2., 1.]])
+    """
+    width = wavs.shape[1]
+    samples = torch.round(wav_lens.detach().double() * width).long().clamp(1, width).to(wavs.device)
+    if bool((samples == width).all()):
+        return wavs
+    pos = torch.arange(width, device=wavs.device).unsqueeze(0) % samples.unsqueeze(1)
+    return wavs.gather(1, pos)

@@ -23,6 +23,7 @@ Conventions of open-unlearning's TOFU evaluator (``src/evals/metrics/mia/``, ``p
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,46 @@ def mia_auc(member_scores: Any, nonmember_scores: Any) -> float:
     ranks = stats.rankdata(np.concatenate([members, nonmembers]))
     u_nonmembers = ranks[n:].sum() - m * (m + 1) / 2.0
     return float(u_nonmembers / (n * m))
+
+
+def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float = 0.95, n_resamples: int = 2000,
+               seed: int = 0) -> tuple[float, float]:
+    """Bootstrap confidence interval (low, high) of :func:`mia_auc`: members and non-members resampled
+    independently (``scipy.stats.bootstrap``, BCa), seeded.
+
+    An interval that holds 0.5 means the attack cannot tell members from non-members on this many
+    items: the model shows no measurable membership signal, so a lower AUC after unlearning would
+    measure nothing.
+    """
+    members = _checks.vector(member_scores, "member_scores")
+    nonmembers = _checks.vector(nonmember_scores, "nonmember_scores")
+    if not 0.0 < confidence < 1.0 or n_resamples < 100:
+        raise ValueError(f"confidence must be in (0, 1) and n_resamples >= 100, got {confidence}, {n_resamples}")
+    if len(members) < 2 or len(nonmembers) < 2:
+        raise ValueError(f"a confidence interval needs >= 2 members and non-members, got {len(members)} and "
+                         f"{len(nonmembers)}")
+
+    def auc(m: np.ndarray, h: np.ndarray, axis: int = -1) -> np.ndarray:
+        u = stats.mannwhitneyu(h, m, axis=axis, method="asymptotic").statistic  # U of the non-members
+        return u / (m.shape[axis] * h.shape[axis])
+
+    if np.ptp(np.concatenate([members, nonmembers])) == 0:  # every score alike: no signal, nothing to resample
+        return 0.5, 0.5
+    point = mia_auc(members, nonmembers)
+    for method in ("BCa", "percentile") if 0.0 < point < 1.0 else ("percentile",):  # BCa needs spread
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = stats.bootstrap((members, nonmembers), auc, n_resamples=n_resamples, confidence_level=confidence,
+                                  method=method, vectorized=True, random_state=np.random.default_rng(seed))
+        low, high = res.confidence_interval
+        if np.isfinite(low) and np.isfinite(high):
+            break
+    return float(low), float(high)
+
+
+def measurable(ci: tuple[float, float]) -> bool:
+    """Whether a MIA AUC interval excludes 0.5 (chance): a membership signal the benchmark can see go away."""
+    return not ci[0] <= 0.5 <= ci[1]
 
 
 def loss_scores(avg_nll: Any) -> np.ndarray:

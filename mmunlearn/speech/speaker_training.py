@@ -47,7 +47,8 @@ def train_speaker_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Seq
     - ``speakers``: the label space, in class order (default: the sorted speakers of ``rows``);
       ignored when ``adapter`` (a model to keep training) is given.
     - Every read of an utterance is a fresh random crop of ``crop_seconds`` (seeded, see
-      :class:`UtteranceDataset`); shorter utterances come whole and are zero-padded in the batch.
+      :class:`UtteranceDataset`); shorter utterances come whole; in the batch their padding is filled by repeating them
+      (:func:`~mmunlearn.adapters.speaker.repeat_pad`), so training never sees zero padding.
       None trains on whole utterances (slower; memorises the exact samples more).
     - ``cache``: True decodes each file once into the adapter's ``audio_cache`` (shared with
       evaluation), an :class:`AudioCache` to use that one, False to decode on every read.

@@ -136,6 +136,7 @@ def test_save_load_round_trip(adapter, tmp_path):
 
 
 def test_saved_directory_loads_in_speechbrain(adapter, tmp_path):
+    import soundfile as sf
     from speechbrain.inference.speaker import EncoderClassifier
 
     out = adapter.save(tmp_path / "model")
@@ -143,14 +144,58 @@ def test_saved_directory_loads_in_speechbrain(adapter, tmp_path):
     wav, lens = torch.randn(2, 12000), torch.tensor([1.0, 0.8])
     batch = {"wavs": wav, "wav_lens": lens, "labels": torch.zeros(2, dtype=torch.long)}
     with torch.no_grad():
-        probs, _, index, labels = sb.classify_batch(wav, lens)
         mine = adapter.cosine(batch)
-    assert torch.allclose(probs, mine, atol=1e-6)
-    assert labels == adapter.speaker_of(mine.argmax(-1))
+        for i, n in enumerate((12000, 9600)):  # SpeechBrain on each utterance alone = the adapter in any batch
+            probs, _, index, labels = sb.classify_batch(wav[i: i + 1, :n])
+            assert torch.allclose(probs[0], mine[i], atol=1e-5)
+            assert labels == adapter.speaker_of(mine[i: i + 1].argmax(-1))
+        # classify_file decodes a saved file itself and agrees too
+        sf.write(tmp_path / "u.wav", wav[1, :9600].numpy(), 16000, subtype="FLOAT")
+        probs, _, _, labels = sb.classify_file(str(tmp_path / "u.wav"))
+        assert torch.allclose(probs[0], mine[1], atol=1e-5) and labels == adapter.speaker_of([int(mine[1].argmax())])
     # SpeechBrain's savedir (symlinks, label_encoder.ckpt) is itself a loadable directory.
     again = SpeakerAdapter.load(tmp_path / "sb", device="cpu")
     with torch.no_grad():
         assert torch.equal(again.cosine(batch), mine)
+
+
+def test_an_utterance_scores_the_same_alone_and_in_any_batch(adapter):
+    lengths = (8000, 2400, 12000, 5000, 2400)
+    examples = _examples(lengths, ("id00002", "id00001", "id00003", "id00001", "id00002"))
+    with torch.no_grad():
+        alone = torch.cat([torch.softmax(adapter.logits(adapter.collate([ex])), -1) for ex in examples])
+        together = torch.softmax(adapter.logits(adapter.collate(examples)), -1)
+        backwards = torch.softmax(adapter.logits(adapter.collate(examples[::-1])), -1).flip(0)
+        nll = adapter.nll(adapter.collate(examples))
+        emb = adapter.embeddings(adapter.collate(examples[1:3]))
+        # what the batch would give if the padding reached the network: SpeechBrain's padded forward
+        batch = adapter.collate(examples)
+        padded = torch.softmax(adapter.scale * adapter.model(batch["wavs"], batch["wav_lens"])[0], -1)
+    assert (together - alone).abs().max() < 1e-3 and (backwards - alone).abs().max() < 1e-3
+    assert torch.allclose(nll, -alone[torch.arange(5), adapter.collate(examples)["labels"]].log(), atol=1e-4)
+    assert torch.allclose(emb[0], adapter.embeddings(adapter.collate([examples[1]]))[0], atol=1e-5)
+    assert (padded - alone).abs().max() > 1e-3  # zero padding does change the scores of the short clips
+    states = adapter.hidden_states(adapter.collate(examples[:2]), 1)  # frames past an utterance's end are 0
+    assert states.shape[1] == 8000 // 160 + 1 and states[1, 2400 // 160 + 1:].abs().sum() == 0
+    assert torch.allclose(states[1, : 2400 // 160 + 1], adapter.hidden_states(adapter.collate([examples[1]]), 1)[0])
+
+
+def test_training_mode_fills_padding_with_the_utterance(adapter):
+    from mmunlearn.adapters.speaker import repeat_pad
+
+    twin = adapter.clone()
+    twin.model.train()
+    short = {"ID": "s", "wav": torch.randn(3000), "spk_id": "id00001"}
+    long = {"ID": "l", "wav": torch.randn(7000), "spk_id": "id00002"}
+    padded = twin.collate([short, long])
+    tiled = {"wavs": repeat_pad(padded["wavs"], padded["wav_lens"]), "wav_lens": torch.ones(2),
+             "labels": padded["labels"]}
+    assert torch.equal(tiled["wavs"][0, 3000:6000], short["wav"])
+    torch.manual_seed(0)
+    a = twin.loss(padded)
+    torch.manual_seed(0)
+    b = twin.loss(tiled)
+    assert torch.allclose(a, b)  # the zero-padded batch trains exactly as the tiled one
 
 
 SB_YAML = """# like speechbrain/spkrec-ecapa-voxceleb's, scaled down
@@ -218,9 +263,13 @@ def test_loads_a_speechbrain_pretrained_directory(tmp_path, label_file):
     assert (loaded.margin, loaded.scale) == (0.2, 30.0)  # SpeechBrain's recipe defaults when the yaml has none
     wav = torch.randn(2, 12000)
     lens = torch.tensor([1.0, 0.8])
-    with torch.no_grad():  # SpeechBrain's EncoderClassifier.classify_batch, step by step
-        feats = InputNormalization(norm_type="sentence", std_norm=False)(Fbank(n_mels=24)(wav), lens)
-        expected = head(ecapa(feats, lens)).squeeze(1)
+    with torch.no_grad():  # SpeechBrain's EncoderClassifier.classify_batch, step by step, on each utterance alone
+        expected = []
+        for i, n in enumerate((12000, 9600)):
+            one = torch.ones(1)
+            feats = InputNormalization(norm_type="sentence", std_norm=False)(Fbank(n_mels=24)(wav[i:i + 1, :n]), one)
+            expected.append(head(ecapa(feats, one)).squeeze(1))
+        expected = torch.cat(expected)
         got = loaded.cosine({"wavs": wav, "wav_lens": lens, "labels": torch.zeros(2, dtype=torch.long)})
     assert torch.allclose(got, expected, atol=1e-6)
 

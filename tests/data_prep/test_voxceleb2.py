@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
-from data_prep.voxceleb2 import app, prepare, read_vox_meta, scan_voxceleb
+from data_prep.voxceleb2 import ShortfallError, app, prepare, read_vox_meta, scan_voxceleb
 from mmunlearn.data.audio import read_audio
 from mmunlearn.data.manifest import MANIFEST_COLUMNS, SPLIT_NAMES, read_manifest
 from tests.data_prep.audio_files import write_m4a
@@ -132,8 +132,13 @@ def test_rerun_skips_and_new_options_rebuild_reusing_decodes(tree, tmp_path):
 
 
 def test_speaker_subset_cap_explicit_forget_and_segments(tree, tmp_path):
+    with pytest.raises(ShortfallError, match="fewer than --max-utterances 4 usable files: id00003 3, id00004 3"):
+        prepare(tree, tmp_path / "o", speakers=3, forget_speakers=["id00004"], max_utterances=4,
+                segment_seconds=1.0, forget_fraction=0.25, progress=False)
+    assert not (tmp_path / "o" / "train.csv").exists()
     res = prepare(tree, tmp_path / "o", speakers=3, forget_speakers=["id00004"], max_utterances=4,
-                  segment_seconds=1.0, forget_fraction=0.25, progress=False)
+                  segment_seconds=1.0, forget_fraction=0.25, progress=False, allow_fewer=True)
+    assert res.report["shortfalls"] and res.report["per_speaker"]["id00004"]["files"] == 4
     m = load(res)
     assert res.report["forget_speakers"] == ["id00004"]
     assert res.report["files_selected"] == 3 * 4  # the cap applies before decoding
