@@ -1,0 +1,130 @@
+"""Audit an unlearning output folder (the harness's layout, :mod:`mmunlearn.methods.harness`) against target
+and retain model folders: what ``mmunlearn audit`` and the recipes' ``--audit`` call.
+
+Text LLMs read TOFU-schema data (the forget split's ``_perturbed`` rows, whose paraphrased questions the
+paraphrase attack asks, and the matching ``holdoutPP`` for the probe); speaker classifiers read the prepared
+VoxCeleb2-layout manifests (:mod:`mmunlearn.data.manifest`). A folder with ``tilt/`` is T3's: the tilted model
+is audited at the output, its base (the unchanged weights beside it) by the white-box attacks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.audit.options import AuditOptions
+from mmunlearn.audit.runner import audit_speaker, audit_text
+
+KINDS = ("text", "speaker")
+
+
+def read_report(folder: str | Path) -> dict[str, Any]:
+    """The folder's ``unlearn_report.json`` (a ValueError naming the folder when it is not a harness output)."""
+    from mmunlearn.methods.harness import REPORT_NAME
+
+    path = Path(folder) / REPORT_NAME
+    if not path.is_file():
+        raise ValueError(f"{folder}: no {REPORT_NAME} (not an unlearning output folder written by mmunlearn)")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(report, dict) or not isinstance(report.get("method"), str):
+        raise ValueError(f"{path}: no 'method' recorded")
+    return report
+
+
+def load_text_unlearned(folder: str | Path, device: str = "auto") -> Any:
+    """The unlearned text model of an output folder; T3's tilted around the unchanged base beside it."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.methods.harness import TILT_DIR
+
+    adapter = TextLLMAdapter.from_pretrained(folder, device=device)
+    if (Path(folder) / TILT_DIR).is_dir():
+        from mmunlearn.tilt import TiltedCausalLM
+
+        adapter = adapter.with_model(TiltedCausalLM.load(Path(folder) / TILT_DIR, base=adapter.model))
+    return adapter
+
+
+def text_data(data: Any, forget_split: str, authors: int | None) -> tuple[list, list, list]:
+    """(forget rows with paraphrases and perturbed answers, holdout rows, retain rows) of a TOFU source."""
+    from mmunlearn.data.tofu import load_split, split_info
+    from mmunlearn.eval.splits import load_eval_splits
+
+    splits = load_eval_splits(data, forget_split, authors, ("forget", "mia"))
+    pct = split_info(forget_split).forget_pct
+    retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
+    return list(splits.forget), list(splits.holdout), retain
+
+
+def audit_text_folder(folder: str | Path, target: str | Path, retain: str | Path, data: Any, *,
+                      forget_split: str = "forget10", authors: int | None = None,
+                      options: AuditOptions | None = None, device: str = "auto",
+                      languages: Mapping[str, Sequence[Any]] | None = None, cache: dict | None = None,
+                      progress: bool = True) -> dict[str, Any]:
+    """Audit the text model in ``folder`` against the ``target`` and ``retain`` model folders on ``data``."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+    report = read_report(folder)
+    forget, holdout, retain_items = text_data(data, forget_split, authors)
+    result = audit_text(load_text_unlearned(folder, device), TextLLMAdapter.from_pretrained(target, device=device),
+                        TextLLMAdapter.from_pretrained(retain, device=device), forget, holdout,
+                        method=report["method"], options=options, retain_items=retain_items, languages=languages,
+                        cache=cache, progress=progress)
+    result["models"] = {"unlearned": str(folder), "target": str(target), "retain": str(retain)}
+    return result
+
+
+def speaker_rows(manifests: Any, level: str) -> dict[str, Any]:
+    """What :func:`audit_speaker` reads from prepared manifests at one level (``speaker`` or ``sample``)."""
+    from mmunlearn.data.utterances import LEVELS, split_rows
+
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if level == "speaker":
+        forget = split_rows(manifests, "spk_forget_train")
+        heldout = split_rows(manifests, "spk_forget_test")
+        probe = heldout + split_rows(manifests, "spk_retain_test")
+        return {"forget_rows": forget, "heldout_forget": heldout, "probe_rows": probe,
+                "forget_speakers": sorted({str(r["spk_id"]) for r in forget}),
+                "retain_rows": split_rows(manifests, "spk_retain_train")}
+    return {"forget_rows": split_rows(manifests, "sample_forget"), "retain_rows": split_rows(manifests, "sample_retain")}
+
+
+def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | Path, manifests: Any, *,
+                         level: str = "speaker", method: str, options: AuditOptions | None = None,
+                         device: str = "auto", cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """Audit a speaker classifier (an adapter, or a harness output folder) against the ``original`` and
+    ``retrained`` classifier folders on prepared ``manifests``; the function ``voxceleb2 speaker|sample
+    --audit`` calls with each method's unlearned adapter."""
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+
+    if isinstance(unlearned, (str, Path)):
+        unlearned = SpeakerAdapter.load(unlearned, device=device)
+    result = audit_speaker(unlearned, SpeakerAdapter.load(original, device=device),
+                           SpeakerAdapter.load(retrained, device=device), method=method, options=options,
+                           cache=cache, progress=progress, **speaker_rows(manifests, level))
+    result["level"] = level
+    result["models"] = {"target": str(original), "retain": str(retrained)}
+    return result
+
+
+def audit_folder(folder: str | Path, target: str | Path, retain: str | Path, data: Any, **kwargs: Any) -> dict[str, Any]:
+    """Audit any harness output folder: the model kind is read from its report (``text`` or ``speaker``).
+
+    ``kwargs``: for text, :func:`audit_text_folder`'s; for speakers ``level`` (default: the report's) and
+    :func:`audit_speaker_models`'s options."""
+    report = read_report(folder)
+    kind = report.get("model_kind")
+    if kind == "text":
+        kwargs.pop("level", None)
+        return audit_text_folder(folder, target, retain, data, **kwargs)
+    if kind == "speaker":
+        for key in ("forget_split", "authors", "languages"):
+            kwargs.pop(key, None)
+        level = kwargs.pop("level", None) or report.get("level") or "speaker"
+        return audit_speaker_models(folder, target, retain, data, level=level, method=report["method"], **kwargs)
+    raise ValueError(f"{folder}: model kind {kind!r} has no audit yet (audited kinds: {', '.join(KINDS)})")

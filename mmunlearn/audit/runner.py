@@ -1,0 +1,362 @@
+"""Run the robustness audits of one unlearned model against its target and retain models; write AUDIT.json
+and AUDIT.md (atomically) and the one-line summary the recipes' tables show.
+
+Every attack is applied the same way to three models: the **target** (trained on everything), the **retain**
+model (never saw the forget data: what retraining gives) and the **unlearned** model. Each attack reports the
+models' forget measures (:mod:`mmunlearn.audit.measures`) and the forgetting *kept* under the attack,
+``(target - unlearned) / (target - retain)`` measured after the attack on all three: 1.0 = as forgotten as
+retraining, 0.0 = back at the target. The attacks: ``none`` (the plain measures, for comparison),
+``paraphrase`` (paraphrased questions; speakers: held-out recordings), ``quantise_8bit``/``quantise_4bit``,
+``relearn`` (also the fraction of its own gap each model recovered, and that fraction over the retain
+model's: the recovery ratio, 1.0 = relearns like a model that never saw the data) and ``probe``.
+
+T3 (:mod:`mmunlearn.tilt`) leaves the weights untouched: its output-level measures use the tilted model, and
+the attacks that need the weights (relearning, probing) run on its base, the target's weights bit for bit, so
+they find everything still there; ``white_box`` in the result says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmunlearn.atomic import write_text_atomic
+from mmunlearn.audit.measures import SPEAKER_KEYS, TEXT_KEYS, kept, recovered, speaker_measures, text_measures
+from mmunlearn.audit.options import AuditOptions
+from mmunlearn.audit.paraphrase import has_paraphrases, paraphrased
+from mmunlearn.audit.probe import answer_states, nearest_centroid_accuracy, text_probe
+from mmunlearn.audit.quantise import FORMATS, quantised
+from mmunlearn.audit.relearn import relearn_attack, split_forget
+
+log = logging.getLogger(__name__)
+AUDIT_JSON = "AUDIT.json"
+AUDIT_MD = "AUDIT.md"
+ROLES = ("target", "retain", "unlearned")
+T3_NOTE = ("T3 leaves the weights untouched: its base is the target's weights, so relearning and probes on "
+           "them find everything still there; its forgetting holds at the output only (a served model), not "
+           "for released weights.")
+
+#: Columns of the audit table: (header, summary key). "kept" = forgetting kept under the attack, relative to
+#: the retain model under the same attack (1 = as retrained, 0 = as the target).
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("forget prob", "forget_prob"),
+    ("kept", "kept_none"),
+    ("kept: paraphrase", "kept_paraphrase"),
+    ("kept: 8-bit", "kept_quantise_8bit"),
+    ("kept: 4-bit", "kept_quantise_4bit"),
+    ("kept: relearn", "kept_relearn"),
+    ("relearn recovery ratio", "relearn_recovery_ratio"),
+    ("probe acc", "probe_accuracy"),
+    ("probe kept", "kept_probe"),
+    ("weights = target", "weights_equal_target"),
+)
+
+
+def _weights_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
+
+
+def _tilt_parts(adapter: Any):
+    """(weights adapter, rewrap) for a T3-tilted adapter; (adapter, None) otherwise."""
+    from mmunlearn.tilt import TiltedCausalLM
+
+    model = adapter.model
+    if not isinstance(model, TiltedCausalLM):
+        return adapter, None
+
+    def rewrap(base_adapter: Any) -> Any:
+        return adapter.with_model(TiltedCausalLM(base_adapter.model, model.head, model.temperature,
+                                                 base_path=model.base_path, strength=model.strength))
+
+    return adapter.with_model(model.base), rewrap
+
+
+def _kept_all(result: Mapping[str, Mapping[str, Any]], keys: Sequence[str]) -> dict[str, float | None]:
+    return {k: kept(result["target"].get(k), result["unlearned"].get(k), result["retain"].get(k)) for k in keys}
+
+
+class _Cache:
+    """Results of the target and retain models, shared by the audits of several methods on one context."""
+
+    def __init__(self, store: dict | None):
+        self.store = store if store is not None else {}
+
+    def get(self, key: tuple, make):
+        if key not in self.store:
+            self.store[key] = make()
+        return self.store[key]
+
+
+def audit_text(unlearned: Any, target: Any, retain: Any, forget: Sequence[Any], holdout: Sequence[Any] | None, *,
+               method: str, options: AuditOptions | None = None, retain_items: Sequence[Any] | None = None,
+               languages: Mapping[str, Sequence[Any]] | None = None, cache: dict | None = None,
+               progress: bool = True) -> dict[str, Any]:
+    """Audit a text LLM (``unlearned``, a :class:`~mmunlearn.adapters.text_llm.TextLLMAdapter`, T3's tilted one
+    included) against ``target`` and ``retain`` adapters on the ``forget`` QA items.
+
+    holdout: never-seen QA items for the probe (TOFU's ``holdoutPP``; None skips the probe).
+    retain_items: the retain data of ``relearn_on='retain'``. languages: language -> forget items in it (cTOFU),
+    each measured as a paraphrase. cache: a dict shared between calls on the same models and data (the
+    target's and retain model's results are computed once). Returns the JSON-able result (``summary``: the row).
+    """
+    opts = options or AuditOptions()
+    memo = _Cache(cache)
+    weights, rewrap = _tilt_parts(unlearned)
+    roles = {"target": target, "retain": retain, "unlearned": unlearned}
+    attack_roles = {"target": target, "retain": retain, "unlearned": weights}  # who an attacker holds
+    forget = list(forget)
+    start = time.perf_counter()
+    kw = dict(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size)
+
+    # the retain model's truth ratios: forget quality of every other model on the same items
+    ref_ratios: dict[int, np.ndarray | None] = {}
+
+    def measure(adapter: Any, items: Sequence[Any], desc: str, rt_key: Any = None) -> dict:
+        ratios = ref_ratios.get(id(items)) if rt_key is None else rt_key
+        values, _ = text_measures(adapter, items, retain_truth_ratios=ratios, desc=desc if progress else None, **kw)
+        return values
+
+    def reference_ratios(items: Sequence[Any], tag: str) -> None:
+        ref_ratios[id(items)] = memo.get(("retain_ratios", tag), lambda: text_measures(
+            retain, items, desc=f"retain: {tag}" if progress else None, **kw)[1])
+
+    def three(tag: str, items: Sequence[Any], models: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        reference_ratios(items, tag)
+        models = models or roles
+        out = {}
+        for role in ROLES:
+            make = lambda role=role: measure(models[role], items, f"{role}: {tag}")  # noqa: E731
+            out[role] = memo.get((tag, role), make) if role != "unlearned" else make()
+        out["kept"] = _kept_all(out, TEXT_KEYS)
+        return out
+
+    result: dict[str, Any] = {"method": method, "model_kind": "text", "options": opts.to_dict(),
+                              "forget_items": len(forget), "attacks": {}}
+    attacks = result["attacks"]
+    attacks["none"] = three("none", forget)
+    if "paraphrase" in opts.attacks:
+        if has_paraphrases(forget):
+            attacks["paraphrase"] = three("paraphrase", paraphrased(forget))
+        else:
+            log.warning("audit: the forget items have no paraphrased_question; paraphrase attack skipped")
+        for lang, items in (languages or {}).items():
+            attacks[f"language_{lang}"] = three(f"language_{lang}", list(items))
+    if "quantise" in opts.attacks:
+        for bits in opts.bits:
+            tag = f"quantise_{bits}bit"
+            q = quantised(weights, bits)
+            models = {"target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
+                      "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
+                      "unlearned": rewrap(q) if rewrap else q}
+            attacks[tag] = three(tag, forget, models)
+            attacks[tag]["format"] = FORMATS[bits]
+    if "relearn" in opts.attacks:
+        attacks["relearn"] = _relearn(attack_roles, forget, retain_items, opts, memo, measure, reference_ratios,
+                                      TEXT_KEYS, progress, before_unlearned=(unlearned if rewrap else None))
+    if "probe" in opts.attacks and holdout:
+        holdout = list(holdout)
+        states = {r: memo.get(("states", r), lambda r=r: answer_states(attack_roles[r], forget + holdout,
+                                                                      opts.batch_size))
+                  if r != "unlearned" else answer_states(weights, forget + holdout, opts.batch_size) for r in ROLES}
+        probe = text_probe(states, len(forget), len(holdout), k=opts.probe_folds, seed=opts.seed)
+        probe["kept"] = {"accuracy": kept(probe["target"]["accuracy"], probe["unlearned"]["accuracy"],
+                                          probe["retain"]["accuracy"]),
+                         "transfer_accuracy": kept(probe["target"]["transfer_accuracy"],
+                                                   probe["unlearned"]["transfer_accuracy"],
+                                                   probe["retain"]["transfer_accuracy"])}
+        attacks["probe"] = probe
+    result["white_box"] = {"weights_equal_target": _weights_equal(weights.model, target.model),
+                           "output_level_only": rewrap is not None, "note": T3_NOTE if rewrap else None}
+    result["seconds"] = time.perf_counter() - start
+    result["summary"] = summary(result, "forget_prob")
+    return result
+
+
+def _relearn(models: Mapping[str, Any], forget: list, retain_items: Sequence[Any] | None, opts: AuditOptions,
+             memo: _Cache, measure, reference_ratios, keys: Sequence[str], progress: bool, *,
+             before_unlearned: Any = None, train_mode: bool = True) -> dict[str, Any]:
+    train, test = split_forget(forget, opts.relearn_fraction)
+    if opts.relearn_on == "retain":
+        if not retain_items:
+            raise ValueError("relearn_on='retain' needs the retain items")
+        train = list(retain_items)
+    reference_ratios(test, "relearn")
+    out: dict[str, Any] = {"train_items": len(train), "test_items": len(test), "on": opts.relearn_on}
+    for role in ROLES:
+        def run(role=role) -> dict:
+            before = None
+            if role == "unlearned" and before_unlearned is not None:  # T3: the tilted outputs before the attack
+                before = {role: measure(before_unlearned, test, "unlearned (tilted) before relearning")}
+            return relearn_attack({role: models[role]}, train, test, measure, opts, train_mode=train_mode,
+                                  before=before, progress=progress)[role]
+        out[role] = memo.get(("relearn", role), run) if role != "unlearned" else run()
+    after = {r: out[r]["after"] for r in ROLES}
+    out["kept"] = _kept_all(after, keys)
+    target_level = out["target"]["before"]
+    out["recovered"] = {r: {k: recovered(out[r]["before"].get(k), out[r]["after"].get(k), target_level.get(k))
+                            for k in keys} for r in ("retain", "unlearned")}
+    out["recovery_ratio"] = {k: (None if out["recovered"]["retain"][k] in (None, 0.0)
+                                 or out["recovered"]["unlearned"][k] is None
+                                 else out["recovered"]["unlearned"][k] / out["recovered"]["retain"][k])
+                             for k in keys}
+    return out
+
+
+def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequence[Mapping[str, Any]], *,
+                  method: str, heldout_forget: Sequence[Mapping[str, Any]] | None = None,
+                  probe_rows: Sequence[Mapping[str, Any]] | None = None, forget_speakers: Sequence[str] | None = None,
+                  retain_rows: Sequence[Mapping[str, Any]] | None = None, options: AuditOptions | None = None,
+                  cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """Audit a speaker classifier (:class:`~mmunlearn.adapters.speaker.SpeakerAdapter`): forget-speaker accuracy
+    on ``forget_rows`` plain, on ``heldout_forget`` (other recordings of the forget speakers: the paraphrase
+    analogue), after 8/4-bit round trips and after relearning on part of ``forget_rows``; the probe identifies
+    the ``forget_speakers`` among all speakers of ``probe_rows`` (held-out recordings) by nearest centroid."""
+    from mmunlearn.eval.speaker import score_rows
+
+    opts = options or AuditOptions()
+    memo = _Cache(cache)
+    roles = {"target": target, "retain": retain, "unlearned": unlearned}
+    forget_rows = list(forget_rows)
+    start = time.perf_counter()
+
+    def measure(adapter: Any, rows: Sequence[Mapping[str, Any]], desc: str) -> dict:
+        return speaker_measures(adapter, rows, batch_size=opts.batch_size, desc=desc if progress else None)
+
+    def three(tag: str, rows: Sequence[Mapping[str, Any]], models: Mapping[str, Any] | None = None) -> dict:
+        models = models or roles
+        out = {}
+        for role in ROLES:
+            make = lambda role=role: measure(models[role], rows, f"{role}: {tag}")  # noqa: E731
+            out[role] = memo.get((tag, role), make) if role != "unlearned" else make()
+        out["kept"] = _kept_all(out, SPEAKER_KEYS)
+        return out
+
+    result: dict[str, Any] = {"method": method, "model_kind": "speaker", "options": opts.to_dict(),
+                              "forget_items": len(forget_rows), "attacks": {}}
+    attacks = result["attacks"]
+    attacks["none"] = three("none", forget_rows)
+    if "paraphrase" in opts.attacks and heldout_forget:
+        attacks["paraphrase"] = three("paraphrase", list(heldout_forget))
+        attacks["paraphrase"]["what"] = "held-out recordings of the forget speakers"
+    if "quantise" in opts.attacks:
+        for bits in opts.bits:
+            tag = f"quantise_{bits}bit"
+            models = {"target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
+                      "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
+                      "unlearned": quantised(unlearned, bits)}
+            attacks[tag] = three(tag, forget_rows, models)
+            attacks[tag]["format"] = FORMATS[bits]
+    if "relearn" in opts.attacks:
+        attacks["relearn"] = _relearn(roles, forget_rows, retain_rows, opts, memo, measure, lambda *_: None,
+                                      SPEAKER_KEYS, progress, train_mode=False)
+    if "probe" in opts.attacks and probe_rows and forget_speakers:
+        probe: dict[str, Any] = {"what": "nearest-centroid identification of the forget speakers' held-out "
+                                         "recordings among all speakers (cosine on embeddings)"}
+        for role in ROLES:
+            def acc(role=role) -> dict:
+                scores = score_rows(roles[role], probe_rows, batch_size=opts.batch_size,
+                                    desc=f"{role}: probe embeddings" if progress else None)
+                return {"accuracy": nearest_centroid_accuracy(scores.embeddings, scores.speakers,
+                                                              only=forget_speakers)}
+            probe[role] = memo.get(("probe", role), acc) if role != "unlearned" else acc()
+        probe["kept"] = {"accuracy": kept(probe["target"]["accuracy"], probe["unlearned"]["accuracy"],
+                                          probe["retain"]["accuracy"])}
+        attacks["probe"] = probe
+    result["white_box"] = {"weights_equal_target": _weights_equal(unlearned.model, target.model),
+                           "output_level_only": False, "note": None}
+    result["seconds"] = time.perf_counter() - start
+    result["summary"] = summary(result, "forget_acc")
+    return result
+
+
+def summary(result: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The table row of an audit: the unlearned model's plain measure, the forgetting kept under each attack
+    (on ``key``), the relearning recovery ratio, the probe's accuracy and kept share."""
+    attacks = result["attacks"]
+    row: dict[str, Any] = {"method": result["method"], "measure": key,
+                           "forget_prob": attacks["none"]["unlearned"].get(key)}
+    for name, res in attacks.items():
+        if name == "probe":
+            row["probe_accuracy"] = res["unlearned"]["accuracy"]
+            row["kept_probe"] = res["kept"]["accuracy"]
+        else:
+            row[f"kept_{name}"] = res["kept"].get(key)
+    if "relearn" in attacks:
+        row["relearn_recovery_ratio"] = attacks["relearn"]["recovery_ratio"].get(key)
+    row["weights_equal_target"] = result["white_box"]["weights_equal_target"]
+    return row
+
+
+def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the target and retain models (their measures; "kept" is 0 and 1 by definition)."""
+    key = result["summary"]["measure"]
+    attacks = result["attacks"]
+    rows = []
+    for role, value in (("target", 0.0), ("retain", 1.0)):
+        row = {"method": f"{role} model", "forget_prob": attacks["none"][role].get(key)}
+        for name, res in attacks.items():
+            row["kept_probe" if name == "probe" else f"kept_{name}"] = value
+        if "probe" in attacks:
+            row["probe_accuracy"] = attacks["probe"][role]["accuracy"]
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.2e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
+    return str(value)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The audit table; columns of attacks no row ran are left out; language columns are added when present."""
+    extra = sorted({k for r in rows for k in r if k.startswith("kept_language_")})
+    columns = [*COLUMNS[:3], *((f"kept: {k.removeprefix('kept_language_')}", k) for k in extra), *COLUMNS[3:]]
+    columns = [(h, k) for h, k in columns if any(r.get(k) is not None for r in rows)]
+    measure = next((r.get("measure") for r in rows if r.get("measure")), "forget_prob")
+    head = "| method | " + " | ".join(h if k != "forget_prob" else measure.replace("_", " ") for h, k in columns) + " |"
+    sep = "|---|" + "---:|" * len(columns)
+    body = ["| " + str(r["method"]) + " | " + " | ".join(_fmt(r.get(k)) for _, k in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def write_audit(out: str | Path, results: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None) -> Path:
+    """AUDIT.json (every result, with ``context``) and AUDIT.md (the table, target and retain rows first) in
+    ``out``, each written atomically; returns the JSON's path."""
+    out = Path(out)
+    rows = (reference_rows(results[0]) if results else []) + [r["summary"] for r in results]
+    write_text_atomic(out / AUDIT_JSON, json.dumps(_jsonable({"context": dict(context or {}), "results": list(results),
+                                                              "rows": rows, "time": time.time()}), indent=2))
+    notes = sorted({r["white_box"]["note"] for r in results if r["white_box"].get("note")})
+    text = ["# Robustness audit", "", markdown(rows), "",
+            "kept = (target - model) / (target - retain model), each measured after the same attack: 1 = as forgotten "
+            "as retraining, 0 = as the target. relearn recovery ratio = the share of its own gap the model "
+            "recovered over the retain model's (1 = relearns like a model that never saw the data).",
+            *(["", *notes] if notes else [])]
+    write_text_atomic(out / AUDIT_MD, "\n".join(text) + "\n")
+    return out / AUDIT_JSON
