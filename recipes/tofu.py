@@ -51,6 +51,11 @@ FtAccum = Annotated[Optional[int], typer.Option("--ft-grad-accum", help="Fine-tu
 FtMaxSteps = Annotated[Optional[int], typer.Option("--ft-max-steps", help="Fine-tuning of the built target and retain models: at most N optimizer steps (the schedule fitted to them).")]
 FtPrecision = Annotated[Optional[str], typer.Option("--ft-precision", help="Fine-tuning of the built target and retain models: no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it).")]
 PRECISION_CHOICES = ("no", "bf16", "auto")
+AuditFlag = Annotated[bool, typer.Option("--audit", help="Also run the robustness audits (paraphrase, 8/4-bit quantisation, relearning, probe) on every method's model: <out>/AUDIT.json and AUDIT.md beside compare.md, and <out>/<method>/AUDIT.json.")]
+AuditSteps = Annotated[Optional[int], typer.Option("--audit-relearn-steps", help="--audit: relearning optimizer steps (default 20).")]
+AuditLr = Annotated[Optional[float], typer.Option("--audit-relearn-lr", help="--audit: relearning learning rate (default: 1e-3 for micro/mini, 1e-5 for a model directory).")]
+AuditOn = Annotated[Optional[str], typer.Option("--audit-relearn-on", help="--audit: relearn on part of the forget set ('forget', default) or on retain data only ('retain', stricter).")]
+AuditAttacks = Annotated[Optional[str], typer.Option("--audit-attacks", help="--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, probe; default all).")]
 
 
 def _threads(n: int | None) -> None:
@@ -129,6 +134,22 @@ def _given_models(target: Path | None, retain_model: Path | None, base: str, swe
         console.print("[yellow]warning:[/yellow] the --ft-* options are ignored: --target and --retain-model "
                       "are given, no model is built")
     return target, retain_model
+
+
+def _audit_options(preset: str, steps: int | None, lr: float | None, on: str | None, attacks: str | None,
+                   max_new_tokens: int = 64):
+    """``--audit-*`` as :class:`mmunlearn.audit.AuditOptions` for the preset (a usage error when invalid);
+    the audit's generations are at most 64 tokens (fewer when --max-new-tokens says so)."""
+    from mmunlearn.audit import ATTACKS
+    from mmunlearn.audit.options import parse_list
+    from recipes.tofu_settings import audit_options
+
+    try:
+        return audit_options(preset, relearn_steps=steps, relearn_lr=lr, relearn_on=on,
+                             attacks=parse_list(attacks, ATTACKS, "--audit-attacks"),
+                             max_new_tokens=min(64, max_new_tokens))
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--audit-*") from None
 
 
 def _warn_memorisation(ctx) -> None:
@@ -287,12 +308,18 @@ def compare(
     ft_grad_accum: FtAccum = None,
     ft_max_steps: FtMaxSteps = None,
     ft_precision: FtPrecision = None,
+    audit: AuditFlag = False,
+    audit_relearn_steps: AuditSteps = None,
+    audit_relearn_lr: AuditLr = None,
+    audit_relearn_on: AuditOn = None,
+    audit_attacks: AuditAttacks = None,
     seed: Seed = 0,
     device: Device = "auto",
     cache_dir: CacheDir = None,
     threads: Threads = None,
 ) -> None:
-    """Run every method on the same target model and split; one table and a scatter plot."""
+    """Run every method on the same target model and split; one table and a scatter plot (and, with
+    --audit, the robustness audit table AUDIT.md)."""
     from mmunlearn.methods import names
 
     _threads(threads)
@@ -304,6 +331,8 @@ def compare(
     overrides = _train_overrides(ft_epochs, ft_lr, ft_batch_size, ft_grad_accum, ft_max_steps, ft_precision, "--ft-")
     groups = _metrics(metrics)
     options = _extract(extract, extract_steps)
+    audit_opts = _audit_options(preset, audit_relearn_steps, audit_relearn_lr, audit_relearn_on,
+                                audit_attacks, max_new_tokens) if audit else None
     target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
     start = time.perf_counter()
     ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens,
@@ -314,17 +343,27 @@ def compare(
     context = {**ctx.describe(), **{k: v for k, v in options.items() if v is not None}}
     kept = tofu_report.earlier_rows(out, context, exclude=chosen)
     target_nll = ctx.forget_target() if sweep else None
+    audits, audit_cache = [], {}
     for name in chosen:
         rows.append(tofu_pipeline.run_method_row(name, ctx, options, sweep_rule(target_nll, retain_bound), base,
                                                  out / name, device))
         tofu_report.write_tables(out, tofu_report.ordered(rows + kept), context)  # nothing lost if interrupted
+        if audit_opts is not None:
+            console.print(f"auditing {name} ...")
+            audits.append(tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, device, audit_cache))
+            tofu_report.write_audit_table(out, audits + tofu_pipeline.earlier_audits(out, [r["method"] for r in kept]),
+                                          context)
     rows = tofu_report.ordered(rows + kept)
     tofu_report.scatter(out / "fq_vs_mu.png", rows)
     if sweep:
         tofu_report.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)
     console.print(tofu_report.markdown(rows))
+    if audit_opts is not None:
+        console.print((out / "AUDIT.md").read_text(), markup=False, soft_wrap=True)
     _warn_memorisation(ctx)  # again below the table, where it is seen
-    console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png in {time.perf_counter() - start:.0f} s")
+    console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png"
+                  + (" and AUDIT.md / AUDIT.json" if audit_opts is not None else "")
+                  + f" in {time.perf_counter() - start:.0f} s")
 
 
 @app.command()

@@ -268,3 +268,41 @@ def run_method_row(method: str, ctx: TofuSetup, options: dict, rule, base: str, 
     return row
 
 
+
+
+def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, cache: dict,
+                 languages: Mapping[str, list] | None = None, data: Any = None) -> dict:
+    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (``run_method_row``'s folder) against the
+    setup's target and retain models; ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the result.
+
+    ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``data``: the
+    TOFU source of the forget/holdout rows (default: the setup's); ``languages``: cTOFU's per-language
+    forget rows."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.audit import audit_text, write_audit
+    from mmunlearn.audit.folder import load_text_unlearned, text_data
+
+    forget, holdout, _ = text_data(ctx.data if data is None else data, ctx.forget_split, ctx.authors)
+    adapters = cache.setdefault("adapters", {})
+    for role in ("target", "retain"):
+        if role not in adapters:
+            adapters[role] = TextLLMAdapter.from_pretrained(getattr(ctx.built, role), device=device)
+    result = audit_text(load_text_unlearned(out / "model", device), adapters["target"], adapters["retain"], forget,
+                        holdout, method=method, options=options, retain_items=ctx.retain, languages=languages,
+                        cache=cache.setdefault("results", {}))
+    result["models"] = {"unlearned": str(out / "model"), "target": str(ctx.built.target),
+                        "retain": str(ctx.built.retain)}
+    write_audit(out, [result], ctx.describe())
+    return result
+
+
+def earlier_audits(out: Path, methods: Collection[str]) -> list[dict]:
+    """Audit results of methods kept from an earlier comparison (their ``out/<method>/AUDIT.json``)."""
+    from mmunlearn.audit import AUDIT_JSON
+
+    found = []
+    for m in methods:
+        path = out / m / AUDIT_JSON
+        if path.is_file():
+            found += json.loads(path.read_text()).get("results", [])
+    return found

@@ -83,6 +83,16 @@ def write_tables(out: Path, rows: list[dict], context: dict) -> None:
     write_text_atomic(out / "compare.json", json.dumps({"context": context, "rows": rows, "time": time.time()}, indent=2))
 
 
+def write_audit_table(out: Path, results: list[dict], context: dict) -> Path:
+    """AUDIT.json and AUDIT.md of a comparison (:func:`mmunlearn.audit.write_audit`), methods in the
+    registry's order."""
+    from mmunlearn.audit import write_audit
+    from mmunlearn.methods import names
+
+    rank = {m: i for i, m in enumerate(names())}
+    return write_audit(out, sorted(results, key=lambda r: rank.get(r["method"], len(rank))), context)
+
+
 def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: float | None) -> Path | None:
     """Forget vs retain NLL (training partitions) along each method's sweep: erasure scale,
     T3 temperature, baseline epochs. Reads ``out/<method>/run.json``."""

@@ -83,5 +83,17 @@ def forget_nll_warning(preset: str, forget_nll: float | None, hint: str = "--epo
             f"(memorised: <= {bound}); unlearning results will not mean much; train longer: {hint}")
 
 
+#: ``--audit`` relearning learning rate per preset size: the tiny presets were fine-tuned at 2e-3, real
+#: checkpoints at TOFU's 1e-5 (the attack relearns at about the rate the model was trained with).
+AUDIT_RELEARN_LR: dict[str, float] = {"micro": 1e-3, "mini": 1e-3, "model_dir": 1e-5}
+
+
+def audit_options(preset: str, **overrides: Any):
+    """The audit settings of ``--audit`` for a model preset (``overrides``: the CLI's, None = default)."""
+    from mmunlearn.audit import AuditOptions
+
+    return AuditOptions(relearn_lr=AUDIT_RELEARN_LR[preset_size(preset)]).replace(**overrides)
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"

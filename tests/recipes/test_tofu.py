@@ -82,3 +82,25 @@ def test_qr_erase_properties_on_micro(ctx):
     # the undo patch gives the target back bit for bit
     restore(target.model, report)
     assert all(torch.equal(before[k], target.model.state_dict()[k]) for k in before)
+
+
+def test_compare_with_audit_writes_the_audit_table(ctx, tmp_path):
+    res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
+                                   "--cache-dir", str(ctx.cache_dir), "--max-new-tokens", "8", "--device", "cpu",
+                                   "--no-sweep", "--methods", "grad_diff,t3", "--audit", "--audit-relearn-steps", "3",
+                                   "--audit-attacks", "quantise,relearn,paraphrase"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "AUDIT.json").read_text())
+    assert [r["method"] for r in saved["rows"]] == ["target model", "retain model", "grad_diff", "t3"]
+    by_method = {r["method"]: r for r in saved["results"]}
+    assert by_method["t3"]["white_box"]["weights_equal_target"] is True
+    assert by_method["grad_diff"]["white_box"]["weights_equal_target"] is False
+    assert by_method["grad_diff"]["options"]["relearn_steps"] == 3 and by_method["grad_diff"]["options"]["max_new_tokens"] == 8
+    for r in saved["rows"][2:]:
+        assert {"kept_quantise_4bit", "kept_relearn", "kept_paraphrase"} <= set(r)
+        assert (tmp_path / r["method"] / "AUDIT.json").is_file()
+    table = (tmp_path / "AUDIT.md").read_text()
+    assert "| grad_diff |" in table and "kept: 4-bit" in table and "T3 leaves the weights untouched" in table
+    bad = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path / "bad"),
+                                   "--audit", "--audit-relearn-on", "both"])
+    assert bad.exit_code != 0 and "relearn_on" in bad.output
