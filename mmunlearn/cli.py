@@ -148,11 +148,12 @@ def restore(
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
     stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
     hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,
+    steps: Annotated[int, typer.Option(min=0, help="Deletion requests to undo for a folder edited by several (its undo_history/): 1 gives the folder the request before wrote, 0 the original model.")] = 1,
 ) -> None:
     """Undo an erase or any unlearning output: write the original weights back, bit for bit."""
     from mmunlearn.undo import restore_folder
 
-    restore_folder(model, out, patch=patch, overwrite=overwrite, stream=stream, hardlink=hardlink)
+    restore_folder(model, out, patch=patch, overwrite=overwrite, stream=stream, hardlink=hardlink, steps=steps)
     console.print(f"restored model written to [bold]{out}[/bold]")
 
 
@@ -183,70 +184,6 @@ def prepare_retain(
     how = f" ({state.reason})" if state.reason else ""
     console.print(f"retain state {state.status}{how}: {len(state.task)} task matrices from "
                   f"{state.meta.get('retain_items')} retain items in {state.seconds:.1f} s -> [bold]{out}[/bold]")
-
-
-def _audit_help(name: str, note: str = "") -> str:
-    """An audit option's help and default, as :class:`mmunlearn.audit.AuditOptions` declares them."""
-    from mmunlearn.audit.options import AuditOptions
-
-    return f"{AuditOptions.help(name)}{note} [default: {getattr(AuditOptions(), name)}]"
-
-
-@app.command()
-def audit(
-    model: Annotated[Path, typer.Option(help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind.")],
-    target: Annotated[Path, typer.Option(help="Target model folder (trained on everything; the model that was unlearned).")],
-    retain_model: Annotated[Path, typer.Option(help="Retain model folder (never trained on the forget data: what retraining gives); speakers: the retrained classifier.")],
-    data: Annotated[str, typer.Option(help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier: the prepared manifest folder.")],
-    out: Annotated[Optional[Path], typer.Option(help="Folder for AUDIT.json and AUDIT.md (default: the model folder's parent, beside the recipe's other tables).")] = None,
-    forget_split: Annotated[str, typer.Option(help="Text: the forget split (forget01, forget05, forget10); its _perturbed rows and holdout split are read.")] = "forget10",
-    authors: Annotated[Optional[int], typer.Option(help="Text: keep N authors, as the run that unlearned did (tofu --authors).")] = None,
-    level: Annotated[Optional[str], typer.Option(help="Speaker classifier: speaker or sample (default: the level recorded in the folder's report).")] = None,
-    attacks: Annotated[str, typer.Option(help="Attacks to run, comma-separated: paraphrase, quantise, relearn, probe, or all.")] = "all",
-    bits: Annotated[str, typer.Option(help="Quantisation round trips, comma-separated bit widths: 8, 4 (GGUF Q8_0 / Q4_0).")] = "8,4",
-    relearn_steps: Annotated[Optional[int], typer.Option(help=_audit_help("relearn_steps"))] = None,
-    relearn_lr: Annotated[Optional[float], typer.Option(help=_audit_help("relearn_lr", "; use the fine-tuning rate of real checkpoints, e.g. 1e-5"))] = None,
-    relearn_batch_size: Annotated[Optional[int], typer.Option(help=_audit_help("relearn_batch_size"))] = None,
-    relearn_fraction: Annotated[Optional[float], typer.Option(help=_audit_help("relearn_fraction"))] = None,
-    relearn_on: Annotated[Optional[str], typer.Option(help=_audit_help("relearn_on"))] = None,
-    probe_folds: Annotated[Optional[int], typer.Option(help=_audit_help("probe_folds"))] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help=_audit_help("max_new_tokens"))] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help=_audit_help("batch_size"))] = None,
-    seed: Annotated[Optional[int], typer.Option(help=_audit_help("seed"))] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice; 1 is faster on a busy 2-core machine).")] = None,
-) -> None:
-    """Robustness audit of an unlearned model: does its forgetting survive paraphrase, 8/4-bit quantisation,
-    relearning and a linear probe? Each attack is applied to the target, the retain model and the unlearned
-    model alike; "kept" = (target - model) / (target - retain) after the attack (1 = as retrained)."""
-    from mmunlearn.audit import ATTACKS, markdown, write_audit
-    from mmunlearn.audit.folder import audit_folder
-    from mmunlearn.audit.options import BITS, AuditOptions, parse_list
-    from mmunlearn.audit.runner import reference_rows
-    from mmunlearn.errors import set_threads
-
-    set_threads(threads)
-    try:
-        chosen = parse_list(attacks, ATTACKS, "--attacks")
-        widths = parse_list(bits, BITS, "--bits", cast=int)
-        options = AuditOptions().replace(attacks=chosen, bits=widths, relearn_steps=relearn_steps,
-                                         relearn_lr=relearn_lr, relearn_batch_size=relearn_batch_size,
-                                         relearn_fraction=relearn_fraction, relearn_on=relearn_on,
-                                         probe_folds=probe_folds, max_new_tokens=max_new_tokens,
-                                         batch_size=batch_size, seed=seed)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    for path, flag in ((model, "--model"), (target, "--target"), (retain_model, "--retain-model")):
-        if not path.is_dir():
-            raise typer.BadParameter(f"{path}: no such folder", param_hint=flag)
-    result = audit_folder(model, target, retain_model, data, forget_split=forget_split, authors=authors,
-                          level=level, options=options, device=device)
-    dest = out if out is not None else model.resolve().parent
-    path = write_audit(dest, [result], {"data": data, "forget_split": forget_split, "authors": authors})
-    console.print(markdown([*reference_rows(result), result["summary"]]))
-    if result["white_box"].get("note"):
-        console.print(result["white_box"]["note"], style="yellow", markup=False, soft_wrap=True)
-    console.print(f"wrote {path} and {dest / 'AUDIT.md'}")
 
 
 def _audit_help(name: str, note: str = "") -> str:

@@ -127,6 +127,14 @@ def test_requests_compose_and_undo_patches_chain_bit_for_bit(speaker_dir, parts,
     assert not {"undo_patch.safetensors", "unlearn_report.json", HISTORY_DIR} & {p.name for p in (tmp_path / "all").iterdir()}
     with pytest.raises(ValueError, match="records 2 request"):
         restore_folder(tmp_path / "r2", tmp_path / "x", steps=3)
+    from typer.testing import CliRunner
+
+    from mmunlearn.cli import app
+
+    done = CliRunner().invoke(app, ["restore", "--model", str(tmp_path / "r2"), "--out", str(tmp_path / "cli"),
+                                    "--steps", "0"])
+    assert done.exit_code == 0, done.output
+    assert _same(_weights(tmp_path / "cli"), original)
 
 
 def test_a_batch_is_edited_once_with_the_union(speaker_dir, parts, speaker_manifests, tmp_path):

@@ -1,0 +1,283 @@
+"""Deletion requests at service speed: time per request with the retain state cached, against GradDiff.
+
+``mmunlearn bench requests`` builds (or reuses, under ``--workdir``) a speaker classifier on the built-in
+espeak corpus, splits its forget speakers into one deletion request each, computes the retain state once,
+then applies the requests one after another with QR-Erase (each on the model the previous one wrote),
+for each forget-extraction kind asked. Every request is also given to GradDiff, on the same input model
+with the same rule, trained until it meets the forget criterion (or runs out of epochs). QR-Erase sweeps its
+scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient and fine-tuning extractions
+of very different magnitudes are searched alike. Both use the
+same :class:`~mmunlearn.methods.rule.SweepRule` (speaker level: forget error rate at or above ``1 - 1/C``,
+retain NLL rising by at most ``retain_bound`` nats), scored once an epoch for GradDiff and once a sweep
+point for QR-Erase. Per request: wall time of the whole request (scoring and report included), the
+method's own time (extraction + edit / training), the rule's measures, held-out accuracy of the kept
+speakers, and the peak resident memory above the level at the start of the request. The rule scores the
+retain measure on ``score_retain`` retain utterances spread over the set (both methods alike); the full
+retain set's NLL before and after each request is in the JSON rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The goal of issue 18: a request with the retain state cached at least this many times faster than GradDiff.
+TARGET_SPEEDUP = 10.0
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakMemory:
+    """Peak resident set size while the block runs (sampled every 5 ms), and the level when it started."""
+
+    def __enter__(self) -> "PeakMemory":
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+@dataclass
+class RequestRow:
+    """One request handled by one method."""
+
+    dataset: str
+    method: str  # qr-erase (retain state cached) | grad_diff
+    extract: str | None  # forget extraction of QR-Erase
+    request: int  # 1-based, in order
+    forget_items: int
+    seconds: float  # wall time of the whole request
+    method_seconds: float  # extraction + edit (QR-Erase) or training (GradDiff)
+    extract_seconds: float
+    forget_before: float
+    forget_after: float
+    forget_target: float
+    retain_before: float
+    retain_after: float
+    retain_bound: float
+    reached: bool  # forget measure at or past the target
+    retain_ok: bool  # retain measure within the bound
+    heldout_retain_acc: float | None = None  # kept speakers' test audio, after the request
+    peak_extra_mb: float = 0.0
+    peak_mb: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def meets(self) -> bool:
+        return self.reached and self.retain_ok
+
+
+@dataclass
+class BenchResult:
+    dataset: str
+    setup: dict
+    prepare_seconds: float  # the retain state, once
+    rows: list[RequestRow]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per method (and extraction): median time per request after the first, the speed-up over GradDiff
+        on the same requests, how many met the rule, the largest retain rise and the peak memory."""
+        out = []
+        keys = sorted({(r.method, r.extract) for r in self.rows}, key=lambda k: (k[0] != "grad_diff", str(k[1])))
+        gd = [r for r in self.rows if r.method == "grad_diff"]
+        for method, extract in keys:
+            rows = [r for r in self.rows if r.method == method and r.extract == extract]
+            later = [r for r in rows if r.request > 1] or rows
+            sec = statistics.median(r.seconds for r in later)
+            msec = statistics.median(r.method_seconds for r in later)
+            gd_later = [r for r in gd if r.request > 1] or gd
+            gd_sec = statistics.median(r.seconds for r in gd_later) if gd_later else float("nan")
+            gd_msec = statistics.median(r.method_seconds for r in gd_later) if gd_later else float("nan")
+            out.append({"method": method, "extract": extract, "requests": len(rows),
+                        "median_seconds_after_first": sec, "median_method_seconds_after_first": msec,
+                        "first_request_seconds": rows[0].seconds,
+                        "speedup_vs_grad_diff": gd_sec / sec if sec > 0 else float("nan"),
+                        "method_speedup_vs_grad_diff": gd_msec / msec if msec > 0 else float("nan"),
+                        "met_rule": sum(r.meets for r in rows), "reached_forget": sum(r.reached for r in rows),
+                        "max_retain_rise": max(r.retain_after - r.retain_before for r in rows),
+                        "min_heldout_retain_acc": min((r.heldout_retain_acc for r in rows
+                                                       if r.heldout_retain_acc is not None), default=None),
+                        "peak_extra_mb": max(r.peak_extra_mb for r in rows),
+                        "peak_mb": max(r.peak_mb for r in rows)})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "setup": self.setup, "prepare_seconds": self.prepare_seconds,
+                "summary": self.summary(), "rows": [{**asdict(r), "meets": r.meets} for r in self.rows],
+                "machine": machine(), "target_speedup": TARGET_SPEEDUP}
+
+
+def machine() -> dict[str, Any]:
+    return {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
+
+
+def error_rate(adapter, items: Sequence[dict]) -> float:
+    """1 - identification accuracy (the speaker-level forget measure)."""
+    from mmunlearn.eval.speaker import accuracy
+
+    return 1.0 - accuracy(adapter, items, desc=None)
+
+
+def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, videos: int, forget_speakers: int,
+                   epochs: int | None, progress: bool) -> tuple[Path, Path]:
+    """Manifests of the built-in corpus and a classifier trained on it (both cached in ``workdir``)."""
+    from data_prep.synth_speakers import synthesize_corpus
+    from data_prep.voxceleb2 import prepare
+
+    from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
+    from mmunlearn.train import TrainConfig
+
+    root = synthesize_corpus(workdir / "corpus", speakers, utterances, videos, 0, progress=progress)
+    man = prepare(root, workdir / "manifests", forget_speakers=forget_speakers, forget_fraction=0.1, seed=0,
+                  progress=progress).out
+    cfg = (TrainConfig(epochs=15, batch_size=8, lr=1e-2, schedule="onecycle", weight_decay=1e-4)
+           if preset == "tiny" else DEFAULT_TRAIN)
+    if epochs is not None:
+        cfg = cfg.replace(epochs=epochs)
+    model_dir = workdir / f"model-{preset}-e{cfg.epochs}"
+    if not (model_dir / "hyperparams.yaml").is_file():
+        rows, labels = training_rows(man, "speaker", retain_only=False)
+        adapter, _ = train_speaker_classifier(rows, speakers=labels, preset=preset, config=cfg, seed=0, device="cpu",
+                                              progress=progress, desc=f"train {preset} classifier")
+        adapter.save(model_dir, overwrite=True)
+    return man, model_dir
+
+
+def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: int = 10, utterances: int = 20,
+                videos: int = 2, requests: int = 3, extracts: Sequence[str] = ("gradient", "finetune"),
+                train_epochs: int | None = None, retain_bound: float = 0.05, gd_epochs: int = 20,
+                gd_lr: float | None = None, score_retain: int | None = 32, progress: bool = False,
+                show: Callable[[RequestRow], None] | None = None) -> BenchResult:
+    """The speaker-classifier benchmark (see the module notes)."""
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.data.utterances import split_rows
+    from mmunlearn.methods import SweepRule, get, mean_nll, run_unlearning
+    from mmunlearn.requests import History, obtain_retain_state, run_request
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    man, model_dir = _speaker_model(workdir, preset, speakers, utterances, videos, requests, train_epochs, progress)
+    forget_rows, retain = split_rows(man, "spk_forget_train"), split_rows(man, "spk_retain_train")
+    heldout = split_rows(man, "spk_retain_test")
+    ids = sorted({r["spk_id"] for r in forget_rows})
+    asks = [[r for r in forget_rows if r["spk_id"] == s] for s in ids]
+    original = SpeakerAdapter.load(model_dir, device="cpu")
+    n_classes = len(original.speakers)
+    scored = retain if not score_retain or score_retain >= len(retain) else \
+        [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
+    rule = SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound, forget_measure=error_rate,
+                     retain_measure=mean_nll, retain_items=scored, checks_per_epoch=1)
+    size = preset if preset in ("tiny", "small") else "large"
+    error_rate(original, heldout[:4])  # decode the audio once, outside every timed block
+    error_rate(original, retain + forget_rows)
+    state_dir = workdir / "retain_state"
+    t0 = time.perf_counter()
+    obtain_retain_state(state_dir, original, retain, None, kind="speaker",
+                        default_extract=get("qr-erase").config_for("speaker", size).extract, refresh=True,
+                        progress=progress)
+    prepare_seconds = time.perf_counter() - t0
+    gd_over = {"epochs": gd_epochs, **({"lr": gd_lr} if gd_lr is not None else {})}
+    rows: list[RequestRow] = []
+
+    def add(row: RequestRow) -> None:
+        rows.append(row)
+        if show is not None:
+            show(row)
+
+    for e, extract in enumerate(extracts):
+        model, history = original.clone(), History(workdir)
+        for i, forget in enumerate(asks, 1):
+            if e == 0:  # GradDiff on the same input model, with the same rule
+                gd = model.clone()
+                with PeakMemory() as mem:
+                    t = time.perf_counter()
+                    out = run_unlearning("grad_diff", gd, forget, retain, kind="speaker", size=size,
+                                         overrides=gd_over, rule=rule, progress=progress)
+                    wall = time.perf_counter() - t
+                add(_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout))
+            with PeakMemory() as mem:
+                t = time.perf_counter()
+                out = run_request(model, forget, retain, kind="speaker", method="qr-erase", size=size,
+                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
+                                  retain_state=state_dir,
+                                  history=history, progress=progress)
+                wall = time.perf_counter() - t
+            history = History(workdir, out.report["requests"])
+            row = _row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
+            row.detail["retain_state"] = out.report["retain_state"]["status"]
+            add(row)
+    setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos,
+             "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
+             "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
+             "qr_erase": asdict(get("qr-erase").config_for("speaker", size)), "extracts": list(extracts)}
+    return BenchResult("speaker classifier (built-in corpus)", setup, prepare_seconds, rows)
+
+
+def _row(method: str, extract: str | None, index: int, forget: Sequence[dict], report: dict, wall: float,
+         mem: PeakMemory, adapter, heldout: Sequence[dict]) -> RequestRow:
+    rule = report["rule"]
+    f_after, r_after = rule["forget"], rule["retain"]
+    return RequestRow(
+        dataset="speaker", method=method, extract=extract, request=index, forget_items=len(forget), seconds=wall,
+        method_seconds=report["extract_seconds"] + report["unlearn_seconds"], extract_seconds=report["extract_seconds"],
+        forget_before=rule["base_forget"], forget_after=f_after, forget_target=rule["forget_target"],
+        retain_before=rule["base_retain"], retain_after=r_after, retain_bound=rule["retain_bound"],
+        reached=f_after >= rule["forget_target"], retain_ok=r_after - rule["base_retain"] <= rule["retain_bound"],
+        heldout_retain_acc=1.0 - error_rate(adapter, heldout) if heldout else None,
+        peak_extra_mb=mem.extra / 2**20, peak_mb=mem.peak / 2**20,
+        detail={"chosen": report.get("info", {}).get("chosen"), "steps": report.get("info", {}).get("steps"),
+                "retain_nll_full": report["retain_nll"], "forget_nll": report["forget_nll"],
+                "sweep_points": len(report.get("info", {}).get("sweep", []) or [])})
+
+
+def markdown(res: BenchResult) -> str:
+    """The summary as a Markdown table."""
+    lines = ["| method | forget extraction | s / request (after the 1st) | method s | speed-up vs GradDiff | "
+             "met rule | max retain rise (nats) | min held-out retain acc % | peak extra MiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in res.summary():
+        acc = "n/a" if s["min_heldout_retain_acc"] is None else f"{100 * s['min_heldout_retain_acc']:.1f}"
+        lines.append(f"| {s['method']} | {s['extract'] or 'n/a'} | {s['median_seconds_after_first']:.2f} | "
+                     f"{s['median_method_seconds_after_first']:.2f} | {s['speedup_vs_grad_diff']:.1f}x | "
+                     f"{s['met_rule']}/{s['requests']} | {s['max_retain_rise']:.4f} | {acc} | {s['peak_extra_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def write_json(path: str | os.PathLike, res: BenchResult) -> Path:
+    from mmunlearn.atomic import write_text_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(path, json.dumps(res.to_dict(), indent=2, default=str))
+
+
+__all__ = ["BenchResult", "PeakMemory", "RequestRow", "TARGET_SPEEDUP", "error_rate", "machine", "markdown",
+           "run_speaker", "write_json"]

@@ -1,0 +1,37 @@
+"""The requests benchmark's bookkeeping: speed-up over GradDiff from the requests after the first, rule counts,
+and the peak-memory meter (the benchmark itself runs from the CLI; no timing is asserted here)."""
+
+import time
+
+import torch
+
+from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, markdown
+
+
+def _row(method, extract, request, seconds, forget_after=1.0, retain_rise=0.0):
+    return RequestRow(dataset="d", method=method, extract=extract, request=request, forget_items=4, seconds=seconds,
+                      method_seconds=seconds / 2, extract_seconds=0.1, forget_before=0.0, forget_after=forget_after,
+                      forget_target=0.9, retain_before=1.0, retain_after=1.0 + retain_rise, retain_bound=0.05,
+                      reached=forget_after >= 0.9, retain_ok=retain_rise <= 0.05)
+
+
+def test_summary_uses_the_requests_after_the_first_and_counts_the_rule():
+    rows = [_row("grad_diff", None, 1, 100.0), _row("grad_diff", None, 2, 20.0), _row("grad_diff", None, 3, 30.0),
+            _row("qr-erase", "gradient", 1, 50.0), _row("qr-erase", "gradient", 2, 2.0),
+            _row("qr-erase", "gradient", 3, 3.0, forget_after=0.5, retain_rise=0.2)]
+    res = BenchResult("d", {}, 1.0, rows)
+    gd, qr = res.summary()
+    assert gd["method"] == "grad_diff" and gd["speedup_vs_grad_diff"] == 1.0
+    assert qr["median_seconds_after_first"] == 2.5 and qr["speedup_vs_grad_diff"] == 25.0 / 2.5
+    assert qr["first_request_seconds"] == 50.0
+    assert (qr["met_rule"], qr["reached_forget"], qr["requests"]) == (2, 2, 3)
+    assert abs(qr["max_retain_rise"] - 0.2) < 1e-12
+    assert "| qr-erase | gradient | 2.50 |" in markdown(res) and "10.0x" in markdown(res)
+
+
+def test_peak_memory_sees_an_allocation_that_is_freed_inside_the_block():
+    with PeakMemory() as mem:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        time.sleep(0.1)  # the sampler runs while the block is held
+        del block
+    assert mem.extra >= 48 * 2**20
