@@ -18,8 +18,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from recipes import ctofu_pipeline, ctofu_report
-from recipes.tofu import Base, CacheDir, Device, Preset, RetainBound, Seed, Threads
+from recipes import ctofu_pipeline, ctofu_report, tofu_report
+from recipes.tofu import (AuditAttacks, AuditFlag, AuditLr, AuditOn, AuditSteps, Base, CacheDir, Device, Preset,
+                          RetainBound, Seed, Threads, _audit_options)
 from recipes.tofu_settings import sweep_rule
 
 app = typer.Typer(help="Cross-lingual TOFU: fine-tune on every language, forget in one, measure in all.",
@@ -199,12 +200,18 @@ def compare(
     sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature/epochs on the training partitions.")] = True,
     retain_bound: RetainBound = 0.1,
     max_new_tokens: MaxNew = 200,
+    audit: AuditFlag = False,
+    audit_relearn_steps: AuditSteps = None,
+    audit_relearn_lr: AuditLr = None,
+    audit_relearn_on: AuditOn = None,
+    audit_attacks: AuditAttacks = None,
     seed: Seed = 0,
     device: Device = "auto",
     cache_dir: CacheDir = None,
     threads: Threads = None,
 ) -> None:
-    """Every method on the same target: method x language tables, heatmaps and the transfer summary."""
+    """Every method on the same target: method x language tables, heatmaps and the transfer summary (and, with
+    --audit, the robustness audit table AUDIT.md with the forgetting kept in every language)."""
     from mmunlearn.presets.build import torch_threads
     from mmunlearn.methods import names
 
@@ -213,7 +220,10 @@ def compare(
     unknown = [m for m in chosen if m not in known]
     if unknown:
         raise typer.BadParameter(f"unknown methods {unknown}; choose from {known}", param_hint="--methods")
+    audit_opts = _audit_options(preset, audit_relearn_steps, audit_relearn_lr, audit_relearn_on, audit_attacks,
+                                max_new_tokens) if audit else None
     start = time.perf_counter()
+    audits, audit_cache = [], {}
     with torch_threads(threads):
         ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
                        retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch)
@@ -226,6 +236,10 @@ def compare(
             summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)  # after each method: nothing lost
             ctofu_report.write_report(out, "compare", refs + rows, summary, ctx.forget_langs,
                                       {**ctx.describe(), "seconds": time.perf_counter() - start})
+            if audit_opts is not None:
+                console.print(f"auditing {name} ...")
+                audits.append(ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, device, audit_cache))
+                tofu_report.write_audit_table(out, audits, ctx.describe())
     everything = refs + rows
     ctofu_report.heatmap(out / "fq_heatmap.png", everything, "forget_quality",
                          f"Forget quality per language (forget data: {', '.join(ctx.forget_langs)})", log10=True)
@@ -233,5 +247,8 @@ def compare(
                          "Forget ROUGE-L drop vs the target model, per language", cmap="magma")
     console.print(ctofu_report.matrix(everything, "forget_quality"))
     console.print(ctofu_report.transfer_table(ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)))
-    console.print(f"wrote {out}/compare.md, compare.json, fq_heatmap.png and rouge_drop.png in "
-                  f"{time.perf_counter() - start:.0f} s")
+    if audit_opts is not None:
+        console.print((out / "AUDIT.md").read_text(), markup=False, soft_wrap=True)
+    console.print(f"wrote {out}/compare.md, compare.json, fq_heatmap.png and rouge_drop.png"
+                  + (" and AUDIT.md / AUDIT.json" if audit_opts is not None else "")
+                  + f" in {time.perf_counter() - start:.0f} s")

@@ -172,3 +172,20 @@ def test_rows_and_transfer_summary_by_hand():
     assert summary["b"]["rouge_transfer"] == pytest.approx(0.75) and summary["b"]["verdict"] == "transfers"
     assert summary["c"]["verdict"] == "no forgetting"
     assert ctofu_pipeline.transfer_summary(rows, ("de",))[0]["verdict"] == "n/a"  # forget language not evaluated
+
+
+def test_compare_with_audit_reports_every_language(ctx, folder, tmp_path):
+    res = CliRunner().invoke(app, ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent",
+                                   "--forget-lang", "en", "--eval-langs", "en,ar", "--no-sweep",
+                                   "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path),
+                                   "--audit", "--audit-attacks", "paraphrase,quantise", "--audit-relearn-steps", "2"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "AUDIT.json").read_text())
+    result = saved["results"][0]
+    assert result["method"] == "grad_ascent" and "language_ar" in result["attacks"]
+    assert "language_en" not in result["attacks"]  # the forget language is the plain measure
+    ar = result["attacks"]["language_ar"]
+    assert set(ar) >= {"target", "retain", "unlearned", "kept"}
+    assert ar["target"]["forget_prob"] > ar["retain"]["forget_prob"]  # the target knows them in Arabic too
+    assert "probe" not in result["attacks"]  # no holdout split in the translations
+    assert "kept: ar" in (tmp_path / "AUDIT.md").read_text()
