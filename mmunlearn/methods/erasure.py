@@ -53,6 +53,9 @@ class EraseConfig(PresetConfig):
     sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (relative edit sizes doubling from "
                                     "0.001 of the weights' norm, then bisection of the crossing).")
     sweep_bisections: int = opt(3, "With 'auto' scales: geometric bisection steps once the crossing is bracketed.")
+    sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
+                                          "the first rank (e.g. the one an earlier deletion request chose); the sweep "
+                                          "ends there when that edit meets the rule.")
 
     PRESETS: ClassVar[dict] = {
         ("text", "micro"): dict(rank=8, retain_rank=32, scale=2.0, extract=_ex(steps=20, lr=1e-3, batch_size=8)),
@@ -128,6 +131,10 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
                             "retain_nll": p.retain_nll}, scorer, progress)
         return scorer.reached(p.forget_nll), scorer.over(p.retain_nll)
 
+    if cfg.sweep_first:
+        score((cfg.sweep_ranks or (cfg.rank,))[0], cfg.sweep_first / unit)
+        if scorer.point_meets(points[-1]):
+            return points, points[-1]
     for r in cfg.sweep_ranks or (cfg.rank,):
         good = None
         for s in (u / unit for u in AUTO_RELATIVE) if auto else cfg.sweep_scales:
@@ -169,6 +176,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress)
         rank, scale = best.rank, best.scale
         info["sweep"] = [vars(p) for p in points]
+        info["relative"] = best.relative
     info["chosen"] = {"rank": rank, "scale": scale}
     report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups)
     info.update(selected_layers=report.selected, energies=report.energies)

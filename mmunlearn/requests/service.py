@@ -53,7 +53,7 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
                 retain_state: str | os.PathLike | None = None, use_retain_state: bool | None = None,
                 refresh_retain: bool = False, retain_extract: ExtractConfig | None = None,
                 history: History | None = None, batch: bool = False, compare_batch: bool = False,
-                clone=None) -> Outcome:
+                clone=None, reuse_edit_size: bool = True) -> Outcome:
     """Unlearn one request (``batch=True``: ``forget`` is a list of forget sets, edited once with their union).
 
     Args:
@@ -66,6 +66,8 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
             their undo records and the report lists them all.
         compare_batch: with ``batch``, also apply the sets one by one to ``clone()`` (a fresh copy of the
             input model) and report the difference (``report["batch"]["one_by_one"]``).
+        reuse_edit_size: with a rule, an erasure method first tries the relative edit size the previous
+            request of the same method chose (``sweep_first``); the sweep ends there when it meets the rule.
     The rest as :func:`~mmunlearn.methods.harness.run_unlearning`.
     """
     t_start = time.perf_counter()
@@ -92,10 +94,17 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
         report_meta["batch"] = {"sets": [{"items": len(s), "fingerprint": data_fingerprint(s)} for s in sets],
                                 "union_items": len(items)}
     previous = history if history is not None and history.requests else None
+    last = previous.requests[-1] if previous is not None else {}
+    if (reuse_edit_size and rule is not None and getattr(cfg, "sweep_first", "absent") is None
+            and last.get("method") == method and last.get("relative_edit")):
+        from dataclasses import replace
+
+        cfg = replace(cfg, sweep_first=float(last["relative_edit"]))
 
     def add_history(report: dict[str, Any]) -> None:
         more = {"model_before": before, "model_after": model_fingerprint(adapter.model),
-                "forget_fingerprint": data_fingerprint(items), "seconds": time.perf_counter() - t_start}
+                "forget_fingerprint": data_fingerprint(items), "seconds": time.perf_counter() - t_start,
+                "relative_edit": (report.get("info") or {}).get("relative")}
         if batch:
             more["batch_sets"] = len(sets)
         report["requests"] = record(previous.requests if previous else [], report, **more)

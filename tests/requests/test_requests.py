@@ -168,3 +168,18 @@ def test_prepare_retain_command(speaker_dir, speaker_manifests, tmp_path):
     assert again.exit_code == 0 and "retain state loaded (fingerprints match)" in again.output
     inside = CliRunner().invoke(app, args[:5] + ["--out", str(speaker_dir / "state")] + args[7:])
     assert inside.exit_code != 0 and not (speaker_dir / "state").exists()  # never inside the model's folder
+
+
+def test_a_later_request_tries_the_edit_size_the_previous_one_chose_first(speaker_dir, parts, tmp_path):
+    from mmunlearn.methods import SweepRule
+
+    first, second, retain = parts
+    rule = SweepRule(forget_target=-1.0, retain_bound=1e9)  # every edit meets it: the first point tried is chosen
+    r1 = unlearn(speaker_dir, forget=first, retain=retain, out=tmp_path / "r1", rule=rule, **OPTS)
+    size = r1.report["requests"][0]["relative_edit"]
+    assert size == r1.report["info"]["sweep"][0]["relative"] and r1.report["config"]["sweep_first"] is None
+    r2 = unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", rule=rule, **OPTS)
+    assert r2.report["config"]["sweep_first"] == size
+    sweep = r2.report["info"]["sweep"]
+    assert len(sweep) == 1 and abs(sweep[0]["relative"] - size) <= 1e-9 * size  # it met the rule: no sweep
+    assert r2.report["requests"][1]["relative_edit"] == sweep[0]["relative"]
