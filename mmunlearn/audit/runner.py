@@ -45,13 +45,15 @@ T3_NOTE = ("T3 leaves the weights untouched: its base is the target's weights, s
 #: Columns of the audit table: (header, summary key). "kept" = forgetting kept under the attack, relative to
 #: the retain model under the same attack (1 = as retrained, 0 = as the target).
 COLUMNS: tuple[tuple[str, str], ...] = (
-    ("forget prob", "forget_prob"),
+    ("forget", "forget"),
     ("kept", "kept_none"),
     ("kept: paraphrase", "kept_paraphrase"),
     ("kept: 8-bit", "kept_quantise_8bit"),
     ("kept: 4-bit", "kept_quantise_4bit"),
     ("kept: relearn", "kept_relearn"),
     ("relearn recovery ratio", "relearn_recovery_ratio"),
+    ("ROUGE-L kept: 4-bit", "rouge_kept_quantise_4bit"),
+    ("ROUGE-L kept: relearn", "rouge_kept_relearn"),
     ("probe acc", "probe_accuracy"),
     ("probe kept", "kept_probe"),
     ("weights = target", "weights_equal_target"),
@@ -283,7 +285,7 @@ def summary(result: Mapping[str, Any], key: str) -> dict[str, Any]:
     (on ``key``), the relearning recovery ratio, the probe's accuracy and kept share."""
     attacks = result["attacks"]
     row: dict[str, Any] = {"method": result["method"], "measure": key,
-                           "forget_prob": attacks["none"]["unlearned"].get(key)}
+                           "forget": attacks["none"]["unlearned"].get(key)}
     for name, res in attacks.items():
         if name == "probe":
             row["probe_accuracy"] = res["unlearned"]["accuracy"]
@@ -292,6 +294,10 @@ def summary(result: Mapping[str, Any], key: str) -> dict[str, Any]:
             row[f"kept_{name}"] = res["kept"].get(key)
     if "relearn" in attacks:
         row["relearn_recovery_ratio"] = attacks["relearn"]["recovery_ratio"].get(key)
+    if "forget_rouge" in attacks["none"]["unlearned"]:  # text: the same on greedy answers
+        for name in ("quantise_4bit", "relearn"):
+            if name in attacks:
+                row[f"rouge_kept_{name}"] = attacks[name]["kept"].get("forget_rouge")
     row["weights_equal_target"] = result["white_box"]["weights_equal_target"]
     return row
 
@@ -302,9 +308,11 @@ def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     attacks = result["attacks"]
     rows = []
     for role, value in (("target", 0.0), ("retain", 1.0)):
-        row = {"method": f"{role} model", "forget_prob": attacks["none"][role].get(key)}
+        row = {"method": f"{role} model", "measure": key, "forget": attacks["none"][role].get(key)}
         for name, res in attacks.items():
             row["kept_probe" if name == "probe" else f"kept_{name}"] = value
+            if name in ("quantise_4bit", "relearn") and "forget_rouge" in attacks["none"][role]:
+                row[f"rouge_kept_{name}"] = value
         if "probe" in attacks:
             row["probe_accuracy"] = attacks["probe"][role]["accuracy"]
         rows.append(row)
@@ -327,7 +335,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     columns = [*COLUMNS[:3], *((f"kept: {k.removeprefix('kept_language_')}", k) for k in extra), *COLUMNS[3:]]
     columns = [(h, k) for h, k in columns if any(r.get(k) is not None for r in rows)]
     measure = next((r.get("measure") for r in rows if r.get("measure")), "forget_prob")
-    head = "| method | " + " | ".join(h if k != "forget_prob" else measure.replace("_", " ") for h, k in columns) + " |"
+    head = "| method | " + " | ".join(h if k != "forget" else measure.replace("_", " ") for h, k in columns) + " |"
     sep = "|---|" + "---:|" * len(columns)
     body = ["| " + str(r["method"]) + " | " + " | ".join(_fmt(r.get(k)) for _, k in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])

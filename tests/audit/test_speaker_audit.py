@@ -1,0 +1,60 @@
+"""The speaker-classifier audit on a tiny ECAPA and the synthetic espeak corpus: the function the VoxCeleb2
+recipe's --audit calls, and `mmunlearn audit` on a harness output folder of kind speaker."""
+
+import json
+
+import pytest
+
+from mmunlearn.audit import AuditOptions
+from mmunlearn.audit.folder import audit_folder, audit_speaker_models, speaker_rows
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+
+FAST = AuditOptions(relearn_steps=3, relearn_batch_size=4, bits=(4,))
+
+
+@pytest.fixture(scope="module")
+def classifiers(speaker_manifests, tmp_path_factory):
+    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+
+    root = tmp_path_factory.mktemp("audit_speaker")
+    for name, retain_only in (("original", False), ("retrained", True)):
+        rows, speakers = training_rows(speaker_manifests, "speaker", retain_only=retain_only)
+        adapter, _ = train_speaker_classifier(rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3,
+                                              batch_size=8, device="cpu", progress=False)
+        adapter.save(root / name)
+    return root
+
+
+def test_retrained_classifier_audited_against_itself_keeps_everything(classifiers, speaker_manifests):
+    res = audit_speaker_models(classifiers / "retrained", classifiers / "original", classifiers / "retrained",
+                               speaker_manifests, method="retrained itself", options=FAST, device="cpu",
+                               progress=False)
+    s = res["summary"]
+    assert s["measure"] == "forget_acc" and s["forget"] == res["attacks"]["none"]["unlearned"]["forget_acc"]
+    assert s["kept_none"] == pytest.approx(1.0) and s["relearn_recovery_ratio"] == pytest.approx(1.0)
+    for key in ("kept_none", "kept_quantise_4bit", "kept_relearn"):
+        assert s[key] in (None, pytest.approx(1.0)), key  # None only when original and retrained agree
+    probe = res["attacks"]["probe"]
+    assert probe["unlearned"]["accuracy"] == probe["retain"]["accuracy"]
+    assert 0.0 <= probe["target"]["accuracy"] <= 1.0
+    assert res["attacks"]["paraphrase"]["what"].startswith("held-out recordings")
+    rows = speaker_rows(speaker_manifests, "speaker")
+    assert {str(r["spk_id"]) for r in rows["forget_rows"]} == set(rows["forget_speakers"])
+
+
+def test_audit_folder_reads_a_speaker_harness_output(classifiers, speaker_manifests, tmp_path):
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.data.utterances import split_rows
+    from mmunlearn.methods import run_unlearning
+
+    original = SpeakerAdapter.load(classifiers / "original", device="cpu")
+    run_unlearning("grad_ascent", original, split_rows(speaker_manifests, "spk_forget_train"),
+                   split_rows(speaker_manifests, "spk_retain_train"), kind="speaker", size="tiny",
+                   overrides={"epochs": 1}, out=tmp_path / "ga", progress=False, meta={"level": "speaker"})
+    res = audit_folder(tmp_path / "ga", classifiers / "original", classifiers / "retrained", speaker_manifests,
+                       options=AuditOptions(attacks=("quantise",), bits=(8,)), device="cpu", progress=False)
+    assert res["model_kind"] == "speaker" and res["method"] == "grad_ascent" and res["level"] == "speaker"
+    assert res["white_box"]["weights_equal_target"] is False
+    q = res["attacks"]["quantise_8bit"]
+    assert 0.0 <= q["unlearned"]["forget_acc"] <= 1.0
+    json.dumps(res)  # JSON-able as it is written
