@@ -199,16 +199,20 @@ def precision(
 
 @app.command()
 def requests(
+    dataset: Annotated[str, typer.Option(help="speaker (classifier on the built-in espeak corpus) or tofu (text LLM, one request per forget author).")] = "speaker",
     workdir: Annotated[Path, typer.Option(help="Folder for the corpus, the trained classifier and the retain state (reused when present).")] = Path("runs/bench_requests"),
-    preset: Annotated[str, typer.Option(help="Speaker-classifier preset: tiny or small.")] = "tiny",
+    preset: Annotated[str, typer.Option(help="Model preset: speaker tiny or small; tofu micro or mini.")] = "tiny",
+    data: Annotated[str, typer.Option(help="tofu: a TOFU folder or synthetic[:...] (models built by the preset builder, cached).")] = "synthetic",
+    forget_split: Annotated[str, typer.Option(help="tofu: forget split (forget01, forget05, forget10).")] = "forget10",
+    authors: Annotated[Optional[int], typer.Option(min=2, help="tofu: world of N authors (default: all of them).")] = 20,
     speakers: Annotated[int, typer.Option(min=3, help="Speakers of the built-in espeak corpus.")] = 10,
     utterances: Annotated[int, typer.Option(min=2, help="Utterances per speaker and video.")] = 20,
     videos: Annotated[int, typer.Option(min=2, help="Videos (sessions) per speaker; one is held out for testing.")] = 2,
     requests: Annotated[int, typer.Option(min=1, help="Deletion requests, one forget speaker each, applied in order.")] = 3,
     extract: Annotated[Optional[list[str]], typer.Option(help="QR-Erase forget extraction kinds to measure (gradient, finetune); repeat the option.")] = None,
     train_epochs: Annotated[Optional[int], typer.Option(min=1, help="Epochs of the classifier's training (default: the preset's).")] = None,
-    retain_bound: Annotated[float, typer.Option(min=0, help="The rule's bound on the retain NLL's rise (nats).")] = 0.05,
-    gd_epochs: Annotated[int, typer.Option(min=1, help="GradDiff's epoch budget (it stops as soon as it meets the forget criterion).")] = 20,
+    retain_bound: Annotated[Optional[float], typer.Option(min=0, help="The rule's bound on the retain NLL's rise in nats (default: speaker 0.05, tofu 0.1, as their recipes).")] = None,
+    gd_epochs: Annotated[Optional[int], typer.Option(min=1, help="GradDiff's epoch budget; it stops as soon as it meets the forget criterion (default: speaker 20, tofu its preset's).")] = None,
     gd_lr: Annotated[Optional[float], typer.Option(help="GradDiff's learning rate (default: its preset's).")] = None,
     score_retain: Annotated[int, typer.Option(min=0, help="Retain utterances the rule scores (spread over the retain set; 0: all of them), for both methods.")] = 32,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every request's row and the summary to this JSON file.")] = None,
@@ -222,6 +226,8 @@ def requests(
 
     _set_threads(threads)
     kinds = list(extract or ["gradient", "finetune"])
+    if retain_bound is None:
+        retain_bound = 0.1 if dataset == "tofu" else 0.05
 
     def show(row):
         console.print(f"  request {row.request} {row.method:9s} {row.extract or '':9s} {row.seconds:8.2f} s "
@@ -229,9 +235,16 @@ def requests(
                       f"(target {row.forget_target:.3f})  retain {row.retain_after - row.retain_before:+.4f} "
                       f"(bound {row.retain_bound:g})  peak +{row.peak_extra_mb:.0f} MiB", soft_wrap=True)
 
-    res = rb.run_speaker(workdir, preset=preset, speakers=speakers, utterances=utterances, videos=videos,
-                         requests=requests, extracts=kinds, train_epochs=train_epochs, retain_bound=retain_bound,
-                         gd_epochs=gd_epochs, gd_lr=gd_lr, score_retain=score_retain or None, show=show)
+    if dataset == "tofu":
+        res = rb.run_tofu(data, preset=preset, forget_split=forget_split, authors=authors,
+                          extracts=list(extract or ["gradient", "lora", "finetune"]), retain_bound=retain_bound,
+                          gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=show)
+    elif dataset == "speaker":
+        res = rb.run_speaker(workdir, preset=preset, speakers=speakers, utterances=utterances, videos=videos,
+                             requests=requests, extracts=kinds, train_epochs=train_epochs, retain_bound=retain_bound,
+                             gd_epochs=gd_epochs or 20, gd_lr=gd_lr, score_retain=score_retain or None, show=show)
+    else:
+        raise typer.BadParameter(f"--dataset must be speaker or tofu, got {dataset!r}")
     table = Table(title=f"Deletion requests, {res.dataset}, {preset} preset, retain state prepared once in "
                         f"{res.prepare_seconds:.1f} s")
     for col in ("method", "forget extraction", "s / request (after 1st)", "method s", "speed-up vs GradDiff",

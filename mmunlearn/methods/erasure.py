@@ -131,13 +131,18 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
                             "retain_nll": p.retain_nll}, scorer, progress)
         return scorer.reached(p.forget_nll), scorer.over(p.retain_nll)
 
+    grid, start = AUTO_RELATIVE, None
     if cfg.sweep_first:
-        score((cfg.sweep_ranks or (cfg.rank,))[0], cfg.sweep_first / unit)
+        reached, over = score((cfg.sweep_ranks or (cfg.rank,))[0], cfg.sweep_first / unit)
         if scorer.point_meets(points[-1]):
             return points, points[-1]
-    for r in cfg.sweep_ranks or (cfg.rank,):
-        good = None
-        for s in (u / unit for u in AUTO_RELATIVE) if auto else cfg.sweep_scales:
+        # the auto grid continues from there: up when the edit fell short, down when it went too far
+        under = not (reached or over)
+        grid = tuple(u for u in AUTO_RELATIVE if (u > cfg.sweep_first if under else u < cfg.sweep_first))
+        start = cfg.sweep_first / unit if under else None
+    for i, r in enumerate(cfg.sweep_ranks or (cfg.rank,)):
+        good = start if i == 0 else None
+        for s in (u / unit for u in (grid if i == 0 else AUTO_RELATIVE)) if auto else cfg.sweep_scales:
             reached, over = score(r, s)
             if not auto:
                 continue
