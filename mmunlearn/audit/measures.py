@@ -2,7 +2,8 @@
 model on QA items, forget-speaker accuracy of a speaker classifier; and the one ratio every attack reports.
 
 All measures are "higher = the model still knows more" except ``forget_quality`` (a KS p-value against the
-retain model: higher = closer to never having seen the data), so every ratio below is written as a fraction
+retain model: higher = closer to never having seen the data) and ``forget_nll`` (the mean answer / speaker
+NLL: a finer reading than accuracy, which saturates), so every ratio below is written as a fraction
 of a gap between two models and reads the same for both directions.
 """
 
@@ -14,9 +15,9 @@ from typing import Any
 import numpy as np
 
 #: Text measures, in table order.
-TEXT_KEYS: tuple[str, ...] = ("forget_prob", "forget_rouge", "forget_quality")
+TEXT_KEYS: tuple[str, ...] = ("forget_prob", "forget_rouge", "forget_quality", "forget_nll")
 #: Speaker-classifier measures.
-SPEAKER_KEYS: tuple[str, ...] = ("forget_acc",)
+SPEAKER_KEYS: tuple[str, ...] = ("forget_acc", "forget_nll")
 #: Gaps smaller than this are treated as "no gap" (the ratio is undefined and reported as None).
 MIN_GAP = 1e-6
 
@@ -41,7 +42,7 @@ def text_measures(adapter: Any, items: Sequence[Any], *, retain_truth_ratios: np
                             desc=desc and f"{desc}: generate")
     rouge = entries.rouge_entry(gens, [it.answer.strip() for it in items], questions)["agg_value"]
     out: dict[str, float | None] = {"forget_prob": float(np.exp(-avg_nll).mean()), "forget_rouge": float(rouge),
-                                    "forget_quality": None}
+                                    "forget_quality": None, "forget_nll": float(avg_nll.mean())}
     ratios = None
     if all(getattr(it, "paraphrased_answer", None) and getattr(it, "perturbed_answer", None) for it in items) \
             and len({len(it.perturbed_answer) for it in items}) == 1:
@@ -55,12 +56,14 @@ def text_measures(adapter: Any, items: Sequence[Any], *, retain_truth_ratios: np
 
 def speaker_measures(adapter: Any, rows: Sequence[Mapping[str, Any]], *, batch_size: int = 16,
                      desc: str | None = None) -> dict[str, float]:
-    """Identification accuracy on ``rows`` (the forget speakers' utterances): 1.0 = every one still recognised."""
+    """Identification accuracy on ``rows`` (the forget speakers' utterances; 1.0 = every one still recognised)
+    and their mean NLL -log p(speaker | utterance)."""
     from mmunlearn.eval.speaker import accuracy_of, score_rows
 
     if not rows:
         raise ValueError("speaker_measures: no rows to measure")
-    return {"forget_acc": accuracy_of(score_rows(adapter, rows, batch_size=batch_size, desc=desc))}
+    scores = score_rows(adapter, rows, batch_size=batch_size, desc=desc)
+    return {"forget_acc": accuracy_of(scores), "forget_nll": float(np.nanmean(scores.nll))}
 
 
 def kept(target: float | None, model: float | None, retain: float | None) -> float | None:

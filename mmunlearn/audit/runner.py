@@ -54,6 +54,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("relearn recovery ratio", "relearn_recovery_ratio"),
     ("ROUGE-L kept: 4-bit", "rouge_kept_quantise_4bit"),
     ("ROUGE-L kept: relearn", "rouge_kept_relearn"),
+    ("NLL kept: 4-bit", "nll_kept_quantise_4bit"),
+    ("NLL kept: relearn", "nll_kept_relearn"),
     ("probe acc", "probe_accuracy"),
     ("probe kept", "kept_probe"),
     ("weights = target", "weights_equal_target"),
@@ -294,10 +296,11 @@ def summary(result: Mapping[str, Any], key: str) -> dict[str, Any]:
             row[f"kept_{name}"] = res["kept"].get(key)
     if "relearn" in attacks:
         row["relearn_recovery_ratio"] = attacks["relearn"]["recovery_ratio"].get(key)
-    if "forget_rouge" in attacks["none"]["unlearned"]:  # text: the same on greedy answers
-        for name in ("quantise_4bit", "relearn"):
-            if name in attacks:
-                row[f"rouge_kept_{name}"] = attacks[name]["kept"].get("forget_rouge")
+    for measure, prefix in (("forget_rouge", "rouge"), ("forget_nll", "nll")):  # greedy answers; the finer NLL
+        if measure in attacks["none"]["unlearned"]:
+            for name in ("quantise_4bit", "relearn"):
+                if name in attacks:
+                    row[f"{prefix}_kept_{name}"] = attacks[name]["kept"].get(measure)
     row["weights_equal_target"] = result["white_box"]["weights_equal_target"]
     return row
 
@@ -311,8 +314,9 @@ def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
         row = {"method": f"{role} model", "measure": key, "forget": attacks["none"][role].get(key)}
         for name, res in attacks.items():
             row["kept_probe" if name == "probe" else f"kept_{name}"] = value
-            if name in ("quantise_4bit", "relearn") and "forget_rouge" in attacks["none"][role]:
-                row[f"rouge_kept_{name}"] = value
+            for measure, prefix in (("forget_rouge", "rouge"), ("forget_nll", "nll")):
+                if name in ("quantise_4bit", "relearn") and measure in attacks["none"][role]:
+                    row[f"{prefix}_kept_{name}"] = value
         if "probe" in attacks:
             row["probe_accuracy"] = attacks["probe"][role]["accuracy"]
         rows.append(row)
