@@ -258,6 +258,15 @@ def requests(
                       f"{s['met_rule']}/{s['requests']}", f"{s['max_retain_rise']:+.4f}", acc,
                       f"{s['peak_extra_mb']:.0f}")
     console.print(table)
+    batch = res.setup.get("batch")
+    if batch:
+        console.print(f"batch of {len(batch['forget_nll_union'])} requests ({batch['extract']} extraction), edited once "
+                      f"with the union in {batch['union_method_seconds']:.1f} s (rule met: "
+                      f"{batch['union_target_reached']}): {'identical to' if batch['identical'] else 'differs from'} "
+                      f"one by one (largest relative weight difference {batch['max_relative_weight_difference']:.3g}); "
+                      f"forget NLL union {[round(x, 3) for x in batch['forget_nll_union']]} vs one by one "
+                      f"{[round(x, 3) for x in batch['forget_nll_one_by_one']]}; retain NLL "
+                      f"{batch['retain_nll_union']:.4f} vs {batch['retain_nll_one_by_one']:.4f}", soft_wrap=True)
     best = [s for s in summary if s["method"] == "qr-erase"]
     ok = any(s["speedup_vs_grad_diff"] >= rb.TARGET_SPEEDUP and s["met_rule"] == s["requests"] for s in best)
     console.print(f"{'[green]PASS[/green]' if ok else '[red]MISS[/red]'}  a QR-Erase request (retain state cached) "

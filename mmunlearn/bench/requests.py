@@ -174,7 +174,8 @@ def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, v
 def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: int = 10, utterances: int = 20,
                 videos: int = 2, requests: int = 3, extracts: Sequence[str] = ("gradient", "finetune"),
                 train_epochs: int | None = None, retain_bound: float = 0.05, gd_epochs: int = 20,
-                gd_lr: float | None = None, score_retain: int | None = 32, progress: bool = False,
+                gd_lr: float | None = None, score_retain: int | None = 32, with_batch: bool = True,
+                progress: bool = False,
                 show: Callable[[RequestRow], None] | None = None) -> BenchResult:
     """The speaker-classifier benchmark (see the module notes)."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
@@ -234,7 +235,20 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
             row = _row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
             row.detail["retain_state"] = out.report["retain_state"]["status"]
             add(row)
-    setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos,
+    batch = None
+    if with_batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
+        model = original.clone()
+        t = time.perf_counter()
+        out = run_request(model, asks, retain, kind="speaker", method="qr-erase", size=size,
+                          overrides={"extract_kind": extracts[0], "sweep_scales": "auto"}, rule=rule,
+                          retain_state=state_dir, batch=True, compare_batch=True, clone=original.clone,
+                          progress=progress)
+        one = out.report["batch"]["one_by_one"]
+        batch = {"extract": extracts[0], "seconds_with_comparison": time.perf_counter() - t,
+                 "union_method_seconds": out.report["extract_seconds"] + out.report["unlearn_seconds"],
+                 "union_rule": out.report["rule"], "union_target_reached": out.report["target_reached"],
+                 "forget_error_union": [error_rate(model, a) for a in asks], **one}
+    setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
              "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
              "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
              "qr_erase": asdict(get("qr-erase").config_for("speaker", size)), "extracts": list(extracts)}
