@@ -23,6 +23,12 @@ from mmunlearn.requests.state import data_fingerprint, model_fingerprint, obtain
 from mmunlearn.taskvec.extract import ExtractConfig
 
 
+#: Forget extraction of a request with a retain state and a sweep rule, per model kind, when the caller sets
+#: none: the cheapest that met the rule in ``mmunlearn bench requests`` (README, "Deletion requests"). The
+#: sweep then works in relative edit sizes (``sweep_scales="auto"``), so the extraction's scale does not matter.
+REQUEST_EXTRACT = {"speaker": "gradient"}
+
+
 def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
     """The items of several forget sets, each once (rows with an ``ID`` by ID, others by value), in order."""
     seen, out = set(), []
@@ -35,6 +41,14 @@ def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
     if not out:
         raise ValueError("the forget sets are empty")
     return out
+
+
+def _is_erasure(method: str) -> bool:
+    from dataclasses import fields
+
+    from mmunlearn.methods import get
+
+    return any(f.name == "extract" for f in fields(get(method).config))
 
 
 def _config(method: str, kind: str, config: Any, size: str | None, overrides: Mapping[str, Any] | None):
@@ -60,6 +74,8 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
         retain_state: folder of the retain state (erasure methods): loaded when its fingerprints match,
             else computed and written there. ``use_retain_state=True`` with no folder computes it in memory.
         refresh_retain: recompute the retain state even when it matches.
+        overrides: the method's settings; with a retain state and a rule, a kind in :data:`REQUEST_EXTRACT`
+            and no ``extract_*`` / ``sweep_scales`` given, the forget side uses that extraction and auto scales.
         retain_extract: how the retain state must be extracted (default: as the stored state was; a state
             computed now uses the method preset's extraction: ``overrides`` only change the forget side).
         history: the requests already applied to the model (``read_history(model_dir)``); the output carries
@@ -75,8 +91,12 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     if batch and not sets:
         raise ValueError("a batch needs at least one forget set")
     items = union(sets) if batch else sets[0]
-    spec, cfg = _config(method, kind, config, size, overrides)
     want_state = use_retain_state if use_retain_state is not None else retain_state is not None
+    overrides = dict(overrides or {})
+    if (want_state and rule is not None and config is None and kind in REQUEST_EXTRACT and _is_erasure(method)
+            and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
+        overrides = {"extract_kind": REQUEST_EXTRACT[kind], "sweep_scales": "auto", **overrides}
+    spec, cfg = _config(method, kind, config, size, overrides)
     if want_state and not hasattr(cfg, "extract"):
         raise ValueError(f"a retain state applies to the erasure methods (qr-erase, qr-erase-rows, svd-unlearn), "
                          f"not to {method}")

@@ -183,3 +183,22 @@ def test_a_later_request_tries_the_edit_size_the_previous_one_chose_first(speake
     sweep = r2.report["info"]["sweep"]
     assert len(sweep) == 1 and abs(sweep[0]["relative"] - size) <= 1e-9 * size  # it met the rule: no sweep
     assert r2.report["requests"][1]["relative_edit"] == sweep[0]["relative"]
+
+
+def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_extraction(speaker_dir, parts, tmp_path):
+    from mmunlearn.methods import SweepRule
+    from mmunlearn.requests.service import REQUEST_EXTRACT
+
+    first, _, retain = parts
+    rule = SweepRule(forget_target=-1.0, retain_bound=1e9)
+    prepare_retain(speaker_dir, retain, tmp_path / "state", device="cpu", progress=False, kind="gradient", lr=1.0)
+    res = unlearn(speaker_dir, forget=first, retain=retain, rule=rule, retain_state=tmp_path / "state", rank=2,
+                  retain_rank=4, device="cpu", progress=False)
+    cfg = res.report["config"]
+    assert cfg["extract"]["kind"] == REQUEST_EXTRACT["speaker"] == "gradient" and cfg["sweep_scales"] == "auto"
+    kept = unlearn(speaker_dir, forget=first, retain=retain, rule=rule, retain_state=tmp_path / "state", rank=2,
+                   retain_rank=4, extract_kind="finetune", extract_steps=1, device="cpu", progress=False)
+    assert kept.report["config"]["extract"]["kind"] == "finetune"  # the caller's choice wins
+    plain = unlearn(speaker_dir, forget=first, retain=retain, rank=2, retain_rank=4, extract_steps=1, device="cpu",
+                    progress=False)
+    assert plain.report["config"]["extract"]["kind"] == "finetune"  # no retain state: the preset's extraction
