@@ -12,7 +12,7 @@ from mmunlearn.data.utterances import split_rows
 from mmunlearn.requests import HISTORY_DIR, load_retain_state, model_fingerprint, read_history
 from mmunlearn.requests.state import META_NAME
 from mmunlearn.undo import restore_folder
-from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
 OPTS = dict(device="cpu", progress=False, **fast("qr-erase"))
@@ -202,3 +202,20 @@ def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_e
     plain = unlearn(speaker_dir, forget=first, retain=retain, rank=2, retain_rank=4, extract_steps=1, device="cpu",
                     progress=False)
     assert plain.report["config"]["extract"]["kind"] == "finetune"  # no retain state: the preset's extraction
+
+
+def test_a_speech_llm_request_chain_restores_through_safetensors(llm_dir, parts, tmp_path):
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+
+    first, second, retain = parts
+    opts = dict(device="cpu", progress=False, **fast("qr-erase"))
+    state = tmp_path / "state"
+    unlearn(llm_dir, forget=first, retain=retain, out=tmp_path / "r1", retain_state=state, **opts)
+    r2 = unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", retain_state=state, **opts)
+    assert r2.report["retain_state"]["status"] == "loaded" and len(r2.report["requests"]) == 2
+    weights = {p: SpeechLLMAdapter.load(p, device="cpu").model.state_dict() for p in (llm_dir, tmp_path / "r1")}
+    restore_folder(tmp_path / "r2", tmp_path / "back1", progress=False)
+    assert _same(SpeechLLMAdapter.load(tmp_path / "back1", device="cpu").model.state_dict(), weights[tmp_path / "r1"])
+    restore_folder(tmp_path / "back1", tmp_path / "back0", progress=False)
+    assert _same(SpeechLLMAdapter.load(tmp_path / "back0", device="cpu").model.state_dict(), weights[llm_dir])
+    assert not (tmp_path / "back0" / HISTORY_DIR).exists() and not (tmp_path / "back1" / HISTORY_DIR).exists()
