@@ -66,10 +66,14 @@ class History:
 def read_history(folder: str | os.PathLike) -> History:
     """The request history of ``folder``: its report's ``requests``, or one request for an output of the
     harness written without a history (report and undo patch), or none for a plain model folder."""
+    from mmunlearn.paths import check_tree
+
     folder = Path(folder)
     report = read_report(folder)
     if report is None or not (folder / PATCH_NAME).is_file():
         return History(folder)
+    if (folder / HISTORY_DIR).exists():
+        check_tree(folder / HISTORY_DIR)  # no link out of the folder: its records are copied into outputs
     requests = report.get("requests")
     if not isinstance(requests, list) or not requests:
         requests = [summary(report, index=1)]

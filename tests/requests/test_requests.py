@@ -219,3 +219,23 @@ def test_a_speech_llm_request_chain_restores_through_safetensors(llm_dir, parts,
     restore_folder(tmp_path / "back1", tmp_path / "back0", progress=False)
     assert _same(SpeechLLMAdapter.load(tmp_path / "back0", device="cpu").model.state_dict(), weights[llm_dir])
     assert not (tmp_path / "back0" / HISTORY_DIR).exists() and not (tmp_path / "back1" / HISTORY_DIR).exists()
+
+
+def test_a_history_record_linking_out_of_the_folder_is_refused(speaker_dir, parts, tmp_path):
+    import os
+    import shutil
+
+    first, second, retain = parts
+    unlearn(speaker_dir, forget=first, retain=retain, out=tmp_path / "r1", **OPTS)
+    unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", **OPTS)
+    evil = tmp_path / "evil"
+    shutil.copytree(tmp_path / "r2", evil)
+    (tmp_path / "secret").write_text("not yours")
+    record = evil / HISTORY_DIR / "request-0001.json"
+    record.unlink()
+    os.symlink(tmp_path / "secret", record)
+    with pytest.raises(ValueError, match="link"):
+        unlearn(evil, forget=first, retain=retain, out=tmp_path / "r3", **OPTS)
+    with pytest.raises(ValueError, match="link"):
+        restore_folder(evil, tmp_path / "back", progress=False)
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "back").exists()
