@@ -26,7 +26,7 @@ from mmunlearn.taskvec.extract import ExtractConfig
 #: Forget extraction of a request with a retain state and a sweep rule, per model kind, when the caller sets
 #: none: the cheapest that met the rule in ``mmunlearn bench requests`` (README, "Deletion requests"). The
 #: sweep then works in relative edit sizes (``sweep_scales="auto"``), so the extraction's scale does not matter.
-REQUEST_EXTRACT = {"speaker": "gradient"}
+REQUEST_EXTRACT = {"speaker": "gradient", "text": "gradient"}
 
 
 def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
