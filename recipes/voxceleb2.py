@@ -1,6 +1,7 @@
 """VoxCeleb2 recipe (``mmunlearn voxceleb2 ...``): speaker- and sample-level forgetting for a speaker classifier.
 
-Read top to bottom: ``prepare`` (VoxCeleb2 manifests) and ``synth`` (the built-in espeak-ng corpus)
+Read top to bottom: ``prepare`` (VoxCeleb2 manifests), ``prepare-corpus`` (FSDD or any corpus with one
+folder or file-name pattern per speaker, :mod:`data_prep.fsdd`) and ``synth`` (the built-in espeak-ng corpus)
 are the data; ``train`` builds the original classifier or the retrained reference; ``speaker`` and
 ``sample`` unlearn with one or more methods and write one table (Markdown, CSV, JSON) and a plot
 of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
@@ -18,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from data_prep.fsdd import prepare_corpus_command
 from data_prep.voxceleb2 import prepare_command
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_report as report
@@ -27,6 +29,7 @@ app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a sp
                        "speech LLM (--model speech-llm).",
                   no_args_is_help=True)
 app.command("prepare")(prepare_command)
+app.command("prepare-corpus")(prepare_corpus_command)
 console = Console()
 
 DEFAULT_WORKDIR = Path("runs/voxceleb2")
@@ -161,11 +164,16 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
              rank: int | None, retain_rank: int | None, scale: float | None, extract: str | None,
              extract_steps: int | None, extract_lr: float | None, lr: float | None, epochs: int | None,
              segment_seconds: float | None, max_trials: int, seed: int, device: str, threads: int | None,
-             cache_dir: Path | None) -> None:
+             cache_dir: Path | None, strict: bool = False, layer_rule: str | None = None,
+             sweep_ranks: str | None = None, scope: str | None = None) -> None:
     start = time.perf_counter()
     try:
         chosen = cfg.parse_methods(methods)
-        cfg.method_options(chosen[0], extract_kind=extract)  # validates the options before any work
+        ranks = cfg.parse_ranks(sweep_ranks)
+        scope = scope or ("sweep" if sweep else "all")
+        for name in chosen:
+            cfg.scopes_for(name, scope, sweep)
+        cfg.method_options(chosen[0], extract_kind=extract, layer_rule=layer_rule)  # validates before any work
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     device = _setup(device, threads)
@@ -185,19 +193,33 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
     for i, name in enumerate(chosen, 1):
         console.print(f"[bold]{level} level[/bold]: {name} ({i}/{len(chosen)})")
         options = cfg.method_options(name, rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract,
-                                     extract_steps=extract_steps, extract_lr=extract_lr, lr=lr, epochs=epochs, seed=seed)
+                                     extract_steps=extract_steps, extract_lr=extract_lr, lr=lr, epochs=epochs,
+                                     layer_rule=layer_rule, sweep_ranks=ranks, seed=seed)
         rule = cfg.sweep_rule(level, n_classes, ctx.retain, retain_bound) if sweep else None
-        rows.append(pipe.run_method_row(name, ctx, cfg.preset_kind(preset), options, rule, out / name))
+        if sweep:
+            options = cfg.sweep_defaults(name, options)
+        scope_options = {s: {k: v for k, v in o.items() if k not in options} for s, o in cfg.SCOPE_OPTIONS.items()}
+        rows.append(pipe.run_method_row(name, ctx, cfg.preset_kind(preset), options, rule, out / name,
+                                        scopes=cfg.scopes_for(name, scope, sweep), scope_options=scope_options))
         report.write_tables(out, rows, level, context)  # after each method: nothing lost if interrupted
     report.plot_accuracies(out / f"{level}_accuracy.png", rows, level,
                            chance=cfg.chance(n_classes) if level == "speaker" else None)
     console.print(report.markdown(rows, level))
     console.print(f"wrote {out}/{level}.md, .csv, .json and {level}_accuracy.png in {time.perf_counter() - start:.0f} s")
+    missed = report.missed_targets(rows)
+    if missed:
+        console.print(f"[bold red]sweep rule not met[/bold red] by {', '.join(missed)}")
+        if strict:
+            raise typer.Exit(1)
 
 
 Out = Annotated[Optional[Path], typer.Option(help="Output folder: <level>.md/.csv/.json, <level>_accuracy.png, one folder per method (default: --workdir/<level>).")]
 Methods = Annotated[str, typer.Option(help="Comma list of qr-erase, qr-erase-rows, svd-unlearn, grad_ascent, grad_diff, kl, npo, simnpo; or 'all'.")]
 Sweep = Annotated[bool, typer.Option(help="Choose erasure rank/scale and baseline epochs by the training-partition rule (see recipes/voxceleb2_settings.py).")]
+Strict = Annotated[bool, typer.Option(help="With --sweep: exit with status 1 when a method's sweep did not meet its rule (the tables are written first).")]
+LayerRule = Annotated[Optional[str], typer.Option(help="Erasure: which layers to edit: mean (forget energy >= 1/|L|), top, threshold or all (default: the method's).")]
+SweepRanks = Annotated[Optional[str], typer.Option(help="Erasure with --sweep: comma list of forget ranks tried, smallest first (default: 1,2,4).")]
+Scope = Annotated[Optional[str], typer.Option(help="Erasure: weights to edit: all, head (class weights only; embeddings untouched), embedding, or sweep (the rule chooses among head, embedding and all on the training partitions; the default with --sweep, else all).")]
 RetainBound = Annotated[float, typer.Option(min=0.0, help="Sweep rule: largest allowed rise of the retain set's mean NLL (nats).")]
 Rank = Annotated[Optional[int], typer.Option(min=1, help="Erasure: forget rank k per matrix (with --sweep: the only rank tried).")]
 RetainRank = Annotated[Optional[int], typer.Option(min=1, help="Erasure: retain rank per matrix (capped at each matrix's size).")]
@@ -222,6 +244,7 @@ def _level_command(level: str):
         speakers: Speakers = 20, utterances: Utterances = 30, videos: Videos = 3,
         forget_speakers: ForgetSpeakers = 2, forget_fraction: ForgetFraction = 0.1, preset: Preset = "small",
         train_epochs: TrainEpochs = None, train_lr: TrainLr = None, crop_seconds: Crop = 2.0, sweep: Sweep = False,
+        strict: Strict = False, layer_rule: LayerRule = None, sweep_ranks: SweepRanks = None, scope: Scope = None,
         retain_bound: RetainBound = cfg.DEFAULT_RETAIN_BOUND, rank: Rank = None, retain_rank: RetainRank = None,
         scale: Scale = None, extract: Extract = None, extract_steps: ExtractSteps = None, extract_lr: ExtractLr = None,
         lr: Lr = None, epochs: Epochs = None, segment_seconds: Segment = None, max_trials: MaxTrials = 20000,

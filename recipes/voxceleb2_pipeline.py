@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,9 @@ class ModelSpec:
     seed: int
 
     def key(self, rows: list[dict], speakers: list[str]) -> str:
-        spec = json.dumps([asdict(self), rows_digest(rows), speakers], sort_keys=True, default=str)
+        from mmunlearn.adapters.speaker import SCORING_VERSION  # how batches are trained on and scored
+
+        spec = json.dumps([asdict(self), rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str)
         return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
@@ -133,7 +136,9 @@ def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions,
     digest = hashlib.sha256()
     for name in SPLIT_NAMES:
         digest.update(f"{name}:{rows_digest(split_rows(manifests, name))}\n".encode())
-    spec = json.dumps([digest.hexdigest(), level, asdict(opts)], sort_keys=True)
+    from mmunlearn.adapters.speaker import SCORING_VERSION
+
+    spec = json.dumps([digest.hexdigest(), level, asdict(opts), SCORING_VERSION], sort_keys=True)
     path = Path(model_dir) / "evals" / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -189,22 +194,56 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
 
 
 def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rule, out: Path,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, scopes: Sequence[str] = ("all",),
+                   scope_options: Mapping[str, dict] | None = None) -> dict:
     """Unlearn with ``method`` on a fresh copy of the original classifier through the harness (``out/model``:
-    SpeechBrain layout plus the harness's reports and undo patch), evaluate it; the row (also ``out/run.json``)."""
+    SpeechBrain layout plus the harness's reports and undo patch), evaluate it; the row (also ``out/run.json``).
+
+    ``scopes``: the weights the method may edit (:attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`);
+    with several (and a sweep ``rule``), the method runs once per scope (``out/scopes/<scope>/model``,
+    ``scope_options[scope]`` added to ``options``) and the rule chooses among them on the training partitions
+    alone -- the reached target with the smallest retain loss, else the closest -- before anything is
+    evaluated on held-out audio; the chosen folder is copied to ``out/model``.
+    """
     from mmunlearn.adapters.speaker import SpeakerAdapter
     from mmunlearn.methods import run_unlearning
+    from mmunlearn.methods.rule import SweepPoint, choose
 
-    target = SpeakerAdapter.load(ctx.original, device=ctx.device)
-    outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="speaker", size=size, overrides=options,
-                             rule=rule, out=out / "model", inputs=[ctx.original], overwrite=True, progress=progress,
-                             meta={"model_dir": str(ctx.original), "level": ctx.level})
+    if not scopes or (len(scopes) > 1 and rule is None):
+        raise ValueError("several scopes need a sweep rule to choose among them")
+    candidates = []
+    for scope in scopes:
+        target = SpeakerAdapter.load(ctx.original, device=ctx.device)
+        target.scope = scope
+        folder = out / "model" if len(scopes) == 1 else out / "scopes" / scope / "model"
+        outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="speaker", size=size,
+                                 overrides={**options, **dict((scope_options or {}).get(scope, {}))}, rule=rule,
+                                 out=folder, inputs=[ctx.original], overwrite=True, progress=progress,
+                                 meta={"model_dir": str(ctx.original), "level": ctx.level, "scope": scope})
+        candidates.append((scope, outcome, folder))
+    scope, outcome, folder = candidates[0]
+    tried = None
+    if len(candidates) > 1:
+        rules = [o.report["rule"] for _, o, _ in candidates]
+        points = [SweepPoint(i, 0.0, r["forget"], r["retain"]) for i, r in enumerate(rules)]
+        best = choose(points, rules[0]["base_forget"], rules[0]["base_retain"], rule.forget_target, rule.retain_bound)
+        scope, outcome, folder = candidates[best.rank]
+        tried = {s: {"forget": o.report["rule"]["forget"], "retain": o.report["rule"]["retain"],
+                     "target_reached": o.report["target_reached"]} for s, o, _ in candidates}
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".model-tmp-"))
+        try:
+            shutil.copytree(folder, tmp / "model")
+            if (out / "model").exists():
+                shutil.rmtree(out / "model")
+            os.replace(tmp / "model", out / "model")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     metrics = evaluate(outcome.adapter, ctx.manifests, ctx.level, ctx.eval_opts, progress)
     rep = outcome.report
     row = {"method": method, **metrics, "forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
            "unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
-           "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"]}
+           "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"], "scope": scope}
     write_text_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe(),
-                                                    "config": rep["config"], "rule": rep.get("rule")}, indent=2,
-                                                   default=str))
+                                                    "config": rep["config"], "rule": rep.get("rule"),
+                                                    "scopes_tried": tried}, indent=2, default=str))
     return row

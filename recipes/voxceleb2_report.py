@@ -27,6 +27,8 @@ COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
         ("unlearn s", "unlearn_seconds", False),
         ("+ extraction s", "total_seconds", False),
         ("params changed", "changed_fraction", False),
+        ("rule met", "target_reached", False),
+        ("edited", "scope", False),
     ),
     "sample": (
         ("forget acc %", "forget_acc", True),
@@ -35,11 +37,14 @@ COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
         ("test acc %", "test_acc", True),
         ("EER %", "eer", True),
         ("MIA AUC", "mia_auc", False),
+        ("MIA AUC 95 % CI", "mia_auc_ci", False),
         ("forget NLL", "forget_nll", False),
         ("retain NLL", "retain_nll", False),
         ("unlearn s", "unlearn_seconds", False),
         ("+ extraction s", "total_seconds", False),
         ("params changed", "changed_fraction", False),
+        ("rule met", "target_reached", False),
+        ("edited", "scope", False),
     ),
 }
 #: Bars of the plot: (label, row key) per level.
@@ -60,6 +65,10 @@ def fmt(value: Any, percent: bool = False) -> str:
     """A table cell: n/a for missing values, percentages with one decimal, short floats otherwise."""
     if value is None:
         return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"[{fmt(value[0], percent)}, {fmt(value[1], percent)}]"
     if isinstance(value, float):
         if percent:
             return f"{100 * value:.1f}"
@@ -69,12 +78,47 @@ def fmt(value: Any, percent: bool = False) -> str:
     return str(value)
 
 
+def _cells(row: dict) -> dict:
+    """The row with derived cells: the MIA interval as a pair."""
+    if row.get("mia_auc_low") is not None and row.get("mia_auc_high") is not None:
+        return {**row, "mia_auc_ci": (row["mia_auc_low"], row["mia_auc_high"])}
+    return row
+
+
+def sample_verdict(rows: list[dict]) -> str | None:
+    """At the sample level, whether the benchmark can measure forgetting on this model: the original model's
+    MIA AUC interval must exclude 0.5. A sentence saying so when it cannot; None when it can (or is unknown)."""
+    original = next((r for r in rows if r.get("method") == "original model"), None)
+    if original is None or original.get("mia_auc_low") is None:
+        return None
+    low, high = original["mia_auc_low"], original["mia_auc_high"]
+    if low <= 0.5 <= high:
+        return (f"The original model's MIA AUC is {original['mia_auc']:.3f} (95 % CI [{low:.3f}, {high:.3f}]), "
+                "indistinguishable from chance: this model shows no membership signal, so the benchmark cannot "
+                "measure sample forgetting on it and the MIA column does not rank the methods.")
+    return None
+
+
 def markdown(rows: list[dict], level: str) -> str:
     cols = _columns(level)
     head = "| method | " + " | ".join(h for h, _, _ in cols) + " |"
     sep = "|---|" + "---:|" * len(cols)
-    body = ["| " + r["method"] + " | " + " | ".join(fmt(r.get(k), pct) for _, k, pct in cols) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
+    body = ["| " + r["method"] + " | " + " | ".join(fmt(_cells(r).get(k), pct) for _, k, pct in cols) + " |"
+            for r in rows]
+    missed = [r["method"] for r in rows if r.get("target_reached") is False]
+    notes = []
+    if missed:
+        notes.append(f"Sweep rule not met by: {', '.join(missed)} (the chosen setting is the one closest to the "
+                     "target within the retain bound).")
+    verdict = sample_verdict(rows) if level == "sample" else None
+    if verdict:
+        notes.append(verdict)
+    return "\n".join([head, sep, *body, *([""] + notes if notes else [])])
+
+
+def missed_targets(rows: list[dict]) -> list[str]:
+    """Methods whose sweep did not meet its rule (``target_reached`` False; None = no sweep)."""
+    return [r["method"] for r in rows if r.get("target_reached") is False]
 
 
 def write_tables(out: Path, rows: list[dict], level: str, context: dict) -> list[Path]:
@@ -83,12 +127,16 @@ def write_tables(out: Path, rows: list[dict], level: str, context: dict) -> list
     paths = [out / f"{level}.md", out / f"{level}.csv", out / f"{level}.json"]
     write_text_atomic(paths[0], markdown(rows, level) + "\n")
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["method", *(k for _, k, _ in cols)], extrasaction="ignore")
+    keys = [k for _, k, _ in cols if k != "mia_auc_ci"]
+    if level == "sample":
+        keys[keys.index("mia_auc") + 1: keys.index("mia_auc") + 1] = ["mia_auc_low", "mia_auc_high"]
+    writer = csv.DictWriter(buf, fieldnames=["method", *keys], extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(paths[1], buf.getvalue())
-    write_text_atomic(paths[2], json.dumps({"level": level, "context": context, "rows": rows, "time": time.time()},
-                                           indent=2, default=str))
+    extra = {"sample_forgetting_measurable": sample_verdict(rows) is None} if level == "sample" else {}
+    write_text_atomic(paths[2], json.dumps({"level": level, "context": context, "rows": rows, "time": time.time(),
+                                            "missed_targets": missed_targets(rows), **extra}, indent=2, default=str))
     return paths
 
 

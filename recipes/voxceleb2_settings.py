@@ -37,6 +37,46 @@ from mmunlearn.train import TrainConfig
 CLASSIFIER_METHODS = tuple(names("speaker"))
 #: Task-vector kinds that work on the speaker adapter (peft's LoRA cannot wrap ECAPA's cosine Classifier).
 EXTRACT_KINDS = ("finetune", "gradient")
+#: Layer selections of erasure (``EraseConfig.layer_rule``).
+LAYER_RULES = ("mean", "top", "threshold", "all")
+#: Methods that erase a subspace (their grid and scopes below apply).
+ERASURE_METHODS = ("qr-erase", "qr-erase-rows", "svd-unlearn")
+#: Erasure under ``--sweep`` on the classifier, unless the command line says otherwise: edit sizes relative to
+#: the weights (0.001 ... 1.024 of their norm, then bisection), ranks 1, 2, 4, and task vectors from the
+#: loss gradient. On FSDD fine-tuned (AdamW) task vectors of already-learned speakers were no use: AdamW moves
+#: every weight by about lr per step whatever the data, so forget and retain vectors had the same layer
+#: energies and erasing them left the forget speaker at 98-100 % up to edits of 40 % of the weights' norm.
+SWEEP_ERASURE: dict[str, Any] = dict(sweep_scales="auto", sweep_ranks=(1, 2, 4), extract_kind="gradient")
+#: ``--scope``: which weights erasure edits (:attr:`mmunlearn.adapters.speaker.SpeakerAdapter.scope`);
+#: ``sweep`` lets the rule choose among these on the training partitions.
+SCOPES = ("all", "head", "embedding", "sweep")
+SWEEP_SCOPES = ("head", "embedding", "all")
+#: Per scope, options unless given: the head's out space is one dimension per speaker, so a retain subspace
+#: (rank >= the retained speakers) would hold the forget speaker's direction too and cancel the edit.
+SCOPE_OPTIONS: dict[str, dict[str, Any]] = {"head": dict(retain_rank=0)}
+
+
+def scopes_for(method: str, scope: str, sweep: bool) -> tuple[str, ...]:
+    """The scopes ``method`` runs with for ``--scope scope``: ``sweep`` (the default with ``--sweep``) tries
+    :data:`SWEEP_SCOPES` for the erasure methods; the optimisation baselines always train every weight."""
+    if scope not in SCOPES:
+        raise ValueError(f"--scope must be one of {SCOPES}, got {scope!r}")
+    if method not in ERASURE_METHODS:
+        return ("all",)
+    if scope == "sweep":
+        if not sweep:
+            raise ValueError("--scope sweep needs --sweep (the rule chooses the scope)")
+        return SWEEP_SCOPES
+    return (scope,)
+
+
+def sweep_defaults(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with :data:`SWEEP_ERASURE` filled in where the command line left them unset (erasure only)."""
+    if method not in ERASURE_METHODS:
+        return options
+    filled = method_options(method, extract_kind=SWEEP_ERASURE["extract_kind"], sweep_ranks=SWEEP_ERASURE["sweep_ranks"])
+    filled["sweep_scales"] = SWEEP_ERASURE["sweep_scales"]
+    return {**filled, **options}
 
 #: Training of the original and retrained classifiers (the ``small`` numbers are measured in
 #: :mod:`mmunlearn.speech.speaker_training`; ``tiny`` is for tests).
@@ -64,18 +104,41 @@ def train_config(preset: str, *, epochs: int | None = None, lr: float | None = N
 def method_options(method: str, *, rank: int | None = None, retain_rank: int | None = None,
                    scale: float | None = None, extract_kind: str | None = None, extract_steps: int | None = None,
                    extract_lr: float | None = None, lr: float | None = None, epochs: int | None = None,
+                   layer_rule: str | None = None, sweep_ranks: Sequence[int] | None = None,
                    seed: int = 0) -> dict[str, Any]:
-    """The CLI's overrides that ``method``'s config has (its defaults per preset live in the config)."""
+    """The CLI's overrides that ``method``'s config has (its defaults per preset live in the config).
+
+    ``sweep_ranks``: the forget ranks a sweep tries (default: ``rank`` alone when given, else the
+    preset's); ``layer_rule``: which layers erasure edits (mean, top, threshold, all).
+    """
     from mmunlearn.config import applicable_overrides
     from mmunlearn.methods import get
 
     if extract_kind is not None and extract_kind not in EXTRACT_KINDS:
         raise ValueError(f"task-vector kind {extract_kind!r} does not work on the speaker classifier; "
                          f"choose one of {EXTRACT_KINDS}")
+    if layer_rule is not None and layer_rule not in LAYER_RULES:
+        raise ValueError(f"layer rule {layer_rule!r}: choose one of {LAYER_RULES}")
+    if sweep_ranks is not None and (not sweep_ranks or any(r < 1 for r in sweep_ranks)):
+        raise ValueError(f"sweep ranks must be positive integers, got {sweep_ranks!r}")
+    ranks = tuple(sweep_ranks) if sweep_ranks else (rank,) if rank else None
     return applicable_overrides(get(method).config, dict(
-        rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract_kind, extract_steps=extract_steps,
-        extract_lr=extract_lr, extract_seed=seed, lr=lr, epochs=epochs, seed=seed,
-        sweep_ranks=(rank,) if rank else None))
+        rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract_kind,
+        extract_steps=extract_steps, extract_lr=extract_lr, extract_seed=seed, lr=lr, epochs=epochs, seed=seed,
+        layer_rule=layer_rule, sweep_ranks=ranks))
+
+
+def parse_ranks(text: str | None) -> tuple[int, ...] | None:
+    """``--sweep-ranks 1,2,4`` -> (1, 2, 4); None stays None."""
+    if text is None:
+        return None
+    try:
+        ranks = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--sweep-ranks must be a comma list of integers, got {text!r}") from None
+    if not ranks or any(r < 1 for r in ranks):
+        raise ValueError(f"--sweep-ranks must be positive integers, got {text!r}")
+    return ranks
 
 
 def parse_methods(methods: str) -> list[str]:
@@ -145,6 +208,7 @@ def chance(n_classes: int) -> float:
     return 1.0 / n_classes
 
 
-__all__ = ["CLASSIFIER_METHODS", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "TRAIN", "chance",
-           "error_rate", "mean_log_nll", "method_options", "parse_methods", "preset_kind", "sweep_rule",
+__all__ = ["CLASSIFIER_METHODS", "ERASURE_METHODS", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
+           "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "TRAIN", "chance",
+           "error_rate", "mean_log_nll", "method_options", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule",
            "train_config"]

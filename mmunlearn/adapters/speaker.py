@@ -47,6 +47,8 @@ from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerS
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 
 IGNORE = -100
+#: Values of :attr:`SpeakerAdapter.scope`.
+SCOPES = ("all", "head", "embedding")
 
 
 def block_of(name: str) -> str:
@@ -95,6 +97,7 @@ class SpeakerAdapter:
         self.config: SpeakerConfig | None = None  # set by build(); None for a loaded directory
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
         self._aam = LogSoftmaxWrapper(AdditiveAngularMargin(margin=self.margin, scale=self.scale))
+        self._scope = "all"
 
     # ------------------------------------------------------------------ building, loading, saving
     @classmethod
@@ -158,8 +161,21 @@ class SpeakerAdapter:
         twin = SpeakerAdapter(copy.deepcopy(self.model), self.speakers, margin=self.margin, scale=self.scale,
                               spec=self.spec, sample_rate=self.sample_rate, audio_cache=self.audio_cache,
                               spec_error=self.spec_error)
-        twin.config = self.config
+        twin.config, twin.scope = self.config, self.scope
         return twin
+
+    @property
+    def scope(self) -> str:
+        """Which weights :meth:`layers` exposes to task-vector extraction and erasure: ``all``, ``head`` (the
+        cosine classifier's class weights: the speakers' names; embeddings, hence verification, stay bit for
+        bit) or ``embedding`` (the ECAPA embedding model: what verification scores)."""
+        return self._scope
+
+    @scope.setter
+    def scope(self, value: str) -> None:
+        if value not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {value!r}")
+        self._scope = value
 
     @property
     def device(self) -> torch.device:
@@ -168,10 +184,13 @@ class SpeakerAdapter:
     # ------------------------------------------------------------------ layers
     def layers(self, include_classifier: bool = True) -> Iterator[LayerWeight]:
         """Every Conv1d kernel (3-D, out x in x k; erasure views it as out x in*k) and Linear weight of the
-        embedding model, and the classifier's class-weight matrix, grouped by :func:`block_of`."""
+        embedding model, and the classifier's class-weight matrix, grouped by :func:`block_of`; only those of
+        :attr:`scope` (what task vectors are extracted from and erasure edits)."""
         for mname, module in self.model.named_modules():
             is_head = module is self.model.classifier
             if not (isinstance(module, (nn.Conv1d, nn.Linear)) or is_head) or (is_head and not include_classifier):
+                continue
+            if (self.scope == "head" and not is_head) or (self.scope == "embedding" and is_head):
                 continue
             weight = getattr(module, "weight", None)
             if isinstance(weight, nn.Parameter) and weight.dim() in (2, 3):

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.metrics.mia import mia_auc
+from mmunlearn.metrics.mia import mia_auc, mia_auc_ci
 from mmunlearn.data.waveforms import example_waveform, segments
 from mmunlearn.data.utterances import LEVELS, Manifests, durations, split_rows
 
@@ -225,7 +225,8 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
     Sample level (every speaker is kept): ``forget_acc`` (sample_forget), ``holdout_acc``
     (sample_holdout), ``retain_acc`` (sample_retain), ``test_acc`` and ``eer`` on the held-out
     recordings of all speakers (spk_retain_test + spk_forget_test), and ``mia_auc`` (loss attack,
-    sample_forget vs sample_holdout).
+    sample_forget vs sample_holdout) with its 95 % bootstrap interval ``mia_auc_low``/``mia_auc_high``
+    (:func:`~mmunlearn.metrics.mia.mia_auc_ci`, seeded by ``seed``).
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -248,6 +249,7 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
         out["forget_acc"], out["holdout_acc"] = accuracy_of(forget), accuracy_of(holdout)
         out["retain_acc"] = accuracy_of(score("sample_retain"))
         out["mia_auc"] = mia_auc(forget.nll, holdout.nll)
+        out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed)
         rows = split_rows(manifests, "spk_retain_test") + split_rows(manifests, "spk_forget_test")
         test = score("test", rows)
     out["test_acc"] = accuracy_of(test)

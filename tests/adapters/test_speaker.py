@@ -339,3 +339,15 @@ def test_training_never_makes_a_batch_of_one():
     assert adapter.speakers == ["a", "b"] and result.steps == 2  # 3 rows + 1 repeated: two batches of two
     with pytest.raises(ValueError, match="not in the label space"):
         train_speaker_classifier(rows, speakers=["a"], preset="tiny", steps=1, device="cpu", progress=False)
+
+
+def test_scope_limits_the_layers_erasure_sees(adapter):
+    twin = adapter.clone()
+    every = [lw.name for lw in twin.layers()]
+    twin.scope = "head"
+    assert [lw.name for lw in twin.layers()] == ["classifier.weight"] and twin.clone().scope == "head"
+    twin.scope = "embedding"
+    assert [lw.name for lw in twin.layers()] == [n for n in every if n != "classifier.weight"]
+    assert adapter.scope == "all" and len(list(adapter.layers())) == len(every)
+    with pytest.raises(ValueError, match="scope"):
+        twin.scope = "classifier"

@@ -123,7 +123,7 @@ def test_mia_loss_auc_hand_cases(model):
 def test_evaluate_speaker_unlearning_reports_the_recipe_numbers(model, speaker_manifests, level):
     out = evaluate_speaker_unlearning(model, speaker_manifests, level, progress=False)
     keys = {"forget_acc", "retain_acc", "test_acc", "eer"}
-    keys |= {"forget_test_acc"} if level == "speaker" else {"holdout_acc", "mia_auc"}
+    keys |= {"forget_test_acc"} if level == "speaker" else {"holdout_acc", "mia_auc", "mia_auc_low", "mia_auc_high"}
     assert set(out) == keys and all(0.0 <= v <= 1.0 for v in out.values())
     test = split_rows(speaker_manifests, "spk_retain_test")
     if level == "speaker":
@@ -133,5 +133,6 @@ def test_evaluate_speaker_unlearning_reports_the_recipe_numbers(model, speaker_m
     else:
         forget, holdout = (split_rows(speaker_manifests, n) for n in ("sample_forget", "sample_holdout"))
         assert out["mia_auc"] == pytest.approx(mia_loss_auc(model, forget, holdout, desc=None))
+        assert out["mia_auc_low"] <= out["mia_auc"] <= out["mia_auc_high"]  # its bootstrap interval
     with pytest.raises(ValueError, match="level"):
         evaluate_speaker_unlearning(model, speaker_manifests, "word")

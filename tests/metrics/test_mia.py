@@ -131,3 +131,20 @@ def test_auc_rejects_nan_and_empty():
         min_k_scores([[]])
     with pytest.raises(ValueError, match="per-item"):
         min_k_scores(np.array([-1.0, -2.0]))  # one item must be wrapped: [[-1.0, -2.0]]
+
+
+def test_mia_auc_interval_holds_chance_only_without_a_signal():
+    from mmunlearn.metrics.mia import measurable, mia_auc_ci
+
+    rng = np.random.default_rng(0)
+    members, same, higher = rng.normal(0, 1, 200), rng.normal(0, 1, 200), rng.normal(0.8, 1, 200)
+    low, high = mia_auc_ci(members, same)
+    assert low < mia_auc(members, same) < high and low <= 0.5 <= high and not measurable((low, high))
+    low, high = mia_auc_ci(members, higher)  # non-members score higher losses: a real membership signal
+    assert 0.5 < low < mia_auc(members, higher) < high and measurable((low, high))
+    assert mia_auc_ci(members, higher) == (low, high)  # seeded
+    wide = mia_auc_ci(members[:20], higher[:20])
+    assert wide[1] - wide[0] > high - low  # fewer items, a wider interval
+    assert mia_auc_ci(members, members + 100) == (1.0, 1.0)  # a perfect split: no BCa, percentiles
+    with pytest.raises(ValueError):
+        mia_auc_ci(members[:1], same)
