@@ -16,6 +16,8 @@ words it heard the speaker say. ``--video digit`` holds out whole digits instead
 digits differ per speaker, a test clip of digit 3 then meets training clips of digit 3 only from
 *other* speakers, and the word pulls the classifier towards them (a word-speaker confound that
 measures word independence, not speaker identity).
+Its manifests carry a ``text`` column, the digit as a word, for the speech-LLM recipe's
+``--target transcript`` ("Which digit was said?" kept while "Who is speaking?" is forgotten).
 
 Everything after scanning -- decoding to 16 kHz wav once, the duration filter, the splits, the
 checks that what was asked is met (``--allow-fewer``), the per-speaker report and the stamp that
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -47,6 +50,8 @@ from data_prep.voxceleb2 import (
 FSDD_PATTERN = r"(?:.*/)?(?P<digit>\d)_(?P<spk>[A-Za-z]+)_(?P<take>\d+)\.wav"
 #: FSDD's clips are 0.14-2.3 s (median 0.42 s): only empty or damaged files are shorter than this.
 FSDD_MIN_DURATION = 0.1
+#: FSDD's transcripts: the digit said, as a word (the ``text`` column of its manifests).
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 #: Takes per FSDD "video" with ``video="take-group"``.
 FSDD_TAKES_PER_GROUP = 10
 FSDD_VIDEOS = ("take-group", "digit")
@@ -144,10 +149,12 @@ def prepare_corpus(
     progress: bool = True,
     allow_fewer: bool = False,
     extra_options: dict[str, Any] | None = None,
+    text_of: Callable[[Source], str] | None = None,
 ) -> PrepareResult:
     """Manifests for a pattern-described corpus (see the module notes; options as :func:`data_prep.voxceleb2.prepare`).
 
     Re-running with the same options and files is skipped; other options decode nothing again.
+    ``text_of(source)``: a transcript per file (adds a ``text`` column, e.g. for the speech-LLM recipe).
     """
     root, out = Path(root).resolve(), Path(out).resolve()
     check_options(forget_fraction, test_video_fraction, max_utterances, 0.0, min_duration)
@@ -160,7 +167,8 @@ def prepare_corpus(
     sources = scan_pattern(root, pattern, video_of=video_of, exclude=out, progress=progress)
     if not sources:
         raise FileNotFoundError(f"no audio file under {root} matches the pattern {pattern!r}")
-    return prepare_sources(sources, out, options=options, force=force, jobs=jobs, progress=progress)
+    text = {s.id: text_of(s) for s in sources} if text_of else None
+    return prepare_sources(sources, out, options=options, text=text, force=force, jobs=jobs, progress=progress)
 
 
 def prepare_fsdd(root: str | os.PathLike, out: str | os.PathLike, *, video: str = "take-group",
@@ -170,7 +178,12 @@ def prepare_fsdd(root: str | os.PathLike, out: str | os.PathLike, *, video: str 
     as :func:`prepare_corpus`. ``root`` is FSDD's folder (holding ``recordings/``)."""
     return prepare_corpus(root, out, pattern=FSDD_PATTERN, video_of=fsdd_video(video), corpus="fsdd",
                           min_duration=min_duration, forget_speakers=forget_speakers,
-                          extra_options={"video": video}, **kwargs)
+                          extra_options={"video": video, "text": "digit words"}, text_of=fsdd_text, **kwargs)
+
+
+def fsdd_text(source: Source) -> str:
+    """The transcript of an FSDD clip: its digit as a word (``3_theo_12`` -> ``three``)."""
+    return DIGIT_WORDS[int(source.utt.split("_")[0])]
 
 
 _Opt = typer.Option

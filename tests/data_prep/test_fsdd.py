@@ -34,6 +34,7 @@ def test_fsdd_slice_splits_by_take_group_and_reruns_skip(fsdd_slice):
         spk, video, utt = r["ID"].split("--")
         digit, name, take = utt.split("_")
         assert name == spk == r["spk_id"] and video == f"takes{int(take) // 10:02d}"
+        assert r["text"] == ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[int(digit)]
         assert r["stop"] == round(r["duration"] * 16000) or abs(r["stop"] / 16000 - r["duration"]) < 1e-3
     test_videos = {r["ID"].split("--")[1] for n in ("spk_forget_test", "spk_retain_test") for r in rows[n]}
     train_videos = {(r["spk_id"], r["ID"].split("--")[1]) for r in rows["train"]}
