@@ -51,6 +51,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("kept: 8-bit", "kept_quantise_8bit"),
     ("kept: 4-bit", "kept_quantise_4bit"),
     ("kept: relearn", "kept_relearn"),
+    ("relearn: gap recovered", "relearn_recovered"),
     ("relearn recovery ratio", "relearn_recovery_ratio"),
     ("ROUGE-L kept: 4-bit", "rouge_kept_quantise_4bit"),
     ("ROUGE-L kept: relearn", "rouge_kept_relearn"),
@@ -295,6 +296,7 @@ def summary(result: Mapping[str, Any], key: str) -> dict[str, Any]:
         else:
             row[f"kept_{name}"] = res["kept"].get(key)
     if "relearn" in attacks:
+        row["relearn_recovered"] = attacks["relearn"]["recovered"]["unlearned"].get(key)
         row["relearn_recovery_ratio"] = attacks["relearn"]["recovery_ratio"].get(key)
     for measure, prefix in (("forget_rouge", "rouge"), ("forget_nll", "nll")):  # greedy answers; the finer NLL
         if measure in attacks["none"]["unlearned"]:
@@ -319,6 +321,8 @@ def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                     row[f"{prefix}_kept_{name}"] = value
         if "probe" in attacks:
             row["probe_accuracy"] = attacks["probe"][role]["accuracy"]
+        if role == "retain" and "relearn" in attacks:
+            row["relearn_recovered"] = attacks["relearn"]["recovered"]["retain"].get(key)
         rows.append(row)
     return rows
 
@@ -367,8 +371,9 @@ def write_audit(out: str | Path, results: Sequence[Mapping[str, Any]], context: 
     notes = sorted({r["white_box"]["note"] for r in results if r["white_box"].get("note")})
     text = ["# Robustness audit", "", markdown(rows), "",
             "kept = (target - model) / (target - retain model), each measured after the same attack: 1 = as forgotten "
-            "as retraining, 0 = as the target. relearn recovery ratio = the share of its own gap the model "
-            "recovered over the retain model's (1 = relearns like a model that never saw the data).",
+            "as retraining, 0 = as the target. relearn gap recovered = (after - before) / (target - before) of the "
+            "model's own forgotten gap; relearn recovery ratio = that share over the retain model's (1 = relearns "
+            "like a model that never saw the data; large when the retain model recovers almost nothing).",
             *(["", *notes] if notes else [])]
     write_text_atomic(out / AUDIT_MD, "\n".join(text) + "\n")
     return out / AUDIT_JSON

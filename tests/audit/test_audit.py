@@ -68,6 +68,7 @@ def test_the_retain_model_relearns_at_its_own_rate(world):
         assert s[key] == pytest.approx(1.0, abs=1e-9), key
     assert s["relearn_recovery_ratio"] == pytest.approx(1.0, abs=1e-9)
     assert res["attacks"]["relearn"]["recovered"]["retain"]["forget_prob"] > 0  # relearning did something
+    assert s["relearn_recovered"] == res["attacks"]["relearn"]["recovered"]["retain"]["forget_prob"]
     assert s["weights_equal_target"] is False and res["white_box"]["output_level_only"] is False
 
 
