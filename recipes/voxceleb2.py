@@ -165,7 +165,7 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
              extract_steps: int | None, extract_lr: float | None, lr: float | None, epochs: int | None,
              segment_seconds: float | None, max_trials: int, seed: int, device: str, threads: int | None,
              cache_dir: Path | None, strict: bool = False, layer_rule: str | None = None,
-             sweep_ranks: str | None = None, scope: str | None = None) -> None:
+             sweep_ranks: str | None = None, scope: str | None = None, forget_acc: float | None = None) -> None:
     start = time.perf_counter()
     try:
         chosen = cfg.parse_methods(methods)
@@ -188,14 +188,14 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
     ctx = pipe.make_context(level, data, original, retrained, opts, device)
     n_classes = len({r["spk_id"] for r in pipe.split_rows(data, "train")})
     rows = ctx.reference_rows()
-    context = {**ctx.describe(), "preset": preset, "sweep": sweep, "retain_bound": retain_bound, "seed": seed,
-               "classes": n_classes}
+    context = {**ctx.describe(), "preset": preset, "sweep": sweep, "retain_bound": retain_bound,
+               "forget_acc": forget_acc, "seed": seed, "classes": n_classes}
     for i, name in enumerate(chosen, 1):
         console.print(f"[bold]{level} level[/bold]: {name} ({i}/{len(chosen)})")
         options = cfg.method_options(name, rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract,
                                      extract_steps=extract_steps, extract_lr=extract_lr, lr=lr, epochs=epochs,
                                      layer_rule=layer_rule, sweep_ranks=ranks, seed=seed)
-        rule = cfg.sweep_rule(level, n_classes, ctx.retain, retain_bound) if sweep else None
+        rule = cfg.sweep_rule(level, n_classes, ctx.retain, retain_bound, forget_acc) if sweep else None
         if sweep:
             options = cfg.sweep_defaults(name, options)
         scope_options = {s: {k: v for k, v in o.items() if k not in options} for s, o in cfg.SCOPE_OPTIONS.items()}
@@ -220,6 +220,7 @@ Strict = Annotated[bool, typer.Option(help="With --sweep: exit with status 1 whe
 LayerRule = Annotated[Optional[str], typer.Option(help="Erasure: which layers to edit: mean (forget energy >= 1/|L|), top, threshold or all (default: the method's).")]
 SweepRanks = Annotated[Optional[str], typer.Option(help="Erasure with --sweep: comma list of forget ranks tried, smallest first (default: 1,2,4).")]
 Scope = Annotated[Optional[str], typer.Option(help="Erasure: weights to edit: all, head (class weights only; embeddings untouched), embedding, or sweep (the rule chooses among head, embedding and all on the training partitions; the default with --sweep, else all).")]
+ForgetAcc = Annotated[Optional[float], typer.Option(min=0.0, max=0.99, help="Sweep rule, speaker level: accuracy on the forget speakers' training utterances to reach (default: chance, 1/classes).")]
 RetainBound = Annotated[float, typer.Option(min=0.0, help="Sweep rule: largest allowed rise of the retain set's mean NLL (nats).")]
 Rank = Annotated[Optional[int], typer.Option(min=1, help="Erasure: forget rank k per matrix (with --sweep: the only rank tried).")]
 RetainRank = Annotated[Optional[int], typer.Option(min=1, help="Erasure: retain rank per matrix (capped at each matrix's size).")]
@@ -245,7 +246,7 @@ def _level_command(level: str):
         forget_speakers: ForgetSpeakers = 2, forget_fraction: ForgetFraction = 0.1, preset: Preset = "small",
         train_epochs: TrainEpochs = None, train_lr: TrainLr = None, crop_seconds: Crop = 2.0, sweep: Sweep = False,
         strict: Strict = False, layer_rule: LayerRule = None, sweep_ranks: SweepRanks = None, scope: Scope = None,
-        retain_bound: RetainBound = cfg.DEFAULT_RETAIN_BOUND, rank: Rank = None, retain_rank: RetainRank = None,
+        retain_bound: RetainBound = cfg.DEFAULT_RETAIN_BOUND, forget_acc: ForgetAcc = None, rank: Rank = None, retain_rank: RetainRank = None,
         scale: Scale = None, extract: Extract = None, extract_steps: ExtractSteps = None, extract_lr: ExtractLr = None,
         lr: Lr = None, epochs: Epochs = None, segment_seconds: Segment = None, max_trials: MaxTrials = 20000,
         seed: Seed = 0, device: Device = "auto", threads: Threads = None, cache_dir: CacheDir = None,

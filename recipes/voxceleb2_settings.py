@@ -187,13 +187,17 @@ class LogLossGap:
 
 
 def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
-               retain_bound: float = DEFAULT_RETAIN_BOUND) -> SweepRule:
+               retain_bound: float = DEFAULT_RETAIN_BOUND, forget_acc: float | None = None) -> SweepRule:
     """The :class:`~mmunlearn.methods.rule.SweepRule` of ``level`` (see the module notes): forget/retain
-    measures, the forget target and the retain bound."""
+    measures, the forget target and the retain bound. ``forget_acc`` (speaker level): the accuracy on the
+    forget speakers' training utterances to reach (default: chance, ``1/n_classes``)."""
     if not retain_bound >= 0:
         raise ValueError(f"retain_bound must be >= 0 nats, got {retain_bound}")
+    if forget_acc is not None and not 0.0 <= forget_acc < 1.0:
+        raise ValueError(f"forget_acc must be in [0, 1), got {forget_acc}")
     if level == "speaker":
-        return SweepRule(forget_measure=error_rate, forget_target=1.0 - chance(n_classes), retain_measure=mean_nll,
+        target = 1.0 - (chance(n_classes) if forget_acc is None else forget_acc)
+        return SweepRule(forget_measure=error_rate, forget_target=target, retain_measure=mean_nll,
                          retain_bound=retain_bound)
     if level == "sample":
         return SweepRule(forget_measure=LogLossGap(retain), forget_target=0.0, retain_measure=mean_nll,

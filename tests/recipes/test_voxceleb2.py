@@ -210,3 +210,13 @@ def test_tables_say_when_a_rule_was_missed_and_when_sample_forgetting_cannot_be_
     rows[0].update(mia_auc=0.66, mia_auc_low=0.58, mia_auc_high=0.73)  # a signal the benchmark can see go away
     assert report.sample_verdict(rows) is None and "cannot measure" not in report.markdown(rows, "sample")
     assert "cannot measure" not in report.markdown(rows, "speaker")
+
+
+def test_speaker_rule_target_defaults_to_chance_and_can_be_tightened():
+    assert cfg.sweep_rule("speaker", 6, []).forget_target == pytest.approx(5 / 6)
+    assert cfg.sweep_rule("speaker", 6, [], forget_acc=0.05).forget_target == pytest.approx(0.95)
+    with pytest.raises(ValueError, match="forget_acc"):
+        cfg.sweep_rule("speaker", 6, [], forget_acc=1.0)
+    assert cfg.scopes_for("grad_diff", "sweep", True) == ("all",) and cfg.scopes_for("qr-erase", "head", False) == ("head",)
+    with pytest.raises(ValueError, match="needs --sweep"):
+        cfg.scopes_for("qr-erase", "sweep", False)
