@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.audit.options import AuditOptions
-from mmunlearn.audit.runner import audit_speaker, audit_text
+from mmunlearn.audit.runner import audit_nll, audit_speaker, audit_text
 
-KINDS = ("text", "speaker")
+KINDS = ("text", "speaker", "speech-llm")
 
 
 def read_report(folder: str | Path) -> dict[str, Any]:
@@ -112,6 +112,38 @@ def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | 
     return result
 
 
+def load_speech_llm_unlearned(folder: str | Path, device: str = "auto") -> Any:
+    """The unlearned speech LLM of an output folder; T3's tilted around the unchanged base beside it."""
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.methods.harness import TILT_DIR
+
+    adapter = SpeechLLMAdapter.from_pretrained(folder, device=device)
+    if (Path(folder) / TILT_DIR).is_dir():
+        from mmunlearn.tilt import TiltedCausalLM
+
+        adapter = adapter.with_model(TiltedCausalLM.load(Path(folder) / TILT_DIR, base=adapter.model))
+    return adapter
+
+
+def audit_speech_llm_folder(folder: str | Path, target: str | Path, retain: str | Path, manifests: Any, *,
+                            method: str, task: str = "speaker", options: AuditOptions | None = None,
+                            device: str = "auto", cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """Audit a speech LLM output folder on the spoken question ``task`` asked of the forget speakers'
+    recordings (``spk_forget_train``); relearning's retain data: the same question on ``spk_retain_train``."""
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.data.utterances import split_rows
+    from mmunlearn.speech.spoken_qa import spoken_qa
+
+    forget = spoken_qa(split_rows(manifests, "spk_forget_train"), (task,))
+    retain_items = spoken_qa(split_rows(manifests, "spk_retain_train"), (task,))
+    result = audit_nll(load_speech_llm_unlearned(folder, device), SpeechLLMAdapter.from_pretrained(target, device=device),
+                       SpeechLLMAdapter.from_pretrained(retain, device=device), forget, method=method,
+                       model_kind="speech-llm", options=options, retain_items=retain_items, cache=cache,
+                       progress=progress)
+    result["models"] = {"unlearned": str(folder), "target": str(target), "retain": str(retain)}
+    return result
+
+
 def audit_folder(folder: str | Path, target: str | Path, retain: str | Path, data: Any, **kwargs: Any) -> dict[str, Any]:
     """Audit any harness output folder: the model kind is read from its report (``text`` or ``speaker``).
 
@@ -127,4 +159,8 @@ def audit_folder(folder: str | Path, target: str | Path, retain: str | Path, dat
             kwargs.pop(key, None)
         level = kwargs.pop("level", None) or report.get("level") or "speaker"
         return audit_speaker_models(folder, target, retain, data, level=level, method=report["method"], **kwargs)
+    if kind == "speech-llm":
+        return audit_speech_llm_folder(folder, target, retain, data, method=report["method"],
+                                       **{k: v for k, v in kwargs.items() if k in ("options", "device", "cache",
+                                                                                   "progress")})
     raise ValueError(f"{folder}: model kind {kind!r} has no audit yet (audited kinds: {', '.join(KINDS)})")

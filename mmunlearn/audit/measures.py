@@ -18,6 +18,8 @@ import numpy as np
 TEXT_KEYS: tuple[str, ...] = ("forget_prob", "forget_rouge", "forget_quality", "forget_nll")
 #: Speaker-classifier measures.
 SPEAKER_KEYS: tuple[str, ...] = ("forget_acc", "forget_nll")
+#: Measures of any other model family (speech LLMs): from teacher-forced answer NLLs only.
+NLL_KEYS: tuple[str, ...] = ("forget_prob", "forget_nll")
 #: Gaps smaller than this are treated as "no gap" (the ratio is undefined and reported as None).
 MIN_GAP = 1e-6
 
@@ -64,6 +66,16 @@ def speaker_measures(adapter: Any, rows: Sequence[Mapping[str, Any]], *, batch_s
         raise ValueError("speaker_measures: no rows to measure")
     scores = score_rows(adapter, rows, batch_size=batch_size, desc=desc)
     return {"forget_acc": accuracy_of(scores), "forget_nll": float(np.nanmean(scores.nll))}
+
+
+def nll_measures(adapter: Any, items: Sequence[Any], *, batch_size: int = 16,
+                 desc: str | None = None) -> dict[str, float]:
+    """Forget prob (mean exp(-answer NLL per token)) and mean answer NLL of any adapter with ``answer_nll``
+    (a speech LLM's spoken-QA examples, a text LLM's QA items)."""
+    if not items:
+        raise ValueError("nll_measures: no items to measure")
+    nll = adapter.answer_nll(list(items), batch_size=batch_size, desc=desc).double().numpy()
+    return {"forget_prob": float(np.exp(-nll).mean()), "forget_nll": float(nll.mean())}
 
 
 def kept(target: float | None, model: float | None, retain: float | None) -> float | None:

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from mmunlearn.atomic import write_text_atomic
-from mmunlearn.audit.measures import SPEAKER_KEYS, TEXT_KEYS, kept, recovered, speaker_measures, text_measures
+from mmunlearn.audit.measures import (NLL_KEYS, SPEAKER_KEYS, TEXT_KEYS, kept, nll_measures, recovered,
+                                      speaker_measures, text_measures)
 from mmunlearn.audit.options import AuditOptions
 from mmunlearn.audit.paraphrase import has_paraphrases, paraphrased
 from mmunlearn.audit.probe import answer_states, nearest_centroid_accuracy, text_probe
@@ -280,6 +281,55 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
                            "output_level_only": False, "note": None}
     result["seconds"] = time.perf_counter() - start
     result["summary"] = summary(result, "forget_acc")
+    return result
+
+
+def audit_nll(unlearned: Any, target: Any, retain: Any, forget: Sequence[Any], *, method: str, model_kind: str,
+              options: AuditOptions | None = None, retain_items: Sequence[Any] | None = None,
+              cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """Audit any other model family (speech LLMs: spoken-QA examples) on teacher-forced answer NLLs only: the
+    quantisation round trips and relearning (paraphrase and probes need the family's own data and states and
+    are not run; ``skipped`` says so). T3's tilted speech LLM is audited like the text one (weights: its base)."""
+    opts = options or AuditOptions()
+    memo = _Cache(cache)
+    weights, rewrap = _tilt_parts(unlearned)
+    roles = {"target": target, "retain": retain, "unlearned": unlearned}
+    forget = list(forget)
+    start = time.perf_counter()
+
+    def measure(adapter: Any, items: Sequence[Any], desc: str) -> dict:
+        return nll_measures(adapter, items, batch_size=opts.batch_size, desc=desc if progress else None)
+
+    def three(tag: str, models: Mapping[str, Any] | None = None) -> dict:
+        models = models or roles
+        out = {}
+        for role in ROLES:
+            make = lambda role=role: measure(models[role], forget, f"{role}: {tag}")  # noqa: E731
+            out[role] = memo.get((tag, role), make) if role != "unlearned" else make()
+        out["kept"] = _kept_all(out, NLL_KEYS)
+        return out
+
+    result: dict[str, Any] = {"method": method, "model_kind": model_kind, "options": opts.to_dict(),
+                              "forget_items": len(forget), "attacks": {},
+                              "skipped": [a for a in ("paraphrase", "probe") if a in opts.attacks]}
+    attacks = result["attacks"]
+    attacks["none"] = three("none")
+    if "quantise" in opts.attacks:
+        for bits in opts.bits:
+            q = quantised(weights, bits)
+            attacks[f"quantise_{bits}bit"] = three(f"quantise_{bits}bit", {
+                "target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
+                "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
+                "unlearned": rewrap(q) if rewrap else q})
+            attacks[f"quantise_{bits}bit"]["format"] = FORMATS[bits]
+    if "relearn" in opts.attacks:
+        attacks["relearn"] = _relearn({"target": target, "retain": retain, "unlearned": weights}, forget,
+                                      retain_items, opts, memo, measure, lambda *_: None, NLL_KEYS, progress,
+                                      before_unlearned=(unlearned if rewrap else None))
+    result["white_box"] = {"weights_equal_target": _weights_equal(weights.model, target.model),
+                           "output_level_only": rewrap is not None, "note": T3_NOTE if rewrap else None}
+    result["seconds"] = time.perf_counter() - start
+    result["summary"] = summary(result, "forget_prob")
     return result
 
 
