@@ -198,7 +198,7 @@ def audit(
     model: Annotated[Path, typer.Option(help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind.")],
     target: Annotated[Path, typer.Option(help="Target model folder (trained on everything; the model that was unlearned).")],
     retain_model: Annotated[Path, typer.Option(help="Retain model folder (never trained on the forget data: what retraining gives); speakers: the retrained classifier.")],
-    data: Annotated[str, typer.Option(help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier: the prepared manifest folder.")],
+    data: Annotated[str, typer.Option(help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier or speech LLM (speaker question on the forget speakers): the prepared manifest folder.")],
     out: Annotated[Optional[Path], typer.Option(help="Folder for AUDIT.json and AUDIT.md (default: the model folder's parent, beside the recipe's other tables).")] = None,
     forget_split: Annotated[str, typer.Option(help="Text: the forget split (forget01, forget05, forget10); its _perturbed rows and holdout split are read.")] = "forget10",
     authors: Annotated[Optional[int], typer.Option(help="Text: keep N authors, as the run that unlearned did (tofu --authors).")] = None,
