@@ -165,10 +165,16 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
              extract_steps: int | None, extract_lr: float | None, lr: float | None, epochs: int | None,
              segment_seconds: float | None, max_trials: int, seed: int, device: str, threads: int | None,
              cache_dir: Path | None, strict: bool = False, layer_rule: str | None = None,
-             sweep_ranks: str | None = None, scope: str | None = None, forget_acc: float | None = None) -> None:
+             sweep_ranks: str | None = None, scope: str | None = None, forget_acc: float | None = None,
+             audit: bool = False, audit_relearn_steps: int | None = None, audit_relearn_lr: float | None = None,
+             audit_relearn_on: str | None = None, audit_attacks: str | None = None) -> None:
+    from mmunlearn.audit import write_audit
+
     start = time.perf_counter()
     try:
         chosen = cfg.parse_methods(methods)
+        audit_opts = _audit_options(audit_relearn_steps, audit_relearn_lr, audit_relearn_on,
+                                    audit_attacks) if audit else None
         ranks = cfg.parse_ranks(sweep_ranks)
         scope = scope or ("sweep" if sweep else "all")
         for name in chosen:
@@ -190,6 +196,7 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
     rows = ctx.reference_rows()
     context = {**ctx.describe(), "preset": preset, "sweep": sweep, "retain_bound": retain_bound,
                "forget_acc": forget_acc, "seed": seed, "classes": n_classes}
+    audits, audit_cache = [], {}
     for i, name in enumerate(chosen, 1):
         console.print(f"[bold]{level} level[/bold]: {name} ({i}/{len(chosen)})")
         options = cfg.method_options(name, rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract,
@@ -202,15 +209,43 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
         rows.append(pipe.run_method_row(name, ctx, cfg.preset_kind(preset), options, rule, out / name,
                                         scopes=cfg.scopes_for(name, scope, sweep), scope_options=scope_options))
         report.write_tables(out, rows, level, context)  # after each method: nothing lost if interrupted
+        if audit_opts is not None:
+            console.print(f"auditing {name} ...")
+            audits.append(_audit_method(name, out / name, original, retrained, data, level, audit_opts, device,
+                                        audit_cache, context))
+            write_audit(out, audits, context)  # the comparison's table so far
     report.plot_accuracies(out / f"{level}_accuracy.png", rows, level,
                            chance=cfg.chance(n_classes) if level == "speaker" else None)
     console.print(report.markdown(rows, level))
-    console.print(f"wrote {out}/{level}.md, .csv, .json and {level}_accuracy.png in {time.perf_counter() - start:.0f} s")
+    console.print(f"wrote {out}/{level}.md, .csv, .json and {level}_accuracy.png"
+                  + (" and AUDIT.md / AUDIT.json" if audits else "") + f" in {time.perf_counter() - start:.0f} s")
     missed = report.missed_targets(rows)
     if missed:
         console.print(f"[bold red]sweep rule not met[/bold red] by {', '.join(missed)}")
         if strict:
             raise typer.Exit(1)
+
+
+def _audit_options(steps: int | None, lr: float | None, on: str | None, attacks: str | None):
+    """``--audit-*`` as :class:`mmunlearn.audit.AuditOptions` (raises ValueError, a usage error upstream)."""
+    from mmunlearn.audit import ATTACKS
+    from mmunlearn.audit.options import parse_list
+
+    return cfg.audit_options(relearn_steps=steps, relearn_lr=lr, relearn_on=on,
+                             attacks=parse_list(attacks, ATTACKS, "--audit-attacks"))
+
+
+def _audit_method(name: str, folder: Path, original: Path, retrained: Path, data: Path, level: str, options,
+                  device: str, cache: dict, context: dict) -> dict:
+    """Audit one method's classifier (``folder/model``) against the original and retrained ones:
+    ``folder/AUDIT.json`` and ``.md``; the caller's ``cache`` keeps the reference models' attacks."""
+    from mmunlearn.audit import write_audit
+    from mmunlearn.audit.folder import audit_speaker_models
+
+    result = audit_speaker_models(folder / "model", original, retrained, data, level=level, method=name,
+                                  options=options, device=device, cache=cache)
+    write_audit(folder, [result], context)
+    return result
 
 
 Out = Annotated[Optional[Path], typer.Option(help="Output folder: <level>.md/.csv/.json, <level>_accuracy.png, one folder per method (default: --workdir/<level>).")]
@@ -237,6 +272,11 @@ Llm = Annotated[str, typer.Option(help="With --model speech-llm: preset tiny or 
 Where = Annotated[str, typer.Option(help="With --model speech-llm: erase in the audio tower, the language model (text) or both.")]
 Target = Annotated[str, typer.Option(help="With --model speech-llm: the task that must survive on the same audio: gender or transcript.")]
 Reference = Annotated[Optional[str], typer.Option(help="With --model speech-llm and a directory: the model it was fine-tuned from (task-vector reference).")]
+Audit = Annotated[bool, typer.Option("--audit", help="Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, nearest-centroid probe) on every method's classifier: <out>/AUDIT.json and AUDIT.md beside the tables, and <out>/<method>/AUDIT.json.")]
+AuditSteps = Annotated[Optional[int], typer.Option("--audit-relearn-steps", min=1, help=f"--audit: relearning optimizer steps (default {cfg.AUDIT_RELEARN['relearn_steps']}).")]
+AuditLr = Annotated[Optional[float], typer.Option("--audit-relearn-lr", help=f"--audit: relearning learning rate (default {cfg.AUDIT_RELEARN['relearn_lr']:g}).")]
+AuditOn = Annotated[Optional[str], typer.Option("--audit-relearn-on", help="--audit: relearn on part of the forget speakers' (utterances') training audio ('forget', default) or on retain data only ('retain', stricter).")]
+AuditAttacks = Annotated[Optional[str], typer.Option("--audit-attacks", help="--audit: attacks to run, comma-separated (paraphrase = held-out recordings, quantise, relearn, probe; default all).")]
 
 
 def _level_command(level: str):
@@ -251,9 +291,13 @@ def _level_command(level: str):
         lr: Lr = None, epochs: Epochs = None, segment_seconds: Segment = None, max_trials: MaxTrials = 20000,
         seed: Seed = 0, device: Device = "auto", threads: Threads = None, cache_dir: CacheDir = None,
         model: Model = "classifier", llm: Llm = "mini", where: Where = "both", target: Target = "gender",
-        reference: Reference = None,
+        reference: Reference = None, audit: Audit = False, audit_relearn_steps: AuditSteps = None,
+        audit_relearn_lr: AuditLr = None, audit_relearn_on: AuditOn = None, audit_attacks: AuditAttacks = None,
     ) -> None:
         if model == "speech-llm":
+            if audit:
+                raise typer.BadParameter("--audit runs on the classifier here; audit a speech-LLM method's output "
+                                         "folder with `mmunlearn audit --model DIR ...`")
             _unlearn_speech_llm(level, out, methods, manifests, workdir, llm, where, target, reference, rank, scale,
                                 seed, device, threads, cache_dir)
             return

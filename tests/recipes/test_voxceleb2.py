@@ -220,3 +220,31 @@ def test_speaker_rule_target_defaults_to_chance_and_can_be_tightened():
     assert cfg.scopes_for("grad_diff", "sweep", True) == ("all",) and cfg.scopes_for("qr-erase", "head", False) == ("head",)
     with pytest.raises(ValueError, match="needs --sweep"):
         cfg.scopes_for("qr-erase", "sweep", False)
+
+
+def test_audit_flag_audits_every_method_against_the_cached_references(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
+    work, _, speaker_table, _ = speaker_run
+    out = tmp_path / "audited"
+    res = invoke("speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
+                 "--methods", "grad_ascent", "--epochs", "1", "--audit", "--audit-attacks", "quantise,probe", *TINY)
+    assert "AUDIT.md" in res.output
+    audit = json.loads((out / "AUDIT.json").read_text())
+    (result,) = audit["results"]
+    row = json.loads((out / "speaker.json").read_text())["rows"][-1]
+    # the audited model is the one in the table: its plain forget accuracy is the table's, on the same rows
+    assert result["method"] == row["method"] == "grad_ascent" and result["level"] == "speaker"
+    assert result["attacks"]["none"]["unlearned"]["forget_acc"] == pytest.approx(row["forget_acc"])
+    assert result["models"] == {"target": speaker_table["context"]["original"],
+                                "retain": speaker_table["context"]["retrained"]}
+    assert set(result["attacks"]) == {"none", "quantise_8bit", "quantise_4bit", "probe"}  # only those asked for
+    assert result["options"]["relearn_steps"] == cfg.AUDIT_RELEARN["relearn_steps"]
+    assert json.loads((out / "grad_ascent" / "AUDIT.json").read_text())["results"][0]["method"] == "grad_ascent"
+    md = (out / "AUDIT.md").read_text()
+    assert all(f"| {name} |" in md for name in ("target model", "retain model", "grad_ascent"))
+
+
+def test_audit_options_are_validated_before_any_work(tmp_path):
+    res = CliRunner().invoke(app, ["speaker", "--workdir", str(tmp_path), "--audit", "--audit-attacks", "rumour", *TINY])
+    assert res.exit_code != 0 and "rumour" in res.output and not (tmp_path / "corpus").exists()
+    res = CliRunner().invoke(app, ["speaker", "--workdir", str(tmp_path), "--model", "speech-llm", "--audit"])
+    assert res.exit_code != 0 and "--audit" in res.output and not any(tmp_path.iterdir())
