@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
+from mmunlearn.adapters.speaker_cache import EmbeddingCache
 from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
@@ -98,6 +99,9 @@ class SpeakerAdapter:
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
         self._aam = LogSoftmaxWrapper(AdditiveAngularMargin(margin=self.margin, scale=self.scale))
         self._scope = "all"
+        #: Embeddings reused while the embedding model is unchanged (on in the ``head`` scope, where edits
+        #: leave it alone); see :mod:`mmunlearn.adapters.speaker_cache`.
+        self.embedding_cache: EmbeddingCache | None = None
 
     # ------------------------------------------------------------------ building, loading, saving
     @classmethod
@@ -162,6 +166,7 @@ class SpeakerAdapter:
                               spec=self.spec, sample_rate=self.sample_rate, audio_cache=self.audio_cache,
                               spec_error=self.spec_error)
         twin.config, twin.scope = self.config, self.scope
+        twin.embedding_cache = self.embedding_cache  # keyed by the weights' bytes: safe to share
         return twin
 
     @property
@@ -176,6 +181,10 @@ class SpeakerAdapter:
         if value not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {value!r}")
         self._scope = value
+        if value != "head":
+            self.embedding_cache = None
+        elif self.embedding_cache is None:
+            self.embedding_cache = EmbeddingCache()
 
     @property
     def device(self) -> torch.device:
@@ -236,9 +245,23 @@ class SpeakerAdapter:
         net = model or self.model
         if net.training:  # BatchNorm learns from the batch: one pass, padding filled with each utterance's own audio
             cosine, emb = net(repeat_pad(b["wavs"], b["wav_lens"]), torch.ones_like(b["wav_lens"]))
+        elif self.embedding_cache is not None and net is self.model and not torch.is_grad_enabled():
+            cosine, emb = self._cached(net, b["wavs"], b["wav_lens"])
         else:
             cosine, emb = _by_length(net, b["wavs"], b["wav_lens"])
         return cosine.float(), emb, b["labels"]
+
+    def _cached(self, net: SpeakerNet, wavs: torch.Tensor, wav_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :func:`_by_length`, the embeddings taken from :attr:`embedding_cache` where it holds them."""
+        width = wavs.shape[1]
+        samples = torch.round(wav_lens.detach().double().cpu() * width).long().clamp(1, width).tolist()
+
+        def compute(missing: list[int]) -> torch.Tensor:
+            idx = torch.tensor(missing, device=wavs.device)
+            return _by_length(net, wavs[idx], wav_lens[idx])[1]
+
+        emb = self.embedding_cache.lookup(net, wavs, samples, compute)
+        return net.classifier(emb.unsqueeze(1)).squeeze(1), emb
 
     def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
                               model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -351,3 +351,35 @@ def test_scope_limits_the_layers_erasure_sees(adapter):
     assert adapter.scope == "all" and len(list(adapter.layers())) == len(every)
     with pytest.raises(ValueError, match="scope"):
         twin.scope = "classifier"
+
+
+def test_head_scope_reuses_embeddings_only_while_the_embedding_model_is_unchanged(adapter):
+    examples = _examples((8000, 2400, 12000, 2400), ("id00002", "id00001", "id00003", "id00002"))
+    batch = adapter.collate(examples)
+    plain = adapter.clone()  # scope all: no cache
+    twin = adapter.clone()
+    twin.scope = "head"
+    cache = twin.embedding_cache
+    assert plain.embedding_cache is None and cache is not None
+    with torch.no_grad():
+        first, emb0 = twin.cosine(batch), plain.embeddings(batch)
+        assert cache.misses == 4 and cache.hits == 0
+        again = twin.cosine(adapter.collate(examples[::-1])).flip(0)  # another batch of the same utterances
+        assert cache.hits == 4 and torch.allclose(again, first, atol=1e-6)
+        assert torch.allclose(first, plain.cosine(batch), atol=1e-6)
+        # a head edit: embeddings served from the cache, scores those of the edited model computed afresh
+        twin.model.classifier.weight.mul_(-1.0)
+        plain.model.classifier.weight.mul_(-1.0)
+        assert torch.allclose(twin.cosine(batch), plain.cosine(batch), atol=1e-6) and cache.misses == 4
+        # an embedding edit (even one in place, of one weight): never a stale embedding
+        conv = next(m for m in twin.model.embedding_model.modules() if isinstance(m, nn.Conv1d))
+        conv.weight.add_(0.05)
+        next(m for m in plain.model.embedding_model.modules() if isinstance(m, nn.Conv1d)).weight.add_(0.05)
+        edited = twin.embeddings(batch)
+        assert cache.misses == 8 and torch.allclose(edited, plain.embeddings(batch), atol=1e-6)
+        assert (edited - emb0).abs().max() > 1e-3  # the edit did move the embeddings
+    # under autograd the embedding model is run (a gradient may be wanted through it)
+    twin.embeddings(batch).sum().backward()
+    assert conv.weight.grad is not None and cache.misses == 8
+    twin.scope = "all"
+    assert twin.embedding_cache is None
