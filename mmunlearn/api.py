@@ -64,13 +64,19 @@ def model_kind(model_dir: str | os.PathLike) -> str:
 
 
 def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str = "both",
-               trust_hparams: bool = False):
+               trust_hparams: bool = False, scope: str = "all"):
     """The adapter of a model directory of either kind (``where`` applies to speech LLMs; ``trust_hparams``
-    to speaker classifiers: True runs the code their ``hyperparams.yaml`` names, see the README)."""
+    and ``scope`` to speaker classifiers: True runs the code their ``hyperparams.yaml`` names, see the README;
+    ``scope`` is :attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`, the weights erasure may edit)."""
     if model_kind(model_dir) == "speaker":
         from mmunlearn.adapters.speaker import SpeakerAdapter
 
-        return SpeakerAdapter.load(model_dir, device=device, trust_hparams=trust_hparams)
+        adapter = SpeakerAdapter.load(model_dir, device=device, trust_hparams=trust_hparams)
+        adapter.scope = scope
+        return adapter
+    if scope != "all":
+        raise ValueError(f"scope={scope!r} applies to speaker classifiers; {model_dir} is a speech LLM "
+                         f"(choose its weights with where=audio|text|both)")
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
 
     return SpeechLLMAdapter.load(model_dir, device=device, where=where)
@@ -116,7 +122,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             config: Any = None, size: str | None = None, rule: Any = None, device: str = "auto",
             overwrite: bool = False, progress: bool = True, trust_hparams: bool = False,
             retain_state: str | os.PathLike | None = None, refresh_retain: bool = False, batch: bool | None = None,
-            compare_batch: bool = False, **overrides: Any) -> UnlearnResult:
+            compare_batch: bool = False, scope: str = "all", **overrides: Any) -> UnlearnResult:
     """Unlearn ``forget`` from the speech model in ``model_dir`` and write the result to ``out``.
 
     Args:
@@ -147,6 +153,10 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         batch: ``forget`` is a list of forget sets (default: detected for a list of ``.csv`` manifest paths), edited
             once with their union; ``compare_batch`` also applies them one by one to a fresh copy and
             reports the difference (``report["batch"]["one_by_one"]``).
+        scope: speaker classifiers: the weights erasure extracts from and edits -- ``all``, ``embedding``, or
+            ``head`` (the class weights; embeddings, hence verification, stay bit for bit, and scoring reuses
+            the embeddings, which makes a swept request several times cheaper). With ``head`` pass
+            ``retain_rank=0``: a retain subspace of the head spans the forget speaker's direction too.
     A ``model_dir`` that is itself an unlearning output keeps its history: the new output carries the earlier
     requests' undo patches (``undo_history/``) and the report lists every request (``requests``); ``mmunlearn
     restore`` undoes the latest one and gives the folder the request before it wrote.
@@ -160,8 +170,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     get(method, kind)  # an unknown or inapplicable method fails before any model is loaded
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
-    adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams)
-    base = (load_model(reference, device=device, where=where, trust_hparams=trust_hparams)
+    adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
+    base = (load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
             if reference is not None else None)
     if batch is None:
         batch = (isinstance(forget, (list, tuple)) and bool(forget)
@@ -174,25 +184,26 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     inputs = [model_dir] + ([reference] if reference is not None else [])
     meta = {"model_dir": str(Path(model_dir).resolve()),
             "reference": str(Path(reference).resolve()) if reference is not None else None,
-            "where": where if kind != "speaker" else None}
+            "where": where if kind != "speaker" else None, "scope": scope if kind == "speaker" else None}
     outcome = run_request(adapter, forget_items, retain_items, kind=kind, method=method, config=config, size=size,
                           overrides=overrides, reference=base, rule=rule, out=out, inputs=inputs, overwrite=overwrite,
                           progress=progress, meta=meta, retain_state=retain_state, refresh_retain=refresh_retain,
                           history=read_history(model_dir), batch=batch, compare_batch=compare_batch,
-                          clone=lambda: load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams))
+                          clone=lambda: load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams,
+                                                   scope=scope))
     return UnlearnResult(outcome.adapter, outcome.out, outcome.report)
 
 
 def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.PathLike, *, method: str = "qr-erase",
                    reference: str | os.PathLike | None = None, where: str = "both",
                    retain_tasks: Sequence[str] = ("speaker",), size: str | None = None, device: str = "auto",
-                   refresh: bool = False, progress: bool = True, trust_hparams: bool = False,
+                   refresh: bool = False, progress: bool = True, trust_hparams: bool = False, scope: str = "all",
                    **extract: Any) -> Any:
     """Compute the retain side of an erasure method once and store it in ``out`` (``mmunlearn prepare-retain``).
 
     ``retain`` as for :func:`unlearn`; the task vectors come from ``reference`` when given, else from the
     model (as :func:`unlearn` takes them). ``extract`` overrides the method preset's extraction settings
-    (``kind``, ``steps``, ``lr``, ``batch_size``, ...). A matching state already in ``out`` is kept
+    (``kind``, ``steps``, ``lr``, ``batch_size``, ...); ``scope`` as for :func:`unlearn`. A matching state already in ``out`` is kept
     (``refresh=True`` recomputes). Returns the :class:`~mmunlearn.requests.state.RetainState`; its
     ``status`` says whether it was loaded, computed or recomputed, and ``reason`` why.
     """
@@ -211,7 +222,7 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
     settings = replace(cfg.extract, **{k: v for k, v in extract.items() if v is not None})
     source = load_model(reference if reference is not None else model_dir, device=device, where=where,
-                        trust_hparams=trust_hparams)
+                        trust_hparams=trust_hparams, scope=scope)
     items = _examples(source, read_items(retain, "retain"), retain_tasks)
     inputs = [model_dir] + ([reference] if reference is not None else [])
     return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,

@@ -173,6 +173,7 @@ def prepare_retain(
     device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",
     refresh: Annotated[bool, typer.Option(help="Recompute even if --out holds a state whose fingerprints match.")] = False,
     trust_hparams: Annotated[bool, typer.Option(help="Speaker classifiers: let hyperparams.yaml run the code it names (trusted folders only).")] = False,
+    scope: Annotated[str, typer.Option(help="Speaker classifiers: weights the requests will edit: all, embedding or head (as unlearn(scope=...)).")] = "all",
 ) -> None:
     """Compute the retain side of QR-Erase once (retain task matrices + fingerprints of the weights, the retain
     data and the settings); later requests load it while the fingerprints match and recompute it when not."""
@@ -180,7 +181,7 @@ def prepare_retain(
 
     state = prepare(model, retain, out, method=method, reference=reference, where=where,
                     retain_tasks=tuple(retain_task or ("speaker",)), size=size, device=device, refresh=refresh,
-                    trust_hparams=trust_hparams, kind=extract_kind, steps=extract_steps, lr=extract_lr)
+                    trust_hparams=trust_hparams, kind=extract_kind, steps=extract_steps, lr=extract_lr, scope=scope)
     how = f" ({state.reason})" if state.reason else ""
     console.print(f"retain state {state.status}{how}: {len(state.task)} task matrices from "
                   f"{state.meta.get('retain_items')} retain items in {state.seconds:.1f} s -> [bold]{out}[/bold]")

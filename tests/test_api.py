@@ -157,3 +157,21 @@ def test_the_output_may_not_be_the_input_or_inside_it(speaker_dir, speaker_manif
         with pytest.raises(ValueError):
             unlearn(speaker_dir, forget=forget, retain=retain, out=out, overwrite=True, device="cpu", progress=False)
     assert _digest(speaker_dir) == before and not (speaker_dir / "inside").exists()
+
+
+def test_head_scope_edits_only_the_class_weights(speaker_dir, llm_dir, speaker_manifests, tmp_path):
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.methods import SweepRule, mean_nll
+
+    forget = speaker_manifests / "spk_forget_train.csv"
+    retain = speaker_manifests / "spk_retain_train.csv"
+    rule = SweepRule(forget_target=1e9, retain_bound=0.5, retain_measure=mean_nll)  # a sweep that scores points
+    result = unlearn(speaker_dir, forget=forget, retain=retain, method="qr-erase", out=tmp_path / "head",
+                     device="cpu", progress=False, scope="head", rule=rule,
+                     **{**fast("qr-erase"), "retain_rank": 0, "extract_kind": "gradient", "sweep_scales": "auto"})
+    original, edited = SpeakerAdapter.load(speaker_dir, device="cpu"), SpeakerAdapter.load(tmp_path / "head", device="cpu")
+    assert _changed(original.model.state_dict(), edited.model.state_dict()) == {"classifier.weight"}
+    assert result.report["scope"] == "head" and result.adapter.embedding_cache.hits > 0  # the sweep reused embeddings
+    with pytest.raises(ValueError, match="speaker classifiers"):
+        unlearn(llm_dir, forget=forget, retain=retain, method="qr-erase", out=tmp_path / "llm", device="cpu",
+                progress=False, scope="head")

@@ -175,9 +175,10 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                 videos: int = 2, requests: int = 3, extracts: Sequence[str] = ("gradient", "finetune"),
                 train_epochs: int | None = None, retain_bound: float = 0.05, gd_epochs: int = 20,
                 gd_lr: float | None = None, score_retain: int | None = 32, with_batch: bool = True,
-                progress: bool = False,
+                progress: bool = False, scope: str = "all",
                 show: Callable[[RequestRow], None] | None = None) -> BenchResult:
-    """The speaker-classifier benchmark (see the module notes)."""
+    """The speaker-classifier benchmark (see the module notes). ``scope``: the weights QR-Erase edits
+    (``head``: class weights only, retain rank 0, embeddings reused by the scoring); GradDiff trains all."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.methods import SweepRule, get, mean_nll, run_unlearning
@@ -191,6 +192,9 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     ids = sorted({r["spk_id"] for r in forget_rows})
     asks = [[r for r in forget_rows if r["spk_id"] == s] for s in ids]
     original = SpeakerAdapter.load(model_dir, device="cpu")
+    scoped = original.clone()
+    scoped.scope = scope  # validates it
+    qr_over = {"sweep_scales": "auto", **({"retain_rank": 0} if scope == "head" else {})}
     n_classes = len(original.speakers)
     scored = retain if not score_retain or score_retain >= len(retain) else \
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
@@ -201,7 +205,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     error_rate(original, retain + forget_rows)
     state_dir = workdir / "retain_state"
     t0 = time.perf_counter()
-    obtain_retain_state(state_dir, original, retain, None, kind="speaker",
+    obtain_retain_state(state_dir, scoped, retain, None, kind="speaker",
                         default_extract=get("qr-erase").config_for("speaker", size).extract, refresh=True,
                         progress=progress)
     prepare_seconds = time.perf_counter() - t0
@@ -214,7 +218,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
             show(row)
 
     for e, extract in enumerate(extracts):
-        model, history = original.clone(), History(workdir)
+        model, history = scoped.clone(), History(workdir)
         for i, forget in enumerate(asks, 1):
             if e == 0:  # GradDiff on the same input model, with the same rule
                 gd = model.clone()
@@ -227,7 +231,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
             with PeakMemory() as mem:
                 t = time.perf_counter()
                 out = run_request(model, forget, retain, kind="speaker", method="qr-erase", size=size,
-                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
+                                  overrides={"extract_kind": extract, **qr_over}, rule=rule,
                                   retain_state=state_dir,
                                   history=history, progress=progress)
                 wall = time.perf_counter() - t
@@ -237,11 +241,11 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
             add(row)
     batch = None
     if with_batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
-        model = original.clone()
+        model = scoped.clone()
         t = time.perf_counter()
         out = run_request(model, asks, retain, kind="speaker", method="qr-erase", size=size,
-                          overrides={"extract_kind": extracts[0], "sweep_scales": "auto"}, rule=rule,
-                          retain_state=state_dir, batch=True, compare_batch=True, clone=original.clone,
+                          overrides={"extract_kind": extracts[0], **qr_over}, rule=rule,
+                          retain_state=state_dir, batch=True, compare_batch=True, clone=scoped.clone,
                           progress=progress)
         one = out.report["batch"]["one_by_one"]
         batch = {"extract": extracts[0], "seconds_with_comparison": time.perf_counter() - t,
@@ -251,7 +255,8 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
              "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
              "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
-             "qr_erase": asdict(get("qr-erase").config_for("speaker", size)), "extracts": list(extracts)}
+             "qr_erase": {**asdict(get("qr-erase").config_for("speaker", size)), **qr_over}, "extracts": list(extracts),
+             "scope": scope}
     return BenchResult("speaker classifier (built-in corpus)", setup, prepare_seconds, rows)
 
 
@@ -311,7 +316,7 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
             with PeakMemory() as mem:
                 t = time.perf_counter()
                 out = run_request(model, ask, retain, kind="text", method="qr-erase", size=size,
-                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
+                                  overrides={"extract_kind": extract, **qr_over}, rule=rule,
                                   retain_state=state_dir, history=history, progress=progress)
                 wall = time.perf_counter() - t
             history = History(Path(workdir), out.report["requests"])
