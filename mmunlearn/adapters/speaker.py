@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
+from mmunlearn.adapters.speaker_batches import SCORING_VERSION, by_length, length_groups, repeat_pad  # noqa: F401  (re-exported)
 from mmunlearn.adapters.speaker_cache import EmbeddingCache
 from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
@@ -248,17 +249,17 @@ class SpeakerAdapter:
         elif self.embedding_cache is not None and net is self.model and not torch.is_grad_enabled():
             cosine, emb = self._cached(net, b["wavs"], b["wav_lens"])
         else:
-            cosine, emb = _by_length(net, b["wavs"], b["wav_lens"])
+            cosine, emb = by_length(net, b["wavs"], b["wav_lens"])
         return cosine.float(), emb, b["labels"]
 
     def _cached(self, net: SpeakerNet, wavs: torch.Tensor, wav_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :func:`_by_length`, the embeddings taken from :attr:`embedding_cache` where it holds them."""
+        """As :func:`by_length`, the embeddings taken from :attr:`embedding_cache` where it holds them."""
         width = wavs.shape[1]
         samples = torch.round(wav_lens.detach().double().cpu() * width).long().clamp(1, width).tolist()
 
         def compute(missing: list[int]) -> torch.Tensor:
             idx = torch.tensor(missing, device=wavs.device)
-            return _by_length(net, wavs[idx], wav_lens[idx])[1]
+            return by_length(net, wavs[idx], wav_lens[idx])[1]
 
         emb = self.embedding_cache.lookup(net, wavs, samples, compute)
         return net.classifier(emb.unsqueeze(1)).squeeze(1), emb
@@ -334,10 +335,10 @@ class SpeakerAdapter:
         handle = module.register_forward_hook(lambda _m, _i, out: captured.append(out))
         was_training = self.model.training
         try:
-            self.model.eval()  # one pass per length (see _by_length): the frames do not depend on the batch
+            self.model.eval()  # one pass per length (see by_length): the frames do not depend on the batch
             b = self._to(batch)
             groups = length_groups(b["wav_lens"], b["wavs"].shape[1])
-            _by_length(self.model, b["wavs"], b["wav_lens"])
+            by_length(self.model, b["wavs"], b["wav_lens"])
         finally:
             handle.remove()
             self.model.train(was_training)
@@ -352,57 +353,3 @@ class SpeakerAdapter:
     def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
         """Speaker IDs of class indices."""
         return [self.speakers[int(i)] for i in indices]
-
-
-#: Version of how utterances are scored and trained on (cache keys of trained models and evaluations
-#: include it). 2: scores do not depend on the batch (:func:`_by_length`), training fills padding with
-#: repeats of each utterance (:func:`repeat_pad`).
-SCORING_VERSION = 2
-
-
-def length_groups(wav_lens: torch.Tensor, width: int) -> list[tuple[torch.Tensor, int]]:
-    """(indices, samples) of the utterances of each length in a padded batch (``wav_lens`` relative to ``width``)."""
-    samples = torch.round(wav_lens.detach().double().cpu() * width).long().clamp(1, width)
-    return [((samples == n).nonzero().squeeze(1), int(n)) for n in torch.unique(samples).tolist()]
-
-
-def _by_length(net: nn.Module, wavs: torch.Tensor, wav_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``net``'s (cosine, embedding) of a padded batch, each utterance seeing no padding: one pass per
-    distinct length, on the utterances of that length cut to it.
-
-    ECAPA masks padding only in its pooling and squeeze-excitation means; its convolutions (receptive
-    field about +-11 frames), the filterbank's last frames and the sentence mean normalisation still
-    read the padded frames, so a short utterance beside a long one scores differently than alone (on
-    FSDD clips of ~0.4 s, a classifier trained with zero padding was right on 78 % of its training clips
-    alone and 99.7 % in random batches). Cut to its own length, an utterance scores the same in any batch.
-    """
-    groups = length_groups(wav_lens, wavs.shape[1])
-    if len(groups) == 1 and groups[0][1] == wavs.shape[1]:
-        return net(wavs, torch.ones_like(wav_lens))
-    cosine: torch.Tensor | None = None
-    emb: torch.Tensor | None = None
-    for idx, n in groups:
-        idx = idx.to(wavs.device)
-        c, e = net(wavs[idx, :n], torch.ones(len(idx), device=wavs.device, dtype=wav_lens.dtype))
-        if cosine is None:
-            cosine = c.new_zeros(wavs.shape[0], *c.shape[1:])
-            emb = e.new_zeros(wavs.shape[0], *e.shape[1:])
-        cosine = cosine.index_copy(0, idx, c)  # out of place: gradients reach every group
-        emb = emb.index_copy(0, idx, e)
-    return cosine, emb
-
-
-def repeat_pad(wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
-    """The batch with each utterance's padding filled by repeating the utterance (as fixed-length crops of
-    short recordings are filled in SpeechBrain's VoxCeleb recipes), so training never sees zero padding.
-
-    >>> repeat_pad(torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 0.0, 0.0, 0.0]]), torch.tensor([1.0, 0.4]))
-    tensor([[1., 2., 3., 4., 5.],
-            [1., 2., 1., 2., 1.]])
-    """
-    width = wavs.shape[1]
-    samples = torch.round(wav_lens.detach().double() * width).long().clamp(1, width).to(wavs.device)
-    if bool((samples == width).all()):
-        return wavs
-    pos = torch.arange(width, device=wavs.device).unsqueeze(0) % samples.unsqueeze(1)
-    return wavs.gather(1, pos)

@@ -30,8 +30,12 @@ def _examples(lengths=(8000, 6000, 7000), speakers=("id00002", "id00001", "id000
 
 
 def test_doctests():
-    result = doctest.testmod(mmunlearn.adapters.speaker)
-    assert result.attempted > 0 and result.failed == 0
+    import mmunlearn.adapters.speaker_batches
+    import mmunlearn.adapters.speaker_cache
+
+    for module in (mmunlearn.adapters.speaker, mmunlearn.adapters.speaker_batches, mmunlearn.adapters.speaker_cache):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
 def test_satisfies_the_protocol_and_seeds_its_init(adapter):

@@ -134,7 +134,7 @@ def test_a_saved_folder_loads_in_speechbrain_after_a_move(adapter, tmp_path):
     sb = EncoderClassifier.from_hparams(source=str(final), savedir=str(tmp_path / "sb"), run_opts={"device": "cpu"})
     batch = _batch()
     with torch.no_grad():
-        # SpeechBrain reads a padded batch's padding (see speaker._by_length); each utterance alone, cut to
+        # SpeechBrain reads a padded batch's padding (see speaker_batches.by_length); each utterance alone, cut to
         # its own length, is what the adapter scores whatever batch it sits in.
         n = [round(float(r) * batch["wavs"].shape[1]) for r in batch["wav_lens"]]
         alone = [sb.classify_batch(batch["wavs"][i : i + 1, : n[i]], torch.ones(1)) for i in range(len(n))]
