@@ -222,6 +222,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
         for i, forget in enumerate(asks, 1):
             if e == 0:  # GradDiff on the same input model, with the same rule
                 gd = model.clone()
+                gd.scope = "all"  # GradDiff trains every weight; its own adapter, no shared embedding cache
                 with PeakMemory() as mem:
                     t = time.perf_counter()
                     out = run_unlearning("grad_diff", gd, forget, retain, kind="speaker", size=size,
@@ -307,6 +308,7 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
             rule = SweepRule(forget_target=target, retain_bound=retain_bound, retain_items=scored, checks_per_epoch=1)
             if e == 0:
                 gd = model.clone()
+                gd.scope = "all"  # GradDiff trains every weight; its own adapter, no shared embedding cache
                 with PeakMemory() as mem:
                     t = time.perf_counter()
                     out = run_unlearning("grad_diff", gd, ask, retain, kind="text", size=size, overrides=gd_over,
