@@ -215,6 +215,7 @@ def requests(
     gd_epochs: Annotated[Optional[int], typer.Option(min=1, help="GradDiff's epoch budget; it stops as soon as it meets the forget criterion (default: speaker 20, tofu its preset's).")] = None,
     gd_lr: Annotated[Optional[float], typer.Option(help="GradDiff's learning rate (default: its preset's).")] = None,
     score_retain: Annotated[int, typer.Option(min=0, help="Retain utterances the rule scores (spread over the retain set; 0: all of them), for both methods.")] = 32,
+    manifests: Annotated[Optional[Path], typer.Option(help="speaker: a prepared corpus (voxceleb2 prepare / prepare-corpus output, e.g. FSDD with --forget-speakers 3) instead of the built-in one; one request per forget speaker.")] = None,
     scope: Annotated[str, typer.Option(help="speaker: weights QR-Erase edits: all, embedding, or head (class weights only, retain rank 0; scoring reuses the embeddings). GradDiff always trains every weight.")] = "all",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every request's row and the summary to this JSON file.")] = None,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the summary as Markdown to this file.")] = None,
@@ -237,8 +238,8 @@ def requests(
                       f"(bound {row.retain_bound:g})  peak +{row.peak_extra_mb:.0f} MiB", soft_wrap=True)
 
     if dataset == "tofu":
-        if scope != "all":
-            raise typer.BadParameter("--scope applies to --dataset speaker")
+        if scope != "all" or manifests is not None:
+            raise typer.BadParameter("--scope and --manifests apply to --dataset speaker")
         res = rb.run_tofu(data, preset=preset, forget_split=forget_split, authors=authors,
                           extracts=list(extract or ["gradient", "lora", "finetune"]), retain_bound=retain_bound,
                           gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=show)
@@ -246,7 +247,7 @@ def requests(
         res = rb.run_speaker(workdir, preset=preset, speakers=speakers, utterances=utterances, videos=videos,
                              requests=requests, extracts=kinds, train_epochs=train_epochs, retain_bound=retain_bound,
                              gd_epochs=gd_epochs or 20, gd_lr=gd_lr, score_retain=score_retain or None, scope=scope,
-                             show=show)
+                             manifests=manifests, show=show)
     else:
         raise typer.BadParameter(f"--dataset must be speaker or tofu, got {dataset!r}")
     table = Table(title=f"Deletion requests, {res.dataset}, {preset} preset, QR-Erase scope {res.setup.get('scope', 'all')}, retain state prepared once in "

@@ -147,22 +147,32 @@ def error_rate(adapter, items: Sequence[dict]) -> float:
 
 
 def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, videos: int, forget_speakers: int,
-                   epochs: int | None, progress: bool) -> tuple[Path, Path]:
-    """Manifests of the built-in corpus and a classifier trained on it (both cached in ``workdir``)."""
-    from data_prep.synth_speakers import synthesize_corpus
-    from data_prep.voxceleb2 import prepare
+                   epochs: int | None, progress: bool, manifests: Path | None = None) -> tuple[Path, Path]:
+    """Manifests (``manifests``, or the built-in corpus's) and a classifier trained on them (cached in ``workdir``)."""
+    import hashlib
 
     from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
     from mmunlearn.train import TrainConfig
 
-    root = synthesize_corpus(workdir / "corpus", speakers, utterances, videos, 0, progress=progress)
-    man = prepare(root, workdir / "manifests", forget_speakers=forget_speakers, forget_fraction=0.1, seed=0,
-                  progress=progress).out
+    if manifests is None:
+        from data_prep.synth_speakers import synthesize_corpus
+        from data_prep.voxceleb2 import prepare
+
+        root = synthesize_corpus(workdir / "corpus", speakers, utterances, videos, 0, progress=progress)
+        man = prepare(root, workdir / "manifests", forget_speakers=forget_speakers, forget_fraction=0.1, seed=0,
+                      progress=progress).out
+        tag = ""
+    else:
+        man = Path(manifests)
+        if not (man / "train.csv").is_file():
+            raise FileNotFoundError(f"{man} holds no train.csv: pass a folder written by `voxceleb2 prepare` or "
+                                    f"`prepare-corpus`")
+        tag = "-" + hashlib.sha256((man / "train.csv").read_bytes()).hexdigest()[:10]  # one model per training set
     cfg = (TrainConfig(epochs=15, batch_size=8, lr=1e-2, schedule="onecycle", weight_decay=1e-4)
            if preset == "tiny" else DEFAULT_TRAIN)
     if epochs is not None:
         cfg = cfg.replace(epochs=epochs)
-    model_dir = workdir / f"model-{preset}-e{cfg.epochs}"
+    model_dir = workdir / f"model-{preset}-e{cfg.epochs}{tag}"
     if not (model_dir / "hyperparams.yaml").is_file():
         rows, labels = training_rows(man, "speaker", retain_only=False)
         adapter, _ = train_speaker_classifier(rows, speakers=labels, preset=preset, config=cfg, seed=0, device="cpu",
@@ -175,10 +185,12 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                 videos: int = 2, requests: int = 3, extracts: Sequence[str] = ("gradient", "finetune"),
                 train_epochs: int | None = None, retain_bound: float = 0.05, gd_epochs: int = 20,
                 gd_lr: float | None = None, score_retain: int | None = 32, with_batch: bool = True,
-                progress: bool = False, scope: str = "all",
+                progress: bool = False, scope: str = "all", manifests: str | os.PathLike | None = None,
                 show: Callable[[RequestRow], None] | None = None) -> BenchResult:
     """The speaker-classifier benchmark (see the module notes). ``scope``: the weights QR-Erase edits
-    (``head``: class weights only, retain rank 0, embeddings reused by the scoring); GradDiff trains all."""
+    (``head``: class weights only, retain rank 0, embeddings reused by the scoring); GradDiff trains all.
+    ``manifests``: a prepared corpus (e.g. FSDD from ``voxceleb2 prepare-corpus``) instead of the built-in one;
+    each of its forget speakers is one request (``requests`` is then ignored)."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.methods import SweepRule, get, mean_nll, run_unlearning
@@ -186,7 +198,8 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    man, model_dir = _speaker_model(workdir, preset, speakers, utterances, videos, requests, train_epochs, progress)
+    man, model_dir = _speaker_model(workdir, preset, speakers, utterances, videos, requests, train_epochs, progress,
+                                    Path(manifests) if manifests is not None else None)
     forget_rows, retain = split_rows(man, "spk_forget_train"), split_rows(man, "spk_retain_train")
     heldout = split_rows(man, "spk_retain_test")
     ids = sorted({r["spk_id"] for r in forget_rows})
@@ -257,8 +270,9 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
              "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
              "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
              "qr_erase": {**asdict(get("qr-erase").config_for("speaker", size)), **qr_over}, "extracts": list(extracts),
-             "scope": scope}
-    return BenchResult("speaker classifier (built-in corpus)", setup, prepare_seconds, rows)
+             "scope": scope, "manifests": str(man)}
+    name = "built-in corpus" if manifests is None else f"manifests {Path(manifests).name}"
+    return BenchResult(f"speaker classifier ({name})", setup, prepare_seconds, rows)
 
 
 def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,

@@ -1,11 +1,12 @@
 """The requests benchmark's bookkeeping: speed-up over GradDiff from the requests after the first, rule counts,
-and the peak-memory meter (the benchmark itself runs from the CLI; no timing is asserted here)."""
+the peak-memory meter, and one tiny run on prepared manifests (no timing is asserted here)."""
 
 import time
 
 import torch
 
 from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, markdown
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
 def _row(method, extract, request, seconds, forget_after=1.0, retain_rise=0.0):
@@ -35,3 +36,18 @@ def test_peak_memory_sees_an_allocation_that_is_freed_inside_the_block():
         time.sleep(0.1)  # the sampler runs while the block is held
         del block
     assert mem.extra >= 48 * 2**20
+
+
+def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(speaker_manifests, tmp_path):  # noqa: F811
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.bench.requests import run_speaker
+
+    res = run_speaker(tmp_path, preset="tiny", manifests=speaker_manifests, extracts=("gradient",), train_epochs=2,
+                      gd_epochs=1, with_batch=False, scope="head")
+    assert res.setup["scope"] == "head" and res.setup["qr_erase"]["retain_rank"] == 0
+    assert res.setup["manifests"] == str(speaker_manifests) and "manifests" in res.dataset
+    assert sorted((r.method, r.request) for r in res.rows) == [("grad_diff", 1), ("qr-erase", 1)]  # one forget speaker
+    (model_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("model-tiny-e2-")]  # keyed by the training set
+    assert len(SpeakerAdapter.load(model_dir, device="cpu").speakers) == 4
+    qr = next(r for r in res.rows if r.method == "qr-erase")
+    assert qr.reached == (qr.forget_after >= qr.forget_target) and qr.detail["sweep_points"] >= 1
