@@ -43,7 +43,7 @@ from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.speaker_batches import SCORING_VERSION, by_length, length_groups, repeat_pad  # noqa: F401  (re-exported)
-from mmunlearn.adapters.speaker_cache import EmbeddingCache
+from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
@@ -246,7 +246,8 @@ class SpeakerAdapter:
         net = model or self.model
         if net.training:  # BatchNorm learns from the batch: one pass, padding filled with each utterance's own audio
             cosine, emb = net(repeat_pad(b["wavs"], b["wav_lens"]), torch.ones_like(b["wav_lens"]))
-        elif self.embedding_cache is not None and net is self.model and not torch.is_grad_enabled():
+        elif self.embedding_cache is not None and net is self.model and not (
+                torch.is_grad_enabled() and embedding_needs_grad(net)):  # e.g. a head-only gradient: cached
             cosine, emb = self._cached(net, b["wavs"], b["wav_lens"])
         else:
             cosine, emb = by_length(net, b["wavs"], b["wav_lens"])

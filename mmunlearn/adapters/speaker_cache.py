@@ -43,6 +43,11 @@ def embedding_state_digest(net: nn.Module) -> str:
     return h.hexdigest()
 
 
+def embedding_needs_grad(net: nn.Module) -> bool:
+    """Whether a parameter outside the head wants a gradient (cached embeddings are detached: none reaches it)."""
+    return any(p.requires_grad for name, p in net.named_parameters() if not name.startswith(HEAD_PREFIX))
+
+
 def utterance_digest(wav: torch.Tensor) -> str:
     """Digest of one utterance's samples (already cut to its own length)."""
     t = wav.detach().cpu().contiguous().reshape(-1)

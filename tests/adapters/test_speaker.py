@@ -385,5 +385,17 @@ def test_head_scope_reuses_embeddings_only_while_the_embedding_model_is_unchange
     # under autograd the embedding model is run (a gradient may be wanted through it)
     twin.embeddings(batch).sum().backward()
     assert conv.weight.grad is not None and cache.misses == 8
+    # ... unless only the head wants one (a head-scope gradient extraction): the same head gradient, cached
+    for m in (twin.model, plain.model):
+        for name, p in m.named_parameters():
+            p.grad = None
+            p.requires_grad_(name.startswith("classifier."))
+    hits = cache.hits
+    twin.loss(batch).backward()
+    plain.loss(batch).backward()
+    assert cache.hits == hits + 4 and cache.misses == 8
+    assert torch.allclose(twin.model.classifier.weight.grad, plain.model.classifier.weight.grad, atol=1e-6)
+    for p in twin.model.parameters():
+        p.requires_grad_(True)
     twin.scope = "all"
     assert twin.embedding_cache is None
