@@ -248,3 +248,15 @@ def test_audit_options_are_validated_before_any_work(tmp_path):
     assert res.exit_code != 0 and "rumour" in res.output and not (tmp_path / "corpus").exists()
     res = CliRunner().invoke(app, ["speaker", "--workdir", str(tmp_path), "--model", "speech-llm", "--audit"])
     assert res.exit_code != 0 and "--audit" in res.output and not any(tmp_path.iterdir())
+
+
+def test_sample_level_audit_measures_the_forgotten_utterances(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
+    work, _, _, _ = speaker_run
+    out = tmp_path / "sample_audited"
+    invoke("sample", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
+           "--methods", "grad_ascent", "--epochs", "1", "--audit", "--audit-attacks", "quantise", *TINY)
+    (result,) = json.loads((out / "AUDIT.json").read_text())["results"]
+    row = json.loads((out / "sample.json").read_text())["rows"][-1]
+    assert result["level"] == "sample" and result["forget_items"] == 3  # the sample_forget rows, one per kept speaker
+    assert result["attacks"]["none"]["unlearned"]["forget_acc"] == pytest.approx(row["forget_acc"])
+    assert "retrain-sample-" in result["models"]["retain"]
