@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
-from mmunlearn.adapters.speaker_batches import SCORING_VERSION, by_length, length_groups, repeat_pad  # noqa: F401  (re-exported)
+from mmunlearn.adapters.speaker_batches import (SCORING_VERSION, by_length, length_groups, repeat_pad,  # noqa: F401
+                                                sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
@@ -255,8 +256,7 @@ class SpeakerAdapter:
 
     def _cached(self, net: SpeakerNet, wavs: torch.Tensor, wav_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As :func:`by_length`, the embeddings taken from :attr:`embedding_cache` where it holds them."""
-        width = wavs.shape[1]
-        samples = torch.round(wav_lens.detach().double().cpu() * width).long().clamp(1, width).tolist()
+        samples = sample_counts(wav_lens, wavs.shape[1]).tolist()
 
         def compute(missing: list[int]) -> torch.Tensor:
             idx = torch.tensor(missing, device=wavs.device)

@@ -16,9 +16,14 @@ from torch import nn
 SCORING_VERSION = 2
 
 
+def sample_counts(wav_lens: torch.Tensor, width: int) -> torch.Tensor:
+    """Samples of each utterance of a padded batch (``wav_lens`` relative to ``width``), at least 1."""
+    return torch.round(wav_lens.detach().double() * width).long().clamp(1, width)
+
+
 def length_groups(wav_lens: torch.Tensor, width: int) -> list[tuple[torch.Tensor, int]]:
     """(indices, samples) of the utterances of each length in a padded batch (``wav_lens`` relative to ``width``)."""
-    samples = torch.round(wav_lens.detach().double().cpu() * width).long().clamp(1, width)
+    samples = sample_counts(wav_lens, width).cpu()
     return [((samples == n).nonzero().squeeze(1), int(n)) for n in torch.unique(samples).tolist()]
 
 
@@ -57,7 +62,7 @@ def repeat_pad(wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
             [1., 2., 1., 2., 1.]])
     """
     width = wavs.shape[1]
-    samples = torch.round(wav_lens.detach().double() * width).long().clamp(1, width).to(wavs.device)
+    samples = sample_counts(wav_lens, width).to(wavs.device)
     if bool((samples == width).all()):
         return wavs
     pos = torch.arange(width, device=wavs.device).unsqueeze(0) % samples.unsqueeze(1)

@@ -75,13 +75,11 @@ class EmbeddingCache:
             self._store.popitem(last=False)
         keys = [utterance_digest(wavs[i, :n]) for i, n in enumerate(samples)]
         missing = [i for i, k in enumerate(keys) if k not in store]
-        if missing:
-            new = compute(missing)
-            for i, emb in zip(missing, new):
-                if len(store) >= self.per_state:
-                    store.clear()
-                store[keys[i]] = emb.detach()
+        fresh = dict(zip(missing, compute(missing).detach())) if missing else {}
+        for i, emb in fresh.items():
+            if len(store) >= self.per_state:
+                store.clear()
+            store[keys[i]] = emb
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
-        fresh = dict(zip(missing, new)) if missing else {}
-        return torch.stack([fresh[i].detach() if i in fresh else store[k] for i, k in enumerate(keys)])
+        return torch.stack([fresh[i] if i in fresh else store[k] for i, k in enumerate(keys)])

@@ -322,7 +322,6 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
             rule = SweepRule(forget_target=target, retain_bound=retain_bound, retain_items=scored, checks_per_epoch=1)
             if e == 0:
                 gd = model.clone()
-                gd.scope = "all"  # GradDiff trains every weight; its own adapter, no shared embedding cache
                 with PeakMemory() as mem:
                     t = time.perf_counter()
                     out = run_unlearning("grad_diff", gd, ask, retain, kind="text", size=size, overrides=gd_over,
@@ -332,7 +331,7 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
             with PeakMemory() as mem:
                 t = time.perf_counter()
                 out = run_request(model, ask, retain, kind="text", method="qr-erase", size=size,
-                                  overrides={"extract_kind": extract, **qr_over}, rule=rule,
+                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
                                   retain_state=state_dir, history=history, progress=progress)
                 wall = time.perf_counter() - t
             history = History(Path(workdir), out.report["requests"])

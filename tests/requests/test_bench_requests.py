@@ -51,3 +51,17 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
     assert len(SpeakerAdapter.load(model_dir, device="cpu").speakers) == 4
     qr = next(r for r in res.rows if r.method == "qr-erase")
     assert qr.reached == (qr.forget_after >= qr.forget_target) and qr.detail["sweep_points"] >= 1
+
+
+def test_the_tofu_benchmark_runs_one_request_per_forget_author(tmp_path):
+    from mmunlearn.bench.requests import run_tofu
+
+    res = run_tofu("synthetic", preset="micro", extracts=("gradient",), authors=None, workdir=tmp_path / "work",
+                   cache_dir=tmp_path / "cache")
+    requests = sorted({r.request for r in res.rows})
+    assert requests == list(range(1, len(requests) + 1)) and len(requests) >= 2
+    assert sorted((r.method, r.request) for r in res.rows) == sorted(
+        (m, i) for m in ("grad_diff", "qr-erase") for i in requests)
+    for r in res.rows:  # the rule's verdicts are the measures against the target and the bound
+        assert r.reached == (r.forget_after >= r.forget_target)
+        assert r.retain_ok == (r.retain_after - r.retain_before <= r.retain_bound)
