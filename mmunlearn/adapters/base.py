@@ -91,25 +91,40 @@ IGNORE = -100  # label of the tokens that are not scored (prompt, padding)
 
 class TokenScoring:
     """Answer-token scores shared by the causal-LM adapters (text and speech LLM): each defines
-    ``logits(batch, model) -> (B x T-1 x V logits, B x T-1 targets)``; these follow from it."""
+    ``logits(batch, model) -> (B x T-1 x V logits, B x T-1 targets)``; these follow from it. An adapter
+    that can project only the scored positions (:mod:`mmunlearn.train.answer_only`) overrides
+    :meth:`answer_logits`, and every score below uses that."""
+
+    def answer_logits(self, batch, model=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits at the scored positions only: (N x V float logits, N targets, N row indices)."""
+        logits, targets = self.logits(batch, model)
+        mask = targets != IGNORE
+        return logits[mask].float(), targets[mask], mask.nonzero(as_tuple=True)[0]
 
     def loss(self, batch, model=None) -> torch.Tensor:
         """Mean NLL over all answer tokens of the batch."""
-        logits, targets = self.logits(batch, model)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+        logits, targets, _ = self.answer_logits(batch, model)
+        return F.cross_entropy(logits.float(), targets)
 
     def logprobs(self, batch, model=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced log p(y_t | x, y_<t) of every answer token (B x T-1; 0 off the mask) and the mask."""
-        logits, targets = self.logits(batch, model)
-        mask = targets != IGNORE
-        lp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return lp * mask, mask
+        logits, targets, _ = self.answer_logits(batch, model)
+        mask = batch["labels"][:, 1:].to(targets.device) != IGNORE
+        tok = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        lp = torch.zeros(mask.shape, dtype=tok.dtype, device=tok.device)
+        lp[mask] = tok
+        return lp, mask
 
     def sequence_logprob(self, batch, model=None, average: bool = False) -> torch.Tensor:
         """log p(y | x) per example (B,): the sum over answer tokens, or their mean if ``average``."""
         lp, mask = self.logprobs(batch, model)
         total = lp.sum(1)
         return total / mask.sum(1).clamp(min=1) if average else total
+
+    def target_distributions(self, batch, model=None) -> torch.Tensor:
+        """Log-probabilities over the vocabulary at every answer position (N x V), for KL terms."""
+        logits, _, _ = self.answer_logits(batch, model)
+        return torch.log_softmax(logits.float(), -1)
 
 
 class HiddenStateTap:

@@ -79,6 +79,24 @@ def _decode(tokenizer: Any, ids: torch.Tensor) -> str:
     return tokenizer.decode(ids.tolist(), skip_special_tokens=True)
 
 
+def _answer_rows(adapter: Any, batch: dict, idx: Sequence[int]):
+    """``(row, item index, T_i x V logits, T_i targets)`` per row of ``batch``: through the adapter's
+    ``answer_logits`` (the output projection on answer positions only) when it has one, else ``logits``."""
+    if hasattr(adapter, "answer_logits"):
+        logits, targets, rows = adapter.answer_logits(batch)
+        per_row = [(logits[rows == r], targets[rows == r]) for r in range(len(idx))]
+    else:
+        full, tgt_full = adapter.logits(batch)
+        per_row = []
+        for r in range(len(idx)):
+            pos = (tgt_full[r] != IGNORE_INDEX).nonzero(as_tuple=True)[0]
+            per_row.append((full[r, pos], tgt_full[r, pos]))
+    for r, (i, (row_logits, tgt)) in enumerate(zip(idx, per_row)):
+        if tgt.numel() == 0:
+            raise ValueError(f"item {i}: no answer tokens to score (prompt fills the length limit?)")
+        yield r, i, row_logits, tgt
+
+
 @torch.no_grad()
 def score_answers(
     adapter: Any,
@@ -114,22 +132,18 @@ def score_answers(
     for start in range(0, n, batch_size):
         idx = order[start:start + batch_size]
         sub_answers = [answers[i] for i in idx] if answers is not None else None
-        logits, targets = adapter.logits(adapter.collate([items[i] for i in idx], sub_answers))
-        for row, i in enumerate(idx):
-            pos = (targets[row] != IGNORE_INDEX).nonzero(as_tuple=True)[0]
-            if pos.numel() == 0:
-                raise ValueError(f"item {i}: no answer tokens to score (prompt fills the length limit?)")
-            tgt = targets[row, pos]
-            lp = torch.log_softmax(logits[row, pos].float(), dim=-1)  # T_i x V
+        for row, i, row_logits, tgt in _answer_rows(adapter, adapter.collate([items[i] for i in idx], sub_answers),
+                                                    idx):
+            n_tok = tgt.numel()
+            lp = torch.log_softmax(row_logits.float(), dim=-1)  # T_i x V
             tok_lp = lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-            avg_nll[i] = float(-tok_lp.double().sum() / pos.numel())
+            avg_nll[i] = float(-tok_lp.double().sum() / n_tok)
             if not token_stats:
                 continue
-            keep = pos.numel() - 1 if (pos.numel() > 1 and eos_id is not None and int(tgt[-1]) == eos_id) \
-                else pos.numel()
+            keep = n_tok - 1 if (n_tok > 1 and eos_id is not None and int(tgt[-1]) == eos_id) else n_tok
             # float64 here: sigma_t comes from E[(log p)^2] - mu_t^2, which cancels badly in float32
             # for flat distributions (sigma ~ 0.1 next to |log p| ~ 6).
-            mu, sigma = vocab_logprob_moments(torch.log_softmax(logits[row, pos[:keep]].double(), dim=-1))
+            mu, sigma = vocab_logprob_moments(torch.log_softmax(row_logits[:keep].double(), dim=-1))
             per_token["lp"][i] = tok_lp[:keep].double().cpu().numpy()
             per_token["mu"][i], per_token["sigma"][i] = mu, sigma
             per_token["match"][i] = (lp[:keep].argmax(-1) == tgt[:keep]).cpu().numpy()

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from mmunlearn.train.answer_only import answer_logits
 from mmunlearn.train.config import TrainConfig, resolve_mixed_precision
 from mmunlearn.train.sampling import EpochSampler, PairCollate, PairedDataset
 from mmunlearn.train.schedule import make_optimizer, make_scheduler
@@ -74,10 +75,11 @@ def causal_lm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch
     """Mean NLL of the labelled tokens (labels -100 elsewhere, e.g. answer tokens only) of an HF causal LM.
 
     Calls the model it is given (the accelerate-wrapped one inside :func:`train`), so gradients are
-    synchronised across processes.
+    synchronised across processes; the output projection runs on the labelled positions only
+    (:func:`mmunlearn.train.answer_only.answer_logits`).
     """
-    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"])
-    return out.loss
+    logits, targets, _ = answer_logits(model, batch["input_ids"], batch.get("attention_mask"), batch["labels"])
+    return torch.nn.functional.cross_entropy(logits.float(), targets)
 
 
 def _select_params(model: nn.Module, params: Iterable[nn.Parameter | str] | None) -> list[nn.Parameter]:
