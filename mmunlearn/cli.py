@@ -189,14 +189,15 @@ def prepare_retain(
 
 def _audit_help(name: str, note: str = "") -> str:
     """An audit option's help and default, as :class:`mmunlearn.audit.AuditOptions` declares them."""
-    from mmunlearn.audit.options import AuditOptions
+    from mmunlearn.audit.options import KIND_DEFAULTS, AuditOptions
 
-    return f"{AuditOptions.help(name)}{note} [default: {getattr(AuditOptions(), name)}]"
+    kinds = "; ".join(f"{k}: {v[name]}" for k, v in KIND_DEFAULTS.items() if name in v)
+    return f"{AuditOptions.help(name)}{note} [default: {getattr(AuditOptions(), name)}{'; ' + kinds if kinds else ''}]"
 
 
 @app.command()
 def audit(
-    model: Annotated[Path, typer.Option(help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind.")],
+    model: Annotated[Path, typer.Option(help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind. Any other loadable model folder of a supported kind (e.g. the original model, another tool's output) is audited too, reported as 'not an mmunlearn output: no history'.")],
     target: Annotated[Path, typer.Option(help="Target model folder (trained on everything; the model that was unlearned).")],
     retain_model: Annotated[Path, typer.Option(help="Retain model folder (never trained on the forget data: what retraining gives); speakers: the retrained classifier.")],
     data: Annotated[str, typer.Option(help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier or speech LLM (speaker question on the forget speakers): the prepared manifest folder.")],
@@ -222,8 +223,8 @@ def audit(
     relearning and a linear probe? Each attack is applied to the target, the retain model and the unlearned
     model alike; "kept" = (target - model) / (target - retain) after the attack (1 = as retrained)."""
     from mmunlearn.audit import ATTACKS, markdown, write_audit
-    from mmunlearn.audit.folder import audit_folder
-    from mmunlearn.audit.options import BITS, AuditOptions, parse_list
+    from mmunlearn.audit.folder import audit_folder, folder_report
+    from mmunlearn.audit.options import BITS, options_for, parse_list
     from mmunlearn.audit.runner import reference_rows
     from mmunlearn.errors import set_threads
 
@@ -231,16 +232,20 @@ def audit(
     try:
         chosen = parse_list(attacks, ATTACKS, "--attacks")
         widths = parse_list(bits, BITS, "--bits", cast=int)
-        options = AuditOptions().replace(attacks=chosen, bits=widths, relearn_steps=relearn_steps,
-                                         relearn_lr=relearn_lr, relearn_batch_size=relearn_batch_size,
-                                         relearn_fraction=relearn_fraction, relearn_on=relearn_on,
-                                         probe_folds=probe_folds, max_new_tokens=max_new_tokens,
-                                         batch_size=batch_size, seed=seed)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     for path, flag in ((model, "--model"), (target, "--target"), (retain_model, "--retain-model")):
         if not path.is_dir():
             raise typer.BadParameter(f"{path}: no such folder", param_hint=flag)
+    try:
+        kind = folder_report(model)["model_kind"]
+        options = options_for(kind, attacks=chosen, bits=widths, relearn_steps=relearn_steps,
+                              relearn_lr=relearn_lr, relearn_batch_size=relearn_batch_size,
+                              relearn_fraction=relearn_fraction, relearn_on=relearn_on,
+                              probe_folds=probe_folds, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, seed=seed)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--model") from None
     result = audit_folder(model, target, retain_model, data, forget_split=forget_split, authors=authors,
                           level=level, options=options, device=device)
     dest = out if out is not None else model.resolve().parent

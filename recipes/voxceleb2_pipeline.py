@@ -25,6 +25,9 @@ from mmunlearn.data.utterances import LEVELS, split_rows
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
 RETRAIN_NAME = {"speaker": "retrain-speaker", "sample": "retrain-sample"}
+#: What the cached evaluations hold (part of their key): 2 = MIA intervals by recording, forgetting counted
+#: as "any forgotten speaker" and the concentration on single retained speakers.
+EVAL_VERSION = 2
 
 
 def builtin_manifests(workdir: Path, *, speakers: int = 20, utterances: int = 30, videos: int = 3,
@@ -138,7 +141,7 @@ def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions,
         digest.update(f"{name}:{rows_digest(split_rows(manifests, name))}\n".encode())
     from mmunlearn.adapters.speaker import SCORING_VERSION
 
-    spec = json.dumps([digest.hexdigest(), level, asdict(opts), SCORING_VERSION], sort_keys=True)
+    spec = json.dumps([digest.hexdigest(), level, asdict(opts), SCORING_VERSION, EVAL_VERSION], sort_keys=True)
     path = Path(model_dir) / "evals" / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -229,7 +232,8 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
         best = choose(points, rules[0]["base_forget"], rules[0]["base_retain"], rule.forget_target, rule.retain_bound)
         scope, outcome, folder = candidates[best.rank]
         tried = {s: {"forget": o.report["rule"]["forget"], "retain": o.report["rule"]["retain"],
-                     "target_reached": o.report["target_reached"]} for s, o, _ in candidates}
+                     "target_reached": o.report["target_reached"],
+                     "seconds": o.report["unlearn_seconds"] + o.report["extract_seconds"]} for s, o, _ in candidates}
         tmp = Path(tempfile.mkdtemp(dir=out, prefix=".model-tmp-"))
         try:
             shutil.copytree(folder, tmp / "model")
@@ -240,10 +244,46 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
             shutil.rmtree(tmp, ignore_errors=True)
     metrics = evaluate(outcome.adapter, ctx.manifests, ctx.level, ctx.eval_opts, progress)
     rep = outcome.report
+    sweep_seconds = sum(o.report["unlearn_seconds"] + o.report["extract_seconds"] for _, o, _ in candidates)
     row = {"method": method, **metrics, "forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
            "unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
-           "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"], "scope": scope}
-    write_text_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe(),
-                                                    "config": rep["config"], "rule": rep.get("rule"),
-                                                    "scopes_tried": tried}, indent=2, default=str))
+           "sweep_seconds": sweep_seconds, "changed_fraction": rep["changed_fraction"],
+           "target_reached": rep["target_reached"], "within_bound": within_bound(rep.get("rule")), "scope": scope}
+    measure = measure_field((rep.get("rule") or {}).get("forget_measure"))
+    write_text_atomic(out / "run.json", json.dumps({"row": row, "info": rename_measure(rep["info"], measure),
+                                                    "context": ctx.describe(), "config": rep["config"],
+                                                    "rule": rep.get("rule"), "scopes_tried": tried}, indent=2,
+                                                   default=str))
     return row
+
+
+def within_bound(rule: Mapping | None) -> bool | None:
+    """Whether the chosen model's retain measure stayed within the rule's bound (None without a rule)."""
+    if not rule:
+        return None
+    return rule["retain"] - rule["base_retain"] <= rule["retain_bound"]
+
+
+def measure_field(name: str | None) -> str:
+    """The field name of a sweep point's forget value in ``run.json``: ``forget_<measure>`` (e.g.
+    ``forget_error_rate`` at the speaker level, ``forget_log_loss_gap`` at the sample level)."""
+    return f"forget_{name}" if name and name != "mean_nll" else "forget_nll"
+
+
+def rename_measure(info: dict, field_name: str) -> dict:
+    """``info`` with each sweep point's ``forget_nll`` (the harness's generic name for the rule's forget measure)
+    stored as ``field_name``, so ``run.json`` says what the value is."""
+    if field_name == "forget_nll" or not isinstance(info.get("sweep"), list):
+        return info
+    points = [{(field_name if k == "forget_nll" else k): v for k, v in p.items()} if isinstance(p, dict) else p
+              for p in info["sweep"]]
+    return {**info, "sweep": points, "forget_field": field_name}
+
+
+def sweep_points(run: Mapping) -> list[dict]:
+    """The sweep points of a ``run.json`` with the forget measure under ``forget`` and the retain measure under
+    ``retain`` (reads files written before and after the measure was named)."""
+    info = run.get("info") or {}
+    key = info.get("forget_field", "forget_nll")
+    return [{**{k: v for k, v in p.items() if k not in (key, "retain_nll")}, "forget": p[key],
+             "retain": p["retain_nll"]} for p in info.get("sweep", [])]

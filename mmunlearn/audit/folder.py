@@ -36,6 +36,38 @@ def read_report(folder: str | Path) -> dict[str, Any]:
     return report
 
 
+#: What :func:`folder_report` records as the method of a folder mmunlearn did not write.
+NO_HISTORY = "not an mmunlearn output: no history"
+
+
+def detect_kind(folder: str | Path) -> str | None:
+    """The model kind of a plain model folder by its files: ``speaker`` (SpeechBrain layout: hyperparams.yaml and
+    embedding_model.ckpt), ``speech-llm`` (config.json and an audio feature extractor), ``text`` (config.json);
+    None when none fits."""
+    from mmunlearn.adapters.speaker_io import EMBEDDING_CKPT, HPARAMS
+
+    root = Path(folder)
+    if (root / HPARAMS).is_file() and (root / EMBEDDING_CKPT).is_file():
+        return "speaker"
+    if (root / "config.json").is_file():
+        return "speech-llm" if (root / "preprocessor_config.json").is_file() else "text"
+    return None
+
+
+def folder_report(folder: str | Path) -> dict[str, Any]:
+    """The folder's ``unlearn_report.json``; for any other loadable model folder of a supported kind (the original
+    model, another tool's output) a stand-in whose method says :data:`NO_HISTORY`."""
+    from mmunlearn.methods.harness import REPORT_NAME
+
+    if (Path(folder) / REPORT_NAME).is_file():
+        return read_report(folder)
+    kind = detect_kind(folder)
+    if kind is None:
+        raise ValueError(f"{folder}: neither an mmunlearn output ({REPORT_NAME}) nor a model folder of a supported "
+                         "kind (SpeechBrain speaker classifier, Hugging Face text or speech LLM)")
+    return {"method": NO_HISTORY, "model_kind": kind}
+
+
 def load_text_unlearned(folder: str | Path, device: str = "auto") -> Any:
     """The unlearned text model of an output folder; T3's tilted around the unchanged base beside it."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
@@ -68,7 +100,7 @@ def audit_text_folder(folder: str | Path, target: str | Path, retain: str | Path
     """Audit the text model in ``folder`` against the ``target`` and ``retain`` model folders on ``data``."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
 
-    report = read_report(folder)
+    report = folder_report(folder)
     forget, holdout, retain_items = text_data(data, forget_split, authors)
     result = audit_text(load_text_unlearned(folder, device), TextLLMAdapter.from_pretrained(target, device=device),
                         TextLLMAdapter.from_pretrained(retain, device=device), forget, holdout,
@@ -145,11 +177,12 @@ def audit_speech_llm_folder(folder: str | Path, target: str | Path, retain: str 
 
 
 def audit_folder(folder: str | Path, target: str | Path, retain: str | Path, data: Any, **kwargs: Any) -> dict[str, Any]:
-    """Audit any harness output folder: the model kind is read from its report (``text`` or ``speaker``).
+    """Audit any harness output folder (the model kind read from its report) or any loadable model folder of a
+    supported kind (kind told by its files; method reported as :data:`NO_HISTORY`).
 
     ``kwargs``: for text, :func:`audit_text_folder`'s; for speakers ``level`` (default: the report's) and
     :func:`audit_speaker_models`'s options."""
-    report = read_report(folder)
+    report = folder_report(folder)
     kind = report.get("model_kind")
     if kind == "text":
         kwargs.pop("level", None)

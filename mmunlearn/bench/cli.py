@@ -221,6 +221,7 @@ def requests(
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the summary as Markdown to this file.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit with status 1 if QR-Erase is not 10x faster per request or misses the rule.")] = False,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    progress: Annotated[bool, typer.Option(help="Progress bars of training, task-vector extraction and sweeps.")] = True,
 ) -> None:
     """Deletion requests at service speed: time per request after the first with the retain state cached
     (QR-Erase) against GradDiff reaching the same forget criterion, the rule's measures and peak memory."""
@@ -235,34 +236,30 @@ def requests(
         console.print(f"  request {row.request} {row.method:9s} {row.extract or '':9s} {row.seconds:8.2f} s "
                       f"(method {row.method_seconds:.2f} s)  forget {row.forget_before:.3f} -> {row.forget_after:.3f} "
                       f"(target {row.forget_target:.3f})  retain {row.retain_after - row.retain_before:+.4f} "
-                      f"(bound {row.retain_bound:g})  peak +{row.peak_extra_mb:.0f} MiB", soft_wrap=True)
+                      f"(bound {row.retain_bound:g})  peak +{row.peak_extra_mb:.0f} MiB"
+                      + ("" if row.forgotten_any is None else
+                         f"  forgotten -> any forgotten {100 * row.forgotten_any:.1f} %, largest share on one retained "
+                         f"speaker {100 * row.forgotten_sink:.1f} %"), soft_wrap=True)
 
     if dataset == "tofu":
         if scope != "all" or manifests is not None:
             raise typer.BadParameter("--scope and --manifests apply to --dataset speaker")
         res = rb.run_tofu(data, preset=preset, forget_split=forget_split, authors=authors,
                           extracts=list(extract or ["gradient", "lora", "finetune"]), retain_bound=retain_bound,
-                          gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=show)
+                          gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=show,
+                          progress=progress)
     elif dataset == "speaker":
         res = rb.run_speaker(workdir, preset=preset, speakers=speakers, utterances=utterances, videos=videos,
                              requests=requests, extracts=kinds, train_epochs=train_epochs, retain_bound=retain_bound,
                              gd_epochs=gd_epochs or 20, gd_lr=gd_lr, score_retain=score_retain or None, scope=scope,
-                             manifests=manifests, show=show)
+                             manifests=manifests, show=show, progress=progress)
     else:
         raise typer.BadParameter(f"--dataset must be speaker or tofu, got {dataset!r}")
-    table = Table(title=f"Deletion requests, {res.dataset}, {preset} preset, QR-Erase scope {res.setup.get('scope', 'all')}, retain state prepared once in "
-                        f"{res.prepare_seconds:.1f} s")
-    for col in ("method", "forget extraction", "s / request (after 1st)", "method s", "speed-up vs GradDiff",
-                "met rule", "max retain rise", "min held-out retain acc", "peak extra MiB"):
-        table.add_column(col, justify="left" if col in ("method", "forget extraction") else "right")
+    console.print(f"[bold]Deletion requests, {res.dataset}, {preset} preset, QR-Erase scope "
+                  f"{res.setup.get('scope', 'all')}, retain state prepared once in {res.prepare_seconds:.1f} s[/bold]",
+                  soft_wrap=True)
+    console.print(rb.markdown(res), soft_wrap=True, markup=False, highlight=False)  # never cut at 80 columns
     summary = res.summary()
-    for s in summary:
-        acc = "n/a" if s["min_heldout_retain_acc"] is None else f"{100 * s['min_heldout_retain_acc']:.1f}%"
-        table.add_row(s["method"], s["extract"] or "n/a", f"{s['median_seconds_after_first']:.2f}",
-                      f"{s['median_method_seconds_after_first']:.2f}", f"{s['speedup_vs_grad_diff']:.1f}x",
-                      f"{s['met_rule']}/{s['requests']}", f"{s['max_retain_rise']:+.4f}", acc,
-                      f"{s['peak_extra_mb']:.0f}")
-    console.print(table)
     batch = res.setup.get("batch")
     if batch:
         console.print(f"batch of {len(batch['forget_nll_union'])} requests ({batch['extract']} extraction), edited once "

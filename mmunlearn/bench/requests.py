@@ -88,6 +88,10 @@ class RequestRow:
     peak_extra_mb: float = 0.0
     peak_mb: float = 0.0
     detail: dict = field(default_factory=dict)
+    #: speakers: of every speaker forgotten so far (training and held-out utterances), the share predicted as any
+    #: forgotten speaker, and the largest share of one such speaker's utterances sent to one retained class
+    forgotten_any: float | None = None
+    forgotten_sink: float | None = None
 
     @property
     def meets(self) -> bool:
@@ -124,6 +128,10 @@ class BenchResult:
                         "max_retain_rise": max(r.retain_after - r.retain_before for r in rows),
                         "min_heldout_retain_acc": min((r.heldout_retain_acc for r in rows
                                                        if r.heldout_retain_acc is not None), default=None),
+                        "max_forgotten_any": max((r.forgotten_any for r in rows if r.forgotten_any is not None),
+                                                 default=None),
+                        "max_forgotten_sink": max((r.forgotten_sink for r in rows if r.forgotten_sink is not None),
+                                                  default=None),
                         "peak_extra_mb": max(r.peak_extra_mb for r in rows),
                         "peak_mb": max(r.peak_mb for r in rows)})
         return out
@@ -144,6 +152,15 @@ def error_rate(adapter, items: Sequence[dict]) -> float:
     from mmunlearn.eval.speaker import accuracy
 
     return 1.0 - accuracy(adapter, items, desc=None)
+
+
+def forgotten_share(adapter, rows: Sequence[dict]) -> tuple[float, float]:
+    """(share of ``rows`` predicted as any of their speakers, largest share of one speaker's rows sent to one other
+    class) -- :func:`mmunlearn.eval.speaker.forgotten_counts` on the forgotten speakers' utterances."""
+    from mmunlearn.eval.speaker import forgotten_counts, score_rows
+
+    counted = forgotten_counts(score_rows(adapter, list(rows), desc=None))
+    return counted["any_forgotten"], counted["sink_share"]
 
 
 def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, videos: int, forget_speakers: int,
@@ -175,6 +192,9 @@ def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, v
     model_dir = workdir / f"model-{preset}-e{cfg.epochs}{tag}"
     if not (model_dir / "hyperparams.yaml").is_file():
         rows, labels = training_rows(man, "speaker", retain_only=False)
+        if progress:
+            print(f"training the {preset} classifier on {len(rows)} utterances of {len(labels)} speakers "
+                  f"({cfg.epochs} epochs; cached in {model_dir}) ...", flush=True)
         adapter, _ = train_speaker_classifier(rows, speakers=labels, preset=preset, config=cfg, seed=0, device="cpu",
                                               progress=progress, desc=f"train {preset} classifier")
         adapter.save(model_dir, overwrite=True)
@@ -204,6 +224,13 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     heldout = split_rows(man, "spk_retain_test")
     ids = sorted({r["spk_id"] for r in forget_rows})
     asks = [[r for r in forget_rows if r["spk_id"] == s] for s in ids]
+    forget_test = split_rows(man, "spk_forget_test")
+    gone = [[r for r in forget_rows + forget_test if r["spk_id"] in ids[:i]] for i in range(1, len(ids) + 1)]
+
+    def counted(row: RequestRow, adapter) -> RequestRow:  # every speaker forgotten so far
+        row.forgotten_any, row.forgotten_sink = forgotten_share(adapter, gone[row.request - 1])
+        return row
+
     original = SpeakerAdapter.load(model_dir, device="cpu")
     scoped = original.clone()
     scoped.scope = scope  # validates it
@@ -241,7 +268,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                     out = run_unlearning("grad_diff", gd, forget, retain, kind="speaker", size=size,
                                          overrides=gd_over, rule=rule, progress=progress)
                     wall = time.perf_counter() - t
-                add(_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout))
+                add(counted(_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd))
             with PeakMemory() as mem:
                 t = time.perf_counter()
                 out = run_request(model, forget, retain, kind="speaker", method="qr-erase", size=size,
@@ -252,7 +279,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
             history = History(workdir, out.report["requests"])
             row = _row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
             row.detail["retain_state"] = out.report["retain_state"]["status"]
-            add(row)
+            add(counted(row, model))
     batch = None
     if with_batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
         model = scoped.clone()
@@ -265,7 +292,9 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
         batch = {"extract": extracts[0], "seconds_with_comparison": time.perf_counter() - t,
                  "union_method_seconds": out.report["extract_seconds"] + out.report["unlearn_seconds"],
                  "union_rule": out.report["rule"], "union_target_reached": out.report["target_reached"],
-                 "forget_error_union": [error_rate(model, a) for a in asks], **one}
+                 "forget_error_union": [error_rate(model, a) for a in asks],
+                 "forgotten_any_union": forgotten_share(model, gone[-1])[0],
+                 "forgotten_sink_union": forgotten_share(model, gone[-1])[1], **one}
     setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
              "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
              "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
@@ -364,15 +393,18 @@ def _row(method: str, extract: str | None, index: int, forget: Sequence[dict], r
 
 
 def markdown(res: BenchResult) -> str:
-    """The summary as a Markdown table."""
+    """The summary as a Markdown table (not cut to a terminal's width)."""
     lines = ["| method | forget extraction | s / request (after the 1st) | method s | speed-up vs GradDiff | "
-             "met rule | max retain rise (nats) | min held-out retain acc % | peak extra MiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "met rule | max retain rise (nats) | min held-out retain acc % | forgotten -> any forgotten % (max) | "
+             "largest share on one retained speaker % (max) | peak extra MiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"  # noqa: E731
     for s in res.summary():
-        acc = "n/a" if s["min_heldout_retain_acc"] is None else f"{100 * s['min_heldout_retain_acc']:.1f}"
         lines.append(f"| {s['method']} | {s['extract'] or 'n/a'} | {s['median_seconds_after_first']:.2f} | "
                      f"{s['median_method_seconds_after_first']:.2f} | {s['speedup_vs_grad_diff']:.1f}x | "
-                     f"{s['met_rule']}/{s['requests']} | {s['max_retain_rise']:.4f} | {acc} | {s['peak_extra_mb']:.0f} |")
+                     f"{s['met_rule']}/{s['requests']} | {s['max_retain_rise']:.4f} | "
+                     f"{pct(s['min_heldout_retain_acc'])} | {pct(s.get('max_forgotten_any'))} | "
+                     f"{pct(s.get('max_forgotten_sink'))} | {s['peak_extra_mb']:.0f} |")
     return "\n".join(lines)
 
 
@@ -384,5 +416,5 @@ def write_json(path: str | os.PathLike, res: BenchResult) -> Path:
     return write_text_atomic(path, json.dumps(res.to_dict(), indent=2, default=str))
 
 
-__all__ = ["BenchResult", "PeakMemory", "RequestRow", "TARGET_SPEEDUP", "error_rate", "machine", "markdown",
+__all__ = ["BenchResult", "PeakMemory", "RequestRow", "TARGET_SPEEDUP", "error_rate", "forgotten_share", "machine", "markdown",
            "run_speaker", "run_tofu", "write_json"]

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.metrics.mia import mia_auc, mia_auc_ci
+from mmunlearn.metrics.mia import mia_auc, mia_auc_ci, recording_of
 from mmunlearn.data.waveforms import example_waveform, segments
 from mmunlearn.data.utterances import LEVELS, Manifests, durations, split_rows
 
@@ -113,6 +113,45 @@ def accuracy_of(scores: SpeakerScores) -> float:
         unknown = sorted({s for s, lab in zip(scores.speakers, scores.labels) if lab < 0})
         raise ValueError(f"accuracy: speakers {unknown[:5]} are not classes of the model")
     return float((scores.predictions == scores.labels).mean())
+
+
+def forgotten_counts(scores: SpeakerScores, forget_classes: Sequence[int] | None = None) -> dict[str, Any]:
+    """How a model labels the forgotten speakers' utterances in ``scores`` (every speaker a class of the model).
+
+    ``any_forgotten``: the share predicted as ANY forgotten speaker (their own or another forgotten one --
+    plain accuracy misses a model that relabels speaker A as forgotten speaker B); ``sink_share``: over the
+    forgotten speakers, the largest share of one speaker's utterances sent to a single retained class (1.0:
+    all of them land on one "sink" speaker); ``per_speaker``: both, with the accuracy and the sink's class
+    index, for each forgotten speaker. ``forget_classes``: the forgotten speakers' classes (default: the
+    speakers of ``scores``).
+    """
+    if (scores.labels < 0).any():
+        raise ValueError("forgotten_counts: some speakers of the scores are not classes of the model")
+    if len(scores.labels) == 0:
+        raise ValueError("forgotten_counts: no scores")
+    forgotten = set(int(c) for c in (scores.labels if forget_classes is None else forget_classes))
+    pred = scores.predictions
+    per_speaker: dict[str, dict[str, Any]] = {}
+    for label in sorted(set(int(c) for c in scores.labels)):
+        mine = pred[scores.labels == label]
+        retained = [int(c) for c in mine if int(c) not in forgotten]
+        counts = np.bincount(retained) if retained else np.zeros(1, dtype=int)
+        per_speaker[scores.speakers[int(np.flatnonzero(scores.labels == label)[0])]] = {
+            "utterances": int(len(mine)), "acc": float((mine == label).mean()),
+            "any_forgotten": float(np.isin(mine, sorted(forgotten)).mean()),
+            "sink_share": float(counts.max() / len(mine)) if retained else 0.0,
+            "sink_class": int(counts.argmax()) if retained else None}
+    return {"any_forgotten": float(np.isin(pred, sorted(forgotten)).mean()),
+            "sink_share": max(v["sink_share"] for v in per_speaker.values()), "per_speaker": per_speaker}
+
+
+def concat_scores(*parts: SpeakerScores) -> SpeakerScores:
+    """The rows of several :class:`SpeakerScores`, in order."""
+    return SpeakerScores(ids=[i for p in parts for i in p.ids], speakers=[s for p in parts for s in p.speakers],
+                         labels=np.concatenate([p.labels for p in parts]),
+                         logits=np.concatenate([p.logits for p in parts]),
+                         embeddings=np.concatenate([p.embeddings for p in parts]),
+                         nll=np.concatenate([p.nll for p in parts]))
 
 
 def accuracy(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], **kwargs: Any) -> float:
@@ -216,17 +255,20 @@ def mia_loss_auc(adapter: SpeakerAdapter, forget_rows: Sequence[Mapping[str, Any
 def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, level: str = "speaker", *,
                                 batch_size: int = 16, segment_seconds: float | None = None,
                                 max_trials: int | None = DEFAULT_MAX_TRIALS, seed: int = 0,
-                                progress: bool = True) -> dict[str, float]:
+                                progress: bool = True) -> dict[str, Any]:
     """The recipe's numbers from ``prepare``'s manifests (see :func:`~mmunlearn.data.utterances.split_rows`).
 
     Speaker level (forget speakers are gone, the rest are kept): ``forget_acc`` (spk_forget_train),
-    ``forget_test_acc`` (spk_forget_test, when not empty), ``retain_acc`` (spk_retain_train),
+    ``forget_test_acc`` (spk_forget_test, when not empty), ``forget_any_acc`` / ``forget_test_any_acc`` (the
+    share predicted as any forgotten speaker), ``forget_sink_share`` and ``forget_per_speaker``
+    (:func:`forgotten_counts` on each forgotten speaker's training and held-out utterances together), ``retain_acc`` (spk_retain_train),
     ``test_acc`` (spk_retain_test) and ``eer`` (trials among spk_retain_test).
     Sample level (every speaker is kept): ``forget_acc`` (sample_forget), ``holdout_acc``
     (sample_holdout), ``retain_acc`` (sample_retain), ``test_acc`` and ``eer`` on the held-out
     recordings of all speakers (spk_retain_test + spk_forget_test), and ``mia_auc`` (loss attack,
     sample_forget vs sample_holdout) with its 95 % bootstrap interval ``mia_auc_low``/``mia_auc_high``
-    (:func:`~mmunlearn.metrics.mia.mia_auc_ci`, seeded by ``seed``).
+    (:func:`~mmunlearn.metrics.mia.mia_auc_ci`, seeded by ``seed``), resampling whole recordings (sessions,
+    :func:`~mmunlearn.metrics.mia.recording_of`) when each side has two or more; ``mia_ci_groups`` counts them.
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
@@ -236,12 +278,24 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
         rows = split_rows(manifests, name) if rows is None else rows
         return score_rows(adapter, rows, desc=name if progress else None, **opts)
 
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     if level == "speaker":
-        out["forget_acc"] = accuracy_of(score("spk_forget_train"))
+        forget_train = score("spk_forget_train")
+        out["forget_acc"] = accuracy_of(forget_train)
+        counted = forgotten_counts(forget_train)
+        out["forget_any_acc"] = counted["any_forgotten"]
         forget_test = split_rows(manifests, "spk_forget_test")
+        parts = [forget_train]
         if forget_test:
-            out["forget_test_acc"] = accuracy_of(score("spk_forget_test", forget_test))
+            scored = score("spk_forget_test", forget_test)
+            parts.append(scored)
+            out["forget_test_acc"] = accuracy_of(scored)
+            out["forget_test_any_acc"] = forgotten_counts(scored, sorted(set(forget_train.labels)))["any_forgotten"]
+        every = forgotten_counts(concat_scores(*parts))  # train and held-out utterances of each forgotten speaker
+        out["forget_sink_share"] = every["sink_share"]
+        out["forget_per_speaker"] = {spk: {**v, "sink": adapter.speakers[v["sink_class"]]
+                                           if v["sink_class"] is not None else None}
+                                     for spk, v in every["per_speaker"].items()}
         out["retain_acc"] = accuracy_of(score("spk_retain_train"))
         test = score("spk_retain_test")
     else:
@@ -249,7 +303,14 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
         out["forget_acc"], out["holdout_acc"] = accuracy_of(forget), accuracy_of(holdout)
         out["retain_acc"] = accuracy_of(score("sample_retain"))
         out["mia_auc"] = mia_auc(forget.nll, holdout.nll)
-        out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed)
+        forget_rows, holdout_rows = split_rows(manifests, "sample_forget"), split_rows(manifests, "sample_holdout")
+        groups = [recording_of(r) for r in forget_rows], [recording_of(r) for r in holdout_rows]
+        if min(len(set(g)) for g in groups) >= 2:  # segments of one recording resampled together
+            out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed,
+                                                                 member_groups=groups[0], nonmember_groups=groups[1])
+            out["mia_ci_groups"] = len(set(groups[0])) + len(set(groups[1]))
+        else:
+            out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed)
         rows = split_rows(manifests, "spk_retain_test") + split_rows(manifests, "spk_forget_test")
         test = score("test", rows)
     out["test_acc"] = accuracy_of(test)

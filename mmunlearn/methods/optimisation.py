@@ -30,6 +30,10 @@ def run_loss(name: str):
         res = unlearn(adapter, name, forget, retain, cfg, progress=ctx.progress, on_step=on_step,
                       train_mode=ctx.kind != "speaker")
         info = {"final_loss": res.final_loss, "steps": res.steps}
+        if on_step is not None:
+            restored = on_step.restore_in_bound()
+            if restored is not None:
+                info["restored_step"] = restored  # the run crossed the retain bound: the in-bound state is kept
         if trajectory:
             info["sweep"] = trajectory
         return MethodResult(adapter, 0.0, time.perf_counter() - start, info)

@@ -102,8 +102,11 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
         tap.remove()
         frozen_tap.remove()
     model.eval()
+    restored = on_step.restore_in_bound() if on_step is not None else None
     info = {"layer": l, "updated_layers": list(range(max(0, l - 2), l + 1)), "control_norm": float(control.norm()),
             "final_loss": res.final_loss, "steps": res.steps}
+    if restored is not None:
+        info["restored_step"] = restored  # the run crossed the retain bound: the in-bound state is kept
     if trajectory:
         info["sweep"] = trajectory
     return MethodResult(adapter, 0.0, time.perf_counter() - start, info)

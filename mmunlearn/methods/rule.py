@@ -130,10 +130,17 @@ def choose(points: list[SweepPoint], base_forget: float, base_retain: float, for
 
 def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: SweepRule, steps_per_epoch: int):
     """``(on_step, trajectory, scorer)`` for a training loop: a few times an epoch score the training
-    partitions and stop once the forget measure reaches the target or the retain measure passes the bound."""
+    partitions and stop once the forget measure reaches the target or the retain measure passes the bound.
+
+    The best state scored within the retain bound (highest forget measure) is kept (trainable parameters, on
+    the CPU); ``on_step.restore_in_bound()`` puts it back when the run ended over the bound, so an early stop
+    triggered by the bound returns the in-bound model rather than the one that crossed it.
+    """
     scorer = Scorer(rule, adapter, forget, retain)
     every = max(1, steps_per_epoch // max(1, rule.checks_per_epoch))
     trajectory: list[dict] = []
+    params = [(n, p) for n, p in adapter.model.named_parameters() if p.requires_grad]
+    best: dict[str, Any] = {"point": None, "state": None}
 
     def on_step(step: int, _loss: float) -> bool:
         if step % every:
@@ -143,8 +150,22 @@ def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: Swee
         f, r = scorer.score(adapter)
         adapter.model.train(was_training)
         trajectory.append({"step": step, "forget_nll": f, "retain_nll": r})
+        if not scorer.over(r) and (best["point"] is None or f > best["point"]["forget_nll"]):
+            best["point"] = trajectory[-1]
+            best["state"] = {n: p.detach().to("cpu", copy=True) for n, p in params}
         return scorer.reached(f) or scorer.over(r)
 
+    def restore_in_bound() -> int | None:
+        """Put back the best in-bound state when the last scored one is over the bound; its step, else None."""
+        if not trajectory or not scorer.over(trajectory[-1]["retain_nll"]) or best["state"] is None:
+            return None
+        with torch.no_grad():
+            for n, p in params:
+                p.copy_(best["state"][n].to(p.device))
+        trajectory.append({**best["point"], "restored": True})
+        return int(best["point"]["step"])
+
+    on_step.restore_in_bound = restore_in_bound  # type: ignore[attr-defined]
     return on_step, trajectory, scorer
 
 

@@ -57,9 +57,14 @@ def mia_auc(member_scores: Any, nonmember_scores: Any) -> float:
 
 
 def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float = 0.95, n_resamples: int = 2000,
-               seed: int = 0) -> tuple[float, float]:
+               seed: int = 0, member_groups: Sequence[Any] | None = None,
+               nonmember_groups: Sequence[Any] | None = None) -> tuple[float, float]:
     """Bootstrap confidence interval (low, high) of :func:`mia_auc`: members and non-members resampled
     independently (``scipy.stats.bootstrap``, BCa), seeded.
+
+    ``member_groups`` / ``nonmember_groups`` (one label per score, e.g. the recording or session of each
+    segment): resample whole groups instead of items (a cluster bootstrap, percentile interval), since
+    segments of one recording are not independent draws; both or neither must be given.
 
     An interval that holds 0.5 means the attack cannot tell members from non-members on this many
     items: the model shows no measurable membership signal, so a lower AUC after unlearning would
@@ -72,6 +77,11 @@ def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float =
     if len(members) < 2 or len(nonmembers) < 2:
         raise ValueError(f"a confidence interval needs >= 2 members and non-members, got {len(members)} and "
                          f"{len(nonmembers)}")
+
+    if (member_groups is None) != (nonmember_groups is None):
+        raise ValueError("give member_groups and nonmember_groups together (or neither)")
+    if member_groups is not None:
+        return _grouped_ci(members, nonmembers, member_groups, nonmember_groups, confidence, n_resamples, seed)
 
     def auc(m: np.ndarray, h: np.ndarray, axis: int = -1) -> np.ndarray:
         u = stats.mannwhitneyu(h, m, axis=axis, method="asymptotic").statistic  # U of the non-members
@@ -89,6 +99,52 @@ def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float =
         if np.isfinite(low) and np.isfinite(high):
             break
     return float(low), float(high)
+
+
+def _group_index(scores: np.ndarray, groups: Sequence[Any], what: str) -> list[np.ndarray]:
+    """Indices of ``scores`` per group label (labels in first-seen order)."""
+    if len(groups) != len(scores):
+        raise ValueError(f"{what}: {len(groups)} group labels for {len(scores)} scores")
+    index: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        index.setdefault(g, []).append(i)
+    return [np.asarray(v) for v in index.values()]
+
+
+def _grouped_ci(members: np.ndarray, nonmembers: np.ndarray, member_groups: Sequence[Any],
+                nonmember_groups: Sequence[Any], confidence: float, n_resamples: int,
+                seed: int) -> tuple[float, float]:
+    """Percentile interval of the AUC when whole groups (recordings) of members and of non-members are drawn
+    with replacement, each side independently."""
+    m_idx = _group_index(members, member_groups, "member_groups")
+    h_idx = _group_index(nonmembers, nonmember_groups, "nonmember_groups")
+    if len(m_idx) < 2 or len(h_idx) < 2:
+        raise ValueError(f"a grouped interval needs >= 2 member and non-member groups, got {len(m_idx)} and "
+                         f"{len(h_idx)}")
+    if np.ptp(np.concatenate([members, nonmembers])) == 0:
+        return 0.5, 0.5
+    rng = np.random.default_rng(seed)
+    values = np.empty(n_resamples)
+    for b in range(n_resamples):
+        m = members[np.concatenate([m_idx[i] for i in rng.integers(0, len(m_idx), len(m_idx))])]
+        h = nonmembers[np.concatenate([h_idx[i] for i in rng.integers(0, len(h_idx), len(h_idx))])]
+        values[b] = mia_auc(m, h)
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(values, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def recording_of(row: Any) -> str:
+    """The recording (session) a manifest row comes from: its ``video`` column, else the ``spk--video`` part of a
+    prepared ID (``spk--video--utt[_start_stop]``), else its audio file."""
+    if isinstance(row, dict) or hasattr(row, "get"):
+        if row.get("video"):
+            return f"{row.get('spk_id')}--{row['video']}"
+        parts = str(row.get("ID", "")).split("--")
+        if len(parts) >= 3:
+            return "--".join(parts[:2])
+        return str(row.get("wav", row.get("ID")))
+    raise ValueError(f"recording_of: expected a manifest row (a mapping), got {type(row).__name__}")
 
 
 def measurable(ci: tuple[float, float]) -> bool:

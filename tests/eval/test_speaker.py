@@ -123,8 +123,16 @@ def test_mia_loss_auc_hand_cases(model):
 def test_evaluate_speaker_unlearning_reports_the_recipe_numbers(model, speaker_manifests, level):
     out = evaluate_speaker_unlearning(model, speaker_manifests, level, progress=False)
     keys = {"forget_acc", "retain_acc", "test_acc", "eer"}
-    keys |= {"forget_test_acc"} if level == "speaker" else {"holdout_acc", "mia_auc", "mia_auc_low", "mia_auc_high"}
+    keys |= ({"forget_test_acc", "forget_any_acc", "forget_test_any_acc", "forget_sink_share"} if level == "speaker"
+             else {"holdout_acc", "mia_auc", "mia_auc_low", "mia_auc_high"})
+    per_speaker = out.pop("forget_per_speaker", None)
+    groups = out.pop("mia_ci_groups", None)
     assert set(out) == keys and all(0.0 <= v <= 1.0 for v in out.values())
+    if level == "speaker":  # one forgotten speaker: "any forgotten" is its accuracy; its counts listed by name
+        assert out["forget_any_acc"] == out["forget_acc"] and list(per_speaker) == sorted(
+            {r["spk_id"] for r in split_rows(speaker_manifests, "spk_forget_train")})
+    else:  # the interval resampled whole recordings (one training video per kept speaker here: 3 a side)
+        assert groups == 6
     test = split_rows(speaker_manifests, "spk_retain_test")
     if level == "speaker":
         assert out["test_acc"] == pytest.approx(accuracy(model, test, desc=None))
@@ -136,3 +144,31 @@ def test_evaluate_speaker_unlearning_reports_the_recipe_numbers(model, speaker_m
         assert out["mia_auc_low"] <= out["mia_auc"] <= out["mia_auc_high"]  # its bootstrap interval
     with pytest.raises(ValueError, match="level"):
         evaluate_speaker_unlearning(model, speaker_manifests, "word")
+
+
+def _scores(labels, predictions, n_classes=5):
+    from mmunlearn.eval.speaker import SpeakerScores
+
+    logits = np.zeros((len(labels), n_classes))
+    logits[np.arange(len(labels)), predictions] = 1.0
+    return SpeakerScores(ids=[str(i) for i in range(len(labels))], speakers=[f"s{c}" for c in labels],
+                         labels=np.asarray(labels), logits=logits, embeddings=np.zeros((len(labels), 2)),
+                         nll=np.zeros(len(labels)))
+
+
+def test_forgotten_counts_see_relabelling_onto_another_forgotten_speaker_and_sinks():
+    from mmunlearn.eval.speaker import accuracy_of, forgotten_counts
+
+    # forgotten speakers 0 and 1: speaker 0 is sent to forgotten speaker 1 (3 of 4), speaker 1 all to retained 4
+    s = _scores([0, 0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 2, 4, 4, 4, 4])
+    counted = forgotten_counts(s)
+    assert accuracy_of(s) == 0.0  # plain forget accuracy calls this perfect forgetting ...
+    assert counted["any_forgotten"] == 3 / 8  # ... but 3 of 8 utterances still name a forgotten speaker
+    assert counted["sink_share"] == 1.0  # every utterance of speaker 1 lands on speaker 4
+    one, zero = counted["per_speaker"]["s1"], counted["per_speaker"]["s0"]
+    assert (one["sink_class"], one["sink_share"], one["any_forgotten"]) == (4, 1.0, 0.0)
+    assert (zero["sink_class"], zero["sink_share"], zero["any_forgotten"]) == (2, 0.25, 0.75)
+    spread = forgotten_counts(_scores([0, 0, 0, 0], [2, 3, 4, 2]))
+    assert spread["any_forgotten"] == 0.0 and spread["sink_share"] == 0.5
+    # the forgotten classes may be given (held-out rows of one speaker, the other forgotten one predicted)
+    assert forgotten_counts(_scores([0, 0], [1, 2]), [0, 1])["any_forgotten"] == 0.5

@@ -148,3 +148,30 @@ def test_mia_auc_interval_holds_chance_only_without_a_signal():
     assert mia_auc_ci(members, members + 100) == (1.0, 1.0)  # a perfect split: no BCa, percentiles
     with pytest.raises(ValueError):
         mia_auc_ci(members[:1], same)
+
+
+def test_interval_by_recording_is_wider_when_segments_of_a_recording_agree():
+    from mmunlearn.metrics.mia import mia_auc_ci
+
+    rng = np.random.default_rng(1)
+    # 8 member and 8 non-member recordings, 6 segments each; segments of one recording share its level
+    m_level, h_level = rng.normal(0.0, 1.0, 8), rng.normal(0.6, 1.0, 8)
+    members = np.repeat(m_level, 6) + rng.normal(0, 0.05, 48)
+    nonmembers = np.repeat(h_level, 6) + rng.normal(0, 0.05, 48)
+    groups_m, groups_h = np.repeat(np.arange(8), 6), np.repeat(np.arange(8), 6)
+    lo, hi = mia_auc_ci(members, nonmembers, seed=0)
+    glo, ghi = mia_auc_ci(members, nonmembers, seed=0, member_groups=groups_m, nonmember_groups=groups_h)
+    assert ghi - glo > 1.3 * (hi - lo)  # 48 segments are 8 draws, not 48
+    assert glo <= mia_auc(members, nonmembers) <= ghi
+    with pytest.raises(ValueError, match="together"):
+        mia_auc_ci(members, nonmembers, member_groups=groups_m)
+    with pytest.raises(ValueError, match="group labels"):
+        mia_auc_ci(members, nonmembers, member_groups=groups_m[:5], nonmember_groups=groups_h)
+
+
+def test_recording_of_reads_the_session_of_a_prepared_row():
+    from mmunlearn.metrics.mia import recording_of
+
+    assert recording_of({"ID": "id1--vidA--00001_0_48000", "spk_id": "id1"}) == "id1--vidA"
+    assert recording_of({"ID": "x", "spk_id": "s", "video": "v"}) == "s--v"
+    assert recording_of({"ID": "plain", "wav": "/a/b.wav"}) == "/a/b.wav"

@@ -134,12 +134,17 @@ def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifest
                                    str(tmp_path), "--methods", "qr-erase,kl", "--sweep", "--strict", "--retain-bound",
                                    "0.5", *TINY])
     run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
-    points = [SweepPoint(**p) for p in run["info"]["sweep"]]
+    assert run["info"]["forget_field"] == "forget_error_rate"  # run.json names what the sweep measured
+    points = [SweepPoint(p["rank"], p["scale"], p["forget"], p["retain"], p.get("relative"))
+              for p in pipe.sweep_points(run)]
     assert points[0].rank == 1 and {p.rank for p in points} <= set(cfg.SWEEP_ERASURE["sweep_ranks"])
     assert points[0].relative == pytest.approx(0.001)  # the grid is relative to the weights' norm
     assert run["config"]["extract"]["kind"] == "gradient"
     tried = run["scopes_tried"]  # the rule chose the scope too, on the training partitions
     assert list(tried) == list(cfg.SWEEP_SCOPES) and run["row"]["scope"] in tried
+    # the time of the whole sweep (every scope) beside the chosen scope's
+    assert run["row"]["sweep_seconds"] == pytest.approx(sum(t["seconds"] for t in tried.values()))
+    assert run["row"]["sweep_seconds"] > run["row"]["total_seconds"]
     scope_points = [SweepPoint(i, 0.0, t["forget"], t["retain"]) for i, t in enumerate(tried.values())]
     picked = choose(scope_points, run["rule"]["base_forget"], run["rule"]["base_retain"], 0.75, 0.5)
     assert run["row"]["scope"] == cfg.SWEEP_SCOPES[picked.rank]

@@ -3,6 +3,7 @@ the peak-memory meter, and one tiny run on prepared manifests (no timing is asse
 
 import time
 
+import pytest
 import torch
 
 from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, markdown
@@ -51,6 +52,20 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
     assert len(SpeakerAdapter.load(model_dir, device="cpu").speakers) == 4
     qr = next(r for r in res.rows if r.method == "qr-erase")
     assert qr.reached == (qr.forget_after >= qr.forget_target) and qr.detail["sweep_points"] >= 1
+    # forgetting counted as "any forgotten speaker": with one forgotten speaker, its accuracy on train + held-out
+    from mmunlearn.bench.requests import forgotten_share
+    from mmunlearn.data.utterances import split_rows
+    from mmunlearn.eval.speaker import accuracy
+
+    gone = split_rows(speaker_manifests, "spk_forget_train") + split_rows(speaker_manifests, "spk_forget_test")
+    for r in res.rows:
+        assert 0.0 <= r.forgotten_any <= 1.0 and 0.0 <= r.forgotten_sink <= 1.0
+        assert r.forgotten_any + r.forgotten_sink <= 1.0 + 1e-9
+    original = SpeakerAdapter.load(model_dir, device="cpu")
+    assert forgotten_share(original, gone)[0] == pytest.approx(accuracy(original, gone, desc=None))
+    table = markdown(res)
+    assert all(line.count("|") == 12 for line in table.splitlines())  # every column, none cut
+    assert "forgotten -> any forgotten % (max)" in table
 
 
 def test_the_tofu_benchmark_runs_one_request_per_forget_author(tmp_path):

@@ -1,0 +1,46 @@
+"""The sweep rule's early stop keeps the best in-bound state when training crosses the retain bound."""
+
+import torch
+
+from mmunlearn.methods.rule import SweepRule, early_stop, trajectory_reached
+
+
+class _Adapter:
+    """A one-weight model whose forget and retain measures are functions of that weight."""
+
+    def __init__(self):
+        self.model = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            self.model.weight.fill_(0.0)
+
+
+def test_early_stop_restores_the_in_bound_state_when_the_run_ends_over_the_bound():
+    adapter = _Adapter()
+    w = lambda a: a.model.weight.item()  # noqa: E731
+    rule = SweepRule(forget_target=10.0, retain_bound=0.5, forget_measure=lambda a, _: w(a),
+                     retain_measure=lambda a, _: max(0.0, w(a) - 2.0), checks_per_epoch=1)
+    on_step, trajectory, scorer = early_stop(adapter, [0], [0], rule, steps_per_epoch=1)
+    stopped = False
+    for step in range(1, 10):  # each step adds 1 to the weight: in bound up to w = 2.5
+        with torch.no_grad():
+            adapter.model.weight.add_(1.0)
+        stopped = on_step(step, 0.0)
+        if stopped:
+            break
+    assert stopped and w(adapter) == 3.0 and scorer.over(trajectory[-1]["retain_nll"])
+    assert on_step.restore_in_bound() == 2  # the last in-bound state (w = 2) is put back
+    assert w(adapter) == 2.0 and trajectory[-1]["restored"] is True
+    assert not scorer.over(trajectory[-1]["retain_nll"]) and not trajectory_reached(trajectory, scorer)
+
+
+def test_nothing_is_restored_when_the_run_ends_in_bound():
+    adapter = _Adapter()
+    rule = SweepRule(forget_target=2.0, retain_bound=0.5, forget_measure=lambda a, _: a.model.weight.item(),
+                     retain_measure=lambda a, _: 0.0, checks_per_epoch=1)
+    on_step, trajectory, scorer = early_stop(adapter, [0], [0], rule, steps_per_epoch=1)
+    for step in (1, 2):
+        with torch.no_grad():
+            adapter.model.weight.add_(1.0)
+        on_step(step, 0.0)
+    assert on_step.restore_in_bound() is None and adapter.model.weight.item() == 2.0
+    assert trajectory_reached(trajectory, scorer)
