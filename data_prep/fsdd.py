@@ -143,6 +143,7 @@ def prepare_corpus(
     test_video_fraction: float = 0.2,
     max_utterances: int = 0,
     min_duration: float = 0.0,
+    segment_seconds: float = 0.0,
     seed: int = 0,
     jobs: int = 0,
     force: bool = False,
@@ -154,20 +155,24 @@ def prepare_corpus(
     """Manifests for a pattern-described corpus (see the module notes; options as :func:`data_prep.voxceleb2.prepare`).
 
     Re-running with the same options and files is skipped; other options decode nothing again.
-    ``text_of(source)``: a transcript per file (adds a ``text`` column, e.g. for the speech-LLM recipe).
+    ``text_of(source)``: a transcript per file (adds a ``text`` column, e.g. for the speech-LLM recipe; not with
+    segments, whose words are unknown). ``segment_seconds`` > 0 cuts each file into fixed segments (a file shorter
+    than one segment stays whole; the audio after the last full segment is dropped and its total reported in
+    ``prepare_report.json``'s ``segments``); segments of one file stay in one split.
     """
     root, out = Path(root).resolve(), Path(out).resolve()
-    check_options(forget_fraction, test_video_fraction, max_utterances, 0.0, min_duration)
+    check_options(forget_fraction, test_video_fraction, max_utterances, segment_seconds, min_duration)
     compile_pattern(pattern)
     explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
     options = dict(format=FORMAT_VERSION, corpus=corpus, root=str(root), pattern=pattern, speakers=speakers,
                    forget_speakers=explicit or forget_speakers, forget_fraction=forget_fraction,
-                   test_video_fraction=test_video_fraction, max_utterances=max_utterances, segment_seconds=0.0,
+                   test_video_fraction=test_video_fraction, max_utterances=max_utterances,
+                   segment_seconds=segment_seconds,
                    min_duration=min_duration, seed=seed, allow_fewer=allow_fewer, **(extra_options or {}))
     sources = scan_pattern(root, pattern, video_of=video_of, exclude=out, progress=progress)
     if not sources:
         raise FileNotFoundError(f"no audio file under {root} matches the pattern {pattern!r}")
-    text = {s.id: text_of(s) for s in sources} if text_of else None
+    text = {s.id: text_of(s) for s in sources} if text_of and segment_seconds <= 0 else None  # a word per file
     return prepare_sources(sources, out, options=options, text=text, force=force, jobs=jobs, progress=progress)
 
 
@@ -211,6 +216,9 @@ def prepare_corpus_command(
                                         "(0: all).")] = 0,
     min_duration: Annotated[float | None, _Opt(min=0.0, help="Leave out files shorter than this (seconds; "
                                                "default: 0.1 for fsdd, 0 for a pattern corpus).")] = None,
+    segment_seconds: Annotated[float, _Opt(min=0.0, help="Cut each file into fixed segments of this many seconds "
+                                           "(e.g. 3 for long telephone utterances; 0: whole files). The audio after "
+                                           "the last full segment is dropped and reported.")] = 0.0,
     seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
     jobs: Annotated[int, _Opt(min=0, help="Decoding threads (0: up to 4).")] = 0,
     force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date.")] = False,
@@ -220,7 +228,8 @@ def prepare_corpus_command(
     """Manifests (VoxCeleb2 layout) for FSDD or any corpus with one folder or file-name pattern per speaker."""
     common = dict(speakers=speakers, forget_speakers=parse_forget_speakers(forget_speakers),
                   forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
-                  max_utterances=max_utterances, seed=seed, jobs=jobs, force=force, allow_fewer=allow_fewer)
+                  max_utterances=max_utterances, seed=seed, jobs=jobs, force=force, allow_fewer=allow_fewer,
+                  segment_seconds=segment_seconds)
     if corpus == "fsdd":
         if pattern is not None:
             raise typer.BadParameter("--pattern is for --corpus pattern (FSDD's is built in)")

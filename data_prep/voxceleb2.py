@@ -410,14 +410,34 @@ def prepare_sources(
         for name, items in splits.items():
             rows = [r for u in items for r in segment_rows(u, SR, options["segment_seconds"])]
             write_manifest(staging / manifests[name].name, rows, columns=_columns(utts))
+            kept_seconds = sum(r["duration"] for r in rows)
             counts[name] = {"utterances": len(items), "rows": len(rows),
                             "speakers": len({u.spk_id for u in items}),
-                            "hours": round(sum(r["duration"] for r in rows) / 3600, 4)}
+                            "hours": round(kept_seconds / 3600, 4),
+                            "dropped_seconds": round(sum(u.frames for u in items) / SR - kept_seconds, 3)}
+        audio_seconds = sum(u.frames for u in utts) / SR
+        dropped = counts["train"]["dropped_seconds"] + sum(
+            counts[n]["dropped_seconds"] for n in ("spk_forget_test", "spk_retain_test", "sample_holdout"))
+        holdout_out = len(splits.get("sample_holdout", []))
+        for item in speaker_warnings(kept):
+            log.warning("%s", item)
         report = {"options": options, "files_found": len(sources), "duplicates": duplicates,
                   "files_selected": len(todo), "failed": failed, "too_short": too_short,
                   "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
                   "speakers_without_gender": no_gender, "counts": counts, "per_speaker": per_speaker,
-                  "shortfalls": shortfalls, **info}
+                  "shortfalls": shortfalls, "warnings": speaker_warnings(kept),
+                  "segments": {"segment_seconds": options["segment_seconds"],
+                               "dropped_seconds": round(dropped, 3),
+                               "dropped_fraction": round(dropped / audio_seconds, 4) if audio_seconds else 0.0},
+                  "original_training": {
+                      "utterances": len(splits["train"]),
+                      "depends_on_forget_speakers": holdout_out > 0,
+                      "note": "train = the forget speakers' training utterances + the retained speakers' minus "
+                              f"their sample-level holdout ({holdout_out} utterances), which is drawn from retained "
+                              "speakers only: another --forget-speakers gives the original model another training "
+                              "set (all of a speaker's training utterances when it is forgotten, all but its "
+                              "holdout when it is kept)"},
+                  **info}
         _write_json(staging / report_path.name, report)
         stamp_path.unlink(missing_ok=True)  # an interrupted move must not look finished
         for path in [*manifests.values(), report_path]:
@@ -426,6 +446,27 @@ def prepare_sources(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return PrepareResult(out, manifests, report)
+
+
+#: Folder names that name a category of recordings rather than a person (checked case-insensitively).
+CATEGORY_NAME = re.compile(r"(?i)^(fe)?male|(^|[_-])(audio|audios|wavs?|clips?|recordings?|speech|data|train|test|dev|"
+                           r"eval|valid|samples?|files?|speakers?|voices?|men|women|adults?|children|kids)([_-]|$)")
+#: Fewer speakers than this draw a warning: a speaker benchmark with so few classes is rarely what was meant.
+FEW_SPEAKERS = 5
+
+
+def speaker_warnings(speakers: Sequence[str]) -> list[str]:
+    """Warnings about the speakers a pattern found: too few of them, or names that look like category folders
+    (``female_audio``, ``male``, ``train``) rather than people -- usually a pattern one folder level off."""
+    out = []
+    if len(speakers) < FEW_SPEAKERS:
+        out.append(f"only {len(speakers)} speaker(s) found ({', '.join(list(speakers)[:10])}); check that the "
+                   "pattern's (?P<spk>...) group matches a per-speaker folder or file-name part")
+    looks = [s for s in speakers if CATEGORY_NAME.search(s)]
+    if looks:
+        out.append(f"speaker name(s) {looks[:10]} look like category folders, not people; the speaker is probably "
+                   "one level deeper (e.g. --pattern '[^/]+/(?P<spk>[^/]+)/(?P<utt>[^/]+)\\.wav')")
+    return out
 
 
 class ShortfallError(ValueError):
@@ -626,6 +667,12 @@ def echo_report(res: PrepareResult) -> None:
                f"{rep['files_selected']} files", err=bool(rep["too_short"]))
     for item in rep.get("shortfalls", []):
         typer.echo(f"  allowed shortfall (--allow-fewer): {item}", err=True)
+    seg = rep.get("segments") or {}
+    if seg.get("segment_seconds"):
+        typer.echo(f"  segments of {seg['segment_seconds']:g} s: {seg['dropped_seconds']:.1f} s of audio dropped after "
+                   f"the last full segment of each file ({100 * seg['dropped_fraction']:.1f} %)")
+    for item in rep.get("warnings", []):
+        typer.echo(f"  warning: {item}", err=True)
 
 
 if __name__ == "__main__":

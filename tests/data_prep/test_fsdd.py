@@ -103,3 +103,61 @@ def test_pattern_corpus_folders_per_speaker(tmp_path):
     with pytest.raises(ValueError, match="needs a named group"):
         compile_pattern(r"(?P<speaker>[^/]+)/.*")
     shutil.rmtree(tmp_path / "m")
+
+
+def _noise_corpus(root: Path, speakers, seconds: dict, sessions=("s1", "s2")) -> None:
+    import numpy as np
+    import soundfile as sf
+
+    rng = np.random.default_rng(0)
+    for spk in speakers:
+        for session in sessions:
+            for k, sec in enumerate(seconds[spk]):
+                path = root / spk / session / f"u{k}.wav"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                sf.write(path, (0.1 * rng.standard_normal(int(sec * 16000))).astype("float32"), 16000)
+
+
+def test_segment_seconds_cuts_long_files_and_reports_the_dropped_audio(tmp_path):
+    from typer.testing import CliRunner
+
+    from data_prep.fsdd import app
+
+    speakers = ("ann", "bob", "cy", "dee", "eve")
+    _noise_corpus(tmp_path / "c", speakers, {s: (7.5, 2.0) for s in speakers})  # 7.5 s -> 2 x 3 s + 1.5 dropped
+    res = CliRunner().invoke(app, ["--root", str(tmp_path / "c"), "--out", str(tmp_path / "m"), "--corpus", "pattern",
+                                   "--segment-seconds", "3", "--forget-speakers", "1", "--forget-fraction", "0"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "m" / "prepare_report.json").read_text())
+    rows = read_manifest(tmp_path / "m" / "train.csv") + read_manifest(tmp_path / "m" / "spk_retain_test.csv") + \
+        read_manifest(tmp_path / "m" / "spk_forget_test.csv")
+    long_rows = [r for r in rows if r["ID"].split("--")[2].startswith("u0")]
+    assert len(long_rows) == 2 * 10 and all(r["stop"] - r["start"] == 48000 for r in long_rows)
+    assert sum(1 for r in rows if r["ID"].split("--")[2].startswith("u1")) == 10  # a 2 s file stays whole
+    assert rep["segments"]["dropped_seconds"] == pytest.approx(10 * 1.5, abs=0.01)  # 1.5 s of each 7.5 s file
+    assert rep["segments"]["dropped_fraction"] == pytest.approx(15 / 95, abs=1e-3)
+    assert "15.0 s of audio dropped" in res.output and rep["warnings"] == []
+
+
+def test_category_folders_and_few_speakers_draw_a_warning(tmp_path, caplog):
+    from data_prep.voxceleb2 import speaker_warnings
+
+    _noise_corpus(tmp_path / "c", ("female_audio", "male_audio"), {"female_audio": (1.0,) * 3,
+                                                                   "male_audio": (1.0,) * 3})
+    res = prepare_corpus(tmp_path / "c", tmp_path / "m", forget_speakers=1, forget_fraction=0.0, progress=False)
+    warnings = res.report["warnings"]
+    assert len(warnings) == 2 and "only 2 speaker(s)" in warnings[0] and "female_audio" in warnings[1]
+    assert "look like category folders" in caplog.text
+    assert speaker_warnings(["id00012", "id00015", "theo", "jackson", "nicolas"]) == []
+    assert len(speaker_warnings(["train", "p1", "p2", "p3", "p4"])) == 1  # a category name among five
+
+
+def test_the_report_records_that_the_original_training_set_depends_on_the_forget_speakers(tmp_path):
+    speakers = ("ann", "bob", "cy", "dee", "eve")
+    _noise_corpus(tmp_path / "c", speakers, {s: (1.0,) * 4 for s in speakers})
+    one = prepare_corpus(tmp_path / "c", tmp_path / "a", forget_speakers=["ann"], progress=False).report
+    two = prepare_corpus(tmp_path / "c", tmp_path / "b", forget_speakers=["bob"], progress=False).report
+    train = {n: {r["ID"] for r in read_manifest(tmp_path / n / "train.csv")} for n in ("a", "b")}
+    assert train["a"] != train["b"]  # the holdout comes from retained speakers only ...
+    assert one["original_training"]["depends_on_forget_speakers"] is True  # ... and the report says so
+    assert one["original_training"]["utterances"] == len(train["a"])
