@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,11 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         config / size / overrides: the method's config; default its preset ``size`` for the model kind
             (:data:`mmunlearn.config.DEFAULT_SIZE`) with ``overrides`` (e.g. ``rank=4, scale=16``).
         rule: a :class:`~mmunlearn.methods.rule.SweepRule` to sweep the method's settings on the training
-            partitions (None: the config as it is).
+            partitions; None (default): the config as it is (for a speaker classifier the presets alone rarely
+            forget: pass ``"auto"``); ``"auto"``: for a speaker classifier the
+            documented speaker rule (:func:`speaker_rule`: forget utterances predicted as none of the forget
+            speakers up to ``1 - 1/C``, the retain NLL rising by at most 0.05 nats; erasure sweeps scale and
+            rank with gradient task vectors unless ``config``/``overrides`` say otherwise), for other kinds None.
         trust_hparams: speaker classifiers: load ``hyperparams.yaml`` with HyperPyYAML, which runs the code it
             names (default False: parsed as data against an allow-list of classes; see the README).
         retain_state: erasure methods: a folder for the retain side (``mmunlearn prepare-retain`` writes it).
@@ -171,11 +175,22 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
     adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
+    if isinstance(rule, str):
+        if rule != "auto":
+            raise ValueError(f"rule must be a SweepRule, None or 'auto', got {rule!r}")
+        rule = speaker_rule(len(adapter.speakers)) if kind == "speaker" else None
+        if rule is not None and config is None:
+            overrides = {**swept_overrides(method, scope), **overrides}
+            if "epochs" not in overrides and "epochs" in {f.name for f in fields(get(method).config)}:
+                from mmunlearn.methods.optimisation import budget_epochs
+
+                n_forget = len(read_items(forget, "forget")) if not batch_of(forget) else sum(
+                    len(read_items(f, "forget")) for f in forget)
+                overrides["epochs"] = budget_epochs(get(method).config_for(kind, size, **overrides), n_forget)
     base = (load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
             if reference is not None else None)
     if batch is None:
-        batch = (isinstance(forget, (list, tuple)) and bool(forget)
-                 and all(isinstance(f, (str, os.PathLike)) and os.fspath(f).lower().endswith(".csv") for f in forget))
+        batch = batch_of(forget)
     if batch:
         forget_items = [_examples(adapter, read_items(f, f"forget set {i}"), forget_tasks) for i, f in enumerate(forget)]
     else:
@@ -192,6 +207,41 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
                           clone=lambda: load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams,
                                                    scope=scope))
     return UnlearnResult(outcome.adapter, outcome.out, outcome.report)
+
+
+def batch_of(forget: Any) -> bool:
+    """Whether ``forget`` is a list of forget-set manifests (``.csv`` paths): a batch of requests."""
+    return (isinstance(forget, (list, tuple)) and bool(forget)
+            and all(isinstance(f, (str, os.PathLike)) and os.fspath(f).lower().endswith(".csv") for f in forget))
+
+
+#: The speaker rule's bound on the retain set's mean NLL rise (nats), as the VoxCeleb2 recipe's default.
+SPEAKER_RETAIN_BOUND = 0.05
+
+
+def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND) -> Any:
+    """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
+    of the forget utterances predicted as none of the forget speakers, target ``1 - 1/n_classes`` (chance), retain
+    measure the mean NLL, rising by at most ``retain_bound`` nats."""
+    from mmunlearn.eval.speaker import forgotten_error_rate
+    from mmunlearn.methods import SweepRule, mean_nll
+
+    if n_classes < 2:
+        raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
+    return SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound,
+                     forget_measure=forgotten_error_rate, retain_measure=mean_nll)
+
+
+def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
+    """What a rule-driven run of ``method`` on a speaker classifier uses unless told otherwise: erasure sweeps
+    edit sizes relative to the weights (``sweep_scales="auto"``), ranks 1, 2, 4, with gradient task vectors (the
+    recipe's ``--sweep`` settings); in the head scope no retain subspace (it would hold the forget direction)."""
+    from mmunlearn.methods import get
+
+    if "sweep_scales" not in {f.name for f in fields(get(method).config)}:
+        return {}
+    return {"sweep_scales": "auto", "sweep_ranks": (1, 2, 4), "extract_kind": "gradient",
+            **({"retain_rank": 0} if scope == "head" else {})}
 
 
 def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.PathLike, *, method: str = "qr-erase",

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,7 +48,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         _fsync(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -96,3 +98,38 @@ def _umask() -> int:
 def dir_mode() -> int:
     """The mode a new folder gets from ``mkdir``: 0o777 minus the umask (0o755 under the usual 022)."""
     return 0o777 & ~_umask()
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: 0o666 minus the umask (0o644 under the usual 022)."""
+    return 0o666 & ~_umask()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while an output was being written: raised like Ctrl-C's KeyboardInterrupt, so the same
+    clean-up runs (:func:`terminate_raises` then ends the process by SIGTERM, as the signal asked)."""
+
+
+def _raise_terminated(signum: int, frame) -> None:
+    raise Terminated(f"terminated by signal {signum}")
+
+
+@contextmanager
+def terminate_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (as SIGINT raises KeyboardInterrupt), so ``finally``
+    clauses remove temporary outputs; the previous handler is put back after. Only the main thread can
+    install a handler, and a handler someone else installed is left alone: the block then runs as it is.
+    Once the block's clean-up ran, the process ends by SIGTERM as it would have without the handler."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default action, now that the temporary output is gone
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -23,21 +23,22 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from mmunlearn.atomic import dir_mode, write_json_atomic
-from mmunlearn.errors import NonFiniteError
+from mmunlearn.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
+from mmunlearn.errors import NonFiniteError, writing
+from mmunlearn.layout import MARKER, check_not_reserved
 from mmunlearn.paths import (
-    MARKER,
     check_output_dir,
     check_tree,
     clean_leftovers,
     make_temp_dir,
     plain_name,
 )
+from mmunlearn.safecopy import check_side_files, copy_side_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 __all__ = ["INDEX", "MARKER", "SINGLE", "Checkpoint", "atomic_dir", "check_finite", "check_output_dir",
-           "copy_extra_files", "load_checkpoint", "shard_files", "write_checkpoint"]
+           "copy_extra_files", "load_checkpoint", "save_shard", "shard_files", "write_checkpoint"]
 
 
 @dataclass
@@ -51,23 +52,27 @@ class Checkpoint:
 
 
 def _read_index(path: Path) -> dict[str, str]:
-    """The ``weight_map`` of a safetensors index: tensor name -> plain shard file name."""
+    """The ``weight_map`` of a safetensors index: tensor name -> plain shard file name, none of them a name
+    an output folder uses for its own files (:mod:`mmunlearn.layout`)."""
     try:
         weight_map = json.loads(path.read_text())["weight_map"]
+    except RecursionError:
+        raise ValueError(f"{path} is not a valid safetensors index: nested too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a valid safetensors index (needs 'weight_map')") from exc
     if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
         raise ValueError(f"{path} is not a valid safetensors index ('weight_map' must map tensor names to files)")
-    for shard in set(weight_map.values()):
-        plain_name(shard, path)
+    for shard in weight_map.values():
+        check_not_reserved(plain_name(shard, path), path)
     return weight_map
 
 
 def shard_files(root: Path) -> dict[str, list[str]]:
     """Shard file name -> tensor names, from the index file or the single safetensors file.
 
-    Checks the folder first (:func:`mmunlearn.paths.check_tree`: no link leaving it) and every
-    shard name of the index (a plain name inside the folder), before any shard is opened.
+    Checks the folder first (:func:`mmunlearn.paths.check_tree`: no link leaving it), every shard name of
+    the index (a plain name inside the folder, not a name outputs use), and the other files as they will
+    be copied (:func:`mmunlearn.safecopy.check_side_files`: no hard link), before any shard is opened.
     """
     root = Path(root)
     if not root.is_dir():
@@ -77,13 +82,16 @@ def shard_files(root: Path) -> dict[str, list[str]]:
         shards: dict[str, list[str]] = {}
         for name, shard in _read_index(root / INDEX).items():
             shards.setdefault(shard, []).append(name)
+        check_side_files(root, skip=shards)
         return shards
     if (root / SINGLE).is_file():
         try:
             with safe_open(str(root / SINGLE), framework="pt") as f:
-                return {SINGLE: list(f.keys())}
+                names = list(f.keys())
         except SafetensorError as exc:
             raise ValueError(f"cannot read {root / SINGLE}: not a valid safetensors file ({exc})") from exc
+        check_side_files(root, skip={SINGLE})
+        return {SINGLE: names}
     found = sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
     hint = f" (found {found}: convert to safetensors with save_pretrained(safe_serialization=True))" if found else ""
     raise FileNotFoundError(f"{root} has no {SINGLE} or {INDEX}{hint}")
@@ -123,28 +131,30 @@ def atomic_dir(out: str | os.PathLike, overwrite: bool = False, inputs: Iterable
     ``out`` is checked first with :func:`check_output_dir` against ``inputs`` (never one of them,
     inside or above one; replaced only with ``overwrite`` and only if mmunlearn wrote it), and
     temporary folders that killed runs left next to it are removed. The finished folder holds the
-    marker file :data:`MARKER` and has ordinary permissions (0o777 minus the umask).
+    marker file :data:`MARKER` and has ordinary permissions (0o777 minus the umask). SIGTERM while the
+    block runs removes the temporary folder, as Ctrl-C does (:func:`mmunlearn.atomic.terminate_raises`).
     """
     inputs = tuple(inputs)
     out = check_output_dir(out, *inputs, overwrite=overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(out)
-    tmp = make_temp_dir(out, "tmp")
-    try:
-        yield tmp
-        _write_marker(tmp)
-        os.chmod(tmp, dir_mode())
-        check_output_dir(out, *inputs, overwrite=overwrite)  # again: another process may have written it meanwhile
-        if os.path.lexists(out):
-            old = make_temp_dir(out, "old")
-            os.replace(out, old / "x")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with terminate_raises():  # SIGTERM cleans up as SIGINT does (the finally below runs)
+        tmp = make_temp_dir(out, "tmp")
+        try:
+            yield tmp
+            _write_marker(tmp)
+            os.chmod(tmp, dir_mode())
+            check_output_dir(out, *inputs, overwrite=overwrite)  # again: another process may have written it
+            if os.path.lexists(out):
+                old = make_temp_dir(out, "old")
+                os.replace(out, old / "x")
+                os.replace(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], where: str) -> None:
@@ -166,35 +176,26 @@ def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str,
                                  "written (a --scale too large for the weights' dtype, or corrupt inputs)")
 
 
-def _copy_entry(src: Path, dst: Path, real_root: Path) -> None:
-    if src.is_symlink() and src.is_dir():
-        target = src.resolve()
-        if target == real_root or real_root in target.parents:
-            # a folder link inside the model folder stays a (relative) link: copying through it could loop
-            os.symlink(os.path.relpath(target, src.parent.resolve()), dst)
-            return
-        shutil.copytree(target, dst)
-    elif src.is_dir():
-        dst.mkdir(mode=dir_mode())
-        for child in sorted(src.iterdir()):
-            _copy_entry(child, dst / child.name, real_root)
-    else:  # a file, or a link (checked to stay inside the folder) copied as the file it points to
-        shutil.copy2(src, dst)
-
-
 def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> None:
     """Copy everything in ``root`` but the names in ``skip`` and :data:`MARKER` into ``dst``.
 
-    Links are checked (:func:`mmunlearn.paths.check_tree`) before anything is copied; a file link
-    is copied as its file, a folder link inside ``root`` is kept as a relative link.
+    One walk that opens every entry without following links and copies from what it opened
+    (:func:`mmunlearn.safecopy.copy_side_files`): a link leaving the folder, a hard link or an entry
+    replaced while being copied is refused; a file link inside is copied as its file, a folder link
+    inside ``root`` is kept as a relative link. The links are also checked before anything is copied
+    (:func:`mmunlearn.paths.check_tree`), so a folder that was bad from the start writes nothing.
     """
-    root, dst = Path(root), Path(dst)
     check_tree(root)
-    skip = set(skip) | {MARKER}
-    real_root = root.resolve()
-    for item in sorted(root.iterdir()):
-        if item.name not in skip:
-            _copy_entry(item, dst / item.name, real_root)
+    copy_side_files(root, dst, skip=skip)
+
+
+def save_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict | None,
+               shown: str | os.PathLike | None = None) -> None:
+    """Write one safetensors shard with ordinary permissions (0o666 minus the umask, as every other output;
+    safetensors itself creates 0o600 files); a full disk or file-size limit is reported naming ``shown``."""
+    with writing(path, shown):
+        save_file({n: t.contiguous() for n, t in tensors.items()}, str(path), metadata=metadata or {"format": "pt"})
+    os.chmod(path, file_mode())
 
 
 def write_checkpoint(ckpt: Checkpoint, out_dir: Path, tensors: Mapping[str, torch.Tensor] | None = None) -> None:
@@ -204,10 +205,7 @@ def write_checkpoint(ckpt: Checkpoint, out_dir: Path, tensors: Mapping[str, torc
     (:func:`copy_extra_files`).
     """
     tensors = dict(ckpt.tensors if tensors is None else tensors)
-    weight_files = set(ckpt.shard_meta) | {INDEX}
-    copy_extra_files(ckpt.root, out_dir, skip=weight_files)
+    copy_extra_files(ckpt.root, out_dir, skip=set(ckpt.shard_meta))  # the index too, through the same walk
     for shard, meta in ckpt.shard_meta.items():
-        part = {n: tensors[n].contiguous() for n, s in ckpt.shard_of.items() if s == shard}
-        save_file(part, str(out_dir / plain_name(shard, ckpt.root / INDEX)), metadata=meta or {"format": "pt"})
-    if (ckpt.root / INDEX).is_file():
-        shutil.copy2(ckpt.root / INDEX, out_dir / INDEX)
+        part = {n: tensors[n] for n, s in ckpt.shard_of.items() if s == shard}
+        save_shard(part, out_dir / plain_name(shard, ckpt.root / INDEX), meta)

@@ -7,7 +7,9 @@ exits with status 2; ``--debug`` or ``MMUNLEARN_DEBUG=1`` shows the traceback in
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,6 +26,11 @@ class UnsafePathError(UserError, ValueError):
 
 class NonFiniteError(UserError, ValueError):
     """An edit would write NaN or Inf weights."""
+
+
+class WriteError(UserError, OSError):
+    """An output could not be written: the disk is full, a quota or the file-size limit (``ulimit -f``) hit.
+    Names the file being written (not an input it was copied from)."""
 
 
 # What the CLI reports in one line (exit 2) rather than as a traceback.
@@ -51,6 +58,29 @@ def about(files: str) -> Iterator[None]:
         if type(exc) not in (ValueError, KeyError):
             raise
         raise type(exc)(f"{one_line(exc)} ({files})") from exc
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
+# how writers that wrap the OS error in their own exception (safetensors: "... (os error 28)") say it
+_FULL_TEXT = re.compile(r"No space left on device|File too large|Disk quota exceeded|os error (?:27|28|122)\b")
+
+
+@contextmanager
+def writing(path: str | os.PathLike, shown: str | os.PathLike | None = None) -> Iterator[None]:
+    """Turn "disk full / file too large / over quota" raised in the block (as an OSError, or as a writer's own
+    exception quoting the OS error) into a :class:`WriteError` naming ``shown`` (default ``path``), the file
+    being written. Other errors pass as they are."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - only the "full" cases are rewritten, everything else re-raised
+        full = exc.errno in _FULL_ERRNOS if isinstance(exc, OSError) else bool(_FULL_TEXT.search(str(exc)))
+        if not full:
+            raise
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(exc)
+        raise WriteError(f"cannot write {shown if shown is not None else path}: {why} (free some space, or raise "
+                         "the file-size limit or quota, and run again; nothing was left behind)") from exc
 
 
 def debug_enabled() -> bool:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from mmunlearn.atomic import dir_mode
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.layout import MARKER  # JSON (tool, version) in every folder atomic_dir writes
 
 log = logging.getLogger(__name__)
-MARKER = ".mmunlearn-output"  # JSON (tool, version) in every folder atomic_dir writes
 
 
 def plain_name(name: object, listed_in: str | os.PathLike) -> str:

@@ -89,6 +89,8 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
             report = json.loads((model_dir / REPORT_NAME).read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: nested too deeply") from None
     if not patch_path.is_file() and report and (report.get("changed_fraction") == 0.0 or report.get("tilt_dir")):
         with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:  # nothing was edited (T3): no head
             copy_extra_files(model_dir, tmp, set(restore_leftovers()))

@@ -171,7 +171,17 @@ class SpeakerSetup:
     def describe(self) -> dict:
         return {"level": self.level, "manifests": str(self.manifests), "original": str(self.original),
                 "retrained": str(self.retrained), "forget_items": len(self.forget), "retain_items": len(self.retain),
-                "eval": asdict(self.eval_opts), "device": self.device}
+                "eval": asdict(self.eval_opts), "device": self.device,
+                "original_training": original_training(self.manifests)}
+
+
+def original_training(manifests: Path) -> dict | None:
+    """What ``prepare`` recorded about the original model's training set (its size, and whether another
+    ``--forget-speakers`` would change it); None for manifests written before it was recorded."""
+    try:
+        return json.loads((Path(manifests) / "prepare_report.json").read_text()).get("original_training")
+    except (OSError, ValueError):
+        return None
 
 
 def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,

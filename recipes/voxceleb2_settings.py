@@ -90,6 +90,15 @@ TRAIN = {
 DEFAULT_RETAIN_BOUND = 0.05
 
 
+def epoch_budget(method: str, preset: str, options: dict[str, Any], n_forget: int) -> int:
+    """Under ``--sweep`` (epochs a cap; early stopping ends the run), an optimisation method's epochs: at least
+    :data:`~mmunlearn.methods.optimisation.RULE_MIN_STEPS` optimizer steps on ``n_forget`` forget utterances."""
+    from mmunlearn.methods import get
+    from mmunlearn.methods.optimisation import budget_epochs
+
+    return budget_epochs(get(method).config_for("speaker", preset_kind(preset), **options), n_forget)
+
+
 def preset_kind(preset: str) -> str:
     """Settings row of a model preset: ``tiny``, ``small``, or ``large`` (``base``/``large`` or a model dir)."""
     return preset if preset in ("tiny", "small") else "large"
@@ -155,12 +164,11 @@ def parse_methods(methods: str) -> list[str]:
 
 
 def error_rate(adapter, items: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
-    """The speaker-level sweep's forget measure: the share of ``items`` NOT predicted as any of their speakers
-    (with one forgotten speaker, 1 - its accuracy; with several, an utterance relabelled onto another forgotten
-    speaker still counts as remembered)."""
-    from mmunlearn.eval.speaker import forgotten_counts, score_rows
+    """The speaker-level sweep's forget measure (:func:`mmunlearn.eval.speaker.forgotten_error_rate`): the share of
+    ``items`` NOT predicted as any of their speakers."""
+    from mmunlearn.eval.speaker import forgotten_error_rate
 
-    return 1.0 - forgotten_counts(score_rows(adapter, items, batch_size=batch_size, desc=None))["any_forgotten"]
+    return forgotten_error_rate(adapter, items, batch_size=batch_size)
 
 
 def mean_log_nll(adapter, items: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:

@@ -175,3 +175,18 @@ def test_head_scope_edits_only_the_class_weights(speaker_dir, llm_dir, speaker_m
     with pytest.raises(ValueError, match="speaker classifiers"):
         unlearn(llm_dir, forget=forget, retain=retain, method="qr-erase", out=tmp_path / "llm", device="cpu",
                 progress=False, scope="head")
+
+
+def test_rule_auto_sweeps_a_speaker_classifier_by_the_documented_rule(speaker_dir, speaker_manifests, tmp_path):
+    from mmunlearn.api import speaker_rule, swept_overrides
+
+    forget, retain = (speaker_manifests / f"{n}.csv" for n in ("spk_forget_train", "spk_retain_train"))
+    res = unlearn(speaker_dir, forget=forget, retain=retain, method="qr-erase", rule="auto", scope="head",
+                  out=None, device="cpu", progress=False, sweep_ranks=(1,))
+    rule = res.report["rule"]
+    assert rule["forget_measure"] == "error_rate" and rule["forget_target"] == pytest.approx(1 - 1 / 4)
+    assert rule["retain_bound"] == 0.05 and res.report["config"]["retain_rank"] == 0  # head: no retain subspace
+    assert res.report["config"]["extract"]["kind"] == "gradient" and len(res.report["info"]["sweep"]) >= 1
+    assert speaker_rule(4).forget_target == pytest.approx(0.75) and swept_overrides("grad_diff") == {}
+    with pytest.raises(ValueError, match="auto"):
+        unlearn(speaker_dir, forget=forget, retain=retain, rule="always", device="cpu", progress=False)

@@ -58,6 +58,27 @@ MODULE_CLASSES: dict[str, tuple[str, ...]] = {
 ACTIVATIONS: tuple[str, ...] = ("torch.nn.ReLU", "torch.nn.LeakyReLU", "torch.nn.PReLU", "torch.nn.GELU")
 #: Keyword arguments dropped from a spec: where a module lives is the caller's choice, not the file's.
 _PLACEMENT = ("device",)
+#: Plausible audio sample rates (Hz): telephone speech is 8 kHz, studio audio at most 192 kHz.
+SAMPLE_RATES = (1000, 192_000)
+#: Ranges of the numeric arguments that size something a module allocates: ``key: (low, high, whole, unit)``
+#: (a list-valued argument, e.g. ECAPA's ``channels``, has each element checked). Fbank's window and
+#: filterbank are plain attributes allocated for real, which the meta-device size check never sees, so a
+#: file asking for ``sample_rate: 1000000000000`` is refused here, before anything is built.
+SIZE_LIMITS: dict[str, dict[str, tuple[float, float, bool, str]]] = {
+    FBANK: {"sample_rate": (*SAMPLE_RATES, True, " Hz"), "n_fft": (16, 65_536, True, ""),
+            "n_mels": (1, 1024, True, ""), "win_length": (0.1, 1000, False, " ms"),
+            "hop_length": (0.1, 1000, False, " ms"), "left_frames": (0, 1000, True, ""),
+            "right_frames": (0, 1000, True, ""), "f_min": (0, SAMPLE_RATES[1] / 2, False, " Hz"),
+            "f_max": (0, SAMPLE_RATES[1] / 2, False, " Hz"), "param_change_factor": (0, 1000, False, ""),
+            "param_rand_factor": (0, 1000, False, "")},
+    ECAPA: {"input_size": (1, 4096, True, ""), "lin_neurons": (1, 65_536, True, ""),
+            "channels": (1, 65_536, True, ""), "kernel_sizes": (1, 1024, True, ""), "dilations": (1, 1024, True, ""),
+            "attention_channels": (1, 65_536, True, ""), "res2net_scale": (1, 64, True, ""),
+            "se_channels": (1, 65_536, True, ""), "groups": (1, 65_536, True, "")},
+    CLASSIFIER: {"input_size": (1, 65_536, True, ""), "lin_blocks": (0, 64, True, ""),
+                 "lin_neurons": (1, 65_536, True, ""), "out_neurons": (1, 10_000_000, True, "")},
+}
+_MAX_LIST = 64  # ECAPA blocks: 5 in every published model
 
 
 @dataclass(frozen=True)
@@ -191,6 +212,37 @@ def _check_value(value: Any, where: str) -> Any:
     raise ValueError(f"{where}: {type(value).__name__} values are not allowed (plain data only)")
 
 
+def _check_size(value: Any, limits: tuple[float, float, bool, str], where: str) -> None:
+    low, high, whole, unit = limits
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (whole and isinstance(value, float) and not value.is_integer()) \
+            or not math.isfinite(value) or not low <= value <= high:
+        kind = "a whole number" if whole else "a number"
+        raise ValueError(f"{where}: {value!r} is refused: expected {kind} in {low:g}..{high:g}{unit}")
+
+
+def _check_sizes(target: str, kwargs: Mapping[str, Any], where: str) -> None:
+    """ValueError naming the key for an argument of ``target`` outside :data:`SIZE_LIMITS` (before anything is
+    built: no memory is asked for an absurd size), and for an Fbank window longer than its FFT."""
+    for key, limits in SIZE_LIMITS.get(target, {}).items():
+        value = kwargs.get(key)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            if len(value) > _MAX_LIST:
+                raise ValueError(f"{where}[{key}]: {len(value)} entries are refused (at most {_MAX_LIST})")
+            for i, v in enumerate(value):
+                _check_size(v, limits, f"{where}[{key}][{i}]")
+        else:
+            _check_size(value, limits, f"{where}[{key}]")
+    if target == FBANK:
+        rate, n_fft = kwargs.get("sample_rate", 16000), kwargs.get("n_fft", 400)
+        window = round(rate / 1000 * kwargs.get("win_length", 25))
+        if window > n_fft:
+            raise ValueError(f"{where}[win_length]: {kwargs.get('win_length', 25)!r} ms is {window} samples at "
+                             f"{rate} Hz, more than n_fft {n_fft}")
+
+
 @dataclass(frozen=True)
 class ModuleSpec:
     """One module: an allow-listed class (dotted name) and its keyword arguments. Make one with
@@ -216,6 +268,7 @@ class ModuleSpec:
         except TypeError as exc:
             raise ValueError(f"{where}: {target}: {exc}") from None
         clean = {k: _check_value(v, f"{where}[{k}]") for k, v in bound.arguments.items() if k not in _PLACEMENT}
+        _check_sizes(target, clean, where)
         return cls(target, clean)
 
     def build(self) -> nn.Module:
@@ -260,8 +313,10 @@ class SpeakerSpec:
         if norm is not None and norm.kwargs.get("norm_type", "global") == "global":
             raise ValueError("mean_var_norm with norm_type 'global' keeps statistics this loader does not read; "
                              "only 'sentence' / 'batch' normalisation is supported")
-        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) or self.sample_rate < 1:
-            raise ValueError(f"sample_rate must be an integer >= 1, got {self.sample_rate!r}")
+        low, high = SAMPLE_RATES
+        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) \
+                or not low <= self.sample_rate <= high:
+            raise ValueError(f"sample_rate must be a whole number of Hz in {low}..{high}, got {self.sample_rate!r}")
         for name in ("margin", "scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

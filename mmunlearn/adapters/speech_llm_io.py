@@ -6,13 +6,17 @@ template) and ``preprocessor_config.json`` (the Whisper feature extractor), or a
 The processor is used when transformers can build it from the directory; otherwise the tokenizer
 and feature extractor are read on their own (directories written here, or processors whose image
 or video parts cannot be built on this machine).
+
+The folder is untrusted: before anything is read, links leaving it, special files and hard-linked side
+files are refused (:func:`check_folder`), and only safetensors weights are loaded (a folder with pickled
+``pytorch_model.bin`` only is refused with a hint). Side files are carried into a written folder by one
+walk that never follows a link (:func:`mmunlearn.safecopy.copy_side_files`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -20,6 +24,8 @@ import torch
 from mmunlearn.adapters.base import resolve_device, resolve_dtype
 from mmunlearn.adapters.speech_llm_families import family_of_dir
 from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.paths import check_tree
+from mmunlearn.safecopy import check_side_files, copy_side_files
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +45,35 @@ def _processor(path: Path):
     return proc
 
 
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt.index.json", ".safetensors.index.json", ".bin.index.json")
+_PICKLED = (".bin", ".pt", ".pth")
+
+
+def _side_file(name: str) -> bool:
+    return not name.endswith(_WEIGHT_SUFFIXES)
+
+
+def check_folder(root: Path) -> None:
+    """Refuse a speech-LLM folder holding a link that leaves it, a special file or a hard-linked side file
+    (what :func:`save_dir` would copy), or whose weights are pickled only; every error names the file."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"speech-LLM directory not found: {root}")
+    check_tree(root)
+    check_side_files(root, select=_side_file, folders=False)
+    names = [p.name for p in root.iterdir()]
+    if not any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        pickled = sorted(n for n in names if n.endswith(_PICKLED))
+        hint = (f" (found {pickled}: convert to safetensors with save_pretrained(safe_serialization=True); "
+                "mmunlearn never unpickles weights from a model folder)") if pickled else ""
+        raise FileNotFoundError(f"{root} has no safetensors weights (model.safetensors or an index){hint}")
+
+
 def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto"):
     """(thinker model, full container or None, tokenizer, feature extractor, processor or None, family)."""
     from transformers import AutoFeatureExtractor, AutoTokenizer
 
     root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"speech-LLM directory not found: {root}")
+    check_folder(root)
     family, full = family_of_dir(root)
     dev = resolve_device(device)
     loaded = family.model_cls(full).from_pretrained(str(root), dtype=resolve_dtype(dtype, dev))
@@ -61,15 +89,12 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
     return model, container, tokenizer, fe, processor, family
 
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt.index.json", ".safetensors.index.json", ".bin.index.json")
-
-
 def _copy_side_files(source: Path, out: Path) -> None:
     """Top-level files of the source directory that ``save_pretrained`` does not write (e.g. Qwen2.5-Omni's
-    ``spk_dict.pt`` voice table, a README), so the written directory loads like the one read."""
-    for item in source.iterdir():
-        if item.is_file() and not (out / item.name).exists() and not item.name.endswith(_WEIGHT_SUFFIXES):
-            shutil.copy2(item, out / item.name)
+    ``spk_dict.pt`` voice table, a README), so the written directory loads like the one read. One walk that
+    never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.safecopy`)."""
+    copy_side_files(source, out, select=lambda name: _side_file(name) and not os.path.lexists(out / name),
+                    folders=False)
 
 
 def save_dir(adapter, path: str | os.PathLike, overwrite: bool = False) -> Path:

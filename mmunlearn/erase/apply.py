@@ -29,13 +29,14 @@ from mmunlearn.erase.norms import all_finite
 from mmunlearn.erase.patch import PatchEntry, UndoPatch, apply_exact, delta, revert_exact
 from mmunlearn.erase.report import LARGE_UPDATE, EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
+from mmunlearn import layout
 from mmunlearn.errors import NonFiniteError
 from mmunlearn.taskvec.lowrank import LowRank
 
 log = logging.getLogger(__name__)
 
-PATCH_NAME = "undo_patch.safetensors"
-REPORT_NAME = "erase_report.json"
+PATCH_NAME = layout.PATCH_NAME  # output names live in mmunlearn.layout (reserved: no input file may use them)
+REPORT_NAME = layout.ERASE_REPORT
 
 Model = nn.Module | Mapping[str, torch.Tensor]
 
@@ -45,10 +46,15 @@ def _check_rank(rank: int | None, label: str, shape: tuple[int, ...], what: str)
         raise ValueError(f"{what} rank {rank} exceeds min(m, n) = {min(shape)} of {label} {tuple(shape)}")
 
 
+#: The dtypes erase computes in (float8 has no linear algebra in torch; a complex edit is not defined).
+EDITABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _check_float(what: str, t, name: str) -> None:
     dtype = t.dtype
-    if not (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point")
+    if dtype not in EDITABLE:
+        raise ValueError(f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point (float16, bfloat16, "
+                         "float32 or float64)")
 
 
 def _plan(params: ParamTable, forget: Mapping, retain: Mapping | None, rank, retain_rank):

@@ -11,9 +11,8 @@ from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
 from mmunlearn.errors import NonFiniteError, about
+from mmunlearn.layout import PLOT_NAME
 from mmunlearn.taskvec.store import load_task_matrices
-
-PLOT_NAME = "layer_energy.png"
 
 
 def erase_checkpoint(

@@ -103,6 +103,8 @@ class UndoPatch:
             raise ValueError(f"{path} is a corrupt undo patch: {exc.args[0]!r} is missing") from exc
         except (json.JSONDecodeError, TypeError) as exc:
             raise ValueError(f"{path} is a corrupt undo patch: its 'entries' list is not valid ({exc})") from exc
+        except RecursionError:
+            raise ValueError(f"{path} is a corrupt undo patch: its 'entries' list is nested too deeply") from None
         return cls(entries)
 
 

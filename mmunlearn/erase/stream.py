@@ -31,19 +31,25 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from mmunlearn.checkpoint import INDEX, atomic_dir, check_finite, check_output_dir, copy_extra_files, shard_files
-from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, _check_rank, erase, restore
+from mmunlearn.checkpoint import (
+    INDEX,
+    atomic_dir,
+    check_finite,
+    check_output_dir,
+    copy_extra_files,
+    save_shard,
+    shard_files,
+)
+from mmunlearn.erase.apply import _check_rank, erase, restore
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.norms import sq_norm
@@ -51,13 +57,15 @@ from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.patch import PatchEntry, UndoPatch
 from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
-from mmunlearn.errors import NonFiniteError, about
+from mmunlearn.errors import NonFiniteError, about, writing
+from mmunlearn.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
+from mmunlearn.safecopy import copy_from_fd, open_inside
 from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
 
 log = logging.getLogger(__name__)
-PLOT_NAME = "layer_energy.png"
+_EDITABLE = ("F16", "BF16", "F32", "F64")  # safetensors' names of erase.apply.EDITABLE
 #: outputs of an erase or of the unlearning harness (its report, T3's head), not part of a model
-LEFTOVERS = (PATCH_NAME, REPORT_NAME, PLOT_NAME, "unlearn_report.json", "tilt")
+LEFTOVERS = (PATCH_NAME, ERASE_REPORT, PLOT_NAME, UNLEARN_REPORT, TILT_DIR)
 
 
 @dataclass
@@ -69,6 +77,7 @@ class ShardedCheckpoint:
     shard_of: dict[str, str]  # tensor name -> shard file
     shapes: dict[str, tuple[int, ...]]
     shard_meta: dict[str, dict]  # shard file -> safetensors header metadata
+    dtypes: dict[str, str] = field(default_factory=dict)  # tensor name -> safetensors dtype ("F32", "BF16", ...)
 
     def meta_tensors(self) -> dict[str, torch.Tensor]:
         """Shape-only (``meta`` device) stand-ins of every tensor: validation without loading."""
@@ -80,6 +89,7 @@ def open_checkpoint(root: str | os.PathLike) -> ShardedCheckpoint:
     root = Path(root)
     shards = shard_files(root)
     shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, str] = {}
     shard_meta: dict[str, dict] = {}
     for shard, names in shards.items():
         try:
@@ -90,10 +100,12 @@ def open_checkpoint(root: str | os.PathLike) -> ShardedCheckpoint:
                     if name not in present:
                         raise ValueError(f"{root / INDEX} maps {name!r} to {shard}, which does not hold it")
                     shapes[name] = tuple(f.get_slice(name).get_shape())
+                    dtypes[name] = f.get_slice(name).get_dtype()
         except (SafetensorError, FileNotFoundError) as exc:
             raise ValueError(f"cannot read shard {root / shard}: {exc}") from exc
     shard_of = {n: s for s, names in shards.items() for n in names}
-    return ShardedCheckpoint(root=root, shards=shards, shard_of=shard_of, shapes=shapes, shard_meta=shard_meta)
+    return ShardedCheckpoint(root=root, shards=shards, shard_of=shard_of, shapes=shapes, shard_meta=shard_meta,
+                             dtypes=dtypes)
 
 
 def _load_shard(root: Path, shard: str) -> dict[str, torch.Tensor]:
@@ -105,21 +117,28 @@ def _load_shard(root: Path, shard: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"cannot read shard {root / shard}: {exc}") from exc
 
 
-def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict) -> None:
+def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict, shown: Path) -> None:
     """Write one shard (the layout ``write_checkpoint`` uses)."""
-    save_file({n: t.contiguous() for n, t in tensors.items()}, str(path), metadata=metadata or {"format": "pt"})
+    save_shard(tensors, path, metadata, shown)
 
 
-def _link_or_copy(src: Path, dst: Path, hardlink: bool) -> bool:
-    """Hard-link ``src`` (through symlinks) to ``dst``, or copy it; True when linked."""
-    if hardlink:
-        try:
-            os.link(src, dst)
-            return True
-        except OSError:  # other file system, no link support, or not permitted
-            pass
-    shutil.copy2(src, dst)
-    return False
+def _link_or_copy(root: Path, shard: str, dst: Path, hardlink: bool, shown: Path) -> bool:
+    """Hard-link the shard ``root/shard`` to ``dst``, or copy it; True when linked. The shard is opened once,
+    without following a link out of ``root`` (:func:`mmunlearn.safecopy.open_inside`), and what was opened is
+    linked (through ``/proc/self/fd``) or copied: replacing it by a link meanwhile changes nothing."""
+    fd = open_inside(root, shard)
+    try:
+        if hardlink:
+            try:
+                os.link(f"/proc/self/fd/{fd}", dst, follow_symlinks=True)
+                return True
+            except OSError:  # no /proc, other file system, no link support, or not permitted
+                pass
+        with writing(dst, shown):
+            copy_from_fd(fd, dst)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _check_inputs(ckpt: ShardedCheckpoint, forget: LazyTaskMatrices, retain: LazyTaskMatrices | None,
@@ -128,6 +147,10 @@ def _check_inputs(ckpt: ShardedCheckpoint, forget: LazyTaskMatrices, retain: Laz
     params = ParamTable(ckpt.meta_tensors())
     for name in forget:
         param, kind = params.get(name)
+        dtype = ckpt.dtypes.get(name)
+        if dtype is not None and dtype not in _EDITABLE:
+            raise ValueError(f"model parameter {name!r} in {ckpt.root / ckpt.shard_of[name]} has dtype {dtype}; "
+                             "expected floating point (float16, bfloat16, float32 or float64)")
         tf = task_matrices_for(name, torch.empty(forget.shape(name), device="meta"), param, kind)
         tr = [None] * len(tf)
         if retain is not None:
@@ -204,10 +227,10 @@ def stream_erase_checkpoint(
     entries: dict[str, list[PatchEntry]] = {}
     linked = 0
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
-        copy_extra_files(model_dir, tmp, skip=set(ckpt.shards) | {INDEX})
+        copy_extra_files(model_dir, tmp, skip=set(ckpt.shards))  # the index too, through the same walk
         for shard in tqdm(ckpt.shards, desc="erase shards", disable=not progress, dynamic_ncols=True):
             if shard not in by_shard:
-                linked += _link_or_copy(model_dir / shard, tmp / shard, hardlink)
+                linked += _link_or_copy(model_dir, shard, tmp / shard, hardlink, out / shard)
                 continue
             tensors = _load_shard(model_dir, shard)
             for name in by_shard[shard]:
@@ -223,10 +246,8 @@ def stream_erase_checkpoint(
                 entries[name] = list(sub.patch.entries)
                 del t_f, t_r, sub
             check_finite({n: tensors[n] for n in by_shard[shard]}, f"erase of {model_dir} into {out}")
-            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
+            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard], out / shard)
             del tensors
-        if (model_dir / INDEX).is_file():
-            shutil.copy2(model_dir / INDEX, tmp / INDEX)
         # Patch entries and report rows in forget order, as the in-memory erase lists them.
         patch = UndoPatch([e for name in edit for e in entries.get(name, [])])
         by_group: dict[str, list[MatrixRow]] = {}
@@ -239,7 +260,7 @@ def stream_erase_checkpoint(
         patch.save(tmp / PATCH_NAME)
         report.patch_path = str(out / PATCH_NAME)
         report.seconds = time.perf_counter() - start
-        report.to_json(tmp / REPORT_NAME)
+        report.to_json(tmp / ERASE_REPORT)
         report.plot_energy(tmp / PLOT_NAME)
     log.info("streamed erase: %d of %d shards rewritten, %d hard-linked", len(by_shard), len(ckpt.shards), linked)
     return report
@@ -271,17 +292,15 @@ def stream_restore_checkpoint(
             raise KeyError(f"the undo patch edits {entry.label!r}, which {model_dir} does not hold")
         by_shard.setdefault(ckpt.shard_of[name], []).append(entry)
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
-        copy_extra_files(model_dir, tmp, skip=set(ckpt.shards) | {INDEX} | set(LEFTOVERS))
+        copy_extra_files(model_dir, tmp, skip=set(ckpt.shards) | set(LEFTOVERS))
         for shard in tqdm(ckpt.shards, desc="restore shards", disable=not progress, dynamic_ncols=True):
             if shard not in by_shard:
-                _link_or_copy(model_dir / shard, tmp / shard, hardlink)
+                _link_or_copy(model_dir, shard, tmp / shard, hardlink, out / shard)
                 continue
             tensors = _load_shard(model_dir, shard)
             names = {e.label.split("[", 1)[0] for e in by_shard[shard]}
             with about(f"model {model_dir}, undo patch {patch if patch is not None else model_dir / PATCH_NAME}"):
                 restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
             check_finite({n: tensors[n] for n in names}, f"restore of {model_dir} into {out}")
-            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
+            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard], out / shard)
             del tensors
-        if (model_dir / INDEX).is_file():
-            shutil.copy2(model_dir / INDEX, tmp / INDEX)

@@ -145,6 +145,16 @@ def forgotten_counts(scores: SpeakerScores, forget_classes: Sequence[int] | None
             "sink_share": max(v["sink_share"] for v in per_speaker.values()), "per_speaker": per_speaker}
 
 
+def forgotten_error_rate(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
+    """The speaker-level rule's forget measure: the share of ``rows`` predicted as NONE of their speakers (with one
+    forgotten speaker, 1 - its accuracy; an utterance relabelled onto another forgotten speaker still counts as
+    remembered)."""
+    return 1.0 - forgotten_counts(score_rows(adapter, rows, batch_size=batch_size, desc=None))["any_forgotten"]
+
+
+forgotten_error_rate.__name__ = "error_rate"  # the name rule reports and run.json fields carry
+
+
 def concat_scores(*parts: SpeakerScores) -> SpeakerScores:
     """The rows of several :class:`SpeakerScores`, in order."""
     return SpeakerScores(ids=[i for p in parts for i in p.ids], speakers=[s for p in parts for s in p.speakers],

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from mmunlearn.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult, RunContext, get
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
 
 log = logging.getLogger(__name__)
-REPORT_NAME = "unlearn_report.json"
-TILT_DIR = "tilt"
+REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.layout (reserved: no input file may use them)
 #: Largest relative update ||dW||_F / ||W||_F of one tensor before the report flags it (see README).
 LARGE_UPDATE = 0.5
 
@@ -181,8 +181,6 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
            changed: list[str], overwrite: bool, extra: Callable[[Path, dict], None] | None = None) -> Path:
     """The model in its own format, then the undo patch and reports, all renamed into ``out`` at once."""
     from mmunlearn.checkpoint import atomic_dir
-    from mmunlearn.erase.apply import PATCH_NAME
-    from mmunlearn.erase.apply import REPORT_NAME as ERASE_REPORT
     from mmunlearn.erase.patch import UndoPatch, dense_entry
     from mmunlearn.methods.ondisk import disk_names
 
@@ -214,7 +212,7 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
             if erase_report is not None:
                 erase_report.patch_path = str(final / PATCH_NAME)
                 erase_report.to_json(tmp / ERASE_REPORT)
-                erase_report.plot_energy(tmp / "layer_energy.png")
+                erase_report.plot_energy(tmp / PLOT_NAME)
                 report["erase_report"] = str(final / ERASE_REPORT)
         report["out"] = str(final)
         if extra is not None:
@@ -225,10 +223,7 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
 
 def restore_leftovers() -> tuple[str, ...]:
     """Files and folders of an unlearning output that are not part of the model itself."""
-    from mmunlearn.erase.apply import PATCH_NAME
-    from mmunlearn.erase.apply import REPORT_NAME as ERASE_REPORT
-
-    return (PATCH_NAME, ERASE_REPORT, "layer_energy.png", REPORT_NAME, TILT_DIR)
+    return (PATCH_NAME, ERASE_REPORT, PLOT_NAME, UNLEARN_REPORT, TILT_DIR)
 
 
 __all__ = ["LARGE_UPDATE", "Outcome", "REPORT_NAME", "changed_fraction", "restore_leftovers", "run_unlearning",

@@ -17,6 +17,22 @@ from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.rule import early_stop
 
 
+#: Under a sweep rule the epochs are a cap (the run stops once the rule is met or the retain bound is crossed); the
+#: speaker entry points (``voxceleb2 speaker|sample``, ``mmunlearn.unlearn``) raise the presets' cap to reach at
+#: least this many optimizer steps unless the user sets the epochs: 5 epochs were 10 steps on a 21-segment forget
+#: set, too few to move the forget speakers at lr 1e-4, while a large forget set keeps its epochs.
+RULE_MIN_STEPS = 100
+
+
+def budget_epochs(cfg: BaselineConfig, n_forget: int, min_steps: int = RULE_MIN_STEPS) -> int:
+    """The epoch cap that gives a run of ``cfg`` on ``n_forget`` items at least ``min_steps`` optimizer steps (never
+    fewer epochs than ``cfg`` has): the budget grows with the forget set, and a small set still gets enough steps."""
+    if n_forget < 1 or min_steps < 0:
+        raise ValueError(f"budget_epochs needs n_forget >= 1 and min_steps >= 0, got {n_forget}, {min_steps}")
+    per_epoch = max(1, math.ceil(n_forget / (cfg.batch_size * cfg.grad_accum)))
+    return max(cfg.epochs, math.ceil(min_steps / per_epoch))
+
+
 def run_loss(name: str):
     """The ``run`` of the optimisation method ``name``."""
 
@@ -29,7 +45,7 @@ def run_loss(name: str):
             on_step, trajectory, _ = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
         res = unlearn(adapter, name, forget, retain, cfg, progress=ctx.progress, on_step=on_step,
                       train_mode=ctx.kind != "speaker")
-        info = {"final_loss": res.final_loss, "steps": res.steps}
+        info = {"final_loss": res.final_loss, "steps": res.steps, "epoch_cap": cfg.epochs}
         if on_step is not None:
             restored = on_step.restore_in_bound()
             if restored is not None:

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.erase.apply import PATCH_NAME
+from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layout
 from mmunlearn.methods.harness import REPORT_NAME
-
-HISTORY_DIR = "undo_history"
 
 
 def entry_name(index: int) -> str:

@@ -25,9 +25,12 @@ from mmunlearn.atomic import atomic_path
 from mmunlearn.paths import plain_name
 from mmunlearn.taskvec.lowrank import LowRank
 
-# safetensors header dtypes that are not floating point, with torch's names for the message
-_NOT_FLOAT = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
-              "U32": "uint32", "I64": "int64", "U64": "uint64"}
+# safetensors header dtypes a task matrix may have (real floating point: float8 has no linear algebra in torch,
+# and a complex matrix would lose its imaginary part), and torch's names of the others for the message
+_FLOAT = ("F16", "BF16", "F32", "F64")
+_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+          "U32": "uint32", "I64": "int64", "U64": "uint64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+          "C64": "complex64", "C128": "complex128"}
 
 
 @dataclass
@@ -63,6 +66,8 @@ def _files(path: Path) -> list[Path]:
     if path.is_file() and path.name.endswith(".index.json"):
         try:
             shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        except RecursionError:
+            raise ValueError(f"{path} is not a valid safetensors index: nested too deeply") from None
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
             raise ValueError(f"{path} is not a valid safetensors index (needs 'weight_map')") from exc
         return [path.parent / plain_name(s, path) for s in shards]
@@ -98,9 +103,9 @@ class LazyTaskMatrices(Mapping):
                         if key in self._file_of:
                             raise ValueError(f"task matrix {key!r} appears twice (again in {f})")
                         dtype = st.get_slice(key).get_dtype()
-                        if dtype in _NOT_FLOAT:
-                            raise ValueError(f"task matrix {key} in {f} has dtype {_NOT_FLOAT[dtype]}; "
-                                             "expected floating point")
+                        if dtype not in _FLOAT:
+                            raise ValueError(f"task matrix {key} in {f} has dtype {_NAMES.get(dtype, dtype)}; "
+                                             "expected floating point (float16, bfloat16, float32 or float64)")
                         self._file_of[key] = f
                         self._shape[key] = tuple(st.get_slice(key).get_shape())
             except SafetensorError as exc:
@@ -108,6 +113,8 @@ class LazyTaskMatrices(Mapping):
             if "mmunlearn" in header:
                 try:
                     self.meta.update(json.loads(header["mmunlearn"]))
+                except RecursionError:
+                    raise ValueError(f"{f} has a malformed 'mmunlearn' metadata entry (nested too deeply)") from None
                 except (json.JSONDecodeError, TypeError, ValueError) as exc:
                     raise ValueError(f"{f} has a malformed 'mmunlearn' metadata entry ({exc})") from exc
         if not self._file_of:

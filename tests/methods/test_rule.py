@@ -44,3 +44,14 @@ def test_nothing_is_restored_when_the_run_ends_in_bound():
         on_step(step, 0.0)
     assert on_step.restore_in_bound() is None and adapter.model.weight.item() == 2.0
     assert trajectory_reached(trajectory, scorer)
+
+
+def test_the_baselines_step_budget_grows_with_the_forget_set():
+    from mmunlearn.baselines import BaselineConfig
+    from mmunlearn.methods.optimisation import RULE_MIN_STEPS, budget_epochs
+
+    cfg = BaselineConfig(epochs=5, batch_size=16)
+    assert budget_epochs(cfg, 21) == 50  # 2 steps an epoch: 50 epochs reach 100 steps
+    assert budget_epochs(cfg, 21) * 2 >= RULE_MIN_STEPS
+    assert budget_epochs(cfg, 4000) == 5  # a large set keeps its epochs (250 steps each)
+    assert budget_epochs(cfg, 161) == 10  # 11 steps an epoch: 10 epochs reach 110 steps

@@ -36,7 +36,7 @@ def speaker_run(speaker_manifests, tmp_path_factory):  # noqa: F811
     work = tmp_path_factory.mktemp("vox_work")
     out = work / "speaker_out"
     res = invoke("speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
-                 "--methods", "qr-erase,grad_diff", *TINY)
+                 "--methods", "qr-erase,grad_diff", "--no-sweep", *TINY)
     return work, out, json.loads((out / "speaker.json").read_text()), res.output
 
 
@@ -83,6 +83,7 @@ def test_speaker_level_end_to_end(speaker_run):
     assert qr["scope"] == gd["scope"] == "all"
     assert qr["total_seconds"] > qr["unlearn_seconds"]  # task-vector extraction counted
     assert table["context"]["classes"] == 4 and "| qr-erase |" in output
+    assert "NOT CHECKED" in output.split("| method |")[0]  # --no-sweep: the results say the rule was not measured
 
 
 def test_qr_erase_edits_only_selected_layers_and_undo_restores_bits(speaker_run):
@@ -116,7 +117,7 @@ def test_sample_level_end_to_end(speaker_run, speaker_manifests, tmp_path):  # n
     work, _, speaker_table, _ = speaker_run
     out = tmp_path / "sample_out"
     invoke("sample", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
-           "--methods", "qr-erase,grad_ascent", *TINY)
+           "--methods", "qr-erase,grad_ascent", "--no-sweep", *TINY)
     rows = _check_tables(out, "sample", ["qr-erase", "grad_ascent"], SAMPLE_METRICS)
     context = json.loads((out / "sample.json").read_text())["context"]
     assert context["original"] == speaker_table["context"]["original"]  # the cached original, shared by both levels
@@ -162,6 +163,13 @@ def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifest
     missed = [m for m, r in (("qr-erase", run), ("kl", kl)) if r["row"]["target_reached"] is False]
     assert table["missed_targets"] == missed
     assert res.exit_code == (1 if missed else 0), res.output  # --strict fails the run when a rule was not met
+    if missed:  # said before the table, the first line of the results
+        assert "RULE NOT MET" in res.output.split("| method |")[0]
+    # the baseline's step budget grows with the forget set: at least RULE_MIN_STEPS steps under the rule
+    from mmunlearn.methods.optimisation import RULE_MIN_STEPS
+
+    assert kl["config"]["epochs"] * -(-len(pipe.split_rows(speaker_manifests, "spk_forget_train")) //
+                                      kl["config"]["batch_size"]) >= RULE_MIN_STEPS
     md = (tmp_path / "speaker.md").read_text()
     assert ("Sweep rule not met by: " + ", ".join(missed)) in md if missed else "not met" not in md
     assert kl["info"]["sweep"] and kl["rule"]["forget_measure"] == "error_rate"

@@ -202,11 +202,17 @@ def test_output_yaml_is_generated_not_copied(adapter, tmp_path):
 
 def test_huge_modules_are_refused_without_allocating_them(model_dir):
     yaml_file = model_dir / HPARAMS
-    yaml_file.write_text(yaml_file.read_text().replace("channels: [16, 16, 16, 16, 48]",
-                                                       "channels: [4000000, 4000000, 4000000, 4000000, 12000000]"))
+    original = yaml_file.read_text()
+    yaml_file.write_text(original.replace("channels: [16, 16, 16, 16, 48]",
+                                          "channels: [60000, 60000, 60000, 60000, 60000]"))
     with pytest.raises(ValueError, match=rf"{model_dir / 'embedding_model.ckpt'} does not fit the modules "
                                          rf"{model_dir / HPARAMS} describes"):
-        read_speaker_dir(model_dir)  # on the meta device: seconds, not 10^14 floats
+        read_speaker_dir(model_dir)  # on the meta device: seconds, not 10^10 floats
+    yaml_file.write_text(original.replace("channels: [16, 16, 16, 16, 48]",
+                                          "channels: [4000000, 4000000, 4000000, 4000000, 12000000]"))
+    with pytest.raises(ValueError, match=rf"{model_dir / HPARAMS}: embedding_model\[channels\]\[0\]: 4000000 is "
+                                         r"refused: expected a whole number in 1\.\.65536"):
+        read_speaker_dir(model_dir)  # out of range: refused before even the meta device
 
 
 def test_references_arithmetic_and_aliases():
