@@ -144,8 +144,10 @@ def scan_voxceleb(
 
 def _read_csv_rows(path: Path, what: str) -> list[list[str]]:
     """All rows of a CSV side file (header first); an error naming the file when it cannot be read."""
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{what} {path} not found")
+    if not path.is_file():
+        raise ValueError(f"{path}: the {what} is not a regular file (a device, FIFO or folder)")
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:
             return list(csv.reader(fh))
@@ -295,6 +297,9 @@ def prepare(
     except the decode cache (converted wavs and ``audio_index.json``, reused by the next run).
     """
     root, out = Path(root).resolve(), Path(out).resolve()
+    if out == root:
+        raise ValueError(f"--out {out} is the VoxCeleb2 root: the output folder must differ from --root "
+                         "(e.g. a folder beside it)")
     meta = _default_side_file(meta, root / "vox2_meta.csv")
     transcripts = _default_side_file(transcripts, root / "transcripts.csv")
     check_options(forget_fraction, test_video_fraction, max_utterances, segment_seconds, min_duration)
@@ -675,5 +680,20 @@ def echo_report(res: PrepareResult) -> None:
         typer.echo(f"  warning: {item}", err=True)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """The command line: errors a user caused print as one ``error:`` line and exit 2 (as ``mmunlearn`` does)."""
+    import sys
+
+    from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
+
+    try:
+        app(args=argv, prog_name="data_prep.voxceleb2")
+    except USER_ERRORS as exc:
+        if debug_enabled():
+            raise
+        typer.echo(f"error: {one_line(exc)}", err=True)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -11,8 +11,10 @@ Rules, checked before anything is read or written:
   :data:`MARKER`, and an existing folder without it (unless empty) is never replaced.
 
 Temporary folders of an output ``out`` are named ``.<out>.tmp-<pid>-<host>-<token>`` (and
-``.<out>.old-...`` while an old output is swapped out); those left by a killed run are removed by
-the next run on the same ``out`` (:func:`clean_leftovers`).
+``.<out>.old-...`` while an old output is swapped out; for an ``out`` name too long to take the ~30
+extra characters within the 255 a file name may have, ``<out>`` is shortened to its start and a hash
+of the whole name); those left by a killed run are removed by the next run on the same ``out``
+(:func:`clean_leftovers`).
 """
 
 from __future__ import annotations
@@ -72,17 +74,25 @@ def check_tree(root: str | os.PathLike) -> None:
     roots = allowed_roots(root)
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                target = _resolve(p)
-                if not any(_inside(target, r) for r in roots):
-                    raise UnsafePathError(f"{p} is a symbolic link to {target}, outside {root}: refusing to "
-                                          "read or copy it (replace the link by the file itself)")
-                if not target.exists():
-                    raise FileNotFoundError(f"{p} is a broken symbolic link (to {target})")
-            elif not (p.is_file() or p.is_dir()):
-                raise UnsafePathError(f"{p} is not a regular file or folder (a FIFO, socket or device): "
-                                      "refusing to read or copy it")
+            _check_entry(Path(dirpath) / name, root, roots)
+
+
+def check_entry(path: str | os.PathLike, root: str | os.PathLike) -> None:
+    """:func:`check_tree` for one entry of ``root`` (e.g. a file an index names): a link must stay inside."""
+    _check_entry(Path(path), Path(root), allowed_roots(Path(root)))
+
+
+def _check_entry(p: Path, root: Path, roots: list[Path]) -> None:
+    if p.is_symlink():
+        target = _resolve(p)
+        if not any(_inside(target, r) for r in roots):
+            raise UnsafePathError(f"{p} is a symbolic link to {target}, outside {root}: refusing to "
+                                  "read or copy it (replace the link by the file itself)")
+        if not target.exists():
+            raise FileNotFoundError(f"{p} is a broken symbolic link (to {target})")
+    elif os.path.lexists(p) and not (p.is_file() or p.is_dir()):
+        raise UnsafePathError(f"{p} is not a regular file or folder (a FIFO, socket or device): "
+                              "refusing to read or copy it")
 
 
 def check_output_dir(out: str | os.PathLike, *inputs: str | os.PathLike | None, overwrite: bool = False) -> Path:
@@ -126,10 +136,29 @@ _OURS = re.compile(r"(\d+)-([0-9a-f]{8})-[0-9a-f]{8}")
 _LEGACY = re.compile(r"[a-z0-9_]{8}")  # tempfile.mkdtemp names of earlier versions
 
 
+_NAME_MAX = 255  # bytes in one file name on the usual file systems
+_SUFFIX_LEN = 40  # ".<kind>-<pid>-<host>-<token>" with room for long pids
+
+
+def _temp_prefix(out: Path, kind: str) -> str:
+    """``.<out>.<kind>-``, with ``<out>`` shortened (its start + a hash of the whole name) when the temporary
+    name would not fit in one file name."""
+    name = out.name
+    if len(os.fsencode(name)) + 2 + _SUFFIX_LEN > _NAME_MAX:
+        digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+        short = ""
+        for ch in name:  # whole characters, at most 120 bytes
+            if len(os.fsencode(short + ch)) > 120:
+                break
+            short += ch
+        name = f"{short}~{digest}"
+    return f".{name}.{kind}-"
+
+
 def make_temp_dir(out: Path, kind: str) -> Path:
     """A new empty sibling folder ``.<out>.<kind>-<pid>-<host>-<token>`` with ordinary permissions."""
     while True:
-        path = out.parent / f".{out.name}.{kind}-{os.getpid()}-{_HOST}-{secrets.token_hex(4)}"
+        path = out.parent / f"{_temp_prefix(out, kind)}{os.getpid()}-{_HOST}-{secrets.token_hex(4)}"
         try:
             os.mkdir(path, 0o777)  # the umask applies, as for any new folder
         except FileExistsError:
@@ -163,7 +192,7 @@ def clean_leftovers(out: str | os.PathLike) -> list[Path]:
     removed = []
     for p in sorted(out.parent.iterdir()):
         for kind in ("tmp", "old"):
-            prefix = f".{out.name}.{kind}-"
+            prefix = _temp_prefix(out, kind)
             if not p.name.startswith(prefix) or p.is_symlink() or not p.is_dir():
                 continue
             rest = p.name[len(prefix):]

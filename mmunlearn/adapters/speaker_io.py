@@ -59,6 +59,7 @@ from mmunlearn.adapters.speaker_model import (
     hparams_yaml,
 )
 from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.paths import check_tree
 
 HPARAMS = "hyperparams.yaml"
 EMBEDDING_CKPT = "embedding_model.ckpt"
@@ -474,6 +475,7 @@ def read_speaker_dir(path: str | os.PathLike, trust_hparams: bool = False) -> Sp
     file = root / HPARAMS
     if not file.is_file():
         raise FileNotFoundError(f"{root} is not a SpeechBrain model directory (no {HPARAMS})")
+    check_tree(root)  # no link out of the folder (an outside embedding_model.ckpt), no FIFO or device
     if trust_hparams:
         return _read_trusted(root)
     text = _read_text(file)

@@ -19,6 +19,7 @@ import torch
 from scipy.signal import resample_poly
 
 from mmunlearn.atomic import atomic_path
+from mmunlearn.errors import UserError
 
 #: Peak absolute amplitude (on the [-1, 1] scale) below which audio counts as silent.
 SILENCE_PEAK = 1e-4
@@ -28,8 +29,9 @@ DEFAULT_SR = 16000
 SOUNDFILE_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".aiff", ".aif"})
 
 
-class AudioError(RuntimeError):
-    """A file could not be used as audio: missing, unreadable, empty or silent. Names the file."""
+class AudioError(UserError, RuntimeError):
+    """A file could not be used as audio: missing, unreadable, empty or silent. Names the file (a user error:
+    the command line prints it as one ``error:`` line)."""
 
     def __init__(self, path: str | os.PathLike, reason: str):
         self.path = str(path)

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import soundfile as sf
+from tqdm.auto import tqdm
+
 from mmunlearn.atomic import atomic_path
 
 #: Columns every manifest carries, in this order.
@@ -42,6 +45,12 @@ AUDIO_SUFFIXES: frozenset[str] = frozenset({
     ".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".m4a", ".aac", ".mp4", ".mp3", ".webm"})
 #: How many bad rows one error lists (the rest are counted).
 MAX_LISTED = 10
+#: Sample rates a manifest's audio may have: 8 kHz telephone speech and up; 1 Hz "audio" would crash the
+#: feature extractors long after the checks.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 192_000
+#: From this many rows on, the file checks show a progress bar (VoxCeleb2's dev set has ~1.1 million).
+PROGRESS_ROWS = 50_000
+PROGRESS_BYTES = 5_000_000  # a manifest file this big (~100,000 rows) shows its rows being read
 
 
 def _problems_message(source: str, problems: list[str], bad_rows: int, total_rows: int) -> str:
@@ -72,6 +81,14 @@ def _wav_problem(wav: Any, root: Path | None) -> str | None:
         return f"'wav' {str(path)!r} is not readable"
     if root is not None and not real.is_relative_to(root):
         return f"'wav' {str(path)!r} resolves to {real}, outside the data folder {root}"
+    if path.suffix.lower() in (".wav", ".flac"):  # the header is cheap to read; other formats are decoded later
+        try:
+            rate = sf.info(str(real)).samplerate
+        except (RuntimeError, sf.LibsndfileError, OSError):
+            return None  # unreadable audio is reported, naming the file, when it is decoded
+        if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+            return (f"'wav' {str(path)!r} has a sample rate of {rate} Hz, outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} "
+                    "Hz (not speech audio)")
     return None
 
 
@@ -125,7 +142,9 @@ def check_rows(
     """
     base = Path(root).resolve() if root is not None else None
     problems, bad_rows = [], 0
-    for i, raw in enumerate(rows):
+    shown = tqdm(rows, desc=f"checking {len(rows)} rows of {source}", unit="row", leave=False,
+                 disable=len(rows) < PROGRESS_ROWS, dynamic_ncols=True)
+    for i, raw in enumerate(shown):
         where = f"row {i}"
         if not isinstance(raw, Mapping):
             problems.append(f"{where}: expected a mapping, got {type(raw).__name__}")
@@ -179,7 +198,9 @@ def read_manifest(
             reader.fieldnames = header
             seen: set[str] = set()
             line = 1
-            for line, raw in enumerate(reader, start=2):
+            big = path.stat().st_size >= PROGRESS_BYTES  # ~100,000 rows and more: show the rows read
+            for line, raw in enumerate(tqdm(reader, desc=f"reading {path}", unit="row", leave=False, disable=not big,
+                                            dynamic_ncols=True), start=2):
                 row: dict[str, Any] = {
                     k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()
                 }

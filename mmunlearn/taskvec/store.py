@@ -5,8 +5,9 @@ group), or a sharded file's ``*.safetensors.index.json``; the metadata (kind, da
 ...) travels in the safetensors header as JSON. ``open_task_matrices`` reads headers only and
 loads each tensor when asked for by name, so a large model's matrices can be streamed.
 
-Files are untrusted: an index may only name plain files in its own folder, every task matrix must
-be floating point, and a file that cannot be read is reported by name.
+Files are untrusted: an index may only name plain files in its own folder, a link in a folder of task
+matrices (or named by an index) must stay inside it, every task matrix must be real floating point
+(float16, bfloat16, float32, float64), and a file that cannot be read is reported by name.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mmunlearn.atomic import atomic_path
-from mmunlearn.paths import plain_name
+from mmunlearn.paths import check_entry, check_tree, plain_name
 from mmunlearn.taskvec.lowrank import LowRank
 
 # safetensors header dtypes a task matrix may have (real floating point: float8 has no linear algebra in torch,
@@ -70,10 +71,14 @@ def _files(path: Path) -> list[Path]:
             raise ValueError(f"{path} is not a valid safetensors index: nested too deeply") from None
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as exc:
             raise ValueError(f"{path} is not a valid safetensors index (needs 'weight_map')") from exc
-        return [path.parent / plain_name(s, path) for s in shards]
+        files = [path.parent / plain_name(s, path) for s in shards]
+        for f in files:
+            check_entry(f, path.parent)  # a link named by the index stays in the index's folder
+        return files
     if path.is_file():
         return [path]
     if path.is_dir():
+        check_tree(path)  # no link out of the folder, no FIFO or device
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no .safetensors files of task matrices in {path}")
