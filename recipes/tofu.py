@@ -23,8 +23,9 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from mmunlearn.atomic import write_text_atomic
 from recipes import tofu_pipeline, tofu_report
-from recipes.tofu_settings import forget_nll_warning, memorisation_warning, sweep_rule
+from recipes.tofu_settings import memorisation, memorisation_warning, sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
 console = Console()
@@ -51,6 +52,11 @@ FtAccum = Annotated[Optional[int], typer.Option("--ft-grad-accum", help="Fine-tu
 FtMaxSteps = Annotated[Optional[int], typer.Option("--ft-max-steps", help="Fine-tuning of the built target and retain models: at most N optimizer steps (the schedule fitted to them).")]
 FtPrecision = Annotated[Optional[str], typer.Option("--ft-precision", help="Fine-tuning of the built target and retain models: no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it).")]
 PRECISION_CHOICES = ("no", "bf16", "auto")
+Precision = Annotated[Optional[str], typer.Option("--precision", help="Scoring and generation precision: no (float32) or bf16 (autocast scoring, bf16 weights for greedy generation; measured 2-3x faster on a CPU with AVX512_BF16). Default: bf16 for smollm2-135m, no otherwise.")]
+MaxNewTokens = Annotated[str, typer.Option(help="Greedy generation length for ROUGE: a number (the reference uses 200) or 'auto' (lean: per batch, its longest gold answer in tokens + 16).")]
+UtilityItems = Annotated[Optional[int], typer.Option(help="Evaluate only the first N real-authors and N world-facts items (lean; default: all 100 + 117, the reference). Recorded in the logs.")]
+RuleRetain = Annotated[Optional[int], typer.Option(help="The sweep rule scores N retain rows spread over the retain partition (default: all of it); fewer makes every sweep point cheaper.")]
+Resume = Annotated[bool, typer.Option(help="Reuse a method's finished stage (same method, options, rule and models: its run.json key) instead of redoing it.")]
 AuditFlag = Annotated[bool, typer.Option("--audit", help="Also run the robustness audits (paraphrase, 8/4-bit quantisation, relearning, probe) on every method's model: <out>/AUDIT.json and AUDIT.md beside compare.md, and <out>/<method>/AUDIT.json.")]
 AuditSteps = Annotated[Optional[int], typer.Option("--audit-relearn-steps", help="--audit: relearning optimizer steps (default 20).")]
 AuditLr = Annotated[Optional[float], typer.Option("--audit-relearn-lr", help="--audit: relearning learning rate (default: 1e-3 for micro/mini, 1e-5 for a model directory).")]
@@ -82,6 +88,29 @@ def _train_overrides(epochs: int | None, lr: float | None, batch_size: int | Non
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     return {**overrides, **({"max_steps": max_steps} if max_steps is not None else {})}
+
+
+def _max_new_tokens(text: str) -> int | str:
+    from mmunlearn.eval.tofu import check_max_new_tokens
+
+    try:
+        return check_max_new_tokens("auto" if text.strip() == "auto" else int(text))
+    except ValueError:
+        raise typer.BadParameter(f"a positive integer or 'auto', got {text!r}", param_hint="--max-new-tokens") from None
+
+
+def _precision(value: str | None) -> str | None:
+    from mmunlearn.adapters.text_llm import PRECISIONS
+
+    if value is not None and value not in PRECISIONS:
+        raise typer.BadParameter(f"choose from {', '.join(PRECISIONS)}, got {value!r}", param_hint="--precision")
+    return value
+
+
+def _positive(value: int | None, flag: str) -> int | None:
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"must be a positive integer, got {value}", param_hint=flag)
+    return value
 
 
 def _metrics(text: str | None) -> tuple[str, ...] | None:
@@ -158,6 +187,33 @@ def _warn_memorisation(ctx) -> None:
         console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
 
 
+def _lean(max_new_tokens: str, utility_items: int | None, precision: str | None,
+          rule_retain_items: int | None) -> dict[str, Any]:
+    """The evaluation-cost options, checked (usage errors otherwise), as :func:`tofu_pipeline.prepare` takes them."""
+    return {"max_new_tokens": _max_new_tokens(max_new_tokens), "precision": _precision(precision),
+            "utility_items": _positive(utility_items, "--utility-items"),
+            "rule_retain_items": _positive(rule_retain_items, "--rule-retain-items")}
+
+
+class _Stages:
+    """One progress line per finished stage of a comparison: its time, the elapsed time and an estimate of
+    what remains (the mean of the stages run so far, reused ones not counted, times those left)."""
+
+    def __init__(self, total: int, start: float):
+        self.total, self.start, self.finished, self.times = total, start, 0, []
+
+    def done(self, name: str, seconds: float, reused: bool = False) -> None:
+        self.finished += 1
+        if not reused:
+            self.times.append(seconds)
+        left = self.total - self.finished
+        estimate = (sum(self.times) / len(self.times) * left) if self.times and left else 0.0
+        console.print(f"[stage {self.finished}/{self.total}] {name}: "
+                      + ("reused (finished earlier)" if reused else f"{seconds:.0f} s")
+                      + f"; elapsed {time.perf_counter() - self.start:.0f} s"
+                      + (f"; about {estimate / 60:.0f} min left" if left else ""), markup=False, soft_wrap=True)
+
+
 @app.command()
 def finetune(
     out: Annotated[Path, typer.Option(help="Directory for the fine-tuned model (save_pretrained layout).")],
@@ -193,10 +249,18 @@ def finetune(
     console.print(f"fine-tuned model in [bold]{path}[/bold]; final answer loss {log.get('final_loss', float('nan')):.4f}")
     forget_nll = log.get("forget_answer_nll")
     if forget_nll is not None:
-        console.print(f"answer NLL of the {log.get('forget_examples')} forget rows: {forget_nll:.4f}")
-    message = forget_nll_warning(preset, forget_nll)
+        console.print(f"forget rows ({log.get('forget_examples')}): answer NLL {forget_nll:.4f}, probability "
+                      f"{log.get('forget_prob', float('nan')):.3f} (pretrained "
+                      f"{_num(log.get('pretrained_forget_prob'))}), greedy ROUGE-L {_num(log.get('forget_rouge'))}")
+    check = memorisation(preset, log.get("forget_prob"), log.get("forget_rouge"),
+                         pretrained_prob=log.get("pretrained_forget_prob"))
+    message = memorisation_warning(check, what="the model")
     if message:
         console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 @app.command("eval")
@@ -210,29 +274,49 @@ def evaluate(
     retain_model: Annotated[Optional[Path], typer.Option(help="The retain model's folder: evaluated first (cached in its evals/ folder) for forget quality and privleak; instead of --retain-logs.")] = None,
     metrics: Metrics = None,
     batch_size: Annotated[int, typer.Option(help="Scoring batch size.")] = 16,
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE (the reference uses 200).")] = 200,
+    max_new_tokens: MaxNewTokens = "200",
+    utility_items: UtilityItems = None,
+    precision: Precision = None,
+    preset: Annotated[str, typer.Option(help="The preset the model was made with (its memorisation thresholds and default precision).")] = "model_dir",
     device: Device = "auto",
     threads: Threads = None,
 ) -> None:
-    """Evaluate a model with the TOFU metric suite (reference definitions and log format)."""
+    """Evaluate a model with the TOFU metric suite (reference definitions and log format); with a retain
+    model, the memorisation check of the model too."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
     from mmunlearn.eval import evaluate_tofu, summary_table
+
+    from recipes.tofu_settings import default_precision
 
     _threads(threads)
     model = _model_dir(model, "--model")
     groups = _metrics(metrics)
+    max_new_tokens = _max_new_tokens(max_new_tokens)
+    utility_items = _positive(utility_items, "--utility-items")
+    precision = _precision(precision) or default_precision(preset)
+    lean = dict(precision=precision, utility_items=utility_items)
     if retain_model is not None:
         if retain_logs is not None:
             raise typer.BadParameter("give --retain-model or --retain-logs, not both", param_hint="--retain-model")
         retain_model = _model_dir(retain_model, "--retain-model")
         retain_logs = tofu_pipeline.cached_eval(retain_model, data, forget_split, authors, max_new_tokens, device,
                                                 metrics=tofu_pipeline.reference_metrics(groups),
-                                                fingerprint=tofu_pipeline.model_fingerprint(retain_model))
-    adapter = TextLLMAdapter.from_pretrained(model, device=device)
+                                                fingerprint=tofu_pipeline.model_fingerprint(retain_model), **lean)
+    adapter = TextLLMAdapter.from_pretrained(model, device=device, precision=precision)
     logs = evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
                          batch_size=batch_size, max_new_tokens=max_new_tokens, model_name=Path(model).name,
-                         metrics=groups)
+                         metrics=groups, utility_items=utility_items)
     console.print(summary_table(logs))
+    if retain_logs is not None and "forget_Q_A_Prob" in logs:
+        retain = json.loads(Path(retain_logs).read_text()) if Path(retain_logs).is_file() else {}
+        check = memorisation(preset, logs["forget_Q_A_Prob"]["agg_value"],
+                             (logs.get("forget_Q_A_ROUGE") or {}).get("agg_value"),
+                             retain_prob=(retain.get("forget_Q_A_Prob") or {}).get("agg_value"),
+                             forget_quality=(logs.get("forget_quality") or {}).get("agg_value"))
+        write_text_atomic(Path(out) / "MEMORISATION.json", json.dumps(check, indent=2))
+        message = memorisation_warning(check, what="the model")
+        console.print(f"warning: {message}" if message else
+                      f"memorised the forget answers: {check['memorised']}", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -254,7 +338,11 @@ def run(
     t3_rank: Annotated[Optional[int], typer.Option("--t3-rank", help="T3 head rank h.")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Baselines: learning rate.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Baselines: epochs over the forget set.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE.")] = 200,
+    max_new_tokens: MaxNewTokens = "200",
+    utility_items: UtilityItems = None,
+    precision: Precision = None,
+    rule_retain_items: RuleRetain = None,
+    resume: Resume = True,
     metrics: Metrics = None,
     target: Target = None,
     retain_model: RetainModel = None,
@@ -275,12 +363,13 @@ def run(
     groups = _metrics(metrics)
     options = dict(rank=rank, scale=scale, **_extract(extract, extract_steps), temperature=temperature,
                    head_rank=t3_rank, lr=lr, epochs=epochs)
+    lean = _lean(max_new_tokens, utility_items, precision, rule_retain_items)
     target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
-    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens,
-                                overrides=overrides, target=target, retain=retain_model, metrics=groups)
+    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, lean.pop("max_new_tokens"),
+                                overrides=overrides, target=target, retain=retain_model, metrics=groups, **lean)
     _warn_memorisation(ctx)
     rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
-    row = tofu_pipeline.run_method_row(method, ctx, options, rule, base, out, device)
+    row = tofu_pipeline.run_method_row(method, ctx, options, rule, base, out, device, resume=resume)
     console.print(tofu_report.markdown([ctx.reference_row("target"), row, ctx.reference_row("retain")]))
     _warn_memorisation(ctx)  # again below the table, where it is seen
 
@@ -296,7 +385,11 @@ def compare(
     base: Base = "target",
     sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature on the training partitions.")] = True,
     retain_bound: RetainBound = 0.1,
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length for ROUGE.")] = 200,
+    max_new_tokens: MaxNewTokens = "200",
+    utility_items: UtilityItems = None,
+    precision: Precision = None,
+    rule_retain_items: RuleRetain = None,
+    resume: Resume = True,
     metrics: Metrics = None,
     extract: Extract = None,
     extract_steps: ExtractSteps = None,
@@ -331,12 +424,15 @@ def compare(
     overrides = _train_overrides(ft_epochs, ft_lr, ft_batch_size, ft_grad_accum, ft_max_steps, ft_precision, "--ft-")
     groups = _metrics(metrics)
     options = _extract(extract, extract_steps)
-    audit_opts = _audit_options(preset, audit_relearn_steps, audit_relearn_lr, audit_relearn_on,
-                                audit_attacks, max_new_tokens) if audit else None
+    lean = _lean(max_new_tokens, utility_items, precision, rule_retain_items)
+    audit_opts = _audit_options(preset, audit_relearn_steps, audit_relearn_lr, audit_relearn_on, audit_attacks,
+                                lean["max_new_tokens"] if lean["max_new_tokens"] != "auto" else 64) if audit else None
     target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
     start = time.perf_counter()
-    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, max_new_tokens,
-                                overrides=overrides, target=target, retain=retain_model, metrics=groups)
+    stages = _Stages(len(chosen) + 1, start)
+    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, lean.pop("max_new_tokens"),
+                                overrides=overrides, target=target, retain=retain_model, metrics=groups, **lean)
+    stages.done("target and retain models, their evaluations", time.perf_counter() - start)
     _warn_memorisation(ctx)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
@@ -345,9 +441,11 @@ def compare(
     target_nll = ctx.forget_target() if sweep else None
     audits, audit_cache = [], {}
     for name in chosen:
+        t0 = time.perf_counter()
         rows.append(tofu_pipeline.run_method_row(name, ctx, options, sweep_rule(target_nll, retain_bound), base,
-                                                 out / name, device))
+                                                 out / name, device, resume=resume))
         tofu_report.write_tables(out, tofu_report.ordered(rows + kept), context)  # nothing lost if interrupted
+        stages.done(name, time.perf_counter() - t0, reused=bool(rows[-1].get("reused")))
         if audit_opts is not None:
             console.print(f"auditing {name} ...")
             audits.append(tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, device, audit_cache))
@@ -361,9 +459,11 @@ def compare(
     if audit_opts is not None:
         console.print((out / "AUDIT.md").read_text(), markup=False, soft_wrap=True)
     _warn_memorisation(ctx)  # again below the table, where it is seen
+    total = time.perf_counter() - start
+    tofu_report.write_tables(out, rows, {**context, "wall_seconds": total})
     console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png"
                   + (" and AUDIT.md / AUDIT.json" if audit_opts is not None else "")
-                  + f" in {time.perf_counter() - start:.0f} s")
+                  + f"; the whole command took {total:.0f} s ({total / 60:.1f} min)")
 
 
 @app.command()

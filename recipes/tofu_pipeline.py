@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,9 @@ def reference_metrics(metrics: Collection[str] | None) -> tuple[str, ...] | None
     return None if chosen == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)
 
 
-def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int,
+def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int | str,
                 device: str, retain_logs: Path | None = None, metrics: tuple[str, ...] | None = None,
-                fingerprint: str | None = None) -> Path:
+                fingerprint: str | None = None, precision: str = "no", utility_items: int | None = None) -> Path:
     """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs
     (in ``model_dir/evals/<key>``).
 
@@ -96,12 +96,14 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
 
     key = [str(data), forget_split, authors, max_new_tokens, str(retain_logs)]
     key = key if metrics is None else [*key, sorted(metrics)]
+    key = key if (precision, utility_items) == ("no", None) else [*key, precision, utility_items]
     spec = json.dumps(key if fingerprint is None else [*key, fingerprint])
     out = Path(model_dir) / "evals" / hashlib.sha256(spec.encode()).hexdigest()[:12]
     if not (out / "TOFU_EVAL.json").is_file():
-        adapter = TextLLMAdapter.from_pretrained(model_dir, device=device)
+        adapter = TextLLMAdapter.from_pretrained(model_dir, device=device, precision=precision)
         evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
-                      max_new_tokens=max_new_tokens, model_name=Path(model_dir).name, metrics=metrics)
+                      max_new_tokens=max_new_tokens, model_name=Path(model_dir).name, metrics=metrics,
+                      utility_items=utility_items)
     return out / "TOFU_EVAL.json"
 
 
@@ -127,6 +129,9 @@ class TofuSetup:
     retain: list
     metrics: tuple[str, ...] | None = None
     memorisation: dict[str, Any] = field(default_factory=dict)
+    precision: str = "no"
+    utility_items: int | None = None
+    rule_retain: list | None = None  # the retain rows the sweep rule scores (None: all of ``retain``)
 
     def reference_row(self, which: str) -> dict:
         logs = json.loads((self.retain_logs if which == "retain" else self.target_logs).read_text())
@@ -151,21 +156,30 @@ class TofuSetup:
         if self.built.base is None:
             raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
                              "base model (no train_log.json with an existing 'base')")
-        base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
+        base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu", precision=self.precision)
         return float(base.answer_nll(self.forget).mean())
+
+    def adapter(self, path: Path, device: str):
+        """A text adapter on ``path`` at this run's scoring precision."""
+        from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+        return TextLLMAdapter.from_pretrained(path, device=device, precision=self.precision)
 
     def describe(self) -> dict:
         return {"preset": self.preset, "data": self.data, "forget_split": self.forget_split, "authors": self.authors,
                 "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
                 "forget_items": len(self.forget), "retain_items": len(self.retain),
                 "max_new_tokens": self.max_new_tokens, "metrics": list(self.metrics) if self.metrics else "all",
+                "precision": self.precision, "utility_items": self.utility_items,
+                "rule_retain_items": len(self.rule_retain) if self.rule_retain is not None else len(self.retain),
                 "memorised": self.memorisation.get("memorised"), "memorisation": dict(self.memorisation)}
 
 
 def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
             device: str, max_new_tokens: int, *, overrides: Mapping[str, Any] | None = None,
             target: Path | None = None, retain: Path | None = None,
-            metrics: Collection[str] | None = None) -> TofuSetup:
+            metrics: Collection[str] | None = None, precision: str | None = None,
+            utility_items: int | None = None, rule_retain_items: int | None = None) -> TofuSetup:
     """Build (or reuse) base/target/retain models, evaluate target and retain, check that the target
     memorised the forget answers (a warning is logged when not; the CLI prints it).
 
@@ -174,8 +188,14 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     to use instead of building those models (their evaluations go to ``<folder>/evals``); with a given
     target the base is the one its ``train_log.json`` names (:func:`target_base`; None when it names
     none). ``metrics``: the groups methods are evaluated with (None: all); the reference models get
-    them plus ``forget`` (:func:`reference_metrics`).
+    them plus ``forget`` (:func:`reference_metrics`). ``precision``: scoring and generation precision
+    (``no`` or ``bf16``; None: the preset's, :func:`recipes.tofu_settings.default_precision`);
+    ``utility_items``: real-authors / world-facts items evaluated (None: all); ``rule_retain_items``: the
+    sweep rule scores this many retain rows, spread evenly over the retain partition (None: all).
     """
+    from recipes.tofu_settings import default_precision
+
+    precision = default_precision(preset) if precision is None else precision
     from mmunlearn.presets.build import BuiltModels, build_models
     from mmunlearn.presets.cache import default_cache_dir, read_log
     from recipes.tofu_settings import memorisation, memorisation_warning
@@ -198,20 +218,29 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
 
     ref = reference_metrics(metrics)
     fp = {r: model_fingerprint(path) if path is not None else None for r, path in given.items()}
+    lean = dict(precision=precision, utility_items=utility_items)
     retain_logs = cached_eval(models["retain"], data, forget_split, authors, max_new_tokens, device, metrics=ref,
-                              fingerprint=fp["retain"])
+                              fingerprint=fp["retain"], **lean)
     target_logs = cached_eval(models["target"], data, forget_split, authors, max_new_tokens, device, retain_logs,
-                              metrics=ref, fingerprint=fp["target"])
-    tl = json.loads(target_logs.read_text())
-    check = memorisation(preset, _agg(tl.get("forget_quality")), _agg(tl.get("forget_Q_A_ROUGE")))
+                              metrics=ref, fingerprint=fp["target"], **lean)
+    tl, rl = json.loads(target_logs.read_text()), json.loads(retain_logs.read_text())
+    pretrained = (logs.get("target") or {}).get("pretrained_forget_prob")
+    check = memorisation(preset, _agg(tl.get("forget_Q_A_Prob")), _agg(tl.get("forget_Q_A_ROUGE")),
+                         pretrained_prob=pretrained if isinstance(pretrained, (int, float)) else None,
+                         retain_prob=_agg(rl.get("forget_Q_A_Prob")), forget_quality=_agg(tl.get("forget_quality")))
     warning = memorisation_warning(check)
     if warning:
         log.warning("%s", warning)
     pct = split_info(forget_split).forget_pct
     forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
     retain_items = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
+    rule_retain = None
+    if rule_retain_items is not None and rule_retain_items < len(retain_items):
+        step = len(retain_items) / rule_retain_items
+        rule_retain = [retain_items[int(i * step)] for i in range(rule_retain_items)]
     return TofuSetup(preset, data, forget_split, authors, max_new_tokens, setup, retain_logs, target_logs,
-                     Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain_items, metrics, check)
+                     Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain_items, metrics, check,
+                     precision, utility_items, rule_retain)
 
 
 def _agg(entry: Any) -> float | None:
@@ -236,38 +265,74 @@ def _reference(ctx: TofuSetup, base: str, device: str):
         raise ValueError("--base base: the given target names no base model (no train_log.json with an existing "
                          "'base'); pass --base DIR or --base target")
     path = ctx.built.base if base == "base" else Path(base)
-    return TextLLMAdapter.from_pretrained(path, device=device)
+    return ctx.adapter(path, device)
 
 
-def run_method_row(method: str, ctx: TofuSetup, options: dict, rule, base: str, out: Path, device: str) -> dict:
+def method_key(method: str, ctx: TofuSetup, options: dict, rule, base: str) -> str:
+    """What identifies one method's stage of a comparison: a finished stage with this key is reused."""
+    spec = {"method": method, "options": {k: v for k, v in sorted(options.items()) if v is not None},
+            "rule": rule.describe() if rule is not None else None, "base": base, "context": ctx.describe()}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished_row(out: Path, key: str) -> dict | None:
+    """The row of a finished stage in ``out`` (its run.json, model and evaluation all written) with ``key``."""
+    run = out / "run.json"
+    if not (run.is_file() and (out / "TOFU_EVAL.json").is_file() and (out / "model").is_dir()):
+        return None
+    try:
+        saved = json.loads(run.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return saved.get("row") if saved.get("key") == key else None
+
+
+def run_method_row(method: str, ctx: TofuSetup, options: dict, rule, base: str, out: Path, device: str,
+                   resume: bool = True) -> dict:
     """Unlearn with ``method`` on a fresh copy of the target through the harness (``out/model``: the
-    harness's layout, restorable), evaluate it (``out/TOFU_EVAL.json``); returns the table row."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    harness's layout, restorable), evaluate it (``out/TOFU_EVAL.json``); returns the table row.
+
+    With ``resume``, a stage finished earlier with the same method, options, rule and context
+    (:func:`method_key`, kept in ``out/run.json``) is not redone: its row is returned (``reused``: True).
+    """
+    import time
+
     from mmunlearn.eval import evaluate_tofu
     from mmunlearn.methods import run_unlearning
 
     from recipes.tofu_settings import method_options, preset_size
 
-    target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
+    key = method_key(method, ctx, options, rule, base)
+    if resume and (row := finished_row(out, key)) is not None:
+        return {**row, "reused": True}
+    target = ctx.adapter(ctx.built.target, device)
+    if rule is not None and ctx.rule_retain is not None:
+        rule = replace(rule, retain_items=ctx.rule_retain)
     outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size=preset_size(ctx.preset),
                              overrides=method_options(method, **options), reference=_reference(ctx, base, device),
                              rule=rule, out=out / "model", inputs=[ctx.built.target], overwrite=True,
                              cache_dir=str(ctx.cache_dir), meta={"model_dir": str(ctx.built.target)})
+    t_eval = time.perf_counter()
     logs = evaluate_tofu(outcome.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
-                         out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method, metrics=ctx.metrics)
+                         out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method, metrics=ctx.metrics,
+                         utility_items=ctx.utility_items)
+    eval_seconds = time.perf_counter() - t_eval
     rep = outcome.report
     df = rep["forget_nll"]["after"] - rep["forget_nll"]["before"]
     dr = rep["retain_nll"]["after"] - rep["retain_nll"]["before"]
-    row = {"method": method, **_metrics(logs), "unlearn_seconds": rep["unlearn_seconds"],
-           "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"], "changed_fraction": rep["changed_fraction"],
+    info = rep.get("info") or {}
+    sweep = info.get("sweep_seconds", info.get("rule_seconds"))
+    row = {"method": method, **_metrics(logs), "extract_seconds": rep["extract_seconds"],
+           "unlearn_seconds": rep["unlearn_seconds"], "sweep_seconds": sweep,
+           "edit_seconds": rep["unlearn_seconds"] - (sweep or 0.0),
+           "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"], "eval_seconds": eval_seconds,
+           "changed_fraction": rep["changed_fraction"],
            # training partitions: how much more the forget answers' NLL rose than the retain answers'
            "forget_nll_rise": df, "retain_nll_rise": dr, "selectivity": df / dr if dr > 1e-6 else None,
            "target_reached": rep["target_reached"]}
-    write_text_atomic(out / "run.json", json.dumps({"row": row, "info": rep["info"], "context": ctx.describe()},
-                                               indent=2, default=str))
+    write_text_atomic(out / "run.json", json.dumps({"key": key, "row": row, "info": rep["info"],
+                                                    "context": ctx.describe()}, indent=2, default=str))
     return row
-
-
 
 
 def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, cache: dict,
@@ -286,7 +351,7 @@ def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, c
     adapters = cache.setdefault("adapters", {})
     for role in ("target", "retain"):
         if role not in adapters:
-            adapters[role] = TextLLMAdapter.from_pretrained(getattr(ctx.built, role), device=device)
+            adapters[role] = ctx.adapter(getattr(ctx.built, role), device)
     result = audit_text(load_text_unlearned(out / "model", device), adapters["target"], adapters["retain"], forget,
                         holdout, method=method, options=options, retain_items=ctx.retain, languages=languages,
                         cache=cache.setdefault("results", {}))

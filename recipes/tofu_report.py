@@ -26,8 +26,11 @@ COLUMNS = (
     ("forget NLL rise", "forget_nll_rise"),
     ("retain NLL rise", "retain_nll_rise"),
     ("selectivity", "selectivity"),
-    ("unlearn s", "unlearn_seconds"),
-    ("+ extraction s", "total_seconds"),
+    ("extract s", "extract_seconds"),
+    ("sweep s", "sweep_seconds"),
+    ("edit/train s", "edit_seconds"),
+    ("unlearn total s", "total_seconds"),
+    ("eval s", "eval_seconds"),
     ("params changed", "changed_fraction"),
     ("rule met", "target_reached"),
 )
@@ -72,9 +75,27 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join([head, sep, *body])
 
 
+def memorisation_line(context: dict) -> str:
+    """The target's memorisation check under the table (empty when the context has none)."""
+    check = context.get("memorisation") or {}
+    if check.get("memorised") is None:
+        return ""
+    prob, rouge = check.get("forget_prob"), check.get("forget_rouge")
+    facts = [f"forget answer probability {_fmt(prob)} (>= {check.get('min_forget_prob')})"]
+    for name in ("pretrained", "retain"):
+        if check.get(f"{name}_prob") is not None:
+            facts.append(f"{name} model's {_fmt(check[f'{name}_prob'])}")
+    if check.get("min_forget_rouge") is not None:
+        facts.append(f"forget ROUGE-L {_fmt(rouge)} (>= {check['min_forget_rouge']})")
+    verdict = "yes" if check["memorised"] else "NO (" + "; ".join(check.get("failed") or []) + ")"
+    wall = context.get("wall_seconds")
+    return (f"\nTarget memorised the forget answers: {verdict}; " + ", ".join(facts) + "."
+            + (f"\nWhole command: {wall / 60:.1f} min wall." if isinstance(wall, (int, float)) else "") + "\n")
+
+
 def write_tables(out: Path, rows: list[dict], context: dict) -> None:
     """compare.md, compare.csv and compare.json (each written atomically)."""
-    write_text_atomic(out / "compare.md", markdown(rows) + "\n")
+    write_text_atomic(out / "compare.md", markdown(rows) + "\n" + memorisation_line(context))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["method", *(k for _, k in COLUMNS)], extrasaction="ignore")
     writer.writeheader()

@@ -6,15 +6,18 @@ to memorise their data, proportionally larger steps. The sweep rule (``--sweep``
 the base model's level (the model before it ever saw the forget authors) while the retain NLL rises by at
 most ``retain_bound`` nats, on the training partitions only.
 
-Memorisation check: unlearning is only measured meaningfully on a target that memorised the forget answers.
-After the target is built (and evaluated against the retain model), :func:`memorisation` calls it memorised
-when its forget quality against the retain model is at most :data:`MAX_FORGET_QUALITY` and its forget
-ROUGE-L at least :data:`MIN_FORGET_ROUGE` of its preset size; ``tofu finetune`` checks the answer NLL of the
-forget rows instead (:data:`MAX_FORGET_NLL`, the evaluation being too costly there). The ``micro`` preset is
-a test-sized model that never reproduces answers verbatim (its default target on ``synthetic:n_authors=10``:
-forget quality 0.012, forget ROUGE-L 0.24 at 24 new tokens, forget answer NLL 1.46 nats; its base: 5.65),
-so its ROUGE-L is not checked and its NLL bound is looser; ``mini`` (forget ROUGE-L 1.0) and real
-checkpoints (TOFU's targets: forget ROUGE-L ~0.95-1) get the full check.
+Memorisation check (one rule, :func:`memorisation`, used by ``finetune``, ``eval``, ``run`` and ``compare``):
+unlearning is only measured meaningfully on a target that memorised the forget answers. A model memorised
+them when their mean answer probability is at least :data:`MIN_FORGET_PROB`, clearly above the pretrained
+model's and the retain model's (by :data:`MIN_PROB_GAIN`, each when known), and its greedy forget answers
+reach ROUGE-L recall :data:`MIN_FORGET_ROUGE` (per preset size). ``finetune`` measures probability and
+ROUGE-L on the forget rows before and after training (the pretrained model's probability comes free);
+the recipes compare the target with the retain model too. The ``micro`` preset is a test-sized model that
+never reproduces answers verbatim (its default target on ``synthetic:n_authors=10``: forget answer NLL 1.46
+nats, ROUGE-L 0.24; its base: 5.65 nats), so its ROUGE-L is not checked and its probability bound is low.
+SmolLM2-135M at its preset (lr 3e-4, 6 epochs): forget ROUGE-L 0.97, probability 0.98 (pretrained 0.31 /
+0.08). Forget quality is recorded beside the check but is not part of it (it measures the retain model's
+distance, which a tiny retain model can make small without any memorisation).
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ def preset_size(preset: str) -> str:
     return preset if preset in ("micro", "mini") else "model_dir"
 
 
+def default_precision(preset: str) -> str:
+    """Scoring / generation precision of a model preset: bf16 for the real checkpoints that measured faster
+    and accurate with it (:data:`mmunlearn.presets.models.REAL_MODEL_PRECISION`), else ``no`` (float32)."""
+    from mmunlearn.presets.models import REAL_MODEL_PRECISION
+
+    return REAL_MODEL_PRECISION.get(preset, "no")
+
+
 def method_options(method: str, **options: Any) -> dict[str, Any]:
     """The CLI's method options (``rank``, ``scale``, ``extract_kind``, ``head_rank``, ``lr``, ...) that
     ``method``'s config has; the others are for other methods."""
@@ -42,45 +53,48 @@ def sweep_rule(forget_target: float | None, retain_bound: float) -> SweepRule | 
     return None if forget_target is None else SweepRule(forget_target=forget_target, retain_bound=retain_bound)
 
 
-#: The target's forget quality (KS p-value against the retain model) above which it did not memorise.
-MAX_FORGET_QUALITY = 0.05
-#: The forget ROUGE-L below which a target did not memorise, per preset size (None: not checked).
-MIN_FORGET_ROUGE: dict[str, float | None] = {"micro": None, "mini": 0.9, "model_dir": 0.9}
-#: The forget rows' answer NLL (nats, after fine-tuning) above which a model did not memorise them.
-MAX_FORGET_NLL: dict[str, float] = {"micro": 2.5, "mini": 0.5, "model_dir": 0.5}
+#: The forget answers' mean probability (mean over rows of exp(-answer NLL)) a memorising model reaches.
+MIN_FORGET_PROB: dict[str, float] = {"micro": 0.15, "mini": 0.8, "model_dir": 0.8}
+#: How far that probability must exceed the pretrained model's and the retain model's (each when known).
+MIN_PROB_GAIN: dict[str, float] = {"micro": 0.05, "mini": 0.3, "model_dir": 0.3}
+#: The forget ROUGE-L recall of greedy answers a memorising model reaches (None: not checked).
+MIN_FORGET_ROUGE: dict[str, float | None] = {"micro": None, "mini": 0.9, "model_dir": 0.85}
 
 
-def memorisation(preset: str, forget_quality: float | None, forget_rouge: float | None) -> dict[str, Any]:
-    """Whether a target memorised the forget answers: ``{"memorised": bool or None (not measured),
-    "forget_quality", "forget_rouge", "max_forget_quality", "min_forget_rouge"}``."""
-    min_rouge = MIN_FORGET_ROUGE[preset_size(preset)]
-    checks = []
-    if forget_quality is not None and math.isfinite(forget_quality):
-        checks.append(forget_quality <= MAX_FORGET_QUALITY)
-    if min_rouge is not None and forget_rouge is not None:
-        checks.append(forget_rouge >= min_rouge)
-    return {"memorised": all(checks) if checks else None, "forget_quality": forget_quality,
-            "forget_rouge": forget_rouge, "max_forget_quality": MAX_FORGET_QUALITY, "min_forget_rouge": min_rouge}
+def memorisation(preset: str, forget_prob: float | None, forget_rouge: float | None, *,
+                 pretrained_prob: float | None = None, retain_prob: float | None = None,
+                 forget_quality: float | None = None) -> dict[str, Any]:
+    """Whether a model memorised the forget answers (the module docstring's rule): ``{"memorised": bool or
+    None (nothing measured), "failed": [what fell short], the measures and the thresholds}``."""
+    size = preset_size(preset)
+    min_prob, gain, min_rouge = MIN_FORGET_PROB[size], MIN_PROB_GAIN[size], MIN_FORGET_ROUGE[size]
+    failed = []
+    measured = _finite(forget_prob) or (min_rouge is not None and _finite(forget_rouge))
+    if _finite(forget_prob):
+        if forget_prob < min_prob:
+            failed.append(f"forget answer probability {_fmt(forget_prob)} (memorised: >= {min_prob})")
+        for name, ref in (("pretrained", pretrained_prob), ("retain", retain_prob)):
+            if _finite(ref) and forget_prob - ref < gain:
+                failed.append(f"forget answer probability {_fmt(forget_prob)} vs the {name} model's {_fmt(ref)} "
+                              f"(memorised: at least {gain} above)")
+    if min_rouge is not None and _finite(forget_rouge) and forget_rouge < min_rouge:
+        failed.append(f"forget ROUGE-L {_fmt(forget_rouge)} (memorised: >= {min_rouge})")
+    return {"memorised": (not failed) if measured else None, "failed": failed, "forget_prob": forget_prob,
+            "forget_rouge": forget_rouge, "pretrained_prob": pretrained_prob, "retain_prob": retain_prob,
+            "forget_quality": forget_quality, "min_forget_prob": min_prob, "min_prob_gain": gain,
+            "min_forget_rouge": min_rouge}
 
 
-def memorisation_warning(check: dict[str, Any], hint: str = "--epochs/--lr") -> str | None:
-    """The warning for a target that did not memorise (None when it did or it was not measured)."""
+def memorisation_warning(check: dict[str, Any], hint: str = "--epochs/--lr", what: str = "the target") -> str | None:
+    """The warning for a model that did not memorise (None when it did or nothing was measured)."""
     if check.get("memorised") is not False:
         return None
-    return (f"the target did not memorise the forget answers: forget quality {_fmt(check['forget_quality'])} vs "
-            f"the retain model (memorised: <= {check['max_forget_quality']}), forget ROUGE-L "
-            f"{_fmt(check['forget_rouge'])}"
-            + (f" (memorised: >= {check['min_forget_rouge']})" if check["min_forget_rouge"] is not None else "")
+    return (f"{what} did not memorise the forget answers: " + "; ".join(check["failed"])
             + f"; unlearning results will not mean much; train longer: {hint}")
 
 
-def forget_nll_warning(preset: str, forget_nll: float | None, hint: str = "--epochs/--lr") -> str | None:
-    """The warning for a fine-tuned model whose forget rows' answer NLL is above :data:`MAX_FORGET_NLL`."""
-    bound = MAX_FORGET_NLL[preset_size(preset)]
-    if forget_nll is None or forget_nll <= bound:
-        return None
-    return (f"the model did not memorise the forget answers: their answer NLL is {forget_nll:.3f} nats "
-            f"(memorised: <= {bound}); unlearning results will not mean much; train longer: {hint}")
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 #: ``--audit`` relearning learning rate per preset size: the tiny presets were fine-tuned at 2e-3, real

@@ -185,25 +185,51 @@ def score_candidates(
     return scores.avg_nll.reshape(len(items), k)
 
 
+#: ``max_new_tokens="auto"``: a batch generates as many tokens as its longest gold answer has, plus this margin
+#: (ROUGE-L recall is measured against the gold answer, so tokens far past its length rarely change it; the
+#: reference's fixed 200 stays available as a number).
+AUTO_MARGIN = 16
+
+
+def gold_token_counts(adapter: Any, answers: Sequence[str]) -> list[int]:
+    """Tokens of each gold answer under the adapter's tokenizer (special tokens not added)."""
+    tok = getattr(adapter, "tokenizer", None)
+    if tok is None:
+        raise ValueError("max_new_tokens='auto' needs an adapter with a tokenizer")
+    return [len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers]
+
+
 def generate_answers(
     adapter: Any,
     questions: Sequence[str],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | str,
     batch_size: int = 16,
     desc: str | None = None,
+    gold: Sequence[str] | None = None,
+    cap: int = 200,
 ) -> list[str]:
     """Greedy generations (stripped, special tokens removed) in input order.
 
     Questions are batched in order of decreasing length (less left padding) through
     ``adapter.generate``; batched greedy decoding equals one-by-one (checked in the adapter tests).
+    ``max_new_tokens``: a number, or ``"auto"``: per batch, the longest of its ``gold`` answers in
+    tokens plus :data:`AUTO_MARGIN`, at most ``cap``. Generation stops early once every row has ended.
     """
+    if max_new_tokens == "auto":
+        if gold is None or len(gold) != len(questions):
+            raise ValueError("max_new_tokens='auto' needs one gold answer per question")
+        limits = [min(cap, n + AUTO_MARGIN) for n in gold_token_counts(adapter, gold)]
+    elif isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens >= 1:
+        limits = [max_new_tokens] * len(questions)
+    else:
+        raise ValueError(f"max_new_tokens must be a positive integer or 'auto', got {max_new_tokens!r}")
     order = sorted(range(len(questions)), key=lambda i: -len(questions[i]))
     out: list[str] = [""] * len(questions)
     bar = tqdm(total=len(questions), desc=desc, disable=desc is None, leave=False, unit="item")
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        texts = adapter.generate([questions[i] for i in idx], max_new_tokens=max_new_tokens,
+        texts = adapter.generate([questions[i] for i in idx], max_new_tokens=max(limits[i] for i in idx),
                                  batch_size=len(idx))
         for i, text in zip(idx, texts):
             out[i] = text.strip()

@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import nullcontext
+from dataclasses import replace
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,7 +104,7 @@ class _RetainRef:
 
 
 def _qa_block(adapter: Any, prefix: str, items: list, answer: Scores, *, para: bool, batch_size: int,
-              max_new_tokens: int, gen_batch_size: int) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray]:
+              max_new_tokens: int | str, gen_batch_size: int) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray]:
     """Prob / PARA / PERT / ROUGE entries of one split; returns (entries, para NLL or None, PERT NLL)."""
     out: dict[str, Any] = {f"{prefix}_Q_A_Prob": entries.prob_entry(answer.avg_nll)}
     para_nll = None
@@ -115,7 +117,7 @@ def _qa_block(adapter: Any, prefix: str, items: list, answer: Scores, *, para: b
     out[f"{prefix}_Q_A_PERT_Prob"] = entries.prob_entry(pert_nll)
     questions = [it.question for it in items]
     gens = generate_answers(adapter, questions, max_new_tokens=max_new_tokens, batch_size=gen_batch_size,
-                            desc=f"{prefix}_Q_A_ROUGE (generate)")
+                            desc=f"{prefix}_Q_A_ROUGE (generate)", gold=[it.answer for it in items])
     out[f"{prefix}_Q_A_ROUGE"] = entries.rouge_entry(gens, [it.answer.strip() for it in items], questions)
     return out, para_nll, pert_nll
 
@@ -181,10 +183,11 @@ def evaluate_tofu(
     retain_logs: str | os.PathLike[str] | None = None,
     out_dir: str | os.PathLike[str] | None = None,
     batch_size: int = 16,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_new_tokens: int | str = DEFAULT_MAX_NEW_TOKENS,
     metrics: Collection[str] | None = None,
     generation_batch_size: int | None = None,
     model_name: str | None = None,
+    utility_items: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``adapter`` on TOFU; returns the logs ``{key: entry}`` in open-unlearning's layout.
 
@@ -198,19 +201,53 @@ def evaluate_tofu(
         privleak (None: both written with ``agg_value: None``).
     out_dir: write ``TOFU_EVAL.json``, ``TOFU_SUMMARY.json`` and ``TOFU_SUMMARY.md`` there.
     batch_size: teacher-forced scoring batch; generation_batch_size: generation batch (default the same).
-    max_new_tokens: greedy generation length for the ROUGE metrics.
+    max_new_tokens: greedy generation length for the ROUGE metrics, or ``"auto"`` (lean: per batch, its
+        longest gold answer plus a margin, :func:`mmunlearn.eval.scoring.generate_answers`).
+    utility_items: keep the first N real-authors and N world-facts items (None: all, the reference);
+        recorded in the summary settings. These splits do not shrink with ``authors``.
     metrics: metric groups to compute, a subset of ``METRIC_GROUPS`` (forget, memorization, utility,
         mia; default all).
     model_name: shown in the Markdown summary (default: the out_dir's name).
     """
     groups = _groups(metrics)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
+    if utility_items is not None and (isinstance(utility_items, bool) or not isinstance(utility_items, int)
+                                      or utility_items < 1):
+        raise ValueError(f"utility_items must be a positive integer or None, got {utility_items!r}")
     gen_batch_size = generation_batch_size or batch_size
     splits = load_eval_splits(data, forget_split, authors, groups)  # all data errors before any model work
+    if utility_items is not None and splits.real_authors is not None:
+        splits = replace(splits, real_authors=splits.real_authors[:utility_items],
+                         world_facts=splits.world_facts[:utility_items])
     retain = _RetainRef(retain_logs, groups)
     t0 = time.perf_counter()
     kw = dict(batch_size=batch_size, max_new_tokens=max_new_tokens, gen_batch_size=gen_batch_size)
+    generation = adapter.bf16_generation() if hasattr(adapter, "bf16_generation") else nullcontext()
+    with generation:
+        logs = _evaluate(adapter, splits, groups, retain, kw, batch_size)
+    elapsed = time.perf_counter() - t0
+    log.info("TOFU evaluation took %.1f s", elapsed)
+    if out_dir is not None:
+        write_tofu_logs(out_dir, logs)
+        settings = {"data": _source_name(data), "forget split": forget_split, "holdout split": splits.holdout_split,
+                    "authors": "all" if authors is None else authors, "items": splits.sizes(),
+                    "max new tokens (greedy)": max_new_tokens,
+                    "utility items": "all" if utility_items is None else utility_items,
+                    "precision": getattr(adapter, "precision", "no"),
+                    "retain logs": str(retain_logs or "none"), "time (s)": round(elapsed, 1)}
+        write_summary_md(Path(out_dir), logs, model_name or Path(out_dir).name, settings)
+    return logs
+
+
+def check_max_new_tokens(value: Any) -> int | str:
+    """``value`` if it is a positive integer or ``"auto"`` (a ``ValueError`` otherwise)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"max_new_tokens must be a positive integer or 'auto', got {value!r}")
+
+
+def _evaluate(adapter: Any, splits: EvalSplits, groups: tuple[str, ...], retain: _RetainRef, kw: dict,
+              batch_size: int) -> dict[str, Any]:
     logs: dict[str, Any] = {}
     fs = None
     if splits.forget is not None:
@@ -225,15 +262,6 @@ def evaluate_tofu(
         logs.update(_utility_metrics(adapter, splits, **kw))
     if "mia" in groups:
         logs.update(_mia_metrics(adapter, splits, fs, retain, batch_size))
-    elapsed = time.perf_counter() - t0
-    log.info("TOFU evaluation took %.1f s", elapsed)
-    if out_dir is not None:
-        write_tofu_logs(out_dir, logs)
-        settings = {"data": _source_name(data), "forget split": forget_split, "holdout split": splits.holdout_split,
-                    "authors": "all" if authors is None else authors, "items": splits.sizes(),
-                    "max new tokens (greedy)": max_new_tokens, "retain logs": str(retain_logs or "none"),
-                    "time (s)": round(elapsed, 1)}
-        write_summary_md(Path(out_dir), logs, model_name or Path(out_dir).name, settings)
     return logs
 
 

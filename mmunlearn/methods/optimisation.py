@@ -39,10 +39,10 @@ def run_loss(name: str):
     def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: BaselineConfig,
             ctx: RunContext) -> MethodResult:
         start = time.perf_counter()
-        on_step, trajectory = None, []
+        on_step, trajectory, scorer = None, [], None
         if ctx.rule is not None:
             per_epoch = max(1, math.ceil(len(forget) / (cfg.batch_size * cfg.grad_accum)))
-            on_step, trajectory, _ = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
+            on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
         res = unlearn(adapter, name, forget, retain, cfg, progress=ctx.progress, on_step=on_step,
                       train_mode=ctx.kind != "speaker")
         info = {"final_loss": res.final_loss, "steps": res.steps, "epoch_cap": cfg.epochs}
@@ -52,6 +52,8 @@ def run_loss(name: str):
                 info["restored_step"] = restored  # the run crossed the retain bound: the in-bound state is kept
         if trajectory:
             info["sweep"] = trajectory
+        if scorer is not None:
+            info["rule_seconds"] = scorer.seconds  # of the unlearn time: scoring the rule's measures
         return MethodResult(adapter, 0.0, time.perf_counter() - start, info)
 
     return run

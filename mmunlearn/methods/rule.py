@@ -9,6 +9,7 @@ temperature and tilt strength, the optimisation baselines and RMU stop early; al
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,11 +78,15 @@ class Scorer:
     def __init__(self, rule: SweepRule, adapter, forget: Sequence[Any], retain: Sequence[Any]):
         self.rule, self.forget = rule, list(forget)
         self.retain = list(rule.retain_items or retain)
-        self.base_forget = rule.forget_measure(adapter, self.forget)
-        self.base_retain = rule.retain_measure(adapter, self.retain)
+        self.seconds = 0.0  # time spent scoring (the unedited model included): the rule's own cost
+        self.base_forget, self.base_retain = self.score(adapter)
 
     def score(self, adapter) -> tuple[float, float]:
-        return self.rule.forget_measure(adapter, self.forget), self.rule.retain_measure(adapter, self.retain)
+        t0 = time.perf_counter()
+        try:
+            return self.rule.forget_measure(adapter, self.forget), self.rule.retain_measure(adapter, self.retain)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def reached(self, forget_value: float) -> bool:
         return forget_value >= self.rule.forget_target

@@ -157,6 +157,11 @@ def forget_rows(data: str | os.PathLike, split: str, authors: int | None, forget
 
 
 # ---------------------------------------------------------------------- training one model
+def resume_started(resume_dir: Path | None) -> bool:
+    """Whether a stopped run left a resumable state there (the weights are no longer the pretrained ones)."""
+    return resume_dir is not None and resume_dir.is_dir() and any(resume_dir.glob("step_*"))
+
+
 def planned_steps(cfg: TrainConfig, n_examples: int) -> int:
     """Optimizer steps a run of ``cfg`` over ``n_examples`` takes (as :func:`mmunlearn.train.train`
     counts them: an epoch's micro-batches split over the processes, then grouped by ``grad_accum``)."""
@@ -192,16 +197,39 @@ def _mean_nll(adapter, items: Sequence[QAItem]) -> float | None:
     return float(adapter.answer_nll(items, batch_size=32).mean())
 
 
+def forget_check(adapter, forget: Sequence[QAItem], generate: bool = True) -> dict[str, Any]:
+    """The forget rows' answer NLL, mean answer probability (mean of exp(-NLL) per row, TOFU's Prob) and,
+    with ``generate``, ROUGE-L recall of greedy answers (lean length: the gold answer's tokens plus a
+    margin): what the recipes' memorisation rule reads. Empty when there are no forget rows."""
+    if not forget:
+        return {}
+    from mmunlearn.eval.scoring import generate_answers
+    from mmunlearn.metrics.rouge import rouge_l_recall
+
+    nll = adapter.answer_nll(forget, batch_size=32)
+    out = {"forget_answer_nll": float(nll.mean()), "forget_prob": float(torch.exp(-nll).mean())}
+    if generate:
+        with adapter.bf16_generation():
+            gens = generate_answers(adapter, [it.question for it in forget], max_new_tokens="auto",
+                                    gold=[it.answer for it in forget])
+        out["forget_rouge"] = float(rouge_l_recall(gens, [it.answer.strip() for it in forget]).mean())
+    return out
+
+
 def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: Path, info: dict[str, Any], *,
                   max_length: int, device: str, progress: bool, desc: str, resume_dir: Path | None,
                   checkpoint_every: int | None, facts: Sequence[QAItem], replay: Sequence[QAItem] = (),
-                  save_dtype: torch.dtype | None = None, forget: Sequence[QAItem] = ()) -> dict[str, Any]:
+                  save_dtype: torch.dtype | None = None, forget: Sequence[QAItem] = (),
+                  full_check: bool = True) -> dict[str, Any]:
     """Train on ``items`` (+ ``replay``, mixed in) with the answer-token loss, then write weights,
-    tokenizer and train_log.json (answer NLL of ``items``, of ``facts`` and of the ``forget`` rows
-    among the items, after training) to ``out``."""
+    tokenizer and train_log.json to ``out``. The log holds the ``forget`` rows' check (:func:`forget_check`)
+    before (``pretrained_forget_*``) and after training; with ``full_check`` also the answer NLL of all
+    ``items`` and of ``facts`` (cheap for the built presets; a real checkpoint skips them: minutes on a CPU)."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
 
-    adapter = TextLLMAdapter(model, tokenizer, max_length=max_length)
+    precision = "bf16" if cfg.mixed_precision == "bf16" else "no"
+    adapter = TextLLMAdapter(model, tokenizer, max_length=max_length, precision=precision)
+    before = forget_check(adapter, forget, generate=False) if forget and not resume_started(resume_dir) else {}
     result = train(model, causal_lm_loss, list(items) + list(replay), adapter.collate, cfg, device=device,
                    progress=progress, desc=desc,
                    checkpoint_dir=resume_dir if checkpoint_every else None, checkpoint_every=checkpoint_every,
@@ -210,10 +238,13 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
     per_epoch = max(1, round(result.steps / max(result.epochs, 1e-9)))
     epoch_losses = [sum(c) / len(c) for c in (result.losses[i:i + per_epoch]
                                                for i in range(0, len(result.losses), per_epoch))]
-    answer_nll = _mean_nll(adapter, items)  # eval mode, after training: the model's final answer loss
-    train_log = {**info, "final_loss": answer_nll, "answer_nll": answer_nll,
-                 "facts_answer_nll": _mean_nll(adapter, facts),
-                 "forget_answer_nll": _mean_nll(adapter, forget), "forget_examples": len(forget),
+    answer_nll = _mean_nll(adapter, items) if full_check else None  # eval mode, after training
+    check = forget_check(adapter, forget)
+    train_log = {**info, "final_loss": answer_nll if answer_nll is not None else result.final_loss,
+                 "answer_nll": answer_nll, "facts_answer_nll": _mean_nll(adapter, facts) if full_check else None,
+                 "forget_answer_nll": check.get("forget_answer_nll"), "forget_prob": check.get("forget_prob"),
+                 "forget_rouge": check.get("forget_rouge"), "pretrained_forget_prob": before.get("forget_prob"),
+                 "pretrained_forget_answer_nll": before.get("forget_answer_nll"), "forget_examples": len(forget),
                  "train_loss": result.final_loss, "epoch_losses": epoch_losses, "seconds": result.seconds,
                  "steps": result.steps, "epochs": result.epochs, "resumed_from_step": result.resumed_from,
                  "n_examples": len(items), "replay_examples": len(replay), "parameters": parameter_count(model),
@@ -230,7 +261,7 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
     wait_for_everyone()
-    log.info("%s: answer NLL %.4f after %d steps (%.1f s) -> %s", desc, train_log["answer_nll"], result.steps,
+    log.info("%s: final loss %.4f after %d steps (%.1f s) -> %s", desc, train_log["final_loss"], result.steps,
              result.seconds, out)
     return train_log
 
@@ -318,7 +349,8 @@ def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items
         train_log = _fit_and_save(model, tokenizer, items, cfg, target, info, max_length=p.max_length,
                                   device=device, progress=progress, desc=f"{p.name} {role} ({tag})",
                                   resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
-                                  facts=facts, replay=replay, save_dtype=save_dtype, forget=forget)
+                                  facts=facts, replay=replay, save_dtype=save_dtype, forget=forget,
+                                  full_check=not p.is_model_dir)
     return target, {**train_log, "cached": False, "path": str(target)}
 
 

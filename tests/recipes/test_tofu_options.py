@@ -44,7 +44,8 @@ def test_finetune_options_reach_the_model_and_the_forget_nll_is_checked(ctx, tmp
         (1, 1e-5, 8, 2, "bf16")
     assert log["steps"] == 17 and log["key"] != ctx.built.logs["target"]["key"]  # ceil(ceil(272 / 8) / 2)
     assert log["forget_examples"] == 20 and log["forget_answer_nll"] > 2.5
-    assert "the model did not memorise the forget answers" in text and "nats" in text
+    assert "the model did not memorise the forget answers" in text and "probability" in text
+    assert log["forget_prob"] < log["pretrained_forget_prob"] + 0.05 and "forget_rouge" in log
 
     res, text = _invoke("finetune", "--out", tmp_path / "capped", *COMMON, *cache, "--max-steps", "3")
     assert res.exit_code == 0, res.output
@@ -139,15 +140,17 @@ def test_bad_folders_metrics_and_a_missing_base_are_clear_errors(ctx, tmp_path):
 
 
 def test_the_memorisation_rule_per_preset_size():
-    from recipes.tofu_settings import forget_nll_warning, memorisation, memorisation_warning
+    from recipes.tofu_settings import memorisation, memorisation_warning
 
-    assert memorisation("mini", 0.01, 0.95)["memorised"] is True
-    assert memorisation("mini", 0.2, 0.95)["memorised"] is False  # indistinguishable from the retain model
-    low_rouge = memorisation("/models/smollm2", 0.01, 0.5)
-    assert low_rouge["memorised"] is False and low_rouge["min_forget_rouge"] == 0.9
-    assert "forget ROUGE-L 0.5 (memorised: >= 0.9)" in memorisation_warning(low_rouge)
-    assert memorisation("micro", 0.01, 0.24)["memorised"] is True  # micro's ROUGE-L is not checked
+    assert memorisation("mini", 0.95, 0.95, retain_prob=0.1)["memorised"] is True
+    close = memorisation("mini", 0.95, 0.95, retain_prob=0.8)  # indistinguishable from the retain model
+    assert close["memorised"] is False and "retain model" in memorisation_warning(close)
+    low_rouge = memorisation("/models/smollm2", 0.9, 0.5, pretrained_prob=0.08)
+    assert low_rouge["memorised"] is False and low_rouge["min_forget_rouge"] == 0.85
+    assert "forget ROUGE-L 0.5 (memorised: >= 0.85)" in memorisation_warning(low_rouge)
+    assert memorisation("smollm2-135m", 0.98, 0.97, pretrained_prob=0.08, retain_prob=0.1)["memorised"] is True
+    assert memorisation("micro", 0.25, 0.024, pretrained_prob=0.004)["memorised"] is True  # ROUGE-L not checked
+    weak = memorisation("micro", 0.05, 0.025, forget_quality=0.001)  # a good forget quality is not memorisation
+    assert weak["memorised"] is False and "probability 0.05" in memorisation_warning(weak, what="the model")
     assert memorisation("micro", None, None)["memorised"] is None and memorisation_warning(
         memorisation("micro", None, None)) is None
-    assert forget_nll_warning("mini", 0.4) is None and "0.600 nats" in forget_nll_warning("mini", 0.6)
-    assert forget_nll_warning("micro", 1.5) is None and forget_nll_warning("smollm2-135m", None) is None
