@@ -77,20 +77,19 @@ def _checked_file(fd: int, path: Path, hard_links: bool) -> os.stat_result:
 
 def _write_copy(fd: int, st: os.stat_result, dst: Path) -> None:
     """The content of the open file ``fd`` into the new file ``dst`` (never an existing one, never a link)."""
-    with writing(dst):
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o666)
-        try:
-            os.lseek(fd, 0, os.SEEK_SET)
-            while True:
-                chunk = os.read(fd, _CHUNK)
-                if not chunk:
-                    break
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view):]
-            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
-        finally:
-            os.close(out)
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o666)
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+        os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(out)
 
 
 class _Walk:
@@ -149,7 +148,8 @@ class _Walk:
         try:
             st = _checked_file(fd, path, hard_links=False)
             if target is not None:
-                _write_copy(fd, st, target)
+                with writing(target):
+                    _write_copy(fd, st, target)
         finally:
             os.close(fd)
 
@@ -277,5 +277,6 @@ def open_inside(root: str | os.PathLike, name: str) -> int:
 
 
 def copy_from_fd(fd: int, dst: str | os.PathLike) -> None:
-    """Copy the open regular file ``fd`` (from :func:`open_inside`) into the new file ``dst``."""
+    """Copy the open regular file ``fd`` (from :func:`open_inside`) into the new file ``dst`` (the caller names
+    the file in a full-disk error, :func:`mmunlearn.errors.writing`)."""
     _write_copy(fd, os.fstat(fd), Path(dst))

@@ -124,16 +124,22 @@ def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict
 
 def _link_or_copy(root: Path, shard: str, dst: Path, hardlink: bool, shown: Path) -> bool:
     """Hard-link the shard ``root/shard`` to ``dst``, or copy it; True when linked. The shard is opened once,
-    without following a link out of ``root`` (:func:`mmunlearn.safecopy.open_inside`), and what was opened is
-    linked (through ``/proc/self/fd``) or copied: replacing it by a link meanwhile changes nothing."""
+    without following a link out of ``root`` (:func:`mmunlearn.safecopy.open_inside`); the hard link is kept
+    only if it is that very file (same device and inode), else the opened file is copied: replacing the
+    shard by a link meanwhile never brings another file into the output."""
     fd = open_inside(root, shard)
     try:
         if hardlink:
+            opened = os.fstat(fd)
             try:
-                os.link(f"/proc/self/fd/{fd}", dst, follow_symlinks=True)
-                return True
-            except OSError:  # no /proc, other file system, no link support, or not permitted
+                os.link(os.path.realpath(root / shard), dst, follow_symlinks=False)
+            except OSError:  # other file system, no link support, or not permitted
                 pass
+            else:
+                linked = os.lstat(dst)
+                if (linked.st_dev, linked.st_ino) == (opened.st_dev, opened.st_ino):
+                    return True
+                os.unlink(dst)  # the name now leads elsewhere: copy what was opened and checked
         with writing(dst, shown):
             copy_from_fd(fd, dst)
         return False
