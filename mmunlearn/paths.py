@@ -65,16 +65,18 @@ def allowed_roots(root: Path) -> list[Path]:
     return roots
 
 
-def check_tree(root: str | os.PathLike) -> None:
+def check_tree(root: str | os.PathLike, outside_files: bool = False) -> None:
     """Refuse a folder holding a symbolic link whose target leaves it (or is missing), or a special file.
 
     Links are not followed while walking; a link to a folder inside ``root`` is checked, not entered.
+    ``outside_files=True`` lets a link point to a regular file outside ``root`` (SpeechBrain's ``savedir``
+    links every file to its source folder; such folders are read as data and never copied).
     """
     root = Path(root)
     roots = allowed_roots(root)
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
-            _check_entry(Path(dirpath) / name, root, roots)
+            _check_entry(Path(dirpath) / name, root, roots, outside_files)
 
 
 def check_entry(path: str | os.PathLike, root: str | os.PathLike) -> None:
@@ -82,9 +84,14 @@ def check_entry(path: str | os.PathLike, root: str | os.PathLike) -> None:
     _check_entry(Path(path), Path(root), allowed_roots(Path(root)))
 
 
-def _check_entry(p: Path, root: Path, roots: list[Path]) -> None:
+def _check_entry(p: Path, root: Path, roots: list[Path], outside_files: bool = False) -> None:
     if p.is_symlink():
         target = _resolve(p)
+        if outside_files and target.is_file():
+            return
+        if outside_files and target.exists() and not target.is_dir():
+            raise UnsafePathError(f"{p} is a symbolic link to {target}, which is not a regular file (a FIFO, "
+                                  "socket or device): refusing to read it")
         if not any(_inside(target, r) for r in roots):
             raise UnsafePathError(f"{p} is a symbolic link to {target}, outside {root}: refusing to "
                                   "read or copy it (replace the link by the file itself)")

@@ -475,7 +475,10 @@ def read_speaker_dir(path: str | os.PathLike, trust_hparams: bool = False) -> Sp
     file = root / HPARAMS
     if not file.is_file():
         raise FileNotFoundError(f"{root} is not a SpeechBrain model directory (no {HPARAMS})")
-    check_tree(root)  # no link out of the folder (an outside embedding_model.ckpt), no FIFO or device
+    # No FIFO, device or broken link, and no link to an outside folder. Links to outside regular files are
+    # followed deliberately: SpeechBrain's savedir is made of them, and a speaker folder is only read as data
+    # (parsed YAML, weights-only checkpoints) and never copied into an output.
+    check_tree(root, outside_files=True)
     if trust_hparams:
         return _read_trusted(root)
     text = _read_text(file)

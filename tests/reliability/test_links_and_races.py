@@ -213,18 +213,33 @@ def test_streamed_outputs_with_hard_linked_shards_still_restore(model, tmp_path)
 
 
 # -------------------------------------------------------------------- speaker and task-matrix folders (L6)
-def test_speaker_folder_with_a_checkpoint_linked_from_outside_is_refused(tmp_path):
+def test_speaker_folder_links_to_special_files_are_refused_and_savedir_links_are_read(tmp_path):
+    """A speaker folder is only read as data, never copied: links to outside regular files are followed on
+    purpose (SpeechBrain's savedir links every file to its source); a link to a FIFO or device (which would
+    block or never end) or to an outside folder is refused before anything is opened."""
     from mmunlearn.adapters.speaker import SpeakerAdapter
 
     folder = SpeakerAdapter.build(["a", "b", "c"], preset="tiny", device="cpu", seed=0).save(tmp_path / "spk")
     outside = tmp_path / "elsewhere.ckpt"
     shutil.move(folder / "embedding_model.ckpt", outside)
     (folder / "embedding_model.ckpt").symlink_to(outside)
-    before, parent = digest_tree(tmp_path), listing(tmp_path)
+    SpeakerAdapter.load(folder, device="cpu")  # a savedir-like link: read
+    os.mkfifo(tmp_path / "pipe")
+    (folder / "classifier.ckpt").unlink()
+    (folder / "classifier.ckpt").symlink_to(tmp_path / "pipe")
+    before = digest_tree(tmp_path)
+    with pytest.raises(UnsafePathError) as err:
+        SpeakerAdapter.load(folder, device="cpu")  # would block forever reading the FIFO
+    assert_one_line_user_error(err.value, str(folder / "classifier.ckpt"), "not a regular file")
+    assert digest_tree(tmp_path) == before
+    (folder / "classifier.ckpt").unlink()
+    (tmp_path / "home_dir").mkdir()
+    (folder / "extra").symlink_to(tmp_path / "home_dir", target_is_directory=True)
+    before = digest_tree(tmp_path)
     with pytest.raises(UnsafePathError) as err:
         SpeakerAdapter.load(folder, device="cpu")
-    assert_one_line_user_error(err.value, str(folder / "embedding_model.ckpt"), "outside")
-    assert digest_tree(tmp_path) == before and listing(tmp_path) == parent
+    assert_one_line_user_error(err.value, str(folder / "extra"), "outside")
+    assert digest_tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("how", ["folder", "index"])
