@@ -18,6 +18,7 @@ from rich.console import Console
 
 import mmunlearn
 from mmunlearn.bench.cli import app as bench_app
+from mmunlearn.report_cli import app as report_app
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.energy import RULES
@@ -31,6 +32,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(bench_app, name="bench")
+app.add_typer(report_app, name="report")
 console = Console()
 #: Recipe apps are found by entry point (group ``mmunlearn.recipes`` in pyproject.toml), as plug-ins: the
 #: library never imports the recipes package.

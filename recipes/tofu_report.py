@@ -101,7 +101,9 @@ def write_tables(out: Path, rows: list[dict], context: dict) -> None:
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(out / "compare.csv", buf.getvalue())
-    write_text_atomic(out / "compare.json", json.dumps({"context": context, "rows": rows, "time": time.time()}, indent=2))
+    columns = [["method", "method"], *([h, k] for h, k in COLUMNS)]  # what `mmunlearn report` renders
+    write_text_atomic(out / "compare.json", json.dumps({"context": context, "columns": columns, "rows": rows,
+                                                        "time": time.time()}, indent=2))
 
 
 def write_audit_table(out: Path, results: list[dict], context: dict) -> Path:

@@ -1,0 +1,187 @@
+"""Results that can be traced: a run's JSON recorded with its command, date, commit and machine, and the
+Markdown tables of the docs generated from those records (``mmunlearn report``).
+
+A record (``docs/results/<name>.json``) holds ``columns`` (``[header, key]`` pairs), ``rows`` (dicts) and
+where they came from. A docs page marks each generated table::
+
+    <!-- results: smollm2_tofu -->
+    | method | forget quality | ... |
+    <!-- /results -->
+
+:func:`update_pages` rewrites every marked block from its record; :func:`stale_blocks` lists the blocks
+whose text differs from what their record gives (a test runs it over ``docs/``, so a page and its JSON
+cannot disagree).
+
+>>> rec = {"columns": [["method", "method"], ["forget quality", "fq"]], "rows": [{"method": "t3", "fq": 0.081}]}
+>>> print(render(rec))
+| method | forget quality |
+|---|---:|
+| t3 | 0.0810 |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.atomic import write_text_atomic
+
+BLOCK = re.compile(r"(<!-- results: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+def fmt(value: Any) -> str:
+    """A table cell: n/a for None, yes/NO for booleans, 4 significant decimals (scientific when tiny or huge)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
+            return f"{value:.2e}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def render(record: Mapping[str, Any]) -> str:
+    """The Markdown table of a record (first column left-aligned, the others right-aligned)."""
+    columns = _columns(record)
+    rows = record.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
+        raise ValueError("a results record needs 'rows': a list of objects")
+    head = "| " + " | ".join(h for h, _ in columns) + " |"
+    sep = "|---|" + "---:|" * (len(columns) - 1)
+    body = ["| " + " | ".join(fmt(r.get(k)) for _, k in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def _columns(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    columns = record.get("columns")
+    if columns is None and record.get("rows"):
+        columns = [[k, k] for k in record["rows"][0]]
+    if not isinstance(columns, list) or not columns or not all(
+            isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in columns):
+        raise ValueError("a results record needs 'columns': a list of [header, key] pairs")
+    return [(h, k) for h, k in columns]
+
+
+def machine_facts() -> dict[str, Any]:
+    """Cores, load average, CPU flags that matter here (bf16), Python and torch versions."""
+    facts: dict[str, Any] = {"cores": os.cpu_count(), "platform": platform.platform(),
+                             "python": platform.python_version()}
+    try:
+        facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    try:
+        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+        facts["avx512_bf16"] = "avx512_bf16" in flags.split()
+        facts["amx"] = "amx_bf16" in flags.split()
+    except OSError:
+        pass
+    try:
+        import torch
+
+        facts["torch"] = torch.__version__
+        facts["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return facts
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    """The checked-out commit (short) with ``+dirty`` when the tree has changes; None outside a repository."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def load_source(path: str | os.PathLike) -> dict[str, Any]:
+    """A run's JSON: a file, or a run folder holding ``compare.json`` / ``run.json`` (the first found)."""
+    path = Path(path)
+    if path.is_dir():
+        found = next((path / n for n in ("compare.json", "run.json", "results.json") if (path / n).is_file()), None)
+        if found is None:
+            raise FileNotFoundError(f"{path}: no compare.json, run.json or results.json in this folder")
+        path = found
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def make_record(source: Mapping[str, Any], *, name: str, command: str, title: str = "",
+                columns: Sequence[Sequence[str]] | None = None, rows_key: str = "rows",
+                date: str | None = None, commit: str | None = None) -> dict[str, Any]:
+    """A record of ``source`` (a run's JSON: its ``rows_key`` list, and its ``columns`` unless given)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"record name {name!r}: use letters, digits, '.', '_' and '-' only")
+    rows = source.get(rows_key)
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"the run's JSON has no '{rows_key}' list of rows")
+    record = {"name": name, "title": title, "command": command,
+              "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "commit": commit if commit is not None else git_commit(), "machine": machine_facts(),
+              "columns": [list(c) for c in (columns or source.get("columns") or [[k, k] for k in rows[0]])],
+              "rows": rows, "context": source.get("context", {})}
+    render(record)  # refuse a record that cannot be rendered
+    return record
+
+
+def write_record(record: Mapping[str, Any], folder: str | os.PathLike) -> Path:
+    path = Path(folder) / f"{record['name']}.json"
+    write_text_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
+    return path
+
+
+def _blocks(text: str, results: Path) -> list[tuple[re.Match, str]]:
+    out = []
+    for m in BLOCK.finditer(text):
+        path = results / f"{m.group('name')}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"a docs page names the results record {m.group('name')!r}, but {path} "
+                                    f"does not exist")
+        out.append((m, render(json.loads(path.read_text())) + "\n"))
+    return out
+
+
+def stale_blocks(pages: Sequence[str | os.PathLike], results: str | os.PathLike) -> list[str]:
+    """``page: record`` for every marked table whose text is not what its record renders."""
+    stale = []
+    for page in pages:
+        text = Path(page).read_text()
+        stale += [f"{page}: {m.group('name')}" for m, table in _blocks(text, Path(results))
+                  if m.group("body") != table]
+    return stale
+
+
+def update_pages(pages: Sequence[str | os.PathLike], results: str | os.PathLike) -> list[str]:
+    """Rewrite every marked table from its record; returns the pages changed."""
+    changed = []
+    for page in pages:
+        text = Path(page).read_text()
+        new = text
+        for m, table in reversed(_blocks(text, Path(results))):
+            new = new[:m.start("body")] + table + new[m.end("body"):]
+        if new != text:
+            write_text_atomic(Path(page), new)
+            changed.append(str(page))
+    return changed

@@ -1,0 +1,67 @@
+"""``mmunlearn report``: record a run's JSON for the docs, and regenerate or check the docs' result tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from mmunlearn import report
+
+app = typer.Typer(help="Results that can be traced: record a run's JSON under docs/results/, regenerate the "
+                       "docs' tables from those records, or check that pages and records agree.",
+                  no_args_is_help=True)
+console = Console()
+Results = Annotated[Path, typer.Option(help="Folder of the results records.")]
+Docs = Annotated[Path, typer.Option(help="Folder of the Markdown pages whose marked tables are generated (and "
+                                         "README.md beside it when present).")]
+
+
+def _pages(docs: Path) -> list[Path]:
+    pages = sorted(docs.rglob("*.md")) if docs.is_dir() else []
+    readme = docs.parent / "README.md"
+    return pages + ([readme] if readme.is_file() else [])
+
+
+@app.command()
+def record(
+    run: Annotated[Path, typer.Argument(help="The run's JSON, or its folder (compare.json / run.json / results.json).")],
+    name: Annotated[str, typer.Option(help="Record name: docs/results/NAME.json, and what a page's marker names.")],
+    command: Annotated[str, typer.Option(help="The exact command that produced the run (kept with the figures).")],
+    title: Annotated[str, typer.Option(help="One line saying what the table shows.")] = "",
+    rows_key: Annotated[str, typer.Option(help="Key of the row list in the run's JSON.")] = "rows",
+    out: Results = Path("docs/results"),
+) -> None:
+    """Copy a run's rows and columns into a record with the command, date, commit and machine facts."""
+    rec = report.make_record(report.load_source(run), name=name, command=command, title=title, rows_key=rows_key)
+    path = report.write_record(rec, out)
+    console.print(report.render(rec), markup=False, soft_wrap=True)
+    console.print(f"recorded in {path}")
+
+
+@app.command()
+def render(record_json: Annotated[Path, typer.Argument(help="A results record (docs/results/NAME.json).")]) -> None:
+    """Print a record's Markdown table."""
+    console.print(report.render(report.load_source(record_json)), markup=False, soft_wrap=True)
+
+
+@app.command()
+def update(docs: Docs = Path("docs"), results: Results = Path("docs/results")) -> None:
+    """Rewrite every marked table of the pages from its record."""
+    changed = report.update_pages(_pages(docs), results)
+    console.print(f"updated {len(changed)} page(s)" + (": " + ", ".join(changed) if changed else ""))
+
+
+@app.command()
+def check(docs: Docs = Path("docs"), results: Results = Path("docs/results"),
+          quiet: Annotated[Optional[bool], typer.Option(help="Print nothing when every table agrees.")] = False) -> None:
+    """Exit 1 when a marked table differs from what its record gives."""
+    stale = report.stale_blocks(_pages(docs), results)
+    if stale:
+        console.print("tables that differ from their records (run `mmunlearn report update`):\n  "
+                      + "\n  ".join(stale), markup=False)
+        raise typer.Exit(1)
+    if not quiet:
+        console.print("every marked table agrees with its record")

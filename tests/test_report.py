@@ -1,0 +1,60 @@
+"""mmunlearn report: records keep a run's rows with their provenance; docs tables are regenerated and checked."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mmunlearn import report
+from mmunlearn.cli import app
+
+RUN = {"context": {"preset": "micro"}, "columns": [["method", "method"], ["forget quality", "forget_quality"],
+                                                   ["rule met", "target_reached"]],
+       "rows": [{"method": "target model", "forget_quality": 1.2e-07, "target_reached": None},
+                {"method": "t3", "forget_quality": 0.081, "target_reached": True}]}
+
+
+def test_a_record_keeps_rows_columns_command_and_machine(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "compare.json").write_text(json.dumps(RUN))
+    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "run"), "--name", "demo", "--command",
+                                   "mmunlearn tofu compare --preset micro", "--out", str(tmp_path / "results")])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((tmp_path / "results" / "demo.json").read_text())
+    assert rec["rows"] == RUN["rows"] and rec["command"] == "mmunlearn tofu compare --preset micro"
+    assert rec["machine"]["cores"] >= 1 and rec["date"] and rec["context"] == {"preset": "micro"}
+    assert report.render(rec).splitlines() == [
+        "| method | forget quality | rule met |", "|---|---:|---:|",
+        "| target model | 1.20e-07 | n/a |", "| t3 | 0.0810 | yes |"]
+
+
+def test_pages_are_regenerated_and_a_stale_table_is_found(tmp_path):
+    results, docs = tmp_path / "docs" / "results", tmp_path / "docs"
+    rec = report.make_record(RUN, name="demo", command="c", commit="abc")
+    report.write_record(rec, results)
+    page = docs / "tofu.md"
+    page.write_text("# TOFU\n\n<!-- results: demo -->\nold table\n<!-- /results -->\n\nProse stays.\n")
+    assert report.stale_blocks([page], results) == [f"{page}: demo"]
+    res = CliRunner().invoke(app, ["report", "check", "--docs", str(docs), "--results", str(results)])
+    assert res.exit_code == 1 and "demo" in res.output
+    assert report.update_pages([page], results) == [str(page)]
+    text = page.read_text()
+    assert report.render(rec) in text and "old table" not in text and text.endswith("Prose stays.\n")
+    assert report.stale_blocks([page], results) == [] and report.update_pages([page], results) == []
+    res = CliRunner().invoke(app, ["report", "check", "--docs", str(docs), "--results", str(results)])
+    assert res.exit_code == 0, res.output
+
+
+def test_bad_records_and_missing_ones_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="record name"):
+        report.make_record(RUN, name="../x", command="c")
+    with pytest.raises(ValueError, match="no 'rows'"):
+        report.make_record({"rows": []}, name="x", command="c")
+    with pytest.raises(ValueError, match="columns"):
+        report.render({"columns": [["only one"]], "rows": [{}]})
+    page = tmp_path / "p.md"
+    page.write_text("<!-- results: nowhere -->\n<!-- /results -->\n")
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        report.stale_blocks([page], tmp_path)
+    with pytest.raises(FileNotFoundError, match="no compare.json"):
+        report.load_source(tmp_path)
