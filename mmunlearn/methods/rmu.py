@@ -90,10 +90,10 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
                 hr0, _ = _acts(adapter, frozen, r_batch, frozen_tap)
             return ((hf - control) ** 2).sum(-1).mean() / norm**2 + cfg.alpha * ((hr - hr0) ** 2).sum(-1).mean() / norm**2
 
-        on_step, trajectory = None, []
+        on_step, trajectory, scorer = None, [], None
         if ctx.rule is not None:
             per_epoch = max(1, math.ceil(len(forget) / cfg.batch_size))
-            on_step, trajectory, _ = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
+            on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
         res = train(model, loss_fn, list(forget), adapter.collate,
                     TrainConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=0.0,
                                 schedule="constant", seed=cfg.seed),
@@ -109,6 +109,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
         info["restored_step"] = restored  # the run crossed the retain bound: the in-bound state is kept
     if trajectory:
         info["sweep"] = trajectory
+    if scorer is not None:
+        info["rule_seconds"] = scorer.seconds  # of the unlearn time: scoring the rule's measures
     return MethodResult(adapter, 0.0, time.perf_counter() - start, info)
 
 
