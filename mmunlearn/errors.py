@@ -30,7 +30,9 @@ class NonFiniteError(UserError, ValueError):
 
 class WriteError(UserError, OSError):
     """An output could not be written: the disk is full, a quota or the file-size limit (``ulimit -f``) hit.
-    Names the file being written (not an input it was copied from)."""
+    Names the file being written (not an input it was copied from); ``why`` is the system's reason."""
+
+    why: str = ""
 
 
 # What the CLI reports in one line (exit 2) rather than as a traceback.
@@ -72,15 +74,23 @@ def writing(path: str | os.PathLike, shown: str | os.PathLike | None = None) -> 
     being written. Other errors pass as they are."""
     try:
         yield
-    except WriteError:
-        raise
+    except WriteError as exc:
+        if shown is None:
+            raise
+        raise _write_error(shown, exc.why) from exc  # an inner writer named a temporary file: name the output
     except Exception as exc:  # noqa: BLE001 - only the "full" cases are rewritten, everything else re-raised
         full = exc.errno in _FULL_ERRNOS if isinstance(exc, OSError) else bool(_FULL_TEXT.search(str(exc)))
         if not full:
             raise
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(exc)
-        raise WriteError(f"cannot write {shown if shown is not None else path}: {why} (free some space, or raise "
-                         "the file-size limit or quota, and run again; nothing was left behind)") from exc
+        raise _write_error(shown if shown is not None else path, why) from exc
+
+
+def _write_error(file: str | os.PathLike, why: str) -> "WriteError":
+    error = WriteError(f"cannot write {file}: {why} (free some space, or raise the file-size limit or quota, and "
+                       "run again; nothing was left behind)")
+    error.why = why
+    return error
 
 
 def debug_enabled() -> bool:

@@ -117,9 +117,9 @@ def _load_shard(root: Path, shard: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"cannot read shard {root / shard}: {exc}") from exc
 
 
-def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict, shown: Path) -> None:
+def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict) -> None:
     """Write one shard (the layout ``write_checkpoint`` uses)."""
-    save_shard(tensors, path, metadata, shown)
+    save_shard(tensors, path, metadata)
 
 
 def _link_or_copy(root: Path, shard: str, dst: Path, hardlink: bool, shown: Path) -> bool:
@@ -252,7 +252,8 @@ def stream_erase_checkpoint(
                 entries[name] = list(sub.patch.entries)
                 del t_f, t_r, sub
             check_finite({n: tensors[n] for n in by_shard[shard]}, f"erase of {model_dir} into {out}")
-            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard], out / shard)
+            with writing(tmp / shard, out / shard):  # a full disk names the output's shard
+                _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
             del tensors
         # Patch entries and report rows in forget order, as the in-memory erase lists them.
         patch = UndoPatch([e for name in edit for e in entries.get(name, [])])
@@ -308,5 +309,6 @@ def stream_restore_checkpoint(
             with about(f"model {model_dir}, undo patch {patch if patch is not None else model_dir / PATCH_NAME}"):
                 restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
             check_finite({n: tensors[n] for n in names}, f"restore of {model_dir} into {out}")
-            _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard], out / shard)
+            with writing(tmp / shard, out / shard):
+                _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
             del tensors
