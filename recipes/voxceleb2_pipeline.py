@@ -276,7 +276,7 @@ def within_bound(rule: Mapping | None) -> bool | None:
 
 def measure_field(name: str | None) -> str:
     """The field name of a sweep point's forget value in ``run.json``: ``forget_<measure>`` (e.g.
-    ``forget_error_rate`` at the speaker level, ``forget_log_loss_gap`` at the sample level)."""
+    ``forget_worst_speaker_error_rate`` at the speaker level, ``forget_log_loss_gap`` at the sample level)."""
     return f"forget_{name}" if name and name != "mean_nll" else "forget_nll"
 
 

@@ -9,7 +9,21 @@ from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
 
 
-_BUILT: dict[int, Path] = {}
+_BUILT: dict[tuple, Path] = {}
+
+
+def _manifests(tmp_path_factory, speakers: int, forget_speakers: int) -> Path:
+    """Manifests of ``speakers`` espeak speakers x 8 utterances x 2 videos, ``forget_speakers`` of them to forget,
+    25 % sample forget; built once per session and size."""
+    # Imported into several test modules, a fixture gets one definition (and one session cache)
+    # per module: memoise here so each corpus is built once per session.
+    key = (id(tmp_path_factory), speakers, forget_speakers)
+    if key not in _BUILT:
+        base = tmp_path_factory.mktemp(f"speaker_corpus_{speakers}_{forget_speakers}")
+        root = synthesize_corpus(base / "vox", speakers=speakers, utterances=8, videos=2, seed=0, progress=False)
+        _BUILT[key] = prepare(root, base / "manifests", forget_speakers=forget_speakers, forget_fraction=0.25,
+                              progress=False).out
+    return _BUILT[key]
 
 
 @pytest.fixture(scope="session")
@@ -18,14 +32,13 @@ def speaker_manifests(tmp_path_factory) -> Path:
 
     Tests must not modify it.
     """
-    # Imported into several test modules, this fixture gets one definition (and one session cache)
-    # per module: memoise here so the corpus is built once per session.
-    key = id(tmp_path_factory)
-    if key not in _BUILT:
-        base = tmp_path_factory.mktemp("speaker_corpus")
-        root = synthesize_corpus(base / "vox", speakers=4, utterances=8, videos=2, seed=0, progress=False)
-        _BUILT[key] = prepare(root, base / "manifests", forget_speakers=1, forget_fraction=0.25, progress=False).out
-    return _BUILT[key]
+    return _manifests(tmp_path_factory, 4, 1)
+
+
+@pytest.fixture(scope="session")
+def three_forgotten_manifests(tmp_path_factory) -> Path:
+    """7 espeak speakers x 8 utterances x 2 videos, 3 of them to forget (tests of every forgotten speaker)."""
+    return _manifests(tmp_path_factory, 7, 3)
 
 
 @pytest.fixture(autouse=True, scope="module")

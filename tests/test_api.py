@@ -42,8 +42,9 @@ def test_speaker_classifier_is_unlearned_into_the_same_format(speaker_dir, speak
     before = _digest(speaker_dir)
     result = mmunlearn.unlearn(speaker_dir, forget=speaker_manifests / "spk_forget_train.csv",
                                retain=speaker_manifests / "spk_retain_train.csv", method="qr-erase",
-                               out=tmp_path / "out", device="cpu", progress=False, **fast("qr-erase"))
+                               out=tmp_path / "out", device="cpu", progress=False, rule=None, **fast("qr-erase"))
     assert _digest(speaker_dir) == before  # the input is never modified
+    assert result.report["verdict"].startswith("NOT CHECKED") and result.report["target_reached"] is None
     assert model_kind(speaker_dir) == model_kind(tmp_path / "out") == "speaker"
     original, edited = SpeakerAdapter.load(speaker_dir, device="cpu"), SpeakerAdapter.load(tmp_path / "out", device="cpu")
     assert edited.speakers == original.speakers
@@ -63,7 +64,7 @@ def test_audio_label_pairs_and_errors(speaker_dir, llm_dir, speaker_manifests, t
     forget = [(r["wav"], r["spk_id"]) for r in split_rows(speaker_manifests, "spk_forget_train")]
     retain = [(r["wav"], r["spk_id"]) for r in split_rows(speaker_manifests, "spk_retain_train")]
     result = unlearn(speaker_dir, forget=forget, retain=retain, method="grad_ascent", out=None,
-                     device="cpu", progress=False, **fast("grad_ascent"))
+                     device="cpu", progress=False, rule=None, **fast("grad_ascent"))
     assert result.out is None and result.report["changed_fraction"] > 0 and result.report["forget_items"] == len(forget)
     with pytest.raises(ValueError, match="t3 does not apply"):
         unlearn(speaker_dir, forget=forget, retain=retain, method="t3", device="cpu")
@@ -181,10 +182,14 @@ def test_rule_auto_sweeps_a_speaker_classifier_by_the_documented_rule(speaker_di
     from mmunlearn.api import speaker_rule, swept_overrides
 
     forget, retain = (speaker_manifests / f"{n}.csv" for n in ("spk_forget_train", "spk_retain_train"))
-    res = unlearn(speaker_dir, forget=forget, retain=retain, method="qr-erase", rule="auto", scope="head",
-                  out=None, device="cpu", progress=False, sweep_ranks=(1,))
+    res = unlearn(speaker_dir, forget=forget, retain=retain, method="qr-erase", scope="head",
+                  out=None, device="cpu", progress=False, sweep_ranks=(1,))  # no rule given: "auto" is the default
     rule = res.report["rule"]
-    assert rule["forget_measure"] == "error_rate" and rule["forget_target"] == pytest.approx(1 - 1 / 4)
+    # the report's first field says whether the rule was met, with the numbers that decide it
+    assert next(iter(res.report)) == "verdict" and res.report["verdict"].startswith(
+        "rule met" if res.report["target_reached"] else "RULE NOT MET")
+    assert f"target {rule['forget_target']:.4g}" in res.report["verdict"]
+    assert rule["forget_measure"] == "worst_speaker_error_rate" and rule["forget_target"] == pytest.approx(1 - 1 / 4)
     assert rule["retain_bound"] == 0.05 and res.report["config"]["retain_rank"] == 0  # head: no retain subspace
     assert res.report["config"]["extract"]["kind"] == "gradient" and len(res.report["info"]["sweep"]) >= 1
     assert speaker_rule(4).forget_target == pytest.approx(0.75) and swept_overrides("grad_diff") == {}

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+import torch
+
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.methods.base import MethodResult, RunContext, register
@@ -28,6 +30,16 @@ from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
 #: ``sweep_scales="auto"``: relative edit sizes ||scale * T_f|| / ||W|| tried, doubling from 0.001 to 1.024.
 AUTO_RELATIVE = tuple(0.001 * 2**i for i in range(11))
+#: Speaker classifiers go on to 8.192: a cosine head only turns a class row away from its speaker once the edit of
+#: that row is about twice its norm (the row's share of the matrix's norm is ~1/sqrt(classes)).
+SPEAKER_SWEEP_MAX = 8.192
+
+
+def auto_grid(largest: float) -> tuple[float, ...]:
+    """The ``"auto"`` relative edit sizes, doubling from 0.001 up to ``largest`` (inclusive, within rounding)."""
+    if not largest >= AUTO_RELATIVE[0]:
+        raise ValueError(f"sweep_max_relative must be >= {AUTO_RELATIVE[0]}, got {largest}")
+    return tuple(0.001 * 2**i for i in range(64) if 0.001 * 2**i <= largest * (1 + 1e-9))
 _SPK_SCALES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 
@@ -52,6 +64,7 @@ class EraseConfig(PresetConfig):
     sweep_ranks: tuple[int, ...] | None = opt(None, "With a sweep rule: ranks tried (default: rank alone).")
     sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (relative edit sizes doubling from "
                                     "0.001 of the weights' norm, then bisection of the crossing).")
+    sweep_max_relative: float = opt(1.024, "With 'auto' scales: the largest relative edit size tried.")
     sweep_bisections: int = opt(3, "With 'auto' scales: geometric bisection steps once the crossing is bracketed.")
     sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
                                           "the first rank (e.g. the one an earlier deletion request chose); the sweep "
@@ -64,11 +77,11 @@ class EraseConfig(PresetConfig):
         # baseline's training on a CPU; --extract finetune|lora still chooses it)
         ("text", "model_dir"): dict(rank=32, retain_rank=128, scale=1.0, extract=_ex("gradient", lr=1e-4, batch_size=8)),
         ("speaker", "tiny"): dict(rank=1, retain_rank=4, scale=8.0, sweep_ranks=(1,), sweep_scales=_SPK_SCALES,
-                                  extract=_ex(steps=4, lr=1e-3, batch_size=8)),
+                                  sweep_max_relative=SPEAKER_SWEEP_MAX, extract=_ex(steps=4, lr=1e-3, batch_size=8)),
         ("speaker", "small"): dict(rank=1, retain_rank=32, scale=8.0, sweep_ranks=(1, 2), sweep_scales=_SPK_SCALES,
-                                   extract=_ex(steps=20, lr=1e-3, batch_size=16)),
+                                   sweep_max_relative=SPEAKER_SWEEP_MAX, extract=_ex(steps=20, lr=1e-3, batch_size=16)),
         ("speaker", "large"): dict(rank=4, retain_rank=128, scale=4.0, sweep_ranks=(2, 4, 8), sweep_scales=_SPK_SCALES,
-                                   extract=_ex(steps=40, lr=2e-4, batch_size=16)),
+                                   sweep_max_relative=SPEAKER_SWEEP_MAX, extract=_ex(steps=40, lr=2e-4, batch_size=16)),
         ("speech-llm", "tiny"): dict(rank=8, retain_rank=32, scale=1.0, extract=_ex(steps=30, lr=1e-3, batch_size=16)),
         ("speech-llm", "mini"): dict(rank=8, retain_rank=32, scale=1.0, extract=_ex(steps=30, lr=1e-3, batch_size=16)),
         ("speech-llm", "model_dir"): dict(rank=16, retain_rank=64, scale=1.0,
@@ -95,6 +108,40 @@ def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
         raise ValueError(f"no batch size <= {extract.batch_size} splits partitions of {sizes} utterances without "
                          "a batch of one; use the gradient extraction")
     return replace(extract, batch_size=size)
+
+
+#: The speaker classifier's class-weight matrix (one row per speaker), as :meth:`SpeakerAdapter.layers` names it.
+HEAD_WEIGHT = "classifier.weight"
+
+
+def own_rows(adapter, forget: Sequence[Any], tf, extract: ExtractConfig, progress: bool = True):
+    """Per-speaker forget directions in a speaker classifier's head: ``tf`` with the class-weight matrix's task
+    matrix replaced by one row per forgotten speaker, each from that speaker's utterances alone (other rows 0).
+
+    With several forgotten speakers, the gradient of A's utterances also moves forgotten speaker B's row (away from
+    A); erasing the union's task matrix pulls B's row towards A, so A's utterances move to B and "any forgotten
+    speaker" stays high. Each forgotten row erased along its own speaker's direction (a rank-1 term per class:
+    ``sum_k e_k g_k^T``) sends every forgotten speaker's utterances to the retained speakers, as retraining does.
+    Gradient task vectors only (one pass per speaker costs what one pass over the union does); ``tf`` unchanged
+    for one speaker, another extraction kind, or no head among the edited weights."""
+    speakers = sorted({str(r["spk_id"]) for r in forget if isinstance(r, dict) and "spk_id" in r})
+    if extract.kind != "gradient" or len(speakers) < 2 or HEAD_WEIGHT not in tf:
+        return tf
+    from mmunlearn.taskvec.store import TaskMatrices
+
+    index = adapter.index
+    weight = dict(adapter.model.named_parameters())[HEAD_WEIGHT].detach().to(tf[HEAD_WEIGHT])
+    head = torch.zeros_like(tf[HEAD_WEIGHT])
+    for spk in speakers:
+        if spk not in index:
+            raise ValueError(f"forget speaker {spk!r} is not a class of the model")
+        mine = extract_task_matrices(adapter, [r for r in forget if str(r["spk_id"]) == spk], extract,
+                                     layers=[HEAD_WEIGHT], progress=progress)
+        row = mine[HEAD_WEIGHT][index[spk]]
+        norm = float(row.norm())
+        if norm > 0:  # as long as the class's own row: a saturated speaker's gradient is 1e-4 of another's
+            head[index[spk]] = row * (float(weight[index[spk]].norm()) / norm)
+    return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head}, {**tf.meta, "own_rows": speakers})
 
 
 def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups):
@@ -133,18 +180,19 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
                             "retain_nll": p.retain_nll}, scorer, progress)
         return scorer.reached(p.forget_nll), scorer.over(p.retain_nll)
 
-    grid, start = AUTO_RELATIVE, None
+    full = auto_grid(cfg.sweep_max_relative)
+    grid, start = full, None
     if cfg.sweep_first:
         reached, over = score((cfg.sweep_ranks or (cfg.rank,))[0], cfg.sweep_first / unit)
         if scorer.point_meets(points[-1]):
             return points, points[-1]
         # the auto grid continues from there: up when the edit fell short, down when it went too far
         under = not (reached or over)
-        grid = tuple(u for u in AUTO_RELATIVE if (u > cfg.sweep_first if under else u < cfg.sweep_first))
+        grid = tuple(u for u in full if (u > cfg.sweep_first if under else u < cfg.sweep_first))
         start = cfg.sweep_first / unit if under else None
     for i, r in enumerate(cfg.sweep_ranks or (cfg.rank,)):
         good = start if i == 0 else None
-        for s in (u / unit for u in (grid if i == 0 else AUTO_RELATIVE)) if auto else cfg.sweep_scales:
+        for s in (u / unit for u in (grid if i == 0 else full)) if auto else cfg.sweep_scales:
             reached, over = score(r, s)
             if not auto:
                 continue
@@ -176,6 +224,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         tf, tr = extract_task_matrices(reference or adapter, forget, extract, progress=ctx.progress), ctx.retain_task
     else:
         tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
+    if ctx.kind == "speaker":
+        tf = own_rows(reference or adapter, forget, tf, extract, ctx.progress)
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}

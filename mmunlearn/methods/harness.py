@@ -151,11 +151,16 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
                           "forget": f, "retain": r}
         report["target_reached"] = scorer.reached(f) and not scorer.over(r)
-        if not report["target_reached"]:
-            log.warning("%s did not meet its rule: forget %.4g (target %.4g), retain rise %.4g (bound %.4g)",
-                        method, f, rule.forget_target, r - scorer.base_retain, rule.retain_bound)
+        numbers = (f"forget {f:.4g} (target {rule.forget_target:.4g}), retain rise {r - scorer.base_retain:+.4g} "
+                   f"(bound {rule.retain_bound:.4g})")
+        verdict = f"rule met by {method}: {numbers}" if report["target_reached"] else \
+            f"RULE NOT MET by {method}: {numbers}"
     else:
         report["target_reached"] = None
+        verdict = f"NOT CHECKED: {method} ran its settings as they are (no sweep rule)"
+    report = {"verdict": verdict, **report}  # the report's first line says whether the run did what it should
+    if report["target_reached"] is False:
+        log.warning("%s", verdict)
     if out is not None:
         out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra)
     return Outcome(edited, result, report, out)

@@ -135,7 +135,7 @@ def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifest
                                    str(tmp_path), "--methods", "qr-erase,kl", "--sweep", "--strict", "--retain-bound",
                                    "0.5", *TINY])
     run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
-    assert run["info"]["forget_field"] == "forget_error_rate"  # run.json names what the sweep measured
+    assert run["info"]["forget_field"] == "forget_worst_speaker_error_rate"  # run.json names what the sweep measured
     points = [SweepPoint(p["rank"], p["scale"], p["forget"], p["retain"], p.get("relative"))
               for p in pipe.sweep_points(run)]
     assert points[0].rank == 1 and {p.rank for p in points} <= set(cfg.SWEEP_ERASURE["sweep_ranks"])
@@ -172,7 +172,7 @@ def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifest
                                       kl["config"]["batch_size"]) >= RULE_MIN_STEPS
     md = (tmp_path / "speaker.md").read_text()
     assert ("Sweep rule not met by: " + ", ".join(missed)) in md if missed else "not met" not in md
-    assert kl["info"]["sweep"] and kl["rule"]["forget_measure"] == "error_rate"
+    assert kl["info"]["sweep"] and kl["rule"]["forget_measure"] == "worst_speaker_error_rate"
 
 
 def test_synth_prepare_and_the_builtin_manifests(tmp_path):

@@ -15,7 +15,7 @@ from mmunlearn.undo import restore_folder
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
-OPTS = dict(device="cpu", progress=False, **fast("qr-erase"))
+OPTS = dict(device="cpu", progress=False, rule=None, **fast("qr-erase"))  # the presets: these tests check plumbing
 
 
 def _digest(folder):
@@ -89,7 +89,7 @@ def test_retain_state_is_reused_when_it_matches_and_recomputed_when_not(speaker_
     assert res.report["retain_state"]["reason"] == "the model weights changed"
     with pytest.raises(ValueError, match="erasure methods"):
         unlearn(speaker_dir, forget=first, retain=retain, method="grad_ascent", retain_state=tmp_path / "state",
-                device="cpu", progress=False)
+                device="cpu", progress=False, rule=None)
 
 
 def _model(folder):
@@ -175,10 +175,10 @@ def test_a_later_request_tries_the_edit_size_the_previous_one_chose_first(speake
 
     first, second, retain = parts
     rule = SweepRule(forget_target=-1.0, retain_bound=1e9)  # every edit meets it: the first point tried is chosen
-    r1 = unlearn(speaker_dir, forget=first, retain=retain, out=tmp_path / "r1", rule=rule, **OPTS)
+    r1 = unlearn(speaker_dir, forget=first, retain=retain, out=tmp_path / "r1", **{**OPTS, "rule": rule})
     size = r1.report["requests"][0]["relative_edit"]
     assert size == r1.report["info"]["sweep"][0]["relative"] and r1.report["config"]["sweep_first"] is None
-    r2 = unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", rule=rule, **OPTS)
+    r2 = unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", **{**OPTS, "rule": rule})
     assert r2.report["config"]["sweep_first"] == size
     sweep = r2.report["info"]["sweep"]
     assert len(sweep) == 1 and abs(sweep[0]["relative"] - size) <= 1e-9 * size  # it met the rule: no sweep
@@ -200,7 +200,7 @@ def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_e
                    retain_rank=4, extract_kind="finetune", extract_steps=1, device="cpu", progress=False)
     assert kept.report["config"]["extract"]["kind"] == "finetune"  # the caller's choice wins
     plain = unlearn(speaker_dir, forget=first, retain=retain, rank=2, retain_rank=4, extract_steps=1, device="cpu",
-                    progress=False)
+                    progress=False, rule=None)
     assert plain.report["config"]["extract"]["kind"] == "finetune"  # no retain state: the preset's extraction
 
 
@@ -208,7 +208,7 @@ def test_a_speech_llm_request_chain_restores_through_safetensors(llm_dir, parts,
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
 
     first, second, retain = parts
-    opts = dict(device="cpu", progress=False, **fast("qr-erase"))
+    opts = dict(device="cpu", progress=False, **fast("qr-erase"))  # a speech LLM: "auto" is no rule
     state = tmp_path / "state"
     unlearn(llm_dir, forget=first, retain=retain, out=tmp_path / "r1", retain_state=state, **opts)
     r2 = unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", retain_state=state, **opts)

@@ -1,0 +1,100 @@
+"""Every forgotten speaker meets the speaker rule, not only their pooled utterances: a tiny ECAPA trained on 7 espeak
+speakers, 3 forgotten, unlearned by ``mmunlearn.unlearn``'s default rule, as one request and as a batch of three."""
+
+import pytest
+import torch
+
+from mmunlearn.api import unlearn
+from mmunlearn.data.utterances import split_rows
+from mmunlearn.eval.speaker import forgotten_counts, forgotten_error_rate, forgotten_rates, score_rows
+from tests.speech_corpus import one_thread, three_forgotten_manifests  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="module")
+def trained(three_forgotten_manifests, tmp_path_factory):
+    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+
+    rows, speakers = training_rows(three_forgotten_manifests, "speaker")
+    adapter, _ = train_speaker_classifier(rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3, batch_size=8,
+                                          device="cpu", progress=False)
+    path = tmp_path_factory.mktemp("every_speaker") / "original"
+    adapter.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def parts(three_forgotten_manifests):
+    forget = split_rows(three_forgotten_manifests, "spk_forget_train")
+    return forget, split_rows(three_forgotten_manifests, "spk_retain_train")
+
+
+def _per_speaker(adapter, rows):
+    return forgotten_counts(score_rows(adapter, rows, desc=None))["per_speaker"]
+
+
+def _judged_per_speaker(report, adapter, forget):
+    """The rule's forget value is the worst forgotten speaker's, measured on the returned model, and the verdict
+    says "rule met" exactly when every speaker's share predicted as any forgotten speaker is at most 1/C."""
+    rule = report["rule"]
+    assert rule["forget_measure"] == "worst_speaker_error_rate" and next(iter(report)) == "verdict"
+    after = _per_speaker(adapter, forget)
+    assert len(after) == 3
+    assert rule["forget"] == pytest.approx(min(1.0 - v["any_forgotten"] for v in after.values()))
+    allowed = 1.0 - rule["forget_target"]
+    every = all(v["any_forgotten"] <= allowed + 1e-9 for v in after.values())
+    within = rule["retain"] - rule["base_retain"] <= rule["retain_bound"]
+    assert report["target_reached"] == (every and within)
+    assert report["verdict"].startswith("rule met" if every and within else "RULE NOT MET")
+    return after
+
+
+def test_the_measure_is_the_worst_speakers(trained, parts):
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+
+    forget, _ = parts
+    original = SpeakerAdapter.load(trained, device="cpu")
+    rates = forgotten_rates(original, forget)
+    assert len(rates) == 3 and forgotten_error_rate(original, forget) == min(rates.values())
+    pooled = 1.0 - forgotten_counts(score_rows(original, forget, desc=None))["any_forgotten"]
+    assert min(rates.values()) <= pooled <= max(rates.values())
+    assert all(v["acc"] >= 0.5 for v in _per_speaker(original, forget).values())  # the model knows all three
+
+
+def test_each_forgotten_speaker_gets_its_own_row_in_the_head(trained, parts):
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.methods.erasure import HEAD_WEIGHT, own_rows
+    from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
+
+    forget, _ = parts
+    adapter = SpeakerAdapter.load(trained, device="cpu")
+    adapter.scope = "head"
+    cfg = ExtractConfig(kind="gradient", lr=1.0)
+    union = extract_task_matrices(adapter, forget, cfg, progress=False)
+    rows = own_rows(adapter, forget, union, cfg, progress=False)[HEAD_WEIGHT]
+    weight = adapter.model.classifier.weight.detach()
+    forgotten = {adapter.index[s] for s in {r["spk_id"] for r in forget}}
+    for k in range(weight.shape[0]):
+        if k not in forgotten:
+            assert float(rows[k].abs().max()) == 0.0  # retained speakers' rows are left alone
+            continue
+        assert float(rows[k].norm()) == pytest.approx(float(weight[k].norm()), rel=1e-5)  # as long as the row
+        spk = adapter.speakers[k]
+        mine = extract_task_matrices(adapter, [r for r in forget if r["spk_id"] == spk], cfg, progress=False)
+        own = mine[HEAD_WEIGHT][k]
+        assert float(torch.nn.functional.cosine_similarity(rows[k], own, dim=0)) == pytest.approx(1.0, abs=1e-5)
+    assert float(union[HEAD_WEIGHT][sorted(set(range(weight.shape[0])) - forgotten)].abs().max()) > 0  # unlike the union's
+    finetuned = ExtractConfig(kind="finetune", steps=1)
+    assert own_rows(adapter, forget, union, finetuned, progress=False) is union  # gradient task vectors only
+
+
+def test_one_request_and_a_batch_are_judged_speaker_by_speaker(trained, parts):
+    forget, retain = parts
+    res = unlearn(trained, forget=forget, retain=retain, method="qr-erase", scope="head", out=None, device="cpu",
+                  progress=False)  # the default rule: "auto"
+    _judged_per_speaker(res.report, res.adapter, forget)
+    assert res.report["config"]["sweep_max_relative"] == pytest.approx(8.192)  # a cosine head needs edits > its norm
+    sets = [[r for r in forget if r["spk_id"] == s] for s in sorted({r["spk_id"] for r in forget})]
+    batch = unlearn(trained, forget=sets, batch=True, retain=retain, method="qr-erase", scope="head", out=None,
+                    device="cpu", progress=False)
+    assert batch.report["batch"]["union_items"] == len(forget)
+    _judged_per_speaker(batch.report, batch.adapter, forget)
