@@ -24,8 +24,16 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# A first answer in minutes (micro: two methods against the retain model on built-in data), then the full
+# comparison on the mini preset (its models take most of the time; cached after the first run).
 demo: $(STAMP)
+	@echo "== 1/2: a first result: T3 and QR-Erase on the micro preset (built-in data) -> runs/demo_first"
+	$(BIN)/mmunlearn tofu compare --preset micro --data synthetic:n_authors=10 --methods t3,qr-erase \
+		--max-new-tokens auto --out runs/demo_first
+	@echo "== first result: runs/demo_first/compare.md (plots: runs/demo_first/fq_vs_mu.png)"
+	@echo "== 2/2: every method on the mini preset (builds and caches its models first) -> runs/tofu_compare"
 	$(BIN)/mmunlearn tofu compare --out runs/tofu_compare
+	@echo "== done: runs/tofu_compare/compare.md, fq_vs_mu.png, selectivity.png"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
