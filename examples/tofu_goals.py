@@ -1,0 +1,89 @@
+"""Issue 22's goals checked on a finished `tofu compare` folder: wall time, QR-Erase's and T3's forget quality
+and utility, and QR-Erase's cost against GradDiff's time to the same forget NLL.
+
+Reads ``compare.json`` and each method's ``run.json`` (the sweep trajectory of an early-stopped baseline holds
+the training-partition forget NLL every few steps), prints a table and writes a JSON of rows that
+``mmunlearn report record`` takes::
+
+    python examples/tofu_goals.py runs/smollm2_tofu --json runs/smollm2_goals.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from mmunlearn.atomic import write_text_atomic
+
+WALL_GOAL_MIN = 90.0
+MIN_FORGET_QUALITY = 0.05
+MIN_UTILITY_RATIO = 0.9
+MAX_COST_RATIO = 0.2
+
+
+def _row(goal: str, measured: str, target: str, met: bool | None) -> dict:
+    return {"goal": goal, "measured": measured, "target": target, "met": met}
+
+
+def time_to_forget_nll(run: dict, forget_nll: float) -> float | None:
+    """Seconds a trained method took until its training-partition forget NLL first reached ``forget_nll``
+    (its unlearn time prorated by steps; None when it never did)."""
+    points = run["info"].get("sweep") or []
+    steps = run["info"].get("steps") or (points[-1]["step"] if points else None)
+    seconds = run["row"].get("unlearn_seconds")
+    first = next((p for p in points if p["forget_nll"] >= forget_nll), None)
+    if first is None or not steps or seconds is None:
+        return None
+    return seconds * first["step"] / steps
+
+
+def goals(folder: Path) -> list[dict]:
+    comp = json.loads((folder / "compare.json").read_text())
+    rows = {r["method"]: r for r in comp["rows"]}
+    ctx = comp["context"]
+    out = []
+    wall = ctx.get("wall_seconds")
+    out.append(_row("whole compare wall time", "n/a" if wall is None else f"{wall / 60:.1f} min",
+                    f"<= {WALL_GOAL_MIN:.0f} min", None if wall is None else wall / 60 <= WALL_GOAL_MIN))
+    target_mu = rows["target model"].get("model_utility")
+    for m in ("qr-erase", "t3"):
+        r = rows.get(m)
+        if r is None:
+            continue
+        fq, mu = r.get("forget_quality"), r.get("model_utility")
+        ratio = mu / target_mu if mu is not None and target_mu else None
+        out.append(_row(f"{m}: forget quality", "n/a" if fq is None else f"{fq:.3g}", f">= {MIN_FORGET_QUALITY}",
+                        None if fq is None else fq >= MIN_FORGET_QUALITY))
+        out.append(_row(f"{m}: model utility / target's", "n/a" if ratio is None else f"{ratio:.3f}",
+                        f">= {MIN_UTILITY_RATIO}", None if ratio is None else ratio >= MIN_UTILITY_RATIO))
+    qr, gd = folder / "qr-erase" / "run.json", folder / "grad_diff" / "run.json"
+    if qr.is_file() and gd.is_file():
+        qr_run, gd_run = json.loads(qr.read_text()), json.loads(gd.read_text())
+        qr_cost = qr_run["row"]["total_seconds"]
+        # the edited model's forget NLL on the training partition, as the harness measured it
+        qr_nll = json.loads((folder / "qr-erase" / "model" / "unlearn_report.json").read_text())["forget_nll"]["after"]
+        gd_time = time_to_forget_nll(gd_run, qr_nll)
+        ratio = qr_cost / gd_time if gd_time else None
+        out.append(_row("qr-erase extraction + sweep + edit / grad_diff's time to the same forget NLL",
+                        f"{qr_cost:.0f} s / " + ("never reached" if gd_time is None else f"{gd_time:.0f} s = {ratio:.2f}"),
+                        f"<= {MAX_COST_RATIO}", None if ratio is None else ratio <= MAX_COST_RATIO))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="A finished `tofu compare --out` folder.")
+    p.add_argument("--json", type=Path, help="Write {'columns', 'rows'} here for `mmunlearn report record`.")
+    args = p.parse_args()
+    rows = goals(args.folder)
+    for r in rows:
+        print(f"{r['goal']}: {r['measured']} (goal {r['target']}): "
+              + {True: "met", False: "MISSED", None: "not measured"}[r["met"]])
+    if args.json:
+        columns = [["goal", "goal"], ["measured", "measured"], ["goal value", "target"], ["met", "met"]]
+        write_text_atomic(args.json, json.dumps({"columns": columns, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
