@@ -36,8 +36,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
 from mmunlearn.methods.harness import REPORT_NAME
-KINDS = ("speaker", "speech-llm")
 
 
 @dataclass
@@ -50,37 +50,30 @@ class UnlearnResult:
 
 
 def model_kind(model_dir: str | os.PathLike) -> str:
-    """``speaker`` (a SpeechBrain directory) or ``speech-llm`` (a supported ``config.json``)."""
+    """The registered kind (:mod:`mmunlearn.kinds`) of a speech model directory: ``speaker`` (SpeechBrain layout),
+    ``hf-audio`` (a Hugging Face audio classifier) or ``speech-llm`` (a supported speech LLM)."""
+    return _speech_kind(model_dir).name
+
+
+def _speech_kind(model_dir: str | os.PathLike) -> Kind:
     root = Path(model_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory not found: {root}")
-    if (root / "hyperparams.yaml").is_file():
-        return "speaker"
-    if (root / "config.json").is_file():
-        from mmunlearn.adapters.speech_llm_families import family_of_dir
-
-        family_of_dir(root)  # raises for a model type that is not a speech LLM
-        return "speech-llm"
-    raise ValueError(f"{root} is neither a speaker classifier (hyperparams.yaml) nor a speech LLM (config.json)")
+    kind = kind_of(root)
+    if kind is not None and kind.takes_audio:
+        return kind
+    taken = " nor a ".join(k.description for k in kinds() if k.takes_audio)
+    found = f" (it is a {kind.description})" if kind is not None else ""
+    raise ValueError(f"{root} is neither a {taken}{found}")
 
 
 def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str = "both",
                trust_hparams: bool = False, scope: str = "all"):
-    """The adapter of a model directory of either kind (``where`` applies to speech LLMs; ``trust_hparams``
+    """The adapter of a speech model directory of any kind (``where`` applies to speech LLMs; ``trust_hparams``
     and ``scope`` to speaker classifiers: True runs the code their ``hyperparams.yaml`` names, see the README;
     ``scope`` is :attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`, the weights erasure may edit)."""
-    if model_kind(model_dir) == "speaker":
-        from mmunlearn.adapters.speaker import SpeakerAdapter
-
-        adapter = SpeakerAdapter.load(model_dir, device=device, trust_hparams=trust_hparams)
-        adapter.scope = scope
-        return adapter
-    if scope != "all":
-        raise ValueError(f"scope={scope!r} applies to speaker classifiers; {model_dir} is a speech LLM "
-                         f"(choose its weights with where=audio|text|both)")
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-
-    return SpeechLLMAdapter.load(model_dir, device=device, where=where)
+    return _speech_kind(model_dir).load(model_dir, device=device, where=where, trust_hparams=trust_hparams,
+                                        scope=scope)
 
 
 def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dict[str, Any]]:
@@ -142,7 +135,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         where: speech LLMs: erase/train in the ``audio`` tower, the ``text`` model, or ``both``.
         forget_tasks / retain_tasks: speech LLMs: the spoken questions asked of each set.
         config / size / overrides: the method's config; default its preset ``size`` for the model kind
-            (:data:`mmunlearn.config.DEFAULT_SIZE`) with ``overrides`` (e.g. ``rank=4, scale=16``).
+            (the kind's ``default_size``, :mod:`mmunlearn.kinds`) with ``overrides`` (e.g. ``rank=4, scale=16``).
         rule: ``"auto"`` (default): for a speaker classifier the documented speaker rule (:func:`speaker_rule`: every
             forgotten speaker's utterances predicted as none of the forget speakers up to ``1 - 1/C``, measured per
             speaker and met by the worst one; the retain NLL rising by at most 0.05 nats; erasure sweeps scale and
@@ -181,7 +174,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     if isinstance(rule, str):
         if rule != "auto":
             raise ValueError(f"rule must be a SweepRule, None or 'auto', got {rule!r}")
-        rule = speaker_rule(len(adapter.speakers)) if kind == "speaker" else None
+        rule = speaker_rule(len(adapter.speakers)) if get_kind(kind).is_classifier else None
         if rule is not None and config is None:
             overrides = {**swept_overrides(method, scope), **overrides}
             if "epochs" not in overrides and "epochs" in {f.name for f in fields(get(method).config)}:
@@ -202,7 +195,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     inputs = [model_dir] + ([reference] if reference is not None else [])
     meta = {"model_dir": str(Path(model_dir).resolve()),
             "reference": str(Path(reference).resolve()) if reference is not None else None,
-            "where": where if kind != "speaker" else None, "scope": scope if kind == "speaker" else None}
+            "where": where if not get_kind(kind).is_classifier else None,
+            "scope": scope if get_kind(kind).is_classifier else None}
     outcome = run_request(adapter, forget_items, retain_items, kind=kind, method=method, config=config, size=size,
                           overrides=overrides, reference=base, rule=rule, out=out, inputs=inputs, overwrite=overwrite,
                           progress=progress, meta=meta, retain_state=retain_state, refresh_retain=refresh_retain,

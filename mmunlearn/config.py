@@ -1,7 +1,7 @@
 """Method configs: fields with help text, per-preset defaults, overrides by name; model kinds and preset sizes.
 
-Kept free of imports from the rest of the package so that low layers (the optimisation losses, task-vector
-extraction) and the method plug-ins can all use it.
+Kept free of imports from the rest of the package (but the import-free kind registry, :mod:`mmunlearn.kinds`) so
+that low layers (the optimisation losses, task-vector extraction) and the method plug-ins can all use it.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import field, fields, replace
 from typing import Any, ClassVar
 
-#: Model kinds: HF causal LMs, Qwen-Omni-style speech LLMs, SpeechBrain-layout speaker classifiers.
+from mmunlearn.kinds import get_kind
+
+#: The kinds method configs write preset rows for (``PRESETS[(kind, size)]``) and methods name as applying: HF causal
+#: LMs, Qwen-Omni-style speech LLMs, SpeechBrain-layout speaker classifiers. Another registered kind takes the rows of
+#: one of these (:attr:`~mmunlearn.kinds.Kind.presets_from`); sizes and the default size are the kind's own.
 KINDS = ("text", "speech-llm", "speaker")
-#: Preset sizes per kind (``model_dir``/``large``: a real checkpoint); ``default`` is what the API uses.
-SIZES = {"text": ("micro", "mini", "model_dir"), "speech-llm": ("tiny", "mini", "model_dir"),
-         "speaker": ("tiny", "small", "large")}
-DEFAULT_SIZE = {"text": "model_dir", "speech-llm": "model_dir", "speaker": "small"}
 
 
 def opt(default: Any = None, help: str = "", factory: Callable[[], Any] | None = None) -> Any:
@@ -32,13 +32,16 @@ class PresetConfig:
 
     @classmethod
     def for_preset(cls, kind: str, size: str | None = None, **overrides: Any):
-        """The config of ``kind``'s preset ``size`` (default :data:`DEFAULT_SIZE`), with ``overrides``."""
-        if kind not in KINDS:
-            raise ValueError(f"unknown model kind {kind!r}; choose one of {KINDS}")
-        size = size or DEFAULT_SIZE[kind]
-        if size not in SIZES[kind]:
-            raise ValueError(f"unknown {kind} preset size {size!r}; choose one of {SIZES[kind]}")
-        return with_overrides(cls(**cls.PRESETS.get((kind, size), {})), **overrides)  # type: ignore[call-arg]
+        """The config of ``kind``'s preset ``size`` (default the kind's ``default_size``), with ``overrides``; a kind
+        the config has no row for takes the row of the kind it names in ``presets_from``."""
+        spec = get_kind(kind)
+        size = size or spec.default_size
+        if size not in spec.sizes:
+            raise ValueError(f"unknown {kind} preset size {size!r}; choose one of {spec.sizes}")
+        row = cls.PRESETS.get((kind, size))
+        if row is None and spec.presets_from is not None:
+            row = cls.PRESETS.get((spec.presets_from, size))
+        return with_overrides(cls(**(row or {})), **overrides)  # type: ignore[call-arg]
 
 
 def with_overrides(cfg: Any, **overrides: Any) -> Any:

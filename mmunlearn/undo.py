@@ -1,8 +1,9 @@
 """``mmunlearn restore`` for every output folder: the original weights back, bit for bit, in a new folder.
 
 Handles what ``mmunlearn erase`` writes (safetensors, streamed shard by shard or in memory) and what the
-unlearning harness writes for any method and model kind: safetensors models (text and speech LLMs),
-SpeechBrain-layout speaker classifiers (``.ckpt`` state dicts, read with ``weights_only=True``) and T3
+unlearning harness writes for any method and model kind: safetensors models (text and speech LLMs, Hugging Face
+audio classifiers), kinds whose weights are state-dict files (:attr:`~mmunlearn.kinds.Kind.weight_files`: SpeechBrain
+speaker classifiers' ``.ckpt``, read with ``weights_only=True``) and T3
 outputs (no weight changed: the model without its ``tilt/`` head). Reports, plots and the undo patch are
 not carried into the restored folder.
 """
@@ -19,16 +20,15 @@ import torch
 from mmunlearn.checkpoint import atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
 from mmunlearn.erase.patch import UndoPatch
+from mmunlearn.kinds import Kind, kind_of
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
-from mmunlearn.methods.ondisk import SPEAKER_CKPTS
 
 
-def _restore_speaker(model_dir: Path, out: Path, undo: UndoPatch, overwrite: bool) -> None:
-    from mmunlearn.adapters.speaker_io import HPARAMS, check_hparams_tags, parse_hparams, read_state
-
-    hparams = model_dir / HPARAMS  # carried over as is: it must name nothing but the allowed classes
-    check_hparams_tags(parse_hparams(hparams.read_text(encoding="utf-8"), hparams), hparams)
-    states = {f: read_state(model_dir / f) for f in SPEAKER_CKPTS if (model_dir / f).is_file()}
+def _restore_files(model_dir: Path, out: Path, undo: UndoPatch, kind: Kind, overwrite: bool) -> None:
+    """Restore a folder whose weights are state-dict files (:attr:`~mmunlearn.kinds.Kind.weight_files`)."""
+    if kind.check_folder is not None:
+        kind.check_folder(model_dir)  # its side files are carried over as they are: checked first
+    states = {f: kind.read_weights(model_dir / f) for f in kind.weight_files if (model_dir / f).is_file()}
     flat = {f"{f.rsplit('.', 1)[0]}.{k}": t for f, s in states.items() for k, t in s.items()}
     restore(flat, undo)  # writes into the loaded tensors
     with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
@@ -97,8 +97,9 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
         return out
     if not patch_path.is_file():
         raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch)")
-    if (model_dir / "hyperparams.yaml").is_file():
-        _restore_speaker(model_dir, out, UndoPatch.load(patch_path), overwrite)
+    kind = kind_of(model_dir)
+    if kind is not None and kind.weight_files:
+        _restore_files(model_dir, out, UndoPatch.load(patch_path), kind, overwrite)
     elif stream:
         from mmunlearn.erase.stream import stream_restore_checkpoint
 

@@ -45,9 +45,11 @@ from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.speaker_batches import (SCORING_VERSION, by_length, length_groups, repeat_pad,  # noqa: F401
                                                 sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
-from mmunlearn.adapters.speaker_io import read_speaker_dir, write_speaker_dir
+from mmunlearn.adapters.speaker_io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
+                                          read_speaker_dir, read_state, write_speaker_dir)
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
+from mmunlearn.kinds import Kind, register_kind
 
 IGNORE = -100
 #: Values of :attr:`SpeakerAdapter.scope`.
@@ -354,3 +356,24 @@ class SpeakerAdapter:
     def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
         """Speaker IDs of class indices."""
         return [self.speakers[int(i)] for i in indices]
+
+
+def _load_kind(folder: str | os.PathLike, *, device: str | torch.device = "auto", trust_hparams: bool = False,
+               scope: str = "all", **_: Any) -> SpeakerAdapter:
+    adapter = SpeakerAdapter.load(folder, device=device, trust_hparams=trust_hparams)
+    adapter.scope = scope
+    return adapter
+
+
+def _check_folder(folder: Path) -> None:
+    """The folder's hyperparams.yaml names nothing but the allowed classes (it is carried into a restored copy)."""
+    hparams = folder / HPARAMS
+    check_hparams_tags(parse_hparams(hparams.read_text(encoding="utf-8"), hparams), hparams)
+
+
+KIND = register_kind(Kind(
+    "speaker", detect=lambda folder: (folder / HPARAMS).is_file(), load=_load_kind,
+    sizes=("tiny", "small", "large"), default_size="small",
+    description="speaker classifier in SpeechBrain's EncoderClassifier layout (hyperparams.yaml)",
+    weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, check_folder=_check_folder,
+    has_batchnorm=True, train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=10))

@@ -30,6 +30,7 @@ from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring
 from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
 from mmunlearn.adapters.text_llm import _qa
 from mmunlearn.data.waveforms import AudioCache, example_waveform
+from mmunlearn.kinds import Kind, read_small_json, register_kind
 
 SAMPLE_RATE = 16000
 END_OF_TURN = "<|im_end|>"
@@ -330,3 +331,23 @@ class SpeechLLMAdapter(TokenScoring):
             new = seqs[:, b["input_ids"].shape[1]:]
             texts.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
         return texts
+
+
+def _is_speech_llm(folder: Path) -> bool:
+    config = read_small_json(folder / "config.json")
+    return config is not None and any(config.get("model_type") in (*f.model_types, *f.full_model_types)
+                                      for f in FAMILIES.values())
+
+
+def _load_kind(folder: str | os.PathLike, *, device: str = "auto", where: str = "both", scope: str = "all",
+               **_: Any) -> SpeechLLMAdapter:
+    if scope != "all":
+        raise ValueError(f"scope={scope!r} applies to speaker classifiers; {folder} is a speech LLM "
+                         f"(choose its weights with where=audio|text|both)")
+    return SpeechLLMAdapter.load(folder, device=device, where=where)
+
+
+KIND = register_kind(Kind(
+    "speech-llm", detect=_is_speech_llm, load=_load_kind, sizes=("tiny", "mini", "model_dir"),
+    default_size="model_dir", description=f"speech LLM in save_pretrained layout ({', '.join(FAMILIES)})",
+    takes_audio=True, priority=30))

@@ -21,6 +21,7 @@ from mmunlearn.train.answer_only import answer_logits, autocast_context, support
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.erase.energy import group_of
+from mmunlearn.kinds import Kind, register_kind
 
 
 PLAIN_TEMPLATE = ("Question: {question}\nAnswer:", " {answer}")
@@ -259,3 +260,13 @@ class TextLLMAdapter(TokenScoring):
             texts.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
         return texts
 
+
+
+def _load_kind(folder: str | os.PathLike, *, device: str = "auto", **_: Any) -> TextLLMAdapter:
+    return TextLLMAdapter.from_pretrained(folder, device=device)
+
+
+KIND = register_kind(Kind(
+    "text", detect=lambda folder: (folder / "config.json").is_file(), load=_load_kind,
+    sizes=("micro", "mini", "model_dir"), default_size="model_dir",
+    description="Hugging Face causal LM in save_pretrained layout (config.json)", priority=90))

@@ -16,8 +16,7 @@ from typing import Any
 
 from mmunlearn.audit.options import AuditOptions
 from mmunlearn.audit.runner import audit_nll, audit_speaker, audit_text
-
-KINDS = ("text", "speaker", "speech-llm")
+from mmunlearn.kinds import get_kind, kind_of, kinds
 
 
 def read_report(folder: str | Path) -> dict[str, Any]:
@@ -41,17 +40,11 @@ NO_HISTORY = "not an mmunlearn output: no history"
 
 
 def detect_kind(folder: str | Path) -> str | None:
-    """The model kind of a plain model folder by its files: ``speaker`` (SpeechBrain layout: hyperparams.yaml and
-    embedding_model.ckpt), ``speech-llm`` (config.json and an audio feature extractor), ``text`` (config.json);
-    None when none fits."""
-    from mmunlearn.adapters.speaker_io import EMBEDDING_CKPT, HPARAMS
-
-    root = Path(folder)
-    if (root / HPARAMS).is_file() and (root / EMBEDDING_CKPT).is_file():
-        return "speaker"
-    if (root / "config.json").is_file():
-        return "speech-llm" if (root / "preprocessor_config.json").is_file() else "text"
-    return None
+    """The registered kind (:mod:`mmunlearn.kinds`) of a plain model folder by its files (e.g. ``speaker``: a
+    SpeechBrain layout, ``hf-audio``: a Hugging Face audio classifier, ``speech-llm``: a supported speech LLM,
+    ``text``: any other config.json); None when none fits."""
+    kind = kind_of(folder)
+    return kind.name if kind is not None else None
 
 
 def folder_report(folder: str | Path) -> dict[str, Any]:
@@ -64,7 +57,7 @@ def folder_report(folder: str | Path) -> dict[str, Any]:
     kind = detect_kind(folder)
     if kind is None:
         raise ValueError(f"{folder}: neither an mmunlearn output ({REPORT_NAME}) nor a model folder of a supported "
-                         "kind (SpeechBrain speaker classifier, Hugging Face text or speech LLM)")
+                         f"kind ({'; '.join(k.description for k in kinds())})")
     return {"method": NO_HISTORY, "model_kind": kind}
 
 
@@ -126,19 +119,26 @@ def speaker_rows(manifests: Any, level: str) -> dict[str, Any]:
     return {"forget_rows": split_rows(manifests, "sample_forget"), "retain_rows": split_rows(manifests, "sample_retain")}
 
 
+def load_classifier(folder: str | Path, device: str = "auto") -> Any:
+    """The adapter of a speaker-classifier folder of any classifier kind (SpeechBrain, Hugging Face audio)."""
+    kind = kind_of(folder)
+    if kind is None or not kind.is_classifier:
+        raise ValueError(f"{folder}: not a speaker classifier folder of a supported kind "
+                         f"({'; '.join(k.description for k in kinds() if k.is_classifier)})")
+    return kind.load(folder, device=device)
+
+
 def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | Path, manifests: Any, *,
                          level: str = "speaker", method: str, options: AuditOptions | None = None,
                          device: str = "auto", cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
     """Audit a speaker classifier (an adapter, or a harness output folder) against the ``original`` and
     ``retrained`` classifier folders on prepared ``manifests``; the function ``voxceleb2 speaker|sample
     --audit`` calls with each method's unlearned adapter."""
-    from mmunlearn.adapters.speaker import SpeakerAdapter
-
     if isinstance(unlearned, (str, Path)):
-        unlearned = SpeakerAdapter.load(unlearned, device=device)
-    result = audit_speaker(unlearned, SpeakerAdapter.load(original, device=device),
-                           SpeakerAdapter.load(retrained, device=device), method=method, options=options,
-                           cache=cache, progress=progress, **speaker_rows(manifests, level))
+        unlearned = load_classifier(unlearned, device)
+    result = audit_speaker(unlearned, load_classifier(original, device), load_classifier(retrained, device),
+                           method=method, options=options, cache=cache, progress=progress,
+                           **speaker_rows(manifests, level))
     result["level"] = level
     result["models"] = {"target": str(original), "retain": str(retrained)}
     return result
@@ -183,17 +183,22 @@ def audit_folder(folder: str | Path, target: str | Path, retain: str | Path, dat
     ``kwargs``: for text, :func:`audit_text_folder`'s; for speakers ``level`` (default: the report's) and
     :func:`audit_speaker_models`'s options."""
     report = folder_report(folder)
-    kind = report.get("model_kind")
-    if kind == "text":
-        kwargs.pop("level", None)
-        return audit_text_folder(folder, target, retain, data, **kwargs)
-    if kind == "speaker":
+    name = report.get("model_kind")
+    try:
+        kind = get_kind(name) if isinstance(name, str) else None
+    except ValueError:
+        kind = None
+    if kind is None:
+        raise ValueError(f"{folder}: model kind {name!r} has no audit yet (audited kinds: "
+                         f"{', '.join(k.name for k in kinds())})")
+    if kind.is_classifier:
         for key in ("forget_split", "authors", "languages"):
             kwargs.pop(key, None)
         level = kwargs.pop("level", None) or report.get("level") or "speaker"
         return audit_speaker_models(folder, target, retain, data, level=level, method=report["method"], **kwargs)
-    if kind == "speech-llm":
+    if kind.takes_audio:
         return audit_speech_llm_folder(folder, target, retain, data, method=report["method"],
                                        **{k: v for k, v in kwargs.items() if k in ("options", "device", "cache",
                                                                                    "progress")})
-    raise ValueError(f"{folder}: model kind {kind!r} has no audit yet (audited kinds: {', '.join(KINDS)})")
+    kwargs.pop("level", None)
+    return audit_text_folder(folder, target, retain, data, **kwargs)

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
 from mmunlearn.config import KINDS, PresetConfig, with_overrides
+from mmunlearn.kinds import get_kind
 from mmunlearn.methods.rule import SweepRule
 
 @dataclass
 class RunContext:
     """What the harness hands a method besides its config."""
 
-    kind: str  # one of KINDS
+    kind: str  # a registered kind (mmunlearn.kinds)
     reference: Any = None  # adapter the erasure methods take task vectors from (None: the target)
     rule: SweepRule | None = None  # None: no sweep, the config's settings as they are
     cache_dir: str | None = None  # T3's hidden-state cache
@@ -55,6 +56,11 @@ class Method:
     help: str
     defaults: dict = field(default_factory=dict)  # fixed settings of this name (e.g. svd-unlearn's subspace)
 
+    def applies_to(self, kind: str) -> bool:
+        """Whether the method applies to ``kind``: named in :attr:`kinds`, or the kind takes its presets from one
+        that is (:attr:`~mmunlearn.kinds.Kind.presets_from`)."""
+        return kind in self.kinds or get_kind(kind).presets_from in self.kinds
+
     def config_for(self, kind: str, size: str | None = None, **overrides: Any):
         """This method's config for a preset, with its fixed settings and the user's ``overrides``."""
         cfg = self.config.for_preset(kind, size)
@@ -82,11 +88,11 @@ def get(name: str, kind: str | None = None) -> Method:
     if name not in REGISTRY:
         raise ValueError(f"unknown method {name!r}; choose one of {list(REGISTRY)}")
     method = REGISTRY[name]
-    if kind is not None and kind not in method.kinds:
+    if kind is not None and not method.applies_to(kind):
         raise ValueError(f"{name} does not apply to a {kind} model (it applies to: {', '.join(method.kinds)})")
     return method
 
 
 def names(kind: str | None = None) -> list[str]:
     """Registered method names in registry order (those applying to ``kind`` when given)."""
-    return [n for n, m in REGISTRY.items() if kind is None or kind in m.kinds]
+    return [n for n, m in REGISTRY.items() if kind is None or m.applies_to(kind)]

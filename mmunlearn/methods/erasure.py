@@ -23,6 +23,7 @@ import torch
 
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
+from mmunlearn.kinds import get_kind
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
@@ -216,7 +217,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     extract = cfg.extract
     reference = ctx.reference
     cached = ctx.retain_task is not None  # a retain state: only the forget side is extracted
-    if ctx.kind == "speaker":
+    kind = get_kind(ctx.kind)
+    if kind.has_batchnorm:
         extract = batchnorm_safe(extract, len(forget), *(() if cached else (len(retain),)))
         reference = reference or adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
     t0 = time.perf_counter()
@@ -224,7 +226,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         tf, tr = extract_task_matrices(reference or adapter, forget, extract, progress=ctx.progress), ctx.retain_task
     else:
         tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
-    if ctx.kind == "speaker":
+    if kind.is_classifier:
         tf = own_rows(reference or adapter, forget, tf, extract, ctx.progress)
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()

@@ -15,18 +15,15 @@ from pathlib import Path
 
 import torch
 
-#: SpeechBrain-layout checkpoint files of a speaker classifier; on-disk names are ``<stem>.<key>``.
-SPEAKER_CKPTS = ("embedding_model.ckpt", "classifier.ckpt")
+from mmunlearn.kinds import Kind, kind_of
 
 
-def _speaker_tensors(root: Path) -> dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]]:
-    from mmunlearn.adapters.speaker_io import read_state
-
+def _file_tensors(root: Path, kind: Kind) -> dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]]:
     out = {}
-    for file in SPEAKER_CKPTS:
+    for file in kind.weight_files:
         if not (root / file).is_file():
             continue
-        state = read_state(root / file)  # weights_only: a checkpoint carrying code is refused
+        state = kind.read_weights(root / file)  # the kind's safe reader (a checkpoint carrying code is refused)
         stem = file.rsplit(".", 1)[0]
         for key, t in state.items():
             out[f"{stem}.{key}"] = (tuple(t.shape), (lambda t=t: t))
@@ -55,10 +52,12 @@ def _read(shard: str, name: str) -> torch.Tensor:
 
 
 def disk_tensors(root: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]]:
-    """On-disk name -> (shape, loader) of a saved model folder (safetensors or SpeechBrain ``.ckpt``)."""
+    """On-disk name -> (shape, loader) of a saved model folder: the weight files of its kind
+    (:attr:`~mmunlearn.kinds.Kind.weight_files`, e.g. SpeechBrain ``.ckpt``), else safetensors shards."""
     root = Path(root)
-    if (root / "hyperparams.yaml").is_file():
-        return _speaker_tensors(root)
+    kind = kind_of(root)
+    if kind is not None and kind.weight_files:
+        return _file_tensors(root, kind)
     return _safetensors_tensors(root)
 
 

@@ -1,7 +1,8 @@
 """The optimisation methods as plug-ins: GradAscent, GradDiff, KL, NPO, SimNPO (one loss each in
 :mod:`mmunlearn.baselines`), trained through the shared loop; with a sweep rule they stop early.
 
-A speaker classifier trains with the model in eval mode (BatchNorm running statistics frozen).
+A kind marked ``train_in_eval_mode`` (:mod:`mmunlearn.kinds`; e.g. speaker classifiers, their BatchNorm running
+statistics frozen) trains with the model in eval mode.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from mmunlearn.baselines import REGISTRY as LOSSES
 from mmunlearn.baselines import BaselineConfig, unlearn
+from mmunlearn.kinds import get_kind
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.rule import early_stop
 
@@ -44,7 +46,7 @@ def run_loss(name: str):
             per_epoch = max(1, math.ceil(len(forget) / (cfg.batch_size * cfg.grad_accum)))
             on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
         res = unlearn(adapter, name, forget, retain, cfg, progress=ctx.progress, on_step=on_step,
-                      train_mode=ctx.kind != "speaker")
+                      train_mode=not get_kind(ctx.kind).train_in_eval_mode)
         info = {"final_loss": res.final_loss, "steps": res.steps, "epoch_cap": cfg.epochs}
         if on_step is not None:
             restored = on_step.restore_in_bound()

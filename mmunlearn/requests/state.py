@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from mmunlearn.kinds import get_kind
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 from mmunlearn.taskvec.lowrank import LowRank
 
@@ -114,7 +115,7 @@ def compute_retain_state(adapter, retain: Sequence[Any], extract: ExtractConfig,
         raise ValueError("the retain set is empty: no retain state to compute")
     info = dict(meta) if meta is not None else expected_meta(adapter, retain, extract, kind)
     source = adapter
-    if kind == "speaker":
+    if get_kind(kind).has_batchnorm:
         from mmunlearn.methods.erasure import batchnorm_safe
 
         extract = batchnorm_safe(extract, len(retain))

@@ -1,0 +1,286 @@
+"""Adapter for Hugging Face audio classifiers whose labels are speakers (``AutoModelForAudioClassification``:
+wav2vec2, HuBERT, WavLM, ...): a ``save_pretrained`` folder in, the same layout out.
+
+The folder holds the model (``config.json`` with an audio-classification architecture, its ``id2label`` naming
+the speakers, safetensors weights) and its feature extractor (``preprocessor_config.json``); :meth:`HFAudioAdapter.save`
+writes both with ``save_pretrained``, so ``transformers.pipeline("audio-classification", model=OUT)`` runs an
+unlearned folder as it ran the input.
+
+Scores follow the speaker classifier's (:mod:`mmunlearn.adapters.speaker`): ``logits`` (B x C) are the model's,
+``loss`` is their cross-entropy, each utterance a one-"token" sequence for ``logprobs`` / ``sequence_logprob``;
+``embeddings`` are the pooled vectors the classification head reads (what verification scores by cosine).
+``layers()`` exposes the 2-D Linear weights (feature projection, each encoder layer's attention and feed-forward,
+the projector and the classifier head), grouped as ``feature_projection``, ``encoder.layers.<i>``, ``projector``,
+``classifier``; the convolutional feature encoder stays untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmunlearn.adapters.base import IGNORE, LayerWeight, resolve_device
+from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.data.waveforms import AudioCache, example_waveform
+from mmunlearn.kinds import Kind, read_small_json, register_kind
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def block_of(name: str) -> str:
+    """Layer group of a parameter: ``encoder.layers.<i>`` for a transformer layer, else the module under the
+    backbone (``feature_projection``, ``encoder``) or the head (``projector``, ``classifier``).
+
+    >>> block_of("wav2vec2.encoder.layers.1.attention.q_proj.weight")
+    'encoder.layers.1'
+    >>> block_of("wav2vec2.feature_projection.projection.weight"), block_of("classifier.weight")
+    ('feature_projection', 'classifier')
+    """
+    layer = _LAYER.search(name)
+    if layer:
+        return f"encoder.layers.{layer.group(1)}"
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 else parts[0]
+
+
+class HFAudioAdapter:
+    """An ``AutoModelForAudioClassification`` model with its feature extractor; class index -> speaker ID from
+    ``config.id2label``. Batches (from :meth:`collate`): the extractor's features of each utterance alone
+    (``input_values`` B x T padded with its padding value, or ``input_features``), ``attention_mask`` when the
+    extractor asks for one, ``lengths`` B and ``labels`` B (-100 for an unknown speaker). A score never depends on
+    the batch: a model without an attention mask runs each length on its own (:meth:`_logits`)."""
+
+    def __init__(self, model: nn.Module, feature_extractor: Any, *, audio_cache: AudioCache | None = None):
+        labels = model.config.id2label
+        self.model = model
+        self.feature_extractor = feature_extractor
+        self.speakers = [str(labels[i]) for i in range(model.config.num_labels)]
+        if len(set(self.speakers)) != len(self.speakers):
+            raise ValueError("the model's id2label names a speaker twice")
+        self.index = {s: i for i, s in enumerate(self.speakers)}
+        self.sample_rate = int(feature_extractor.sampling_rate)
+        self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
+        self.scope = "all"
+
+    # ------------------------------------------------------------------ building, loading, saving
+    @classmethod
+    def build(cls, config: Any, speakers: Sequence[str], feature_extractor: Any, *, seed: int = 0,
+              device: str | torch.device = "auto") -> "HFAudioAdapter":
+        """A fresh classifier from a transformers ``config`` (its labels set to ``speakers``), seeded by ``seed``
+        without touching the global RNG."""
+        from transformers import AutoModelForAudioClassification
+
+        config.num_labels = len(speakers)
+        config.id2label = {i: str(s) for i, s in enumerate(speakers)}
+        config.label2id = {str(s): i for i, s in enumerate(speakers)}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForAudioClassification.from_config(config)
+        return cls(model.to(resolve_device(device)).eval(), feature_extractor)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> "HFAudioAdapter":
+        """Read a ``save_pretrained`` folder: the model and its feature extractor (no code from the folder runs)."""
+        from transformers import AutoFeatureExtractor, AutoModelForAudioClassification
+
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"model directory not found: {path}")
+        model = AutoModelForAudioClassification.from_pretrained(str(path), trust_remote_code=False)
+        fe = AutoFeatureExtractor.from_pretrained(str(path), trust_remote_code=False)
+        return cls(model.to(resolve_device(device)).eval(), fe)
+
+    from_pretrained = load
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """``save_pretrained`` of the model (safetensors) and the feature extractor into ``path``, atomically."""
+        with atomic_dir(path, overwrite=overwrite) as tmp:
+            self.model.save_pretrained(tmp)
+            self.feature_extractor.save_pretrained(tmp)
+        return Path(path)
+
+    def with_model(self, model: nn.Module) -> "HFAudioAdapter":
+        """The same feature extractor and labels around another model; the decoded-audio cache is shared."""
+        return HFAudioAdapter(model, self.feature_extractor, audio_cache=self.audio_cache)
+
+    def clone(self) -> "HFAudioAdapter":
+        """An independent copy of the model; feature extractor and audio cache are shared."""
+        return self.with_model(copy.deepcopy(self.model))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ layers
+    def layers(self) -> Iterator[LayerWeight]:
+        """Every 2-D Linear weight (feature projection, encoder layers, projector, classifier), by :func:`block_of`."""
+        for mname, module in self.model.named_modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, nn.Linear) and isinstance(weight, nn.Parameter) and weight.dim() == 2:
+                name = f"{mname}.weight"
+                yield LayerWeight(name, block_of(name), weight)
+
+    def groups(self) -> dict[str, str]:
+        """Parameter name -> block, for ``erase(..., groups=adapter.groups())``."""
+        return {lw.name: lw.block for lw in self.layers()}
+
+    # ------------------------------------------------------------------ batches
+    def collate(self, examples: Sequence[Mapping[str, Any]], require_labels: bool = True) -> dict[str, torch.Tensor]:
+        """The feature extractor's padded batch of examples (manifest rows, decoded via ``audio_cache``, or dicts
+        whose ``wav`` is a 1-D waveform) with ``labels`` from ``spk_id``; an unknown or missing speaker is an error
+        unless ``require_labels`` is False, then its label is -100."""
+        if not examples:
+            raise ValueError("cannot collate an empty list of examples")
+        wavs = [example_waveform(ex, self.audio_cache, self.sample_rate).numpy() for ex in examples]
+        labels = []
+        for i, ex in enumerate(examples):
+            spk = ex.get("spk_id")
+            label = self.index.get(str(spk), IGNORE) if spk is not None else IGNORE
+            if label == IGNORE and require_labels:
+                raise ValueError(f"example {i} ({ex.get('ID', '?')}): speaker {spk!r} is not one of the "
+                                 f"model's {len(self.speakers)} classes (pass require_labels=False to score it)")
+            labels.append(label)
+        name = self.feature_extractor.model_input_names[0]  # input_values (raw audio) or input_features
+        feats = [self.feature_extractor(w, sampling_rate=self.sample_rate, return_tensors="pt")[name][0] for w in wavs]
+        lengths = torch.tensor([f.shape[-1] for f in feats])
+        batch = {name: torch.stack(feats) if len({tuple(f.shape) for f in feats}) == 1 else _pad(
+            feats, float(getattr(self.feature_extractor, "padding_value", 0.0)))}
+        if getattr(self.feature_extractor, "return_attention_mask", False) and name == "input_values":
+            batch["attention_mask"] = (torch.arange(int(lengths.max())) < lengths[:, None]).long()
+        batch["lengths"] = lengths
+        batch["labels"] = torch.tensor(labels, dtype=torch.long)
+        return batch
+
+    # ------------------------------------------------------------------ scoring
+    def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
+                              model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits (B x C) and the pooled vectors the head reads (B x d), from one forward pass."""
+        net = model or self.model
+        head = getattr(net, "module", net).classifier  # a training loop may pass a wrapped module
+        seen: list[torch.Tensor] = []
+        handle = head.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0]))
+        try:
+            logits = self._logits(batch, net)
+        finally:
+            handle.remove()
+        if len(seen) == 1:
+            return logits, seen[0].float()
+        pooled = seen[0].new_zeros(logits.shape[0], seen[0].shape[-1])  # one pass per length, in sorted order
+        lengths = batch["lengths"]
+        for length, part in zip(sorted(set(lengths.tolist())), seen):
+            pooled[(lengths == length).nonzero(as_tuple=True)[0].to(pooled.device)] = part
+        return logits, pooled.float()
+
+    def _logits(self, batch: Mapping[str, torch.Tensor], net: nn.Module) -> torch.Tensor:
+        """One pass, or without an attention mask one pass per utterance length, each cut to its length: a model
+        that reads padding (group-normalised wav2vec2) then scores an utterance as it scores it alone."""
+        inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "lengths")}
+        lengths = batch.get("lengths")
+        if "input_values" not in inputs or "attention_mask" in inputs or lengths is None or len(set(
+                lengths.tolist())) == 1:
+            return net(**inputs).logits.float()
+        out: torch.Tensor | None = None
+        for length in sorted(set(lengths.tolist())):
+            idx = (lengths == length).nonzero(as_tuple=True)[0].to(self.device)
+            logits = net(input_values=inputs["input_values"][idx, :length]).logits.float()
+            out = logits.new_zeros(len(lengths), logits.shape[1]) if out is None else out
+            out = out.index_copy(0, idx, logits)
+        return out
+
+    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Class logits (B x C): softmax of these is the model's class posterior."""
+        return self._logits(batch, model or self.model)
+
+    def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Mean cross-entropy of the batch (every label must be known)."""
+        labels = batch["labels"]
+        if (labels < 0).any():
+            raise ValueError("loss needs a known speaker label for every example (found -100)")
+        logits = self.logits(batch, model)
+        return F.cross_entropy(logits, labels.to(logits.device))
+
+    def logprobs(self, batch: Mapping[str, torch.Tensor],
+                 model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(label | x) as B x 1 (0 where the label is unknown) and its B x 1 mask."""
+        logits = self.logits(batch, model)
+        labels = batch["labels"].to(logits.device)
+        mask = (labels != IGNORE).unsqueeze(1)
+        lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(1))
+        return lp * mask, mask
+
+    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
+                         average: bool = False) -> torch.Tensor:
+        """log p(label | x) per example (B,); ``average`` changes nothing (one target per utterance)."""
+        return self.logprobs(batch, model)[0].squeeze(1)
+
+    def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Log-probabilities over the speaker classes (B x C), for KL terms."""
+        return torch.log_softmax(self.logits(batch, model), -1)
+
+    def nll(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """Per-example cross-entropy -log p(label | x) (B,); the membership-inference loss score."""
+        return -self.sequence_logprob(batch, model)
+
+    def embeddings(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
+        """The pooled vectors the classification head reads (B x d)."""
+        return self.logits_and_embeddings(batch, model)[1]
+
+    def predict(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Most likely class index per example (B,)."""
+        with torch.no_grad():
+            return self.logits(batch).argmax(-1)
+
+    def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
+        """Frame-level states B x frames x d after encoder layer ``layer`` (0: the embedded features), or
+        ``"final"``: the pooled vector as B x 1 x d."""
+        if layer == "final":
+            return self.embeddings(batch).unsqueeze(1)
+        inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "lengths")}
+        states = self.model(**inputs, output_hidden_states=True).hidden_states
+        if not (isinstance(layer, int) and not isinstance(layer, bool) and -len(states) <= layer < len(states)):
+            raise ValueError(f"layer must be 'final' or an int in [-{len(states)}, {len(states) - 1}], got {layer!r}")
+        return states[layer]
+
+    def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
+        """Speaker IDs of class indices."""
+        return [self.speakers[int(i)] for i in indices]
+
+
+def _pad(feats: Sequence[torch.Tensor], value: float) -> torch.Tensor:
+    out = feats[0].new_full((len(feats), max(f.shape[-1] for f in feats)), value)
+    for i, f in enumerate(feats):
+        out[i, : f.shape[-1]] = f
+    return out
+
+
+def is_audio_classifier(folder: Path) -> bool:
+    """A ``save_pretrained`` folder whose ``config.json`` names an ``AutoModelForAudioClassification`` architecture."""
+    config = read_small_json(folder / "config.json")
+    architectures = config.get("architectures") if config is not None else None
+    if not isinstance(architectures, list) or not any(isinstance(a, str) and a.endswith("Classification")
+                                                      for a in architectures):
+        return False  # only then is transformers' table of architectures imported
+    from transformers.models.auto.modeling_auto import MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES
+
+    return any(a in set(MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES.values()) for a in architectures)
+
+
+def _load_kind(folder: str | os.PathLike, *, device: str = "auto", scope: str = "all", **_: Any) -> HFAudioAdapter:
+    if scope != "all":
+        raise ValueError(f"scope={scope!r} applies to SpeechBrain speaker classifiers; {folder} is a Hugging Face "
+                         "audio classifier (its erasure edits every Linear weight)")
+    return HFAudioAdapter.load(folder, device=device)
+
+
+KIND = register_kind(Kind(
+    "hf-audio", detect=is_audio_classifier, load=_load_kind, sizes=("tiny", "small", "large"), default_size="small",
+    description="Hugging Face audio classifier in save_pretrained layout (AutoModelForAudioClassification: "
+                "wav2vec2, HuBERT, WavLM)",
+    presets_from="speaker", train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=20))

@@ -1,0 +1,117 @@
+"""The Hugging Face audio-classifier kind (``hf-audio``) end to end: a tiny wav2vec2 classifier built from a config and
+trained a few steps on the synthetic speakers, unlearned through ``mmunlearn.unlearn``, restored bit for bit, and
+its output folder run by ``transformers.pipeline("audio-classification")`` unchanged."""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmunlearn.adapters.hf_audio import HFAudioAdapter, block_of
+from mmunlearn.api import load_model, model_kind, unlearn
+from mmunlearn.audit.folder import detect_kind
+from mmunlearn.data.utterances import split_rows
+from mmunlearn.eval.speaker import score_rows
+from mmunlearn.kinds import get_kind, kind_of
+from mmunlearn.methods import get, names
+from mmunlearn.undo import restore_folder
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
+
+
+def tiny_wav2vec2_config():
+    """A 2-layer, 32-wide wav2vec2 classifier config (three small convolutions, no dropout or masking)."""
+    from transformers import Wav2Vec2Config
+
+    return Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                          conv_dim=(16, 16, 16), conv_kernel=(10, 5, 4), conv_stride=(10, 5, 4),
+                          num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, classifier_proj_size=16,
+                          mask_time_prob=0.0, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                          feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(speaker_manifests, tmp_path_factory):
+    """A tiny wav2vec2 speaker classifier trained 40 steps on the corpus, saved with save_pretrained."""
+    from transformers import Wav2Vec2FeatureExtractor
+
+    from mmunlearn.train.config import TrainConfig
+    from mmunlearn.train.loop import train
+
+    rows = split_rows(speaker_manifests, "train")
+    fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True,
+                                  return_attention_mask=False)
+    adapter = HFAudioAdapter.build(tiny_wav2vec2_config(), sorted({r["spk_id"] for r in rows}), fe, device="cpu")
+    train(adapter.model, lambda m, b: adapter.loss(b, model=m), rows, adapter.collate,
+          TrainConfig(steps=40, lr=3e-3, batch_size=8, seed=0), progress=False, device="cpu")
+    adapter.model.eval()
+    path = tmp_path_factory.mktemp("hf_audio") / "wav2vec2"
+    adapter.save(path)
+    return path
+
+
+def _weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _same_bits(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_kind_is_detected_loaded_and_takes_the_speaker_presets(hf_dir, speaker_manifests):
+    assert kind_of(hf_dir).name == model_kind(hf_dir) == detect_kind(hf_dir) == "hf-audio"
+    kind = get_kind("hf-audio")
+    assert kind.is_classifier and kind.takes_audio and kind.train_in_eval_mode and not kind.has_batchnorm
+    assert kind.weight_files == ()  # safetensors: restore needs nothing of its own
+    assert "t3" not in names("hf-audio") and {"qr-erase", "grad_diff"} <= set(names("hf-audio"))
+    assert get("qr-erase").config_for("hf-audio", "tiny") == get("qr-erase").config_for("speaker", "tiny")
+    with pytest.raises(ValueError, match="t3 does not apply to a hf-audio model"):
+        get("t3", "hf-audio")
+    with pytest.raises(ValueError, match="scope='head' applies to SpeechBrain"):
+        load_model(hf_dir, device="cpu", scope="head")
+
+    adapter = load_model(hf_dir, device="cpu")
+    assert isinstance(adapter, HFAudioAdapter) and adapter.speakers == sorted(
+        {r["spk_id"] for r in split_rows(speaker_manifests, "train")})
+    layers = list(adapter.layers())
+    assert {lw.block for lw in layers} == {"feature_projection", "encoder.layers.0", "encoder.layers.1", "projector",
+                                           "classifier"}
+    assert all(lw.weight.dim() == 2 for lw in layers) and "classifier.weight" in adapter.groups()
+    assert not any("conv" in lw.name for lw in layers)  # the convolutional feature encoder stays untouched
+    assert block_of("hubert.encoder.layers.7.feed_forward.output_dense.weight") == "encoder.layers.7"
+
+    rows = split_rows(speaker_manifests, "spk_retain_test")
+    scores = score_rows(adapter, rows, batch_size=4, desc=None)
+    assert scores.logits.shape == (len(rows), len(adapter.speakers)) and scores.embeddings.shape == (len(rows), 16)
+    alone = adapter.logits(adapter.collate(rows[:1])).detach().numpy()[0]
+    np.testing.assert_allclose(scores.logits[0 if len(rows) == 1 else list(scores.ids).index(rows[0]["ID"])], alone,
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["qr-erase", "grad_diff"])
+def test_unlearned_restored_bit_for_bit_and_run_by_the_transformers_pipeline(method, hf_dir, speaker_manifests,
+                                                                             tmp_path):
+    from transformers import pipeline
+
+    from mmunlearn.erase import PATCH_NAME
+
+    forget = speaker_manifests / "spk_forget_train.csv"
+    retain = speaker_manifests / "spk_retain_train.csv"
+    settings = {"qr-erase": dict(size="tiny"), "grad_diff": dict(rule=None, epochs=2, lr=1e-3)}[method]
+    result = unlearn(hf_dir, forget=forget, retain=retain, method=method, out=tmp_path / "out", device="cpu",
+                     progress=False, **settings)
+    report = result.report
+    assert report["model_kind"] == "hf-audio" and report["where"] is None and (tmp_path / "out" / PATCH_NAME).is_file()
+    assert report["changed_fraction"] > 0 and report["forget_nll"]["after"] > report["forget_nll"]["before"]
+    if method == "qr-erase":  # the classifier rule drove the sweep, as for a SpeechBrain classifier
+        assert report["rule"]["forget_measure"] == "worst_speaker_error_rate" and report["info"]["sweep"]
+    assert not _same_bits(_weights(tmp_path / "out"), _weights(hf_dir))
+
+    restore_folder(tmp_path / "out", tmp_path / "restored", progress=False)
+    assert _same_bits(_weights(tmp_path / "restored"), _weights(hf_dir))
+    assert model_kind(tmp_path / "restored") == "hf-audio"
+
+    classify = pipeline("audio-classification", model=str(tmp_path / "out"), device="cpu")
+    wave = np.sin(2 * np.pi * 220 * np.arange(16000) / 16000).astype(np.float32)
+    labels = classify({"raw": wave, "sampling_rate": 16000}, top_k=len(result.adapter.speakers))
+    assert {x["label"] for x in labels} == set(result.adapter.speakers)
+    assert abs(sum(x["score"] for x in labels) - 1.0) < 1e-4

@@ -1,0 +1,84 @@
+"""The model-kind registry (mmunlearn.kinds): registration, lookup, folder detection, and that the code outside the
+adapters asks a kind's capabilities instead of comparing kind names."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from mmunlearn.kinds import Kind, get_kind, kind_names, kind_of, read_small_json, register_kind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_built_in_kinds_are_registered_in_detection_order():
+    assert kind_names() == ("speaker", "hf-audio", "speech-llm", "text")  # the catch-all (any config.json) last
+    speaker, text = get_kind("speaker"), get_kind("text")
+    assert speaker.has_batchnorm and speaker.train_in_eval_mode and speaker.is_classifier and speaker.weight_files
+    assert not (text.takes_audio or text.is_classifier or text.train_in_eval_mode or text.weight_files)
+    with pytest.raises(ValueError, match="unknown model kind 'vision'; choose one of"):
+        get_kind("vision")
+
+
+def test_a_name_is_taken_by_one_module_and_sizes_are_checked():
+    def load(folder, **_):
+        return folder
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_kind(Kind("speaker", detect=lambda f: False, load=load, sizes=("s",), default_size="s",
+                           description="another speaker kind"))
+    with pytest.raises(ValueError, match="default size 'm' is not one of"):
+        Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="m", description="x")
+    with pytest.raises(ValueError, match="need a read_weights"):
+        Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="s", description="x",
+             weight_files=("w.ckpt",))
+
+
+def test_detection_reads_names_and_small_json_only(tmp_path):
+    assert kind_of(tmp_path) is None and kind_of(tmp_path / "missing") is None
+    (tmp_path / "hyperparams.yaml").write_text("anything")
+    assert kind_of(tmp_path).name == "speaker"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "qwen2_audio"}))
+    assert kind_of(other).name == "speech-llm"
+    (other / "config.json").write_text(json.dumps({"architectures": ["WavLMForXVector", "HubertForSequenceClassification"]}))
+    assert kind_of(other).name == "hf-audio"
+    (other / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
+    assert kind_of(other).name == "text"
+    (other / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # nested too deeply for json: not detected
+    assert read_small_json(other / "config.json") is None and kind_of(other).name == "text"
+    (other / "config.json").write_text(json.dumps({"model_type": "qwen2_audio", "pad": "x" * (1 << 20)}))
+    assert read_small_json(other / "config.json") is None  # over the size a detector reads
+
+
+def _kind_literal_comparisons(path: Path) -> list[str]:
+    """``<...kind...> ==/!=/in <kind name literal(s)>`` in one file."""
+    names = set(kind_names())
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        about_kind = any("kind" in ast.unparse(s).lower() for s in sides if not isinstance(s, ast.Constant))
+        literals = {c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)}
+        if about_kind and literals & names:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_the_adapters_compares_kind_names():
+    """Kind knowledge lives in the adapter that registers the kind (mmunlearn/adapters/) and the registry: the rest of
+    the package, the recipes and data_prep ask a kind's capabilities (``has_batchnorm``, ``is_classifier``, ...)."""
+    files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
+             if "adapters" not in p.parts and p.name != "kinds.py"]
+    found = [hit for p in files for hit in _kind_literal_comparisons(p)]
+    assert len(files) > 100 and found == []
+
+
+def test_the_scan_finds_kind_comparisons_and_skips_others(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f(ctx, kind, level):\n    a = ctx.kind != "speaker" or kind in ("text", "speech-llm")\n'
+                      '    return a or level == "speaker" or kind == "finetune"\n')
+    assert len(_kind_literal_comparisons(sample)) == 2
