@@ -4,7 +4,7 @@ from mmunlearn import _compat
 
 _compat.patch_torchaudio()  # before anything imports torchaudio, speechbrain or HF audio code
 
-__version__ = "0.1.0"
+from mmunlearn._version import __version__  # noqa: E402
 
 from mmunlearn.erase import (  # noqa: E402
     Basis,

@@ -23,6 +23,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from mmunlearn._version import __version__
 from mmunlearn.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
 from mmunlearn.errors import NonFiniteError, writing
 from mmunlearn.layout import MARKER, check_not_reserved
@@ -118,8 +119,6 @@ def load_checkpoint(root: str | os.PathLike) -> Checkpoint:
 def _write_marker(folder: Path) -> None:
     """The marker that lets ``overwrite`` replace this folder later. No timestamp (the folder's mtime
     has it): two runs that write the same output give byte-identical folders."""
-    from mmunlearn import __version__
-
     write_json_atomic(folder / MARKER, {"tool": "mmunlearn", "version": __version__})
 
 

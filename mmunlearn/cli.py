@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-import mmunlearn
+from mmunlearn._version import __version__
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.report_cli import app as report_app
 from mmunlearn.erase.basis import METHODS
@@ -92,7 +92,7 @@ def _finite(value: Optional[float]) -> Optional[float]:
 @app.command()
 def version() -> None:
     """Print the mmunlearn version."""
-    console.print(f"mmunlearn {mmunlearn.__version__}")
+    console.print(f"mmunlearn {__version__}")
 
 
 _EH, _ED = EraseOptions.help, EraseOptions()  # every erase option's meaning and default, declared once

@@ -1,26 +1,40 @@
-"""The package's layers point one way: no import of recipes/ from mmunlearn/, no import cycle between packages."""
+"""The package's layers point one way: no import of recipes/ from mmunlearn/ or data_prep/, no import cycle between
+the packages and root modules of mmunlearn/ and data_prep/, no submodule importing the package face."""
 
 import ast
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "mmunlearn"
+DATA_PREP = ROOT.parent / "data_prep"
 
 
-def _imports() -> dict[str, set[str]]:
+def _imports(*roots: Path) -> dict[str, set[str]]:
+    """Module -> the modules it imports (at the top or in a function body), for the .py files under ``roots``."""
     edges: dict[str, set[str]] = defaultdict(set)
-    for path in ROOT.rglob("*.py"):
-        module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                edges[module].add(node.module)
-            elif isinstance(node, ast.Import):
-                edges[module].update(a.name for a in node.names)
+    for root in roots or (ROOT,):
+        for path in root.rglob("*.py"):
+            module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    edges[module].add(node.module)
+                    if node.module == "mmunlearn":  # `from mmunlearn import layout` imports a submodule
+                        edges[module].update(f"mmunlearn.{a.name}" for a in node.names if _is_submodule(a.name))
+                elif isinstance(node, ast.Import):
+                    edges[module].update(a.name for a in node.names)
     return edges
 
 
+def _is_submodule(name: str) -> bool:
+    return (ROOT / f"{name}.py").is_file() or (ROOT / name).is_dir()
+
+
 def _package(module: str) -> str:
+    """The node of ``module`` in the layer graph: a package of mmunlearn/ (``mmunlearn.erase``), a root module
+    (``mmunlearn.api``), or data_prep as one package."""
     parts = module.split(".")
+    if parts[0] == "data_prep":
+        return "data_prep"
     return ".".join(parts[:2]) if len(parts) > 1 and (ROOT / parts[1]).is_dir() else module
 
 
@@ -30,11 +44,34 @@ def test_the_library_never_imports_the_recipes():
     assert bad == []
 
 
+def test_data_prep_never_imports_the_recipes():
+    bad = sorted(f"{m} -> {t}" for m, targets in _imports(DATA_PREP).items() for t in targets
+                 if t == "recipes" or t.startswith("recipes."))
+    assert bad == []
+
+
+def test_no_submodule_imports_the_package_face():
+    """``mmunlearn/__init__.py`` sits above every submodule: none imports it for a name it defines (e.g. the version,
+    in ``mmunlearn/_version.py``); ``from mmunlearn import layout`` names a submodule and is allowed."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        if path == ROOT / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import) and any(a.name == "mmunlearn" for a in node.names):
+                bad.append(f"{path.relative_to(ROOT.parent)}: import mmunlearn")
+            elif isinstance(node, ast.ImportFrom) and node.module == "mmunlearn" and node.level == 0:
+                bad += [f"{path.relative_to(ROOT.parent)}: from mmunlearn import {a.name}" for a in node.names
+                        if not _is_submodule(a.name)]
+    assert bad == []
+
+
 def test_no_import_cycle_between_packages():
     graph: dict[str, set[str]] = defaultdict(set)
-    for module, targets in _imports().items():
+    for module, targets in _imports(ROOT, DATA_PREP).items():
         for t in targets:
-            if t.startswith("mmunlearn.") and _package(t) != _package(module) and _package(module) != "mmunlearn":
+            if (t.startswith("mmunlearn.") or t.startswith("data_prep")) and _package(t) != _package(module) \
+                    and _package(module) != "mmunlearn":
                 graph[_package(module)].add(_package(t))
 
     def reach(start: str) -> set[str]:
@@ -49,3 +86,7 @@ def test_no_import_cycle_between_packages():
     cycles = sorted(p for p in graph if p in reach(p))
     assert cycles == [], f"packages on an import cycle: {cycles}"
     assert reach("mmunlearn.adapters").isdisjoint({"mmunlearn.tilt", "mmunlearn.methods", "mmunlearn.presets"})
+    assert {"mmunlearn.api", "mmunlearn.checkpoint", "mmunlearn.bench", "data_prep"} <= set(graph)
+    # the kind registry imports nothing of the package (it loads the adapters by name): every layer may use it
+    assert not [t for t in _imports()["mmunlearn.kinds"] if t.startswith("mmunlearn")]
+    assert "mmunlearn.bench" not in reach("data_prep")

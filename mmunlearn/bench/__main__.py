@@ -1,6 +1,6 @@
 """Entry point of ``python -m mmunlearn.bench``."""
 
-import mmunlearn  # noqa: F401  (torchaudio compatibility before anything else)
+# ``python -m`` imports the package face (mmunlearn/__init__.py: torchaudio compatibility) before this module
 from mmunlearn.bench.cli import app
 
 app()

@@ -200,8 +200,7 @@ def _rss(field_name: str) -> int:
 
 def _child(argv: list[str]) -> None:
     """One erase path in this process; prints a JSON line with its time and memory."""
-    import mmunlearn  # noqa: F401  (before transformers, as everywhere)
-    from mmunlearn.erase.stream import stream_erase_checkpoint
+    from mmunlearn.erase.stream import stream_erase_checkpoint  # the package face (torchaudio compatibility) first
     from mmunlearn.erase.in_memory import erase_checkpoint
 
     path, model, forget, retain, out, rank, threads = argv
