@@ -139,7 +139,9 @@ def make_record(source: Mapping[str, Any], *, name: str, command: str, title: st
         raise ValueError(f"the run's JSON has no '{rows_key}' list of rows")
     record = {"name": name, "title": title, "command": command,
               "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "commit": commit if commit is not None else git_commit(), "machine": machine_facts(),
+              "commit": commit if commit is not None else git_commit(),
+              # the run's own machine facts when it wrote them (load while it ran), else those at recording
+              "machine": dict(source.get("machine") or machine_facts()),
               "columns": [list(c) for c in (columns or source.get("columns") or [[k, k] for k in rows[0]])],
               "rows": rows, "context": source.get("context", {})}
     render(record)  # refuse a record that cannot be rendered

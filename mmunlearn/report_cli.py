@@ -32,10 +32,21 @@ def record(
     command: Annotated[str, typer.Option(help="The exact command that produced the run (kept with the figures).")],
     title: Annotated[str, typer.Option(help="One line saying what the table shows.")] = "",
     rows_key: Annotated[str, typer.Option(help="Key of the row list in the run's JSON.")] = "rows",
+    columns: Annotated[Optional[str], typer.Option(help="Columns as 'header=key,header=key' (default: the run's "
+                                                         "own 'columns', else every key of its first row).")] = None,
+    commit: Annotated[Optional[str], typer.Option(help="The commit the run was made at (default: the checked-out one).")] = None,
+    date: Annotated[Optional[str], typer.Option(help="When the run was made (default: now).")] = None,
     out: Results = Path("docs/results"),
 ) -> None:
     """Copy a run's rows and columns into a record with the command, date, commit and machine facts."""
-    rec = report.make_record(report.load_source(run), name=name, command=command, title=title, rows_key=rows_key)
+    cols = None
+    if columns is not None:
+        pairs = [c.split("=", 1) for c in columns.split(",") if c.strip()]
+        if not pairs or any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+            raise typer.BadParameter(f"expected 'header=key,header=key', got {columns!r}", param_hint="--columns")
+        cols = [[h.strip(), k.strip()] for h, k in pairs]
+    rec = report.make_record(report.load_source(run), name=name, command=command, title=title, rows_key=rows_key,
+                             columns=cols, commit=commit, date=date)
     path = report.write_record(rec, out)
     console.print(report.render(rec), markup=False, soft_wrap=True)
     console.print(f"recorded in {path}")

@@ -45,6 +45,18 @@ def test_pages_are_regenerated_and_a_stale_table_is_found(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+def test_columns_can_be_chosen_on_the_command_line(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps({"rows": [{"stage": "train", "ratio": 1.25, "runs": [1, 2]}]}))
+    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "bench.json"), "--name", "b", "--command", "c",
+                                   "--columns", "stage=stage,mmunlearn/plain=ratio", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((tmp_path / "b.json").read_text())
+    assert report.render(rec).splitlines()[2] == "| train | 1.2500 |"
+    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "bench.json"), "--name", "b", "--command", "c",
+                                   "--columns", "nokey", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "header=key" in res.output
+
+
 def test_bad_records_and_missing_ones_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="record name"):
         report.make_record(RUN, name="../x", command="c")
