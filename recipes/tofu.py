@@ -204,16 +204,17 @@ class _Stages:
     def __init__(self, total: int, start: float):
         self.total, self.start, self.finished, self.times = total, start, 0, []
 
-    def done(self, name: str, seconds: float, reused: bool = False) -> None:
+    def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False) -> None:
         self.finished += 1
-        if not reused:
+        if not reused and not setup:  # the models' build is no guide to a method's time
             self.times.append(seconds)
         left = self.total - self.finished
         estimate = (sum(self.times) / len(self.times) * left) if self.times and left else 0.0
         console.print(f"[stage {self.finished}/{self.total}] {name}: "
                       + ("reused (finished earlier)" if reused else f"{seconds:.0f} s")
                       + f"; elapsed {time.perf_counter() - self.start:.0f} s"
-                      + (f"; about {estimate / 60:.0f} min left" if left else ""), markup=False, soft_wrap=True)
+                      + (f"; about {estimate / 60:.0f} min left" if left and self.times else ""),
+                      markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -434,7 +435,7 @@ def compare(
     stages = _Stages(len(chosen) + 1, start)
     ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, lean.pop("max_new_tokens"),
                                 overrides=overrides, target=target, retain=retain_model, metrics=groups, **lean)
-    stages.done("target and retain models, their evaluations", time.perf_counter() - start)
+    stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
     _warn_memorisation(ctx)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
