@@ -8,7 +8,9 @@ rule, rank x scale is chosen on the training partitions. ``sweep_scales="auto"``
 vectors' size: candidate edits have ||scale * T_f||_F / ||W||_F = 0.001, 0.002, 0.004, ... (an upper bound of the
 relative update ||dW|| / ||W||, up to 1, an update as large as the weights), so the grid fits a 5M and a 135M
 model alike; once the rule's target or bound is crossed, the crossing is bisected geometrically
-(``sweep_bisections`` steps). Ranks are tried in order and the sweep stops at the first rank whose edit meets
+(``sweep_bisections`` steps); when the grid's first size already passes the retain bound (a real checkpoint's
+gradient task vectors can), the size is halved until an edit is within it, and that crossing is bisected.
+Ranks are tried in order and the sweep stops at the first rank whose edit meets
 the rule. Each point prints one progress line.
 """
 
@@ -165,6 +167,23 @@ def relative_unit(model, tf) -> float:
     return (t_sq / w_sq) ** 0.5
 
 
+#: With 'auto' scales, when the grid's smallest edit already passes the retain bound: at most this many halvings
+#: down to an edit within the bound (the bisection then narrows the crossing between the two).
+MAX_HALVINGS = 8
+
+
+def _below_the_bound(score, rank, scale: float) -> float | None:
+    """Halve ``scale`` until an edit keeps the retain measure within the bound (at most :data:`MAX_HALVINGS`
+    times); that scale, or None when none did. A real checkpoint's gradient task vectors can pass the bound at
+    the grid's first size (0.001 of the weights' norm: SmolLM2 on TOFU, retain NLL +0.16)."""
+    for _ in range(MAX_HALVINGS):
+        scale /= 2
+        reached, over = score(rank, scale)
+        if not over:
+            return scale
+    return None
+
+
 def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
            progress: bool) -> tuple[list[SweepPoint], SweepPoint]:
     """Score candidate (rank, scale) edits (each applied, measured and undone); the rule's choice."""
@@ -197,6 +216,8 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
             reached, over = score(r, s)
             if not auto:
                 continue
+            if over and good is None and not reached:  # the smallest size tried is already over the bound
+                good = _below_the_bound(score, r, s)
             if reached or over:  # larger scales only go further past the target or the bound
                 lo, hi = good, s
                 for _ in range(cfg.sweep_bisections if lo is not None else 0):  # geometric bisection

@@ -54,3 +54,23 @@ def test_relative_unit_is_the_task_to_weight_norm_ratio():
     assert relative_unit(model, tf) == pytest.approx(float(tf[name].norm() / w.detach().norm()), rel=1e-6)
     with pytest.raises(ValueError, match="all zero"):
         relative_unit(model, {name: torch.zeros_like(w)})
+
+
+def test_when_the_smallest_grid_size_passes_the_bound_the_sweep_halves_down_to_it():
+    src = "synthetic:n_authors=10"
+    forget, retain = load_split(src, "forget10")[:10], load_split(src, "retain90")[:20]
+    ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
+    base_r = mean_nll(ad, retain)
+    cfg = EraseConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0))
+    probe = run(ad.clone(), forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=10.0),
+                                                            progress=False))
+    first = SweepPoint(**probe.info["sweep"][0])  # the grid's smallest edit, 0.001 of the weights' norm
+    bound = (first.retain_nll - base_r) / 20  # so small that this edit passes it
+    res = run(ad, forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=bound),
+                                                  progress=False))
+    sweep = [SweepPoint(**p) for p in res.info["sweep"]]
+    assert sweep[0].relative == pytest.approx(AUTO_RELATIVE[0]) and sweep[0].retain_nll - base_r > bound
+    halved = [p.relative for p in sweep[1:] if p.relative < AUTO_RELATIVE[0] * 0.99]
+    assert halved and halved[0] == pytest.approx(AUTO_RELATIVE[0] / 2)  # down by halves, not stopped at 0.001
+    chosen = next(p for p in sweep if p.scale == res.info["chosen"]["scale"])
+    assert chosen.relative < AUTO_RELATIVE[0] and chosen.retain_nll - base_r <= bound
