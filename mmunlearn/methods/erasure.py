@@ -216,7 +216,7 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
             reached, over = score(r, s)
             if not auto:
                 continue
-            if over and good is None and not reached:  # the smallest size tried is already over the bound
+            if over and good is None:  # the smallest size tried is already over the bound
                 good = _below_the_bound(score, r, s)
             if reached or over:  # larger scales only go further past the target or the bound
                 lo, hi = good, s
