@@ -54,6 +54,10 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+#: (retain rank, layer rule) pairs tried at every extraction and rank: the preset, no retain projection, every layer
+CONFIGS = ((128, "mean"), (0, "mean"), (128, "all"))
+
+
 def _rank(row: dict, bound: float) -> tuple:
     """Configurations that meet the rule first, then the largest forget rise within the retain bound."""
     within = row["retain_rise"] <= bound
@@ -100,7 +104,7 @@ def main() -> None:
         tf, tr, seconds = extract(kind, where)
         print(f"{name}: extracted in {seconds:.0f} s")
         for rank in [int(r) for r in args.ranks.split(",")]:
-            for retain_rank, layer_rule in ((128, "mean"), (0, "mean"), (128, "all")):
+            for retain_rank, layer_rule in CONFIGS:
                 cfg = EraseConfig(rank=rank, retain_rank=retain_rank, layer_rule=layer_rule,
                                   localize=layer_rule != "all")
                 t0 = time.perf_counter()
