@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.report import fmt as _fmt
 
 #: Columns of the comparison table: (header, TOFU log key or row field).
 COLUMNS = (
@@ -56,18 +57,6 @@ def ordered(rows: list[dict]) -> list[dict]:
     rank = {m: i for i, m in enumerate(names())}
     return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
                                        r["method"] != "target model"))
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if isinstance(value, float):
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
-            return f"{value:.2e}"
-        return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
 
 
 def markdown(rows: list[dict]) -> str:
