@@ -7,11 +7,16 @@ for each forget-extraction kind asked. Every request is also given to GradDiff, 
 with the same rule, trained until it meets the forget criterion (or runs out of epochs). QR-Erase sweeps its
 scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient and fine-tuning extractions
 of very different magnitudes are searched alike. Both use the
-same :class:`~mmunlearn.methods.rule.SweepRule` (speaker level: forget error rate at or above ``1 - 1/C``,
-retain NLL rising by at most ``retain_bound`` nats), scored once an epoch for GradDiff and once a sweep
-point for QR-Erase. Per request: wall time of the whole request (scoring and report included), the
+speaker rule of ``mmunlearn.unlearn`` (:func:`mmunlearn.api.speaker_rule`: the request's speaker's utterances
+predicted as none of the request's speakers -- :func:`mmunlearn.eval.speaker.forgotten_error_rate`, the worst
+speaker's share -- at or above ``1 - 1/C``, retain NLL rising by at most ``retain_bound`` nats), scored once an
+epoch for GradDiff and once a sweep point for QR-Erase. Per request: wall time of the whole request (scoring and report included), the
 method's own time (extraction + edit / training), the rule's measures, held-out accuracy of the kept
-speakers, and the peak resident memory above the level at the start of the request. The rule scores the
+speakers, the share of the utterances (training and held-out) of every speaker forgotten so far predicted as
+any forgotten speaker and the largest share of one of them sent to a single retained speaker
+(:func:`mmunlearn.eval.speaker.forgotten_counts`), and the peak resident memory above the level at the start of
+the request. The same two shares of the retrained model (trained on the retained speakers only, cached beside the
+original) are in ``setup["retrained"]`` and the table's last row: what the last request's state should match. The rule scores the
 retain measure on ``score_retain`` retain utterances spread over the set (both methods alike); the full
 retain set's NLL before and after each request is in the JSON rows.
 """
@@ -147,13 +152,6 @@ def machine() -> dict[str, Any]:
             "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
 
 
-def error_rate(adapter, items: Sequence[dict]) -> float:
-    """1 - identification accuracy (the speaker-level forget measure)."""
-    from mmunlearn.eval.speaker import accuracy
-
-    return 1.0 - accuracy(adapter, items, desc=None)
-
-
 def forgotten_share(adapter, rows: Sequence[dict]) -> tuple[float, float]:
     """(share of ``rows`` predicted as any of their speakers, largest share of one speaker's rows sent to one other
     class) -- :func:`mmunlearn.eval.speaker.forgotten_counts` on the forgotten speakers' utterances."""
@@ -164,8 +162,9 @@ def forgotten_share(adapter, rows: Sequence[dict]) -> tuple[float, float]:
 
 
 def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, videos: int, forget_speakers: int,
-                   epochs: int | None, progress: bool, manifests: Path | None = None) -> tuple[Path, Path]:
-    """Manifests (``manifests``, or the built-in corpus's) and a classifier trained on them (cached in ``workdir``)."""
+                   epochs: int | None, progress: bool, manifests: Path | None = None) -> tuple[Path, Path, Path]:
+    """Manifests (``manifests``, or the built-in corpus's), a classifier trained on them and one trained on the
+    retained speakers only (the retrained model, same label space), both cached in ``workdir``."""
     import hashlib
 
     from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
@@ -189,16 +188,20 @@ def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, v
            if preset == "tiny" else DEFAULT_TRAIN)
     if epochs is not None:
         cfg = cfg.replace(epochs=epochs)
-    model_dir = workdir / f"model-{preset}-e{cfg.epochs}{tag}"
-    if not (model_dir / "hyperparams.yaml").is_file():
-        rows, labels = training_rows(man, "speaker", retain_only=False)
-        if progress:
-            print(f"training the {preset} classifier on {len(rows)} utterances of {len(labels)} speakers "
-                  f"({cfg.epochs} epochs; cached in {model_dir}) ...", flush=True)
-        adapter, _ = train_speaker_classifier(rows, speakers=labels, preset=preset, config=cfg, seed=0, device="cpu",
-                                              progress=progress, desc=f"train {preset} classifier")
-        adapter.save(model_dir, overwrite=True)
-    return man, model_dir
+    dirs = []
+    for retain_only, role in ((False, "model"), (True, "retrained")):
+        model_dir = workdir / f"{role}-{preset}-e{cfg.epochs}{tag}"
+        if not (model_dir / "hyperparams.yaml").is_file():
+            rows, labels = training_rows(man, "speaker", retain_only=retain_only)
+            if progress:
+                print(f"training the {preset} {role} classifier on {len(rows)} utterances of "
+                      f"{len({r['spk_id'] for r in rows})} speakers ({cfg.epochs} epochs; cached in {model_dir}) ...",
+                      flush=True)
+            adapter, _ = train_speaker_classifier(rows, speakers=labels, preset=preset, config=cfg, seed=0,
+                                                  device="cpu", progress=progress, desc=f"train {preset} {role}")
+            adapter.save(model_dir, overwrite=True)
+        dirs.append(model_dir)
+    return man, dirs[0], dirs[1]
 
 
 def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: int = 10, utterances: int = 20,
@@ -211,15 +214,19 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     (``head``: class weights only, retain rank 0, embeddings reused by the scoring); GradDiff trains all.
     ``manifests``: a prepared corpus (e.g. FSDD from ``voxceleb2 prepare-corpus``) instead of the built-in one;
     each of its forget speakers is one request (``requests`` is then ignored)."""
+    from dataclasses import replace
+
     from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.api import speaker_rule
     from mmunlearn.data.utterances import split_rows
-    from mmunlearn.methods import SweepRule, get, mean_nll, run_unlearning
+    from mmunlearn.eval.speaker import accuracy, forgotten_rates
+    from mmunlearn.methods import get, run_unlearning
     from mmunlearn.requests import History, obtain_retain_state, run_request
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    man, model_dir = _speaker_model(workdir, preset, speakers, utterances, videos, requests, train_epochs, progress,
-                                    Path(manifests) if manifests is not None else None)
+    man, model_dir, retrained_dir = _speaker_model(workdir, preset, speakers, utterances, videos, requests,
+                                                   train_epochs, progress, manifests and Path(manifests))
     forget_rows, retain = split_rows(man, "spk_forget_train"), split_rows(man, "spk_retain_train")
     heldout = split_rows(man, "spk_retain_test")
     ids = sorted({r["spk_id"] for r in forget_rows})
@@ -238,11 +245,15 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     n_classes = len(original.speakers)
     scored = retain if not score_retain or score_retain >= len(retain) else \
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    rule = SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound, forget_measure=error_rate,
-                     retain_measure=mean_nll, retain_items=scored, checks_per_epoch=1)
+    rule = replace(speaker_rule(n_classes, retain_bound), retain_items=scored, checks_per_epoch=1)
     size = preset if preset in ("tiny", "small") else "large"
-    error_rate(original, heldout[:4])  # decode the audio once, outside every timed block
-    error_rate(original, retain + forget_rows)
+    accuracy(original, heldout + retain + forget_rows + forget_test, desc=None)  # decode the audio once, untimed
+    retrained = SpeakerAdapter.load(retrained_dir, device="cpu")
+    if retrained.speakers != original.speakers:
+        raise ValueError(f"{retrained_dir}: the retrained model's classes differ from the original's")
+    re_any, re_sink = forgotten_share(retrained, gone[-1])
+    retrained_row = {"model": str(retrained_dir), "forgotten_any": re_any, "forgotten_sink": re_sink,
+                     "heldout_retain_acc": accuracy(retrained, heldout, desc=None) if heldout else None}
     state_dir = workdir / "retain_state"
     t0 = time.perf_counter()
     obtain_retain_state(state_dir, scoped, retain, None, kind="speaker",
@@ -268,7 +279,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                     out = run_unlearning("grad_diff", gd, forget, retain, kind="speaker", size=size,
                                          overrides=gd_over, rule=rule, progress=progress)
                     wall = time.perf_counter() - t
-                add(counted(_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd))
+                add(counted(request_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd))
             with PeakMemory() as mem:
                 t = time.perf_counter()
                 out = run_request(model, forget, retain, kind="speaker", method="qr-erase", size=size,
@@ -277,7 +288,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                                   history=history, progress=progress)
                 wall = time.perf_counter() - t
             history = History(workdir, out.report["requests"])
-            row = _row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
+            row = request_row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
             row.detail["retain_state"] = out.report["retain_state"]["status"]
             add(counted(row, model))
     batch = None
@@ -292,91 +303,22 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
         batch = {"extract": extracts[0], "seconds_with_comparison": time.perf_counter() - t,
                  "union_method_seconds": out.report["extract_seconds"] + out.report["unlearn_seconds"],
                  "union_rule": out.report["rule"], "union_target_reached": out.report["target_reached"],
-                 "forget_error_union": [error_rate(model, a) for a in asks],
-                 "forgotten_any_union": forgotten_share(model, gone[-1])[0],
-                 "forgotten_sink_union": forgotten_share(model, gone[-1])[1], **one}
+                 "forget_error_union": forgotten_rates(model, forget_rows),
+                 **dict(zip(("forgotten_any_union", "forgotten_sink_union"), forgotten_share(model, gone[-1]))),
+                 **one}
     setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
              "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
              "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
              "qr_erase": {**asdict(get("qr-erase").config_for("speaker", size)), **qr_over}, "extracts": list(extracts),
-             "scope": scope, "manifests": str(man)}
+             "scope": scope, "manifests": str(man), "retrained": retrained_row}
     name = "built-in corpus" if manifests is None else f"manifests {Path(manifests).name}"
     return BenchResult(f"speaker classifier ({name})", setup, prepare_seconds, rows)
 
 
-def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,
-             extracts: Sequence[str] = ("gradient", "lora", "finetune"), retain_bound: float = 0.1,
-             gd_epochs: int | None = None, score_retain: int | None = 64, cache_dir: str | os.PathLike | None = None,
-             workdir: str | os.PathLike = "runs/bench_requests", progress: bool = False,
-             show: Callable[[RequestRow], None] | None = None) -> BenchResult:
-    """TOFU: one request per forget author (target and base models built by :mod:`mmunlearn.presets`, cached);
-    the rule's forget target is the base model's answer NLL on that author's questions (it never saw them),
-    the retain measure the mean answer NLL (``score_retain`` retain questions spread over the set)."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.data.tofu import load_split, split_info
-    from mmunlearn.methods import SweepRule, get, run_unlearning
-    from mmunlearn.presets.build import build_models
-    from mmunlearn.requests import History, obtain_retain_state, run_request
-
-    built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress,
-                         roles=("target",))
-    pct = split_info(forget_split).forget_pct
-    forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
-    retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
-    ids = sorted({it.author for it in forget})
-    asks = [[it for it in forget if it.author == a] for a in ids]
-    original = TextLLMAdapter.from_pretrained(built.target, device="cpu")
-    base = TextLLMAdapter.from_pretrained(built.base, device="cpu")
-    targets = [float(base.answer_nll(a).mean()) for a in asks]
-    scored = retain if not score_retain or score_retain >= len(retain) else \
-        [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    size = preset if preset in ("micro", "mini") else "model_dir"
-    state_dir = Path(workdir) / "retain_state_tofu"
-    t0 = time.perf_counter()
-    obtain_retain_state(state_dir, original, retain, None, kind="text",
-                        default_extract=get("qr-erase").config_for("text", size).extract, refresh=True,
-                        progress=progress)
-    prepare_seconds = time.perf_counter() - t0
-    gd_over = {"epochs": gd_epochs} if gd_epochs is not None else {}
-    rows: list[RequestRow] = []
-
-    def add(row: RequestRow) -> None:
-        rows.append(row)
-        if show is not None:
-            show(row)
-
-    for e, extract in enumerate(extracts):
-        model, history = original.clone(), History(Path(workdir))
-        for i, (ask, target) in enumerate(zip(asks, targets), 1):
-            rule = SweepRule(forget_target=target, retain_bound=retain_bound, retain_items=scored, checks_per_epoch=1)
-            if e == 0:
-                gd = model.clone()
-                with PeakMemory() as mem:
-                    t = time.perf_counter()
-                    out = run_unlearning("grad_diff", gd, ask, retain, kind="text", size=size, overrides=gd_over,
-                                         rule=rule, progress=progress)
-                    wall = time.perf_counter() - t
-                add(_row("grad_diff", None, i, ask, out.report, wall, mem, gd, [], dataset="tofu"))
-            with PeakMemory() as mem:
-                t = time.perf_counter()
-                out = run_request(model, ask, retain, kind="text", method="qr-erase", size=size,
-                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
-                                  retain_state=state_dir, history=history, progress=progress)
-                wall = time.perf_counter() - t
-            history = History(Path(workdir), out.report["requests"])
-            row = _row("qr-erase", extract, i, ask, out.report, wall, mem, model, [], dataset="tofu")
-            row.detail["retain_state"] = out.report["retain_state"]["status"]
-            add(row)
-    setup = {"preset": preset, "data": str(data), "forget_split": forget_split, "authors": authors,
-             "requests": len(asks), "forget_items": [len(a) for a in asks], "retain_items": len(retain),
-             "rule_retain_items": len(scored), "forget_targets": targets, "retain_bound": retain_bound,
-             "target": str(built.target), "grad_diff": {**asdict(get("grad_diff").config_for("text", size)), **gd_over},
-             "qr_erase": asdict(get("qr-erase").config_for("text", size)), "extracts": list(extracts)}
-    return BenchResult(f"TOFU {preset} ({forget_split}, {authors} authors)", setup, prepare_seconds, rows)
-
-
-def _row(method: str, extract: str | None, index: int, forget: Sequence[dict], report: dict, wall: float,
-         mem: PeakMemory, adapter, heldout: Sequence[dict], dataset: str = "speaker") -> RequestRow:
+def request_row(method: str, extract: str | None, index: int, forget: Sequence[dict], report: dict, wall: float,
+                mem: PeakMemory, adapter, heldout: Sequence[dict], dataset: str = "speaker") -> RequestRow:
+    """One request's row from the harness report (the rule's measures, times, memory; ``heldout``: the kept
+    speakers' test audio whose accuracy is recorded, none for TOFU)."""
     rule = report["rule"]
     f_after, r_after = rule["forget"], rule["retain"]
     return RequestRow(
@@ -385,11 +327,17 @@ def _row(method: str, extract: str | None, index: int, forget: Sequence[dict], r
         forget_before=rule["base_forget"], forget_after=f_after, forget_target=rule["forget_target"],
         retain_before=rule["base_retain"], retain_after=r_after, retain_bound=rule["retain_bound"],
         reached=f_after >= rule["forget_target"], retain_ok=r_after - rule["base_retain"] <= rule["retain_bound"],
-        heldout_retain_acc=1.0 - error_rate(adapter, heldout) if heldout else None,
+        heldout_retain_acc=_accuracy(adapter, heldout) if heldout else None,
         peak_extra_mb=mem.extra / 2**20, peak_mb=mem.peak / 2**20,
         detail={"chosen": report.get("info", {}).get("chosen"), "steps": report.get("info", {}).get("steps"),
                 "retain_nll_full": report["retain_nll"], "forget_nll": report["forget_nll"],
                 "sweep_points": len(report.get("info", {}).get("sweep", []) or [])})
+
+
+def _accuracy(adapter, rows: Sequence[dict]) -> float:
+    from mmunlearn.eval.speaker import accuracy
+
+    return accuracy(adapter, rows, desc=None)
 
 
 def markdown(res: BenchResult) -> str:
@@ -405,6 +353,10 @@ def markdown(res: BenchResult) -> str:
                      f"{s['met_rule']}/{s['requests']} | {s['max_retain_rise']:.4f} | "
                      f"{pct(s['min_heldout_retain_acc'])} | {pct(s.get('max_forgotten_any'))} | "
                      f"{pct(s.get('max_forgotten_sink'))} | {s['peak_extra_mb']:.0f} |")
+    re = res.setup.get("retrained")
+    if re:  # what the state after every request should look like
+        lines.append(f"| retrained model | n/a | n/a | n/a | n/a | n/a | n/a | {pct(re['heldout_retain_acc'])} | "
+                     f"{pct(re['forgotten_any'])} | {pct(re['forgotten_sink'])} | n/a |")
     return "\n".join(lines)
 
 
@@ -416,5 +368,5 @@ def write_json(path: str | os.PathLike, res: BenchResult) -> Path:
     return write_text_atomic(path, json.dumps(res.to_dict(), indent=2, default=str))
 
 
-__all__ = ["BenchResult", "PeakMemory", "RequestRow", "TARGET_SPEEDUP", "error_rate", "forgotten_share", "machine", "markdown",
-           "run_speaker", "run_tofu", "write_json"]
+__all__ = ["BenchResult", "PeakMemory", "RequestRow", "TARGET_SPEEDUP", "forgotten_share", "machine", "markdown",
+           "request_row", "run_speaker", "write_json"]

@@ -1,5 +1,6 @@
 """The requests benchmark's bookkeeping: speed-up over GradDiff from the requests after the first, rule counts,
-the peak-memory meter, and one tiny run on prepared manifests (no timing is asserted here)."""
+the peak-memory meter, and one tiny run on prepared manifests (no timing is asserted here): the speaker rule of
+``mmunlearn.unlearn`` and the retrained model's "any forgotten" and sink shares beside the requests'."""
 
 import time
 
@@ -50,6 +51,9 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
     assert sorted((r.method, r.request) for r in res.rows) == [("grad_diff", 1), ("qr-erase", 1)]  # one forget speaker
     (model_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("model-tiny-e2-")]  # keyed by the training set
     assert len(SpeakerAdapter.load(model_dir, device="cpu").speakers) == 4
+    # the documented speaker rule (worst forgotten speaker's share predicted as none of them), not 1 - accuracy
+    assert res.setup["rule"]["forget_measure"] == "worst_speaker_error_rate"
+    assert res.setup["rule"]["forget_target"] == pytest.approx(1 - 1 / 4)
     qr = next(r for r in res.rows if r.method == "qr-erase")
     assert qr.reached == (qr.forget_after >= qr.forget_target) and qr.detail["sweep_points"] >= 1
     # forgetting counted as "any forgotten speaker": with one forgotten speaker, its accuracy on train + held-out
@@ -63,13 +67,19 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
         assert r.forgotten_any + r.forgotten_sink <= 1.0 + 1e-9
     original = SpeakerAdapter.load(model_dir, device="cpu")
     assert forgotten_share(original, gone)[0] == pytest.approx(accuracy(original, gone, desc=None))
+    # beside them the retrained model's: trained without the forgotten speaker's audio, same classes
+    re = res.setup["retrained"]
+    retrained = SpeakerAdapter.load(re["model"], device="cpu")
+    assert retrained.speakers == original.speakers and re["model"] != str(model_dir)
+    assert (re["forgotten_any"], re["forgotten_sink"]) == pytest.approx(forgotten_share(retrained, gone))
     table = markdown(res)
     assert all(line.count("|") == 12 for line in table.splitlines())  # every column, none cut
     assert "forgotten -> any forgotten % (max)" in table
+    assert table.splitlines()[-1].startswith("| retrained model |")
 
 
 def test_the_tofu_benchmark_runs_one_request_per_forget_author(tmp_path):
-    from mmunlearn.bench.requests import run_tofu
+    from mmunlearn.bench.requests_tofu import run_tofu
 
     res = run_tofu("synthetic", preset="micro", extracts=("gradient",), authors=None, workdir=tmp_path / "work",
                    cache_dir=tmp_path / "cache")

@@ -1,0 +1,86 @@
+"""Deletion requests on TOFU for ``mmunlearn bench requests --dataset tofu``: one request per forget author, QR-Erase
+with the retain state cached against GradDiff (the bookkeeping, rows and table are :mod:`mmunlearn.bench.requests`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, request_row
+
+
+def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,
+             extracts: Sequence[str] = ("gradient", "lora", "finetune"), retain_bound: float = 0.1,
+             gd_epochs: int | None = None, score_retain: int | None = 64, cache_dir: str | os.PathLike | None = None,
+             workdir: str | os.PathLike = "runs/bench_requests", progress: bool = False,
+             show: Callable[[RequestRow], None] | None = None) -> BenchResult:
+    """TOFU: one request per forget author (target and base models built by :mod:`mmunlearn.presets`, cached);
+    the rule's forget target is the base model's answer NLL on that author's questions (it never saw them),
+    the retain measure the mean answer NLL (``score_retain`` retain questions spread over the set)."""
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.data.tofu import load_split, split_info
+    from mmunlearn.methods import SweepRule, get, run_unlearning
+    from mmunlearn.presets.build import build_models
+    from mmunlearn.requests import History, obtain_retain_state, run_request
+
+    built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress,
+                         roles=("target",))
+    pct = split_info(forget_split).forget_pct
+    forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
+    retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
+    ids = sorted({it.author for it in forget})
+    asks = [[it for it in forget if it.author == a] for a in ids]
+    original = TextLLMAdapter.from_pretrained(built.target, device="cpu")
+    base = TextLLMAdapter.from_pretrained(built.base, device="cpu")
+    targets = [float(base.answer_nll(a).mean()) for a in asks]
+    scored = retain if not score_retain or score_retain >= len(retain) else \
+        [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
+    size = preset if preset in ("micro", "mini") else "model_dir"
+    state_dir = Path(workdir) / "retain_state_tofu"
+    t0 = time.perf_counter()
+    obtain_retain_state(state_dir, original, retain, None, kind="text",
+                        default_extract=get("qr-erase").config_for("text", size).extract, refresh=True,
+                        progress=progress)
+    prepare_seconds = time.perf_counter() - t0
+    gd_over = {"epochs": gd_epochs} if gd_epochs is not None else {}
+    rows: list[RequestRow] = []
+
+    def add(row: RequestRow) -> None:
+        rows.append(row)
+        if show is not None:
+            show(row)
+
+    for e, extract in enumerate(extracts):
+        model, history = original.clone(), History(Path(workdir))
+        for i, (ask, target) in enumerate(zip(asks, targets), 1):
+            rule = SweepRule(forget_target=target, retain_bound=retain_bound, retain_items=scored, checks_per_epoch=1)
+            if e == 0:
+                gd = model.clone()
+                with PeakMemory() as mem:
+                    t = time.perf_counter()
+                    out = run_unlearning("grad_diff", gd, ask, retain, kind="text", size=size, overrides=gd_over,
+                                         rule=rule, progress=progress)
+                    wall = time.perf_counter() - t
+                add(request_row("grad_diff", None, i, ask, out.report, wall, mem, gd, [], dataset="tofu"))
+            with PeakMemory() as mem:
+                t = time.perf_counter()
+                out = run_request(model, ask, retain, kind="text", method="qr-erase", size=size,
+                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
+                                  retain_state=state_dir, history=history, progress=progress)
+                wall = time.perf_counter() - t
+            history = History(Path(workdir), out.report["requests"])
+            row = request_row("qr-erase", extract, i, ask, out.report, wall, mem, model, [], dataset="tofu")
+            row.detail["retain_state"] = out.report["retain_state"]["status"]
+            add(row)
+    setup = {"preset": preset, "data": str(data), "forget_split": forget_split, "authors": authors,
+             "requests": len(asks), "forget_items": [len(a) for a in asks], "retain_items": len(retain),
+             "rule_retain_items": len(scored), "forget_targets": targets, "retain_bound": retain_bound,
+             "target": str(built.target), "grad_diff": {**asdict(get("grad_diff").config_for("text", size)), **gd_over},
+             "qr_erase": asdict(get("qr-erase").config_for("text", size)), "extracts": list(extracts)}
+    return BenchResult(f"TOFU {preset} ({forget_split}, {authors} authors)", setup, prepare_seconds, rows)
+
+
+__all__ = ["run_tofu"]
