@@ -3,8 +3,8 @@
 Handles what ``mmunlearn erase`` writes (safetensors, streamed shard by shard or in memory) and what the
 unlearning harness writes for any method and model kind: safetensors models (text and speech LLMs, Hugging Face
 audio classifiers), kinds whose weights are state-dict files (:attr:`~mmunlearn.kinds.Kind.weight_files`: SpeechBrain
-speaker classifiers' ``.ckpt``, read with ``weights_only=True``) and T3
-outputs (no weight changed: the model without its ``tilt/`` head). Reports, plots and the undo patch are
+speaker classifiers' ``.ckpt``, read with ``weights_only=True``) and the outputs of methods that make a head
+instead of editing weights (T3: the model without its ``tilt/`` head). Reports, plots and the undo patch are
 not carried into the restored folder.
 """
 
@@ -21,7 +21,15 @@ from mmunlearn.checkpoint import atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.kinds import Kind, kind_of
+from mmunlearn.methods import REGISTRY
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
+
+
+def _no_weight_edited(report: dict) -> bool:
+    """Whether the harness report says no weight was edited: its method makes a head, not weights (T3), or the
+    edit changed nothing."""
+    method = REGISTRY.get(str(report.get("method")))
+    return report.get("changed_fraction") == 0.0 or (method is not None and not method.edits_weights)
 
 
 def _restore_files(model_dir: Path, out: Path, undo: UndoPatch, kind: Kind, overwrite: bool) -> None:
@@ -91,7 +99,7 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
             raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: {exc}") from exc
         except RecursionError:
             raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: nested too deeply") from None
-    if not patch_path.is_file() and report and (report.get("changed_fraction") == 0.0 or report.get("tilt_dir")):
+    if not patch_path.is_file() and report and _no_weight_edited(report):
         with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:  # nothing was edited (T3): no head
             copy_extra_files(model_dir, tmp, set(restore_leftovers()))
         return out

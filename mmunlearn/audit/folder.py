@@ -62,16 +62,12 @@ def folder_report(folder: str | Path) -> dict[str, Any]:
 
 
 def load_text_unlearned(folder: str | Path, device: str = "auto") -> Any:
-    """The unlearned text model of an output folder; T3's tilted around the unchanged base beside it."""
+    """The unlearned text model of an output folder (a head-making method's, T3's, wraps the unchanged base beside
+    it: the method's artefacts load it)."""
     from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.methods.harness import TILT_DIR
+    from mmunlearn.methods import load_unlearned
 
-    adapter = TextLLMAdapter.from_pretrained(folder, device=device)
-    if (Path(folder) / TILT_DIR).is_dir():
-        from mmunlearn.tilt import TiltedCausalLM
-
-        adapter = adapter.with_model(TiltedCausalLM.load(Path(folder) / TILT_DIR, base=adapter.model))
-    return adapter
+    return load_unlearned(folder, TextLLMAdapter.from_pretrained(folder, device=device))
 
 
 def text_data(data: Any, forget_split: str, authors: int | None) -> tuple[list, list, list]:
@@ -145,16 +141,11 @@ def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | 
 
 
 def load_speech_llm_unlearned(folder: str | Path, device: str = "auto") -> Any:
-    """The unlearned speech LLM of an output folder; T3's tilted around the unchanged base beside it."""
+    """The unlearned speech LLM of an output folder (T3's wraps the unchanged base beside it: its artefacts load it)."""
     from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.methods.harness import TILT_DIR
+    from mmunlearn.methods import load_unlearned
 
-    adapter = SpeechLLMAdapter.from_pretrained(folder, device=device)
-    if (Path(folder) / TILT_DIR).is_dir():
-        from mmunlearn.tilt import TiltedCausalLM
-
-        adapter = adapter.with_model(TiltedCausalLM.load(Path(folder) / TILT_DIR, base=adapter.model))
-    return adapter
+    return load_unlearned(folder, SpeechLLMAdapter.from_pretrained(folder, device=device))
 
 
 def audit_speech_llm_folder(folder: str | Path, target: str | Path, retain: str | Path, manifests: Any, *,

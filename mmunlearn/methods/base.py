@@ -1,15 +1,19 @@
-"""What a method plug-in is: a typed config, a ``run`` function, the model kinds it applies to; one registry.
+"""What a method plug-in is: a typed config, a ``run`` function, the model kinds it applies to, what it needs
+and makes, the extras it writes into an output folder; one registry.
 
 A method module defines a config dataclass (every field with ``metadata={"help": ...}``, per-preset
 defaults in its ``PRESETS``) and ``run(adapter, forget, retain, config, ctx) -> MethodResult``, then
-registers itself with :func:`register`. :mod:`mmunlearn.methods.harness` runs any of them on any adapter.
+registers itself with :func:`register`, declaring what it needs (:data:`NEEDS`) and makes (:data:`MAKES`) and,
+when it writes files of its own, an :class:`Artefacts` that saves and reloads them.
+:mod:`mmunlearn.methods.harness` runs any of them on any adapter.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, is_dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from mmunlearn.config import KINDS, PresetConfig, with_overrides
 from mmunlearn.kinds import get_kind
@@ -43,6 +47,37 @@ class MethodResult:
 
 RunFn = Callable[[Any, Sequence[Any], Sequence[Any], Any, RunContext], MethodResult]
 
+#: What a method may need besides the model and the forget / retain items (callers prepare or cache these).
+NEEDS: dict[str, str] = {
+    "task_vectors": "per-layer forget and retain task matrices from a reference model's updates (a retain "
+                    "state, mmunlearn.requests.state, can supply the retain side)",
+    "hidden_states": "the frozen model's hidden states on the forget and retain items (cached on disk)",
+    "training": "optimiser steps on the forget (and retain) items",
+}
+#: What a method may make.
+MAKES: dict[str, str] = {
+    "weights": "edits the model's weights in place; the harness writes an undo patch that restores them",
+    "head": "a separate head beside the unchanged weights (the output folder holds both)",
+}
+
+
+class Artefacts(Protocol):
+    """A method's own files in an output folder, beside the model, the undo patch and ``unlearn_report.json``
+    (which the harness writes for every method)."""
+
+    #: the names it writes (declared in :mod:`mmunlearn.layout`)
+    files: tuple[str, ...]
+
+    def save(self, result: MethodResult, staging: Path, final: Path, report: dict) -> None:
+        """Write the extras of ``result`` into ``staging`` (renamed to ``final`` once complete); add the paths
+        (under ``final``) to ``report``."""
+
+    def present(self, folder: Path) -> bool:
+        """Whether ``folder`` holds this method's extras."""
+
+    def load(self, folder: Path, adapter: Any) -> Any:
+        """The unlearned adapter of an output ``folder`` from ``adapter`` (the folder's weights, loaded)."""
+
 
 @dataclass(frozen=True)
 class Method:
@@ -55,6 +90,9 @@ class Method:
     edits_weights: bool  # False: the base stays frozen (T3 wraps it)
     help: str
     defaults: dict = field(default_factory=dict)  # fixed settings of this name (e.g. svd-unlearn's subspace)
+    needs: tuple[str, ...] = ()  # keys of NEEDS
+    makes: tuple[str, ...] = ("weights",)  # keys of MAKES
+    artefacts: Artefacts | None = None  # its own files in an output folder (None: the harness's only)
 
     def applies_to(self, kind: str) -> bool:
         """Whether the method applies to ``kind``: named in :attr:`kinds`, or the kind takes its presets from one
@@ -71,14 +109,23 @@ REGISTRY: dict[str, Method] = {}
 
 
 def register(name: str, config: type, run: RunFn, *, kinds: Sequence[str] = KINDS, edits_weights: bool = True,
-             help: str = "", defaults: dict | None = None) -> Method:
-    """Add a method to the registry (a module calls this once at import)."""
+             help: str = "", defaults: dict | None = None, needs: Sequence[str] = ("training",),
+             artefacts: Artefacts | None = None) -> Method:
+    """Add a method to the registry (a module calls this once at import). ``needs``: keys of :data:`NEEDS`;
+    it makes ``weights`` when ``edits_weights``, else a ``head``; ``artefacts``: its own output files."""
     if not (is_dataclass(config) and issubclass(config, PresetConfig)):
         raise TypeError(f"{name}: config must be a dataclass deriving from PresetConfig")
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"{name}: unknown model kinds {bad}")
-    method = Method(name, config, run, tuple(kinds), edits_weights, help, dict(defaults or {}))
+    unknown = [n for n in needs if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"{name}: unknown needs {unknown}; choose from {sorted(NEEDS)}")
+    if artefacts is not None and not all(isinstance(f, str) and f for f in getattr(artefacts, "files", ())):
+        raise TypeError(f"{name}: artefacts must declare the file names it writes (.files)")
+    makes = ("weights",) if edits_weights else ("head",)
+    method = Method(name, config, run, tuple(kinds), edits_weights, help, dict(defaults or {}), tuple(needs), makes,
+                    artefacts)
     REGISTRY[name] = method
     return method
 
@@ -91,6 +138,28 @@ def get(name: str, kind: str | None = None) -> Method:
     if kind is not None and not method.applies_to(kind):
         raise ValueError(f"{name} does not apply to a {kind} model (it applies to: {', '.join(method.kinds)})")
     return method
+
+
+def needing(need: str, kind: str | None = None) -> list[str]:
+    """Registered methods that declare ``need`` (a key of :data:`NEEDS`), those applying to ``kind`` when given."""
+    if need not in NEEDS:
+        raise ValueError(f"unknown need {need!r}; choose from {sorted(NEEDS)}")
+    return [n for n in names(kind) if need in REGISTRY[n].needs]
+
+
+def artefact_files() -> tuple[str, ...]:
+    """Every file name a registered method writes into an output folder of its own (sorted, once each)."""
+    return tuple(sorted({f for m in REGISTRY.values() if m.artefacts is not None for f in m.artefacts.files}))
+
+
+def load_unlearned(folder: str | Path, adapter: Any) -> Any:
+    """The unlearned adapter of an output ``folder`` whose weights ``adapter`` holds: wrapped by the method whose
+    extras the folder holds (T3's head), else ``adapter`` itself (the weights are the unlearned model)."""
+    folder = Path(folder)
+    for method in REGISTRY.values():
+        if method.artefacts is not None and not method.edits_weights and method.artefacts.present(folder):
+            return method.artefacts.load(folder, adapter)
+    return adapter
 
 
 def names(kind: str | None = None) -> list[str]:

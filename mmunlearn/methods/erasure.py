@@ -26,6 +26,7 @@ import torch
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.kinds import get_kind
+from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
@@ -264,9 +265,11 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     return MethodResult(adapter, extract_seconds, time.perf_counter() - t1, info, erase_report=report)
 
 
-register("qr-erase", EraseConfig, run,
+register("qr-erase", EraseConfig, run, needs=("task_vectors",), artefacts=ERASE_FILES,
          help="Localised CPQR erasure of the forget task's column space, projected off the retain subspace.")
-register("qr-erase-rows", EraseConfig, run, defaults={"rows": True},
+register("qr-erase-rows", EraseConfig, run, defaults={"rows": True}, needs=("task_vectors",),
+         artefacts=ERASE_FILES,
          help="QR-Erase that also removes the retain task's row space from the update.")
 register("svd-unlearn", EraseConfig, run, defaults={"subspace": "svd", "localize": False},
+         needs=("task_vectors",), artefacts=ERASE_FILES,
          help="UNLEARN baseline: full SVD of every layer's forget task matrix, no localisation.")

@@ -10,6 +10,9 @@ and, given ``out``, writes ONE folder (atomically)::
       layer_energy.png          erasure methods: the per-layer task energy and the selection
       tilt/                     T3: the head and its settings (the base weights beside it are unchanged)
 
+The last three are the methods' own (:mod:`mmunlearn.methods.artefacts`): each method saves them through the
+:class:`~mmunlearn.methods.base.Artefacts` it registered with; the harness writes the rest.
+
 ``mmunlearn restore --model out --out restored`` works on every such folder. "params changed" counts
 unique parameters: tensors shared by several names (tied embeddings) count once.
 """
@@ -26,14 +29,16 @@ from typing import Any
 
 import torch
 
-from mmunlearn.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
-from mmunlearn.methods.base import MethodResult, RunContext, get
+from mmunlearn.checkpoint import atomic_dir, check_output_dir
+from mmunlearn.erase.patch import UndoPatch, dense_entry
+from mmunlearn.erase.report import LARGE_UPDATE
+from mmunlearn.layout import PATCH_NAME, UNLEARN_REPORT
+from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
+from mmunlearn.methods.ondisk import disk_names
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
 
 log = logging.getLogger(__name__)
 REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.layout (reserved: no input file may use them)
-#: Largest relative update ||dW||_F / ||W||_F of one tensor before the report flags it (see README).
-LARGE_UPDATE = 0.5
 
 
 @dataclass
@@ -167,41 +172,21 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
 
 
 def _check_out(out: Path, inputs: Sequence[str | os.PathLike], overwrite: bool) -> None:
-    try:
-        from mmunlearn.checkpoint import check_output_dir
-    except ImportError:  # pragma: no cover - older checkpoint module
-        check_output_dir = None
-    if check_output_dir is not None:
-        check_output_dir(out, *inputs, overwrite=overwrite)
-        return
-    o = out.resolve()
-    for src in map(lambda p: Path(p).resolve(), inputs):
-        if o == src or src in o.parents or o in src.parents:
-            raise ValueError(f"--out {out} must not be the input {src}, lie inside it or contain it")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"output directory already exists: {out} (pass overwrite to replace it)")
+    check_output_dir(out, *inputs, overwrite=overwrite)
 
 
 def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before: Mapping[str, torch.Tensor],
            changed: list[str], overwrite: bool, extra: Callable[[Path, dict], None] | None = None) -> Path:
-    """The model in its own format, then the undo patch and reports, all renamed into ``out`` at once."""
-    from mmunlearn.checkpoint import atomic_dir
-    from mmunlearn.erase.patch import UndoPatch, dense_entry
-    from mmunlearn.methods.ondisk import disk_names
-
+    """The model in its own format, then the undo patch, the method's own files and the report, all renamed into
+    ``out`` at once."""
     final = out.resolve()
     with atomic_dir(out, overwrite=overwrite) as tmp:
         adapter.save(tmp / "model", overwrite=True)  # the base as edited in place (T3: unchanged)
         for item in list((tmp / "model").iterdir()):
             os.replace(item, tmp / item.name)
         (tmp / "model").rmdir()
-        if not spec.edits_weights:
-            tilt = result.adapter.model
-            tilt.base_path = str(final)
-            tilt.save(tmp / TILT_DIR, overwrite=True)
-            report["tilt_dir"] = str(final / TILT_DIR)
-        elif changed:
-            erase_report = result.erase_report
+        if spec.edits_weights and changed:
+            erase_report = result.erase_report  # its patch holds compact entries (a low-rank edit) to keep
             flat = adapter.model.state_dict()
             patched = {e.label.split("[", 1)[0] for e in erase_report.patch.entries} if erase_report else set()
             current = {n: flat[n] for n in {*changed, *patched}}
@@ -214,11 +199,8 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
                 entries = [dense_entry(names[n], before[n], current[n]) for n in changed]
             UndoPatch(entries).save(tmp / PATCH_NAME)
             report["undo_patch"] = str(final / PATCH_NAME)
-            if erase_report is not None:
-                erase_report.patch_path = str(final / PATCH_NAME)
-                erase_report.to_json(tmp / ERASE_REPORT)
-                erase_report.plot_energy(tmp / PLOT_NAME)
-                report["erase_report"] = str(final / ERASE_REPORT)
+        if spec.artefacts is not None:
+            spec.artefacts.save(result, tmp, final, report)
         report["out"] = str(final)
         if extra is not None:
             extra(tmp, report)
@@ -227,8 +209,9 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
 
 
 def restore_leftovers() -> tuple[str, ...]:
-    """Files and folders of an unlearning output that are not part of the model itself."""
-    return (PATCH_NAME, ERASE_REPORT, PLOT_NAME, UNLEARN_REPORT, TILT_DIR)
+    """Files and folders of an unlearning output that are not part of the model itself: the harness's and every
+    registered method's own."""
+    return (PATCH_NAME, UNLEARN_REPORT, *artefact_files())
 
 
 __all__ = ["LARGE_UPDATE", "Outcome", "REPORT_NAME", "changed_fraction", "restore_leftovers", "run_unlearning",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mmunlearn.config import PresetConfig, opt
+from mmunlearn.methods.artefacts import TILT_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 
@@ -82,5 +83,6 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
                         fit.train_seconds + info.get("sweep_seconds", 0.0), info)
 
 
-register("t3", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False,
+register("t3", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False, needs=("hidden_states",),
+         artefacts=TILT_FILES,
          help="Temper-then-tilt: frozen base, low-rank head estimating P(retain | x, y), tilted decoding.")

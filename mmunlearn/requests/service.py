@@ -44,11 +44,10 @@ def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
 
 
 def _is_erasure(method: str) -> bool:
-    from dataclasses import fields
-
+    """Whether ``method`` works from task vectors (a retain state can then supply their retain side)."""
     from mmunlearn.methods import get
 
-    return any(f.name == "extract" for f in fields(get(method).config))
+    return "task_vectors" in get(method).needs
 
 
 def _config(method: str, kind: str, config: Any, size: str | None, overrides: Mapping[str, Any] | None):

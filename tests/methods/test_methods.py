@@ -13,7 +13,7 @@ import torch
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
-from mmunlearn.methods import get, names, run_unlearning
+from mmunlearn.methods import MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, names, run_unlearning
 from mmunlearn.undo import restore_folder
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
@@ -53,9 +53,19 @@ def test_method_through_the_harness(method, model_dir, tmp_path):
     edits = get(method).edits_weights
     assert (tmp_path / "out" / "undo_patch.safetensors").is_file() == edits
     assert (rep["changed_fraction"] > 0) == edits and rep["changed_fraction"] <= 1.0
+    # the method's own files: written by its artefacts, and reading the folder back gives the unlearned model
+    spec = get(method)
+    assert set(spec.needs) <= set(NEEDS) and spec.needs and spec.makes == (("weights",) if edits else ("head",))
+    assert set(spec.makes) <= set(MAKES)
+    own = set(spec.artefacts.files) if spec.artefacts else set()
+    assert {f for f in artefact_files() if (tmp_path / "out" / f).exists()} == own
+    reread = load_unlearned(tmp_path / "out", TextLLMAdapter.from_pretrained(tmp_path / "out", device="cpu"))
+    assert mean_nll(reread, forget) == pytest.approx(mean_nll(outcome.adapter, forget), rel=1e-5)
+    assert mean_nll(reread, forget) > rep["forget_nll"]["before"]
     restored = restore_folder(tmp_path / "out", tmp_path / "restored")
     original, back = load_checkpoint(model_dir).tensors, load_checkpoint(restored).tensors
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
+    assert not any((restored / f).exists() for f in artefact_files())  # restore leaves every method's extras
 
 
 def test_tied_weights_count_once(tmp_path):

@@ -71,13 +71,15 @@ def test_a_shard_named_like_an_output_file_is_refused_before_anything_is_written
 
 def test_the_writers_take_their_names_from_the_layout_module():
     from mmunlearn.erase import apply, in_memory, stream
-    from mmunlearn.methods import harness
+    from mmunlearn.methods import artefacts, harness
     from mmunlearn.paths import MARKER
     from mmunlearn.requests.history import HISTORY_DIR
 
-    assert (apply.PATCH_NAME, apply.REPORT_NAME, in_memory.PLOT_NAME, harness.REPORT_NAME, harness.TILT_DIR,
+    assert (apply.PATCH_NAME, apply.REPORT_NAME, in_memory.PLOT_NAME, harness.REPORT_NAME, artefacts.TILT_DIR,
             MARKER, HISTORY_DIR) == (layout.PATCH_NAME, layout.ERASE_REPORT, layout.PLOT_NAME,
                                      layout.UNLEARN_REPORT, layout.TILT_DIR, layout.MARKER, layout.HISTORY_DIR)
+    assert set(harness.restore_leftovers()) == {layout.PATCH_NAME, layout.UNLEARN_REPORT, layout.ERASE_REPORT,
+                                                layout.PLOT_NAME, layout.TILT_DIR}
     assert set(stream.LEFTOVERS) | {layout.MARKER, layout.HISTORY_DIR} == set(layout.RESERVED)
 
 
