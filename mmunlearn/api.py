@@ -237,7 +237,7 @@ def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
     recipe's ``--sweep`` settings); in the head scope no retain subspace (it would hold the forget direction)."""
     from mmunlearn.methods import get
 
-    if "sweep_scales" not in {f.name for f in fields(get(method).config)}:
+    if "task_vectors" not in get(method).needs:  # the sweep grid below is the task-vector methods'
         return {}
     return {"sweep_scales": "auto", "sweep_ranks": (1, 2, 4), "extract_kind": "gradient",
             **({"retain_rank": 0} if scope == "head" else {})}
@@ -258,15 +258,15 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     """
     from dataclasses import replace
 
-    from mmunlearn.methods import get
+    from mmunlearn.methods import get, needing
     from mmunlearn.requests.state import obtain_retain_state
 
     kind = model_kind(model_dir)
     spec = get(method, kind)
     cfg = spec.config_for(kind, size)
-    if not hasattr(cfg, "extract"):
-        raise ValueError(f"a retain state applies to the erasure methods (qr-erase, qr-erase-rows, svd-unlearn), "
-                         f"not to {method}")
+    if "task_vectors" not in spec.needs:
+        raise ValueError(f"a retain state applies to the methods that work from task vectors "
+                         f"({', '.join(needing('task_vectors'))}), not to {method}")
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
     settings = replace(cfg.extract, **{k: v for k, v in extract.items() if v is not None})

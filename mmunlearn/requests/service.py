@@ -96,9 +96,11 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
             and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
         overrides = {"extract_kind": REQUEST_EXTRACT[kind], "sweep_scales": "auto", **overrides}
     spec, cfg = _config(method, kind, config, size, overrides)
-    if want_state and not hasattr(cfg, "extract"):
-        raise ValueError(f"a retain state applies to the erasure methods (qr-erase, qr-erase-rows, svd-unlearn), "
-                         f"not to {method}")
+    if want_state and "task_vectors" not in spec.needs:
+        from mmunlearn.methods import needing
+
+        raise ValueError(f"a retain state applies to the methods that work from task vectors "
+                         f"({', '.join(needing('task_vectors'))}), not to {method}")
     before = model_fingerprint(adapter.model)
     report_meta: dict[str, Any] = dict(meta or {})
     state = None

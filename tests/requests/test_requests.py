@@ -239,3 +239,15 @@ def test_a_history_record_linking_out_of_the_folder_is_refused(speaker_dir, part
     with pytest.raises(ValueError, match="link"):
         restore_folder(evil, tmp_path / "back", progress=False)
     assert not (tmp_path / "r3").exists() and not (tmp_path / "back").exists()
+
+
+@pytest.mark.parametrize("method", ["grad_diff", "npo"])
+def test_a_retain_state_is_refused_for_a_method_without_task_vectors(method, speaker_dir, speaker_manifests, tmp_path):
+    from mmunlearn.api import prepare_retain
+    from mmunlearn.methods import needing
+
+    assert method not in needing("task_vectors") and "qr-erase" in needing("task_vectors")
+    with pytest.raises(ValueError, match="task vectors"):
+        prepare_retain(speaker_dir, speaker_manifests / "spk_retain_train.csv", tmp_path / "state", method=method,
+                       device="cpu")
+    assert not (tmp_path / "state").exists()
