@@ -7,7 +7,9 @@ are the data; ``train`` builds the original classifier or the retrained referenc
 of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
 (synthesise, prepare, train, unlearn, report), reusing whatever an earlier run built.
 ``--model speech-llm`` runs the same levels with a Qwen-Omni-style speech LLM instead of the classifier
-(:mod:`recipes.voxceleb2_speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep).
+(:mod:`recipes.voxceleb2_speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep);
+``--model hf-audio`` with a small wav2vec2-style Hugging Face audio classifier (:mod:`recipes.voxceleb2_hf_audio`)
+through the same steps, metrics and tables as the ECAPA classifier.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ Utterances = Annotated[int, typer.Option(min=2, help="Built-in corpus: utterance
 Videos = Annotated[int, typer.Option(min=2, help="Built-in corpus: videos (recording sessions) per speaker; one in five (at least one) is held out for testing.")]
 ForgetSpeakers = Annotated[int, typer.Option(min=1, help="Built-in corpus: speakers to forget (speaker level), drawn by --seed.")]
 ForgetFraction = Annotated[float, typer.Option(min=0.0, max=0.5, help="Built-in corpus: fraction of each kept speaker's training utterances to forget (sample level); as many become the never-trained holdout.")]
-Preset = Annotated[str, typer.Option(help="Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of SpeechBrain).")]
+Preset = Annotated[str, typer.Option(help="Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of SpeechBrain); with --model hf-audio: tiny, small or large wav2vec2 configs (recipes/voxceleb2_hf_audio.py).")]
 TrainEpochs = Annotated[Optional[int], typer.Option(help="Classifier training epochs (default: the preset's).")]
 TrainLr = Annotated[Optional[float], typer.Option(help="Classifier training peak learning rate (default: the preset's).")]
 Crop = Annotated[float, typer.Option(min=0.0, help="Classifier training: random crops of this many seconds (0: whole utterances).")]
@@ -70,9 +72,17 @@ def _manifests(manifests: Path | None, workdir: Path, speakers: int, utterances:
                                   forget_speakers=forget_speakers, forget_fraction=forget_fraction, seed=seed)
 
 
-def _spec(name: str, preset: str, epochs: int | None, lr: float | None, crop: float, seed: int) -> pipe.ModelSpec:
-    train = cfg.train_config(preset, epochs=epochs, lr=lr)
-    return pipe.ModelSpec(name, preset, train.to_dict(), crop or None, seed)
+def _spec(name: str, preset: str, epochs: int | None, lr: float | None, crop: float, seed: int,
+          model: str = "classifier") -> pipe.ModelSpec:
+    if model not in pipe.MODELS:
+        raise typer.BadParameter(f"--model must be one of {', '.join(pipe.MODELS)} or speech-llm, got {model!r}")
+    if model == "hf-audio":
+        from recipes.voxceleb2_hf_audio import train_config
+
+        train = train_config(preset, epochs=epochs, lr=lr)
+    else:
+        train = cfg.train_config(preset, epochs=epochs, lr=lr)
+    return pipe.ModelSpec(name, preset, train.to_dict(), crop or None, seed, model)
 
 
 @app.command()
@@ -98,7 +108,7 @@ def train(
     manifests: Manifests = None,
     retain_only: Annotated[bool, typer.Option(help="Train the retrained reference: without the forget speakers (--level speaker) or the forgotten utterances (--level sample).")] = False,
     level: Annotated[str, typer.Option(help="With --retain-only: speaker or sample; also the level the model is evaluated on.")] = "speaker",
-    out: Annotated[Optional[Path], typer.Option(help="Also copy the trained model here (SpeechBrain EncoderClassifier layout).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Also copy the trained model here (SpeechBrain EncoderClassifier layout; save_pretrained with --model hf-audio).")] = None,
     workdir: Workdir = DEFAULT_WORKDIR,
     speakers: Speakers = 20,
     utterances: Utterances = 30,
@@ -113,20 +123,19 @@ def train(
     device: Device = "auto",
     threads: Threads = None,
     cache_dir: CacheDir = None,
+    model: Annotated[str, typer.Option(help="classifier (ECAPA-TDNN) or hf-audio (wav2vec2-style Hugging Face audio classifier built from a local config).")] = "classifier",
 ) -> None:
     """Train the speaker classifier on retain + forget (or the retrained reference), cached by its options; evaluate it."""
-    from mmunlearn.adapters.speaker import SpeakerAdapter
-
     if level not in pipe.PARTITIONS:
         raise typer.BadParameter(f"--level must be speaker or sample, got {level!r}")
     device = _setup(device, threads)
     data = _manifests(manifests, workdir, speakers, utterances, videos, forget_speakers, forget_fraction, seed)
     name = pipe.RETRAIN_NAME[level] if retain_only else "original"
-    path = pipe.trained_model(data, _spec(name, preset, train_epochs, train_lr, crop_seconds, seed), cache_dir or workdir,
-                              device=device)
+    path = pipe.trained_model(data, _spec(name, preset, train_epochs, train_lr, crop_seconds, seed, model),
+                              cache_dir or workdir, device=device)
     metrics = pipe.cached_eval(path, data, level, pipe.EvalOptions(seed=seed), device)
     if out is not None:
-        SpeakerAdapter.load(path, device="cpu").save(out, overwrite=True)
+        pipe.load_classifier(path, "cpu").save(out, overwrite=True)
     console.print(f"{name} model in [bold]{out or path}[/bold]")
     console.print(report.markdown([{"method": name, **metrics}], level))
 
@@ -167,7 +176,7 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
              cache_dir: Path | None, strict: bool = False, layer_rule: str | None = None,
              sweep_ranks: str | None = None, scope: str | None = None, forget_acc: float | None = None,
              audit: bool = False, audit_relearn_steps: int | None = None, audit_relearn_lr: float | None = None,
-             audit_relearn_on: str | None = None, audit_attacks: str | None = None) -> None:
+             audit_relearn_on: str | None = None, audit_attacks: str | None = None, model: str = "classifier") -> None:
     from mmunlearn.audit import write_audit
 
     start = time.perf_counter()
@@ -176,26 +185,33 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
         audit_opts = _audit_options(audit_relearn_steps, audit_relearn_lr, audit_relearn_on,
                                     audit_attacks) if audit else None
         ranks = cfg.parse_ranks(sweep_ranks)
-        scope = scope or ("sweep" if sweep else "all")
+        if model == "hf-audio" and scope not in (None, "all"):
+            raise ValueError(f"--scope {scope}: a Hugging Face audio classifier is edited in every Linear weight "
+                             "(--scope all); the head/embedding scopes are the ECAPA classifier's")
+        scope = scope or ("all" if model == "hf-audio" else "sweep" if sweep else "all")
         for name in chosen:
             cfg.scopes_for(name, scope, sweep)
         cfg.method_options(chosen[0], extract_kind=extract, layer_rule=layer_rule)  # validates before any work
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     device = _setup(device, threads)
-    out = out or workdir / level
+    out = out or (workdir / "hf-audio" / level if model == "hf-audio" else workdir / level)
     data = _manifests(manifests, workdir, speakers, utterances, videos, forget_speakers, forget_fraction, seed)
     cache = cache_dir or workdir
-    original = pipe.trained_model(data, _spec("original", preset, train_epochs, train_lr, crop_seconds, seed), cache,
-                                  device=device)
+    original = pipe.trained_model(data, _spec("original", preset, train_epochs, train_lr, crop_seconds, seed, model),
+                                  cache, device=device)
     retrained = pipe.trained_model(data, _spec(pipe.RETRAIN_NAME[level], preset, train_epochs, train_lr, crop_seconds,
-                                               seed), cache, device=device)
+                                               seed, model), cache, device=device)
     opts = pipe.EvalOptions(segment_seconds=segment_seconds, max_trials=max_trials or None, seed=seed)
     ctx = pipe.make_context(level, data, original, retrained, opts, device)
     n_classes = len({r["spk_id"] for r in pipe.split_rows(data, "train")})
     rows = ctx.reference_rows()
     context = {**ctx.describe(), "preset": preset, "sweep": sweep, "retain_bound": retain_bound,
-               "forget_acc": forget_acc, "seed": seed, "classes": n_classes}
+               "forget_acc": forget_acc, "seed": seed, "classes": n_classes, "model": model}
+    if model == "hf-audio":
+        from recipes.voxceleb2_hf_audio import describe
+
+        context["model"] = describe(preset)
     audits, audit_cache = [], {}
     for i, name in enumerate(chosen, 1):
         console.print(f"[bold]{level} level[/bold]: {name} ({i}/{len(chosen)})")
@@ -275,7 +291,7 @@ Lr = Annotated[Optional[float], typer.Option(help="Baselines: learning rate.")]
 Epochs = Annotated[Optional[int], typer.Option(min=1, help="Baselines: epochs over the forget set (with --sweep: the most).")]
 Segment = Annotated[Optional[float], typer.Option(help="Evaluation: average logits/embeddings over windows of this many seconds (default: whole utterances).")]
 MaxTrials = Annotated[int, typer.Option(min=0, help="Evaluation: at most this many verification trials, drawn by --seed (0: all pairs).")]
-Model = Annotated[str, typer.Option(help="classifier (ECAPA-TDNN speaker classifier) or speech-llm (Qwen-Omni-style model answering 'who is speaking?'; adds t3 to the methods).")]
+Model = Annotated[str, typer.Option(help="classifier (ECAPA-TDNN speaker classifier), hf-audio (a small wav2vec2-style transformers AutoModelForAudioClassification built from a local config, never downloaded; --preset sizes it; every method edits all its Linear weights; each method's <out>/<method>/model is a save_pretrained folder that transformers.pipeline('audio-classification') loads; default --out: --workdir/hf-audio/<level>) or speech-llm (Qwen-Omni-style model answering 'who is speaking?'; adds t3 to the methods).")]
 Llm = Annotated[str, typer.Option(help="With --model speech-llm: preset tiny or mini (built from config, trained and cached), or a speech-LLM directory.")]
 Where = Annotated[str, typer.Option(help="With --model speech-llm: erase in the audio tower, the language model (text) or both.")]
 Target = Annotated[str, typer.Option(help="With --model speech-llm: the task that must survive on the same audio: gender or transcript.")]
@@ -309,10 +325,10 @@ def _level_command(level: str):
             _unlearn_speech_llm(level, out, methods, manifests, workdir, llm, where, target, reference, rank, scale,
                                 seed, device, threads, cache_dir)
             return
-        if model != "classifier":
-            raise typer.BadParameter(f"--model must be classifier or speech-llm, got {model!r}")
+        if model not in pipe.MODELS:
+            raise typer.BadParameter(f"--model must be classifier, hf-audio or speech-llm, got {model!r}")
         _unlearn(level, **{k: v for k, v in locals().items()
-                           if k not in ("level", "model", "llm", "where", "target", "reference")})
+                           if k not in ("level", "llm", "where", "target", "reference")})
 
     return command
 

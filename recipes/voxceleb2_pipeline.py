@@ -66,12 +66,42 @@ class ModelSpec:
     train: dict  # TrainConfig.to_dict()
     crop_seconds: float | None
     seed: int
+    model: str = "classifier"  # the family (MODELS): ECAPA (keys as before this field) or hf-audio
 
     def key(self, rows: list[dict], speakers: list[str]) -> str:
         from mmunlearn.adapters.speaker import SCORING_VERSION  # how batches are trained on and scored
 
-        spec = json.dumps([asdict(self), rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str)
+        fields = {k: v for k, v in asdict(self).items() if k != "model" or v != "classifier"}
+        spec = json.dumps([fields, rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str)
         return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+#: The classifier families ``--model`` builds: the SpeechBrain ECAPA-TDNN classifier and a Hugging Face audio
+#: classifier (:mod:`recipes.voxceleb2_hf_audio`).
+MODELS = ("classifier", "hf-audio")
+
+
+def load_classifier(path: Path, device: str, scope: str = "all"):
+    """The adapter of a classifier folder of any registered classifier kind (asked of :mod:`mmunlearn.kinds`)."""
+    from mmunlearn.kinds import kind_of
+
+    kind = kind_of(path)
+    if kind is None or not kind.is_classifier:
+        raise ValueError(f"{path}: not a speaker classifier folder of a registered kind")
+    return kind.load(path, device=device, scope=scope)
+
+
+def _trainer(model: str):
+    """The function that trains a fresh classifier of the family ``model`` (same arguments for each)."""
+    if model == "hf-audio":
+        from recipes.voxceleb2_hf_audio import train_hf_classifier
+
+        return train_hf_classifier
+    if model == "classifier":
+        from mmunlearn.speech.speaker_training import train_speaker_classifier
+
+        return train_speaker_classifier
+    raise ValueError(f"model must be one of {MODELS}, got {model!r}")
 
 
 def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: str = "cpu",
@@ -81,7 +111,7 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
     ``original`` trains on ``train`` (retain + forget); ``retrain-speaker`` on ``spk_retain_train``;
     ``retrain-sample`` on ``sample_retain``. All share the label space of ``train``.
     """
-    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+    from mmunlearn.speech.speaker_training import training_rows
     from mmunlearn.train import TrainConfig
 
     if spec.name == "original":
@@ -95,10 +125,10 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
     if (out / "train_log.json").is_file():
         return out
     start = time.perf_counter()
-    adapter, result = train_speaker_classifier(rows, speakers=speakers, preset=spec.preset,
-                                               crop_seconds=spec.crop_seconds, config=TrainConfig(**spec.train),
-                                               seed=spec.seed, device=device, progress=progress,
-                                               desc=f"train {spec.name}")
+    adapter, result = _trainer(spec.model)(rows, speakers=speakers, preset=spec.preset,
+                                           crop_seconds=spec.crop_seconds, config=TrainConfig(**spec.train),
+                                           seed=spec.seed, device=device, progress=progress,
+                                           desc=f"train {spec.name}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
@@ -133,7 +163,6 @@ def evaluate(adapter, manifests: Path, level: str, opts: EvalOptions, progress: 
 def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions, device: str,
                 progress: bool = True) -> dict[str, float]:
     """Evaluate a cached classifier once per (manifests content, level, options)."""
-    from mmunlearn.adapters.speaker import SpeakerAdapter
     from mmunlearn.data.manifest import SPLIT_NAMES
 
     digest = hashlib.sha256()
@@ -145,7 +174,7 @@ def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions,
     path = Path(model_dir) / "evals" / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    metrics = evaluate(SpeakerAdapter.load(model_dir, device=device), manifests, level, opts, progress)
+    metrics = evaluate(load_classifier(Path(model_dir), device), manifests, level, opts, progress)
     write_text_atomic(path, json.dumps(metrics, indent=2))
     return metrics
 
@@ -187,7 +216,6 @@ def original_training(manifests: Path) -> dict | None:
 def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,
                  progress: bool = True) -> SpeakerSetup:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
-    from mmunlearn.adapters.speaker import SpeakerAdapter
     from mmunlearn.methods import mean_nll
 
     if level not in LEVELS:
@@ -200,7 +228,7 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     ctx = SpeakerSetup(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device)
     for name, path in (("original model", original), ("retrained model", retrained)):
         ctx.reference[name] = cached_eval(path, manifests, level, eval_opts, device, progress)
-    target = SpeakerAdapter.load(original, device=device)
+    target = load_classifier(Path(original), device)
     ctx.base_nll = {"forget": mean_nll(target, forget), "retain": mean_nll(target, retain)}
     ctx.reference["original model"].update(forget_nll=ctx.base_nll["forget"], retain_nll=ctx.base_nll["retain"])
     return ctx
@@ -210,7 +238,8 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
                    progress: bool = True, scopes: Sequence[str] = ("all",),
                    scope_options: Mapping[str, dict] | None = None) -> dict:
     """Unlearn with ``method`` on a fresh copy of the original classifier through the harness (``out/model``:
-    SpeechBrain layout plus the harness's reports and undo patch), evaluate it; the row (also ``out/run.json``).
+    the classifier's own layout -- SpeechBrain's, or ``save_pretrained`` for ``hf-audio`` -- plus the harness's reports
+    and undo patch), evaluate it; the row (also ``out/run.json``).
 
     ``scopes``: the weights the method may edit (:attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`);
     with several (and a sweep ``rule``), the method runs once per scope (``out/scopes/<scope>/model``,
@@ -218,7 +247,7 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
     alone -- the reached target with the smallest retain loss, else the closest -- before anything is
     evaluated on held-out audio; the chosen folder is copied to ``out/model``.
     """
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.kinds import kind_of
     from mmunlearn.methods import run_unlearning
     from mmunlearn.methods.rule import SweepPoint, choose
 
@@ -226,10 +255,9 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
         raise ValueError("several scopes need a sweep rule to choose among them")
     candidates = []
     for scope in scopes:
-        target = SpeakerAdapter.load(ctx.original, device=ctx.device)
-        target.scope = scope
+        target = load_classifier(ctx.original, ctx.device, scope)
         folder = out / "model" if len(scopes) == 1 else out / "scopes" / scope / "model"
-        outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="speaker", size=size,
+        outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind=kind_of(ctx.original).name, size=size,
                                  overrides={**options, **dict((scope_options or {}).get(scope, {}))}, rule=rule,
                                  out=folder, inputs=[ctx.original], overwrite=True, progress=progress,
                                  meta={"model_dir": str(ctx.original), "level": ctx.level, "scope": scope})
