@@ -19,27 +19,27 @@ import typer
 from rich.console import Console
 
 from recipes import ctofu_pipeline, ctofu_report, tofu_report
-from recipes.tofu import (AuditAttacks, AuditFlag, AuditLr, AuditOn, AuditSteps, Base, CacheDir, Device, Preset,
-                          RetainBound, Seed, Threads, _audit_options)
+from recipes.ctofu_config import CTofuConfig
+from recipes.recipe_cli import config_command, help_of, require
+from recipes.runner import run_method
+from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
 from recipes.tofu_settings import sweep_rule
 
 app = typer.Typer(help="Cross-lingual TOFU: fine-tune on every language, forget in one, measure in all.",
                   no_args_is_help=True)
 console = Console()
 
-Data = Annotated[str, typer.Option(help="Folder of <split>_<lang>.json files (e.g. shared/data/ctofu), or 'synthetic[:retain_authors=8,langs=en/fr/ar]' (built-in stand-in).")]
-English = Annotated[Optional[Path], typer.Option(help="TOFU folder for English (default: <split>_en.json files, or a 'tofu' folder beside --data).")]
-Langs = Annotated[str, typer.Option(help="Languages the models are trained on: 'all' (discovered from the files) or e.g. en,fr,ar.")]
-Authors = Annotated[Optional[int], typer.Option(help="Keep the first N retain authors of every language (all forget authors are kept).")]
-Facts = Annotated[Optional[int], typer.Option(help="Keep the first K real-authors and K world-facts rows per language (training replay and utility).")]
-ForgetLang = Annotated[str, typer.Option(help="Language(s) whose forget rows are unlearned, e.g. en or en,fr.")]
-EvalLangs = Annotated[str, typer.Option(help="Languages to evaluate in: 'all' (the trained ones) or e.g. en,fr,ar.")]
-RetainLangs = Annotated[str, typer.Option(help="Retain rows the methods may use: 'forget' (same languages as the forget rows), 'all', or a list.")]
-SkipMisaligned = Annotated[bool, typer.Option(help="Drop languages whose files are not row-aligned with English (default: stop with the report).")]
-TrainText = Annotated[str, typer.Option(help="Question/answer text the models are trained on: 'scored' (each scored row's text from the file the metrics score, forget01_perturbed / retain_perturbed; default) or 'files' (forget01 / retain99 as shipped, as before issue 16; on the shipped translations that differs from the scored text and needs --allow-text-mismatch).")]
-AllowTextMismatch = Annotated[bool, typer.Option(help="Go on when the trained question/answer text differs from the scored one (recorded in alignment.md; the forget metrics then partly measure paraphrase robustness). Default: stop with the counts.")]
-MaxNew = Annotated[int, typer.Option(help="Greedy generation length for ROUGE (the reference uses 200).")]
 
+def _option(key: str, tp=str):
+    """The ``finetune`` option of a config field (help declared once, in :class:`CTofuConfig`)."""
+    return Annotated[tp, typer.Option(help=help_of(CTofuConfig, key))]
+
+
+Data, English, Langs = _option("data"), _option("english", Optional[Path]), _option("langs")
+Authors, Facts, Preset = _option("authors", Optional[int]), _option("facts", Optional[int]), _option("preset")
+SkipMisaligned, TrainText = _option("skip_misaligned", bool), _option("train_text")
+AllowTextMismatch, Seed, Device = _option("allow_text_mismatch", bool), _option("seed", int), _option("device")
+CacheDir, Threads = _option("cache_dir", Optional[Path]), _option("threads", Optional[int])
 
 def _world(data: str, english: Path | None, langs: str, authors: int | None, facts: int | None,
            skip_misaligned: bool, out: Path, train_text: str = "scored", allow_text_mismatch: bool = False):
@@ -91,14 +91,21 @@ def _langs(spec: str, world, default: tuple[str, ...]) -> tuple[str, ...]:
     return default if spec == "forget" else parse_langs(spec, world.languages)
 
 
-def _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
-             retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch):
+def _context(cfg: CTofuConfig):
     from mmunlearn.data.ctofu import parse_langs
 
-    world = _world(data, english, langs, authors, facts, skip_misaligned, out, train_text, allow_text_mismatch)
-    forget = parse_langs(forget_lang, world.languages)
-    return ctofu_pipeline.prepare(preset, world, forget, parse_langs(eval_langs, world.languages),
-                                  _langs(retain_langs, world, forget), seed, cache_dir, device, max_new_tokens)
+    world = _world(cfg.data, cfg.english, cfg.langs, cfg.authors, cfg.facts, cfg.skip_misaligned, cfg.out,
+                   cfg.train_text, cfg.allow_text_mismatch)
+    forget = parse_langs(cfg.forget_lang, world.languages)
+    return ctofu_pipeline.prepare(cfg.preset, world, forget, parse_langs(cfg.eval_langs, world.languages),
+                                  _langs(cfg.retain_langs, world, forget), cfg.seed, cfg.cache_dir, cfg.device,
+                                  cfg.max_new_tokens)
+
+
+def _rows(cfg: CTofuConfig, name: str, ctx, rule) -> list[dict]:
+    """One method's rows (one per evaluation language) through the runner: ``OUT/<method>/{model/, run.json}``."""
+    return run_method(name, ctx, cfg.out / name, options=cfg.knobs(), overrides=cfg.method_overrides(name), rule=rule,
+                      base=cfg.base, device=cfg.device, resume=cfg.resume, method_options=cfg.method_options.get(name))
 
 
 @app.command()
@@ -134,111 +141,47 @@ def finetune(
                       f"{log.get('answer_nll', float('nan')):.4f})")
 
 
-@app.command()
-def run(
-    method: Annotated[str, typer.Option(help="A method of `mmunlearn methods` (qr-erase, svd-unlearn, grad_diff, t3, rmu, ...).")],
-    out: Annotated[Path, typer.Option(help="Output directory: run.md/.json, one folder of TOFU logs per language, the model.")],
-    forget_lang: ForgetLang = "en",
-    eval_langs: EvalLangs = "all",
-    retain_langs: RetainLangs = "forget",
-    data: Data = "synthetic",
-    english: English = None,
-    langs: Langs = "all",
-    authors: Authors = None,
-    facts: Facts = None,
-    preset: Preset = "micro",
-    skip_misaligned: SkipMisaligned = False,
-    train_text: TrainText = "scored",
-    allow_text_mismatch: AllowTextMismatch = False,
-    base: Base = "target",
-    sweep: Annotated[bool, typer.Option(help="Pick rank/scale (erasure), temperature (T3) and baseline epochs on the training partitions.")] = False,
-    retain_bound: RetainBound = 0.1,
-    rank: Annotated[Optional[int], typer.Option(help="Erasure: forget rank k.")] = None,
-    scale: Annotated[Optional[float], typer.Option(help="Erasure: W' = W - scale * T~.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="T3 temperature T >= 1.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Baselines: learning rate.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Baselines: epochs over the forget set.")] = None,
-    max_new_tokens: MaxNew = 200,
-    seed: Seed = 0,
-    device: Device = "auto",
-    cache_dir: CacheDir = None,
-    threads: Threads = None,
-) -> None:
-    """Unlearn the forget rows of --forget-lang with one method; TOFU metrics in every --eval-langs language."""
+@config_command(app, CTofuConfig, name="run", exclude=RUN_EXCLUDES)
+def run(cfg: CTofuConfig) -> None:
+    """Unlearn the forget rows of --forget-lang with one method; TOFU metrics in every --eval-langs language
+    (OUT/run.md/.json, OUT/<method>/{model/, run.json, <lang>/})."""
     from mmunlearn.presets.build import torch_threads
 
-    with torch_threads(threads):
-        ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
-                       retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch)
-        options = dict(rank=rank, scale=scale, temperature=temperature, lr=lr, epochs=epochs)
-        rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
-        mine = ctofu_pipeline.run_method_rows(method, ctx, options, rule, base, out / method, device)
+    require(cfg, "method", "out")
+    with torch_threads(cfg.threads):
+        ctx = _context(cfg)
+        mine = _rows(cfg, cfg.method, ctx, sweep_rule(ctx.forget_target() if cfg.sweep else None, cfg.retain_bound))
         rows = [*ctx.reference_rows("target"), *mine, *ctx.reference_rows("retain")]
     summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)
-    ctofu_report.write_report(out, "run", rows, summary, ctx.forget_langs, ctx.describe())
+    ctofu_report.write_report(cfg.out, "run", rows, summary, ctx.forget_langs, ctx.describe())
     console.print(ctofu_report.long_table(rows))
     console.print(ctofu_report.transfer_table(summary))
 
 
-@app.command()
-def compare(
-    out: Annotated[Path, typer.Option(help="Output directory: compare.md/.json, fq_heatmap.png, rouge_drop.png, one folder per method.")] = Path("runs/ctofu_compare"),
-    methods: Annotated[str, typer.Option(help="Comma-separated methods, or 'all'.")] = "all",
-    forget_lang: ForgetLang = "en",
-    eval_langs: EvalLangs = "all",
-    retain_langs: RetainLangs = "forget",
-    data: Data = "synthetic",
-    english: English = None,
-    langs: Langs = "all",
-    authors: Authors = None,
-    facts: Facts = None,
-    preset: Preset = "mini",
-    skip_misaligned: SkipMisaligned = False,
-    train_text: TrainText = "scored",
-    allow_text_mismatch: AllowTextMismatch = False,
-    base: Base = "target",
-    sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature/epochs on the training partitions.")] = True,
-    retain_bound: RetainBound = 0.1,
-    max_new_tokens: MaxNew = 200,
-    audit: AuditFlag = False,
-    audit_relearn_steps: AuditSteps = None,
-    audit_relearn_lr: AuditLr = None,
-    audit_relearn_on: AuditOn = None,
-    audit_attacks: AuditAttacks = None,
-    seed: Seed = 0,
-    device: Device = "auto",
-    cache_dir: CacheDir = None,
-    threads: Threads = None,
-) -> None:
+@config_command(app, CTofuConfig, name="compare", exclude=COMPARE_EXCLUDES,
+                defaults=dict(out=Path("runs/ctofu_compare"), preset="mini", sweep=True))
+def compare(cfg: CTofuConfig) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary (and, with
     --audit, the robustness audit table AUDIT.md with the forgetting kept in every language)."""
     from mmunlearn.presets.build import torch_threads
-    from mmunlearn.methods import names
 
-    known = names("text")
-    chosen = known if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in known]
-    if unknown:
-        raise typer.BadParameter(f"unknown methods {unknown}; choose from {known}", param_hint="--methods")
-    audit_opts = _audit_options(preset, audit_relearn_steps, audit_relearn_lr, audit_relearn_on, audit_attacks,
-                                max_new_tokens) if audit else None
+    chosen, out = cfg.chosen(), cfg.out
+    audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()
     audits, audit_cache = [], {}
-    with torch_threads(threads):
-        ctx = _context(data, english, langs, authors, facts, skip_misaligned, out, preset, forget_lang, eval_langs,
-                       retain_langs, seed, cache_dir, device, max_new_tokens, train_text, allow_text_mismatch)
+    with torch_threads(cfg.threads):
+        ctx = _context(cfg)
         refs = [*ctx.reference_rows("target"), *ctx.reference_rows("retain")]
-        target_nll = ctx.forget_target() if sweep else None
+        target_nll = ctx.forget_target() if cfg.sweep else None
         rows: list[dict] = []
         for name in chosen:
-            rows += ctofu_pipeline.run_method_rows(name, ctx, {}, sweep_rule(target_nll, retain_bound), base,
-                                                   out / name, device)
+            rows += _rows(cfg, name, ctx, sweep_rule(target_nll, cfg.retain_bound))
             summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)  # after each method: nothing lost
             ctofu_report.write_report(out, "compare", refs + rows, summary, ctx.forget_langs,
                                       {**ctx.describe(), "seconds": time.perf_counter() - start})
             if audit_opts is not None:
                 console.print(f"auditing {name} ...")
-                audits.append(ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, device, audit_cache))
+                audits.append(ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache))
                 tofu_report.write_audit_table(out, audits, ctx.describe())
     everything = refs + rows
     ctofu_report.heatmap(out / "fq_heatmap.png", everything, "forget_quality",

@@ -1,15 +1,14 @@
 """The steps of the cTOFU recipe: models of a multilingual world, per-language cached evaluations, one
 method's rows (one per evaluation language), and the cross-lingual transfer summary.
 
-Model building, the cached evaluation and the unlearning call are the TOFU recipe's
-(:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`,
-:func:`mmunlearn.methods.run_unlearning`); the world's data is a dict source
+Model building, the cached evaluation and the method's run are the TOFU recipe's
+(:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`, :func:`recipes.runner.run_method`);
+the world's data is a dict source
 (:class:`mmunlearn.data.ctofu.SplitMapping`) so both read it unchanged.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +73,29 @@ class CrossLingualSetup:
         base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
         return float(base.answer_nll(self.forget).mean())
 
+    def adapter(self, path: Path, device: str):
+        """A text adapter on ``path`` (float32 scoring)."""
+        from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+        return TextLLMAdapter.from_pretrained(path, device=device)
+
+    def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
+        """One row per evaluation language of an unlearned model (``folder/<lang>/TOFU_EVAL.json``)."""
+        from mmunlearn.eval import evaluate_tofu
+
+        rows = []
+        for lang in self.eval_langs:
+            logs = evaluate_tofu(adapter, self.world.eval_data[lang], self.world.forget_split, None,
+                                 retain_logs=self.retain_logs[lang], out_dir=folder / lang, metrics=EVAL_GROUPS,
+                                 max_new_tokens=self.max_new_tokens, model_name=f"{method} ({lang})")
+            summary = {k: v["agg_value"] for k, v in logs.items()
+                       if isinstance(v, dict) and v.get("agg_value") is not None}
+            rows.append(make_row(method, lang, summary, _summary(self.target_logs[lang])))
+        return rows
+
+    def evaluated(self, folder: Path) -> bool:
+        return all((folder / lang / "TOFU_EVAL.json").is_file() for lang in self.eval_langs)
+
     def describe(self) -> dict:
         return {"preset": self.preset, "world": self.world.describe(), "forget_langs": list(self.forget_langs),
                 "retain_langs": list(self.retain_langs), "eval_langs": list(self.eval_langs),
@@ -124,47 +146,6 @@ def make_row(method: str, lang: str, summary: dict[str, float], target: dict[str
         row[f"{name}_drop"] = drop
         row[f"{name}_rel_drop"] = drop / before if drop is not None and before > 0 else None
     return row
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    from mmunlearn.metrics.logs import write_json_atomic
-
-    write_json_atomic(path, obj)
-
-
-def run_method_rows(method: str, ctx: CrossLingualSetup, options: dict, rule, base: str, out: Path, device: str) -> list[dict]:
-    """Unlearn the forget languages' rows from a fresh copy of the target with ``method`` through the harness
-    (``out/model``, restorable), evaluate it in every evaluation language (``out/<lang>/TOFU_EVAL.json``);
-    returns one row per language."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.eval import evaluate_tofu
-    from mmunlearn.methods import run_unlearning
-
-    from recipes.tofu_settings import method_options, preset_size
-
-    target = TextLLMAdapter.from_pretrained(ctx.built.target, device=device)
-    reference = None if base == "target" else TextLLMAdapter.from_pretrained(
-        ctx.built.base if base == "base" else Path(base), device=device)
-    outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size=preset_size(ctx.preset),
-                             overrides=method_options(method, **options), reference=reference, rule=rule,
-                             out=out / "model", inputs=[ctx.built.target], overwrite=True,
-                             cache_dir=str(ctx.cache_dir), meta={"model_dir": str(ctx.built.target)})
-    rows = []
-    for lang in ctx.eval_langs:
-        logs = evaluate_tofu(outcome.adapter, ctx.world.eval_data[lang], ctx.world.forget_split, None,
-                             retain_logs=ctx.retain_logs[lang], out_dir=out / lang, metrics=EVAL_GROUPS,
-                             max_new_tokens=ctx.max_new_tokens, model_name=f"{method} ({lang})")
-        summary = {k: v["agg_value"] for k, v in logs.items() if isinstance(v, dict) and v.get("agg_value") is not None}
-        rows.append(make_row(method, lang, summary, _summary(ctx.target_logs[lang])))
-    rep = outcome.report
-    cost = {"unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
-            "changed_fraction": rep["changed_fraction"], "target_reached": rep["target_reached"],
-            "forget_nll_rise": rep["forget_nll"]["after"] - rep["forget_nll"]["before"],
-            "retain_nll_rise": rep["retain_nll"]["after"] - rep["retain_nll"]["before"]}
-    for row in rows:
-        row.update(cost)
-    _write_json(out / "run.json", {"rows": rows, "info": rep["info"], "context": ctx.describe()})
-    return rows
 
 
 def _mean(values: list[float | None]) -> float | None:

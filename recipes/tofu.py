@@ -11,6 +11,10 @@ and ``eval`` take ``--target DIR`` / ``--retain-model DIR`` (e.g. made by ``fine
 instead of building those models. After building, the target is checked for having memorised the
 forget answers (:mod:`recipes.tofu_settings`); a warning is printed and ``memorised: false`` recorded
 in compare.json / run.json when it did not.
+
+``run`` and ``compare`` take their settings as one :class:`recipes.tofu_config.TofuConfig`: the options (one per
+field, declared once there), ``--config FILE.yaml``, ``--method-option METHOD.SETTING=VALUE`` and ``KEY=VALUE``
+arguments (:mod:`recipes.recipe_cli`); each method runs through :func:`recipes.runner.run_method`.
 """
 
 from __future__ import annotations
@@ -25,44 +29,27 @@ from rich.console import Console
 
 from mmunlearn.atomic import write_text_atomic
 from recipes import tofu_pipeline, tofu_report
+from recipes.recipe_cli import config_command, help_of, option_flag, require
+from recipes.recipe_config import ConfigError
+from recipes.runner import run_method
+from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
 from recipes.tofu_settings import memorisation, memorisation_warning, sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
 console = Console()
 
-Data = Annotated[str, typer.Option(help="TOFU folder of JSON splits, a hub id, or 'synthetic[:n_authors=40,...]' (built in).")]
-Preset = Annotated[str, typer.Option(help="Model preset: micro (tests), mini (CPU demo), or a model directory to fine-tune.")]
-Authors = Annotated[Optional[int], typer.Option(help="Keep N authors: the first retain authors plus forget authors in proportion.")]
-ForgetSplit = Annotated[str, typer.Option(help="Forget split: forget01, forget05 or forget10.")]
-Seed = Annotated[int, typer.Option(help="Seed of data order and initialisation.")]
-Device = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
-CacheDir = Annotated[Optional[Path], typer.Option(help="Where built models are cached (default ~/.cache/mmunlearn).")]
-Base = Annotated[str, typer.Option(help="Task-vector reference for erasure methods: target, base (the preset's pretrained base) or a model directory.")]
-RetainBound = Annotated[float, typer.Option(help="Sweep rule: largest allowed rise of the retain NLL (nats).")]
-Threads = Annotated[Optional[int], typer.Option(help="torch CPU threads (default without CUDA: 1, measured 1.6-6.5x faster in wall time than 2 for SmolLM2 training and scoring on this project's shared 2-core CPU; with CUDA: torch's choice).")]
-Target = Annotated[Optional[Path], typer.Option(help="Target model folder (e.g. from `tofu finetune --out DIR`) to use instead of building the preset's target; its train_log.json names its base.")]
-RetainModel = Annotated[Optional[Path], typer.Option(help="Retain model folder (never trained on the forget authors) to use instead of building the preset's retain model.")]
-Metrics = Annotated[Optional[str], typer.Option(help="Metric groups to compute, comma-separated: forget, memorization, utility, mia (default: all).")]
-Extract = Annotated[Optional[str], typer.Option(help="Erasure task vectors: finetune, lora or gradient (default: the method's).")]
-ExtractSteps = Annotated[Optional[int], typer.Option(help="Erasure: optimizer steps of the task-vector extraction (finetune, lora).")]
-FtEpochs = Annotated[Optional[int], typer.Option("--ft-epochs", help="Fine-tuning of the built target and retain models: epochs (default: the preset's).")]
-FtLr = Annotated[Optional[float], typer.Option("--ft-lr", help="Fine-tuning of the built target and retain models: learning rate.")]
-FtBatch = Annotated[Optional[int], typer.Option("--ft-batch-size", help="Fine-tuning of the built target and retain models: micro-batch size.")]
-FtAccum = Annotated[Optional[int], typer.Option("--ft-grad-accum", help="Fine-tuning of the built target and retain models: gradient accumulation steps.")]
-FtMaxSteps = Annotated[Optional[int], typer.Option("--ft-max-steps", help="Fine-tuning of the built target and retain models: at most N optimizer steps (the schedule fitted to them).")]
-FtPrecision = Annotated[Optional[str], typer.Option("--ft-precision", help="Fine-tuning of the built target and retain models: no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it).")]
-PRECISION_CHOICES = ("no", "bf16", "auto")
-Precision = Annotated[Optional[str], typer.Option("--precision", help="Scoring and generation precision: no (float32) or bf16 (autocast scoring, bf16 weights for greedy generation; measured 2-3x faster on a CPU with AVX512_BF16). Default: bf16 for smollm2-135m, no otherwise.")]
-MaxNewTokens = Annotated[str, typer.Option(help="Greedy generation length for ROUGE: a number (the reference uses 200) or 'auto' (lean: per batch, its longest gold answer in tokens + 16).")]
-UtilityItems = Annotated[Optional[int], typer.Option(help="Evaluate only the first N real-authors and N world-facts items (lean; default: all 100 + 117, the reference). Recorded in the logs.")]
-RuleRetain = Annotated[Optional[int], typer.Option(help="The sweep rule scores N retain rows spread over the retain partition (default: all of it); fewer makes every sweep point cheaper.")]
-Resume = Annotated[bool, typer.Option(help="Reuse a method's finished stage (same method, options, rule and models: its run.json key) instead of redoing it.")]
-AuditFlag = Annotated[bool, typer.Option("--audit", help="Also run the robustness audits (paraphrase, 8/4-bit quantisation, relearning, probe) on every method's model: <out>/AUDIT.json and AUDIT.md beside compare.md, and <out>/<method>/AUDIT.json.")]
-AuditSteps = Annotated[Optional[int], typer.Option("--audit-relearn-steps", help="--audit: relearning optimizer steps (default 20).")]
-AuditLr = Annotated[Optional[float], typer.Option("--audit-relearn-lr", help="--audit: relearning learning rate (default: 1e-3 for micro/mini, 1e-5 for a model directory).")]
-AuditOn = Annotated[Optional[str], typer.Option("--audit-relearn-on", help="--audit: relearn on part of the forget set ('forget', default) or on retain data only ('retain', stricter).")]
-AuditAttacks = Annotated[Optional[str], typer.Option("--audit-attacks", help="--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, probe; default all).")]
-
+Data = Annotated[str, typer.Option(help=help_of(TofuConfig, "data"))]
+Preset = Annotated[str, typer.Option(help=help_of(TofuConfig, "preset"))]
+Authors = Annotated[Optional[int], typer.Option(help=help_of(TofuConfig, "authors"))]
+ForgetSplit = Annotated[str, typer.Option(help=help_of(TofuConfig, "forget_split"))]
+Seed = Annotated[int, typer.Option(help=help_of(TofuConfig, "seed"))]
+Device = Annotated[str, typer.Option(help=help_of(TofuConfig, "device"))]
+CacheDir = Annotated[Optional[Path], typer.Option(help=help_of(TofuConfig, "cache_dir"))]
+Threads = Annotated[Optional[int], typer.Option(help=help_of(TofuConfig, "threads"))]
+Metrics = Annotated[Optional[str], typer.Option(help=help_of(TofuConfig, "metrics"))]
+Precision = Annotated[Optional[str], typer.Option("--precision", help=help_of(TofuConfig, "precision"))]
+MaxNewTokens = Annotated[str, typer.Option(help=help_of(TofuConfig, "max_new_tokens"))]
+UtilityItems = Annotated[Optional[int], typer.Option(help=help_of(TofuConfig, "utility_items"))]
 
 def _threads(n: int | None) -> None:
     import torch
@@ -70,26 +57,6 @@ def _threads(n: int | None) -> None:
     from mmunlearn.errors import set_threads
 
     set_threads(n if n is not None else None if torch.cuda.is_available() else 1)
-
-
-def _train_overrides(epochs: int | None, lr: float | None, batch_size: int | None, grad_accum: int | None,
-                     max_steps: int | None, precision: str | None, prefix: str = "--") -> dict[str, Any]:
-    """Fine-tuning options as ``build_models``/``finetune`` overrides, checked (a usage error otherwise)."""
-    from mmunlearn.train import TrainConfig
-
-    if precision is not None and precision not in PRECISION_CHOICES:
-        raise typer.BadParameter(f"choose from {', '.join(PRECISION_CHOICES)}, got {precision!r}",
-                                 param_hint=f"{prefix}precision")
-    if max_steps is not None and max_steps < 1:
-        raise typer.BadParameter(f"must be a positive integer, got {max_steps}", param_hint=f"{prefix}max-steps")
-    fields = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "grad_accum": grad_accum,
-              "mixed_precision": precision}
-    overrides = {k: v for k, v in fields.items() if v is not None}
-    try:
-        TrainConfig(epochs=1).replace(**overrides)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    return {**overrides, **({"max_steps": max_steps} if max_steps is not None else {})}
 
 
 def _max_new_tokens(text: str) -> int | str:
@@ -122,16 +89,6 @@ def _metrics(text: str | None) -> tuple[str, ...] | None:
         raise typer.BadParameter(str(e), param_hint="--metrics") from None
 
 
-def _extract(kind: str | None, steps: int | None) -> dict[str, Any]:
-    from mmunlearn.taskvec.extract import KINDS
-
-    if kind is not None and kind not in KINDS:
-        raise typer.BadParameter(f"choose from {', '.join(KINDS)}, got {kind!r}", param_hint="--extract")
-    if steps is not None and steps < 1:
-        raise typer.BadParameter(f"must be a positive integer, got {steps}", param_hint="--extract-steps")
-    return {"extract_kind": kind, "extract_steps": steps}
-
-
 def _model_dir(path: Path | None, flag: str) -> Path | None:
     if path is None:
         return None
@@ -141,23 +98,22 @@ def _model_dir(path: Path | None, flag: str) -> Path | None:
         raise typer.BadParameter(str(e), param_hint=flag) from None
 
 
-def _given_models(target: Path | None, retain_model: Path | None, base: str, sweep: bool,
-                  overrides: dict[str, Any], preset: str) -> tuple[Path | None, Path | None]:
+def _given_models(cfg: TofuConfig, overrides: dict[str, Any]) -> tuple[Path | None, Path | None]:
     """Check --target / --retain-model and what needs the target's base (before any model work)."""
     from mmunlearn.presets.cache import read_log
     from recipes.tofu_settings import preset_size
 
-    target, retain_model = _model_dir(target, "--target"), _model_dir(retain_model, "--retain-model")
+    target, retain_model = _model_dir(cfg.target, "--target"), _model_dir(cfg.retain_model, "--retain-model")
     made_by = (read_log(target) or {}).get("preset") if target is not None else None
-    if isinstance(made_by, str) and preset_size(made_by) != preset_size(preset):
+    if isinstance(made_by, str) and preset_size(made_by) != preset_size(cfg.preset):
         console.print(f"warning: the target was fine-tuned from preset {made_by!r} and the methods use the "
-                      f"settings of --preset {preset!r} ({preset_size(preset)}); pass the preset the target was made with",
-                      style="yellow", markup=False, soft_wrap=True)
+                      f"settings of --preset {cfg.preset!r} ({preset_size(cfg.preset)}); pass the preset the target "
+                      f"was made with", style="yellow", markup=False, soft_wrap=True)
     if target is not None and tofu_pipeline.target_base(target) is None:
-        if base == "base":
+        if cfg.base == "base":
             raise typer.BadParameter(f"the target {target} names no base model (no train_log.json with an existing "
                                      f"'base'); pass --base DIR or --base target", param_hint="--base")
-        if sweep:
+        if cfg.sweep:
             raise typer.BadParameter(f"the sweep aims at the base model's forget NLL and the target {target} names "
                                      f"no base model (no train_log.json with an existing 'base'); pass --no-sweep",
                                      param_hint="--sweep")
@@ -167,34 +123,28 @@ def _given_models(target: Path | None, retain_model: Path | None, base: str, swe
     return target, retain_model
 
 
-def _audit_options(preset: str, steps: int | None, lr: float | None, on: str | None, attacks: str | None,
-                   max_new_tokens: int = 64):
-    """``--audit-*`` as :class:`mmunlearn.audit.AuditOptions` for the preset (a usage error when invalid);
-    the audit's generations are at most 64 tokens (fewer when --max-new-tokens says so)."""
-    from mmunlearn.audit import ATTACKS
-    from mmunlearn.audit.options import parse_list
-    from recipes.tofu_settings import audit_options
+def _prepare(cfg: TofuConfig):
+    """The setup of ``run`` / ``compare`` (models built or given, evaluated, memorisation checked), after every
+    check that needs no model work."""
+    overrides = cfg.train_overrides()
+    target, retain_model = _given_models(cfg, overrides)
+    return tofu_pipeline.prepare(cfg.preset, cfg.data, cfg.forget_split, cfg.authors, cfg.seed, cfg.cache_dir,
+                                 cfg.device, cfg.max_new_tokens, overrides=overrides, target=target,
+                                 retain=retain_model, metrics=tofu_pipeline.parse_metrics(cfg.metrics),
+                                 **cfg.evaluation())
 
-    try:
-        return audit_options(preset, relearn_steps=steps, relearn_lr=lr, relearn_on=on,
-                             attacks=parse_list(attacks, ATTACKS, "--audit-attacks"),
-                             max_new_tokens=min(64, max_new_tokens))
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--audit-*") from None
+
+def _stage(cfg: TofuConfig, name: str, ctx, rule, folder: Path) -> dict:
+    """One method's row through the runner (``folder/{model/, run.json, TOFU_EVAL.json}``)."""
+    row, = run_method(name, ctx, folder, options=cfg.knobs(), overrides=cfg.method_overrides(name), rule=rule,
+                      base=cfg.base, device=cfg.device, resume=cfg.resume, method_options=cfg.method_options.get(name))
+    return row
 
 
 def _warn_memorisation(ctx) -> None:
     message = memorisation_warning(ctx.memorisation, hint="--ft-epochs/--ft-lr (tofu finetune: --epochs/--lr)")
     if message:
         console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
-
-
-def _lean(max_new_tokens: str, utility_items: int | None, precision: str | None,
-          rule_retain_items: int | None) -> dict[str, Any]:
-    """The evaluation-cost options, checked (usage errors otherwise), as :func:`tofu_pipeline.prepare` takes them."""
-    return {"max_new_tokens": _max_new_tokens(max_new_tokens), "precision": _precision(precision),
-            "utility_items": _positive(utility_items, "--utility-items"),
-            "rule_retain_items": _positive(rule_retain_items, "--rule-retain-items")}
 
 
 class _Stages:
@@ -245,7 +195,11 @@ def finetune(
     from mmunlearn.presets.build import finetune as build_one
 
     _threads(threads)
-    overrides = _train_overrides(epochs, lr, batch_size, grad_accum, max_steps, precision)
+    try:
+        overrides = train_overrides("", epochs=epochs, lr=lr, batch_size=batch_size, grad_accum=grad_accum,
+                                    max_steps=max_steps, precision=precision)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint=option_flag(e.key or "")) from None
     path = build_one(preset, data, split, authors, out, forget_pct=forget_pct, seed=seed, cache_dir=cache_dir,
                      device=device, overrides=overrides)
     log = json.loads((path / "train_log.json").read_text())
@@ -322,141 +276,52 @@ def evaluate(
                       f"memorised the forget answers: {check['memorised']}", markup=False, soft_wrap=True)
 
 
-@app.command()
-def run(
-    method: Annotated[str, typer.Option(help="A method of `mmunlearn methods` (qr-erase, svd-unlearn, grad_diff, t3, rmu, ...).")],
-    out: Annotated[Path, typer.Option(help="Output directory: model/ (unlearned model, undo patch, reports; `mmunlearn restore --model OUT/model` undoes it), TOFU_EVAL.json, run.json.")],
-    data: Data = "synthetic",
-    preset: Preset = "micro",
-    forget_split: ForgetSplit = "forget10",
-    authors: Authors = None,
-    base: Base = "target",
-    sweep: Annotated[bool, typer.Option(help="Pick rank/scale (erasure) and temperature (T3) on the training partitions.")] = False,
-    retain_bound: RetainBound = 0.1,
-    rank: Annotated[Optional[int], typer.Option(help="Erasure: forget rank k.")] = None,
-    scale: Annotated[Optional[float], typer.Option(help="Erasure: W' = W - scale * T~.")] = None,
-    extract: Extract = None,
-    extract_steps: ExtractSteps = None,
-    temperature: Annotated[Optional[float], typer.Option(help="T3 temperature T >= 1.")] = None,
-    t3_rank: Annotated[Optional[int], typer.Option("--t3-rank", help="T3 head rank h.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Baselines: learning rate.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Baselines: epochs over the forget set.")] = None,
-    max_new_tokens: MaxNewTokens = "200",
-    utility_items: UtilityItems = None,
-    precision: Precision = None,
-    rule_retain_items: RuleRetain = None,
-    resume: Resume = True,
-    metrics: Metrics = None,
-    target: Target = None,
-    retain_model: RetainModel = None,
-    ft_epochs: FtEpochs = None,
-    ft_lr: FtLr = None,
-    ft_batch_size: FtBatch = None,
-    ft_grad_accum: FtAccum = None,
-    ft_max_steps: FtMaxSteps = None,
-    ft_precision: FtPrecision = None,
-    seed: Seed = 0,
-    device: Device = "auto",
-    cache_dir: CacheDir = None,
-    threads: Threads = None,
-) -> None:
-    """Unlearn the forget split from the target model with one method, then evaluate it."""
-    _threads(threads)
-    overrides = _train_overrides(ft_epochs, ft_lr, ft_batch_size, ft_grad_accum, ft_max_steps, ft_precision, "--ft-")
-    groups = _metrics(metrics)
-    options = dict(rank=rank, scale=scale, **_extract(extract, extract_steps), temperature=temperature,
-                   head_rank=t3_rank, lr=lr, epochs=epochs)
-    lean = _lean(max_new_tokens, utility_items, precision, rule_retain_items)
-    target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
-    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, lean.pop("max_new_tokens"),
-                                overrides=overrides, target=target, retain=retain_model, metrics=groups, **lean)
+@config_command(app, TofuConfig, name="run", exclude=RUN_EXCLUDES)
+def run(cfg: TofuConfig) -> None:
+    """Unlearn the forget split from the target model with one method, then evaluate it: OUT/model (`mmunlearn
+    restore --model OUT/model` undoes it), OUT/TOFU_EVAL.json, OUT/run.json."""
+    require(cfg, "method", "out")
+    _threads(cfg.threads)
+    ctx = _prepare(cfg)
     _warn_memorisation(ctx)
-    rule = sweep_rule(ctx.forget_target() if sweep else None, retain_bound)
-    row = tofu_pipeline.run_method_row(method, ctx, options, rule, base, out, device, resume=resume)
+    row = _stage(cfg, cfg.method, ctx, sweep_rule(ctx.forget_target() if cfg.sweep else None, cfg.retain_bound),
+                 cfg.out)
     console.print(tofu_report.markdown([ctx.reference_row("target"), row, ctx.reference_row("retain")]))
     _warn_memorisation(ctx)  # again below the table, where it is seen
 
 
-@app.command()
-def compare(
-    out: Annotated[Path, typer.Option(help="Output directory: compare.md/.csv/.json, scatter plot, one folder per method.")] = Path("runs/tofu_compare"),
-    methods: Annotated[str, typer.Option(help="Comma-separated methods, or 'all'.")] = "all",
-    data: Data = "synthetic",
-    preset: Preset = "mini",
-    forget_split: ForgetSplit = "forget10",
-    authors: Authors = None,
-    base: Base = "target",
-    sweep: Annotated[bool, typer.Option(help="Pick each method's rank/scale/temperature on the training partitions.")] = True,
-    retain_bound: RetainBound = 0.1,
-    max_new_tokens: MaxNewTokens = "200",
-    utility_items: UtilityItems = None,
-    precision: Precision = None,
-    rule_retain_items: RuleRetain = None,
-    resume: Resume = True,
-    metrics: Metrics = None,
-    extract: Extract = None,
-    extract_steps: ExtractSteps = None,
-    target: Target = None,
-    retain_model: RetainModel = None,
-    ft_epochs: FtEpochs = None,
-    ft_lr: FtLr = None,
-    ft_batch_size: FtBatch = None,
-    ft_grad_accum: FtAccum = None,
-    ft_max_steps: FtMaxSteps = None,
-    ft_precision: FtPrecision = None,
-    audit: AuditFlag = False,
-    audit_relearn_steps: AuditSteps = None,
-    audit_relearn_lr: AuditLr = None,
-    audit_relearn_on: AuditOn = None,
-    audit_attacks: AuditAttacks = None,
-    seed: Seed = 0,
-    device: Device = "auto",
-    cache_dir: CacheDir = None,
-    threads: Threads = None,
-) -> None:
+@config_command(app, TofuConfig, name="compare", exclude=COMPARE_EXCLUDES,
+                defaults=dict(out=Path("runs/tofu_compare"), preset="mini", sweep=True))
+def compare(cfg: TofuConfig) -> None:
     """Run every method on the same target model and split; one table and a scatter plot (and, with
     --audit, the robustness audit table AUDIT.md)."""
-    from mmunlearn.methods import names
-
-    _threads(threads)
-    known = names("text")
-    chosen = known if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in known]
-    if unknown:
-        raise typer.BadParameter(f"unknown methods {unknown}; choose from {known}")
-    overrides = _train_overrides(ft_epochs, ft_lr, ft_batch_size, ft_grad_accum, ft_max_steps, ft_precision, "--ft-")
-    groups = _metrics(metrics)
-    options = _extract(extract, extract_steps)
-    lean = _lean(max_new_tokens, utility_items, precision, rule_retain_items)
-    audit_opts = _audit_options(preset, audit_relearn_steps, audit_relearn_lr, audit_relearn_on, audit_attacks,
-                                lean["max_new_tokens"] if lean["max_new_tokens"] != "auto" else 64) if audit else None
-    target, retain_model = _given_models(target, retain_model, base, sweep, overrides, preset)
+    _threads(cfg.threads)
+    chosen, out = cfg.chosen(), cfg.out
+    audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()
     stages = _Stages(len(chosen) + 1, start)
-    ctx = tofu_pipeline.prepare(preset, data, forget_split, authors, seed, cache_dir, device, lean.pop("max_new_tokens"),
-                                overrides=overrides, target=target, retain=retain_model, metrics=groups, **lean)
+    ctx = _prepare(cfg)
     stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
     _warn_memorisation(ctx)
     rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
-    context = {**ctx.describe(), **{k: v for k, v in options.items() if v is not None}}
+    context = {**ctx.describe(), **cfg.knobs(), **({"method_options": cfg.method_options} if cfg.method_options else {})}
     kept = tofu_report.earlier_rows(out, context, exclude=chosen)
-    target_nll = ctx.forget_target() if sweep else None
+    target_nll = ctx.forget_target() if cfg.sweep else None
     audits, audit_cache = [], {}
     for name in chosen:
         t0 = time.perf_counter()
-        rows.append(tofu_pipeline.run_method_row(name, ctx, options, sweep_rule(target_nll, retain_bound), base,
-                                                 out / name, device, resume=resume))
+        rows.append(_stage(cfg, name, ctx, sweep_rule(target_nll, cfg.retain_bound), out / name))
         tofu_report.write_tables(out, tofu_report.ordered(rows + kept), context)  # nothing lost if interrupted
         stages.done(name, time.perf_counter() - t0, reused=bool(rows[-1].get("reused")))
         if audit_opts is not None:
             console.print(f"auditing {name} ...")
-            audits.append(tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, device, audit_cache))
+            audits.append(tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache))
             tofu_report.write_audit_table(out, audits + tofu_pipeline.earlier_audits(out, [r["method"] for r in kept]),
                                           context)
     rows = tofu_report.ordered(rows + kept)
     tofu_report.scatter(out / "fq_vs_mu.png", rows)
-    if sweep:
+    if cfg.sweep:
         tofu_report.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)
     console.print(tofu_report.markdown(rows))
     if audit_opts is not None:

@@ -1,5 +1,6 @@
 """The steps the TOFU recipes share: build/reuse models (or take given model folders), cached evaluations,
-the target's memorisation check, one method's row (tables and plots: :mod:`recipes.tofu_report`)."""
+the target's memorisation check, the evaluation of an unlearned model (the method itself: :mod:`recipes.runner`;
+tables and plots: :mod:`recipes.tofu_report`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mmunlearn.data.tofu import load_split, split_info
 
-from mmunlearn.atomic import write_text_atomic
 from recipes.tofu_report import COLUMNS
 
 log = logging.getLogger(__name__)
@@ -165,6 +165,18 @@ class TofuSetup:
 
         return TextLLMAdapter.from_pretrained(path, device=device, precision=self.precision)
 
+    def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
+        """The TOFU row of an unlearned model (``folder/TOFU_EVAL.json`` and the summaries)."""
+        from mmunlearn.eval import evaluate_tofu
+
+        logs = evaluate_tofu(adapter, self.data, self.forget_split, self.authors, retain_logs=self.retain_logs,
+                             out_dir=folder, max_new_tokens=self.max_new_tokens, model_name=method,
+                             metrics=self.metrics, utility_items=self.utility_items)
+        return [{"method": method, **_metrics(logs)}]
+
+    def evaluated(self, folder: Path) -> bool:
+        return (folder / "TOFU_EVAL.json").is_file()
+
     def describe(self) -> dict:
         return {"preset": self.preset, "data": self.data, "forget_split": self.forget_split, "authors": self.authors,
                 "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
@@ -256,88 +268,9 @@ def _metrics(logs: dict) -> dict:
     return out
 
 
-def _reference(ctx: TofuSetup, base: str, device: str):
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-
-    if base == "target":
-        return None
-    if base == "base" and ctx.built.base is None:
-        raise ValueError("--base base: the given target names no base model (no train_log.json with an existing "
-                         "'base'); pass --base DIR or --base target")
-    path = ctx.built.base if base == "base" else Path(base)
-    return ctx.adapter(path, device)
-
-
-def method_key(method: str, ctx: TofuSetup, options: dict, rule, base: str) -> str:
-    """What identifies one method's stage of a comparison: a finished stage with this key is reused."""
-    spec = {"method": method, "options": {k: v for k, v in sorted(options.items()) if v is not None},
-            "rule": rule.describe() if rule is not None else None, "base": base, "context": ctx.describe()}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def finished_row(out: Path, key: str) -> dict | None:
-    """The row of a finished stage in ``out`` (its run.json, model and evaluation all written) with ``key``."""
-    run = out / "run.json"
-    if not (run.is_file() and (out / "TOFU_EVAL.json").is_file() and (out / "model").is_dir()):
-        return None
-    try:
-        saved = json.loads(run.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return saved.get("row") if saved.get("key") == key else None
-
-
-def run_method_row(method: str, ctx: TofuSetup, options: dict, rule, base: str, out: Path, device: str,
-                   resume: bool = True) -> dict:
-    """Unlearn with ``method`` on a fresh copy of the target through the harness (``out/model``: the
-    harness's layout, restorable), evaluate it (``out/TOFU_EVAL.json``); returns the table row.
-
-    With ``resume``, a stage finished earlier with the same method, options, rule and context
-    (:func:`method_key`, kept in ``out/run.json``) is not redone: its row is returned (``reused``: True).
-    """
-    import time
-
-    from mmunlearn.eval import evaluate_tofu
-    from mmunlearn.methods import run_unlearning
-
-    from recipes.tofu_settings import method_options, preset_size
-
-    key = method_key(method, ctx, options, rule, base)
-    if resume and (row := finished_row(out, key)) is not None:
-        return {**row, "reused": True}
-    target = ctx.adapter(ctx.built.target, device)
-    if rule is not None and ctx.rule_retain is not None:
-        rule = replace(rule, retain_items=ctx.rule_retain)
-    outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size=preset_size(ctx.preset),
-                             overrides=method_options(method, **options), reference=_reference(ctx, base, device),
-                             rule=rule, out=out / "model", inputs=[ctx.built.target], overwrite=True,
-                             cache_dir=str(ctx.cache_dir), meta={"model_dir": str(ctx.built.target)})
-    t_eval = time.perf_counter()
-    logs = evaluate_tofu(outcome.adapter, ctx.data, ctx.forget_split, ctx.authors, retain_logs=ctx.retain_logs,
-                         out_dir=out, max_new_tokens=ctx.max_new_tokens, model_name=method, metrics=ctx.metrics,
-                         utility_items=ctx.utility_items)
-    eval_seconds = time.perf_counter() - t_eval
-    rep = outcome.report
-    df = rep["forget_nll"]["after"] - rep["forget_nll"]["before"]
-    dr = rep["retain_nll"]["after"] - rep["retain_nll"]["before"]
-    info = rep.get("info") or {}
-    sweep = info.get("sweep_seconds", info.get("rule_seconds"))
-    row = {"method": method, **_metrics(logs), "extract_seconds": rep["extract_seconds"],
-           "unlearn_seconds": rep["unlearn_seconds"], "sweep_seconds": sweep,
-           "edit_seconds": rep["unlearn_seconds"] - (sweep or 0.0),
-           "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"], "eval_seconds": eval_seconds,
-           "changed_fraction": rep["changed_fraction"],
-           # training partitions: how much more the forget answers' NLL rose than the retain answers'
-           "forget_nll_rise": df, "retain_nll_rise": dr, "selectivity": df / dr if dr > 1e-6 else None,
-           "target_reached": rep["target_reached"]}
-    write_text_atomic(out / "run.json", json.dumps({"key": key, "row": row, "info": rep["info"],
-                                                    "context": ctx.describe()}, indent=2, default=str))
-    return row
-
-
 def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, cache: dict,
                  languages: Mapping[str, list] | None = None, data: Any = None) -> dict:
-    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (``run_method_row``'s folder) against the
+    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (:func:`recipes.runner.run_method`'s folder) against the
     setup's target and retain models; ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the result.
 
     ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``data``: the

@@ -61,9 +61,17 @@ def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
 def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
     res = CliRunner().invoke(app, ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent,t3",
                                    "--forget-lang", "en", "--eval-langs", "en,ar", "--no-sweep",
-                                   "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path)])
+                                   "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path),
+                                   "--method-option", "t3.head_epochs=7"])
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "compare.json").read_text())
+    for method in ("grad_ascent", "t3"):  # the runner's layout, as tofu's: rows, cost, the method's config
+        run = json.loads((tmp_path / method / "run.json").read_text())
+        assert run["method"] == method and [r["lang"] for r in run["rows"]] == ["en", "ar"]
+        assert all(r["unlearn_seconds"] == run["cost"]["unlearn_seconds"] for r in run["rows"])
+        assert {"key", "config", "rule", "info", "context"} <= set(run)
+    t3_config = json.loads((tmp_path / "t3" / "run.json").read_text())["config"]
+    assert t3_config["head_epochs"] == 7  # a method's own setting through --method-option
     rows = report["rows"]
     assert [(r["method"], r["lang"]) for r in rows] == [
         (m, lang) for m in ("target model", "retain model", "grad_ascent", "t3") for lang in ("en", "ar")]

@@ -154,3 +154,25 @@ def test_the_memorisation_rule_per_preset_size():
     assert weak["memorised"] is False and "probability 0.05" in memorisation_warning(weak, what="the model")
     assert memorisation("micro", None, None)["memorised"] is None and memorisation_warning(
         memorisation("micro", None, None)) is None
+
+def test_a_yaml_config_runs_like_the_same_options_and_sets_rmus_own_settings(ctx, tmp_path):
+    common = ["--cache-dir", ctx.cache_dir, "--max-new-tokens", "8", "--metrics", "forget", "--epochs", "2"]
+    res, _ = _invoke("run", "--method", "rmu", "--out", tmp_path / "by_options", *COMMON, *common,
+                     "--method-option", "rmu.steering=7", "--method-option", "rmu.layer=1")
+    assert res.exit_code == 0, res.output
+    config = tmp_path / "run.yaml"
+    config.write_text(f"method: rmu\npreset: micro\ndata: '{DATA}'\ndevice: cpu\nthreads: 1\n"
+                      f"cache_dir: {ctx.cache_dir}\nmax_new_tokens: 8\nmetrics: forget\nepochs: 3\n"
+                      "method_options:\n  rmu: {steering: 7}\n")
+    res, _ = _invoke("run", "--config", config, "--method-option", "rmu.layer=1", f"out={tmp_path / 'by_file'}",
+                     "epochs=2")  # the arguments override the file
+    assert res.exit_code == 0, res.output
+    by_options, by_file = (json.loads((tmp_path / d / "run.json").read_text()) for d in ("by_options", "by_file"))
+    assert by_options["config"]["steering"] == 7 and by_options["config"]["layer"] == 1
+    assert by_options["config"]["epochs"] == 2  # the shared --epochs knob reaches RMU
+    for key in ("key", "method", "config", "context", "rule"):
+        assert by_file[key] == by_options[key], key
+    timeless = [{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in (by_file["row"], by_options["row"])]
+    assert timeless[0] == pytest.approx(timeless[1]) and by_file["rows"] == [by_file["row"]]
+    report = json.loads((tmp_path / "by_file" / "model" / "unlearn_report.json").read_text())
+    assert report["config"]["steering"] == 7 and report["config"]["layer"] == 1

@@ -1,0 +1,124 @@
+"""Typer commands made from a recipe's config dataclass: one ``--option`` per field, declared once (the field's
+help text and default), plus ``--config FILE.yaml``, ``--method-option METHOD.SETTING=VALUE`` and ``key=value``
+arguments; the command body receives the whole config (:func:`recipes.recipe_config.build_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, field_types
+
+_SCALARS = (str, int, float, bool, Path)
+#: Parameters every config command has besides the config's fields.
+EXTRA = ("ctx", "config", "method_option", "overrides")
+
+
+def _cli_type(tp: Any) -> Any:
+    """The type Typer parses a field's option as: the field's own for a scalar (optional or not), else text
+    (converted by the config loader)."""
+    if tp in _SCALARS:
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) == 1 and args[0] in _SCALARS and type(None) in typing.get_args(tp):
+        return Optional[args[0]]
+    return Optional[str]
+
+
+def _cli_default(value: Any, cli_type: Any) -> Any:
+    if cli_type is Optional[str] and isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if cli_type is Optional[str] and value is not None and not isinstance(value, str):
+        return str(value)
+    return value
+
+
+def option_flag(key: str) -> str:
+    """The command-line option of a config field (``ft_epochs`` -> ``--ft-epochs``)."""
+    return "--" + key.replace("_", "-")
+
+
+def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
+                   defaults: Mapping[str, Any] | None = None, kind: str = "text") -> Callable:
+    """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` whose options are the fields of ``cls``
+    but ``exclude`` (and ``method_options``, set by ``--method-option``), with ``defaults`` over the fields'
+    defaults; a config error is a usage error naming the option."""
+    types_ = field_types(cls)
+    keys = [k for k in types_ if k not in exclude]
+    shown = [k for k in keys if k != METHOD_OPTIONS]
+    clash = [k for k in shown if k in EXTRA]
+    if clash:
+        raise TypeError(f"{cls.__name__}: fields {clash} clash with the command's own parameters")
+    base = {f.name: f.default if f.default is not dataclasses.MISSING else None
+            for f in dataclasses.fields(cls) if f.name in shown and f.default_factory is dataclasses.MISSING}
+    base.update({k: v for k, v in (defaults or {}).items() if k in shown})
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+    def decorate(body: Callable[[Any], None]) -> Callable:
+        params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+                  inspect.Parameter("overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                    annotation=Annotated[Optional[list[str]], typer.Argument(
+                                        help="Settings as KEY=VALUE (over --config and the options); "
+                                             "method_options.METHOD.SETTING=VALUE for a method's own settings.",
+                                        show_default=False)]),
+                  inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                    annotation=Annotated[Optional[Path], typer.Option(
+                                        help="YAML file of settings (keys: the options' names with '_'; read "
+                                             "with yaml.safe_load); options and KEY=VALUE arguments override it.")])]
+        if METHOD_OPTIONS in keys:
+            params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                            annotation=Annotated[Optional[list[str]], typer.Option(
+                                                help="A setting of one method's config, METHOD.SETTING=VALUE (e.g. "
+                                                     "rmu.steering=8; `mmunlearn methods` lists them); repeatable.",
+                                                show_default=False)]))
+        for key in shown:
+            cli_type = _cli_type(types_[key])
+            flag = option_flag(key)
+            flags = f"{flag}/--no-{flag[2:]}" if cli_type is bool else flag
+            params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY,
+                                            default=_cli_default(base.get(key), cli_type),
+                                            annotation=Annotated[cli_type, typer.Option(flags,
+                                                                                        help=helps.get(key, ""))]))
+
+        @functools.wraps(body)
+        def command(ctx: typer.Context, overrides=None, *, config=None, method_option=None, **options: Any) -> None:
+            # typer may bring its own copy of click: the source is told by its name
+            given = {k: v for k, v in options.items()
+                     if getattr(ctx.get_parameter_source(k), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
+            command_defaults = {k: v for k, v in base.items() if k not in given}
+            try:
+                cfg = build_config(cls, allowed=keys, defaults=command_defaults, file=config, given=given,
+                                   overrides=overrides or (), method_settings=method_option or (), kind=kind)
+            except ConfigError as e:
+                hint = option_flag(e.key) if e.key in shown else ("--method-option" if e.key == METHOD_OPTIONS
+                                                                   else None)
+                raise typer.BadParameter(str(e), param_hint=hint) from None
+            body(cfg)
+
+        del command.__wrapped__  # Typer reads the signature below, not the body's
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return app.command(name)(command)
+
+    return decorate
+
+
+def help_of(cls: type, key: str) -> str:
+    """The help text of field ``key`` of the config dataclass ``cls`` (for commands that take single options)."""
+    return next(f.metadata.get("help", "") for f in dataclasses.fields(cls) if f.name == key)
+
+
+def require(cfg: Any, *keys: str) -> None:
+    """A usage error for a setting a command needs that neither an option, the file nor an override gave."""
+    for key in keys:
+        if getattr(cfg, key) is None:
+            raise typer.BadParameter(f"missing: give {option_flag(key)} (or '{key}:' in the --config file, or "
+                                     f"{key}=VALUE)", param_hint=option_flag(key))

@@ -1,0 +1,137 @@
+"""The one function a recipe runs a method with: the harness on a fresh copy of the setup's target, the recipe's
+evaluation, and ``<folder>/{model/, run.json}`` in one layout (``tofu`` and ``ctofu`` use it).
+
+``run.json``: ``key`` (what identifies the stage: method, options, rule, base and the setup's description; a
+finished stage with the same key is reused), ``method``, ``rows`` (the recipe's rows, each with the cost columns;
+``row`` too when there is one), ``cost`` (:func:`cost_columns`), ``config`` (the method's config as run), ``rule``
+and ``info`` (the harness's report) and ``context`` (the setup's description).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from mmunlearn.atomic import write_text_atomic
+
+RUN_JSON = "run.json"
+
+
+class Setup(Protocol):
+    """What a recipe's setup gives the runner (:class:`recipes.tofu_pipeline.TofuSetup`,
+    :class:`recipes.ctofu_pipeline.CrossLingualSetup`)."""
+
+    preset: str
+    built: Any  # BuiltModels: base, target, retain folders
+    forget: list
+    retain: list
+    cache_dir: Path
+
+    def adapter(self, path: Path, device: str) -> Any:
+        """A model folder loaded as the recipe evaluates it."""
+
+    def evaluate(self, adapter: Any, folder: Path, method: str) -> list[dict]:
+        """The recipe's rows of an unlearned model, its logs written under ``folder``."""
+
+    def evaluated(self, folder: Path) -> bool:
+        """Whether ``folder`` holds a finished evaluation."""
+
+    def describe(self) -> dict:
+        """What identifies the setup (models, data, evaluation settings)."""
+
+
+def stage_key(method: str, setup: Setup, options: Mapping[str, Any], rule: Any, base: str,
+              method_options: Mapping[str, Any] | None = None) -> str:
+    """What identifies one method's stage: a finished stage with this key is reused. ``options``: the knobs shared
+    by every method; ``method_options``: this method's own settings (left out of the key when empty)."""
+    spec = {"method": method, "options": {k: v for k, v in sorted(options.items()) if v is not None},
+            "rule": rule.describe() if rule is not None else None, "base": base, "context": setup.describe()}
+    if method_options:
+        spec["method_options"] = dict(sorted(method_options.items()))
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished_rows(folder: Path, key: str, setup: Setup) -> list[dict] | None:
+    """The rows of a stage finished in ``folder`` with ``key`` (run.json, model and evaluation all written)."""
+    run = folder / RUN_JSON
+    if not (run.is_file() and (folder / "model").is_dir() and setup.evaluated(folder)):
+        return None
+    try:
+        saved = json.loads(run.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if saved.get("key") != key:
+        return None
+    rows = saved.get("rows", [saved["row"]] if "row" in saved else None)  # "row" alone: written before the runner
+    return rows if isinstance(rows, list) else None
+
+
+def cost_columns(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The cost and training-partition columns of a harness report, the same for every recipe."""
+    info = report.get("info") or {}
+    sweep = info.get("sweep_seconds", info.get("rule_seconds"))
+    df = report["forget_nll"]["after"] - report["forget_nll"]["before"]
+    dr = report["retain_nll"]["after"] - report["retain_nll"]["before"]
+    return {"extract_seconds": report["extract_seconds"], "unlearn_seconds": report["unlearn_seconds"],
+            "sweep_seconds": sweep, "edit_seconds": report["unlearn_seconds"] - (sweep or 0.0),
+            "total_seconds": report["unlearn_seconds"] + report["extract_seconds"],
+            "changed_fraction": report["changed_fraction"],
+            # training partitions: how much more the forget answers' NLL rose than the retain answers'
+            "forget_nll_rise": df, "retain_nll_rise": dr, "selectivity": df / dr if dr > 1e-6 else None,
+            "target_reached": report["target_reached"]}
+
+
+def reference_for(setup: Setup, base: str, device: str) -> Any:
+    """The task-vector reference of the erasure methods: None for ``target``, the setup's base model for ``base``,
+    else the model folder ``base``."""
+    if base == "target":
+        return None
+    if base == "base" and setup.built.base is None:
+        raise ValueError("--base base: the given target names no base model (no train_log.json with an existing "
+                         "'base'); pass --base DIR or --base target")
+    return setup.adapter(setup.built.base if base == "base" else Path(base), device)
+
+
+def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str, Any], overrides: Mapping[str, Any],
+               rule: Any, base: str, device: str, resume: bool = True, size: str | None = None,
+               method_options: Mapping[str, Any] | None = None, kind: str = "text") -> list[dict]:
+    """Unlearn the setup's forget rows with ``method`` through the harness (``folder/model``, restorable by
+    ``mmunlearn restore``), evaluate it (the recipe's logs under ``folder``), write ``folder/run.json``; the rows.
+
+    ``overrides``: the method's config overrides; ``options`` and ``method_options``: what the key records of them
+    (:func:`stage_key`); ``size``: the method preset (default: the setup's preset size); ``kind``: the model kind. With ``resume`` a stage
+    finished with the same key is not redone: its rows come back with ``reused``: True.
+    """
+    from mmunlearn.methods import run_unlearning
+    from recipes.tofu_settings import preset_size
+
+    key = stage_key(method, setup, options, rule, base, method_options)
+    if resume and (rows := finished_rows(folder, key, setup)) is not None:
+        return [{**r, "reused": True} for r in rows]
+    target = setup.adapter(setup.built.target, device)
+    rule_retain = getattr(setup, "rule_retain", None)
+    if rule is not None and rule_retain is not None:
+        rule = replace(rule, retain_items=rule_retain)
+    outcome = run_unlearning(method, target, setup.forget, setup.retain, kind=kind,
+                             size=size or preset_size(setup.preset), overrides=dict(overrides),
+                             reference=reference_for(setup, base, device), rule=rule, out=folder / "model",
+                             inputs=[setup.built.target], overwrite=True, cache_dir=str(setup.cache_dir),
+                             meta={"model_dir": str(setup.built.target)})
+    t_eval = time.perf_counter()
+    evaluated = setup.evaluate(outcome.adapter, folder, method)
+    eval_seconds = time.perf_counter() - t_eval
+    rep = outcome.report
+    cost = cost_columns(rep)
+    rows = [{**row, **cost, "eval_seconds": eval_seconds} for row in evaluated]
+    record: dict[str, Any] = {"key": key, "method": method, "rows": rows}
+    if len(rows) == 1:
+        record["row"] = rows[0]
+    record.update({"cost": {**cost, "eval_seconds": eval_seconds}, "config": rep.get("config"),
+                   "rule": rep.get("rule"), "info": rep["info"], "context": setup.describe()})
+    write_text_atomic(folder / RUN_JSON, json.dumps(record, indent=2, default=str))
+    return rows

@@ -1,0 +1,204 @@
+"""The TOFU recipes' settings as config dataclasses: :class:`RecipeConfig` (what ``tofu`` and ``ctofu`` share: the
+method(s), their knobs, the sweep, the audit, the machine) and :class:`TofuConfig` (TOFU's data, evaluation and
+model options). ``tofu run|compare`` take one whole (:mod:`recipes.recipe_cli`: options, ``--config FILE.yaml``,
+``key=value``); every check raises a ``ValueError`` naming the setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.config import opt
+from recipes.recipe_config import ConfigError
+
+#: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
+RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks")
+COMPARE_EXCLUDES = ("method",)
+#: The knobs a recipe passes to every method whose config has them (the field name in the method's config).
+SHARED_KNOBS = {"rank": "rank", "scale": "scale", "extract": "extract_kind", "extract_steps": "extract_steps",
+                "temperature": "temperature", "t3_rank": "head_rank", "lr": "lr", "epochs": "epochs"}
+FT_PRECISIONS = ("no", "bf16", "auto")
+
+
+def _positive(cfg: Any, *keys: str) -> None:
+    for key in keys:
+        value = getattr(cfg, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {value}", key)
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """Settings the TOFU and cTOFU recipes share."""
+
+    out: Path | None = opt(None, "Output directory (run: the method's model/, run.json and evaluation; compare: the "
+                                 "tables and one folder per method).")
+    method: str | None = opt(None, "A method of `mmunlearn methods` (qr-erase, svd-unlearn, grad_diff, t3, rmu, ...).")
+    methods: tuple[str, ...] = opt(("all",), "Comma-separated methods, or 'all'.")
+    data: str = opt("synthetic", "TOFU folder of JSON splits, a hub id, or 'synthetic[:n_authors=40,...]' (built in).")
+    preset: str = opt("micro", "Model preset: micro (tests), mini (CPU demo), or a model directory to fine-tune.")
+    authors: int | None = opt(None, "Keep N authors: the first retain authors plus forget authors in proportion.")
+    base: str = opt("target", "Task-vector reference for erasure methods: target, base (the preset's pretrained "
+                              "base) or a model directory.")
+    sweep: bool = opt(False, "Pick each method's rank/scale (erasure), temperature (T3) and epochs (baselines) on "
+                             "the training partitions.")
+    retain_bound: float = opt(0.1, "Sweep rule: largest allowed rise of the retain NLL (nats).")
+    max_new_tokens: int | str = opt(200, "Greedy generation length for ROUGE: a number (the reference uses 200) or "
+                                         "'auto' (lean: per batch, its longest gold answer in tokens + 16).")
+    rank: int | None = opt(None, "Erasure: forget rank k (every method with a 'rank' setting).")
+    scale: float | None = opt(None, "Erasure: W' = W - scale * T~.")
+    extract: str | None = opt(None, "Erasure task vectors: finetune, lora or gradient (default: the method's).")
+    extract_steps: int | None = opt(None, "Erasure: optimizer steps of the task-vector extraction (finetune, lora).")
+    temperature: float | None = opt(None, "T3 temperature T >= 1.")
+    t3_rank: int | None = opt(None, "T3 head rank h.")
+    lr: float | None = opt(None, "Baselines and RMU: learning rate.")
+    epochs: int | None = opt(None, "Baselines and RMU: epochs over the forget set.")
+    method_options: dict[str, dict[str, Any]] = opt(
+        help="Per method, settings of its config: {rmu: {steering: 8, layer: 2}} (over the knobs above).",
+        factory=dict)
+    resume: bool = opt(True, "Reuse a method's finished stage (same method, options, rule and models: its run.json "
+                             "key) instead of redoing it.")
+    audit: bool = opt(False, "Also run the robustness audits (paraphrase, 8/4-bit quantisation, relearning, probe) "
+                             "on every method's model: <out>/AUDIT.json and AUDIT.md, <out>/<method>/AUDIT.json.")
+    audit_relearn_steps: int | None = opt(None, "--audit: relearning optimizer steps (default 20).")
+    audit_relearn_lr: float | None = opt(None, "--audit: relearning learning rate (default: 1e-3 for micro/mini, "
+                                               "1e-5 for a model directory).")
+    audit_relearn_on: str | None = opt(None, "--audit: relearn on part of the forget set ('forget', default) or on "
+                                             "retain data only ('retain', stricter).")
+    audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, "
+                                          "probe; default all).")
+    seed: int = opt(0, "Seed of data order and initialisation.")
+    device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
+    cache_dir: Path | None = opt(None, "Where built models are cached (default ~/.cache/mmunlearn).")
+    threads: int | None = opt(None, "torch CPU threads (default without CUDA: 1, measured 1.6-6.5x faster in wall "
+                                    "time than 2 on this project's shared 2-core CPU; with CUDA: torch's choice).")
+
+    def __post_init__(self) -> None:
+        from mmunlearn.eval.tofu import check_max_new_tokens
+        from mmunlearn.methods import names
+        from mmunlearn.taskvec.extract import KINDS
+
+        try:
+            check_max_new_tokens(self.max_new_tokens)
+        except ValueError as e:
+            raise ConfigError(str(e), "max_new_tokens") from None
+        if self.extract is not None and self.extract not in KINDS:
+            raise ConfigError(f"extract: choose from {', '.join(KINDS)}, got {self.extract!r}", "extract")
+        _positive(self, "authors", "extract_steps", "t3_rank", "rank", "epochs", "threads")
+        if not self.retain_bound >= 0:
+            raise ConfigError(f"retain_bound must be >= 0, got {self.retain_bound}", "retain_bound")
+        known = names("text")
+        unknown = [m for m in self.methods if m != "all" and m not in known]
+        if unknown or not self.methods or ("all" in self.methods and len(self.methods) > 1):
+            raise ConfigError(f"unknown methods {unknown or list(self.methods)}; choose from {known} or all", "methods")
+        if self.method is not None and self.method not in known:
+            raise ConfigError(f"unknown method {self.method!r}; choose from {known}", "method")
+        if self.audit:
+            self.audit_options()
+
+    def chosen(self) -> list[str]:
+        """The methods a comparison runs, in registry order for 'all'."""
+        from mmunlearn.methods import names
+
+        return names("text") if self.methods == ("all",) else list(self.methods)
+
+    def knobs(self) -> dict[str, Any]:
+        """The shared knobs that are set, under the names methods' configs use (``extract`` -> ``extract_kind``)."""
+        return {SHARED_KNOBS[k]: getattr(self, k) for k in SHARED_KNOBS if getattr(self, k) is not None}
+
+    def method_overrides(self, method: str) -> dict[str, Any]:
+        """The overrides of ``method``'s config: the shared knobs its config has, then its own ``method_options``."""
+        from recipes.tofu_settings import method_options
+
+        return {**method_options(method, **self.knobs()), **self.method_options.get(method, {})}
+
+    def audit_options(self):
+        """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the preset; generations at most 64 tokens."""
+        from mmunlearn.audit import ATTACKS
+        from mmunlearn.audit.options import parse_list
+        from recipes.tofu_settings import audit_options
+
+        tokens = self.max_new_tokens if isinstance(self.max_new_tokens, int) else 64
+        try:
+            return audit_options(self.preset, relearn_steps=self.audit_relearn_steps, relearn_lr=self.audit_relearn_lr,
+                                 relearn_on=self.audit_relearn_on,
+                                 attacks=parse_list(self.audit_attacks, ATTACKS, "--audit-attacks"),
+                                 max_new_tokens=min(64, tokens))
+        except ValueError as e:
+            raise ConfigError(str(e), "audit_relearn_on" if "relearn_on" in str(e) else "audit_attacks") from None
+
+
+@dataclass(frozen=True)
+class TofuConfig(RecipeConfig):
+    """Settings of ``tofu run`` and ``tofu compare``: the shared ones plus TOFU's split, evaluation and models."""
+
+    forget_split: str = opt("forget10", "Forget split: forget01, forget05 or forget10.")
+    metrics: str | None = opt(None, "Metric groups to compute, comma-separated: forget, memorization, utility, mia "
+                                    "(default: all).")
+    utility_items: int | None = opt(None, "Evaluate only the first N real-authors and N world-facts items (lean; "
+                                          "default: all 100 + 117, the reference). Recorded in the logs.")
+    precision: str | None = opt(None, "Scoring and generation precision: no (float32) or bf16 (autocast scoring, "
+                                      "bf16 weights for greedy generation). Default: bf16 for smollm2-135m, no "
+                                      "otherwise.")
+    rule_retain_items: int | None = opt(None, "The sweep rule scores N retain rows spread over the retain partition "
+                                              "(default: all of it); fewer makes every sweep point cheaper.")
+    target: Path | None = opt(None, "Target model folder (e.g. from `tofu finetune --out DIR`) to use instead of "
+                                    "building the preset's target; its train_log.json names its base.")
+    retain_model: Path | None = opt(None, "Retain model folder (never trained on the forget authors) to use instead "
+                                          "of building the preset's retain model.")
+    ft_epochs: int | None = opt(None, "Fine-tuning of the built target and retain models: epochs (default: the "
+                                      "preset's).")
+    ft_lr: float | None = opt(None, "Fine-tuning of the built target and retain models: learning rate.")
+    ft_batch_size: int | None = opt(None, "Fine-tuning of the built target and retain models: micro-batch size.")
+    ft_grad_accum: int | None = opt(None, "Fine-tuning of the built target and retain models: gradient accumulation "
+                                          "steps.")
+    ft_max_steps: int | None = opt(None, "Fine-tuning of the built target and retain models: at most N optimizer "
+                                         "steps (the schedule fitted to them).")
+    ft_precision: str | None = opt(None, "Fine-tuning of the built target and retain models: no, bf16 (autocast, "
+                                         "also on CPU) or auto (bf16 on a GPU that has it).")
+
+    def __post_init__(self) -> None:
+        from mmunlearn.adapters.text_llm import PRECISIONS
+        from recipes.tofu_pipeline import parse_metrics
+
+        super().__post_init__()
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ConfigError(f"precision: choose from {', '.join(PRECISIONS)}, got {self.precision!r}", "precision")
+        try:
+            parse_metrics(self.metrics)
+        except ValueError as e:
+            raise ConfigError(str(e), "metrics") from None
+        _positive(self, "utility_items", "rule_retain_items")
+        self.train_overrides()
+
+    def train_overrides(self) -> dict[str, Any]:
+        """The ``ft_*`` settings as ``build_models`` overrides (:func:`train_overrides`)."""
+        return train_overrides(epochs=self.ft_epochs, lr=self.ft_lr, batch_size=self.ft_batch_size,
+                               grad_accum=self.ft_grad_accum, max_steps=self.ft_max_steps, precision=self.ft_precision)
+
+    def evaluation(self) -> dict[str, Any]:
+        """The evaluation-cost settings as :func:`recipes.tofu_pipeline.prepare` takes them."""
+        return {"precision": self.precision, "utility_items": self.utility_items,
+                "rule_retain_items": self.rule_retain_items}
+
+
+def train_overrides(prefix: str = "ft_", **values: Any) -> dict[str, Any]:
+    """Fine-tuning settings (``epochs``, ``lr``, ``batch_size``, ``grad_accum``, ``max_steps``, ``precision``; None:
+    the preset's) as ``build_models`` / ``finetune`` overrides, checked by :class:`mmunlearn.train.TrainConfig`; a
+    :class:`ConfigError` names the setting as ``prefix + name``."""
+    from mmunlearn.train import TrainConfig
+
+    precision, max_steps = values.pop("precision", None), values.pop("max_steps", None)
+    if precision is not None and precision not in FT_PRECISIONS:
+        raise ConfigError(f"choose from {', '.join(FT_PRECISIONS)}, got {precision!r}", prefix + "precision")
+    if max_steps is not None and max_steps < 1:
+        raise ConfigError(f"must be a positive integer, got {max_steps}", prefix + "max_steps")
+    overrides = {k: v for k, v in {**values, "mixed_precision": precision}.items() if v is not None}
+    for key, value in overrides.items():
+        try:
+            TrainConfig(epochs=1).replace(**{key: value})
+        except ValueError as e:
+            raise ConfigError(str(e), prefix + ("precision" if key == "mixed_precision" else key)) from None
+    return {**overrides, **({"max_steps": max_steps} if max_steps is not None else {})}
