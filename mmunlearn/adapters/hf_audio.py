@@ -6,9 +6,10 @@ the speakers, safetensors weights) and its feature extractor (``preprocessor_con
 writes both with ``save_pretrained``, so ``transformers.pipeline("audio-classification", model=OUT)`` runs an
 unlearned folder as it ran the input.
 
-Scores follow the speaker classifier's (:mod:`mmunlearn.adapters.speaker`): ``logits`` (B x C) are the model's,
-``loss`` is their cross-entropy, each utterance a one-"token" sequence for ``logprobs`` / ``sequence_logprob``;
-``embeddings`` are the pooled vectors the classification head reads (what verification scores by cosine).
+Scores are the speaker classifiers' (:class:`~mmunlearn.adapters.speaker_batches.ClassifierScores`, shared with
+:mod:`mmunlearn.adapters.speaker`): ``logits`` (B x C) are the model's, ``loss`` is their cross-entropy, each utterance
+a one-"token" sequence for ``logprobs`` / ``sequence_logprob``; ``embeddings`` are the pooled vectors the
+classification head reads (what verification scores by cosine).
 ``layers()`` exposes the 2-D Linear weights (feature projection, each encoder layer's attention and feed-forward,
 the projector and the classifier head), grouped as ``feature_projection``, ``encoder.layers.<i>``, ``projector``,
 ``classifier``; the convolutional feature encoder stays untouched.
@@ -27,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmunlearn.adapters.base import IGNORE, LayerWeight, resolve_device
+from mmunlearn.adapters.base import LayerWeight, resolve_device
+from mmunlearn.adapters.speaker_batches import ClassifierScores, labels_of, per_length
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
@@ -51,12 +53,12 @@ def block_of(name: str) -> str:
     return parts[1] if len(parts) > 2 else parts[0]
 
 
-class HFAudioAdapter:
+class HFAudioAdapter(ClassifierScores):
     """An ``AutoModelForAudioClassification`` model with its feature extractor; class index -> speaker ID from
     ``config.id2label``. Batches (from :meth:`collate`): the extractor's features of each utterance alone
     (``input_values`` B x T padded with its padding value, or ``input_features``), ``attention_mask`` when the
     extractor asks for one, ``lengths`` B and ``labels`` B (-100 for an unknown speaker). A score never depends on
-    the batch: a model without an attention mask runs each length on its own (:meth:`_logits`)."""
+    the batch: a model without an attention mask runs each length on its own (:meth:`logits_and_embeddings`)."""
 
     def __init__(self, model: nn.Module, feature_extractor: Any, *, audio_cache: AudioCache | None = None):
         labels = model.config.id2label
@@ -139,14 +141,7 @@ class HFAudioAdapter:
         if not examples:
             raise ValueError("cannot collate an empty list of examples")
         wavs = [example_waveform(ex, self.audio_cache, self.sample_rate).numpy() for ex in examples]
-        labels = []
-        for i, ex in enumerate(examples):
-            spk = ex.get("spk_id")
-            label = self.index.get(str(spk), IGNORE) if spk is not None else IGNORE
-            if label == IGNORE and require_labels:
-                raise ValueError(f"example {i} ({ex.get('ID', '?')}): speaker {spk!r} is not one of the "
-                                 f"model's {len(self.speakers)} classes (pass require_labels=False to score it)")
-            labels.append(label)
+        labels = labels_of(examples, self.index, require_labels)
         name = self.feature_extractor.model_input_names[0]  # input_values (raw audio) or input_features
         feats = [self.feature_extractor(w, sampling_rate=self.sample_rate, return_tensors="pt")[name][0] for w in wavs]
         lengths = torch.tensor([f.shape[-1] for f in feats])
@@ -155,48 +150,34 @@ class HFAudioAdapter:
         if getattr(self.feature_extractor, "return_attention_mask", False) and name == "input_values":
             batch["attention_mask"] = (torch.arange(int(lengths.max())) < lengths[:, None]).long()
         batch["lengths"] = lengths
-        batch["labels"] = torch.tensor(labels, dtype=torch.long)
+        batch["labels"] = labels
         return batch
 
     # ------------------------------------------------------------------ scoring
     def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
                               model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class logits (B x C) and the pooled vectors the head reads (B x d), from one forward pass."""
+        """Class logits (B x C) and the pooled vectors the head reads (B x d): one pass, or without an attention mask
+        one pass per utterance length, each cut to its length (:func:`per_length`), so that a model that reads
+        padding (group-normalised wav2vec2) scores an utterance as it scores it alone."""
         net = model or self.model
-        head = getattr(net, "module", net).classifier  # a training loop may pass a wrapped module
-        seen: list[torch.Tensor] = []
-        handle = head.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0]))
-        try:
-            logits = self._logits(batch, net)
-        finally:
-            handle.remove()
-        if len(seen) == 1:
-            return logits, seen[0].float()
-        pooled = seen[0].new_zeros(logits.shape[0], seen[0].shape[-1])  # one pass per length, in sorted order
-        lengths = batch["lengths"]
-        for length, part in zip(sorted(set(lengths.tolist())), seen):
-            pooled[(lengths == length).nonzero(as_tuple=True)[0].to(pooled.device)] = part
-        return logits, pooled.float()
-
-    def _logits(self, batch: Mapping[str, torch.Tensor], net: nn.Module) -> torch.Tensor:
-        """One pass, or without an attention mask one pass per utterance length, each cut to its length: a model
-        that reads padding (group-normalised wav2vec2) then scores an utterance as it scores it alone."""
         inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "lengths")}
         lengths = batch.get("lengths")
         if "input_values" not in inputs or "attention_mask" in inputs or lengths is None or len(set(
                 lengths.tolist())) == 1:
-            return net(**inputs).logits.float()
-        out: torch.Tensor | None = None
-        for length in sorted(set(lengths.tolist())):
-            idx = (lengths == length).nonzero(as_tuple=True)[0].to(self.device)
-            logits = net(input_values=inputs["input_values"][idx, :length]).logits.float()
-            out = logits.new_zeros(len(lengths), logits.shape[1]) if out is None else out
-            out = out.index_copy(0, idx, logits)
-        return out
+            return self._pass(net, inputs)
+        values = inputs["input_values"]
+        return per_length(lengths, lambda idx, n: self._pass(net, {"input_values": values[idx.to(values.device), :n]}))
 
-    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Class logits (B x C): softmax of these is the model's class posterior."""
-        return self._logits(batch, model or self.model)
+    @staticmethod
+    def _pass(net: nn.Module, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        head = getattr(net, "module", net).classifier  # a training loop may pass a wrapped module
+        seen: list[torch.Tensor] = []
+        handle = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+        try:
+            logits = net(**inputs).logits.float()
+        finally:
+            handle.remove()
+        return logits, seen[0].float()
 
     def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
         """Mean cross-entropy of the batch (every label must be known)."""
@@ -205,37 +186,6 @@ class HFAudioAdapter:
             raise ValueError("loss needs a known speaker label for every example (found -100)")
         logits = self.logits(batch, model)
         return F.cross_entropy(logits, labels.to(logits.device))
-
-    def logprobs(self, batch: Mapping[str, torch.Tensor],
-                 model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """log p(label | x) as B x 1 (0 where the label is unknown) and its B x 1 mask."""
-        logits = self.logits(batch, model)
-        labels = batch["labels"].to(logits.device)
-        mask = (labels != IGNORE).unsqueeze(1)
-        lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(1))
-        return lp * mask, mask
-
-    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
-                         average: bool = False) -> torch.Tensor:
-        """log p(label | x) per example (B,); ``average`` changes nothing (one target per utterance)."""
-        return self.logprobs(batch, model)[0].squeeze(1)
-
-    def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Log-probabilities over the speaker classes (B x C), for KL terms."""
-        return torch.log_softmax(self.logits(batch, model), -1)
-
-    def nll(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Per-example cross-entropy -log p(label | x) (B,); the membership-inference loss score."""
-        return -self.sequence_logprob(batch, model)
-
-    def embeddings(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """The pooled vectors the classification head reads (B x d)."""
-        return self.logits_and_embeddings(batch, model)[1]
-
-    def predict(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Most likely class index per example (B,)."""
-        with torch.no_grad():
-            return self.logits(batch).argmax(-1)
 
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Frame-level states B x frames x d after encoder layer ``layer`` (0: the embedded features), or
@@ -247,10 +197,6 @@ class HFAudioAdapter:
         if not (isinstance(layer, int) and not isinstance(layer, bool) and -len(states) <= layer < len(states)):
             raise ValueError(f"layer must be 'final' or an int in [-{len(states)}, {len(states) - 1}], got {layer!r}")
         return states[layer]
-
-    def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
-        """Speaker IDs of class indices."""
-        return [self.speakers[int(i)] for i in indices]
 
 
 def _pad(feats: Sequence[torch.Tensor], value: float) -> torch.Tensor:

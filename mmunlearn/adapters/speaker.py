@@ -41,8 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmunlearn.adapters.base import LayerWeight, resolve_device
-from mmunlearn.adapters.speaker_batches import (SCORING_VERSION, by_length, length_groups, repeat_pad,  # noqa: F401
+from mmunlearn.adapters.base import IGNORE, LayerWeight, resolve_device  # noqa: F401  (IGNORE: re-exported)
+from mmunlearn.adapters.speaker_batches import (SCORING_VERSION, ClassifierScores, by_length,  # noqa: F401
+                                                labels_of, length_groups, repeat_pad,
                                                 sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.adapters.speaker_io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
@@ -51,7 +52,6 @@ from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerS
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, register_kind
 
-IGNORE = -100
 #: Values of :attr:`SpeakerAdapter.scope`.
 SCOPES = ("all", "head", "embedding")
 
@@ -73,9 +73,9 @@ def block_of(name: str) -> str:
     return parts[0]
 
 
-class SpeakerAdapter:
+class SpeakerAdapter(ClassifierScores):
     """A :class:`SpeakerNet` with its speaker IDs (class index -> ID) and the modality-adapter interface
-    (:class:`~mmunlearn.adapters.base.ModalityAdapter`).
+    (:class:`~mmunlearn.adapters.base.ModalityAdapter`; the per-utterance scores from :class:`ClassifierScores`).
 
     Batches (from :meth:`collate`): ``wavs`` B x T (zero-padded, 16 kHz), ``wav_lens`` B (relative
     lengths, 1.0 = T) and ``labels`` B (class indices, -100 for an unknown speaker). In train mode
@@ -223,20 +223,13 @@ class SpeakerAdapter:
         if not examples:
             raise ValueError("cannot collate an empty list of examples")
         wavs = [example_waveform(ex, self.audio_cache, self.sample_rate) for ex in examples]
-        labels = []
-        for i, ex in enumerate(examples):
-            spk = ex.get("spk_id")
-            label = self.index.get(str(spk), IGNORE) if spk is not None else IGNORE
-            if label == IGNORE and require_labels:
-                raise ValueError(f"example {i} ({ex.get('ID', '?')}): speaker {spk!r} is not one of the "
-                                 f"model's {len(self.speakers)} classes (pass require_labels=False to score it)")
-            labels.append(label)
+        labels = labels_of(examples, self.index, require_labels)
         width = max(w.numel() for w in wavs)
         batch = torch.zeros(len(wavs), width)
         for i, w in enumerate(wavs):
             batch[i, : w.numel()] = w
         lens = torch.tensor([w.numel() / width for w in wavs], dtype=torch.float32)
-        return {"wavs": batch, "wav_lens": lens, "labels": torch.tensor(labels, dtype=torch.long)}
+        return {"wavs": batch, "wav_lens": lens, "labels": labels}
 
     def _to(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in batch.items()}
@@ -269,7 +262,8 @@ class SpeakerAdapter:
 
     def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
                               model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`logits` and :meth:`embeddings` from one forward pass."""
+        """Class logits ``scale * cosine`` (B x C) and the speaker embeddings (B x d, the x-vectors verification scores
+        by cosine similarity), from one forward pass."""
         cosine, emb, _ = self._forward(batch, model)
         return self.scale * cosine, emb
 
@@ -277,47 +271,12 @@ class SpeakerAdapter:
         """Cosine similarity of each embedding to each class weight, B x C in [-1, 1]."""
         return self._forward(batch, model)[0]
 
-    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Class logits ``scale * cosine`` (B x C): softmax of these is the model's class posterior."""
-        return self.scale * self.cosine(batch, model)
-
     def loss(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
         """Mean AAM-softmax loss of the batch (the training loss; every label must be known)."""
         cosine, _, labels = self._forward(batch, model)
         if (labels < 0).any():
             raise ValueError("loss needs a known speaker label for every example (found -100)")
         return self._aam(cosine.unsqueeze(1), labels.unsqueeze(1))
-
-    def logprobs(self, batch: Mapping[str, torch.Tensor],
-                 model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """log p(label | x) under softmax(logits) as B x 1 (0 where the label is unknown) and its B x 1 mask."""
-        logits = self.logits(batch, model)
-        labels = batch["labels"].to(logits.device)
-        mask = (labels != IGNORE).unsqueeze(1)
-        lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(1))
-        return lp * mask, mask
-
-    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
-                         average: bool = False) -> torch.Tensor:
-        """log p(label | x) per example (B,); ``average`` changes nothing (one target per utterance)."""
-        return self.logprobs(batch, model)[0].squeeze(1)
-
-    def target_distributions(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Log-probabilities over the speaker classes for every example (B x C), for KL terms."""
-        return torch.log_softmax(self.logits(batch, model), -1)
-
-    def nll(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Per-example cross-entropy -log p(label | x) (B,); the membership-inference loss score."""
-        return -self.sequence_logprob(batch, model)
-
-    def embeddings(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
-        """Speaker embeddings (B x d), the x-vectors verification scores by cosine similarity."""
-        return self._forward(batch, model)[1]
-
-    def predict(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Most likely class index per example (B,)."""
-        with torch.no_grad():
-            return self.cosine(batch).argmax(-1)
 
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Frame-level outputs B x frames x channels of ECAPA block ``layer`` (an int indexes
@@ -352,10 +311,6 @@ class SpeakerAdapter:
         for (idx, _), states in zip(groups, captured):
             out[idx, : states.shape[2]] = states.transpose(1, 2)
         return out
-
-    def speaker_of(self, indices: torch.Tensor | Sequence[int]) -> list[str]:
-        """Speaker IDs of class indices."""
-        return [self.speakers[int(i)] for i in indices]
 
 
 def _load_kind(folder: str | os.PathLike, *, device: str | torch.device = "auto", trust_hparams: bool = False,
