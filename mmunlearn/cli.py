@@ -191,10 +191,10 @@ def prepare_retain(
 
 def _audit_help(name: str, note: str = "") -> str:
     """An audit option's help and default, as :class:`mmunlearn.audit.AuditOptions` declares them."""
-    from mmunlearn.audit.options import KIND_DEFAULTS, AuditOptions
+    from mmunlearn.audit.options import CAPABILITY_DEFAULTS, AuditOptions
 
-    kinds = "; ".join(f"{k}: {v[name]}" for k, v in KIND_DEFAULTS.items() if name in v)
-    return f"{AuditOptions.help(name)}{note} [default: {getattr(AuditOptions(), name)}{'; ' + kinds if kinds else ''}]"
+    kinds = "; ".join(f"{k.removeprefix('is_')}s: {v[name]}" for k, v in CAPABILITY_DEFAULTS.items() if name in v)
+    return f"{AuditOptions.help(name)}{note} \\[default: {getattr(AuditOptions(), name)}{'; ' + kinds if kinds else ''}]"
 
 
 @app.command()

@@ -182,8 +182,8 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
     start = time.perf_counter()
     try:
         chosen = cfg.parse_methods(methods)
-        audit_opts = _audit_options(audit_relearn_steps, audit_relearn_lr, audit_relearn_on,
-                                    audit_attacks) if audit else None
+        audit_opts = _audit_options(audit_relearn_steps, audit_relearn_lr, audit_relearn_on, audit_attacks,
+                                    pipe.MODELS.get(model, "speaker")) if audit else None
         ranks = cfg.parse_ranks(sweep_ranks)
         if model == "hf-audio" and scope not in (None, "all"):
             raise ValueError(f"--scope {scope}: a Hugging Face audio classifier is edited in every Linear weight "
@@ -250,12 +250,13 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
             raise typer.Exit(1)
 
 
-def _audit_options(steps: int | None, lr: float | None, on: str | None, attacks: str | None):
-    """``--audit-*`` as :class:`mmunlearn.audit.AuditOptions` (raises ValueError, a usage error upstream)."""
+def _audit_options(steps: int | None, lr: float | None, on: str | None, attacks: str | None, kind: str = "speaker"):
+    """``--audit-*`` as :class:`mmunlearn.audit.AuditOptions` for a classifier of the registered ``kind`` (raises
+    ValueError, a usage error upstream)."""
     from mmunlearn.audit import ATTACKS
     from mmunlearn.audit.options import parse_list
 
-    return cfg.audit_options(relearn_steps=steps, relearn_lr=lr, relearn_on=on,
+    return cfg.audit_options(kind, relearn_steps=steps, relearn_lr=lr, relearn_on=on,
                              attacks=parse_list(attacks, ATTACKS, "--audit-attacks"))
 
 

@@ -76,9 +76,9 @@ class ModelSpec:
         return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
-#: The classifier families ``--model`` builds: the SpeechBrain ECAPA-TDNN classifier and a Hugging Face audio
-#: classifier (:mod:`recipes.voxceleb2_hf_audio`).
-MODELS = ("classifier", "hf-audio")
+#: The classifier families ``--model`` builds, each with the model kind (:mod:`mmunlearn.kinds`) of its folders: the
+#: SpeechBrain ECAPA-TDNN classifier and a Hugging Face audio classifier (:mod:`recipes.voxceleb2_hf_audio`).
+MODELS = {"classifier": "speaker", "hf-audio": "hf-audio"}
 
 
 def load_classifier(path: Path, device: str, scope: str = "all"):
@@ -101,7 +101,7 @@ def _trainer(model: str):
         from mmunlearn.speech.speaker_training import train_speaker_classifier
 
         return train_speaker_classifier
-    raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    raise ValueError(f"model must be one of {tuple(MODELS)}, got {model!r}")
 
 
 def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: str = "cpu",

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mmunlearn.audit.options import KIND_DEFAULTS
+from mmunlearn.audit.options import CAPABILITY_DEFAULTS
 from mmunlearn.methods import SweepRule, mean_nll, names
 from mmunlearn.speech.speaker_training import DEFAULT_TRAIN
 from mmunlearn.train import TrainConfig
@@ -212,17 +212,18 @@ def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
     raise ValueError(f"level must be 'speaker' or 'sample', got {level!r}")
 
 
-#: ``--audit`` relearning on a classifier unless the command line says otherwise (declared in
-#: :data:`mmunlearn.audit.options.KIND_DEFAULTS`, which ``mmunlearn audit`` reads too).
-AUDIT_RELEARN: dict[str, Any] = KIND_DEFAULTS["speaker"]
+#: ``--audit`` relearning on a classifier unless the command line says otherwise (declared for every classifier kind
+#: in :data:`mmunlearn.audit.options.CAPABILITY_DEFAULTS`, which ``mmunlearn audit`` reads too).
+AUDIT_RELEARN: dict[str, Any] = CAPABILITY_DEFAULTS["is_classifier"]
 
 
-def audit_options(**overrides: Any):
-    """The audit settings of ``voxceleb2 speaker|sample --audit`` (``overrides``: the CLI's, None = default): the
-    speaker kind's defaults of :mod:`mmunlearn.audit.options`, the ones ``mmunlearn audit`` uses too."""
+def audit_options(kind: str = "speaker", **overrides: Any):
+    """The audit settings of ``voxceleb2 speaker|sample --audit`` on a classifier of the registered ``kind``
+    (``overrides``: the CLI's, None = default): the kind's defaults of :mod:`mmunlearn.audit.options`, the ones
+    ``mmunlearn audit`` uses too."""
     from mmunlearn.audit.options import options_for
 
-    return options_for("speaker", **overrides)
+    return options_for(kind, **overrides)
 
 
 def chance(n_classes: int) -> float:

@@ -134,7 +134,7 @@ def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | 
         unlearned = load_classifier(unlearned, device)
     result = audit_speaker(unlearned, load_classifier(original, device), load_classifier(retrained, device),
                            method=method, options=options, cache=cache, progress=progress,
-                           **speaker_rows(manifests, level))
+                           model_kind=kind_of(original).name, **speaker_rows(manifests, level))
     result["level"] = level
     result["models"] = {"target": str(original), "retain": str(retrained)}
     return result

@@ -71,17 +71,36 @@ class AuditOptions:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
-#: Per model kind, the defaults that differ from :class:`AuditOptions`' own (the text ones). Speaker classifiers:
-#: 20 steps at 1e-3 brought every FSDD classifier, the retrained one too, to 100 % on the forget speaker, so the
-#: attack told no model from another; 5 steps at 1e-4 leave the retrained model its own rate. ``mmunlearn audit``
-#: and the recipes' ``--audit`` both read this table (:meth:`AuditOptions.for_kind`).
-KIND_DEFAULTS: dict[str, dict[str, Any]] = {"speaker": dict(relearn_steps=5, relearn_lr=1e-4)}
+#: Defaults that differ from :class:`AuditOptions`' own (the text ones), keyed by a capability of the model kind
+#: (:class:`mmunlearn.kinds.Kind`): every registered kind that has the capability takes them, so a classifier kind
+#: added later (the Hugging Face audio classifiers) gets the classifier defaults with no entry of its own. Speaker
+#: classifiers: 20 steps at 1e-3 brought every FSDD classifier, the retrained one too, to 100 % on the forget
+#: speaker, so the attack told no model from another; 5 steps at 1e-4 leave the retrained model its own rate.
+#: ``mmunlearn audit`` and the recipes' ``--audit`` both read this table (:func:`options_for`).
+CAPABILITY_DEFAULTS: dict[str, dict[str, Any]] = {"is_classifier": dict(relearn_steps=5, relearn_lr=1e-4)}
+
+
+def kind_defaults(kind: str) -> dict[str, Any]:
+    """The entries of :data:`CAPABILITY_DEFAULTS` whose capability the registered model ``kind`` has (asked of the
+    kind registry); none for a kind no module registered."""
+    from mmunlearn.kinds import get_kind
+
+    try:
+        registered = get_kind(kind)
+    except ValueError:
+        return {}
+    chosen: dict[str, Any] = {}
+    for capability, values in CAPABILITY_DEFAULTS.items():
+        if getattr(registered, capability, False) is True:
+            chosen.update(values)
+    return chosen
 
 
 def options_for(kind: str, **overrides: Any) -> AuditOptions:
-    """The audit settings of a model ``kind`` (``text``, ``speaker``, ``speech-llm``): the defaults, the kind's
-    entries of :data:`KIND_DEFAULTS`, then ``overrides`` (None values ignored, as unset CLI options)."""
-    return AuditOptions(**KIND_DEFAULTS.get(kind, {})).replace(**overrides)
+    """The audit settings of a model ``kind`` (``text``, ``speaker``, ``hf-audio``, ``speech-llm``, ...): the
+    defaults, those of the kind's capabilities (:func:`kind_defaults`), then ``overrides`` (None values ignored, as
+    unset CLI options)."""
+    return AuditOptions(**kind_defaults(kind)).replace(**overrides)
 
 
 def parse_list(text: str | None, choices: tuple, what: str, cast=str) -> tuple | None:

@@ -221,11 +221,12 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
                   method: str, heldout_forget: Sequence[Mapping[str, Any]] | None = None,
                   probe_rows: Sequence[Mapping[str, Any]] | None = None, forget_speakers: Sequence[str] | None = None,
                   retain_rows: Sequence[Mapping[str, Any]] | None = None, options: AuditOptions | None = None,
-                  cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
+                  cache: dict | None = None, progress: bool = True, model_kind: str = "speaker") -> dict[str, Any]:
     """Audit a speaker classifier (:class:`~mmunlearn.adapters.speaker.SpeakerAdapter`): forget-speaker accuracy
     on ``forget_rows`` plain, on ``heldout_forget`` (other recordings of the forget speakers: the paraphrase
     analogue), after 8/4-bit round trips and after relearning on part of ``forget_rows``; the probe identifies
-    the ``forget_speakers`` among all speakers of ``probe_rows`` (held-out recordings) by nearest centroid."""
+    the ``forget_speakers`` among all speakers of ``probe_rows`` (held-out recordings) by nearest centroid.
+    ``model_kind``: the registered classifier kind the result names (any classifier adapter is audited alike)."""
     from mmunlearn.eval.speaker import score_rows
 
     opts = options or AuditOptions()
@@ -246,7 +247,7 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
         out["kept"] = _kept_all(out, SPEAKER_KEYS)
         return out
 
-    result: dict[str, Any] = {"method": method, "model_kind": "speaker", "options": opts.to_dict(),
+    result: dict[str, Any] = {"method": method, "model_kind": model_kind, "options": opts.to_dict(),
                               "forget_items": len(forget_rows), "attacks": {}}
     attacks = result["attacks"]
     attacks["none"] = three("none", forget_rows)

@@ -115,3 +115,42 @@ def test_unlearned_restored_bit_for_bit_and_run_by_the_transformers_pipeline(met
     labels = classify({"raw": wave, "sampling_rate": 16000}, top_k=len(result.adapter.speakers))
     assert {x["label"] for x in labels} == set(result.adapter.speakers)
     assert abs(sum(x["score"] for x in labels) - 1.0) < 1e-4
+
+
+def test_mmunlearn_audit_runs_on_a_hf_audio_folder_with_the_classifier_defaults(hf_dir, speaker_manifests, tmp_path):
+    """The audit defaults are keyed by kind capability: hf-audio, a classifier with no entry of its own, takes the
+    speaker classifiers' relearning budget; `mmunlearn audit` runs every attack on its unlearned folder."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mmunlearn.audit.options import CAPABILITY_DEFAULTS, kind_defaults, options_for
+    from mmunlearn.cli import app
+    from mmunlearn.train.config import TrainConfig
+    from mmunlearn.train.loop import train
+
+    assert kind_defaults("hf-audio") == kind_defaults("speaker") == CAPABILITY_DEFAULTS["is_classifier"]
+    assert options_for("hf-audio") == options_for("speaker") != options_for("text") == options_for("no-such-kind")
+    retain_rows = split_rows(speaker_manifests, "spk_retain_train")
+    target = HFAudioAdapter.load(hf_dir, device="cpu")
+    retrained = HFAudioAdapter.build(tiny_wav2vec2_config(), target.speakers, target.feature_extractor, seed=1,
+                                     device="cpu")
+    train(retrained.model, lambda m, b: retrained.loss(b, model=m), retain_rows, retrained.collate,
+          TrainConfig(steps=20, lr=3e-3, batch_size=8, seed=0), progress=False, device="cpu")
+    retrained.model.eval()
+    retrained.save(tmp_path / "retrained")
+    unlearn(hf_dir, forget=speaker_manifests / "spk_forget_train.csv",
+            retain=speaker_manifests / "spk_retain_train.csv", method="grad_ascent", out=tmp_path / "out", device="cpu", progress=False, rule=None, epochs=1, lr=1e-3)
+    res = CliRunner().invoke(app, ["audit", "--model", str(tmp_path / "out"), "--target", str(hf_dir),
+                                   "--retain-model", str(tmp_path / "retrained"), "--data", str(speaker_manifests),
+                                   "--out", str(tmp_path / "audit"), "--device", "cpu", "--threads", "1"])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    (result,) = json.loads((tmp_path / "audit" / "AUDIT.json").read_text())["results"]
+    assert result["model_kind"] == "hf-audio" and result["method"] == "grad_ascent" and result["level"] == "speaker"
+    assert result["options"]["relearn_steps"] == CAPABILITY_DEFAULTS["is_classifier"]["relearn_steps"]
+    assert result["options"]["relearn_lr"] == CAPABILITY_DEFAULTS["is_classifier"]["relearn_lr"]
+    assert {"relearn", "quantise_8bit", "quantise_4bit"} <= set(result["attacks"])
+    attacks = result["attacks"]
+    for measured in (attacks["quantise_8bit"]["unlearned"], attacks["relearn"]["unlearned"]["after"]):
+        assert 0.0 <= measured["forget_acc"] <= 1.0
+    assert (tmp_path / "audit" / "AUDIT.md").read_text().count("grad_ascent") >= 1

@@ -63,18 +63,18 @@ def test_audit_folder_reads_a_speaker_harness_output(classifiers, speaker_manife
 def test_mmunlearn_audit_takes_a_plain_model_folder_with_the_speaker_defaults(classifiers, speaker_manifests,
                                                                                tmp_path):
     """`mmunlearn audit --model` on the original classifier (no unlearn_report.json): audited, reported as having no
-    history, with the relearning defaults the recipe's --audit uses (one table, KIND_DEFAULTS)."""
+    history, with the relearning defaults the recipe's --audit uses (one table, CAPABILITY_DEFAULTS)."""
     from typer.testing import CliRunner
 
     from mmunlearn.audit.folder import NO_HISTORY, detect_kind, folder_report
-    from mmunlearn.audit.options import KIND_DEFAULTS, options_for
+    from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
     from mmunlearn.cli import app
     from recipes import voxceleb2_settings as cfg
 
     assert detect_kind(classifiers / "original") == "speaker" and detect_kind(tmp_path) is None
     assert folder_report(classifiers / "original") == {"method": NO_HISTORY, "model_kind": "speaker"}
     assert cfg.audit_options() == options_for("speaker")  # --audit and `mmunlearn audit`: the same defaults
-    assert options_for("speaker").relearn_steps == KIND_DEFAULTS["speaker"]["relearn_steps"] != \
+    assert options_for("speaker").relearn_steps == CAPABILITY_DEFAULTS["is_classifier"]["relearn_steps"] != \
         options_for("text").relearn_steps
     res = CliRunner().invoke(app, ["audit", "--model", str(classifiers / "original"), "--target",
                                    str(classifiers / "original"), "--retain-model", str(classifiers / "retrained"),
@@ -84,7 +84,7 @@ def test_mmunlearn_audit_takes_a_plain_model_folder_with_the_speaker_defaults(cl
     written = json.loads((tmp_path / "audit" / "AUDIT.json").read_text())
     (result,) = written["results"]
     assert result["method"] == NO_HISTORY and result["options"]["relearn_steps"] == 5
-    assert result["options"]["relearn_lr"] == KIND_DEFAULTS["speaker"]["relearn_lr"]
+    assert result["options"]["relearn_lr"] == CAPABILITY_DEFAULTS["is_classifier"]["relearn_lr"]
     bad = CliRunner().invoke(app, ["audit", "--model", str(tmp_path), "--target", str(classifiers / "original"),
                                    "--retain-model", str(classifiers / "retrained"), "--data", str(speaker_manifests)])
     assert bad.exit_code == 2 and "neither an" in " ".join(bad.output.split())
