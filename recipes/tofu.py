@@ -147,6 +147,17 @@ def _warn_memorisation(ctx) -> None:
         console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
 
 
+def _parallel(cfg: TofuConfig, ctx, chosen: list[str], rule) -> None:
+    """``--jobs``: the unfinished method stages in ``cfg.jobs`` processes first; the loop below reuses them."""
+    from recipes.tofu_parallel import pending, run_jobs
+
+    todo = pending(cfg, ctx, chosen, rule)
+    if len(todo) > 1:
+        console.print(f"running {len(todo)} method stages, {cfg.jobs} at a time, in separate processes",
+                      markup=False, soft_wrap=True)
+        run_jobs(cfg, todo, cfg.jobs, say=lambda line: console.print(line, markup=False, soft_wrap=True))
+
+
 class _Stages:
     """One progress line per finished stage of a comparison: its time, the elapsed time and an estimate of
     what remains (the mean of the stages run so far, reused ones not counted, times those left)."""
@@ -308,6 +319,8 @@ def compare(cfg: TofuConfig) -> None:
     context = {**ctx.describe(), **cfg.knobs(), **({"method_options": cfg.method_options} if cfg.method_options else {})}
     kept = tofu_report.earlier_rows(out, context, exclude=chosen)
     target_nll = ctx.forget_target() if cfg.sweep else None
+    if cfg.jobs > 1:
+        _parallel(cfg, ctx, chosen, sweep_rule(target_nll, cfg.retain_bound))
     audits, audit_cache = [], {}
     for name in chosen:
         t0 = time.perf_counter()

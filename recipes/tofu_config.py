@@ -14,7 +14,8 @@ from mmunlearn.config import opt
 from recipes.recipe_config import ConfigError
 
 #: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
-RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks")
+RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks",
+                "jobs")
 COMPARE_EXCLUDES = ("method",)
 #: The knobs a recipe passes to every method whose config has them (the field name in the method's config).
 SHARED_KNOBS = {"rank": "rank", "scale": "scale", "extract": "extract_kind", "extract_steps": "extract_steps",
@@ -158,6 +159,8 @@ class TofuConfig(RecipeConfig):
                                          "steps (the schedule fitted to them).")
     ft_precision: str | None = opt(None, "Fine-tuning of the built target and retain models: no, bf16 (autocast, "
                                          "also on CPU) or auto (bf16 on a GPU that has it).")
+    jobs: int = opt(1, "compare: method stages run at once, each in its own process (`tofu run` with these "
+                       "settings, `threads` torch threads each; logs in OUT/jobs/); 2 uses both cores of a 2-core CPU.")
 
     def __post_init__(self) -> None:
         from mmunlearn.adapters.text_llm import PRECISIONS
@@ -170,7 +173,7 @@ class TofuConfig(RecipeConfig):
             parse_metrics(self.metrics)
         except ValueError as e:
             raise ConfigError(str(e), "metrics") from None
-        _positive(self, "utility_items", "rule_retain_items")
+        _positive(self, "utility_items", "rule_retain_items", "jobs")
         self.train_overrides()
 
     def train_overrides(self) -> dict[str, Any]:
