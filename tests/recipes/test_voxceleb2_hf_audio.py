@@ -53,6 +53,21 @@ def test_every_method_runs_through_the_harness_into_the_ecapa_table(hf_run):
     assert (out / "speaker.md").read_text().count("| grad_diff |") == 1
 
 
+def test_train_reuses_the_cached_hf_audio_model_and_copies_it_out(hf_run, speaker_manifests, tmp_path):  # noqa: F811
+    out, table = hf_run
+    work = out.parent.parent
+    models = sorted(p.name for p in (work / "models").iterdir())
+    res = CliRunner().invoke(app, ["train", "--model", "hf-audio", "--manifests", str(speaker_manifests),
+                                   "--workdir", str(work), "--preset", "tiny", "--train-epochs", "6",
+                                   "--out", str(tmp_path / "copy"), "--device", "cpu", "--threads", "1"])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    assert sorted(p.name for p in (work / "models").iterdir()) == models  # the speaker run's model, not a new one
+    assert kind_of(tmp_path / "copy").name == "hf-audio"
+    original = load_file(f"{table['context']['original']}/model.safetensors")
+    copied = load_file(str(tmp_path / "copy" / "model.safetensors"))
+    assert all(np.array_equal(original[k].numpy(), copied[k].numpy()) for k in original)
+
+
 @pytest.mark.parametrize("method", ["qr-erase", "npo"])
 def test_each_method_folder_restores_bit_for_bit_and_runs_in_the_transformers_pipeline(hf_run, method, tmp_path):
     from transformers import pipeline
