@@ -221,7 +221,7 @@ def _unlearn(level: str, out: Path | None, methods: str, manifests: Path | None,
         rule = cfg.sweep_rule(level, n_classes, ctx.retain, retain_bound, forget_acc) if sweep else None
         if sweep:
             options = cfg.sweep_defaults(name, options)
-            if epochs is None and name not in cfg.ERASURE_METHODS:  # the step budget grows with the forget set
+            if epochs is None and not cfg.is_erasure(name):  # the step budget grows with the forget set
                 options["epochs"] = cfg.epoch_budget(name, preset, options, len(ctx.forget))
         scope_options = {s: {k: v for k, v in o.items() if k not in options} for s, o in cfg.SCOPE_OPTIONS.items()}
         rows.append(pipe.run_method_row(name, ctx, cfg.preset_kind(preset), options, rule, out / name,

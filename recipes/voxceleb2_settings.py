@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmunlearn.audit.options import CAPABILITY_DEFAULTS
-from mmunlearn.methods import SweepRule, mean_nll, names
+from mmunlearn.methods import SweepRule, get, mean_nll, names, needing
 from mmunlearn.speech.speaker_training import DEFAULT_TRAIN
 from mmunlearn.train import TrainConfig
 
@@ -43,7 +43,13 @@ EXTRACT_KINDS = ("finetune", "gradient")
 #: Layer selections of erasure (``EraseConfig.layer_rule``).
 LAYER_RULES = ("mean", "top", "threshold", "all")
 #: Methods that erase a subspace (their grid and scopes below apply).
-ERASURE_METHODS = ("qr-erase", "qr-erase-rows", "svd-unlearn")
+ERASURE_METHODS = tuple(needing("task_vectors", "speaker"))  # they declare it (mmunlearn.methods.NEEDS)
+
+
+def is_erasure(method: str) -> bool:
+    """Whether ``method`` erases a subspace of task vectors (it declares ``task_vectors`` among its needs): the
+    scopes and the sweep grid below apply to it, also to one registered after this module was imported."""
+    return "task_vectors" in get(method).needs
 #: Erasure under ``--sweep`` on the classifier, unless the command line says otherwise: edit sizes relative to
 #: the weights (0.001 ... 1.024 of their norm, then bisection), ranks 1, 2, 4, and task vectors from the
 #: loss gradient. On FSDD fine-tuned (AdamW) task vectors of already-learned speakers were no use: AdamW moves
@@ -64,7 +70,7 @@ def scopes_for(method: str, scope: str, sweep: bool) -> tuple[str, ...]:
     :data:`SWEEP_SCOPES` for the erasure methods; the optimisation baselines always train every weight."""
     if scope not in SCOPES:
         raise ValueError(f"--scope must be one of {SCOPES}, got {scope!r}")
-    if method not in ERASURE_METHODS:
+    if not is_erasure(method):
         return ("all",)
     if scope == "sweep":
         if not sweep:
@@ -75,7 +81,7 @@ def scopes_for(method: str, scope: str, sweep: bool) -> tuple[str, ...]:
 
 def sweep_defaults(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with :data:`SWEEP_ERASURE` filled in where the command line left them unset (erasure only)."""
-    if method not in ERASURE_METHODS:
+    if not is_erasure(method):
         return options
     filled = method_options(method, extract_kind=SWEEP_ERASURE["extract_kind"], sweep_ranks=SWEEP_ERASURE["sweep_ranks"])
     filled["sweep_scales"] = SWEEP_ERASURE["sweep_scales"]
@@ -233,7 +239,7 @@ def chance(n_classes: int) -> float:
     return 1.0 / n_classes
 
 
-__all__ = ["AUDIT_RELEARN", "CLASSIFIER_METHODS", "ERASURE_METHODS", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
+__all__ = ["AUDIT_RELEARN", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
            "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "TRAIN", "audit_options", "chance",
            "mean_log_nll", "method_options", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule",
            "train_config"]
