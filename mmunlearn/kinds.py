@@ -61,6 +61,9 @@ class Kind:
     takes_audio: bool = False
     priority: int = 50  # detection order: lower first (a catch-all such as "any config.json" goes last)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the adapter class ``load`` returns (tests check it implements mmunlearn.adapters.base's protocol: the
+    #: classifier sub-protocol when ``is_classifier``, the token one otherwise)
+    adapter: type | None = None
 
     def __post_init__(self) -> None:
         if self.default_size not in self.sizes:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmunlearn.kinds import Kind, get_kind, kind_names, kind_of, read_small_json, register_kind
+from mmunlearn.kinds import Kind, get_kind, kind_names, kind_of, kinds, read_small_json, register_kind
+from tests.speech_corpus import speaker_manifests  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +83,43 @@ def test_the_scan_finds_kind_comparisons_and_skips_others(tmp_path):
     sample.write_text('def f(ctx, kind, level):\n    a = ctx.kind != "speaker" or kind in ("text", "speech-llm")\n'
                       '    return a or level == "speaker" or kind == "finetune"\n')
     assert len(_kind_literal_comparisons(sample)) == 2
+
+
+def _methods(protocol: type) -> set[str]:
+    """The methods a protocol declares, its bases' included (data members are instance attributes: not checked)."""
+    return {name for klass in protocol.__mro__ if klass not in (object,) and getattr(klass, "_is_protocol", False)
+            for name, value in vars(klass).items() if callable(value) and not name.startswith("_")}
+
+
+def test_every_kinds_adapter_implements_the_whole_protocol():
+    from mmunlearn.adapters.base import ClassifierAdapter, ModalityAdapter, TokenAdapter
+
+    base = _methods(ModalityAdapter)
+    assert {"clone", "with_model", "groups", "answer_nll", "bf16_generation", "save"} <= base
+    assert _methods(ClassifierAdapter) - base >= {"predict", "nll", "embeddings", "logits_and_embeddings"}
+    for kind in kinds():
+        assert kind.adapter is not None, kind.name
+        protocol = ClassifierAdapter if kind.is_classifier else TokenAdapter
+        missing = sorted(m for m in _methods(protocol) if not callable(getattr(kind.adapter, m, None)))
+        assert missing == [], (kind.name, missing)
+
+
+def test_the_default_answer_nll_of_a_classifier_is_its_per_utterance_nll(speaker_manifests):  # noqa: F811
+    """AdapterDefaults.answer_nll (what mean_nll and the sweep rule read) equals the classifier's own NLL."""
+    import torch
+
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.methods import mean_nll
+    from mmunlearn.data.utterances import split_rows
+
+    rows = split_rows(speaker_manifests, "train")[:6]
+    adapter = SpeakerAdapter.build(sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")}),
+                                   preset="tiny", device="cpu", seed=0)
+    adapter.model.eval()
+    per_item = adapter.answer_nll(rows, batch_size=4)
+    with torch.no_grad():
+        direct = adapter.nll(adapter.collate(rows)).double()
+    assert per_item.shape == (len(rows),) and torch.allclose(per_item, direct, atol=1e-5)
+    assert mean_nll(adapter, rows) == pytest.approx(float(direct.mean()), abs=1e-5)
+    with pytest.raises(ValueError, match="answers="):
+        adapter.answer_nll(rows, answers=["x"] * len(rows))

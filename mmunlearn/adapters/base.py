@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -50,6 +51,55 @@ class ModalityAdapter(Protocol):
     def save(self, path: str | os.PathLike) -> None:
         """Write the model (and its tokenizer/processor) in ``save_pretrained`` layout."""
 
+    def clone(self) -> Any:
+        """An adapter of the same kind around a deep copy of the model (the methods edit copies, never the input)."""
+
+    def with_model(self, model: torch.nn.Module) -> Any:
+        """An adapter of the same kind and settings around ``model`` (T3 wraps the base this way)."""
+
+    def groups(self) -> dict[str, str] | None:
+        """Parameter name -> layer group (the unit of QR-Erase's per-layer energy rule); None: by block prefix."""
+
+    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None,
+                   batch_size: int = 16) -> torch.Tensor:
+        """Length-normalised NLL of each example's target (float, CPU, one value per example): what the sweep rule
+        and ``mean_nll`` measure (:class:`AdapterDefaults` gives it from :meth:`collate` and
+        :meth:`sequence_logprob`)."""
+
+    def bf16_generation(self) -> Any:
+        """A context manager within which generation may use a faster bf16 copy (default: nothing changes)."""
+
+
+@runtime_checkable
+class TokenAdapter(ModalityAdapter, Protocol):
+    """A causal LM (text or speech): scores only its answer tokens (``mmunlearn.eval.scoring`` reads these)."""
+
+    def answer_logits(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits at the scored positions only: (N x V logits, N targets, N row indices)."""
+
+
+@runtime_checkable
+class ClassifierAdapter(ModalityAdapter, Protocol):
+    """A speaker (utterance) classifier: what ``mmunlearn.eval.speaker``, the speaker rule and the audits call."""
+
+    speakers: Sequence[str]  # class index -> speaker ID
+    index: dict[str, int]  # speaker ID -> class index
+    sample_rate: int
+
+    def logits_and_embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits (B x C) and utterance embeddings (B x d) of a batch."""
+
+    def embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Utterance embeddings (B x d)."""
+
+    def nll(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Per-utterance NLL of the labelled speaker (B,)."""
+
+    def predict(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Predicted class indices (B,)."""
+
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``auto`` picks CUDA when present, else CPU; ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ... are checked
@@ -89,7 +139,30 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None
 IGNORE = -100  # label of the tokens that are not scored (prompt, padding)
 
 
-class TokenScoring:
+class AdapterDefaults:
+    """The optional parts of :class:`ModalityAdapter` with plain defaults; an adapter overrides what it does better."""
+
+    @torch.no_grad()
+    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None,
+                   batch_size: int = 16) -> torch.Tensor:
+        """Length-normalised NLL per example from :meth:`collate` and ``sequence_logprob(average=True)``."""
+        if answers is not None:
+            raise ValueError(f"{type(self).__name__} scores its examples' own targets: answers= is for language models")
+        out = [-self.sequence_logprob(self.collate(examples[i: i + batch_size]), average=True).double().cpu()
+               for i in range(0, len(examples), batch_size)]
+        return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
+
+    @contextmanager
+    def bf16_generation(self) -> Iterator[None]:
+        """Nothing changes within the block (an adapter with a faster generation copy overrides this)."""
+        yield
+
+    def groups(self) -> dict[str, str] | None:
+        """None: erasure groups parameters by their block prefix (:func:`mmunlearn.erase.energy.group_of`)."""
+        return None
+
+
+class TokenScoring(AdapterDefaults):
     """Answer-token scores shared by the causal-LM adapters (text and speech LLM): each defines
     ``logits(batch, model) -> (B x T-1 x V logits, B x T-1 targets)``; these follow from it. An adapter
     that can project only the scored positions (:mod:`mmunlearn.train.answer_only`) overrides
@@ -125,6 +198,20 @@ class TokenScoring:
         """Log-probabilities over the vocabulary at every answer position (N x V), for KL terms."""
         logits, _, _ = self.answer_logits(batch, model)
         return torch.log_softmax(logits.float(), -1)
+
+    @torch.no_grad()
+    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16,
+                   desc: str | None = None) -> torch.Tensor:
+        """Mean answer-token NLL per example (length-normalised), float64 on the CPU; ``answers`` replace the
+        examples' own (``collate(examples, answers)``)."""
+        from tqdm.auto import tqdm
+
+        out = []
+        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
+            sub = answers[i: i + batch_size] if answers is not None else None
+            lp, mask = self.logprobs(self.collate(examples[i: i + batch_size], sub))
+            out.append((-(lp.double().sum(1)) / mask.sum(1).clamp(min=1)).cpu())
+        return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
 
 class HiddenStateTap:

@@ -226,7 +226,8 @@ def _load_kind(folder: str | os.PathLike, *, device: str = "auto", scope: str = 
 
 
 KIND = register_kind(Kind(
-    "hf-audio", detect=is_audio_classifier, load=_load_kind, sizes=("tiny", "small", "large"), default_size="small",
+    "hf-audio", detect=is_audio_classifier, load=_load_kind, adapter=HFAudioAdapter, sizes=("tiny", "small", "large"),
+    default_size="small",
     description="Hugging Face audio classifier in save_pretrained layout (AutoModelForAudioClassification: "
                 "wav2vec2, HuBERT, WavLM)",
     presets_from="speaker", train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=20))

@@ -163,15 +163,18 @@ class SpeakerAdapter(ClassifierScores):
         atomically."""
         return write_speaker_dir(path, self.model, self.speakers, self._spec_for_saving(), overwrite=overwrite)
 
-    def clone(self) -> "SpeakerAdapter":
-        """An independent copy of the model (e.g. to unlearn while keeping the original); the decoded-audio
-        cache is shared."""
-        twin = SpeakerAdapter(copy.deepcopy(self.model), self.speakers, margin=self.margin, scale=self.scale,
-                              spec=self.spec, sample_rate=self.sample_rate, audio_cache=self.audio_cache,
-                              spec_error=self.spec_error)
+    def with_model(self, model: nn.Module) -> "SpeakerAdapter":
+        """The same speakers, settings and scope around another model; the decoded-audio and embedding caches are
+        shared (the embedding cache is keyed by the weights' bytes)."""
+        twin = SpeakerAdapter(model, self.speakers, margin=self.margin, scale=self.scale, spec=self.spec,
+                              sample_rate=self.sample_rate, audio_cache=self.audio_cache, spec_error=self.spec_error)
         twin.config, twin.scope = self.config, self.scope
-        twin.embedding_cache = self.embedding_cache  # keyed by the weights' bytes: safe to share
+        twin.embedding_cache = self.embedding_cache
         return twin
+
+    def clone(self) -> "SpeakerAdapter":
+        """An independent copy of the model (e.g. to unlearn while keeping the original); the caches are shared."""
+        return self.with_model(copy.deepcopy(self.model))
 
     @property
     def scope(self) -> str:
@@ -327,7 +330,7 @@ def _check_folder(folder: Path) -> None:
 
 
 KIND = register_kind(Kind(
-    "speaker", detect=lambda folder: (folder / HPARAMS).is_file(), load=_load_kind,
+    "speaker", detect=lambda folder: (folder / HPARAMS).is_file(), load=_load_kind, adapter=SpeakerAdapter,
     sizes=("tiny", "small", "large"), default_size="small",
     description="speaker classifier in SpeechBrain's EncoderClassifier layout (hyperparams.yaml)",
     weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, check_folder=_check_folder,

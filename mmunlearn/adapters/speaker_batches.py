@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmunlearn.adapters.base import IGNORE
+from mmunlearn.adapters.base import IGNORE, AdapterDefaults
 
 #: Version of how utterances are scored and trained on (cache keys of trained models and evaluations
 #: include it). 2: scores do not depend on the batch (:func:`by_length`), training fills padding with
@@ -111,7 +111,7 @@ def labels_of(examples: Sequence[Mapping[str, Any]], index: Mapping[str, int],
     return torch.tensor(labels, dtype=torch.long)
 
 
-class ClassifierScores:
+class ClassifierScores(AdapterDefaults):
     """The scores a speaker classifier adapter derives from its ``logits_and_embeddings(batch, model)`` (class logits
     B x C, the vectors the head reads B x d) and ``speakers``: each utterance is a one-"token" sequence whose target
     is its speaker, so the unlearning methods, the metrics and the audits read every classifier kind alike."""

@@ -274,16 +274,6 @@ class SpeechLLMAdapter(TokenScoring):
         logits, targets = self.logits(batch, model)
         return torch.log_softmax(logits[targets != IGNORE], -1)
 
-    @torch.no_grad()
-    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16,
-                   desc: str | None = None) -> torch.Tensor:
-        """Mean answer-token NLL per example (length-normalised), float64 on the CPU."""
-        out = []
-        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
-            sub = answers[i: i + batch_size] if answers is not None else None
-            lp, mask = self.logprobs(self.collate(examples[i: i + batch_size], sub))
-            out.append((-(lp.double().sum(1)) / mask.sum(1).clamp(min=1)).cpu())
-        return torch.cat(out)
 
     def audio_embeddings(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> list[torch.Tensor]:
         """What replaces each clip's placeholders: the audio tower's (projected) outputs, one n_i x d tensor per
@@ -348,6 +338,6 @@ def _load_kind(folder: str | os.PathLike, *, device: str = "auto", where: str = 
 
 
 KIND = register_kind(Kind(
-    "speech-llm", detect=_is_speech_llm, load=_load_kind, sizes=("tiny", "mini", "model_dir"),
-    default_size="model_dir", description=f"speech LLM in save_pretrained layout ({', '.join(FAMILIES)})",
+    "speech-llm", detect=_is_speech_llm, load=_load_kind, adapter=SpeechLLMAdapter,
+    sizes=("tiny", "mini", "model_dir"), default_size="model_dir", description=f"speech LLM in save_pretrained layout ({', '.join(FAMILIES)})",
     takes_audio=True, priority=30))

@@ -195,16 +195,6 @@ class TextLLMAdapter(TokenScoring):
                                                   b["labels"])
         return logits.float(), targets, rows
 
-    @torch.no_grad()
-    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16,
-                   desc: str | None = None) -> torch.Tensor:
-        """Average answer-token NLL per example (length-normalised), float64 on the CPU."""
-        out = []
-        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
-            sub = answers[i : i + batch_size] if answers is not None else None
-            lp, mask = self.logprobs(self.collate(examples[i : i + batch_size], sub))
-            out.append((-(lp.double().sum(1)) / mask.sum(1).clamp(min=1)).cpu())
-        return torch.cat(out)
 
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Hidden states B x T x d; ``final`` = the last (normed) state, an int indexes HF's tuple."""
@@ -267,6 +257,6 @@ def _load_kind(folder: str | os.PathLike, *, device: str = "auto", **_: Any) -> 
 
 
 KIND = register_kind(Kind(
-    "text", detect=lambda folder: (folder / "config.json").is_file(), load=_load_kind,
+    "text", detect=lambda folder: (folder / "config.json").is_file(), load=_load_kind, adapter=TextLLMAdapter,
     sizes=("micro", "mini", "model_dir"), default_size="model_dir",
     description="Hugging Face causal LM in save_pretrained layout (config.json)", priority=90))

@@ -35,7 +35,6 @@ from tqdm.auto import tqdm
 
 from mmunlearn.metrics.mia import vocab_logprob_moments
 
-IGNORE_INDEX = -100  # the label value every adapter's ``collate`` puts off the target tokens (HF's)
 
 
 @dataclass
@@ -80,17 +79,10 @@ def _decode(tokenizer: Any, ids: torch.Tensor) -> str:
 
 
 def _answer_rows(adapter: Any, batch: dict, idx: Sequence[int]):
-    """``(row, item index, T_i x V logits, T_i targets)`` per row of ``batch``: through the adapter's
-    ``answer_logits`` (the output projection on answer positions only) when it has one, else ``logits``."""
-    if hasattr(adapter, "answer_logits"):
-        logits, targets, rows = adapter.answer_logits(batch)
-        per_row = [(logits[rows == r], targets[rows == r]) for r in range(len(idx))]
-    else:
-        full, tgt_full = adapter.logits(batch)
-        per_row = []
-        for r in range(len(idx)):
-            pos = (tgt_full[r] != IGNORE_INDEX).nonzero(as_tuple=True)[0]
-            per_row.append((full[r, pos], tgt_full[r, pos]))
+    """``(row, item index, T_i x V logits, T_i targets)`` per row of ``batch``, from the adapter's ``answer_logits``
+    (:class:`~mmunlearn.adapters.base.TokenAdapter`: the output projection on answer positions only)."""
+    logits, targets, rows = adapter.answer_logits(batch)
+    per_row = [(logits[rows == r], targets[rows == r]) for r in range(len(idx))]
     for r, (i, (row_logits, tgt)) in enumerate(zip(idx, per_row)):
         if tgt.numel() == 0:
             raise ValueError(f"item {i}: no answer tokens to score (prompt fills the length limit?)")

@@ -235,7 +235,7 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups,
 
 def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig, ctx: RunContext) -> MethodResult:
     """Erase ``forget`` from ``adapter.model`` in place (sweeping rank x scale when ``ctx.rule`` is set)."""
-    groups = adapter.groups() if hasattr(adapter, "groups") else None
+    groups = adapter.groups()
     extract = cfg.extract
     reference = ctx.reference
     cached = ctx.retain_task is not None  # a retain state: only the forget side is extracted

@@ -23,14 +23,7 @@ def mean_nll(adapter, items: Sequence[Any], batch_size: int = 16) -> float:
     """Mean per-example NLL (length-normalised) of the targets of ``items`` under ``adapter``."""
     if not items:
         raise ValueError("mean_nll: no items to score")
-    if hasattr(adapter, "answer_nll"):
-        return float(adapter.answer_nll(items, batch_size=batch_size).mean())
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, len(items), batch_size):
-            batch = adapter.collate(items[i : i + batch_size])
-            total += float(-adapter.sequence_logprob(batch, average=True).sum())
-    return total / len(items)
+    return float(adapter.answer_nll(items, batch_size=batch_size).mean())  # every adapter has it (adapters.base)
 
 
 @dataclass
