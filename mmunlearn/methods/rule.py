@@ -90,10 +90,6 @@ class Scorer:
     def point_meets(self, p: SweepPoint) -> bool:
         return self.reached(p.forget_nll) and not self.over(p.retain_nll)
 
-    def chosen(self, p: SweepPoint, **extra: Any) -> dict:
-        return {"rank": p.rank, "scale": p.scale, "base_forget_nll": self.base_forget,
-                "base_retain_nll": self.base_retain, **self.rule.describe(), **extra}
-
 
 def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True) -> None:
     """One progress line per sweep point: the setting, both measures, and whether the rule is met."""
@@ -165,11 +161,3 @@ def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: Swee
 
     on_step.restore_in_bound = restore_in_bound  # type: ignore[attr-defined]
     return on_step, trajectory, scorer
-
-
-def trajectory_reached(trajectory: list[dict], scorer: Scorer) -> bool:
-    """Whether the last scored state of an early-stopped run met the rule."""
-    if not trajectory:
-        return False
-    last = trajectory[-1]
-    return scorer.reached(last["forget_nll"]) and not scorer.over(last["retain_nll"])
