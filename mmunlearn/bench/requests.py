@@ -221,7 +221,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.eval.speaker import accuracy, forgotten_rates
     from mmunlearn.methods import get, run_unlearning
-    from mmunlearn.requests import History, obtain_retain_state, run_request
+    from mmunlearn.requests import History, run_request
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -255,11 +255,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     retrained_row = {"model": str(retrained_dir), "forgotten_any": re_any, "forgotten_sink": re_sink,
                      "heldout_retain_acc": accuracy(retrained, heldout, desc=None) if heldout else None}
     state_dir = workdir / "retain_state"
-    t0 = time.perf_counter()
-    obtain_retain_state(state_dir, scoped, retain, None, kind="speaker",
-                        default_extract=get("qr-erase").config_for("speaker", size).extract, refresh=True,
-                        progress=progress)
-    prepare_seconds = time.perf_counter() - t0
+    prepare_seconds = timed_retain_state(state_dir, scoped, retain, "speaker", size, progress)
     gd_over = {"epochs": gd_epochs, **({"lr": gd_lr} if gd_lr is not None else {})}
     rows: list[RequestRow] = []
 
@@ -313,6 +309,18 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
              "scope": scope, "manifests": str(man), "retrained": retrained_row}
     name = "built-in corpus" if manifests is None else f"manifests {Path(manifests).name}"
     return BenchResult(f"speaker classifier ({name})", setup, prepare_seconds, rows)
+
+
+def timed_retain_state(state_dir: Path, adapter: Any, retain: list, kind: str, size: str, progress: bool) -> float:
+    """Seconds to compute the retain state (QR-Erase's preset extraction) of ``adapter`` afresh into ``state_dir``."""
+    from mmunlearn.methods import get
+    from mmunlearn.requests import obtain_retain_state
+
+    t0 = time.perf_counter()
+    obtain_retain_state(state_dir, adapter, retain, None, kind=kind,
+                        default_extract=get("qr-erase").config_for(kind, size).extract, refresh=True,
+                        progress=progress)
+    return time.perf_counter() - t0
 
 
 def request_row(method: str, extract: str | None, index: int, forget: Sequence[dict], report: dict, wall: float,

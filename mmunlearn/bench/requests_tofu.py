@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, request_row
+from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, request_row, timed_retain_state
 
 
 def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,
@@ -24,7 +24,7 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
     from mmunlearn.data.tofu import load_split, split_info
     from mmunlearn.methods import SweepRule, get, run_unlearning
     from mmunlearn.presets.build import build_models
-    from mmunlearn.requests import History, obtain_retain_state, run_request
+    from mmunlearn.requests import History, run_request
 
     built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress,
                          roles=("target",))
@@ -40,11 +40,7 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
     size = preset if preset in ("micro", "mini") else "model_dir"
     state_dir = Path(workdir) / "retain_state_tofu"
-    t0 = time.perf_counter()
-    obtain_retain_state(state_dir, original, retain, None, kind="text",
-                        default_extract=get("qr-erase").config_for("text", size).extract, refresh=True,
-                        progress=progress)
-    prepare_seconds = time.perf_counter() - t0
+    prepare_seconds = timed_retain_state(state_dir, original, retain, "text", size, progress)
     gd_over = {"epochs": gd_epochs} if gd_epochs is not None else {}
     rows: list[RequestRow] = []
 
