@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-import torch
 
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
+from mmunlearn.methods.head_rows import forgotten_rows, rank_floor
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
@@ -112,40 +112,6 @@ def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
         raise ValueError(f"no batch size <= {extract.batch_size} splits partitions of {sizes} utterances without "
                          "a batch of one; use the gradient extraction")
     return replace(extract, batch_size=size)
-
-
-#: The speaker classifier's class-weight matrix (one row per speaker), as :meth:`SpeakerAdapter.layers` names it.
-HEAD_WEIGHT = "classifier.weight"
-
-
-def own_rows(adapter, forget: Sequence[Any], tf, extract: ExtractConfig, progress: bool = True):
-    """Per-speaker forget directions in a speaker classifier's head: ``tf`` with the class-weight matrix's task
-    matrix replaced by one row per forgotten speaker, each from that speaker's utterances alone (other rows 0).
-
-    With several forgotten speakers, the gradient of A's utterances also moves forgotten speaker B's row (away from
-    A); erasing the union's task matrix pulls B's row towards A, so A's utterances move to B and "any forgotten
-    speaker" stays high. Each forgotten row erased along its own speaker's direction (a rank-1 term per class:
-    ``sum_k e_k g_k^T``) sends every forgotten speaker's utterances to the retained speakers, as retraining does.
-    Gradient task vectors only (one pass per speaker costs what one pass over the union does); ``tf`` unchanged
-    for one speaker, another extraction kind, or no head among the edited weights."""
-    speakers = sorted({str(r["spk_id"]) for r in forget if isinstance(r, dict) and "spk_id" in r})
-    if extract.kind != "gradient" or len(speakers) < 2 or HEAD_WEIGHT not in tf:
-        return tf
-    from mmunlearn.taskvec.store import TaskMatrices
-
-    index = adapter.index
-    weight = dict(adapter.model.named_parameters())[HEAD_WEIGHT].detach().to(tf[HEAD_WEIGHT])
-    head = torch.zeros_like(tf[HEAD_WEIGHT])
-    for spk in speakers:
-        if spk not in index:
-            raise ValueError(f"forget speaker {spk!r} is not a class of the model")
-        mine = extract_task_matrices(adapter, [r for r in forget if str(r["spk_id"]) == spk], extract,
-                                     layers=[HEAD_WEIGHT], progress=progress)
-        row = mine[HEAD_WEIGHT][index[spk]]
-        norm = float(row.norm())
-        if norm > 0:  # as long as the class's own row: a saturated speaker's gradient is 1e-4 of another's
-            head[index[spk]] = row * (float(weight[index[spk]].norm()) / norm)
-    return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head}, {**tf.meta, "own_rows": speakers})
 
 
 def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups):
@@ -248,11 +214,18 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         tf, tr = extract_task_matrices(reference or adapter, forget, extract, progress=ctx.progress), ctx.retain_task
     else:
         tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
+    info: dict[str, Any] = {}
     if kind.is_classifier:
-        tf = own_rows(reference or adapter, forget, tf, extract, ctx.progress)
+        tf = forgotten_rows(reference or adapter, forget, tf, extract)
+        floor = rank_floor(tf)
+        if floor and ((cfg.rank is not None and cfg.rank < floor) or min(cfg.sweep_ranks or (floor,)) < floor):
+            # each forgotten speaker's row has its own update: a smaller rank would merge them again
+            cfg = replace(cfg, rank=None if cfg.rank is None else max(cfg.rank, floor),
+                          sweep_ranks=tuple(sorted({max(r, floor) for r in cfg.sweep_ranks})) if cfg.sweep_ranks else None)
+            info["rank_floor"] = floor
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rank, scale, info = cfg.rank, cfg.scale, {}
+    rank, scale = cfg.rank, cfg.scale
     if ctx.rule is not None:
         points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress)
         rank, scale = best.rank, best.scale

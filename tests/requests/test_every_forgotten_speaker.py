@@ -60,9 +60,9 @@ def test_the_measure_is_the_worst_speakers(trained, parts):
     assert all(v["acc"] >= 0.5 for v in _per_speaker(original, forget).values())  # the model knows all three
 
 
-def test_each_forgotten_speaker_gets_its_own_row_in_the_head(trained, parts):
+def test_every_forgotten_row_is_turned_away_from_every_forgotten_speaker(trained, parts):
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.methods.erasure import HEAD_WEIGHT, own_rows
+    from mmunlearn.methods.head_rows import HEAD_WEIGHT, forgotten_rows, rank_floor, speaker_directions
     from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
     forget, _ = parts
@@ -70,21 +70,28 @@ def test_each_forgotten_speaker_gets_its_own_row_in_the_head(trained, parts):
     adapter.scope = "head"
     cfg = ExtractConfig(kind="gradient", lr=1.0)
     union = extract_task_matrices(adapter, forget, cfg, progress=False)
-    rows = own_rows(adapter, forget, union, cfg, progress=False)[HEAD_WEIGHT]
-    weight = adapter.model.classifier.weight.detach()
-    forgotten = {adapter.index[s] for s in {r["spk_id"] for r in forget}}
+    edited = forgotten_rows(adapter, forget, union, cfg)
+    assert rank_floor(edited) == 3 and rank_floor(union) == 0
+    rows = edited[HEAD_WEIGHT].double()
+    weight = adapter.model.classifier.weight.detach().double()
+    dirs = speaker_directions(adapter, forget)
+    basis, _ = torch.linalg.qr(torch.stack(list(dirs.values()), 1))  # the forget subspace F
+    u = sum(dirs.values())
+    u = u / u.norm()
+    forgotten = {adapter.index[s] for s in dirs}
     for k in range(weight.shape[0]):
         if k not in forgotten:
             assert float(rows[k].abs().max()) == 0.0  # retained speakers' rows are left alone
             continue
-        assert float(rows[k].norm()) == pytest.approx(float(weight[k].norm()), rel=1e-5)  # as long as the row
-        spk = adapter.speakers[k]
-        mine = extract_task_matrices(adapter, [r for r in forget if r["spk_id"] == spk], cfg, progress=False)
-        own = mine[HEAD_WEIGHT][k]
-        assert float(torch.nn.functional.cosine_similarity(rows[k], own, dim=0)) == pytest.approx(1.0, abs=1e-5)
-    assert float(union[HEAD_WEIGHT][sorted(set(range(weight.shape[0])) - forgotten)].abs().max()) > 0  # unlike the union's
+        after = weight[k] - rows[k]  # the row after an edit of scale 1
+        # its component in F is exactly -||w|| u: against every forgotten speaker's mean direction, nothing else
+        assert torch.allclose(basis @ (basis.T @ after), -weight[k].norm() * u, atol=1e-5)
+        assert torch.allclose(after - basis @ (basis.T @ after), weight[k] - basis @ (basis.T @ weight[k]), atol=1e-5)
+        assert all(float(after @ d) < 0 for d in dirs.values())  # no forgotten speaker's audio pulls it up
     finetuned = ExtractConfig(kind="finetune", steps=1)
-    assert own_rows(adapter, forget, union, finetuned, progress=False) is union  # gradient task vectors only
+    assert forgotten_rows(adapter, forget, union, finetuned) is union  # gradient task vectors only
+    one = [r for r in forget if r["spk_id"] == forget[0]["spk_id"]]
+    assert forgotten_rows(adapter, one, union, cfg) is union  # one speaker: its own direction is enough
 
 
 def test_one_request_and_a_batch_are_judged_speaker_by_speaker(trained, parts):
@@ -92,9 +99,12 @@ def test_one_request_and_a_batch_are_judged_speaker_by_speaker(trained, parts):
     res = unlearn(trained, forget=forget, retain=retain, method="qr-erase", scope="head", out=None, device="cpu",
                   progress=False)  # the default rule: "auto"
     _judged_per_speaker(res.report, res.adapter, forget)
+    assert res.report["verdict"].startswith("rule met")  # every forgotten speaker, not only the pooled audio
+    assert res.report["info"]["rank_floor"] == 3
     assert res.report["config"]["sweep_max_relative"] == pytest.approx(8.192)  # a cosine head needs edits > its norm
     sets = [[r for r in forget if r["spk_id"] == s] for s in sorted({r["spk_id"] for r in forget})]
     batch = unlearn(trained, forget=sets, batch=True, retain=retain, method="qr-erase", scope="head", out=None,
                     device="cpu", progress=False)
     assert batch.report["batch"]["union_items"] == len(forget)
     _judged_per_speaker(batch.report, batch.adapter, forget)
+    assert batch.report["verdict"].startswith("rule met")

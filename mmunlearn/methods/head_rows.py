@@ -1,0 +1,95 @@
+"""The forgotten speakers' rows of a speaker classifier's head, turned away from every forgotten speaker's audio.
+
+With two or more forgotten speakers, editing each forgotten class row along its own speaker's direction moves it
+*towards* the other forgotten speakers (their centroids are not orthogonal: on FSDD their cosines run from -0.6 to
+0.2), so speaker A's audio goes to forgotten speaker B and "predicted as any forgotten speaker" stays high (57 % on
+FSDD with 3 forgotten). Here every forgotten row ``w_s`` gets the same treatment from the forget subspace
+``F = span{c_k}`` of the forgotten speakers' normalised centroids ``c_k`` (an orthonormal basis by column-pivoted QR,
+:func:`mmunlearn.erase.basis.column_basis`) and their mean direction ``u = normalise(sum_k c_k)``:
+
+    T_head[s] = P_F w_s + ||w_s|| u          (other rows 0)
+
+so ``W - 1 * T_head`` leaves each forgotten row no component in ``F`` and a negative one along ``u``: no forgotten
+class scores high on any forgotten speaker's audio, and the retained rows are untouched. The erasure's sweep
+scales this matrix like any task matrix. Measured in docs/speakers.md (issue 24, item 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mmunlearn.erase.basis import column_basis
+from mmunlearn.taskvec.extract import ExtractConfig
+from mmunlearn.taskvec.store import TaskMatrices
+
+#: The speaker classifier's class-weight matrix (one row per speaker), as the speaker adapters name it.
+HEAD_WEIGHT = "classifier.weight"
+
+
+def forgotten_speakers(forget: Sequence[Any]) -> list[str]:
+    """The speaker IDs of the forget rows, sorted (rows without ``spk_id`` are not speaker rows)."""
+    return sorted({str(r["spk_id"]) for r in forget if isinstance(r, dict) and "spk_id" in r})
+
+
+@torch.no_grad()
+def speaker_directions(adapter, forget: Sequence[Any], batch_size: int = 16) -> dict[str, torch.Tensor]:
+    """Each forgotten speaker's centroid of unit-length embeddings (what a cosine head reads), itself normalised
+    (float64, one d-vector per speaker)."""
+    model = adapter.model
+    was_training = model.training
+    model.eval()
+    sums: dict[str, torch.Tensor] = {}
+    try:
+        for i in range(0, len(forget), batch_size):
+            chunk = forget[i:i + batch_size]
+            emb = torch.nn.functional.normalize(adapter.embeddings(adapter.collate(chunk)).double(), dim=-1)
+            for row, e in zip(chunk, emb):
+                spk = str(row["spk_id"])
+                sums[spk] = sums[spk] + e if spk in sums else e.clone()
+    finally:
+        model.train(was_training)
+    out = {}
+    for spk, total in sums.items():
+        norm = float(total.norm())
+        if not norm > 0:
+            raise ValueError(f"forget speaker {spk!r}: its utterances' embeddings cancel out (zero centroid)")
+        out[spk] = total / norm
+    return out
+
+
+def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: ExtractConfig) -> TaskMatrices:
+    """``tf`` with the head's task matrix replaced by :data:`T_head <mmunlearn.methods.head_rows>` (module doc).
+
+    Applies with gradient task vectors, two or more forgotten speakers and the head among the edited weights; ``tf``
+    is returned unchanged otherwise (one speaker's own direction already sends it to the retained speakers).
+    ``meta["forgotten_rows"]`` lists the speakers; the head's update has rank equal to their number, so the erasure
+    needs at least that rank (:func:`rank_floor`)."""
+    speakers = forgotten_speakers(forget)
+    if extract.kind != "gradient" or len(speakers) < 2 or HEAD_WEIGHT not in tf:
+        return tf
+    index = adapter.index
+    missing = [s for s in speakers if s not in index]
+    if missing:
+        raise ValueError(f"forget speaker(s) {missing[:5]} are not classes of the model")
+    dirs = speaker_directions(adapter, forget)
+    centroids = torch.stack([dirs[s] for s in speakers], 1)  # d x m
+    basis = column_basis(centroids, rank=len(speakers), method="cpqr").Q.double()  # orthonormal basis of F
+    u = centroids.sum(1)
+    u = u / u.norm()
+    weight = dict(adapter.model.named_parameters())[HEAD_WEIGHT].detach().double().cpu()
+    head = torch.zeros_like(weight)
+    for spk in speakers:
+        w = weight[index[spk]]
+        head[index[spk]] = basis @ (basis.T @ w) + w.norm() * u
+    like = tf[HEAD_WEIGHT]
+    return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head.to(like.dtype).to(like.device)},
+                        {**tf.meta, "forgotten_rows": speakers})
+
+
+def rank_floor(tf: TaskMatrices) -> int:
+    """The smallest erasure rank that keeps every forgotten row's own update (the number of forgotten speakers
+    :func:`forgotten_rows` gave rows to; 0 when it did not apply)."""
+    return len(tf.meta.get("forgotten_rows", ()))
