@@ -21,22 +21,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
-from mmunlearn.methods.head_rows import forgotten_rows, rank_floor
+from mmunlearn.methods.head_rows import forgotten_rows
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
 #: ``sweep_scales="auto"``: relative edit sizes ||scale * T_f|| / ||W|| tried, doubling from 0.001 to 1.024.
 AUTO_RELATIVE = tuple(0.001 * 2**i for i in range(11))
-#: Speaker classifiers go on to 8.192: a cosine head only turns a class row away from its speaker once the edit of
-#: that row is about twice its norm (the row's share of the matrix's norm is ~1/sqrt(classes)).
-SPEAKER_SWEEP_MAX = 8.192
+#: Speaker classifiers go on to 32.768: a cosine head only turns a class row away from its speaker once the edit of
+#: that row is about twice its norm (the row's share of the matrix's norm is ~1/sqrt(classes)), and several forgotten
+#: rows away from each other's audio at about 16 times (FSDD, 3 of 6 forgotten: mmunlearn/methods/head_rows.py).
+SPEAKER_SWEEP_MAX = 32.768
 
 
 def auto_grid(largest: float) -> tuple[float, ...]:
@@ -214,18 +214,11 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         tf, tr = extract_task_matrices(reference or adapter, forget, extract, progress=ctx.progress), ctx.retain_task
     else:
         tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
-    info: dict[str, Any] = {}
     if kind.is_classifier:
         tf = forgotten_rows(reference or adapter, forget, tf, extract)
-        floor = rank_floor(tf)
-        if floor and ((cfg.rank is not None and cfg.rank < floor) or min(cfg.sweep_ranks or (floor,)) < floor):
-            # each forgotten speaker's row has its own update: a smaller rank would merge them again
-            cfg = replace(cfg, rank=None if cfg.rank is None else max(cfg.rank, floor),
-                          sweep_ranks=tuple(sorted({max(r, floor) for r in cfg.sweep_ranks})) if cfg.sweep_ranks else None)
-            info["rank_floor"] = floor
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rank, scale = cfg.rank, cfg.scale
+    rank, scale, info = cfg.rank, cfg.scale, {}
     if ctx.rule is not None:
         points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress)
         rank, scale = best.rank, best.scale

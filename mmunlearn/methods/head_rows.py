@@ -3,15 +3,18 @@
 With two or more forgotten speakers, editing each forgotten class row along its own speaker's direction moves it
 *towards* the other forgotten speakers (their centroids are not orthogonal: on FSDD their cosines run from -0.6 to
 0.2), so speaker A's audio goes to forgotten speaker B and "predicted as any forgotten speaker" stays high (57 % on
-FSDD with 3 forgotten). Here every forgotten row ``w_s`` gets the same treatment from the forget subspace
-``F = span{c_k}`` of the forgotten speakers' normalised centroids ``c_k`` (an orthonormal basis by column-pivoted QR,
-:func:`mmunlearn.erase.basis.column_basis`) and their mean direction ``u = normalise(sum_k c_k)``:
+FSDD with 3 forgotten). Here every forgotten row ``w_s`` is moved against the same direction, the mean
+``u = normalise(sum_k c_k)`` of the forgotten speakers' normalised centroids ``c_k``:
 
-    T_head[s] = P_F w_s + ||w_s|| u          (other rows 0)
+    T_head[s] = ||w_s|| u          (other rows 0; rank 1)
 
-so ``W - 1 * T_head`` leaves each forgotten row no component in ``F`` and a negative one along ``u``: no forgotten
-class scores high on any forgotten speaker's audio, and the retained rows are untouched. The erasure's sweep
-scales this matrix like any task matrix. Measured in docs/speakers.md (issue 24, item 3).
+``W - a * T_head`` lowers every forgotten class's cosine with every forgotten speaker's mean direction as ``a``
+grows (the row's limit is ``-u``) and leaves the retained rows untouched, so the share of forgotten audio predicted
+as any forgotten speaker falls with the edit size and the erasure's sweep can bisect it. (Also removing each row's
+component in the span of the ``c_k`` works at ``a = 1`` but reflects it beyond, which pulls forgotten row B towards
+A's audio again: on FSDD the response was not monotone and the doubling grid missed its window.) A cosine head
+needs edits several times the row's norm (FSDD, 3 of 6 forgotten: about 16x). Measured in docs/speakers.md
+(issue 24, item 3).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from typing import Any
 
 import torch
 
-from mmunlearn.erase.basis import column_basis
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.taskvec.store import TaskMatrices
 
@@ -61,12 +63,11 @@ def speaker_directions(adapter, forget: Sequence[Any], batch_size: int = 16) -> 
 
 
 def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: ExtractConfig) -> TaskMatrices:
-    """``tf`` with the head's task matrix replaced by :data:`T_head <mmunlearn.methods.head_rows>` (module doc).
+    """``tf`` with the head's task matrix replaced by ``T_head`` (module doc).
 
     Applies with gradient task vectors, two or more forgotten speakers and the head among the edited weights; ``tf``
     is returned unchanged otherwise (one speaker's own direction already sends it to the retained speakers).
-    ``meta["forgotten_rows"]`` lists the speakers; the head's update has rank equal to their number, so the erasure
-    needs at least that rank (:func:`rank_floor`)."""
+    ``meta["forgotten_rows"]`` lists the speakers."""
     speakers = forgotten_speakers(forget)
     if extract.kind != "gradient" or len(speakers) < 2 or HEAD_WEIGHT not in tf:
         return tf
@@ -75,21 +76,14 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
     if missing:
         raise ValueError(f"forget speaker(s) {missing[:5]} are not classes of the model")
     dirs = speaker_directions(adapter, forget)
-    centroids = torch.stack([dirs[s] for s in speakers], 1)  # d x m
-    basis = column_basis(centroids, rank=len(speakers), method="cpqr").Q.double()  # orthonormal basis of F
-    u = centroids.sum(1)
+    u = torch.stack([dirs[s] for s in speakers]).sum(0)
+    if not float(u.norm()) > 0:
+        raise ValueError("the forgotten speakers' mean directions cancel out: no common direction to move away from")
     u = u / u.norm()
     weight = dict(adapter.model.named_parameters())[HEAD_WEIGHT].detach().double().cpu()
     head = torch.zeros_like(weight)
     for spk in speakers:
-        w = weight[index[spk]]
-        head[index[spk]] = basis @ (basis.T @ w) + w.norm() * u
+        head[index[spk]] = weight[index[spk]].norm() * u
     like = tf[HEAD_WEIGHT]
     return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head.to(like.dtype).to(like.device)},
                         {**tf.meta, "forgotten_rows": speakers})
-
-
-def rank_floor(tf: TaskMatrices) -> int:
-    """The smallest erasure rank that keeps every forgotten row's own update (the number of forgotten speakers
-    :func:`forgotten_rows` gave rows to; 0 when it did not apply)."""
-    return len(tf.meta.get("forgotten_rows", ()))
