@@ -47,10 +47,11 @@ def option_flag(key: str) -> str:
 
 
 def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
-                   defaults: Mapping[str, Any] | None = None, kind: str = "text") -> Callable:
+                   defaults: Mapping[str, Any] | None = None, kind: str | None = "text") -> Callable:
     """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` whose options are the fields of ``cls``
     but ``exclude`` (and ``method_options``, set by ``--method-option``), with ``defaults`` over the fields'
-    defaults; a config error is a usage error naming the option."""
+    defaults; ``kind``: the model kind whose methods ``--method-option`` may set (None: any registered method); a
+    config error is a usage error naming the option."""
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
     shown = [k for k in keys if k != METHOD_OPTIONS]

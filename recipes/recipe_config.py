@@ -144,15 +144,17 @@ def parse_assignments(items: Iterable[str], what: str = "override") -> dict[str,
     return out
 
 
-def _method_fields(name: str, kind: str) -> dict[str, Any]:
+def _method_fields(name: str, kind: str | None) -> dict[str, Any]:
     """The settings of method ``name`` a recipe may set: its config's fields, and ``extract_<f>`` for the fields of
-    a nested ``extract`` config (as :func:`mmunlearn.config.with_overrides` takes them)."""
+    a nested ``extract`` config (as :func:`mmunlearn.config.with_overrides` takes them). ``kind`` None: any
+    registered method (a recipe whose model kind is a setting checks it applies)."""
     from mmunlearn.methods import get, names
 
     try:
         spec = get(name, kind)
     except ValueError:
-        raise ConfigError(f"{METHOD_OPTIONS}: unknown method {name!r} for {kind} models; choose from "
+        models = f" for {kind} models" if kind is not None else ""
+        raise ConfigError(f"{METHOD_OPTIONS}: unknown method {name!r}{models}; choose from "
                           f"{', '.join(names(kind))}", METHOD_OPTIONS) from None
     found = {}
     for key, tp in field_types(spec.config).items():
@@ -163,7 +165,7 @@ def _method_fields(name: str, kind: str) -> dict[str, Any]:
     return found
 
 
-def method_options(raw: Mapping[str, Any], kind: str = "text") -> dict[str, dict[str, Any]]:
+def method_options(raw: Mapping[str, Any], kind: str | None = "text") -> dict[str, dict[str, Any]]:
     """``{method: {field: value}}`` checked against each registered method's config and typed by its fields (a
     nested ``extract`` mapping becomes ``extract_<field>``)."""
     if not isinstance(raw, Mapping):
@@ -205,7 +207,7 @@ def _nest(dotted: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def build_config(cls: type, *, allowed: Collection[str] | None = None, defaults: Mapping[str, Any] | None = None,
                  file: str | Path | None = None, given: Mapping[str, Any] | None = None,
-                 overrides: Iterable[str] = (), method_settings: Iterable[str] = (), kind: str = "text") -> Any:
+                 overrides: Iterable[str] = (), method_settings: Iterable[str] = (), kind: str | None = "text") -> Any:
     """An instance of the config dataclass ``cls`` from its layers (module docstring), each value typed by its field.
 
     ``allowed``: the keys this command takes (default: every field); ``given``: options given on the command

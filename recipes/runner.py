@@ -1,10 +1,11 @@
 """The one function a recipe runs a method with: the harness on a fresh copy of the setup's target, the recipe's
-evaluation, and ``<folder>/{model/, run.json}`` in one layout (``tofu`` and ``ctofu`` use it).
+evaluation, and ``<folder>/{model/, run.json}`` in one layout (``tofu``, ``ctofu`` and ``voxceleb2`` use it).
 
 ``run.json``: ``key`` (what identifies the stage: method, options, rule, base and the setup's description; a
 finished stage with the same key is reused), ``method``, ``rows`` (the recipe's rows, each with the cost columns;
 ``row`` too when there is one), ``cost`` (:func:`cost_columns`), ``config`` (the method's config as run), ``rule``
-and ``info`` (the harness's report) and ``context`` (the setup's description).
+and ``info`` (the harness's report) and ``context`` (the setup's description); a recipe's ``unlearn`` hook may add
+entries (``voxceleb2``: ``scopes_tried``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,11 +27,11 @@ class Setup(Protocol):
     """What a recipe's setup gives the runner (:class:`recipes.tofu_pipeline.TofuSetup`,
     :class:`recipes.ctofu_pipeline.CrossLingualSetup`)."""
 
-    preset: str
+    preset: str  # read only when run_method is given no ``size``
     built: Any  # BuiltModels: base, target, retain folders
     forget: list
     retain: list
-    cache_dir: Path
+    cache_dir: Path | None  # T3's hidden-state cache (None: T3's default)
 
     def adapter(self, path: Path, device: str) -> Any:
         """A model folder loaded as the recipe evaluates it."""
@@ -43,6 +44,27 @@ class Setup(Protocol):
 
     def describe(self) -> dict:
         """What identifies the setup (models, data, evaluation settings)."""
+
+
+class Harness(Protocol):
+    """The harness as ``run_method`` binds it for one method (its data, config, rule, reference and source folder):
+    what a recipe's ``unlearn`` hook calls, once per candidate, instead of ``run_unlearning``."""
+
+    def __call__(self, target: Any, out: Path, overrides: Mapping[str, Any] | None = None,
+                 meta: Mapping[str, Any] | None = None) -> Any:
+        """Unlearn ``target`` (an adapter) into the folder ``out``; ``overrides`` over the method's, ``meta`` added
+        to the report; the harness's :class:`~mmunlearn.methods.harness.Outcome`."""
+
+
+@dataclass
+class Unlearned:
+    """What a recipe's ``unlearn`` hook gives ``run_method``: the harness's ``outcome`` of the model now in
+    ``folder/model``; ``columns`` every row gets (over a cost column of the same name, in ``cost`` too); ``record``:
+    entries of ``run.json`` added to, or replacing, the runner's."""
+
+    outcome: Any
+    columns: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def stage_key(method: str, setup: Setup, options: Mapping[str, Any], rule: Any, base: str,
@@ -99,13 +121,16 @@ def reference_for(setup: Setup, base: str, device: str) -> Any:
 
 def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str, Any], overrides: Mapping[str, Any],
                rule: Any, base: str, device: str, resume: bool = True, size: str | None = None,
-               method_options: Mapping[str, Any] | None = None, kind: str = "text") -> list[dict]:
+               method_options: Mapping[str, Any] | None = None, kind: str = "text",
+               unlearn: Callable[[Harness], Unlearned] | None = None, progress: bool = True) -> list[dict]:
     """Unlearn the setup's forget rows with ``method`` through the harness (``folder/model``, restorable by
     ``mmunlearn restore``), evaluate it (the recipe's logs under ``folder``), write ``folder/run.json``; the rows.
 
     ``overrides``: the method's config overrides; ``options`` and ``method_options``: what the key records of them
-    (:func:`stage_key`); ``size``: the method preset (default: the setup's preset size); ``kind``: the model kind. With ``resume`` a stage
-    finished with the same key is not redone: its rows come back with ``reused``: True.
+    (:func:`stage_key`); ``size``: the method preset (default: the setup's preset size); ``kind``: the model kind.
+    ``unlearn``: the recipe's own unlearning step (default: the harness once on the setup's target into
+    ``folder/model``), given the bound :class:`Harness`; ``voxceleb2`` runs it once per scope and keeps the rule's
+    choice. With ``resume`` a stage finished with the same key is not redone: its rows come back with ``reused``: True.
     """
     from mmunlearn.methods import run_unlearning
     from recipes.tofu_settings import preset_size
@@ -113,25 +138,36 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     key = stage_key(method, setup, options, rule, base, method_options)
     if resume and (rows := finished_rows(folder, key, setup)) is not None:
         return [{**r, "reused": True} for r in rows]
-    target = setup.adapter(setup.built.target, device)
     rule_retain = getattr(setup, "rule_retain", None)
     if rule is not None and rule_retain is not None:
         rule = replace(rule, retain_items=rule_retain)
-    outcome = run_unlearning(method, target, setup.forget, setup.retain, kind=kind,
-                             size=size or preset_size(setup.preset), overrides=dict(overrides),
-                             reference=reference_for(setup, base, device), rule=rule, out=folder / "model",
-                             inputs=[setup.built.target], overwrite=True, cache_dir=str(setup.cache_dir),
-                             meta={"model_dir": str(setup.built.target)})
+    reference = reference_for(setup, base, device)
+    source, method_overrides = setup.built.target, dict(overrides)
+
+    def harness(target: Any, out: Path, overrides: Mapping[str, Any] | None = None,
+                meta: Mapping[str, Any] | None = None) -> Any:
+        return run_unlearning(method, target, setup.forget, setup.retain, kind=kind,
+                              size=size or preset_size(setup.preset),
+                              overrides={**method_overrides, **dict(overrides or {})},
+                              reference=reference, rule=rule, out=out, inputs=[source], overwrite=True,
+                              cache_dir=None if setup.cache_dir is None else str(setup.cache_dir), progress=progress,
+                              meta={"model_dir": str(source), **dict(meta or {})})
+
+    if unlearn is None:
+        done = Unlearned(harness(setup.adapter(source, device), folder / "model"))
+    else:
+        done = unlearn(harness)
     t_eval = time.perf_counter()
-    evaluated = setup.evaluate(outcome.adapter, folder, method)
+    evaluated = setup.evaluate(done.outcome.adapter, folder, method)
     eval_seconds = time.perf_counter() - t_eval
-    rep = outcome.report
+    rep = done.outcome.report
     cost = cost_columns(rep)
-    rows = [{**row, **cost, "eval_seconds": eval_seconds} for row in evaluated]
+    rows = [{**row, **cost, "eval_seconds": eval_seconds, **done.columns} for row in evaluated]
     record: dict[str, Any] = {"key": key, "method": method, "rows": rows}
     if len(rows) == 1:
         record["row"] = rows[0]
-    record.update({"cost": {**cost, "eval_seconds": eval_seconds}, "config": rep.get("config"),
-                   "rule": rep.get("rule"), "info": rep["info"], "context": setup.describe()})
+    cost = {**cost, "eval_seconds": eval_seconds, **{k: v for k, v in done.columns.items() if k in cost}}
+    record.update({"cost": cost, "config": rep.get("config"), "rule": rep.get("rule"), "info": rep["info"],
+                   "context": setup.describe(), **done.record})
     write_text_atomic(folder / RUN_JSON, json.dumps(record, indent=2, default=str))
     return rows
