@@ -1,4 +1,5 @@
-"""The steps of the VoxCeleb2 recipe: built-in corpus, cached classifiers and evaluations, one method's row.
+"""The steps of the VoxCeleb2 recipe: built-in corpus, cached classifiers and evaluations, one method's row
+(through :func:`recipes.runner.run_method`, with the per-scope sweep as its ``unlearn`` hook).
 
 Trained classifiers are cached under ``<cache>/models/<name>-<key>``, the key hashing the training
 rows (IDs, files and their size/mtime), the label space, the preset, the training settings and the
@@ -15,12 +16,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import LEVELS, split_rows
+from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
@@ -181,7 +185,8 @@ def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions,
 
 @dataclass
 class SpeakerSetup:
-    """One level's partitions, the original and retrained classifiers and their evaluations."""
+    """One level's partitions, the original and retrained classifiers and their evaluations; the setup
+    :func:`recipes.runner.run_method` runs a method on (:class:`recipes.runner.Setup`)."""
 
     level: str
     manifests: Path
@@ -193,6 +198,26 @@ class SpeakerSetup:
     device: str
     reference: dict[str, dict] = field(default_factory=dict)  # "original model" / "retrained model" -> metrics
     base_nll: dict[str, float] = field(default_factory=dict)  # the original's forget/retain NLL
+    preset: str = "small"  # the classifier preset (run_method is given the method preset's size)
+    cache_dir: Path | None = None  # no method that applies to a classifier caches hidden states
+    progress: bool = True
+
+    @property
+    def built(self) -> SimpleNamespace:
+        """The models as the runner names them: the original is the target; no base (task vectors from the target)."""
+        return SimpleNamespace(target=self.original, retain=self.retrained, base=None)
+
+    def adapter(self, path: Path, device: str, scope: str = "all") -> Any:
+        """A classifier folder loaded to edit the weights of ``scope``."""
+        return load_classifier(Path(path), device, scope)
+
+    def evaluate(self, adapter: Any, folder: Path, method: str) -> list[dict]:
+        """The level's speaker metrics of an unlearned classifier: one row (kept in ``folder/run.json``)."""
+        return [{"method": method, **evaluate(adapter, self.manifests, self.level, self.eval_opts, self.progress)}]
+
+    def evaluated(self, folder: Path) -> bool:
+        """The metrics are ``run.json``'s row: a finished ``run.json`` is a finished evaluation."""
+        return (Path(folder) / RUN_JSON).is_file()
 
     def reference_rows(self) -> list[dict]:
         return [{"method": name, **metrics} for name, metrics in self.reference.items()]
@@ -214,7 +239,7 @@ def original_training(manifests: Path) -> dict | None:
 
 
 def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,
-                 progress: bool = True) -> SpeakerSetup:
+                 progress: bool = True, preset: str = "small") -> SpeakerSetup:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
     from mmunlearn.methods import mean_nll
 
@@ -225,7 +250,8 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     if not forget or not retain:
         raise ValueError(f"{manifests}: the {forget_name} and {retain_name} manifests must not be empty "
                          f"(got {len(forget)} and {len(retain)} rows)")
-    ctx = SpeakerSetup(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device)
+    ctx = SpeakerSetup(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device,
+                       preset=preset, progress=progress)
     for name, path in (("original model", original), ("retrained model", retrained)):
         ctx.reference[name] = cached_eval(path, manifests, level, eval_opts, device, progress)
     target = load_classifier(Path(original), device)
@@ -234,65 +260,81 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     return ctx
 
 
-def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rule, out: Path,
+def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rule: Any, out: Path,
                    progress: bool = True, scopes: Sequence[str] = ("all",),
-                   scope_options: Mapping[str, dict] | None = None) -> dict:
-    """Unlearn with ``method`` on a fresh copy of the original classifier through the harness (``out/model``:
-    the classifier's own layout -- SpeechBrain's, or ``save_pretrained`` for ``hf-audio`` -- plus the harness's reports
-    and undo patch), evaluate it; the row (also ``out/run.json``).
+                   scope_options: Mapping[str, dict] | None = None,
+                   method_options: Mapping[str, Any] | None = None) -> dict:
+    """Unlearn with ``method`` on a fresh copy of the original classifier through :func:`recipes.runner.run_method`
+    (``out/model``: the classifier's own layout -- SpeechBrain's, or ``save_pretrained`` for ``hf-audio`` -- plus the
+    harness's reports and undo patch), evaluate it; the row (also ``out/run.json``).
 
     ``scopes``: the weights the method may edit (:attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`);
     with several (and a sweep ``rule``), the method runs once per scope (``out/scopes/<scope>/model``,
     ``scope_options[scope]`` added to ``options``) and the rule chooses among them on the training partitions
     alone -- the reached target with the smallest retain loss, else the closest -- before anything is
-    evaluated on held-out audio; the chosen folder is copied to ``out/model``.
+    evaluated on held-out audio; the chosen folder is copied to ``out/model`` (:func:`scope_sweep`).
+    ``method_options``: the method's own settings among ``options`` (recorded in the stage key).
     """
     from mmunlearn.kinds import kind_of
-    from mmunlearn.methods import run_unlearning
-    from mmunlearn.methods.rule import SweepPoint, choose
 
     if not scopes or (len(scopes) > 1 and rule is None):
         raise ValueError("several scopes need a sweep rule to choose among them")
-    candidates = []
-    for scope in scopes:
-        target = load_classifier(ctx.original, ctx.device, scope)
-        folder = out / "model" if len(scopes) == 1 else out / "scopes" / scope / "model"
-        outcome = run_unlearning(method, target, ctx.forget, ctx.retain, kind=kind_of(ctx.original).name, size=size,
-                                 overrides={**options, **dict((scope_options or {}).get(scope, {}))}, rule=rule,
-                                 out=folder, inputs=[ctx.original], overwrite=True, progress=progress,
-                                 meta={"model_dir": str(ctx.original), "level": ctx.level, "scope": scope})
-        candidates.append((scope, outcome, folder))
-    scope, outcome, folder = candidates[0]
-    tried = None
-    if len(candidates) > 1:
-        rules = [o.report["rule"] for _, o, _ in candidates]
-        points = [SweepPoint(i, 0.0, r["forget"], r["retain"]) for i, r in enumerate(rules)]
-        best = choose(points, rules[0]["base_forget"], rules[0]["base_retain"], rule.forget_target, rule.retain_bound)
-        scope, outcome, folder = candidates[best.rank]
-        tried = {s: {"forget": o.report["rule"]["forget"], "retain": o.report["rule"]["retain"],
-                     "target_reached": o.report["target_reached"],
-                     "seconds": o.report["unlearn_seconds"] + o.report["extract_seconds"]} for s, o, _ in candidates}
-        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".model-tmp-"))
-        try:
-            shutil.copytree(folder, tmp / "model")
-            if (out / "model").exists():
-                shutil.rmtree(out / "model")
-            os.replace(tmp / "model", out / "model")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    metrics = evaluate(outcome.adapter, ctx.manifests, ctx.level, ctx.eval_opts, progress)
-    rep = outcome.report
-    sweep_seconds = sum(o.report["unlearn_seconds"] + o.report["extract_seconds"] for _, o, _ in candidates)
-    row = {"method": method, **metrics, "forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
-           "unlearn_seconds": rep["unlearn_seconds"], "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
-           "sweep_seconds": sweep_seconds, "changed_fraction": rep["changed_fraction"],
-           "target_reached": rep["target_reached"], "within_bound": within_bound(rep.get("rule")), "scope": scope}
-    measure = measure_field((rep.get("rule") or {}).get("forget_measure"))
-    write_text_atomic(out / "run.json", json.dumps({"row": row, "info": rename_measure(rep["info"], measure),
-                                                    "context": ctx.describe(), "config": rep["config"],
-                                                    "rule": rep.get("rule"), "scopes_tried": tried}, indent=2,
-                                                   default=str))
+    ctx.progress = progress
+    row, = run_method(method, ctx, out, options={**options, "scopes": list(scopes)}, overrides=options, rule=rule,
+                      base="target", device=ctx.device, resume=False, size=size, method_options=method_options,
+                      kind=kind_of(ctx.original).name, unlearn=scope_sweep(ctx, out, scopes, scope_options, rule),
+                      progress=progress)
     return row
+
+
+def scope_sweep(ctx: SpeakerSetup, out: Path, scopes: Sequence[str], scope_options: Mapping[str, dict] | None,
+                rule: Any) -> Callable[[Harness], Unlearned]:
+    """The runner's ``unlearn`` hook of one method: the harness once per scope (:func:`run_method_row`), the
+    rule's choice in ``out/model``; the row's columns (the NLLs after, the sweep time over every scope, whether the
+    rule's bound held, the scope) and run.json's ``info`` (its forget measure named) and ``scopes_tried``."""
+    from mmunlearn.methods.rule import SweepPoint, choose
+
+    def unlearn(harness: Harness) -> Unlearned:
+        candidates = []
+        for scope in scopes:
+            folder = out / "model" if len(scopes) == 1 else out / "scopes" / scope / "model"
+            outcome = harness(ctx.adapter(ctx.original, ctx.device, scope), folder,
+                              dict((scope_options or {}).get(scope, {})), {"level": ctx.level, "scope": scope})
+            candidates.append((scope, outcome, folder))
+        scope, outcome, folder = candidates[0]
+        tried = None
+        if len(candidates) > 1:
+            rules = [o.report["rule"] for _, o, _ in candidates]
+            points = [SweepPoint(i, 0.0, r["forget"], r["retain"]) for i, r in enumerate(rules)]
+            best = choose(points, rules[0]["base_forget"], rules[0]["base_retain"], rule.forget_target,
+                          rule.retain_bound)
+            scope, outcome, folder = candidates[best.rank]
+            tried = {s: {"forget": o.report["rule"]["forget"], "retain": o.report["rule"]["retain"],
+                         "target_reached": o.report["target_reached"],
+                         "seconds": o.report["unlearn_seconds"] + o.report["extract_seconds"]}
+                     for s, o, _ in candidates}
+            _replace_tree(folder, out / "model")
+        rep = outcome.report
+        measure = measure_field((rep.get("rule") or {}).get("forget_measure"))
+        columns = {"forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
+                   "sweep_seconds": sum(o.report["unlearn_seconds"] + o.report["extract_seconds"]
+                                        for _, o, _ in candidates),
+                   "within_bound": within_bound(rep.get("rule")), "scope": scope}
+        return Unlearned(outcome, columns, {"info": rename_measure(rep["info"], measure), "scopes_tried": tried})
+
+    return unlearn
+
+
+def _replace_tree(src: Path, dst: Path) -> None:
+    """``dst`` becomes a copy of the folder ``src`` (staged beside ``dst``, then renamed into place)."""
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".model-tmp-"))
+    try:
+        shutil.copytree(src, tmp / "model")
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp / "model", dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def within_bound(rule: Mapping | None) -> bool | None:

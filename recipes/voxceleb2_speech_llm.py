@@ -22,10 +22,11 @@ A model directory (``--model DIR``) works the same, with ``--reference`` the mod
 from (default: itself).
 
 Every method of :mod:`mmunlearn.methods` that applies to a speech LLM runs on a fresh copy of the original
-through the harness; ``--where`` limits erasure and training to the ``audio`` tower, the ``text`` model or
-``both``. Outputs in ``--out/<level>``: ``results.json``, ``results.md`` and one folder per method in the
-harness's layout (the model, ``unlearn_report.json``, the undo patch and, for the erasure methods, the erase
-report and ``layer_energy.png`` across audio-tower and language-model layers).
+through the harness (:func:`recipes.runner.run_method`, the setup :class:`SpeechLLMSetup`); ``--where`` limits
+erasure and training to the ``audio`` tower, the ``text`` model or ``both``. Outputs in ``--out/<level>``:
+``results.json``, ``results.md`` and one folder per method in the runner's layout: ``model/`` (the harness's folder:
+the model, ``unlearn_report.json``, the undo patch and, for the erasure methods, the erase report and
+``layer_energy.png`` across audio-tower and language-model layers) and ``run.json``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
@@ -42,6 +45,7 @@ from mmunlearn.methods import names
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.speech.spoken_qa import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
 from mmunlearn.train import TrainConfig
+from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
 DEFAULT_METHODS = tuple(names("speech-llm"))
@@ -217,54 +221,108 @@ def table_markdown(rows: Sequence[Mapping[str, Any]], level: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class SpeechLLMSetup:
+    """One level's spoken-QA partitions and models, the setup :func:`recipes.runner.run_method` runs a method on
+    (:class:`recipes.runner.Setup`): ``built.target`` the original, ``built.base`` the erasure methods' reference
+    (None: the original itself), ``built.retain`` the retrained model (None: none)."""
+
+    manifests: Any
+    level: str
+    target: str
+    where: str
+    built: SimpleNamespace
+    forget: list = field(default_factory=list)
+    retain: list = field(default_factory=list)
+    batch_size: int = 32
+    progress: bool = True
+    preset: str = "model_dir"  # run_method is given the method preset's size
+    cache_dir: Path | None = None  # T3's hidden states are not cached on disk
+
+    def adapter(self, path: str | os.PathLike, device: str) -> Any:
+        """A speech-LLM folder loaded to edit ``where``."""
+        from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+
+        return SpeechLLMAdapter.load(path, device=device, where=self.where)
+
+    def score(self, adapter: Any) -> dict[str, float]:
+        """The level's accuracies and the forget / retain NLL of a model."""
+        from mmunlearn.methods import mean_nll
+
+        return {**evaluate(adapter, self.manifests, self.level, self.target, batch_size=self.batch_size,
+                           progress=self.progress),
+                "forget_nll": mean_nll(adapter, self.forget), "retain_nll": mean_nll(adapter, self.retain)}
+
+    def evaluate(self, adapter: Any, folder: Path, method: str) -> list[dict]:
+        """The row of an unlearned model (kept in ``folder/run.json``); T3's hidden-state tap removed after."""
+        row = {"method": method, **self.score(adapter)}
+        if getattr(adapter.model, "tap", None) is not None:
+            adapter.model.tap.remove()
+        return [row]
+
+    def evaluated(self, folder: Path) -> bool:
+        """The metrics are ``run.json``'s row: a finished ``run.json`` is a finished evaluation."""
+        return (Path(folder) / RUN_JSON).is_file()
+
+    def describe(self) -> dict:
+        return {"level": self.level, "manifests": str(self.manifests), "target_task": self.target,
+                "where": self.where, "original": str(self.built.target),
+                "reference": None if self.built.base is None else str(self.built.base),
+                "retrained": None if self.built.retain is None else str(self.built.retain),
+                "forget_items": len(self.forget), "retain_items": len(self.retain)}
+
+    def unlearn(self, folder: Path, device: str) -> Callable[[Harness], Unlearned]:
+        """The runner's ``unlearn`` hook for one method: the harness once on the original into ``folder/model``;
+        the row gets the layers erasure selected and T3's temperature."""
+        def step(harness: Harness) -> Unlearned:
+            outcome = harness(self.adapter(self.built.target, device), folder / "model", None,
+                              {"where": self.where, "level": self.level})
+            info = outcome.report["info"]
+            return Unlearned(outcome, {k: info[k] for k in ("selected_layers", "temperature") if k in info})
+
+        return step
+
+
 def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, level: str = "speaker",
         methods: Sequence[str] = DEFAULT_METHODS, where: str = "both", target: str = "gender",
         size: str = "model_dir", options: Mapping[str, Any] | None = None,
+        method_options: Mapping[str, Mapping[str, Any]] | None = None,
         retrain_dir: str | os.PathLike | None = None, reference_dir: str | os.PathLike | None = None,
         device: str = "auto", batch_size: int = 32, progress: bool = True) -> list[dict[str, Any]]:
-    """Evaluate the original (and the retrained model), run every method on a fresh copy through the harness
-    (``out/<method>``: the model, its reports and undo patch), write the table.
+    """Evaluate the original (and the retrained model), run every method on a fresh copy through
+    :func:`recipes.runner.run_method` (``out/<method>/model``: the model, its reports and undo patch;
+    ``out/<method>/run.json``), write the table.
 
     ``reference_dir``: the model the erasure methods take task vectors from (the base the original was
     fine-tuned from; None: the original itself). ``options``: overrides of the methods' configs
-    (each method takes those its config has).
+    (each method takes those its config has); ``method_options``: per method, settings of its own config (over
+    ``options``).
     """
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
     from mmunlearn.config import applicable_overrides
-    from mmunlearn.methods import get, mean_nll, run_unlearning
+    from mmunlearn.methods import get
 
     for m in methods:
         get(m, "speech-llm")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    original = SpeechLLMAdapter.load(model_dir, device=device, where=where)
-    reference = SpeechLLMAdapter.load(reference_dir, device=device, where=where) if reference_dir else None
     forget, retain = partitions(manifests, level, target)
-
-    def score(adapter) -> dict[str, float]:
-        return {**evaluate(adapter, manifests, level, target, batch_size=batch_size, progress=progress),
-                "forget_nll": mean_nll(adapter, forget), "retain_nll": mean_nll(adapter, retain)}
-
-    rows = [{"method": "original", **score(original)}]
+    built = SimpleNamespace(target=Path(model_dir), base=Path(reference_dir) if reference_dir else None,
+                            retain=Path(retrain_dir) if retrain_dir else None)
+    setup = SpeechLLMSetup(manifests, level, target, where, built, forget, retain, batch_size, progress)
+    rows = [{"method": "original", **setup.score(setup.adapter(model_dir, device))}]
     if retrain_dir is not None:
-        rows.append({"method": "retrain", **score(SpeechLLMAdapter.load(retrain_dir, device=device))})
+        rows.append({"method": "retrain", **setup.score(setup.adapter(retrain_dir, device))})
+    shared = {k: v for k, v in dict(options or {}).items() if v is not None}
     for method in methods:
-        outcome = run_unlearning(method, original.clone(), forget, retain, kind="speech-llm", size=size,
-                                 overrides=applicable_overrides(get(method).config, dict(options or {})),
-                                 reference=reference, out=out / method, inputs=[model_dir], overwrite=True,
-                                 progress=progress, meta={"model_dir": str(model_dir), "where": where, "level": level})
-        rep = outcome.report
-        row = {"method": method, **score(outcome.adapter), "unlearn_seconds": rep["unlearn_seconds"],
-               "total_seconds": rep["unlearn_seconds"] + rep["extract_seconds"],
-               "changed_fraction": rep["changed_fraction"]}
-        for key in ("selected_layers", "temperature"):
-            if key in rep["info"]:
-                row[key] = rep["info"][key]
-        if getattr(outcome.adapter.model, "tap", None) is not None:
-            outcome.adapter.model.tap.remove()
+        own = dict((method_options or {}).get(method, {}))
+        overrides = {**applicable_overrides(get(method).config, shared), **own}
+        row, = run_method(method, setup, out / method, options=shared, overrides=overrides, rule=None,
+                          base="target" if reference_dir is None else str(reference_dir), device=device,
+                          resume=False, size=size, method_options=own, kind="speech-llm",
+                          unlearn=setup.unlearn(out / method, device), progress=progress)
         rows.append(row)
         write_text_atomic(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
-                                                             "rows": rows}, indent=2))
+                                                             "rows": rows}, indent=2, default=str))
     write_text_atomic(out / "results.md", table_markdown(rows, level))
     return rows
 
@@ -273,7 +331,8 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
 def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
               model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
               where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
-              rank: int | None = None, scale: float | None = None, seed: int = 0, device: str = "auto",
+              rank: int | None = None, scale: float | None = None,
+              method_options: Mapping[str, Mapping[str, Any]] | None = None, seed: int = 0, device: str = "auto",
               cache_dir: str | None = None, progress: bool = True) -> list[dict]:
     """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does: corpus (unless ``manifests``), models
     (a preset's base, target and retrain, trained and cached; or a directory, with ``reference`` the model it
@@ -287,4 +346,4 @@ def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech
     retrain_dir = build_model(man, role="retrain", **opts) if retrain and not is_dir else None
     return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
                size=preset_size("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
-               retrain_dir=retrain_dir, reference_dir=reference_dir, device=device, progress=progress)
+               method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, device=device, progress=progress)

@@ -273,3 +273,34 @@ def test_sample_level_audit_measures_the_forgotten_utterances(speaker_run, speak
     assert result["level"] == "sample" and result["forget_items"] == 3  # the sample_forget rows, one per kept speaker
     assert result["attacks"]["none"]["unlearned"]["forget_acc"] == pytest.approx(row["forget_acc"])
     assert "retrain-sample-" in result["models"]["retain"]
+
+
+@pytest.fixture(scope="module")
+def config_run(speaker_run, speaker_manifests, tmp_path_factory):  # noqa: F811
+    """A speaker run set by a YAML file, a KEY=VALUE override over it and --method-option (the cached models)."""
+    work, _, _, _ = speaker_run
+    out = tmp_path_factory.mktemp("vox_config") / "out"
+    path = out.parent / "speaker.yaml"
+    path.write_text(f"manifests: {speaker_manifests}\nworkdir: {work}\nout: {out}\nmethods: grad_ascent\n"
+                    "sweep: false\nepochs: 1\nmax_trials: 50\npreset: tiny\ndevice: cpu\nthreads: 1\n"
+                    "method_options: {grad_ascent: {weight_decay: 0.25}}\n")
+    invoke("speaker", "--config", str(path), "max_trials=77", "--method-option", "grad_ascent.lr=0.0123")
+    return out, json.loads((out / "grad_ascent" / "run.json").read_text())
+
+
+def test_a_yaml_config_and_overrides_reach_the_run(config_run):
+    out, run = config_run
+    assert run["context"]["eval"]["max_trials"] == 77  # KEY=VALUE over the file's 50
+    assert run["config"]["epochs"] == 1 and run["config"]["weight_decay"] == 0.25  # the file's knob and own setting
+    table = json.loads((out / "speaker.json").read_text())
+    assert table["context"]["preset"] == "tiny" and table["context"]["sweep"] is False
+    assert [r["method"] for r in table["rows"]][2:] == ["grad_ascent"] and table["rows"][2] == run["row"]
+    assert run["method"] == "grad_ascent" and run["rows"] == [run["row"]] and run["key"]  # the runner's run.json
+    assert (out / "grad_ascent" / "model" / "unlearn_report.json").is_file()
+
+
+def test_method_option_sets_a_method_setting_from_voxceleb2_speaker(config_run):
+    out, run = config_run
+    assert run["config"]["lr"] == pytest.approx(0.0123)  # --method-option grad_ascent.lr=0.0123
+    context = json.loads((out / "speaker.json").read_text())["context"]
+    assert context["method_options"] == {"grad_ascent": {"weight_decay": 0.25, "lr": 0.0123}}

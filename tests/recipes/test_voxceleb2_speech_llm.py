@@ -20,8 +20,11 @@ def test_erasure_stays_in_the_chosen_tower_and_the_table_is_written(llm_dir, spe
         assert all(0.0 <= r[key] <= 1.0 for r in rows) if key.endswith("acc") else all(r[key] > 0 for r in rows)
     selected = rows[1]["selected_layers"]
     assert selected and all(g.startswith(f"{where}.") for g in selected)
-    report = json.loads((tmp_path / "qr-erase" / "erase_report.json").read_text())
+    report = json.loads((tmp_path / "qr-erase" / "model" / "erase_report.json").read_text())
     assert all(row["layer"].startswith(f"{where}.") for row in report["layers"])  # energy over that tower only
+    run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())  # the runner's layout: model/ and run.json
+    assert run["row"] == rows[1] and run["method"] == "qr-erase" and run["context"]["where"] == where
+    assert run["config"]["rank"] == FAST_OPTIONS["rank"] and run["info"]["selected_layers"] == selected
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["where"] == where and [r["method"] for r in saved["rows"]] == ["original", "qr-erase"]
     assert "| qr-erase |" in (tmp_path / "results.md").read_text()

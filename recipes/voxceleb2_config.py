@@ -1,0 +1,212 @@
+"""The VoxCeleb2 recipe's settings as one config dataclass: :class:`VoxCelebConfig`, every setting of ``voxceleb2
+speaker|sample`` (data, classifier training, the methods and their knobs, the sweep rule, evaluation, the audit, the
+machine, and the ``--model speech-llm`` options). The commands take one whole (:mod:`recipes.recipe_cli`: options,
+``--config FILE.yaml``, ``key=value``, ``--method-option``); every check raises a
+:class:`~recipes.recipe_config.ConfigError` naming the setting, before any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.config import opt
+from recipes import voxceleb2_settings as settings
+from recipes.recipe_config import ConfigError
+
+#: ``--model``: the classifier families (:data:`recipes.voxceleb2_pipeline.MODELS`) and the speech LLM.
+MODELS = ("classifier", "hf-audio", "speech-llm")
+#: The model kind each ``--model`` unlearns (the methods that apply to it).
+MODEL_KINDS = {"classifier": "speaker", "hf-audio": "hf-audio", "speech-llm": "speech-llm"}
+WHERE = ("audio", "text", "both")
+TARGETS = ("gender", "transcript")
+DEFAULT_WORKDIR = Path("runs/voxceleb2")
+
+
+@dataclass(frozen=True)
+class VoxCelebConfig:
+    """Settings of ``voxceleb2 speaker`` and ``voxceleb2 sample`` (the level is the command)."""
+
+    out: Path | None = opt(None, "Output folder: <level>.md/.csv/.json, <level>_accuracy.png, one folder per method "
+                                 "(default: --workdir/<level>).")
+    methods: tuple[str, ...] = opt(("qr-erase",), "Comma list of qr-erase, qr-erase-rows, svd-unlearn, grad_ascent, "
+                                                  "grad_diff, kl, npo, simnpo; or 'all'.")
+    manifests: Path | None = opt(None, "Manifest folder written by `prepare`; default: the built-in corpus under "
+                                       "--workdir (synthesised and prepared on first use).")
+    workdir: Path = opt(DEFAULT_WORKDIR, "Built-in corpus (corpus/), its manifests (manifests/), trained models "
+                                         "(models/) and, by default, results.")
+    speakers: int = opt(20, "Built-in corpus: number of speakers (at least 2).")
+    utterances: int = opt(30, "Built-in corpus: utterances per speaker (at least 2).")
+    videos: int = opt(3, "Built-in corpus: videos (recording sessions) per speaker (at least 2); one in five (at "
+                         "least one) is held out for testing.")
+    forget_speakers: int = opt(2, "Built-in corpus: speakers to forget (speaker level), drawn by --seed.")
+    forget_fraction: float = opt(0.1, "Built-in corpus: fraction (0 to 0.5) of each kept speaker's training "
+                                      "utterances to forget (sample level); as many become the never-trained holdout.")
+    preset: str = opt("small", "Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of "
+                               "SpeechBrain); with --model hf-audio: tiny, small or large wav2vec2 configs "
+                               "(recipes/voxceleb2_hf_audio.py).")
+    train_epochs: int | None = opt(None, "Classifier training epochs (default: the preset's).")
+    train_lr: float | None = opt(None, "Classifier training peak learning rate (default: the preset's).")
+    crop_seconds: float = opt(2.0, "Classifier training: random crops of this many seconds (0: whole utterances).")
+    sweep: bool = opt(True, "Choose erasure rank/scale/scope and baseline epochs by the training-partition rule (see "
+                            "recipes/voxceleb2_settings.py); on by default, since the presets alone do not forget "
+                            "(--no-sweep: the presets as they are, e.g. to time one setting).")
+    strict: bool = opt(False, "With --sweep: exit with status 1 when a method's sweep did not meet its rule (the "
+                              "tables are written first).")
+    layer_rule: str | None = opt(None, "Erasure: which layers to edit: mean (forget energy >= 1/|L|), top, threshold "
+                                       "or all (default: the method's).")
+    sweep_ranks: tuple[int, ...] | None = opt(None, "Erasure with --sweep: comma list of forget ranks tried, "
+                                                    "smallest first (default: 1,2,4).")
+    scope: str | None = opt(None, "Erasure: weights to edit: all, head (class weights only; embeddings untouched), "
+                                  "embedding, or sweep (the rule chooses among head, embedding and all on the training "
+                                  "partitions; the default with --sweep, else all).")
+    retain_bound: float = opt(settings.DEFAULT_RETAIN_BOUND, "Sweep rule: largest allowed rise of the retain set's "
+                                                             "mean NLL (nats).")
+    forget_acc: float | None = opt(None, "Sweep rule, speaker level: accuracy (0 to 0.99) on the forget speakers' "
+                                         "training utterances to reach (default: chance, 1/classes).")
+    rank: int | None = opt(None, "Erasure: forget rank k per matrix (with --sweep: the only rank tried).")
+    retain_rank: int | None = opt(None, "Erasure: retain rank per matrix (capped at each matrix's size).")
+    scale: float | None = opt(None, "Erasure: W' = W - scale * T~ (ignored with --sweep).")
+    extract: str | None = opt(None, "Erasure task vectors: finetune or gradient (LoRA cannot wrap the cosine "
+                                    "classifier).")
+    extract_steps: int | None = opt(None, "Erasure: fine-tuning steps per task vector.")
+    extract_lr: float | None = opt(None, "Erasure: task-vector learning rate (gradient: step size).")
+    lr: float | None = opt(None, "Baselines: learning rate.")
+    epochs: int | None = opt(None, "Baselines: epochs over the forget set (with --sweep: the most).")
+    method_options: dict[str, dict[str, Any]] = opt(
+        help="Per method, settings of its config: {grad_ascent: {lr: 0.001}} (over the knobs above).", factory=dict)
+    segment_seconds: float | None = opt(None, "Evaluation: average logits/embeddings over windows of this many "
+                                              "seconds (default: whole utterances).")
+    max_trials: int = opt(20000, "Evaluation: at most this many verification trials, drawn by --seed (0: all pairs).")
+    seed: int = opt(0, "Seed of the corpus, the splits, model initialisation, crops and unlearning.")
+    device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
+    threads: int | None = opt(None, "torch CPU threads (default on CPU: 1, which is several times faster than 2 for "
+                                    "ECAPA's small convolutions on a busy 2-core machine; on CUDA: torch's choice).")
+    cache_dir: Path | None = opt(None, "Where trained classifiers are cached (default: --workdir).")
+    model: str = opt("classifier", "classifier (ECAPA-TDNN speaker classifier), hf-audio (a small wav2vec2-style "
+                                   "transformers AutoModelForAudioClassification built from a local config, never "
+                                   "downloaded; --preset sizes it; every method edits all its Linear weights; each "
+                                   "method's <out>/<method>/model is a save_pretrained folder that "
+                                   "transformers.pipeline('audio-classification') loads; default --out: "
+                                   "--workdir/hf-audio/<level>) or speech-llm (Qwen-Omni-style model answering 'who is "
+                                   "speaking?'; adds t3 and rmu to the methods).")
+    llm: str = opt("mini", "With --model speech-llm: preset tiny or mini (built from config, trained and cached), or "
+                           "a speech-LLM directory.")
+    where: str = opt("both", "With --model speech-llm: erase in the audio tower, the language model (text) or both.")
+    target: str = opt("gender", "With --model speech-llm: the task that must survive on the same audio: gender or "
+                                "transcript.")
+    reference: str | None = opt(None, "With --model speech-llm and a directory: the model it was fine-tuned from "
+                                      "(task-vector reference).")
+    audit: bool = opt(False, "Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, "
+                             "nearest-centroid probe) on every method's classifier: <out>/AUDIT.json and AUDIT.md "
+                             "beside the tables, and <out>/<method>/AUDIT.json.")
+    audit_relearn_steps: int | None = opt(None, "--audit: relearning optimizer steps (default "
+                                                f"{settings.AUDIT_RELEARN['relearn_steps']}).")
+    audit_relearn_lr: float | None = opt(None, "--audit: relearning learning rate (default "
+                                               f"{settings.AUDIT_RELEARN['relearn_lr']:g}).")
+    audit_relearn_on: str | None = opt(None, "--audit: relearn on part of the forget speakers' (utterances') training "
+                                             "audio ('forget', default) or on retain data only ('retain', stricter).")
+    audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase = held-out "
+                                          "recordings, quantise, relearn, probe; default all).")
+
+    def __post_init__(self) -> None:
+        _bounded(self, "speakers", 2)
+        _bounded(self, "utterances", 2)
+        _bounded(self, "videos", 2)
+        for key in ("forget_speakers", "threads", "rank", "retain_rank", "extract_steps", "epochs",
+                    "audit_relearn_steps"):
+            _bounded(self, key, 1)
+        _bounded(self, "max_trials", 0)
+        _bounded(self, "crop_seconds", 0.0)
+        _bounded(self, "retain_bound", 0.0)
+        _bounded(self, "forget_fraction", 0.0, 0.5)
+        _bounded(self, "forget_acc", 0.0, 0.99)
+        _choice(self, "model", MODELS)
+        _choice(self, "where", WHERE)
+        _choice(self, "target", TARGETS)
+        _choice(self, "scope", settings.SCOPES)
+        if self.sweep_ranks is not None and (not self.sweep_ranks or any(r < 1 for r in self.sweep_ranks)):
+            raise ConfigError(f"sweep_ranks must be positive integers, got {self.sweep_ranks!r}", "sweep_ranks")
+        known = self.applicable()
+        unknown = [m for m in self.methods if m != "all" and m not in known]
+        if unknown or not self.methods or ("all" in self.methods and len(self.methods) > 1):
+            raise ConfigError(f"unknown or inapplicable methods {unknown or list(self.methods)} for --model "
+                              f"{self.model}; choose from {known} or 'all'", "methods")
+        wrong = [m for m in self.method_options if m not in known]
+        if wrong:
+            raise ConfigError(f"method_options: {wrong} not applicable to --model {self.model}; choose from "
+                              f"{known}", "method_options")
+        if self.model == "speech-llm":
+            if self.audit:
+                raise ConfigError("--audit runs on the classifier here; audit a speech-LLM method's output folder "
+                                  "with `mmunlearn audit --model DIR ...`", "audit")
+            return
+        _choice(self, "extract", settings.EXTRACT_KINDS, " does not work on the speaker classifier")
+        _choice(self, "layer_rule", settings.LAYER_RULES)
+        if self.model == "hf-audio" and self.scope not in (None, "all"):
+            raise ConfigError(f"--scope {self.scope}: a Hugging Face audio classifier is edited in every Linear "
+                              "weight (--scope all); the head/embedding scopes are the ECAPA classifier's", "scope")
+        try:
+            for name in self.chosen():
+                settings.scopes_for(name, self.resolved_scope(), self.sweep)
+        except ValueError as e:
+            raise ConfigError(str(e), "scope") from None
+        if self.audit:
+            self.audit_options()
+
+    def applicable(self) -> list[str]:
+        """The methods that apply to ``--model``, in registry order."""
+        from mmunlearn.methods import names
+
+        return names(MODEL_KINDS[self.model])
+
+    def chosen(self) -> list[str]:
+        """The methods to run: ``methods``, or for 'all' every method that applies (the speech LLM's default list)."""
+        if self.methods != ("all",):
+            return list(self.methods)
+        if self.model == "speech-llm":
+            from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
+
+            return list(DEFAULT_METHODS)
+        return list(settings.CLASSIFIER_METHODS)
+
+    def resolved_scope(self) -> str:
+        """``scope``, or its default: all for hf-audio, sweep with ``--sweep``, else all."""
+        return self.scope or ("all" if self.model == "hf-audio" else "sweep" if self.sweep else "all")
+
+    def method_overrides(self, method: str) -> dict[str, Any]:
+        """The overrides of ``method``'s config: the knobs above that its config has, then its own ``method_options``
+        (before the sweep's defaults and step budget, which fill only what is unset)."""
+        knobs = settings.method_options(method, rank=self.rank, retain_rank=self.retain_rank, scale=self.scale,
+                                        extract_kind=self.extract, extract_steps=self.extract_steps,
+                                        extract_lr=self.extract_lr, lr=self.lr, epochs=self.epochs,
+                                        layer_rule=self.layer_rule, sweep_ranks=self.sweep_ranks, seed=self.seed)
+        return {**knobs, **self.method_options.get(method, {})}
+
+    def audit_options(self) -> Any:
+        """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the classifier of ``--model``."""
+        from mmunlearn.audit import ATTACKS
+        from mmunlearn.audit.options import parse_list
+
+        try:
+            return settings.audit_options(MODEL_KINDS[self.model], relearn_steps=self.audit_relearn_steps,
+                                          relearn_lr=self.audit_relearn_lr, relearn_on=self.audit_relearn_on,
+                                          attacks=parse_list(self.audit_attacks, ATTACKS, "--audit-attacks"))
+        except ValueError as e:
+            raise ConfigError(str(e), "audit_relearn_on" if "relearn_on" in str(e) else "audit_attacks") from None
+
+
+def _bounded(cfg: VoxCelebConfig, key: str, low: float, high: float | None = None) -> None:
+    value = getattr(cfg, key)
+    if value is None:
+        return
+    if value < low or (high is not None and value > high):
+        where = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ConfigError(f"{key} must be {where}, got {value}", key)
+
+
+def _choice(cfg: VoxCelebConfig, key: str, choices: tuple[str, ...], why: str = "") -> None:
+    value = getattr(cfg, key)
+    if value is not None and value not in choices:
+        raise ConfigError(f"{key} {value!r}{why}: choose one of {', '.join(choices)}", key)

@@ -1,0 +1,83 @@
+"""VoxCeleb2 recipe config (no model work): YAML + options + KEY=VALUE layers typed by VoxCelebConfig's fields, the
+method knobs and per-method settings a method gets, and bad settings refused by name before anything is built."""
+
+import pytest
+from typer.testing import CliRunner
+
+from recipes.recipe_config import ConfigError, build_config
+from recipes.voxceleb2 import app
+from recipes.voxceleb2_config import VoxCelebConfig
+
+
+def _build(**layers):
+    return build_config(VoxCelebConfig, kind=None, **layers)
+
+
+def _refused(*args: str) -> str:
+    """The usage error of a command line, unwrapped from its box (one line, single spaces)."""
+    res = CliRunner().invoke(app, list(args))
+    assert res.exit_code == 2, res.output
+    return " ".join(res.output.replace("\u2502", " ").split())
+
+
+def test_yaml_then_options_then_overrides_each_typed(tmp_path):
+    path = tmp_path / "vox.yaml"
+    path.write_text("methods: qr-erase, grad_diff\nsweep: false\nsweep_ranks: [1, 3]\nretain_bound: 1\n"
+                    "speakers: 6\nmethod_options:\n  grad_diff: {lr: 0.5, weight_decay: 0.1}\n")
+    cfg = _build(file=path, given={"speakers": 8}, overrides=["sweep=yes", "max_trials=0", "method.grad_diff.lr=0.25"],
+                 method_settings=["qr-erase.extract_steps=7"])
+    assert cfg.methods == ("qr-erase", "grad_diff") and cfg.chosen() == ["qr-erase", "grad_diff"]
+    assert (cfg.sweep, cfg.speakers, cfg.max_trials, cfg.sweep_ranks) == (True, 8, 0, (1, 3))
+    assert cfg.retain_bound == 1.0 and isinstance(cfg.retain_bound, float)
+    assert cfg.method_options == {"grad_diff": {"lr": 0.25, "weight_decay": 0.1}, "qr-erase": {"extract_steps": 7}}
+    # the shared knobs reach every method whose config has them, a method's own settings only that method
+    cfg = _build(overrides=["epochs=3", "rank=2", "method.grad_diff.lr=0.5"])
+    assert cfg.method_overrides("grad_diff") == {"epochs": 3, "seed": 0, "lr": 0.5}
+    assert cfg.method_overrides("qr-erase")["rank"] == 2 and "lr" not in cfg.method_overrides("qr-erase")
+
+
+def test_defaults_are_the_commands_and_all_follows_the_model():
+    cfg = _build()
+    assert (cfg.methods, cfg.sweep, cfg.retain_bound, cfg.max_trials, cfg.preset) == (("qr-erase",), True, 0.05,
+                                                                                      20000, "small")
+    assert cfg.resolved_scope() == "sweep" and _build(overrides=["sweep=no"]).resolved_scope() == "all"
+    assert "t3" not in _build(overrides=["methods=all"]).chosen()
+    llm = _build(overrides=["methods=all", "model=speech-llm", "method.t3.temperature=2"])
+    assert "t3" in llm.chosen() and llm.method_options == {"t3": {"temperature": 2.0}}
+
+
+@pytest.mark.parametrize("overrides, key, message", [
+    (["nope=1"], "nope", "valid settings: audit, audit_attacks,"),
+    (["speakers=1"], "speakers", "at least 2"),
+    (["forget_fraction=0.7"], "forget_fraction", "between 0.0 and 0.5"),
+    (["max_trials=-1"], "max_trials", "at least 0"),
+    (["methods=t3"], "methods", "inapplicable methods ['t3'] for --model classifier"),
+    (["methods=all,kl"], "methods", "inapplicable"),
+    (["model=wavlm"], "model", "classifier, hf-audio, speech-llm"),
+    (["where=vision"], "where", "audio, text, both"),
+    (["extract=lora"], "extract", "does not work on the speaker classifier"),
+    (["sweep_ranks=0,2"], "sweep_ranks", "positive integers"),
+    (["scope=sweep", "sweep=no"], "scope", "needs --sweep"),
+    (["model=hf-audio", "scope=head"], "scope", "every Linear weight"),
+    (["audit=yes", "audit_attacks=rumour"], "audit_attacks", "rumour"),
+    (["model=speech-llm", "audit=yes"], "audit", "audit a speech-LLM method's output folder"),
+    (["method.rmu.steering=8"], "method_options", "['rmu'] not applicable to --model classifier"),
+    (["method.grad_ascent.nope=1"], "method_options", "settings of grad_ascent: alpha"),
+    (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'; choose from"),
+    (["epochs=many"], "epochs", "expected int or none"),
+])
+def test_bad_settings_are_errors_naming_the_setting(overrides, key, message):
+    with pytest.raises(ConfigError) as err:
+        _build(overrides=overrides)
+    assert message in str(err.value) and err.value.key == key
+
+
+def test_an_unknown_key_is_a_usage_error_before_any_work(tmp_path):
+    path = tmp_path / "vox.yaml"
+    path.write_text("methods: grad_ascent\nlevel: sample\n")  # the level is the command, not a setting
+    message = _refused("speaker", "--workdir", str(tmp_path / "w"), "--config", str(path))
+    assert "unknown setting 'level' (in " in message and "valid settings: audit," in message
+    assert "unknown setting 'retain_bund' (override)" in _refused("sample", "--workdir", str(tmp_path / "w"),
+                                                                  "retain_bund=0.1")
+    assert "write KEY=VALUE" in _refused("speaker", "--workdir", str(tmp_path / "w"), "--method-option", "kl.lr")
+    assert not (tmp_path / "w").exists()  # refused before the corpus is built
