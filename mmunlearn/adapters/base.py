@@ -86,6 +86,8 @@ class ClassifierAdapter(ModalityAdapter, Protocol):
     speakers: Sequence[str]  # class index -> speaker ID
     index: dict[str, int]  # speaker ID -> class index
     sample_rate: int
+    # weight and bias names of the layer whose outputs are the embeddings, or None (QR-Erase's centroid step)
+    embedding_output: tuple[str, str | None] | None
 
     def logits_and_embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor]:

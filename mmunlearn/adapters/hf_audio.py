@@ -72,6 +72,15 @@ class HFAudioAdapter(ClassifierScores):
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
         self.scope = "all"
 
+    @property
+    def embedding_output(self) -> tuple[str, str | None] | None:
+        """Weight and bias of the projector whose time-averaged outputs the head reads (wav2vec2, HuBERT, WavLM), or
+        None for a model without one: what QR-Erase's centroid step edits (:mod:`mmunlearn.methods.embedding_step`)."""
+        names = {n for n, _ in self.model.named_parameters()}
+        if "projector.weight" not in names:
+            return None
+        return "projector.weight", "projector.bias" if "projector.bias" in names else None
+
     # ------------------------------------------------------------------ building, loading, saving
     @classmethod
     def build(cls, config: Any, speakers: Sequence[str], feature_extractor: Any, *, seed: int = 0,

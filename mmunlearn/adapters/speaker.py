@@ -82,6 +82,10 @@ class SpeakerAdapter(ClassifierScores):
     ECAPA's BatchNorm after pooling needs batches of two or more utterances.
     """
 
+    #: Weight and bias of the layer whose outputs are the embeddings (ECAPA's last 1x1 convolution): what QR-Erase's
+    #: centroid step edits (:mod:`mmunlearn.methods.embedding_step`).
+    embedding_output: tuple[str, str | None] = ("embedding_model.fc.conv.weight", "embedding_model.fc.conv.bias")
+
     def __init__(self, model: SpeakerNet, speakers: Sequence[str], *, margin: float, scale: float,
                  spec: SpeakerSpec | None = None, sample_rate: int = 16000, audio_cache: AudioCache | None = None,
                  spec_error: str | None = None):

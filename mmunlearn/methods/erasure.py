@@ -26,6 +26,7 @@ from mmunlearn.config import PresetConfig, opt
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
+from mmunlearn.methods.embedding_step import erase_centroids
 from mmunlearn.methods.head_rows import forgotten_rows
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
@@ -70,6 +71,10 @@ class EraseConfig(PresetConfig):
                                     "0.001 of the weights' norm, then bisection of the crossing).")
     sweep_max_relative: float = opt(1.024, "With 'auto' scales: the largest relative edit size tried.")
     sweep_bisections: int = opt(3, "With 'auto' scales: geometric bisection steps once the crossing is bracketed.")
+    centroid: float = opt(0.0, "Speaker classifiers: after the edit, also erase the forgotten speakers' centroid "
+                               "directions outside the retained speakers' span from the layer that outputs the "
+                               "embeddings, W <- (I - a U U^T) W (0: off, 1: remove, 2: reflect; "
+                               "mmunlearn.methods.embedding_step).")
     sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
                                           "the first rank (e.g. the one an earlier deletion request chose); the sweep "
                                           "ends there when that edit meets the rule.")
@@ -228,6 +233,11 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     info["chosen"] = {"rank": rank, "scale": scale}
     report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups)
     info.update(selected_layers=report.selected, energies=report.energies)
+    if cfg.centroid:
+        if not kind.is_classifier:
+            raise ValueError(f"centroid applies to speaker classifiers, not to a {ctx.kind!r} model")
+        entries, info["centroid"] = erase_centroids(adapter, forget, retain, cfg.centroid)
+        report.patch.entries.extend(entries)  # one undo patch for both edits
     return MethodResult(adapter, extract_seconds, time.perf_counter() - t1, info, erase_report=report)
 
 
