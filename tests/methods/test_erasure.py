@@ -74,3 +74,38 @@ def test_when_the_smallest_grid_size_passes_the_bound_the_sweep_halves_down_to_i
     assert halved and halved[0] == pytest.approx(AUTO_RELATIVE[0] / 2)  # down by halves, not stopped at 0.001
     chosen = next(p for p in sweep if p.scale == res.info["chosen"]["scale"])
     assert chosen.relative < AUTO_RELATIVE[0] and chosen.retain_nll - base_r <= bound
+
+
+@pytest.mark.parametrize("past_bound", [False, True])
+def test_past_bound_looks_beyond_a_stretch_over_the_retain_bound(past_bound):
+    """A retain measure that rises and falls again with the edit size (a speaker head's forgotten rows turning away):
+    with ``past_bound`` the sweep goes on past the bump and returns an edit that meets the rule; without, it stops."""
+    import torch
+    from types import SimpleNamespace
+
+    from mmunlearn.methods.erasure import _sweep
+    from mmunlearn.methods.rule import Scorer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6, bias=False))
+    w0 = model[0].weight.detach().clone()
+    task = torch.outer(torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)).float()
+
+    def size(adapter, _rows):  # the relative edit size the model carries now
+        return float((adapter.model[0].weight.detach() - w0).norm() / w0.norm())
+
+    def bump(adapter, _rows):  # over the bound (0.05) only for edits between 0.5 and 2 of the weights' norm
+        return 0.1 if 0.5 < size(adapter, _rows) < 2.0 else 0.0
+
+    target = SimpleNamespace(model=model)
+    rule = SweepRule(forget_target=4.0, retain_bound=0.05, forget_measure=size, retain_measure=bump)
+    cfg = EraseConfig(rank=1, retain_rank=0, localize=False, sweep_max_relative=32.768)
+    points, best = _sweep(target, {"0.weight": task}, None, cfg, Scorer(rule, target, [1], [1]), None, False,
+                          past_bound=past_bound)
+    assert torch.equal(model[0].weight.detach(), w0)  # every candidate was undone
+    if past_bound:
+        assert any(p.retain_nll > 0.05 for p in points)  # it went through the bump
+        assert best.forget_nll >= 4.0 and best.retain_nll <= 0.05  # and found an edit that meets the rule
+        assert best.forget_nll < 8.0  # narrowed from below, not the largest edit tried
+    else:
+        assert max(p.forget_nll for p in points) < 4.0  # stopped at the bump
