@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mmunlearn.presets.gguf import DTYPES, hf_from_gguf, smollm2_dir, smollm2_gguf
+
 
 def main(argv: list[str] | None = None) -> Path:
-    from mmunlearn.presets.gguf import DTYPES, hf_from_gguf, smollm2_dir, smollm2_gguf
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="Output folder (default: the model cache).")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Weight dtype of the saved folder.")
@@ -31,6 +31,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import mmunlearn  # noqa: F401  (torchaudio stand-in before transformers)
-
     main()

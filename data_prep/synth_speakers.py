@@ -209,7 +209,7 @@ def _plan(speakers: int, utterances: int, videos: int, seed: int) -> list[dict]:
 
 def _finish(raw: np.ndarray, session: dict, noise_seed: list[int]) -> np.ndarray:
     """22.05 kHz int16 -> 16 kHz float: resample, set the session's gain, add its noise floor."""
-    from mmunlearn.data.audio import resample  # deferred, as in _build
+    from mmunlearn.data.audio import resample  # deferred: worker processes import this module, need no torch
 
     wav = resample(raw.astype(np.float32) / 32768.0, ESPEAK_SR, OUT_SR)
     peak = float(np.max(np.abs(wav))) if wav.size else 0.0
@@ -274,7 +274,7 @@ def synthesize_corpus(
 def _build(root: Path, stamp: dict, jobs: int | None, progress: bool) -> None:
     # mmunlearn (and with it torch, ~1.5 s) is imported here, not at module top: every worker
     # process imports this module for _worker_main and needs only numpy + ctypes.
-    from mmunlearn.data.audio import save_wav
+    from mmunlearn.data.audio import save_wav  # deferred: worker processes import this module, need no torch
 
     seed = stamp["seed"]
     plan = _plan(stamp["speakers"], stamp["utterances"], stamp["videos"], seed)
