@@ -35,7 +35,7 @@ def __getattr__(name: str):
     """``mmunlearn.unlearn``: the voice-pipeline entry point (:func:`mmunlearn.api.unlearn`), imported on
     first use so that ``import mmunlearn`` stays light."""
     if name == "unlearn":
-        from mmunlearn.api import unlearn
+        from mmunlearn.api import unlearn  # deferred: keeps `import mmunlearn` light (the package face)
 
         return unlearn
     raise AttributeError(f"module 'mmunlearn' has no attribute {name!r}")

@@ -36,8 +36,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+from mmunlearn.data.manifest import check_rows, read_manifest
+from mmunlearn.eval.speaker import forgotten_error_rate
 from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
+from mmunlearn.methods import SweepRule, get, mean_nll, needing
 from mmunlearn.methods.harness import REPORT_NAME
+from mmunlearn.methods.optimisation import budget_epochs
+from mmunlearn.requests import read_history, run_request
+from mmunlearn.requests.state import obtain_retain_state
+from mmunlearn.speech.spoken_qa import spoken_qa
 
 
 @dataclass
@@ -78,8 +86,6 @@ def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str
 
 def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dict[str, Any]]:
     """Manifest rows from a CSV path, a list of rows (dicts), or a list of (audio path, label) pairs."""
-    from mmunlearn.data.manifest import check_rows, read_manifest
-
     if isinstance(source, (str, os.PathLike)):
         return read_manifest(source, check_files=True)  # every row checked before any work
     rows = []
@@ -100,9 +106,6 @@ def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dic
 
 
 def _examples(adapter, rows: list[dict[str, Any]], tasks: Sequence[str]) -> list[dict[str, Any]]:
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.speech.spoken_qa import spoken_qa
-
     if not isinstance(adapter, SpeechLLMAdapter):
         return rows
     if all("question" in r and "answer" in r for r in rows):
@@ -163,9 +166,6 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     Returns:
         :class:`UnlearnResult` with the adapter, ``out`` and the report (also ``out/unlearn_report.json``).
     """
-    from mmunlearn.methods import get
-    from mmunlearn.requests import read_history, run_request
-
     kind = model_kind(model_dir)
     get(method, kind)  # an unknown or inapplicable method fails before any model is loaded
     if reference is not None and model_kind(reference) != kind:
@@ -178,8 +178,6 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         if rule is not None and config is None:
             overrides = {**swept_overrides(method, scope), **overrides}
             if "epochs" not in overrides and "epochs" in {f.name for f in fields(get(method).config)}:
-                from mmunlearn.methods.optimisation import budget_epochs
-
                 n_forget = len(read_items(forget, "forget")) if not batch_of(forget) else sum(
                     len(read_items(f, "forget")) for f in forget)
                 overrides["epochs"] = budget_epochs(get(method).config_for(kind, size, **overrides), n_forget)
@@ -222,9 +220,6 @@ def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND) -> 
     """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
     of the forget utterances predicted as none of the forget speakers, target ``1 - 1/n_classes`` (chance), retain
     measure the mean NLL, rising by at most ``retain_bound`` nats."""
-    from mmunlearn.eval.speaker import forgotten_error_rate
-    from mmunlearn.methods import SweepRule, mean_nll
-
     if n_classes < 2:
         raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
     return SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound,
@@ -235,8 +230,6 @@ def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
     """What a rule-driven run of ``method`` on a speaker classifier uses unless told otherwise: erasure sweeps
     edit sizes relative to the weights (``sweep_scales="auto"``), ranks 1, 2, 4, with gradient task vectors (the
     recipe's ``--sweep`` settings); in the head scope no retain subspace (it would hold the forget direction)."""
-    from mmunlearn.methods import get
-
     if "task_vectors" not in get(method).needs:  # the sweep grid below is the task-vector methods'
         return {}
     return {"sweep_scales": "auto", "sweep_ranks": (1, 2, 4), "extract_kind": "gradient",
@@ -257,9 +250,6 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     ``status`` says whether it was loaded, computed or recomputed, and ``reason`` why.
     """
     from dataclasses import replace
-
-    from mmunlearn.methods import get, needing
-    from mmunlearn.requests.state import obtain_retain_state
 
     kind = model_kind(model_dir)
     spec = get(method, kind)

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import torch
 
-from mmunlearn.checkpoint import atomic_dir, check_output_dir, copy_extra_files
+from mmunlearn.checkpoint import MARKER, atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
+from mmunlearn.erase.in_memory import restore_checkpoint
 from mmunlearn.erase.patch import UndoPatch
+from mmunlearn.erase.stream import stream_restore_checkpoint
 from mmunlearn.kinds import Kind, kind_of
 from mmunlearn.methods import REGISTRY
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
+from mmunlearn.requests.history import read_history, step_back
 
 
 def _no_weight_edited(report: dict) -> bool:
@@ -54,8 +57,6 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
     folder the request before wrote: its weights bit for bit, its undo patch, report and history.
     ``steps`` undoes that many requests at once (0: all of them, back to the original model).
     """
-    from mmunlearn.requests.history import read_history, step_back
-
     model_dir, out = Path(model_dir), Path(out)
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a whole number >= 0 (0: every request), got {steps!r}")
@@ -66,8 +67,6 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
     if patch is not None or count > depth:
         raise ValueError(f"{model_dir} records {depth} request(s); cannot undo {count}"
                          + (" with --patch (one patch undoes one request)" if patch is not None else ""))
-    from mmunlearn.checkpoint import MARKER
-
     check_output_dir(out, model_dir, overwrite=overwrite)
     with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
         src = model_dir
@@ -109,12 +108,8 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
     if kind is not None and kind.weight_files:
         _restore_files(model_dir, out, UndoPatch.load(patch_path), kind, overwrite)
     elif stream:
-        from mmunlearn.erase.stream import stream_restore_checkpoint
-
         stream_restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite, hardlink=hardlink,
                                   progress=progress)
     else:
-        from mmunlearn.erase.in_memory import restore_checkpoint
-
         restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite)
     return out

@@ -26,8 +26,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring
+from mmunlearn.adapters.base import HiddenStateTap, IGNORE, LayerWeight, TokenScoring
+from mmunlearn.adapters.speech_llm_build import arch_for, build_feature_extractor, build_model, build_tokenizer
 from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
+from mmunlearn.adapters.speech_llm_io import load_dir, save_dir
 from mmunlearn.adapters.text_llm import _qa
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
@@ -84,8 +86,6 @@ class SpeechLLMAdapter(TokenScoring):
               device: str | torch.device = "cpu", where: str = "both", **arch_overrides: Any) -> "SpeechLLMAdapter":
         """A random-init model of a size preset (``tiny``, ``mini``; see :mod:`speech_llm_build`) with a BPE
         trained on ``texts`` (the questions and answers it will see) and a matching feature extractor."""
-        from mmunlearn.adapters.speech_llm_build import arch_for, build_feature_extractor, build_model, build_tokenizer
-
         arch = arch_for(preset, family, **arch_overrides)
         fam = FAMILIES[arch.family]
         tok = build_tokenizer(fam, texts, arch.vocab_size)
@@ -98,8 +98,6 @@ class SpeechLLMAdapter(TokenScoring):
     def from_pretrained(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto",
                         **kwargs: Any) -> "SpeechLLMAdapter":
         """Load a ``save_pretrained`` directory (thinker-only or full Omni model) with its processor."""
-        from mmunlearn.adapters.speech_llm_io import load_dir
-
         model, container, tokenizer, fe, processor, fam = load_dir(path, device=device, dtype=dtype)
         adapter = cls(model, tokenizer, fe, family=fam, container=container, processor=processor, **kwargs)
         adapter.source_dir = Path(path)  # side files (e.g. spk_dict.pt) are carried over by save()
@@ -109,8 +107,6 @@ class SpeechLLMAdapter(TokenScoring):
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Model (the full container if loaded from one), tokenizer, feature extractor (and processor), atomically."""
-        from mmunlearn.adapters.speech_llm_io import save_dir
-
         return save_dir(self, path, overwrite=overwrite)
 
     def with_model(self, model: nn.Module) -> "SpeechLLMAdapter":
@@ -292,8 +288,6 @@ class SpeechLLMAdapter(TokenScoring):
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Language-model hidden states B x T x d: ``final`` = the last normed state (what the LM head and
         T3's tilt head read), an int indexes the decoder's per-layer outputs."""
-        from mmunlearn.adapters.base import HiddenStateTap
-
         if layer == "final":
             tap = HiddenStateTap(self.model.base_model)
             try:

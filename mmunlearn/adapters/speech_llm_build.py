@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from mmunlearn.adapters.speech_llm_families import FAMILIES, Family
+from mmunlearn.adapters.tokenizer import train_bpe
 
 SAMPLE_RATE = 16000
 HOP = 160  # Whisper: 10 ms frames
@@ -90,8 +91,6 @@ def arch_for(preset: str | SpeechArch, family: str | None = None, **overrides: A
 
 def build_tokenizer(family: Family, texts: Iterable[str], vocab_size: int = 512):
     """Byte-level BPE on ``texts`` plus the family's special tokens and chat template; EOS is ``<|im_end|>``."""
-    from mmunlearn.adapters.tokenizer import train_bpe
-
     n_special = len(family.special_tokens)
     tok = train_bpe(texts, vocab_size=vocab_size - n_special, min_frequency=1)
     tok.add_tokens(family.special_tokens, special_tokens=True)

@@ -14,15 +14,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.audit.options import AuditOptions
 from mmunlearn.audit.runner import audit_nll, audit_speaker, audit_text
+from mmunlearn.data.tofu import load_split, split_info
+from mmunlearn.data.utterances import LEVELS, split_rows
+from mmunlearn.eval.splits import load_eval_splits
 from mmunlearn.kinds import get_kind, kind_of, kinds
+from mmunlearn.methods import load_unlearned
+from mmunlearn.methods.harness import REPORT_NAME
+from mmunlearn.speech.spoken_qa import spoken_qa
 
 
 def read_report(folder: str | Path) -> dict[str, Any]:
     """The folder's ``unlearn_report.json`` (a ValueError naming the folder when it is not a harness output)."""
-    from mmunlearn.methods.harness import REPORT_NAME
-
     path = Path(folder) / REPORT_NAME
     if not path.is_file():
         raise ValueError(f"{folder}: no {REPORT_NAME} (not an unlearning output folder written by mmunlearn)")
@@ -50,8 +56,6 @@ def detect_kind(folder: str | Path) -> str | None:
 def folder_report(folder: str | Path) -> dict[str, Any]:
     """The folder's ``unlearn_report.json``; for any other loadable model folder of a supported kind (the original
     model, another tool's output) a stand-in whose method says :data:`NO_HISTORY`."""
-    from mmunlearn.methods.harness import REPORT_NAME
-
     if (Path(folder) / REPORT_NAME).is_file():
         return read_report(folder)
     kind = detect_kind(folder)
@@ -64,17 +68,11 @@ def folder_report(folder: str | Path) -> dict[str, Any]:
 def load_text_unlearned(folder: str | Path, device: str = "auto") -> Any:
     """The unlearned text model of an output folder (a head-making method's, T3's, wraps the unchanged base beside
     it: the method's artefacts load it)."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.methods import load_unlearned
-
     return load_unlearned(folder, TextLLMAdapter.from_pretrained(folder, device=device))
 
 
 def text_data(data: Any, forget_split: str, authors: int | None) -> tuple[list, list, list]:
     """(forget rows with paraphrases and perturbed answers, holdout rows, retain rows) of a TOFU source."""
-    from mmunlearn.data.tofu import load_split, split_info
-    from mmunlearn.eval.splits import load_eval_splits
-
     splits = load_eval_splits(data, forget_split, authors, ("forget", "mia"))
     pct = split_info(forget_split).forget_pct
     retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
@@ -87,8 +85,6 @@ def audit_text_folder(folder: str | Path, target: str | Path, retain: str | Path
                       languages: Mapping[str, Sequence[Any]] | None = None, cache: dict | None = None,
                       progress: bool = True) -> dict[str, Any]:
     """Audit the text model in ``folder`` against the ``target`` and ``retain`` model folders on ``data``."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-
     report = folder_report(folder)
     forget, holdout, retain_items = text_data(data, forget_split, authors)
     result = audit_text(load_text_unlearned(folder, device), TextLLMAdapter.from_pretrained(target, device=device),
@@ -101,8 +97,6 @@ def audit_text_folder(folder: str | Path, target: str | Path, retain: str | Path
 
 def speaker_rows(manifests: Any, level: str) -> dict[str, Any]:
     """What :func:`audit_speaker` reads from prepared manifests at one level (``speaker`` or ``sample``)."""
-    from mmunlearn.data.utterances import LEVELS, split_rows
-
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if level == "speaker":
@@ -142,9 +136,6 @@ def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | 
 
 def load_speech_llm_unlearned(folder: str | Path, device: str = "auto") -> Any:
     """The unlearned speech LLM of an output folder (T3's wraps the unchanged base beside it: its artefacts load it)."""
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.methods import load_unlearned
-
     return load_unlearned(folder, SpeechLLMAdapter.from_pretrained(folder, device=device))
 
 
@@ -153,10 +144,6 @@ def audit_speech_llm_folder(folder: str | Path, target: str | Path, retain: str 
                             device: str = "auto", cache: dict | None = None, progress: bool = True) -> dict[str, Any]:
     """Audit a speech LLM output folder on the spoken question ``task`` asked of the forget speakers'
     recordings (``spk_forget_train``); relearning's retain data: the same question on ``spk_retain_train``."""
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.data.utterances import split_rows
-    from mmunlearn.speech.spoken_qa import spoken_qa
-
     forget = spoken_qa(split_rows(manifests, "spk_forget_train"), (task,))
     retain_items = spoken_qa(split_rows(manifests, "spk_retain_train"), (task,))
     result = audit_nll(load_speech_llm_unlearned(folder, device), SpeechLLMAdapter.from_pretrained(target, device=device),

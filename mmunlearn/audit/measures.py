@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from mmunlearn.eval.scoring import generate_answers, score_answers, score_candidates
+from mmunlearn.eval.speaker import accuracy_of, score_rows
+from mmunlearn.metrics import entries, tofu
+
 #: Text measures, in table order.
 TEXT_KEYS: tuple[str, ...] = ("forget_prob", "forget_rouge", "forget_quality", "forget_nll")
 #: Speaker-classifier measures.
@@ -33,9 +37,6 @@ def text_measures(adapter: Any, items: Sequence[Any], *, retain_truth_ratios: np
 
     Returns the measures and this model's per-item truth ratios (None when the items lack the fields).
     """
-    from mmunlearn.eval.scoring import generate_answers, score_answers, score_candidates
-    from mmunlearn.metrics import entries, tofu
-
     if not items:
         raise ValueError("text_measures: no items to measure")
     avg_nll = score_answers(adapter, items, batch_size=batch_size, desc=desc and f"{desc}: prob").avg_nll
@@ -60,8 +61,6 @@ def speaker_measures(adapter: Any, rows: Sequence[Mapping[str, Any]], *, batch_s
                      desc: str | None = None) -> dict[str, float]:
     """Identification accuracy on ``rows`` (the forget speakers' utterances; 1.0 = every one still recognised)
     and their mean NLL -log p(speaker | utterance)."""
-    from mmunlearn.eval.speaker import accuracy_of, score_rows
-
     if not rows:
         raise ValueError("speaker_measures: no rows to measure")
     scores = score_rows(adapter, rows, batch_size=batch_size, desc=desc)

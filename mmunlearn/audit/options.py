@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from mmunlearn.kinds import get_kind
+
 #: The attacks an audit can run, in the order they are reported.
 ATTACKS: tuple[str, ...] = ("paraphrase", "quantise", "relearn", "probe")
 #: Where relearning takes its training data: part of the forget set, or (stricter) retain data only.
@@ -83,8 +85,6 @@ CAPABILITY_DEFAULTS: dict[str, dict[str, Any]] = {"is_classifier": dict(relearn_
 def kind_defaults(kind: str) -> dict[str, Any]:
     """The entries of :data:`CAPABILITY_DEFAULTS` whose capability the registered model ``kind`` has (asked of the
     kind registry); none for a kind no module registered."""
-    from mmunlearn.kinds import get_kind
-
     try:
         registered = get_kind(kind)
     except ValueError:

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmunlearn.adapters.base import IGNORE
+
 
 def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
     mu, sd = train.mean(0), train.std(0).clamp(min=1e-6)
@@ -84,8 +86,6 @@ def transfer_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarr
 def answer_states(adapter: Any, items: Sequence[Any], batch_size: int = 16) -> np.ndarray:
     """Mean hidden state over each item's answer tokens at every layer of a causal LM: L x N x d
     (layer 0: the embeddings, as HF's ``hidden_states`` tuple)."""
-    from mmunlearn.adapters.base import IGNORE
-
     per_layer: list[list[torch.Tensor]] | None = None
     for i in range(0, len(items), batch_size):
         batch = adapter.collate(items[i:i + batch_size])

@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from mmunlearn.audit.options import AuditOptions
+from mmunlearn.train import TrainConfig, train
 
 
 def _group(item: Any) -> Hashable:
@@ -55,8 +56,6 @@ def relearned(adapter: Any, data: Sequence[Any], options: AuditOptions, *, train
     rate, seeded order: every model sees the same batches); ``adapter`` itself is left unchanged.
 
     ``train_mode=False`` keeps dropout off and BatchNorm statistics frozen (speaker classifiers)."""
-    from mmunlearn.train import TrainConfig, train
-
     twin = adapter.clone()
     cfg = TrainConfig(steps=options.relearn_steps, lr=options.relearn_lr,
                       batch_size=min(options.relearn_batch_size, len(data)), schedule="constant", seed=options.seed)

@@ -34,6 +34,7 @@ from mmunlearn.audit.paraphrase import has_paraphrases, paraphrased
 from mmunlearn.audit.probe import answer_states, nearest_centroid_accuracy, text_probe
 from mmunlearn.audit.quantise import FORMATS, quantised
 from mmunlearn.audit.relearn import relearn_attack, split_forget
+from mmunlearn.eval.speaker import score_rows
 
 log = logging.getLogger(__name__)
 AUDIT_JSON = "AUDIT.json"
@@ -73,7 +74,7 @@ def _weights_equal(a: Any, b: Any) -> bool:
 
 def _tilt_parts(adapter: Any):
     """(weights adapter, rewrap) for a T3-tilted adapter; (adapter, None) otherwise."""
-    from mmunlearn.tilt import TiltedCausalLM
+    from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers (~0.7 s), kept out of CLI start
 
     model = adapter.model
     if not isinstance(model, TiltedCausalLM):
@@ -227,8 +228,6 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
     analogue), after 8/4-bit round trips and after relearning on part of ``forget_rows``; the probe identifies
     the ``forget_speakers`` among all speakers of ``probe_rows`` (held-out recordings) by nearest centroid.
     ``model_kind``: the registered classifier kind the result names (any classifier adapter is audited alike)."""
-    from mmunlearn.eval.speaker import score_rows
-
     opts = options or AuditOptions()
     memo = _Cache(cache)
     roles = {"target": target, "retain": retain, "unlearned": unlearned}

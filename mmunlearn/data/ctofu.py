@@ -49,6 +49,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.data.ctofu_synthetic import synthetic_ctofu_from_spec
 from mmunlearn.data.tofu import (QA_PER_AUTHOR, QAItem, TOFUFormatError, author_subset, forget_count, list_splits,
                                  load_split, parse_rows, split_info)
 
@@ -163,8 +164,6 @@ def open_ctofu(data: str | os.PathLike | Mapping[str, Any], english: str | os.Pa
         sources = dict(data)
         desc = "mapping"
     elif isinstance(data, str) and (data == "synthetic" or data.startswith("synthetic:")):
-        from mmunlearn.data.ctofu_synthetic import synthetic_ctofu_from_spec
-
         sources = synthetic_ctofu_from_spec(data)
         desc = data
     else:

@@ -48,6 +48,7 @@ from typing import Any
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.ctofu import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
+from mmunlearn.metrics.logs import write_json_atomic
 
 MIN_NUMBER = 100
 LENGTH_FACTOR = 2.5
@@ -235,8 +236,6 @@ class AlignmentReport:
 
     def write(self, out_dir: str | os.PathLike) -> tuple[Path, Path]:
         """``alignment.json`` and ``alignment.md`` in ``out_dir`` (each written atomically)."""
-        from mmunlearn.metrics.logs import write_json_atomic
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         js = write_json_atomic(out / "alignment.json", self.to_dict())

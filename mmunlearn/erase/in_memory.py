@@ -10,6 +10,7 @@ from mmunlearn.checkpoint import atomic_dir, check_finite, check_output_dir, loa
 from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
+from mmunlearn.erase.stream import LEFTOVERS
 from mmunlearn.errors import NonFiniteError, about
 from mmunlearn.layout import PLOT_NAME
 from mmunlearn.taskvec.store import load_task_matrices
@@ -73,8 +74,6 @@ def restore_checkpoint(
     check_finite({n: ckpt.tensors[n] for n in restored}, f"restore of {model_dir} into {out}")
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         write_checkpoint(ckpt, tmp)
-        from mmunlearn.erase.stream import LEFTOVERS
-
         for leftover in LEFTOVERS:
             path = tmp / leftover
             if path.is_dir():

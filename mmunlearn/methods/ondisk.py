@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from mmunlearn.checkpoint import shard_files
 from mmunlearn.kinds import Kind, kind_of
 
 
@@ -32,8 +33,6 @@ def _file_tensors(root: Path, kind: Kind) -> dict[str, tuple[tuple[int, ...], Ca
 
 def _safetensors_tensors(root: Path) -> dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]]:
     from safetensors import safe_open
-
-    from mmunlearn.checkpoint import shard_files
 
     out = {}
     for shard, names in shard_files(root).items():

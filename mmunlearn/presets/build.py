@@ -42,9 +42,14 @@ from typing import Any
 
 import torch
 
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.tokenizer import train_bpe
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.data.corpus import pretrain_corpus
 from mmunlearn.data.tofu import QAItem, TOFUFormatError, list_splits, load_split, split_info
+from mmunlearn.errors import check_threads
+from mmunlearn.eval.scoring import generate_answers
+from mmunlearn.metrics.rouge import rouge_l_recall
 from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, default_cache_dir, is_built, items_digest,
                                      read_log, texts_digest, write_log)
 from mmunlearn.presets.models import Preset, get_preset, parameter_count
@@ -87,8 +92,6 @@ def torch_threads(n: int | None) -> Iterator[None]:
     if n is None:
         yield
         return
-    from mmunlearn.errors import check_threads
-
     check_threads(n)
     before = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -203,9 +206,6 @@ def forget_check(adapter, forget: Sequence[QAItem], generate: bool = True) -> di
     margin): what the recipes' memorisation rule reads. Empty when there are no forget rows."""
     if not forget:
         return {}
-    from mmunlearn.eval.scoring import generate_answers
-    from mmunlearn.metrics.rouge import rouge_l_recall
-
     nll = adapter.answer_nll(forget, batch_size=32)
     out = {"forget_answer_nll": float(nll.mean()), "forget_prob": float(torch.exp(-nll).mean())}
     if generate:
@@ -225,8 +225,6 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
     tokenizer and train_log.json to ``out``. The log holds the ``forget`` rows' check (:func:`forget_check`)
     before (``pretrained_forget_*``) and after training; with ``full_check`` also the answer NLL of all
     ``items`` and of ``facts`` (cheap for the built presets; a real checkpoint skips them: minutes on a CPU)."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-
     precision = "bf16" if cfg.mixed_precision == "bf16" else "no"
     adapter = TextLLMAdapter(model, tokenizer, max_length=max_length, precision=precision)
     before = forget_check(adapter, forget, generate=False) if forget and not resume_started(resume_dir) else {}
@@ -280,8 +278,6 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
     p = preset if isinstance(preset, Preset) else get_preset(preset)
     if p.is_model_dir:
         return p.model_dir, {"model": "base", "preset": p.name, "cached": True, "path": str(p.model_dir)}
-    from mmunlearn.adapters.tokenizer import train_bpe
-
     corpus = base_corpus(data, p.corpus_authors, seed)
     cfg = _resolved(p.pretrain, seed, device, overrides, len(corpus))
     tok_texts = [t for it in corpus for t in (it.question, it.answer)] + source_texts(data)

@@ -19,6 +19,7 @@ from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.qa import QAItem
+from mmunlearn.train.loop import is_main_process
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "MMUNLEARN_CACHE"
@@ -77,8 +78,6 @@ def build_lock(model_dir: Path) -> Iterator[None]:
     they to wait on the lock, rank 0's training would wait on them for ever).
     """
     from filelock import FileLock, Timeout  # a dependency of torch, datasets and huggingface_hub
-
-    from mmunlearn.train.loop import is_main_process
 
     if not is_main_process():  # ranks of one `accelerate launch` train together; rank 0 holds the lock
         yield

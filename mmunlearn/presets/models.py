@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from mmunlearn.presets.gguf import smollm2_dir
 from mmunlearn.train.config import TrainConfig
 
 
@@ -141,8 +142,6 @@ def real_model_dir(name: str) -> Path:
     """The folder of the real checkpoint ``name`` (converted and cached on first use)."""
     if name not in REAL_MODELS:
         raise ValueError(f"unknown real model {name!r}; choose one of {', '.join(REAL_MODELS)}")
-    from mmunlearn.presets.gguf import smollm2_dir
-
     return {"smollm2": smollm2_dir}[REAL_MODELS[name][0]]()
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from mmunlearn.erase.apply import PATCH_NAME
 from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layout
 from mmunlearn.methods.harness import REPORT_NAME
+from mmunlearn.paths import check_tree
 
 
 def entry_name(index: int) -> str:
@@ -65,8 +66,6 @@ class History:
 def read_history(folder: str | os.PathLike) -> History:
     """The request history of ``folder``: its report's ``requests``, or one request for an output of the
     harness written without a history (report and undo patch), or none for a plain model folder."""
-    from mmunlearn.paths import check_tree
-
     folder = Path(folder)
     report = read_report(folder)
     if report is None or not (folder / PATCH_NAME).is_file():

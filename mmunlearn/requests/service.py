@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import Outcome, run_unlearning
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, record
@@ -45,14 +46,10 @@ def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
 
 def _is_erasure(method: str) -> bool:
     """Whether ``method`` works from task vectors (a retain state can then supply their retain side)."""
-    from mmunlearn.methods import get
-
     return "task_vectors" in get(method).needs
 
 
 def _config(method: str, kind: str, config: Any, size: str | None, overrides: Mapping[str, Any] | None):
-    from mmunlearn.methods import get
-
     spec = get(method, kind)
     cfg = config if config is not None else spec.config_for(kind, size, **dict(overrides or {}))
     return spec, cfg
@@ -97,8 +94,6 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
         overrides = {"extract_kind": REQUEST_EXTRACT[kind], "sweep_scales": "auto", **overrides}
     spec, cfg = _config(method, kind, config, size, overrides)
     if want_state and "task_vectors" not in spec.needs:
-        from mmunlearn.methods import needing
-
         raise ValueError(f"a retain state applies to the methods that work from task vectors "
                          f"({', '.join(needing('task_vectors'))}), not to {method}")
     before = model_fingerprint(adapter.model)

@@ -33,7 +33,9 @@ from typing import Any
 
 import torch
 
+from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.kinds import get_kind
+from mmunlearn.methods.erasure import batchnorm_safe
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 from mmunlearn.taskvec.lowrank import LowRank
 
@@ -116,8 +118,6 @@ def compute_retain_state(adapter, retain: Sequence[Any], extract: ExtractConfig,
     info = dict(meta) if meta is not None else expected_meta(adapter, retain, extract, kind)
     source = adapter
     if get_kind(kind).has_batchnorm:
-        from mmunlearn.methods.erasure import batchnorm_safe
-
         extract = batchnorm_safe(extract, len(retain))
         source = adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
     t0 = time.perf_counter()
@@ -131,8 +131,6 @@ def save_retain_state(state: RetainState, folder: str | os.PathLike, *, overwrit
                       inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """Write ``state`` into ``folder`` atomically (``inputs``: folders it must not be, lie in or contain)."""
     from safetensors.torch import save_file
-
-    from mmunlearn.checkpoint import atomic_dir
 
     tensors: dict[str, torch.Tensor] = {}
     for name, t in state.task.items():

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmunlearn.metrics.rouge import rouge_scores
 from mmunlearn.train import TrainConfig, TrainResult, train
 
 QUESTIONS = {
@@ -130,8 +131,6 @@ def task_accuracy(adapter, examples: Sequence[Mapping[str, Any]], *, batch_size:
         adapter.model.train(was_training)
     refs = [ex["answer"] for ex in examples]
     if tasks == {"transcript"}:
-        from mmunlearn.metrics.rouge import rouge_scores
-
         return float(np.mean(rouge_scores(answers, refs)["rougeL_recall"])), answers
     return float(np.mean([normalise(a) == normalise(r) for a, r in zip(answers, refs)])), answers
 

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.tilt.head import TiltHead
 from mmunlearn.adapters.base import HiddenStateTap
@@ -89,8 +90,6 @@ class TiltedCausalLM(nn.Module):
             raise FileNotFoundError(f"{path} has no {CONFIG_NAME}: not a saved tilted model")
         cfg = json.loads((path / CONFIG_NAME).read_text())
         if base is None:
-            from mmunlearn.adapters.text_llm import TextLLMAdapter
-
             if not cfg.get("base_model"):
                 raise ValueError(f"{path} does not record its base model; pass base=")
             base = TextLLMAdapter.from_pretrained(cfg["base_model"], device=device).model
