@@ -9,13 +9,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mmunlearn.atomic import write_json_atomic, write_text_atomic
+from mmunlearn.bench import precision as pb, requests as rb, stream as stb, subspace as sb, tilt as tb
+from mmunlearn.bench.requests_tofu import run_tofu
+from mmunlearn.errors import set_threads
+
 app = typer.Typer(help="Benchmarks: print a table, optionally write JSON.", no_args_is_help=True)
 console = Console()
 
 
 def _set_threads(n: int | None) -> None:
-    from mmunlearn.errors import set_threads
-
     set_threads(n)
 
 
@@ -32,8 +35,6 @@ def subspace(
 ) -> None:
     """Time full SVD, full LAPACK CPQR, truncated CPQR (LAPACK and torch), sketched CPQR and
     randomised SVD on the same task matrices; report speed-up, residual and subspace cosines."""
-    from mmunlearn.bench import subspace as sb
-
     _set_threads(threads)
     # `--sizes 768 1024 2048` (the values after the first arrive as extra arguments)
     try:
@@ -84,8 +85,6 @@ def tilt(
     """T3 throughput: tilted vs plain greedy generation, tokens/s on the same prompts in one run."""
     import json
 
-    from mmunlearn.bench import tilt as tb
-
     _set_threads(threads)
     row = tb.run(preset, batch=batch, new_tokens=new_tokens, repeats=repeats, rank=rank)
     table = Table(title=f"T3 generation throughput ({preset}, batch {batch}, {new_tokens} new tokens)")
@@ -122,11 +121,9 @@ def stream(
     each path (each in its own process), sizes, and a file-by-file comparison of their outputs."""
     import json
 
-    from mmunlearn.bench import stream as sb
-
-    res = sb.run(arch, shard_mb=shard_mb, hot=hot, rank=rank, task_layers=task_layers, workdir=workdir, keep=keep,
-                 threads=threads)
-    gb = sb.GB
+    res = stb.run(arch, shard_mb=shard_mb, hot=hot, rank=rank, task_layers=task_layers, workdir=workdir, keep=keep,
+                  threads=threads)
+    gb = stb.GB
     table = Table(title=f"Erase of a sharded {arch} checkpoint ({res.model_bytes / gb:.2f} GiB, {res.shards} shards), "
                         f"rank {rank}, blocks {res.hot_layers} edited")
     for col in ("path", "wall time (s)", "peak RSS (GiB)", "RSS before work (GiB)"):
@@ -139,7 +136,7 @@ def stream(
                   f"{res.shards_rewritten} of {res.shards} shards rewritten by the streaming path, the rest hard-linked; "
                   f"generating the inputs took {res.build_seconds:.0f} s")
     stream_row = next(r for r in res.rows if r.path == "stream")
-    checks = [(f"streaming peak RSS under {sb.TARGET} x (largest shard + one block's task matrices) = "
+    checks = [(f"streaming peak RSS under {stb.TARGET} x (largest shard + one block's task matrices) = "
                f"{res.target / gb:.2f} GiB", stream_row.peak_rss < res.target, f"{stream_row.peak_rss / gb:.2f} GiB"),
               ("both paths write identical files", res.identical, "identical" if res.identical else "different")]
     for name, ok, measured in checks:
@@ -150,7 +147,7 @@ def stream(
                                                                     for n, ok, m in checks]}, indent=2))
     if markdown_out is not None:
         markdown_out.parent.mkdir(parents=True, exist_ok=True)
-        markdown_out.write_text(sb.markdown(res) + "\n")
+        markdown_out.write_text(stb.markdown(res) + "\n")
     if strict and not all(ok for _, ok, _ in checks):
         raise typer.Exit(1)
 
@@ -172,9 +169,6 @@ def precision(
     """Tokens/s of the project's training step, scoring and greedy generation beside a plain PyTorch +
     transformers loop, in float32 and bf16, on the same real QA batch in one run; bf16's accuracy against
     float32 and whether the project reaches 0.9x the plain loop."""
-    from mmunlearn.atomic import write_json_atomic, write_text_atomic
-    from mmunlearn.bench import precision as pb
-
     _set_threads(threads)
     stages = tuple(stage or pb.STAGES)
     bad = [s for s in stages if s not in pb.STAGES]
@@ -236,8 +230,6 @@ def requests(
 ) -> None:
     """Deletion requests at service speed: time per request after the first with the retain state cached
     (QR-Erase) against GradDiff reaching the same forget criterion, the rule's measures and peak memory."""
-    from mmunlearn.bench import requests as rb
-
     _set_threads(threads)
     kinds = list(extract or ["gradient", "finetune"])
     if retain_bound is None:
@@ -255,8 +247,6 @@ def requests(
     if dataset == "tofu":
         if scope != "all" or manifests is not None:
             raise typer.BadParameter("--scope and --manifests apply to --dataset speaker")
-        from mmunlearn.bench.requests_tofu import run_tofu
-
         res = run_tofu(data, preset=preset, forget_split=forget_split, authors=authors,
                        extracts=list(extract or ["gradient", "lora", "finetune"]), retain_bound=retain_bound,
                        gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=show,
@@ -298,8 +288,6 @@ def requests(
         rb.write_json(json_out, res)
         console.print(f"wrote {json_out}")
     if markdown_out is not None:
-        from mmunlearn.atomic import write_text_atomic
-
         markdown_out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(markdown_out, rb.markdown(res) + "\n")
     if strict and not ok:

@@ -44,6 +44,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.tokenizer import train_bpe
+from mmunlearn.data.tofu import load_split
+from mmunlearn.presets.models import PRESETS, get_preset
+
 STAGES = ("train", "score", "generate")
 PRECISIONS = ("float32", "bf16")
 IMPLEMENTATIONS = ("plain", "mmunlearn")
@@ -166,12 +171,7 @@ def load_model(model: str, data: str) -> tuple[nn.Module, Any, str, int]:
     """(float32 causal LM in eval mode, its tokenizer, description, max tokens per QA row) for a preset name
     (``micro``/``mini``: random init, with a BPE trained on ``data``'s texts), a real model name
     (``smollm2-135m``) or a model folder."""
-    from mmunlearn.presets.models import PRESETS, get_preset
-
     if model in PRESETS:
-        from mmunlearn.adapters.tokenizer import train_bpe
-        from mmunlearn.data.tofu import load_split
-
         preset = PRESETS[model]
         texts = [f"{i.question} {i.answer}" for i in load_split(data, "full")[:400]]
         tokenizer = train_bpe(texts, vocab_size=preset.arch.vocab_size)
@@ -234,8 +234,6 @@ def _rows(stage: str, runs: dict[tuple[str, str], list[float]], tokens: dict[str
 def _train_stage(net: nn.Module, tokenizer, batch: dict[str, torch.Tensor], precisions: Sequence[str],
                  repeats: int, max_length: int) -> tuple[list[PrecisionRow], list[Check]]:
     """AdamW steps on ``net`` itself (it keeps training: no copy, no restore)."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-
     net.train()
     adapters = {p: TextLLMAdapter(net, tokenizer, max_length=max_length, precision=_adapter_precision(p))
                 for p in precisions}
@@ -276,8 +274,6 @@ def _train_stage(net: nn.Module, tokenizer, batch: dict[str, torch.Tensor], prec
 
 def _score_stage(ref: nn.Module, tokenizer, items: Sequence[Any], batch: dict[str, torch.Tensor],
                  precisions: Sequence[str], repeats: int, max_length: int) -> tuple[list[PrecisionRow], list[Check]]:
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-
     adapters = {p: TextLLMAdapter(ref, tokenizer, max_length=max_length, precision=_adapter_precision(p))
                 for p in precisions}
     targets = batch["labels"][:, 1:]
@@ -319,8 +315,6 @@ def _score_stage(ref: nn.Module, tokenizer, items: Sequence[Any], batch: dict[st
 
 def _generate_stage(ref: nn.Module, tokenizer, questions: list[str], precisions: Sequence[str], repeats: int,
                     new_tokens: int, max_length: int) -> tuple[list[PrecisionRow], list[Check], float | None]:
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-
     adapters = {p: TextLLMAdapter(ref, tokenizer, max_length=max_length, precision=_adapter_precision(p))
                 for p in precisions}
     first = adapters[precisions[0]]
@@ -376,9 +370,6 @@ def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "syn
 
     ``model`` is a name (:func:`load_model`) or a ``(float32 causal LM, tokenizer)`` pair; the train stage
     trains that model in place (scoring and generation use a copy of it taken before)."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.data.tofu import load_split
-
     bad = [s for s in stages if s not in STAGES] + [p for p in precisions if p not in PRECISIONS]
     if bad or not stages or not precisions:
         raise ValueError(f"stages must come from {STAGES} and precisions from {PRECISIONS}; got {bad or 'none'}")

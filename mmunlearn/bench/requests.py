@@ -36,6 +36,19 @@ from typing import Any
 
 import torch
 
+from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.api import speaker_rule
+from mmunlearn.atomic import write_text_atomic
+from mmunlearn.data.utterances import split_rows
+from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
+from mmunlearn.methods import get, run_unlearning
+from mmunlearn.requests import History, obtain_retain_state, run_request
+from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
+from mmunlearn.train import TrainConfig
+
+from data_prep.synth_speakers import synthesize_corpus
+from data_prep.voxceleb2 import prepare
+
 #: The goal of issue 18: a request with the retain state cached at least this many times faster than GradDiff.
 TARGET_SPEEDUP = 10.0
 
@@ -155,8 +168,6 @@ def machine() -> dict[str, Any]:
 def forgotten_share(adapter, rows: Sequence[dict]) -> tuple[float, float]:
     """(share of ``rows`` predicted as any of their speakers, largest share of one speaker's rows sent to one other
     class) -- :func:`mmunlearn.eval.speaker.forgotten_counts` on the forgotten speakers' utterances."""
-    from mmunlearn.eval.speaker import forgotten_counts, score_rows
-
     counted = forgotten_counts(score_rows(adapter, list(rows), desc=None))
     return counted["any_forgotten"], counted["sink_share"]
 
@@ -167,13 +178,7 @@ def _speaker_model(workdir: Path, preset: str, speakers: int, utterances: int, v
     retained speakers only (the retrained model, same label space), both cached in ``workdir``."""
     import hashlib
 
-    from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
-    from mmunlearn.train import TrainConfig
-
     if manifests is None:
-        from data_prep.synth_speakers import synthesize_corpus
-        from data_prep.voxceleb2 import prepare
-
         root = synthesize_corpus(workdir / "corpus", speakers, utterances, videos, 0, progress=progress)
         man = prepare(root, workdir / "manifests", forget_speakers=forget_speakers, forget_fraction=0.1, seed=0,
                       progress=progress).out
@@ -215,13 +220,6 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     ``manifests``: a prepared corpus (e.g. FSDD from ``voxceleb2 prepare-corpus``) instead of the built-in one;
     each of its forget speakers is one request (``requests`` is then ignored)."""
     from dataclasses import replace
-
-    from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.api import speaker_rule
-    from mmunlearn.data.utterances import split_rows
-    from mmunlearn.eval.speaker import accuracy, forgotten_rates
-    from mmunlearn.methods import get, run_unlearning
-    from mmunlearn.requests import History, run_request
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -313,9 +311,6 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
 
 def timed_retain_state(state_dir: Path, adapter: Any, retain: list, kind: str, size: str, progress: bool) -> float:
     """Seconds to compute the retain state (QR-Erase's preset extraction) of ``adapter`` afresh into ``state_dir``."""
-    from mmunlearn.methods import get
-    from mmunlearn.requests import obtain_retain_state
-
     t0 = time.perf_counter()
     obtain_retain_state(state_dir, adapter, retain, None, kind=kind,
                         default_extract=get("qr-erase").config_for(kind, size).extract, refresh=True,
@@ -343,8 +338,6 @@ def request_row(method: str, extract: str | None, index: int, forget: Sequence[d
 
 
 def _accuracy(adapter, rows: Sequence[dict]) -> float:
-    from mmunlearn.eval.speaker import accuracy
-
     return accuracy(adapter, rows, desc=None)
 
 
@@ -369,8 +362,6 @@ def markdown(res: BenchResult) -> str:
 
 
 def write_json(path: str | os.PathLike, res: BenchResult) -> Path:
-    from mmunlearn.atomic import write_text_atomic
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(path, json.dumps(res.to_dict(), indent=2, default=str))

@@ -9,7 +9,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.bench.requests import BenchResult, PeakMemory, RequestRow, request_row, timed_retain_state
+from mmunlearn.data.tofu import load_split, split_info
+from mmunlearn.methods import SweepRule, get, run_unlearning
+from mmunlearn.presets.build import build_models
+from mmunlearn.requests import History, run_request
 
 
 def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,
@@ -20,12 +25,6 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
     """TOFU: one request per forget author (target and base models built by :mod:`mmunlearn.presets`, cached);
     the rule's forget target is the base model's answer NLL on that author's questions (it never saw them),
     the retain measure the mean answer NLL (``score_retain`` retain questions spread over the set)."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.data.tofu import load_split, split_info
-    from mmunlearn.methods import SweepRule, get, run_unlearning
-    from mmunlearn.presets.build import build_models
-    from mmunlearn.requests import History, run_request
-
     built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress,
                          roles=("target",))
     pct = split_info(forget_split).forget_pct

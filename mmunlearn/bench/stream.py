@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from mmunlearn.erase.in_memory import erase_checkpoint
+from mmunlearn.erase.stream import stream_erase_checkpoint
+
 #: The issue's acceptance bar: streaming peak RSS < TARGET x (largest shard + one block's task matrices).
 TARGET = 1.5
 GB = 1024**3  # GiB
@@ -200,9 +203,6 @@ def _rss(field_name: str) -> int:
 
 def _child(argv: list[str]) -> None:
     """One erase path in this process; prints a JSON line with its time and memory."""
-    from mmunlearn.erase.stream import stream_erase_checkpoint  # the package face (torchaudio compatibility) first
-    from mmunlearn.erase.in_memory import erase_checkpoint
-
     path, model, forget, retain, out, rank, threads = argv
     if threads != "none":
         torch.set_num_threads(int(threads))

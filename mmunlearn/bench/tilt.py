@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from mmunlearn.presets.models import get_preset
+
 
 @dataclass
 class TiltBenchRow:
@@ -31,8 +33,6 @@ class TiltBenchRow:
 def _model(preset: str, vocab: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mmunlearn.presets.models import get_preset
-
     arch = get_preset(preset).arch
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=arch.hidden, intermediate_size=arch.intermediate,
                       num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
@@ -45,7 +45,7 @@ def _model(preset: str, vocab: int):
 def run(preset: str = "mini", batch: int = 16, prompt_tokens: int = 24, new_tokens: int = 64, repeats: int = 5,
         rank: int = 20, temperature: float = 1.5) -> TiltBenchRow:
     """Median tokens/s of plain and tilted greedy generation on the same prompts."""
-    from mmunlearn.tilt import TiltedCausalLM, TiltHead
+    from mmunlearn.tilt import TiltedCausalLM, TiltHead  # deferred: tilt imports transformers, kept out of CLI start
 
     base = _model(preset, 4096)
     head = TiltHead(base.config.hidden_size, base.config.vocab_size, rank)
