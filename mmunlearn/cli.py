@@ -17,13 +17,22 @@ import typer
 from rich.console import Console
 
 from mmunlearn._version import __version__
+from mmunlearn.api import prepare_retain as prepare
+from mmunlearn.audit import ATTACKS, markdown, write_audit
+from mmunlearn.audit.folder import audit_folder, folder_report
+from mmunlearn.audit.options import BITS, CAPABILITY_DEFAULTS, AuditOptions, options_for, parse_list
+from mmunlearn.audit.runner import reference_rows
 from mmunlearn.bench.cli import app as bench_app
-from mmunlearn.report_cli import app as report_app
 from mmunlearn.erase.basis import METHODS
-from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.energy import RULES
+from mmunlearn.erase.in_memory import erase_checkpoint
+from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.report import LARGE_UPDATE
-from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
+from mmunlearn.erase.stream import stream_erase_checkpoint
+from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line, set_threads
+from mmunlearn.methods import REGISTRY
+from mmunlearn.report_cli import app as report_app
+from mmunlearn.undo import restore_folder
 
 app = typer.Typer(
     name="mmunlearn",
@@ -53,8 +62,6 @@ _mount_recipes()
 def methods() -> None:
     """List the unlearning methods, the model kinds each applies to, and their settings with help text."""
     from dataclasses import MISSING, fields
-
-    from mmunlearn.methods import REGISTRY
 
     for m in REGISTRY.values():
         console.print(f"[bold]{m.name}[/bold] ({', '.join(m.kinds)}): {m.help}")
@@ -128,12 +135,8 @@ def erase(
                    method=Method(method).value, scale=scale, localize=localize, rule=Rule(rule).value, top=top,
                    threshold=threshold, rows=rows, seed=seed, overwrite=overwrite)
     if stream:
-        from mmunlearn.erase.stream import stream_erase_checkpoint
-
         report = stream_erase_checkpoint(model, forget, out, hardlink=hardlink, **options)
     else:
-        from mmunlearn.erase.in_memory import erase_checkpoint
-
         report = erase_checkpoint(model, forget, out, **options)
     console.print(report.table())
     console.print(f"edited model, undo patch and report written to [bold]{out}[/bold]")
@@ -153,8 +156,6 @@ def restore(
     steps: Annotated[int, typer.Option(min=0, help="Deletion requests to undo for a folder edited by several (its undo_history/): 1 gives the folder the request before wrote, 0 the original model.")] = 1,
 ) -> None:
     """Undo an erase or any unlearning output: write the original weights back, bit for bit."""
-    from mmunlearn.undo import restore_folder
-
     restore_folder(model, out, patch=patch, overwrite=overwrite, stream=stream, hardlink=hardlink, steps=steps)
     console.print(f"restored model written to [bold]{out}[/bold]")
 
@@ -179,8 +180,6 @@ def prepare_retain(
 ) -> None:
     """Compute the retain side of QR-Erase once (retain task matrices + fingerprints of the weights, the retain
     data and the settings); later requests load it while the fingerprints match and recompute it when not."""
-    from mmunlearn.api import prepare_retain as prepare
-
     state = prepare(model, retain, out, method=method, reference=reference, where=where,
                     retain_tasks=tuple(retain_task or ("speaker",)), size=size, device=device, refresh=refresh,
                     trust_hparams=trust_hparams, kind=extract_kind, steps=extract_steps, lr=extract_lr, scope=scope)
@@ -191,8 +190,6 @@ def prepare_retain(
 
 def _audit_help(name: str, note: str = "") -> str:
     """An audit option's help and default, as :class:`mmunlearn.audit.AuditOptions` declares them."""
-    from mmunlearn.audit.options import CAPABILITY_DEFAULTS, AuditOptions
-
     kinds = "; ".join(f"{k.removeprefix('is_')}s: {v[name]}" for k, v in CAPABILITY_DEFAULTS.items() if name in v)
     return f"{AuditOptions.help(name)}{note} \\[default: {getattr(AuditOptions(), name)}{'; ' + kinds if kinds else ''}]"
 
@@ -224,12 +221,6 @@ def audit(
     """Robustness audit of an unlearned model: does its forgetting survive paraphrase, 8/4-bit quantisation,
     relearning and a linear probe? Each attack is applied to the target, the retain model and the unlearned
     model alike; "kept" = (target - model) / (target - retain) after the attack (1 = as retrained)."""
-    from mmunlearn.audit import ATTACKS, markdown, write_audit
-    from mmunlearn.audit.folder import audit_folder, folder_report
-    from mmunlearn.audit.options import BITS, options_for, parse_list
-    from mmunlearn.audit.runner import reference_rows
-    from mmunlearn.errors import set_threads
-
     set_threads(threads)
     try:
         chosen = parse_list(attacks, ATTACKS, "--attacks")

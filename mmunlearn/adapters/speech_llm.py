@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.adapters.base import HiddenStateTap, IGNORE, LayerWeight, TokenScoring
+from mmunlearn.adapters.base import IGNORE, HiddenStateTap, LayerWeight, TokenScoring
 from mmunlearn.adapters.speech_llm_build import arch_for, build_feature_extractor, build_model, build_tokenizer
 from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
 from mmunlearn.adapters.speech_llm_io import load_dir, save_dir
