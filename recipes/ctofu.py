@@ -18,6 +18,12 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from mmunlearn.data.ctofu import (FACT_SPLITS, FORGET_SPLIT, TRAIN_TEXTS, build_world, open_ctofu, parse_langs,
+                                  retain_split_for)
+from mmunlearn.data.ctofu_align import check_alignment
+from mmunlearn.metrics.logs import write_json_atomic
+from mmunlearn.presets.build import torch_threads
+
 from recipes import ctofu_pipeline, ctofu_report, tofu_report
 from recipes.ctofu_config import CTofuConfig
 from recipes.recipe_cli import config_command, help_of, require
@@ -45,10 +51,6 @@ def _world(data: str, english: Path | None, langs: str, authors: int | None, fac
            skip_misaligned: bool, out: Path, train_text: str = "scored", allow_text_mismatch: bool = False):
     """The run's world, after the alignment check and the trained-vs-scored text check (report written
     to ``out``; alignment errors stop or drop languages, a text mismatch stops or is recorded)."""
-    from mmunlearn.data.ctofu import (FACT_SPLITS, FORGET_SPLIT, TRAIN_TEXTS, build_world, open_ctofu, parse_langs,
-                                      retain_split_for)
-    from mmunlearn.data.ctofu_align import check_alignment
-
     if train_text not in TRAIN_TEXTS:
         raise typer.BadParameter(f"{train_text!r}; choose from {', '.join(TRAIN_TEXTS)}", param_hint="--train-text")
     ct = open_ctofu(data, english)
@@ -86,14 +88,10 @@ def _world(data: str, english: Path | None, langs: str, authors: int | None, fac
 
 
 def _langs(spec: str, world, default: tuple[str, ...]) -> tuple[str, ...]:
-    from mmunlearn.data.ctofu import parse_langs
-
     return default if spec == "forget" else parse_langs(spec, world.languages)
 
 
 def _context(cfg: CTofuConfig):
-    from mmunlearn.data.ctofu import parse_langs
-
     world = _world(cfg.data, cfg.english, cfg.langs, cfg.authors, cfg.facts, cfg.skip_misaligned, cfg.out,
                    cfg.train_text, cfg.allow_text_mismatch)
     forget = parse_langs(cfg.forget_lang, world.languages)
@@ -126,9 +124,6 @@ def finetune(
     threads: Threads = None,
 ) -> None:
     """Target model on retain + forget of every language, retain model on the retain rows (cached)."""
-    from mmunlearn.metrics.logs import write_json_atomic
-    from mmunlearn.presets.build import torch_threads
-
     with torch_threads(threads):
         world = _world(data, english, langs, authors, facts, skip_misaligned, out, train_text, allow_text_mismatch)
         built = ctofu_pipeline.build(preset, world, seed, cache_dir, device)
@@ -145,8 +140,6 @@ def finetune(
 def run(cfg: CTofuConfig) -> None:
     """Unlearn the forget rows of --forget-lang with one method; TOFU metrics in every --eval-langs language
     (OUT/run.md/.json, OUT/<method>/{model/, run.json, <lang>/})."""
-    from mmunlearn.presets.build import torch_threads
-
     require(cfg, "method", "out")
     with torch_threads(cfg.threads):
         ctx = _context(cfg)
@@ -163,8 +156,6 @@ def run(cfg: CTofuConfig) -> None:
 def compare(cfg: CTofuConfig) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary (and, with
     --audit, the robustness audit table AUDIT.md with the forgetting kept in every language)."""
-    from mmunlearn.presets.build import torch_threads
-
     chosen, out = cfg.chosen(), cfg.out
     audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()

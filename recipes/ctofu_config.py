@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmunlearn.config import opt
+from mmunlearn.data.ctofu import TRAIN_TEXTS
 from recipes.recipe_config import ConfigError
 from recipes.tofu_config import RecipeConfig
 
@@ -43,8 +44,6 @@ class CTofuConfig(RecipeConfig):
                                            "paraphrase robustness). Default: stop with the counts.")
 
     def __post_init__(self) -> None:
-        from mmunlearn.data.ctofu import TRAIN_TEXTS
-
         super().__post_init__()
         if self.train_text not in TRAIN_TEXTS:
             raise ConfigError(f"{self.train_text!r}; choose from {', '.join(TRAIN_TEXTS)}", "train_text")

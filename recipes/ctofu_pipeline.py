@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.audit import audit_text, write_audit
+from mmunlearn.audit.folder import load_text_unlearned
 from mmunlearn.data.ctofu import World
+from mmunlearn.eval import evaluate_tofu
+from mmunlearn.metrics.logs import read_tofu_logs, summarize
+from mmunlearn.presets.build import build_models
+from mmunlearn.presets.cache import default_cache_dir
 from recipes.tofu_pipeline import cached_eval
 
 # no MIA: the translations ship no holdout split (its non-members)
@@ -33,8 +40,6 @@ MIN_DROP = 0.1  # a relative forget ROUGE-L drop below this in the forget langua
 
 
 def _summary(logs_path: Path) -> dict[str, float]:
-    from mmunlearn.metrics.logs import read_tofu_logs, summarize
-
     return summarize(read_tofu_logs(logs_path))
 
 
@@ -68,21 +73,15 @@ class CrossLingualSetup:
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target."""
-        from mmunlearn.adapters.text_llm import TextLLMAdapter
-
         base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
         return float(base.answer_nll(self.forget).mean())
 
     def adapter(self, path: Path, device: str):
         """A text adapter on ``path`` (float32 scoring)."""
-        from mmunlearn.adapters.text_llm import TextLLMAdapter
-
         return TextLLMAdapter.from_pretrained(path, device=device)
 
     def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
         """One row per evaluation language of an unlearned model (``folder/<lang>/TOFU_EVAL.json``)."""
-        from mmunlearn.eval import evaluate_tofu
-
         rows = []
         for lang in self.eval_langs:
             logs = evaluate_tofu(adapter, self.world.eval_data[lang], self.world.forget_split, None,
@@ -106,8 +105,6 @@ class CrossLingualSetup:
 
 def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: str):
     """Base, target (every language's retain + forget rows) and retain (every language's retain rows)."""
-    from mmunlearn.presets.build import build_models
-
     return build_models(preset, world.training_data, world.forget_split, None, seed, cache_dir, device)
 
 
@@ -115,8 +112,6 @@ def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs
             retain_langs: tuple[str, ...], seed: int, cache_dir: Path | None, device: str,
             max_new_tokens: int) -> CrossLingualSetup:
     """Build (or reuse) the models and evaluate target and retain model in every evaluation language."""
-    from mmunlearn.presets.cache import default_cache_dir
-
     for what, langs in (("forget", forget_langs), ("eval", eval_langs), ("retain", retain_langs)):
         missing = [lang for lang in langs if lang not in world.languages]
         if missing or not langs:
@@ -186,10 +181,6 @@ def audit_method(method: str, ctx: CrossLingualSetup, out: Path, options, device
     """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` against the world's target and retain models:
     the attacks on the forget languages' scored forget rows, and the plain measures in every other evaluation
     language (``language_<lang>``); no probe (the translations ship no holdout split). ``out/AUDIT.json``."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.audit import audit_text, write_audit
-    from mmunlearn.audit.folder import load_text_unlearned
-
     scored = f"{ctx.world.forget_split}_perturbed"
     forget = [it for lang in ctx.forget_langs for it in ctx.world.eval_data[lang][scored]]
     languages = {lang: list(ctx.world.eval_data[lang][scored]) for lang in ctx.eval_langs

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.metrics.logs import write_json_atomic
 from recipes.ctofu_pipeline import COLUMNS
 
 
@@ -70,8 +71,6 @@ def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...
 def write_report(out: Path, stem: str, rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...],
                  context: dict) -> tuple[Path, Path]:
     """``<stem>.md`` and ``<stem>.json`` in ``out`` (each written atomically)."""
-    from mmunlearn.metrics.logs import write_json_atomic
-
     md = write_text_atomic(out / f"{stem}.md", markdown(rows, summary, forget_langs))
     js = write_json_atomic(out / f"{stem}.json", {"context": context, "rows": rows, "transfer": summary,
                                                   "time": time.time()})

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from mmunlearn.methods import get, names
+
 #: The config field holding per-method settings, and the override prefixes that address it.
 METHOD_OPTIONS = "method_options"
 _PREFIXES = ("method_options.", "method.")
@@ -148,8 +150,6 @@ def _method_fields(name: str, kind: str | None) -> dict[str, Any]:
     """The settings of method ``name`` a recipe may set: its config's fields, and ``extract_<f>`` for the fields of
     a nested ``extract`` config (as :func:`mmunlearn.config.with_overrides` takes them). ``kind`` None: any
     registered method (a recipe whose model kind is a setting checks it applies)."""
-    from mmunlearn.methods import get, names
-
     try:
         spec = get(name, kind)
     except ValueError:

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mmunlearn.atomic import write_text_atomic
+from mmunlearn.methods import run_unlearning
+
+from recipes.tofu_settings import preset_size
 
 RUN_JSON = "run.json"
 
@@ -132,9 +135,6 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     ``folder/model``), given the bound :class:`Harness`; ``voxceleb2`` runs it once per scope and keeps the rule's
     choice. With ``resume`` a stage finished with the same key is not redone: its rows come back with ``reused``: True.
     """
-    from mmunlearn.methods import run_unlearning
-    from recipes.tofu_settings import preset_size
-
     key = stage_key(method, setup, options, rule, base, method_options)
     if resume and (rows := finished_rows(folder, key, setup)) is not None:
         return [{**r, "reused": True} for r in rows]

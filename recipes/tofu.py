@@ -27,13 +27,21 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from mmunlearn.adapters.text_llm import PRECISIONS, TextLLMAdapter
 from mmunlearn.atomic import write_text_atomic
+from mmunlearn.data.tofu import load_split
+from mmunlearn.errors import set_threads
+from mmunlearn.eval import evaluate_tofu, summary_table
+from mmunlearn.eval.tofu import check_max_new_tokens
+from mmunlearn.presets.build import finetune as build_one
+from mmunlearn.presets.cache import read_log
 from recipes import tofu_pipeline, tofu_report
 from recipes.recipe_cli import config_command, help_of, option_flag, require
 from recipes.recipe_config import ConfigError
 from recipes.runner import run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
-from recipes.tofu_settings import memorisation, memorisation_warning, sweep_rule
+from recipes.tofu_parallel import pending, run_jobs
+from recipes.tofu_settings import default_precision, memorisation, memorisation_warning, preset_size, sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
 console = Console()
@@ -54,14 +62,10 @@ UtilityItems = Annotated[Optional[int], typer.Option(help=help_of(TofuConfig, "u
 def _threads(n: int | None) -> None:
     import torch
 
-    from mmunlearn.errors import set_threads
-
     set_threads(n if n is not None else None if torch.cuda.is_available() else 1)
 
 
 def _max_new_tokens(text: str) -> int | str:
-    from mmunlearn.eval.tofu import check_max_new_tokens
-
     try:
         return check_max_new_tokens("auto" if text.strip() == "auto" else int(text))
     except ValueError:
@@ -69,8 +73,6 @@ def _max_new_tokens(text: str) -> int | str:
 
 
 def _precision(value: str | None) -> str | None:
-    from mmunlearn.adapters.text_llm import PRECISIONS
-
     if value is not None and value not in PRECISIONS:
         raise typer.BadParameter(f"choose from {', '.join(PRECISIONS)}, got {value!r}", param_hint="--precision")
     return value
@@ -100,9 +102,6 @@ def _model_dir(path: Path | None, flag: str) -> Path | None:
 
 def _given_models(cfg: TofuConfig, overrides: dict[str, Any]) -> tuple[Path | None, Path | None]:
     """Check --target / --retain-model and what needs the target's base (before any model work)."""
-    from mmunlearn.presets.cache import read_log
-    from recipes.tofu_settings import preset_size
-
     target, retain_model = _model_dir(cfg.target, "--target"), _model_dir(cfg.retain_model, "--retain-model")
     made_by = (read_log(target) or {}).get("preset") if target is not None else None
     if isinstance(made_by, str) and preset_size(made_by) != preset_size(cfg.preset):
@@ -149,8 +148,6 @@ def _warn_memorisation(ctx) -> None:
 
 def _parallel(cfg: TofuConfig, ctx, chosen: list[str], rule) -> None:
     """``--jobs``: the unfinished method stages in ``cfg.jobs`` processes first; the loop below reuses them."""
-    from recipes.tofu_parallel import pending, run_jobs
-
     todo = pending(cfg, ctx, chosen, rule)
     if len(todo) > 1:
         console.print(f"running {len(todo)} method stages, {cfg.jobs} at a time, in separate processes",
@@ -203,8 +200,6 @@ def finetune(
     forget authors (full, forgetPP) the answer NLL of the forget rows is recorded in train_log.json
     (forget_answer_nll) and a warning printed when it is above the memorisation bound.
     """
-    from mmunlearn.presets.build import finetune as build_one
-
     _threads(threads)
     try:
         overrides = train_overrides("", epochs=epochs, lr=lr, batch_size=batch_size, grad_accum=grad_accum,
@@ -251,11 +246,6 @@ def evaluate(
 ) -> None:
     """Evaluate a model with the TOFU metric suite (reference definitions and log format); with a retain
     model, the memorisation check of the model too."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.eval import evaluate_tofu, summary_table
-
-    from recipes.tofu_settings import default_precision
-
     _threads(threads)
     model = _model_dir(model, "--model")
     groups = _metrics(metrics)
@@ -361,10 +351,8 @@ def tilt(
     device: Device = "auto",
 ) -> None:
     """Train a T3 tilt head for any model directory and QA files."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.data.tofu import load_split
-    from mmunlearn.tilt import TiltedCausalLM
-    from mmunlearn.tilt.train import train_tilt
+    from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
+    from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers, kept out of CLI start
 
     adapter = TextLLMAdapter.from_pretrained(model, device=device)
     r_items = load_split(retain.parent, retain.stem)

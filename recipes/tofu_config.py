@@ -10,8 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.adapters.text_llm import PRECISIONS
+from mmunlearn.audit import ATTACKS
+from mmunlearn.audit.options import parse_list
 from mmunlearn.config import opt
+from mmunlearn.eval.tofu import check_max_new_tokens
+from mmunlearn.methods import names
+from mmunlearn.taskvec.extract import KINDS
+from mmunlearn.train import TrainConfig
 from recipes.recipe_config import ConfigError
+from recipes.tofu_pipeline import parse_metrics
+from recipes.tofu_settings import audit_options, method_options
 
 #: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
 RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks",
@@ -77,10 +86,6 @@ class RecipeConfig:
                                     "time than 2 on this project's shared 2-core CPU; with CUDA: torch's choice).")
 
     def __post_init__(self) -> None:
-        from mmunlearn.eval.tofu import check_max_new_tokens
-        from mmunlearn.methods import names
-        from mmunlearn.taskvec.extract import KINDS
-
         try:
             check_max_new_tokens(self.max_new_tokens)
         except ValueError as e:
@@ -101,8 +106,6 @@ class RecipeConfig:
 
     def chosen(self) -> list[str]:
         """The methods a comparison runs, in registry order for 'all'."""
-        from mmunlearn.methods import names
-
         return names("text") if self.methods == ("all",) else list(self.methods)
 
     def knobs(self) -> dict[str, Any]:
@@ -111,16 +114,10 @@ class RecipeConfig:
 
     def method_overrides(self, method: str) -> dict[str, Any]:
         """The overrides of ``method``'s config: the shared knobs its config has, then its own ``method_options``."""
-        from recipes.tofu_settings import method_options
-
         return {**method_options(method, **self.knobs()), **self.method_options.get(method, {})}
 
     def audit_options(self):
         """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the preset; generations at most 64 tokens."""
-        from mmunlearn.audit import ATTACKS
-        from mmunlearn.audit.options import parse_list
-        from recipes.tofu_settings import audit_options
-
         tokens = self.max_new_tokens if isinstance(self.max_new_tokens, int) else 64
         try:
             return audit_options(self.preset, relearn_steps=self.audit_relearn_steps, relearn_lr=self.audit_relearn_lr,
@@ -163,9 +160,6 @@ class TofuConfig(RecipeConfig):
                        "settings, `threads` torch threads each; logs in OUT/jobs/); 2 uses both cores of a 2-core CPU.")
 
     def __post_init__(self) -> None:
-        from mmunlearn.adapters.text_llm import PRECISIONS
-        from recipes.tofu_pipeline import parse_metrics
-
         super().__post_init__()
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ConfigError(f"precision: choose from {', '.join(PRECISIONS)}, got {self.precision!r}", "precision")
@@ -191,8 +185,6 @@ def train_overrides(prefix: str = "ft_", **values: Any) -> dict[str, Any]:
     """Fine-tuning settings (``epochs``, ``lr``, ``batch_size``, ``grad_accum``, ``max_steps``, ``precision``; None:
     the preset's) as ``build_models`` / ``finetune`` overrides, checked by :class:`mmunlearn.train.TrainConfig`; a
     :class:`ConfigError` names the setting as ``prefix + name``."""
-    from mmunlearn.train import TrainConfig
-
     precision, max_steps = values.pop("precision", None), values.pop("max_steps", None)
     if precision is not None and precision not in FT_PRECISIONS:
         raise ConfigError(f"choose from {', '.join(FT_PRECISIONS)}, got {precision!r}", prefix + "precision")

@@ -12,9 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.audit import AUDIT_JSON, audit_text, write_audit
+from mmunlearn.audit.folder import load_text_unlearned, text_data
 from mmunlearn.data.tofu import load_split, split_info
+from mmunlearn.eval import evaluate_tofu
+from mmunlearn.eval.tofu import METRIC_GROUPS
+from mmunlearn.metrics import forget_quality, privleak
+from mmunlearn.metrics.entries import per_item
+from mmunlearn.presets.build import BuiltModels, build_models
+from mmunlearn.presets.cache import default_cache_dir, read_log
 
 from recipes.tofu_report import COLUMNS
+from recipes.tofu_settings import default_precision, memorisation, memorisation_warning
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +44,6 @@ def check_model_dir(path: str | Path, what: str | None = None) -> Path:
 def target_base(target: Path) -> Path | None:
     """The base model a target was fine-tuned from, as its ``train_log.json`` names it (``tofu finetune``
     writes it), when that folder still exists; None otherwise."""
-    from mmunlearn.presets.cache import read_log
-
     base = (read_log(target) or {}).get("base")
     if not isinstance(base, str) or not (Path(base) / "config.json").is_file():
         return None
@@ -45,8 +53,6 @@ def target_base(target: Path) -> Path | None:
 def model_fingerprint(model_dir: Path) -> str:
     """What identifies the weights of a model folder that is not in the build cache: its build key
     (``train_log.json``) when it has one, else the names, sizes and times of its weight files."""
-    from mmunlearn.presets.cache import read_log
-
     key = (read_log(model_dir) or {}).get("key")
     if isinstance(key, str):
         return key
@@ -57,8 +63,6 @@ def model_fingerprint(model_dir: Path) -> str:
 
 def parse_metrics(text: str | None) -> tuple[str, ...] | None:
     """``--metrics forget,utility`` as evaluate_tofu's metric groups (None or ``all``: every group)."""
-    from mmunlearn.eval.tofu import METRIC_GROUPS
-
     if text is None or text.strip() == "all":
         return None
     chosen = [m.strip() for m in text.split(",") if m.strip()]
@@ -72,8 +76,6 @@ def parse_metrics(text: str | None) -> tuple[str, ...] | None:
 def reference_metrics(metrics: Collection[str] | None) -> tuple[str, ...] | None:
     """The groups the target and retain models are evaluated with: the chosen ones plus ``forget``
     (the memorisation check and forget quality need it; None: every group)."""
-    from mmunlearn.eval.tofu import METRIC_GROUPS
-
     if metrics is None:
         return None
     chosen = set(metrics) | {"forget"}
@@ -91,9 +93,6 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
     ``fingerprint``: what identifies the weights of a folder outside the build cache (whose folder
     names do not change with the weights; :func:`model_fingerprint`), part of the key when given.
     """
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.eval import evaluate_tofu
-
     key = [str(data), forget_split, authors, max_new_tokens, str(retain_logs)]
     key = key if metrics is None else [*key, sorted(metrics)]
     key = key if (precision, utility_items) == ("no", None) else [*key, precision, utility_items]
@@ -138,9 +137,6 @@ class TofuSetup:
         row = {"method": f"{which} model", **_metrics(logs), "unlearn_seconds": None, "total_seconds": None,
                "changed_fraction": None}
         if which == "retain":  # against itself, by the same formulas: KS p = 1, privleak = 0
-            from mmunlearn.metrics import forget_quality, privleak
-            from mmunlearn.metrics.entries import per_item
-
             if "forget_truth_ratio" in logs:
                 ratios = per_item(logs["forget_truth_ratio"])
                 row["forget_quality"] = forget_quality(ratios, ratios)
@@ -151,8 +147,6 @@ class TofuSetup:
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (before it saw the forget authors): the sweep's target."""
-        from mmunlearn.adapters.text_llm import TextLLMAdapter
-
         if self.built.base is None:
             raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
                              "base model (no train_log.json with an existing 'base')")
@@ -161,14 +155,10 @@ class TofuSetup:
 
     def adapter(self, path: Path, device: str):
         """A text adapter on ``path`` at this run's scoring precision."""
-        from mmunlearn.adapters.text_llm import TextLLMAdapter
-
         return TextLLMAdapter.from_pretrained(path, device=device, precision=self.precision)
 
     def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
         """The TOFU row of an unlearned model (``folder/TOFU_EVAL.json`` and the summaries)."""
-        from mmunlearn.eval import evaluate_tofu
-
         logs = evaluate_tofu(adapter, self.data, self.forget_split, self.authors, retain_logs=self.retain_logs,
                              out_dir=folder, max_new_tokens=self.max_new_tokens, model_name=method,
                              metrics=self.metrics, utility_items=self.utility_items)
@@ -205,13 +195,7 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     ``utility_items``: real-authors / world-facts items evaluated (None: all); ``rule_retain_items``: the
     sweep rule scores this many retain rows, spread evenly over the retain partition (None: all).
     """
-    from recipes.tofu_settings import default_precision
-
     precision = default_precision(preset) if precision is None else precision
-    from mmunlearn.presets.build import BuiltModels, build_models
-    from mmunlearn.presets.cache import default_cache_dir, read_log
-    from recipes.tofu_settings import memorisation, memorisation_warning
-
     given = {"target": None if target is None else check_model_dir(target, "target"),
              "retain": None if retain is None else check_model_dir(retain, "retain model")}
     metrics = None if metrics is None else tuple(metrics)
@@ -276,10 +260,6 @@ def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, c
     ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``data``: the
     TOFU source of the forget/holdout rows (default: the setup's); ``languages``: cTOFU's per-language
     forget rows."""
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
-    from mmunlearn.audit import audit_text, write_audit
-    from mmunlearn.audit.folder import load_text_unlearned, text_data
-
     forget, holdout, _ = text_data(ctx.data if data is None else data, ctx.forget_split, ctx.authors)
     adapters = cache.setdefault("adapters", {})
     for role in ("target", "retain"):
@@ -296,8 +276,6 @@ def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, c
 
 def earlier_audits(out: Path, methods: Collection[str]) -> list[dict]:
     """Audit results of methods kept from an earlier comparison (their ``out/<method>/AUDIT.json``)."""
-    from mmunlearn.audit import AUDIT_JSON
-
     found = []
     for m in methods:
         path = out / m / AUDIT_JSON

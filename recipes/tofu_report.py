@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.audit import write_audit
+from mmunlearn.methods import names
 from mmunlearn.report import fmt as _fmt
 
 #: Columns of the comparison table: (header, TOFU log key or row field).
@@ -52,8 +54,6 @@ def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
 
 def ordered(rows: list[dict]) -> list[dict]:
     """Reference rows first, then methods in the registry's order."""
-    from mmunlearn.methods import names
-
     rank = {m: i for i, m in enumerate(names())}
     return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
                                        r["method"] != "target model"))
@@ -100,9 +100,6 @@ def write_tables(out: Path, rows: list[dict], context: dict) -> None:
 def write_audit_table(out: Path, results: list[dict], context: dict) -> Path:
     """AUDIT.json and AUDIT.md of a comparison (:func:`mmunlearn.audit.write_audit`), methods in the
     registry's order."""
-    from mmunlearn.audit import write_audit
-    from mmunlearn.methods import names
-
     rank = {m: i for i, m in enumerate(names())}
     return write_audit(out, sorted(results, key=lambda r: rank.get(r["method"], len(rank))), context)
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
 from mmunlearn.methods import SweepRule, get
+from mmunlearn.presets.models import REAL_MODEL_PRECISION
 
 
 def preset_size(preset: str) -> str:
@@ -37,8 +39,6 @@ def preset_size(preset: str) -> str:
 def default_precision(preset: str) -> str:
     """Scoring / generation precision of a model preset: bf16 for the real checkpoints that measured faster
     and accurate with it (:data:`mmunlearn.presets.models.REAL_MODEL_PRECISION`), else ``no`` (float32)."""
-    from mmunlearn.presets.models import REAL_MODEL_PRECISION
-
     return REAL_MODEL_PRECISION.get(preset, "no")
 
 
@@ -104,8 +104,6 @@ AUDIT_RELEARN_LR: dict[str, float] = {"micro": 1e-3, "mini": 1e-3, "model_dir": 
 
 def audit_options(preset: str, **overrides: Any):
     """The audit settings of ``--audit`` for a model preset (``overrides``: the CLI's, None = default)."""
-    from mmunlearn.audit import AuditOptions
-
     return AuditOptions(relearn_lr=AUDIT_RELEARN_LR[preset_size(preset)]).replace(**overrides)
 
 
