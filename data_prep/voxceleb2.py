@@ -53,6 +53,7 @@ from mmunlearn.data.manifest import (
     select_speakers,
     write_manifest,
 )
+from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
 
 log = logging.getLogger(__name__)
 
@@ -683,8 +684,6 @@ def echo_report(res: PrepareResult) -> None:
 def main(argv: list[str] | None = None) -> None:
     """The command line: errors a user caused print as one ``error:`` line and exit 2 (as ``mmunlearn`` does)."""
     import sys
-
-    from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
 
     try:
         app(args=argv, prog_name="data_prep.voxceleb2")
