@@ -74,7 +74,7 @@ def _weights_equal(a: Any, b: Any) -> bool:
 
 def _tilt_parts(adapter: Any):
     """(weights adapter, rewrap) for a T3-tilted adapter; (adapter, None) otherwise."""
-    from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers (~0.7 s), kept out of CLI start
+    from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
 
     model = adapter.model
     if not isinstance(model, TiltedCausalLM):

@@ -52,7 +52,7 @@ class TiltFiles:
         return (Path(folder) / TILT_DIR).is_dir()
 
     def load(self, folder: Path, adapter: Any) -> Any:
-        from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers (~0.7 s), kept out of CLI start
+        from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
 
         return adapter.with_model(TiltedCausalLM.load(Path(folder) / TILT_DIR, base=adapter.model))
 

@@ -43,14 +43,14 @@ class T3Config(PresetConfig):
 
 
 def _tilted(adapter, head, temperature: float, strength: float = 1.0):
-    from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers (~0.7 s), kept out of CLI start
+    from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
 
     return adapter.with_model(TiltedCausalLM(adapter.model, head, temperature, strength=strength))
 
 
 def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ctx: RunContext) -> MethodResult:
     """Fit the head on the frozen model's states; wrap the model (temperature swept with ``ctx.rule``)."""
-    from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers (~0.7 s), kept out of CLI start
+    from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers, kept out of CLI start
 
     fit = train_tilt(adapter, retain, forget, rank=cfg.head_rank, epochs=cfg.head_epochs, lr=cfg.head_lr, cache_dir=ctx.cache_dir,
                      progress=ctx.progress)
