@@ -25,10 +25,17 @@ import typer
 from rich.console import Console
 
 from data_prep.fsdd import prepare_corpus_command
+from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare_command
+from mmunlearn.adapters.base import resolve_device
+from mmunlearn.audit import write_audit
+from mmunlearn.audit.folder import audit_speaker_models
+from mmunlearn.errors import set_threads
+from recipes import voxceleb2_hf_audio as hf_audio
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_report as report
 from recipes import voxceleb2_settings as settings
+from recipes import voxceleb2_speech_llm as speech_llm
 from recipes.recipe_cli import config_command, help_of
 from recipes.voxceleb2_config import DEFAULT_WORKDIR, VoxCelebConfig
 
@@ -64,9 +71,6 @@ CacheDir = Annotated[Optional[Path], typer.Option(help=_help("cache_dir"))]
 
 def _setup(device: str, threads: int | None) -> str:
     """Resolve ``auto`` and set the torch thread count (1 on CPU unless told otherwise)."""
-    from mmunlearn.adapters.base import resolve_device
-    from mmunlearn.errors import set_threads
-
     resolved = resolve_device(device).type
     set_threads(threads if threads is not None else 1 if resolved == "cpu" else None)
     return resolved
@@ -87,9 +91,7 @@ def _spec(name: str, preset: str, epochs: int | None, lr: float | None, crop: fl
     if model not in pipe.MODELS:
         raise typer.BadParameter(f"--model must be one of {', '.join(pipe.MODELS)} or speech-llm, got {model!r}")
     if model == "hf-audio":
-        from recipes.voxceleb2_hf_audio import train_config
-
-        train = train_config(preset, epochs=epochs, lr=lr)
+        train = hf_audio.train_config(preset, epochs=epochs, lr=lr)
     else:
         train = settings.train_config(preset, epochs=epochs, lr=lr)
     return pipe.ModelSpec(name, preset, train.to_dict(), crop or None, seed, model)
@@ -105,8 +107,6 @@ def synth(
     jobs: Annotated[int, typer.Option(min=0, help="Worker processes (0: up to 2).")] = 0,
 ) -> None:
     """Synthesise the built-in espeak-ng speaker corpus (no download); a re-run with the same options does nothing."""
-    from data_prep.synth_speakers import synthesize_corpus
-
     start = time.perf_counter()
     root = synthesize_corpus(out, speakers, utterances, videos, seed, jobs=jobs or None)
     console.print(f"corpus in [bold]{root}[/bold] ({speakers} speakers x {utterances} utterances, {videos} videos each; "
@@ -152,8 +152,6 @@ def train(
 
 def _unlearn_speech_llm(level: str, cfg: VoxCelebConfig) -> None:
     """The ``--model speech-llm`` path: corpus (unless --manifests), models, every method, one table."""
-    from recipes import voxceleb2_speech_llm as speech_llm
-
     device = _setup(cfg.device, cfg.threads)
     start = time.perf_counter()
     out = cfg.out or cfg.workdir / "speech_llm"
@@ -189,8 +187,6 @@ def _method_row(name: str, cfg: VoxCelebConfig, ctx: pipe.SpeakerSetup, n_classe
 
 def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
     """The classifier path (ECAPA or hf-audio): corpus, cached models and references, every method, the tables."""
-    from mmunlearn.audit import write_audit
-
     start = time.perf_counter()
     chosen = cfg.chosen()
     audit_opts = cfg.audit_options() if cfg.audit else None
@@ -209,9 +205,7 @@ def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
     context = {**ctx.describe(), "preset": cfg.preset, "sweep": cfg.sweep, "retain_bound": cfg.retain_bound,
                "forget_acc": cfg.forget_acc, "seed": cfg.seed, "classes": n_classes, "model": cfg.model}
     if cfg.model == "hf-audio":
-        from recipes.voxceleb2_hf_audio import describe
-
-        context["model"] = describe(cfg.preset)
+        context["model"] = hf_audio.describe(cfg.preset)
     if cfg.method_options:
         context["method_options"] = cfg.method_options
     audits, audit_cache = [], {}
@@ -246,9 +240,6 @@ def _audit_method(name: str, folder: Path, original: Path, retrained: Path, data
                   device: str, cache: dict, context: dict) -> dict:
     """Audit one method's classifier (``folder/model``) against the original and retrained ones:
     ``folder/AUDIT.json`` and ``.md``; the caller's ``cache`` keeps the reference models' attacks."""
-    from mmunlearn.audit import write_audit
-    from mmunlearn.audit.folder import audit_speaker_models
-
     result = audit_speaker_models(folder / "model", original, retrained, data, level=level, method=name,
                                   options=options, device=device, cache=cache)
     write_audit(folder, [result], context)
