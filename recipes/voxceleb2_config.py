@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.audit import ATTACKS
+from mmunlearn.audit.options import parse_list
 from mmunlearn.config import opt
+from mmunlearn.methods import names
 from recipes import voxceleb2_settings as settings
 from recipes.recipe_config import ConfigError
+from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
 
 #: ``--model``: the classifier families (:data:`recipes.voxceleb2_pipeline.MODELS`) and the speech LLM.
 MODELS = ("classifier", "hf-audio", "speech-llm")
@@ -157,8 +161,6 @@ class VoxCelebConfig:
 
     def applicable(self) -> list[str]:
         """The methods that apply to ``--model``, in registry order."""
-        from mmunlearn.methods import names
-
         return names(MODEL_KINDS[self.model])
 
     def chosen(self) -> list[str]:
@@ -166,8 +168,6 @@ class VoxCelebConfig:
         if self.methods != ("all",):
             return list(self.methods)
         if self.model == "speech-llm":
-            from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
-
             return list(DEFAULT_METHODS)
         return list(settings.CLASSIFIER_METHODS)
 
@@ -186,9 +186,6 @@ class VoxCelebConfig:
 
     def audit_options(self) -> Any:
         """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the classifier of ``--model``."""
-        from mmunlearn.audit import ATTACKS
-        from mmunlearn.audit.options import parse_list
-
         try:
             return settings.audit_options(MODEL_KINDS[self.model], relearn_steps=self.audit_relearn_steps,
                                           relearn_lr=self.audit_relearn_lr, relearn_on=self.audit_relearn_on,
