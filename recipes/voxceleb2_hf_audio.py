@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from mmunlearn.adapters.hf_audio import HFAudioAdapter
+from mmunlearn.data.utterances import UtteranceDataset
 from mmunlearn.train import TrainConfig, TrainResult, train
 
 #: Sizes of the classifier (``--preset``): width, transformer layers, heads, feed-forward width, convolution
@@ -89,9 +91,6 @@ def train_hf_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Sequence
     """A fresh classifier of ``preset`` over ``speakers`` (in class order) trained on manifest ``rows`` with the
     shared training loop: cross-entropy on random crops of ``crop_seconds`` (shorter utterances whole; None: whole
     utterances), seeded by ``seed`` (initialisation, crops, batches)."""
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
-    from mmunlearn.data.utterances import UtteranceDataset
-
     if not rows:
         raise ValueError("no training rows given")
     unknown = sorted({str(r["spk_id"]) for r in rows} - {str(s) for s in speakers})
