@@ -22,9 +22,20 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from data_prep.synth_speakers import synthesize_corpus
+from data_prep.voxceleb2 import prepare
+from mmunlearn.adapters.speaker import SCORING_VERSION  # how batches are trained on and scored
 from mmunlearn.atomic import write_text_atomic
+from mmunlearn.data.manifest import SPLIT_NAMES
 from mmunlearn.data.utterances import LEVELS, split_rows
+from mmunlearn.eval.speaker import evaluate_speaker_unlearning
+from mmunlearn.kinds import kind_of
+from mmunlearn.methods import mean_nll
+from mmunlearn.methods.rule import SweepPoint, choose
+from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+from mmunlearn.train import TrainConfig
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
+from recipes.voxceleb2_hf_audio import train_hf_classifier
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
@@ -39,9 +50,6 @@ def builtin_manifests(workdir: Path, *, speakers: int = 20, utterances: int = 30
                       progress: bool = True) -> Path:
     """Synthesise (or reuse) the espeak-ng corpus in ``workdir/corpus`` and prepare (or reuse) its
     manifests in ``workdir/manifests``; returns the manifest directory."""
-    from data_prep.synth_speakers import synthesize_corpus
-    from data_prep.voxceleb2 import prepare
-
     root = synthesize_corpus(Path(workdir) / "corpus", speakers, utterances, videos, seed, progress=progress)
     return prepare(root, Path(workdir) / "manifests", forget_speakers=forget_speakers,
                    forget_fraction=forget_fraction, seed=seed, progress=progress).out
@@ -73,8 +81,6 @@ class ModelSpec:
     model: str = "classifier"  # the family (MODELS): ECAPA (keys as before this field) or hf-audio
 
     def key(self, rows: list[dict], speakers: list[str]) -> str:
-        from mmunlearn.adapters.speaker import SCORING_VERSION  # how batches are trained on and scored
-
         fields = {k: v for k, v in asdict(self).items() if k != "model" or v != "classifier"}
         spec = json.dumps([fields, rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str)
         return hashlib.sha256(spec.encode()).hexdigest()[:12]
@@ -87,8 +93,6 @@ MODELS = {"classifier": "speaker", "hf-audio": "hf-audio"}
 
 def load_classifier(path: Path, device: str, scope: str = "all"):
     """The adapter of a classifier folder of any registered classifier kind (asked of :mod:`mmunlearn.kinds`)."""
-    from mmunlearn.kinds import kind_of
-
     kind = kind_of(path)
     if kind is None or not kind.is_classifier:
         raise ValueError(f"{path}: not a speaker classifier folder of a registered kind")
@@ -98,12 +102,8 @@ def load_classifier(path: Path, device: str, scope: str = "all"):
 def _trainer(model: str):
     """The function that trains a fresh classifier of the family ``model`` (same arguments for each)."""
     if model == "hf-audio":
-        from recipes.voxceleb2_hf_audio import train_hf_classifier
-
         return train_hf_classifier
     if model == "classifier":
-        from mmunlearn.speech.speaker_training import train_speaker_classifier
-
         return train_speaker_classifier
     raise ValueError(f"model must be one of {tuple(MODELS)}, got {model!r}")
 
@@ -115,9 +115,6 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
     ``original`` trains on ``train`` (retain + forget); ``retrain-speaker`` on ``spk_retain_train``;
     ``retrain-sample`` on ``sample_retain``. All share the label space of ``train``.
     """
-    from mmunlearn.speech.speaker_training import training_rows
-    from mmunlearn.train import TrainConfig
-
     if spec.name == "original":
         rows, speakers = training_rows(manifests, "speaker", retain_only=False)
     elif spec.name in RETRAIN_NAME.values():
@@ -159,21 +156,15 @@ class EvalOptions:
 
 
 def evaluate(adapter, manifests: Path, level: str, opts: EvalOptions, progress: bool = True) -> dict[str, float]:
-    from mmunlearn.eval.speaker import evaluate_speaker_unlearning
-
     return evaluate_speaker_unlearning(adapter, manifests, level, progress=progress, **asdict(opts))
 
 
 def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions, device: str,
                 progress: bool = True) -> dict[str, float]:
     """Evaluate a cached classifier once per (manifests content, level, options)."""
-    from mmunlearn.data.manifest import SPLIT_NAMES
-
     digest = hashlib.sha256()
     for name in SPLIT_NAMES:
         digest.update(f"{name}:{rows_digest(split_rows(manifests, name))}\n".encode())
-    from mmunlearn.adapters.speaker import SCORING_VERSION
-
     spec = json.dumps([digest.hexdigest(), level, asdict(opts), SCORING_VERSION, EVAL_VERSION], sort_keys=True)
     path = Path(model_dir) / "evals" / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.json"
     if path.is_file():
@@ -241,8 +232,6 @@ def original_training(manifests: Path) -> dict | None:
 def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,
                  progress: bool = True, preset: str = "small") -> SpeakerSetup:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
-    from mmunlearn.methods import mean_nll
-
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     forget_name, retain_name = PARTITIONS[level]
@@ -275,8 +264,6 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
     evaluated on held-out audio; the chosen folder is copied to ``out/model`` (:func:`scope_sweep`).
     ``method_options``: the method's own settings among ``options`` (recorded in the stage key).
     """
-    from mmunlearn.kinds import kind_of
-
     if not scopes or (len(scopes) > 1 and rule is None):
         raise ValueError("several scopes need a sweep rule to choose among them")
     ctx.progress = progress
@@ -292,8 +279,6 @@ def scope_sweep(ctx: SpeakerSetup, out: Path, scopes: Sequence[str], scope_optio
     """The runner's ``unlearn`` hook of one method: the harness once per scope (:func:`run_method_row`), the
     rule's choice in ``out/model``; the row's columns (the NLLs after, the sweep time over every scope, whether the
     rule's bound held, the scope) and run.json's ``info`` (its forget measure named) and ``scopes_tried``."""
-    from mmunlearn.methods.rule import SweepPoint, choose
-
     def unlearn(harness: Harness) -> Unlearned:
         candidates = []
         for scope in scopes:
