@@ -31,8 +31,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mmunlearn.audit.options import CAPABILITY_DEFAULTS
+from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
+from mmunlearn.config import applicable_overrides
+from mmunlearn.eval.speaker import forgotten_error_rate, score_rows
 from mmunlearn.methods import SweepRule, get, mean_nll, names, needing
+from mmunlearn.methods.optimisation import budget_epochs
 from mmunlearn.speech.speaker_training import DEFAULT_TRAIN
 from mmunlearn.train import TrainConfig
 
@@ -100,9 +103,6 @@ DEFAULT_RETAIN_BOUND = 0.05
 def epoch_budget(method: str, preset: str, options: dict[str, Any], n_forget: int) -> int:
     """Under ``--sweep`` (epochs a cap; early stopping ends the run), an optimisation method's epochs: at least
     :data:`~mmunlearn.methods.optimisation.RULE_MIN_STEPS` optimizer steps on ``n_forget`` forget utterances."""
-    from mmunlearn.methods import get
-    from mmunlearn.methods.optimisation import budget_epochs
-
     return budget_epochs(get(method).config_for("speaker", preset_kind(preset), **options), n_forget)
 
 
@@ -129,9 +129,6 @@ def method_options(method: str, *, rank: int | None = None, retain_rank: int | N
     ``sweep_ranks``: the forget ranks a sweep tries (default: ``rank`` alone when given, else the
     preset's); ``layer_rule``: which layers erasure edits (mean, top, threshold, all).
     """
-    from mmunlearn.config import applicable_overrides
-    from mmunlearn.methods import get
-
     if extract_kind is not None and extract_kind not in EXTRACT_KINDS:
         raise ValueError(f"task-vector kind {extract_kind!r} does not work on the speaker classifier; "
                          f"choose one of {EXTRACT_KINDS}")
@@ -175,8 +172,6 @@ def mean_log_nll(adapter, items: Sequence[Mapping[str, Any]], batch_size: int = 
     measure; a trained classifier's NLLs are often below float32's resolution)."""
     import numpy as np
 
-    from mmunlearn.eval.speaker import score_rows
-
     nll = score_rows(adapter, items, batch_size=batch_size, desc=None).nll
     if np.isnan(nll).any():
         raise ValueError("mean_log_nll: some speakers of the items are not classes of the model")
@@ -207,8 +202,6 @@ def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
     if forget_acc is not None and not 0.0 <= forget_acc < 1.0:
         raise ValueError(f"forget_acc must be in [0, 1), got {forget_acc}")
     if level == "speaker":
-        from mmunlearn.eval.speaker import forgotten_error_rate
-
         target = 1.0 - (chance(n_classes) if forget_acc is None else forget_acc)
         return SweepRule(forget_measure=forgotten_error_rate, forget_target=target, retain_measure=mean_nll,
                          retain_bound=retain_bound)
@@ -227,8 +220,6 @@ def audit_options(kind: str = "speaker", **overrides: Any):
     """The audit settings of ``voxceleb2 speaker|sample --audit`` on a classifier of the registered ``kind``
     (``overrides``: the CLI's, None = default): the kind's defaults of :mod:`mmunlearn.audit.options`, the ones
     ``mmunlearn audit`` uses too."""
-    from mmunlearn.audit.options import options_for
-
     return options_for(kind, **overrides)
 
 
