@@ -40,10 +40,19 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from data_prep.synth_speakers import synthesize_corpus
+from data_prep.voxceleb2 import prepare
+from mmunlearn.adapters.base import resolve_device
+from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
 from mmunlearn.atomic import write_text_atomic
-from mmunlearn.methods import names
+from mmunlearn.config import applicable_overrides
 from mmunlearn.data.utterances import LEVELS, split_rows
-from mmunlearn.speech.spoken_qa import DEFAULT_TRAIN, DEFAULT_WARM_UP, spoken_qa, task_accuracy, texts_of
+from mmunlearn.methods import get, mean_nll, names
+from mmunlearn.metrics.mia import mia_auc
+from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
+from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
+                                        texts_of, train_speech_llm, warm_up_audio_tower)
 from mmunlearn.train import TrainConfig
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
@@ -66,9 +75,6 @@ def preset_size(preset: str) -> str:
 def make_corpus(root: str | os.PathLike, *, speakers: int = 10, utterances: int = 30, videos: int = 3,
                 forget_speakers: int = 2, forget_fraction: float = 0.1, seed: int = 0, progress: bool = True) -> Path:
     """The built-in synthetic corpus in ``root/vox`` and its manifests in ``root/manifests`` (both reused)."""
-    from data_prep.synth_speakers import synthesize_corpus
-    from data_prep.voxceleb2 import prepare
-
     audio = synthesize_corpus(Path(root) / "vox", speakers, utterances, videos, seed, progress=progress)
     return prepare(audio, Path(root) / "manifests", forget_speakers=forget_speakers,
                    forget_fraction=forget_fraction, seed=seed, progress=progress).out
@@ -97,9 +103,6 @@ def partitions(manifests, level: str, target: str = "gender") -> tuple[list[dict
 def evaluate(adapter, manifests, level: str, target: str = "gender", *, batch_size: int = 32,
              progress: bool = True) -> dict[str, float]:
     """The level's accuracies (greedy answers) and, for ``sample``, the loss-attack MIA AUC."""
-    from mmunlearn.metrics.mia import mia_auc
-    from mmunlearn.speech.spoken_qa import answer_nll
-
     def acc(name: str, examples: list[dict]) -> float:
         return task_accuracy(adapter, examples, batch_size=batch_size, desc=name if progress else None)[0]
 
@@ -142,12 +145,6 @@ def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni"
 
     The tokenizer is trained on the full training set's texts, so all three share it.
     """
-    from mmunlearn.adapters.base import resolve_device
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-    from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
-    from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
-    from mmunlearn.speech.spoken_qa import train_speech_llm, warm_up_audio_tower
-
     if preset not in TRAIN_PLANS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(TRAIN_PLANS)}")
     if role not in ROLES:
@@ -241,14 +238,10 @@ class SpeechLLMSetup:
 
     def adapter(self, path: str | os.PathLike, device: str) -> Any:
         """A speech-LLM folder loaded to edit ``where``."""
-        from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-
         return SpeechLLMAdapter.load(path, device=device, where=self.where)
 
     def score(self, adapter: Any) -> dict[str, float]:
         """The level's accuracies and the forget / retain NLL of a model."""
-        from mmunlearn.methods import mean_nll
-
         return {**evaluate(adapter, self.manifests, self.level, self.target, batch_size=self.batch_size,
                            progress=self.progress),
                 "forget_nll": mean_nll(adapter, self.forget), "retain_nll": mean_nll(adapter, self.retain)}
@@ -298,9 +291,6 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     (each method takes those its config has); ``method_options``: per method, settings of its own config (over
     ``options``).
     """
-    from mmunlearn.config import applicable_overrides
-    from mmunlearn.methods import get
-
     for m in methods:
         get(m, "speech-llm")
     out = Path(out)
