@@ -45,3 +45,35 @@ def test_the_site_builds_strictly(tmp_path):
                           "--config-file", str(ROOT / "mkdocs.yml")], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "site" / "tofu" / "index.html").is_file()
+
+
+def _tables_outside_blocks(text: str) -> list[int]:
+    """Line numbers of table rows that are neither in a code fence, nor in a generated results block, nor in a
+    table declared as reference (not results) by a ``<!-- reference table: why -->`` line right above it."""
+    rows, fence, block, reference, previous = [], False, False, False, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence = not fence
+        elif line.startswith("<!-- results:"):
+            block = True
+        elif line.startswith("<!-- /results"):
+            block = False
+        elif line.startswith("|"):
+            reference = reference or previous.startswith("<!-- reference table:")
+            if not (fence or block or reference):
+                rows.append(number)
+        else:
+            reference = False
+        previous = line
+    return rows
+
+
+def test_every_table_is_generated_from_a_record():
+    loose = {str(p.relative_to(ROOT)): rows[:3] for p in PAGES if (rows := _tables_outside_blocks(p.read_text()))}
+    assert loose == {}, "tables written by hand (not generated from docs/results/): " + repr(loose)
+
+
+def test_the_table_finder_sees_a_hand_written_table():
+    page = ("text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n<!-- results: x -->\n| c |\n<!-- /results -->\n```\n| d |\n```\n"
+            "<!-- reference table: options -->\n| e |\n| f |\n\n| g |\n")
+    assert _tables_outside_blocks(page) == [3, 4, 5, 17]
