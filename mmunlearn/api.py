@@ -141,7 +141,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             (the kind's ``default_size``, :mod:`mmunlearn.kinds`) with ``overrides`` (e.g. ``rank=4, scale=16``).
         rule: ``"auto"`` (default): for a speaker classifier the documented speaker rule (:func:`speaker_rule`: every
             forgotten speaker's utterances predicted as none of the forget speakers up to ``1 - 1/C``, measured per
-            speaker and met by the worst one; the retain NLL rising by at most 0.05 nats; erasure sweeps scale and
+            speaker and met by the worst one; on a model that earlier requests edited, the speakers they forgot
+            (its history's ``forget_speakers``) count as forget speakers too; the retain NLL rising by at most 0.05 nats; erasure sweeps scale and
             rank with gradient task vectors, the baselines get at least 100 optimizer steps, unless
             ``config``/``overrides`` say otherwise), for a speech LLM None; a
             :class:`~mmunlearn.methods.rule.SweepRule` of your own; None: the config as it is (the presets alone
@@ -219,7 +220,8 @@ SPEAKER_RETAIN_BOUND = 0.05
 def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND) -> Any:
     """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
     of the forget utterances predicted as none of the forget speakers, target ``1 - 1/n_classes`` (chance), retain
-    measure the mean NLL, rising by at most ``retain_bound`` nats."""
+    measure the mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the
+    speakers earlier requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
     if n_classes < 2:
         raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
     return SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound,

@@ -8,8 +8,8 @@ with the same rule, trained until it meets the forget criterion (or runs out of 
 scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient and fine-tuning extractions
 of very different magnitudes are searched alike. Both use the
 speaker rule of ``mmunlearn.unlearn`` (:func:`mmunlearn.api.speaker_rule`: the request's speaker's utterances
-predicted as none of the request's speakers -- :func:`mmunlearn.eval.speaker.forgotten_error_rate`, the worst
-speaker's share -- at or above ``1 - 1/C``, retain NLL rising by at most ``retain_bound`` nats), scored once an
+predicted as none of the speakers forgotten so far, this request's and the earlier ones' --
+:class:`mmunlearn.eval.speaker.WorstSpeakerErrorRate`, the worst speaker's share -- at or above ``1 - 1/C``, retain NLL rising by at most ``retain_bound`` nats), scored once an
 epoch for GradDiff and once a sweep point for QR-Erase. Per request: wall time of the whole request (scoring and report included), the
 method's own time (extraction + edit / training), the rule's measures, held-out accuracy of the kept
 speakers, the share of the utterances (training and held-out) of every speaker forgotten so far predicted as
@@ -42,7 +42,7 @@ from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
 from mmunlearn.methods import get, run_unlearning
-from mmunlearn.requests import History, obtain_retain_state, run_request
+from mmunlearn.requests import History, obtain_retain_state, run_request, widened_rule
 from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
 from mmunlearn.train import TrainConfig
 
@@ -271,7 +271,8 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                 with PeakMemory() as mem:
                     t = time.perf_counter()
                     out = run_unlearning("grad_diff", gd, forget, retain, kind="speaker", size=size,
-                                         overrides=gd_over, rule=rule, progress=progress)
+                                         overrides=gd_over, rule=widened_rule(rule, ids[:i - 1]),
+                                         progress=progress)
                     wall = time.perf_counter() - t
                 add(counted(request_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd))
             with PeakMemory() as mem:

@@ -145,21 +145,44 @@ def forgotten_counts(scores: SpeakerScores, forget_classes: Sequence[int] | None
             "sink_share": max(v["sink_share"] for v in per_speaker.values()), "per_speaker": per_speaker}
 
 
-def forgotten_error_rate(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
+@dataclass(frozen=True)
+class WorstSpeakerErrorRate:
     """The speaker-level rule's forget measure, per forgotten speaker: for each speaker of ``rows``, the share of
-    their rows predicted as NONE of the speakers of ``rows`` (an utterance relabelled onto another forgotten
+    their rows predicted as NONE of the forgotten speakers (an utterance relabelled onto another forgotten
     speaker still counts as remembered); the value is the WORST (lowest) speaker's, so a sweep that reaches the
     target has every forgotten speaker at or past it, not only their pooled rows (with one forgotten speaker:
-    1 - its accuracy). :func:`forgotten_rates` gives every speaker's value."""
-    return min(forgotten_rates(adapter, rows, batch_size).values())
+    1 - its accuracy). The forgotten speakers are those of ``rows`` plus ``also_forgotten``: the speakers that
+    earlier deletion requests removed, so that a request cannot meet its rule by sending its speaker's audio to
+    a speaker forgotten before. :func:`forgotten_rates` gives every speaker's value."""
+
+    also_forgotten: tuple[str, ...] = ()
+
+    @property
+    def __name__(self) -> str:  # the name the rule reports and run.json fields carry
+        return "worst_speaker_error_rate"
+
+    def __call__(self, adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
+        return min(forgotten_rates(adapter, rows, batch_size, also_forgotten=self.also_forgotten).values())
+
+    def with_earlier(self, speakers: Sequence[str]) -> "WorstSpeakerErrorRate":
+        """The same measure with ``speakers`` counted as forgotten too."""
+        return WorstSpeakerErrorRate(tuple(sorted(set(self.also_forgotten) | {str(s) for s in speakers})))
 
 
-forgotten_error_rate.__name__ = "worst_speaker_error_rate"  # the name the rule reports and run.json fields carry
+#: The speaker rule's forget measure for one request on a model no earlier request edited.
+forgotten_error_rate = WorstSpeakerErrorRate()
 
 
-def forgotten_rates(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16) -> dict[str, float]:
-    """Per speaker of ``rows`` (the forgotten speakers), the share of their rows predicted as none of them."""
-    counted = forgotten_counts(score_rows(adapter, rows, batch_size=batch_size, desc=None))
+def forgotten_rates(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16,
+                    also_forgotten: Sequence[str] = ()) -> dict[str, float]:
+    """Per speaker of ``rows`` (the forgotten speakers), the share of their rows predicted as none of them nor
+    of ``also_forgotten`` (speakers forgotten earlier; each must be a class of the model)."""
+    unknown = sorted(str(s) for s in also_forgotten if str(s) not in adapter.index)
+    if unknown:
+        raise ValueError(f"forgotten_rates: earlier forgotten speakers {unknown[:5]} are not classes of the model")
+    scores = score_rows(adapter, rows, batch_size=batch_size, desc=None)
+    classes = sorted({int(c) for c in scores.labels} | {int(adapter.index[str(s)]) for s in also_forgotten})
+    counted = forgotten_counts(scores, forget_classes=classes)
     return {spk: 1.0 - v["any_forgotten"] for spk, v in counted["per_speaker"].items()}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import Outcome, run_unlearning
+from mmunlearn.methods.head_rows import forgotten_speakers
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, record
 from mmunlearn.requests.state import data_fingerprint, model_fingerprint, obtain_retain_state
@@ -42,6 +43,27 @@ def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
     if not out:
         raise ValueError("the forget sets are empty")
     return out
+
+
+def earlier_speakers(history: History | None) -> list[str]:
+    """The speakers the requests of ``history`` forgot (recorded as ``forget_speakers`` since that field exists;
+    an older history's requests add none)."""
+    if history is None:
+        return []
+    return sorted({str(s) for r in history.requests for s in (r.get("forget_speakers") or [])})
+
+
+def widened_rule(rule: SweepRule | None, earlier: Sequence[str]) -> SweepRule | None:
+    """``rule`` with the speakers of earlier requests counted as forgotten by its forget measure, when that
+    measure is the speaker rule's (:class:`~mmunlearn.eval.speaker.WorstSpeakerErrorRate`): otherwise a request
+    could meet its rule by sending its speaker's audio to a speaker forgotten before. Other rules as they are."""
+    from mmunlearn.eval.speaker import WorstSpeakerErrorRate  # deferred: speech metrics load audio libraries
+
+    if rule is None or not earlier or not isinstance(rule.forget_measure, WorstSpeakerErrorRate):
+        return rule
+    from dataclasses import replace
+
+    return replace(rule, forget_measure=rule.forget_measure.with_earlier(earlier))
 
 
 def _is_erasure(method: str) -> bool:
@@ -111,6 +133,10 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
                                 "union_items": len(items)}
     previous = history if history is not None and history.requests else None
     last = previous.requests[-1] if previous is not None else {}
+    earlier = earlier_speakers(previous)
+    rule = widened_rule(rule, earlier)
+    if earlier:
+        report_meta["earlier_forgotten_speakers"] = earlier
     if (reuse_edit_size and rule is not None and getattr(cfg, "sweep_first", "absent") is None
             and last.get("method") == method and last.get("relative_edit")):
         from dataclasses import replace
@@ -123,6 +149,9 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
                 "relative_edit": (report.get("info") or {}).get("relative")}
         if batch:
             more["batch_sets"] = len(sets)
+        speakers = forgotten_speakers(items)
+        if speakers:
+            more["forget_speakers"] = speakers
         report["requests"] = record(previous.requests if previous else [], report, **more)
 
     def extra(staging: Path, report: dict[str, Any]) -> None:

@@ -111,3 +111,51 @@ def test_one_request_and_a_batch_are_judged_speaker_by_speaker(trained, parts):
     assert batch.report["batch"]["union_items"] == len(forget)
     _judged_per_speaker(batch.report, batch.adapter, forget)
     assert batch.report["verdict"].startswith("rule met")
+
+
+def test_speakers_forgotten_earlier_count_as_forgotten(trained, parts):
+    import numpy as np
+
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+
+    forget, _ = parts
+    original = SpeakerAdapter.load(trained, device="cpu")
+    first = forget[0]["spk_id"]
+    mine = [r for r in forget if r["spk_id"] == first]
+    pred = score_rows(original, mine, desc=None).predictions
+    for earlier in ([], [s for s in original.speakers if s != first][:2]):
+        measure = forgotten_error_rate.with_earlier(earlier)
+        gone = [original.index[first]] + [original.index[s] for s in earlier]
+        assert measure(original, mine) == pytest.approx(float(np.mean(~np.isin(pred, gone))))
+    assert forgotten_error_rate.with_earlier([first]).__name__ == "worst_speaker_error_rate"
+    with pytest.raises(ValueError, match="not classes of the model"):
+        forgotten_rates(original, mine, also_forgotten=["no-such-speaker"])
+
+
+def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(trained, parts, tmp_path):
+    from mmunlearn.eval.speaker import WorstSpeakerErrorRate
+    from mmunlearn.methods.rule import SweepRule
+    from mmunlearn.requests import read_history, widened_rule
+
+    forget, retain = parts
+    a, b, c = sorted({r["spk_id"] for r in forget})
+    gone = [r for r in forget if r["spk_id"] in (a, c)]  # request 1: two speakers (their rows, see above)
+    first = unlearn(trained, forget=gone, retain=retain, method="qr-erase", scope="head", out=tmp_path / "r1",
+                    device="cpu", progress=False)
+    assert "earlier_forgotten_speakers" not in first.report and first.report["verdict"].startswith("rule met")
+    every_other = [s for s in first.adapter.speakers if s not in (a, c)]
+    assert forgotten_error_rate(first.adapter, gone) >= first.report["rule"]["forget_target"]  # their audio elsewhere
+    assert forgotten_error_rate.with_earlier(every_other)(first.adapter, gone) == 0.0  # ... on speakers now gone
+    second_rows = [r for r in forget if r["spk_id"] == b]
+    second = unlearn(tmp_path / "r1", forget=second_rows, retain=retain, method="qr-erase", scope="head",
+                     out=tmp_path / "r2", device="cpu", progress=False)
+    assert second.report["earlier_forgotten_speakers"] == [a, c]
+    assert [r["forget_speakers"] for r in read_history(tmp_path / "r2").requests] == [[a, c], [b]]
+    wide = forgotten_rates(second.adapter, second_rows, also_forgotten=[a, c])
+    assert second.report["rule"]["forget"] == pytest.approx(min(wide.values()))  # measured with speaker a gone
+    rule = SweepRule(forget_target=0.5, retain_bound=0.1, forget_measure=forgotten_error_rate)
+    widened = widened_rule(rule, [a])
+    assert isinstance(widened.forget_measure, WorstSpeakerErrorRate) and widened.forget_measure.also_forgotten == (a,)
+    assert rule.forget_measure.also_forgotten == ()  # the caller's rule is left as it was
+    other = SweepRule(forget_target=0.5, retain_bound=0.1)  # a rule of the caller's own measures stays as given
+    assert widened_rule(other, [a]) is other and widened_rule(None, [a]) is None and widened_rule(rule, []) is rule
