@@ -62,17 +62,21 @@ def speaker_directions(adapter, forget: Sequence[Any], batch_size: int = 16) -> 
     return out
 
 
-def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: ExtractConfig) -> TaskMatrices:
+def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: ExtractConfig,
+                   earlier: Sequence[str] = ()) -> TaskMatrices:
     """``tf`` with the head's task matrix replaced by ``T_head`` (module doc).
 
-    Applies with gradient task vectors, two or more forgotten speakers and the head among the edited weights; ``tf``
+    Applies with gradient task vectors, the head among the edited weights and either two or more forgotten speakers
+    or speakers forgotten ``earlier`` (by earlier deletion requests: their rows are turned against the same
+    direction ``u``, taken from this request's speakers only, so this request's audio cannot land on them); ``tf``
     is returned unchanged otherwise (one speaker's own direction already sends it to the retained speakers).
-    ``meta["forgotten_rows"]`` lists the speakers."""
+    ``meta["forgotten_rows"]`` lists the speakers whose rows are edited."""
     speakers = forgotten_speakers(forget)
-    if extract.kind != "gradient" or len(speakers) < 2 or HEAD_WEIGHT not in tf:
+    earlier = sorted({str(s) for s in earlier} - set(speakers))
+    if extract.kind != "gradient" or len(speakers) + len(earlier) < 2 or HEAD_WEIGHT not in tf:
         return tf
     index = adapter.index
-    missing = [s for s in speakers if s not in index]
+    missing = [s for s in speakers + earlier if s not in index]
     if missing:
         raise ValueError(f"forget speaker(s) {missing[:5]} are not classes of the model")
     dirs = speaker_directions(adapter, forget)
@@ -82,8 +86,8 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
     u = u / u.norm()
     weight = dict(adapter.model.named_parameters())[HEAD_WEIGHT].detach().double().cpu()
     head = torch.zeros_like(weight)
-    for spk in speakers:
+    for spk in speakers + earlier:
         head[index[spk]] = weight[index[spk]].norm() * u
     like = tf[HEAD_WEIGHT]
     return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head.to(like.dtype).to(like.device)},
-                        {**tf.meta, "forgotten_rows": speakers})
+                        {**tf.meta, "forgotten_rows": sorted(speakers + earlier)})

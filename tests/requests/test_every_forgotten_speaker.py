@@ -159,3 +159,30 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
     assert rule.forget_measure.also_forgotten == ()  # the caller's rule is left as it was
     other = SweepRule(forget_target=0.5, retain_bound=0.1)  # a rule of the caller's own measures stays as given
     assert widened_rule(other, [a]) is other and widened_rule(None, [a]) is None and widened_rule(rule, []) is rule
+
+
+def test_rows_of_speakers_forgotten_earlier_are_turned_away_from_this_requests_audio(trained, parts):
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.methods.head_rows import HEAD_WEIGHT, forgotten_rows, speaker_directions
+    from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
+
+    forget, _ = parts
+    adapter = SpeakerAdapter.load(trained, device="cpu")
+    adapter.scope = "head"
+    a, b, c = sorted({r["spk_id"] for r in forget})
+    mine = [r for r in forget if r["spk_id"] == b]
+    cfg = ExtractConfig(kind="gradient", lr=1.0)
+    tf = extract_task_matrices(adapter, mine, cfg, progress=False)
+    assert forgotten_rows(adapter, mine, tf, cfg) is tf  # one speaker and nobody forgotten before: its own direction
+    edited = forgotten_rows(adapter, mine, tf, cfg, earlier=[a, c, b])
+    assert edited.meta["forgotten_rows"] == [a, b, c]
+    u = speaker_directions(adapter, mine)[b]  # this request's audio only: the earlier speakers' is not at hand
+    weight = adapter.model.classifier.weight.detach().double()
+    rows = edited[HEAD_WEIGHT].double()
+    for k in range(weight.shape[0]):
+        if adapter.speakers[k] in (a, b, c):
+            assert torch.allclose(rows[k], weight[k].norm() * u, atol=1e-6)
+        else:
+            assert float(rows[k].abs().max()) == 0.0
+    with pytest.raises(ValueError, match="not classes of the model"):
+        forgotten_rows(adapter, mine, tf, cfg, earlier=["no-such-speaker"])
