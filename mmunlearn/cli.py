@@ -21,7 +21,7 @@ from mmunlearn.api import prepare_retain as prepare
 from mmunlearn.audit import ATTACKS, markdown, write_audit
 from mmunlearn.audit.folder import audit_folder, folder_report
 from mmunlearn.audit.options import BITS, CAPABILITY_DEFAULTS, AuditOptions, options_for, parse_list
-from mmunlearn.audit.runner import reference_rows
+from mmunlearn.audit.table import reference_rows
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
