@@ -45,20 +45,19 @@ import torch
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.adapters.tokenizer import train_bpe
 from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.data.corpus import pretrain_corpus
-from mmunlearn.data.tofu import QAItem, TOFUFormatError, list_splits, load_split, split_info
+from mmunlearn.data.tofu import QAItem, split_info
 from mmunlearn.errors import check_threads
 from mmunlearn.eval.scoring import generate_answers
 from mmunlearn.metrics.rouge import rouge_l_recall
 from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, default_cache_dir, is_built, items_digest,
                                      read_log, texts_digest, write_log)
+from mmunlearn.presets.items import base_corpus, fact_items, forget_rows, source_texts, training_items
 from mmunlearn.presets.models import Preset, get_preset, parameter_count
 from mmunlearn.train import TrainConfig, causal_lm_loss, train
 from mmunlearn.train.config import resolve_mixed_precision
 from mmunlearn.train.loop import is_main_process, wait_for_everyone
 
 log = logging.getLogger(__name__)
-FACT_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
 #: ``checkpoint_every="auto"`` for a built preset: optimizer steps between resumable states (its steps take
 #: well under a second, so a shorter interval would spend more time saving than a stop could lose).
 CHECKPOINT_EVERY_BUILT = 200
@@ -99,64 +98,6 @@ def torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-# ---------------------------------------------------------------------- data
-def _item_texts(item: QAItem) -> list[str]:
-    return [t for t in (item.question, item.answer, item.paraphrased_answer, item.paraphrased_question,
-                        *item.perturbed_answer) if t]
-
-
-def source_texts(data: str | os.PathLike) -> list[str]:
-    """Every text field of every split of a TOFU source (splits that do not parse are skipped, logged)."""
-    texts: list[str] = []
-    for split in list_splits(data):
-        try:
-            items = load_split(data, split)
-        except (TOFUFormatError, ValueError) as e:
-            log.warning("tokenizer texts: skipping split %r of %s (%s)", split, data, e)
-            continue
-        texts.extend(t for it in items for t in _item_texts(it))
-    if not texts:
-        raise ValueError(f"no text found in the TOFU source {data!r}")
-    return texts
-
-
-def base_corpus(data: str | os.PathLike, n_authors: int, seed: int) -> list[QAItem]:
-    """The pretraining corpus for ``data``: its real-authors and world-facts QA as facts (the built-in
-    ones if it has none) and fictitious authors none of whose names occur in its author splits."""
-    splits = set(list_splits(data))
-    facts = ([it for s in FACT_SPLITS for it in load_split(data, s)] if set(FACT_SPLITS) <= splits else None)
-    authored = [s for s in splits if s == "full" or split_info(s).family == "holdout"]
-    exclude = [it for s in sorted(authored) for it in load_split(data, s)]
-    return pretrain_corpus(seed, n_authors=n_authors, facts=facts, exclude=exclude)
-
-
-def fact_items(data: str | os.PathLike) -> list[QAItem]:
-    """The data's real-authors and world-facts QA (empty when it has none), to watch utility knowledge."""
-    splits = set(list_splits(data))
-    return [it for s in FACT_SPLITS if s in splits for it in load_split(data, s)]
-
-
-def training_items(data: str | os.PathLike, split: str, authors: int | None, forget_pct: float | None) -> list[QAItem]:
-    """Rows of ``split`` (an author subset of ``authors`` authors when given) as question/answer items."""
-    items = load_split(data, split, authors=authors, forget_pct=forget_pct)
-    return [QAItem(it.question, it.answer, author=it.author) for it in items]
-
-
-def forget_rows(data: str | os.PathLike, split: str, authors: int | None, forget_pct: float) -> list[QAItem]:
-    """The rows of forget authors in training split ``split``: all of a forget split, the
-    ``forget<forget_pct>`` rows of ``full``, none of any other split (retain, holdout, ...)."""
-    if split == "full":
-        name = f"forget{int(forget_pct):02d}"
-        if int(forget_pct) != forget_pct or name not in list_splits(data):
-            log.warning("no %s split in %s: the forget rows of 'full' are not scored", name, data)
-            return []
-        return training_items(data, name, authors, forget_pct)
-    info = split_info(split)
-    if info.family == "forget" and not split.endswith("_perturbed"):
-        return training_items(data, split, authors, forget_pct)
-    return []
 
 
 # ---------------------------------------------------------------------- training one model

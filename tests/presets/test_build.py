@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.synthetic import synthetic_authors
 from mmunlearn.data.tofu import load_split
-from mmunlearn.presets.build import base_corpus, build_models, finetune, training_items
+from mmunlearn.presets.build import build_models, finetune
+from mmunlearn.presets.items import base_corpus, training_items
 from mmunlearn.presets.cache import build_lock
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
