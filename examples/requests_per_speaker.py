@@ -1,0 +1,57 @@
+"""Where each forgotten speaker's audio goes after sequential deletion requests (QR-Erase on the class weights):
+
+    python examples/requests_per_speaker.py runs/fsdd3/manifests runs/bench_requests_fsdd runs/requests_per_speaker.json
+
+reuses the speaker classifier ``mmunlearn bench requests --manifests ... --workdir ...`` trained (its
+``model-*`` folder), applies one request per forget speaker in order with the same settings as the bench (gradient
+extraction, auto scales, no retain subspace, the speaker rule on 60 retain utterances, one thread), and after each
+request writes one row per speaker forgotten so far: their utterances (training and held-out), the share still
+predicted as themselves, the share predicted as any forgotten speaker, and the three classes that receive most of
+their audio. The JSON's ``rows`` go to ``mmunlearn report record``.
+"""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.api import speaker_rule
+from mmunlearn.data.utterances import split_rows
+from mmunlearn.eval.speaker import forgotten_counts, score_rows
+from mmunlearn.requests import History, run_request
+
+man, work, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+torch.set_num_threads(1)
+models = sorted(work.glob("model-*"))
+if not models:
+    sys.exit(f"no model-* folder in {work}: run mmunlearn bench requests --workdir {work} first")
+forget, retain = split_rows(man, "spk_forget_train"), split_rows(man, "spk_retain_train")
+heard = forget + split_rows(man, "spk_forget_test")
+speakers = sorted({r["spk_id"] for r in forget})
+model = SpeakerAdapter.load(models[0], device="cpu")
+model.scope = "head"
+scored = [retain[round(i * (len(retain) - 1) / 59)] for i in range(60)]
+rule = replace(speaker_rule(len(model.speakers), 0.05), retain_items=scored, checks_per_epoch=1)
+history, rows = History(work), []
+for i, spk in enumerate(speakers, 1):
+    ask = [r for r in forget if r["spk_id"] == spk]
+    result = run_request(model, ask, retain, kind="speaker", method="qr-erase", size="small", rule=rule,
+                         overrides={"extract_kind": "gradient", "sweep_scales": "auto", "retain_rank": 0},
+                         history=history, progress=False)
+    history = History(work, result.report["requests"])
+    gone = speakers[:i]
+    scores = score_rows(model, [r for r in heard if r["spk_id"] in gone], desc=None)
+    counted = forgotten_counts(scores, forget_classes=[model.index[s] for s in gone])
+    for who, v in counted["per_speaker"].items():
+        mine = scores.predictions[scores.labels == model.index[who]]
+        top = sorted(((int((mine == k).sum()), model.speakers[k]) for k in set(mine.tolist())), reverse=True)[:3]
+        rows.append({"request": i, "request_speaker": spk, "rule_met": result.report["target_reached"],
+                     "speaker": who, "utterances": v["utterances"], "own": v["acc"],
+                     "any_forgotten": v["any_forgotten"],
+                     "goes_to": ", ".join(f"{name} {n / len(mine):.2f}" for n, name in top)})
+        print(rows[-1])
+out.write_text(json.dumps({"rows": rows, "speakers": speakers, "model": str(models[0])}, indent=1))
+print(f"wrote {out}")
