@@ -4,7 +4,7 @@
 
 reuses the speaker classifier ``mmunlearn bench requests --manifests ... --workdir ...`` trained (its
 ``model-*`` folder), applies one request per forget speaker in order with the same settings as the bench (gradient
-extraction, auto scales, no retain subspace, the speaker rule on 60 retain utterances, one thread), and after each
+extraction, auto scales, no retain subspace, the speaker rule on 32 retain utterances, one thread), and after each
 request writes one row per speaker forgotten so far: their utterances (training and held-out), the share still
 predicted as themselves, the share predicted as any forgotten speaker, and the three classes that receive most of
 their audio. The JSON's ``rows`` go to ``mmunlearn report record``.
@@ -33,7 +33,7 @@ heard = forget + split_rows(man, "spk_forget_test")
 speakers = sorted({r["spk_id"] for r in forget})
 model = SpeakerAdapter.load(models[0], device="cpu")
 model.scope = "head"
-scored = [retain[round(i * (len(retain) - 1) / 59)] for i in range(60)]
+scored = [retain[round(i * (len(retain) - 1) / 31)] for i in range(32)]  # the bench's --score-retain default
 rule = replace(speaker_rule(len(model.speakers), 0.05), retain_items=scored, checks_per_epoch=1)
 history, rows = History(work), []
 for i, spk in enumerate(speakers, 1):
