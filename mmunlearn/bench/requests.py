@@ -42,7 +42,7 @@ from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
 from mmunlearn.methods import get, run_unlearning
-from mmunlearn.requests import History, obtain_retain_state, run_request, widened_rule
+from mmunlearn.requests import History, obtain_retain_state, read_history, run_request, widened_rule
 from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
 from mmunlearn.train import TrainConfig
 
@@ -277,12 +277,15 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                 add(counted(request_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd))
             with PeakMemory() as mem:
                 t = time.perf_counter()
+                # each request writes its folder, as a service would: the next one reads its history from there
+                # (the undo patches give the earlier speakers' original class rows: head_rows.py)
+                folder = workdir / "requests" / f"qr-erase-{extract}-{i}"
                 out = run_request(model, forget, retain, kind="speaker", method="qr-erase", size=size,
                                   overrides={"extract_kind": extract, **qr_over}, rule=rule,
-                                  retain_state=state_dir,
+                                  retain_state=state_dir, out=folder, overwrite=True,
                                   history=history, progress=progress)
                 wall = time.perf_counter() - t
-            history = History(workdir, out.report["requests"])
+            history = read_history(folder)
             row = request_row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
             row.detail["retain_state"] = out.report["retain_state"]["status"]
             add(counted(row, model))

@@ -10,7 +10,7 @@ when it writes files of its own, an :class:`Artefacts` that saves and reloads th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +31,9 @@ class RunContext:
     #: precomputed retain task matrices (a retain state, :mod:`mmunlearn.requests.state`): the erasure
     #: methods then extract only the forget side
     retain_task: Any = None
+    #: speakers that earlier deletion requests forgot (a classifier's request on an edited model), each with a
+    #: stand-in for its direction or None (:func:`mmunlearn.methods.head_rows.forgotten_rows`)
+    earlier_forgotten: Mapping[str, Any] | None = None
 
 
 @dataclass

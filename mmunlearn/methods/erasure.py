@@ -236,9 +236,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     else:
         tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
     if kind.is_classifier:
-        # speakers earlier deletion requests forgot, as the request's speaker rule counts them (requests/service.py)
-        earlier = getattr(ctx.rule.forget_measure, "also_forgotten", ()) if ctx.rule is not None else ()
-        tf = forgotten_rows(reference or adapter, forget, tf, extract, earlier=earlier)
+        # the speakers earlier deletion requests forgot, with stand-ins for their directions (requests/service.py)
+        tf = forgotten_rows(reference or adapter, forget, tf, extract, earlier=ctx.earlier_forgotten or {})
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}

@@ -110,7 +110,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
                    reference=None, rule: SweepRule | None = None, out: str | os.PathLike | None = None,
                    inputs: Sequence[str | os.PathLike] = (), overwrite: bool = False, cache_dir: str | None = None,
                    progress: bool = True, meta: Mapping[str, Any] | None = None, retain_task: Any = None,
-                   extra: Callable[[Path, dict[str, Any]], None] | None = None) -> Outcome:
+                   extra: Callable[[Path, dict[str, Any]], None] | None = None,
+                   earlier_forgotten: Mapping[str, Any] | None = None) -> Outcome:
     """Unlearn ``forget`` from ``adapter`` (in place, except T3) with ``method``; write ``out`` if given.
 
     Args:
@@ -123,6 +124,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         retain_task: precomputed retain task matrices (a retain state, :mod:`mmunlearn.requests.state`).
         extra: called with the output's staging folder and the report before the report is written (e.g. a
             request history written beside the model); the folder is still renamed into ``out`` at once.
+        earlier_forgotten: speakers earlier deletion requests forgot, each with a stand-in for its direction or
+            None (:attr:`~mmunlearn.methods.base.RunContext.earlier_forgotten`).
     """
     spec = get(method, kind)
     if not forget or not retain:
@@ -134,7 +137,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
     nll_before = {"forget": mean_nll(adapter, forget), "retain": mean_nll(adapter, retain)}
     scorer = Scorer(rule, adapter, forget, retain) if rule is not None else None
     ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=cache_dir, progress=progress,
-                     retain_task=retain_task)
+                     retain_task=retain_task, earlier_forgotten=earlier_forgotten)
     result = spec.run(adapter, forget, retain, cfg, ctx)
     edited = result.adapter
     changed, rel = _check_edit(before, adapter.model) if spec.edits_weights else ([], {})

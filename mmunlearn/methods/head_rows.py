@@ -19,7 +19,7 @@ needs edits several times the row's norm (FSDD, 3 of 6 forgotten: about 16x). Me
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -63,15 +63,19 @@ def speaker_directions(adapter, forget: Sequence[Any], batch_size: int = 16) -> 
 
 
 def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: ExtractConfig,
-                   earlier: Sequence[str] = ()) -> TaskMatrices:
+                   earlier: Sequence[str] | Mapping[str, torch.Tensor | None] = ()) -> TaskMatrices:
     """``tf`` with the head's task matrix replaced by ``T_head`` (module doc).
 
     Applies with gradient task vectors, the head among the edited weights and either two or more forgotten speakers
-    or speakers forgotten ``earlier`` (by earlier deletion requests: their rows are turned against the same
-    direction ``u``, taken from this request's speakers only, so this request's audio cannot land on them); ``tf``
-    is returned unchanged otherwise (one speaker's own direction already sends it to the retained speakers).
-    ``meta["forgotten_rows"]`` lists the speakers whose rows are edited."""
+    or speakers forgotten ``earlier`` (by earlier deletion requests): their rows are turned against the same
+    direction ``u``, so this request's audio cannot land on them. Their audio is not at hand; ``earlier`` may map
+    a speaker to a stand-in for its direction (its class row before any request edited it, see
+    :func:`mmunlearn.requests.history.original_tensor`), which then joins ``u`` as a centroid would, so the
+    edit does not pull that speaker's audio onto the rows it turns. ``tf`` is returned unchanged otherwise (one
+    speaker's own direction already sends it to the retained speakers). ``meta["forgotten_rows"]`` lists the
+    speakers whose rows are edited, ``meta["earlier_directions"]`` those whose stand-in joined ``u``."""
     speakers = forgotten_speakers(forget)
+    stand_in = dict(earlier) if isinstance(earlier, Mapping) else {}
     earlier = sorted({str(s) for s in earlier} - set(speakers))
     if extract.kind != "gradient" or len(speakers) + len(earlier) < 2 or HEAD_WEIGHT not in tf:
         return tf
@@ -80,7 +84,9 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
     if missing:
         raise ValueError(f"forget speaker(s) {missing[:5]} are not classes of the model")
     dirs = speaker_directions(adapter, forget)
-    u = torch.stack([dirs[s] for s in speakers]).sum(0)
+    joined = [s for s in earlier if stand_in.get(s) is not None]
+    u = torch.stack([dirs[s] for s in speakers]
+                    + [torch.nn.functional.normalize(stand_in[s].double().cpu(), dim=0) for s in joined]).sum(0)
     if not float(u.norm()) > 0:
         raise ValueError("the forgotten speakers' mean directions cancel out: no common direction to move away from")
     u = u / u.norm()
@@ -90,4 +96,4 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
         head[index[spk]] = weight[index[spk]].norm() * u
     like = tf[HEAD_WEIGHT]
     return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head.to(like.dtype).to(like.device)},
-                        {**tf.meta, "forgotten_rows": sorted(speakers + earlier)})
+                        {**tf.meta, "forgotten_rows": sorted(speakers + earlier), "earlier_directions": joined})

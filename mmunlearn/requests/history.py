@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mmunlearn.erase.apply import PATCH_NAME
 from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layout
 from mmunlearn.methods.harness import REPORT_NAME
@@ -61,6 +63,25 @@ class History:
         if not self.requests or self.requests[-1].get("model_after") != current:
             return []
         return [r.get("model_before") for r in self.requests if r.get("model_before")]
+
+
+def original_tensor(history: History, label: str, current: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``label`` as it was before the first request of ``history``, from ``current`` (its value now) and
+    the requests' undo patches, newest first (a request whose patch has no ``label`` entry left it as it was).
+    None when a patch file is missing or ``current`` is not what the last request wrote (edited since)."""
+    from mmunlearn.erase.patch import UndoPatch, revert_exact
+
+    value = current.detach().cpu()
+    for i in range(history.depth, 0, -1):
+        path = history.folder / (PATCH_NAME if i == history.depth else f"{HISTORY_DIR}/{entry_name(i)}.safetensors")
+        if not path.is_file():
+            return None
+        try:
+            for entry in reversed([e for e in UndoPatch.load(path).entries if e.label == label]):
+                value = revert_exact(value, entry)
+        except (ValueError, RuntimeError):  # another model's patch, weights edited since, a damaged record
+            return None
+    return value
 
 
 def read_history(folder: str | os.PathLike) -> History:
@@ -136,5 +157,5 @@ def record(requests: Sequence[Mapping[str, Any]], report: Mapping[str, Any], **m
     return out
 
 
-__all__ = ["HISTORY_DIR", "History", "carry_history", "entry_name", "read_history", "read_report", "record",
-           "step_back", "summary"]
+__all__ = ["HISTORY_DIR", "History", "carry_history", "entry_name", "original_tensor", "read_history", "read_report",
+           "record", "step_back", "summary"]

@@ -20,7 +20,7 @@ from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import Outcome, run_unlearning
 from mmunlearn.methods.head_rows import forgotten_speakers
 from mmunlearn.methods.rule import SweepRule, mean_nll
-from mmunlearn.requests.history import History, carry_history, record
+from mmunlearn.requests.history import History, carry_history, original_tensor, record
 from mmunlearn.requests.state import data_fingerprint, model_fingerprint, obtain_retain_state
 from mmunlearn.taskvec.extract import ExtractConfig
 
@@ -51,6 +51,20 @@ def earlier_speakers(history: History | None) -> list[str]:
     if history is None:
         return []
     return sorted({str(s) for r in history.requests for s in (r.get("forget_speakers") or [])})
+
+
+def earlier_directions(adapter, history: History | None, speakers: Sequence[str]) -> dict[str, Any]:
+    """Each speaker of ``speakers`` (forgotten by the requests of ``history``) with its class row as it was before
+    those requests (from their undo patches, :func:`~mmunlearn.requests.history.original_tensor`): a cosine
+    classifier's row points along its speaker's embeddings, so it stands in for the audio a later request does not
+    have. None for every speaker when the patches are not at hand (a history kept in memory, a folder edited
+    since) or the model has no class-weight head."""
+    from mmunlearn.methods.head_rows import HEAD_WEIGHT
+
+    head = dict(adapter.model.named_parameters()).get(HEAD_WEIGHT)
+    original = original_tensor(history, HEAD_WEIGHT, head) if history is not None and head is not None else None
+    index = getattr(adapter, "index", {})
+    return {s: (original[index[s]].clone() if original is not None and s in index else None) for s in speakers}
 
 
 def widened_rule(rule: SweepRule | None, earlier: Sequence[str]) -> SweepRule | None:
@@ -135,8 +149,10 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     last = previous.requests[-1] if previous is not None else {}
     earlier = earlier_speakers(previous)
     rule = widened_rule(rule, earlier)
+    stand_ins = earlier_directions(adapter, previous, earlier) if earlier else None
     if earlier:
         report_meta["earlier_forgotten_speakers"] = earlier
+        report_meta["earlier_directions"] = sorted(k for k, v in stand_ins.items() if v is not None)
     if (reuse_edit_size and rule is not None and getattr(cfg, "sweep_first", "absent") is None
             and last.get("method") == method and last.get("relative_edit")):
         from dataclasses import replace
@@ -161,7 +177,8 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
 
     outcome = run_unlearning(method, adapter, items, retain, kind=kind, config=cfg, reference=reference, rule=rule,
                              out=out, inputs=inputs, overwrite=overwrite, progress=progress, meta=report_meta,
-                             retain_task=state.task if state is not None else None, extra=extra)
+                             retain_task=state.task if state is not None else None, extra=extra,
+                             earlier_forgotten=stand_ins)
     if out is None:
         add_history(outcome.report)
     if batch and compare_batch:

@@ -150,7 +150,18 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
     second = unlearn(tmp_path / "r1", forget=second_rows, retain=retain, method="qr-erase", scope="head",
                      out=tmp_path / "r2", device="cpu", progress=False)
     assert second.report["earlier_forgotten_speakers"] == [a, c]
-    assert [r["forget_speakers"] for r in read_history(tmp_path / "r2").requests] == [[a, c], [b]]
+    assert second.report["earlier_directions"] == [a, c]  # their original rows, from r1's undo patch
+    history = read_history(tmp_path / "r2")
+    assert [r["forget_speakers"] for r in history.requests] == [[a, c], [b]]
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.methods.head_rows import HEAD_WEIGHT
+    from mmunlearn.requests.history import original_tensor
+
+    now = second.adapter.model.classifier.weight.detach()
+    before = SpeakerAdapter.load(trained, device="cpu").model.classifier.weight.detach()
+    assert not torch.equal(now, before)
+    assert torch.equal(original_tensor(history, HEAD_WEIGHT, now), before)  # walked back through both patches
+    assert original_tensor(history, HEAD_WEIGHT, before) is None  # not the weights the last request wrote
     wide = forgotten_rates(second.adapter, second_rows, also_forgotten=[a, c])
     assert second.report["rule"]["forget"] == pytest.approx(min(wide.values()))  # measured with speaker a gone
     rule = SweepRule(forget_target=0.5, retain_bound=0.1, forget_measure=forgotten_error_rate)
@@ -174,15 +185,20 @@ def test_rows_of_speakers_forgotten_earlier_are_turned_away_from_this_requests_a
     cfg = ExtractConfig(kind="gradient", lr=1.0)
     tf = extract_task_matrices(adapter, mine, cfg, progress=False)
     assert forgotten_rows(adapter, mine, tf, cfg) is tf  # one speaker and nobody forgotten before: its own direction
-    edited = forgotten_rows(adapter, mine, tf, cfg, earlier=[a, c, b])
-    assert edited.meta["forgotten_rows"] == [a, b, c]
-    u = speaker_directions(adapter, mine)[b]  # this request's audio only: the earlier speakers' is not at hand
     weight = adapter.model.classifier.weight.detach().double()
-    rows = edited[HEAD_WEIGHT].double()
-    for k in range(weight.shape[0]):
-        if adapter.speakers[k] in (a, b, c):
-            assert torch.allclose(rows[k], weight[k].norm() * u, atol=1e-6)
-        else:
-            assert float(rows[k].abs().max()) == 0.0
+    own = speaker_directions(adapter, mine)[b]
+    stand_in = weight[adapter.index[a]] * 3.0  # any length: only its direction joins u
+    for earlier, u in (([a, c, b], own),  # names only: this request's audio gives u
+                       ({a: stand_in, c: None}, own + stand_in / stand_in.norm())):
+        edited = forgotten_rows(adapter, mine, tf, cfg, earlier=earlier)
+        assert edited.meta["forgotten_rows"] == [a, b, c]
+        assert edited.meta["earlier_directions"] == ([a] if isinstance(earlier, dict) else [])
+        u = u / u.norm()
+        rows = edited[HEAD_WEIGHT].double()
+        for k in range(weight.shape[0]):
+            if adapter.speakers[k] in (a, b, c):
+                assert torch.allclose(rows[k], weight[k].norm() * u, atol=1e-6)
+            else:
+                assert float(rows[k].abs().max()) == 0.0
     with pytest.raises(ValueError, match="not classes of the model"):
         forgotten_rows(adapter, mine, tf, cfg, earlier=["no-such-speaker"])
