@@ -4,7 +4,8 @@
 
 reuses the speaker classifier ``mmunlearn bench requests --manifests ... --workdir ...`` trained (its
 ``model-*`` folder), applies one request per forget speaker in order with the same settings as the bench (gradient
-extraction, auto scales, no retain subspace, the speaker rule on 32 retain utterances, one thread), and after each
+extraction, auto scales, no retain subspace, the speaker rule on 32 retain utterances, one thread, each request
+written to its folder under ``WORKDIR/per_speaker`` and the next one read from there), and after each
 request writes one row per speaker forgotten so far: their utterances (training and held-out), the share still
 predicted as themselves, the share predicted as any forgotten speaker, and the three classes that receive most of
 their audio. The JSON's ``rows`` go to ``mmunlearn report record``.
@@ -21,7 +22,7 @@ from mmunlearn.adapters.speaker import SpeakerAdapter
 from mmunlearn.api import speaker_rule
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, score_rows
-from mmunlearn.requests import History, run_request
+from mmunlearn.requests import History, read_history, run_request
 
 man, work, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 torch.set_num_threads(1)
@@ -38,10 +39,11 @@ rule = replace(speaker_rule(len(model.speakers), 0.05), retain_items=scored, che
 history, rows = History(work), []
 for i, spk in enumerate(speakers, 1):
     ask = [r for r in forget if r["spk_id"] == spk]
+    folder = work / "per_speaker" / f"request-{i}"  # each request's folder, as the bench writes it
     result = run_request(model, ask, retain, kind="speaker", method="qr-erase", size="small", rule=rule,
                          overrides={"extract_kind": "gradient", "sweep_scales": "auto", "retain_rank": 0},
-                         history=history, progress=False)
-    history = History(work, result.report["requests"])
+                         out=folder, overwrite=True, history=history, progress=False)
+    history = read_history(folder)
     gone = speakers[:i]
     scores = score_rows(model, [r for r in heard if r["spk_id"] in gone], desc=None)
     counted = forgotten_counts(scores, forget_classes=[model.index[s] for s in gone])
