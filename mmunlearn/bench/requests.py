@@ -2,7 +2,8 @@
 
 ``mmunlearn bench requests`` builds (or reuses, under ``--workdir``) a speaker classifier on the built-in
 espeak corpus, splits its forget speakers into one deletion request each, computes the retain state once,
-then applies the requests one after another with QR-Erase (each on the model the previous one wrote),
+then applies the requests one after another with QR-Erase (each on the model the previous one wrote, which it
+writes to ``WORKDIR/requests/`` as a service would: the next request reads its history and undo patches there),
 for each forget-extraction kind asked. Every request is also given to GradDiff, on the same input model
 with the same rule, trained until it meets the forget criterion (or runs out of epochs). QR-Erase sweeps its
 scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient and fine-tuning extractions

@@ -14,7 +14,8 @@ as any forgotten speaker falls with the edit size and the erasure's sweep can bi
 component in the span of the ``c_k`` works at ``a = 1`` but reflects it beyond, which pulls forgotten row B towards
 A's audio again: on FSDD the response was not monotone and the doubling grid missed its window.) A cosine head
 needs edits several times the row's norm (FSDD, 3 of 6 forgotten: about 16x). Measured in docs/speakers.md
-(issue 24, item 3).
+(issue 24, item 3). A later deletion request turns the rows of the speakers earlier requests forgot as well, with
+their original rows standing in for their audio in ``u`` (:func:`forgotten_rows`; measured in docs/requests.md).
 """
 
 from __future__ import annotations
