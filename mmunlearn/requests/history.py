@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from mmunlearn.erase.apply import PATCH_NAME
+from mmunlearn.erase.patch import UndoPatch, revert_exact
 from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layout
 from mmunlearn.methods.harness import REPORT_NAME
 from mmunlearn.paths import check_tree
@@ -69,8 +70,6 @@ def original_tensor(history: History, label: str, current: torch.Tensor) -> torc
     """The tensor ``label`` as it was before the first request of ``history``, from ``current`` (its value now) and
     the requests' undo patches, newest first (a request whose patch has no ``label`` entry left it as it was).
     None when a patch file is missing or ``current`` is not what the last request wrote (edited since)."""
-    from mmunlearn.erase.patch import UndoPatch, revert_exact
-
     value = current.detach().cpu()
     for i in range(history.depth, 0, -1):
         path = history.folder / (PATCH_NAME if i == history.depth else f"{HISTORY_DIR}/{entry_name(i)}.safetensors")
