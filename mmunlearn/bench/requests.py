@@ -10,7 +10,8 @@ scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient 
 of very different magnitudes are searched alike. Both use the
 speaker rule of ``mmunlearn.unlearn`` (:func:`mmunlearn.api.speaker_rule`: the request's speaker's utterances
 predicted as none of the speakers forgotten so far, this request's and the earlier ones' --
-:class:`mmunlearn.eval.speaker.WorstSpeakerErrorRate`, the worst speaker's share -- at or above ``1 - 1/C``, retain NLL rising by at most ``retain_bound`` nats), scored once an
+:class:`mmunlearn.eval.speaker.WorstSpeakerErrorRate`, the worst speaker's share -- at or above ``1 - 1/C``,
+retain NLL rising by at most ``retain_bound`` nats), scored once an
 epoch for GradDiff and once a sweep point for QR-Erase. Per request: wall time of the whole request (scoring and report included), the
 method's own time (extraction + edit / training), the rule's measures, held-out accuracy of the kept
 speakers, the share of the utterances (training and held-out) of every speaker forgotten so far predicted as

@@ -50,7 +50,14 @@ def earlier_speakers(history: History | None) -> list[str]:
     an older history's requests add none)."""
     if history is None:
         return []
-    return sorted({str(s) for r in history.requests for s in (r.get("forget_speakers") or [])})
+    out: set[str] = set()
+    for r in history.requests:
+        speakers = r.get("forget_speakers") or []
+        if not isinstance(speakers, list) or not all(isinstance(s, str) for s in speakers):
+            raise ValueError(f"{history.folder}: request {r.get('index')}'s forget_speakers is not a list of "
+                             f"speaker IDs: {speakers!r:.200}")
+        out.update(speakers)
+    return sorted(out)
 
 
 def earlier_directions(adapter, history: History | None, speakers: Sequence[str]) -> dict[str, Any]:
@@ -147,10 +154,11 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     last = previous.requests[-1] if previous is not None else {}
     earlier = earlier_speakers(previous)
     rule = widened_rule(rule, earlier)
-    stand_ins = earlier_directions(adapter, previous, earlier) if earlier else None
+    # the undo patches are read only for a method that can use them (an erasure of a classifier's head)
+    stand_ins = earlier_directions(adapter, previous, earlier) if earlier and _is_erasure(method) else None
     if earlier:
         report_meta["earlier_forgotten_speakers"] = earlier
-        report_meta["earlier_directions"] = sorted(k for k, v in stand_ins.items() if v is not None)
+        report_meta["earlier_directions"] = sorted(k for k, v in (stand_ins or {}).items() if v is not None)
     if (reuse_edit_size and rule is not None and getattr(cfg, "sweep_first", "absent") is None
             and last.get("method") == method and last.get("relative_edit")):
         from dataclasses import replace

@@ -202,3 +202,14 @@ def test_rows_of_speakers_forgotten_earlier_are_turned_away_from_this_requests_a
                 assert float(rows[k].abs().max()) == 0.0
     with pytest.raises(ValueError, match="not classes of the model"):
         forgotten_rows(adapter, mine, tf, cfg, earlier=["no-such-speaker"])
+
+
+def test_a_history_whose_forget_speakers_are_not_speaker_ids_is_refused(tmp_path):
+    from mmunlearn.requests.history import History
+    from mmunlearn.requests.service import earlier_speakers
+
+    good = History(tmp_path, [{"index": 1, "forget_speakers": ["b", "a"]}, {"index": 2}])  # an older record: none
+    assert earlier_speakers(good) == ["a", "b"] and earlier_speakers(None) == []
+    for bad in ("ab", [1, 2], {"a": 1}):
+        with pytest.raises(ValueError, match="forget_speakers is not a list"):
+            earlier_speakers(History(tmp_path, [{"index": 1, "forget_speakers": bad}]))
