@@ -36,15 +36,14 @@ import typer
 from tqdm import tqdm
 
 from data_prep.voxceleb2 import (
-    AUDIO_SUFFIXES,
     FORMAT_VERSION,
     PrepareResult,
-    Source,
     check_options,
     echo_report,
     parse_forget_speakers,
     prepare_sources,
 )
+from data_prep.voxceleb2_inputs import AUDIO_SUFFIXES, Source
 
 #: FSDD file names: ``{digit}_{speaker}_{take}.wav`` (under ``recordings/``).
 FSDD_PATTERN = r"(?:.*/)?(?P<digit>\d)_(?P<spk>[A-Za-z]+)_(?P<take>\d+)\.wav"
