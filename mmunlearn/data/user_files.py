@@ -1,0 +1,153 @@
+"""Reading a user's forget/retain source into raw items: files by suffix (JSON, JSONL, CSV/TSV, .txt), lists, datasets.
+
+Shared by the text and speech readers (:mod:`mmunlearn.data.user_sets`, :mod:`mmunlearn.data.user_speech`): each item
+comes with where it was found (``path:line``, ``path row i`` or ``name[i]``), which every error message names.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmunlearn.data.manifest import AUDIO_SUFFIXES
+from mmunlearn.errors import UserError
+
+#: File name endings each reader takes.
+TEXT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv", ".txt")
+SPEECH_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv")
+
+
+class DataFormatError(UserError, ValueError):
+    """A forget or retain set that cannot be read: one line naming the file (or set), the row and what is wrong."""
+
+
+# ---------------------------------------------------------------------------------------------- sources
+Item = tuple[str, Any]  # (where, raw item): where names the file and line, or the set and index
+
+
+def short(value: Any) -> str:
+    """A value as a message shows it: its repr, cut at 80 characters."""
+    return f"{value!r:.80}"
+
+
+def _where(label: str, i: int) -> str:
+    return f"{label} row {i}"
+
+
+def _file_items(path: Path, text: bool) -> list[Item]:
+    """The raw items of a file, by its suffix; JSON objects, CSV rows as dicts, ``.txt`` texts as strings."""
+    suffix = path.suffix.lower()
+    accepted = TEXT_SUFFIXES if text else SPEECH_SUFFIXES
+    if suffix not in accepted:
+        raise DataFormatError(f"{path}: unknown file type {suffix or '(no suffix)'!r}; accepted: {', '.join(accepted)}")
+    if not path.is_file():
+        raise DataFormatError(f"{path}: file not found")
+    try:
+        content = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"{path}: not UTF-8 text ({exc})") from None
+    if suffix == ".json":
+        return _json_items(path, content)
+    if suffix in (".jsonl", ".ndjson"):
+        items = []
+        for line, raw in enumerate(content.splitlines(), start=1):
+            if raw.strip():
+                try:
+                    items.append((f"{path}:{line}", json.loads(raw)))
+                except json.JSONDecodeError as exc:
+                    raise DataFormatError(f"{path}:{line}: not a JSON value ({exc.msg})") from None
+        return items
+    if suffix == ".txt":
+        return _txt_items(path, content)
+    return _csv_items(path, content, "\t" if suffix == ".tsv" else ",", text)
+
+
+def _json_items(path: Path, content: str) -> list[Item]:
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if isinstance(data, Mapping):
+        keys = [k for k in ("data", "rows") if isinstance(data.get(k), list)]
+        if len(keys) != 1:
+            raise DataFormatError(f"{path}: a JSON object needs its rows as one list under 'data' or 'rows'; "
+                                  f"keys found: {', '.join(map(str, data)) or 'none'}")
+        data = data[keys[0]]
+    if not isinstance(data, list):
+        raise DataFormatError(f"{path}: expected a JSON list of rows (or an object with 'data'/'rows'), "
+                              f"got {type(data).__name__}")
+    return [(_where(str(path), i), item) for i, item in enumerate(data)]
+
+
+def _txt_items(path: Path, content: str) -> list[Item]:
+    """One text per line, or paragraphs (lines joined by newlines) when a blank line separates texts."""
+    lines = content.splitlines()
+    if any(not line.strip() for line in lines) and sum(1 for line in lines if line.strip()) > 1:
+        items, start, block = [], 0, []
+        for n, line in enumerate([*lines, ""], start=1):
+            if line.strip():
+                start, block = (start or n), [*block, line.rstrip()]
+            elif block:
+                items.append((f"{path}:{start}", "\n".join(block)))
+                start, block = 0, []
+        return items
+    return [(f"{path}:{n}", line) for n, line in enumerate(lines, start=1) if line.strip()]
+
+
+def _csv_items(path: Path, content: str, delimiter: str, text: bool) -> list[Item]:
+    try:
+        table = list(csv.reader(io.StringIO(content, newline=""), delimiter=delimiter))
+    except csv.Error as exc:
+        raise DataFormatError(f"{path}: not a readable CSV file ({exc})") from None
+    numbered = [(n, r) for n, r in enumerate(table, start=1) if any(cell.strip() for cell in r)]
+    if not numbered:
+        return []
+    header = [h.strip() for h in numbered[0][1]]
+    first = header[0] if header else ""
+    if not text and len(header) == 2 and Path(first).suffix.lower() in AUDIO_SUFFIXES:
+        header, body = ["wav", "spk_id"], numbered  # a headerless "path,label" file
+    else:
+        body = numbered[1:]
+    items = []
+    for n, cells in body:
+        if len(cells) != len(header):
+            raise DataFormatError(f"{path}:{n}: {len(cells)} field(s), the header has {len(header)} ({', '.join(header)})")
+        items.append((f"{path}:{n}", dict(zip(header, cells))))
+    return items
+
+
+def dataset_module(source: Any) -> Any:
+    """The ``datasets`` module when ``source`` is one of its objects (it is then imported already), else None."""
+    module = sys.modules.get("datasets")
+    return module if module is not None and isinstance(source, (module.Dataset, module.DatasetDict)) else None
+
+
+def source_items(source: Any, name: str, text: bool) -> tuple[list[Item], Path | None]:
+    """The raw items of any accepted source and the folder its relative paths resolve from."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        return _file_items(path, text), path.absolute().parent
+    module = dataset_module(source)
+    if module is not None and isinstance(source, module.DatasetDict):
+        raise DataFormatError(f"{name}: a DatasetDict holds several splits ({', '.join(source)}); pass one, "
+                              f"e.g. {name}=dataset[{next(iter(source), 'train')!r}]")
+    if module is not None or (isinstance(source, Iterable) and not isinstance(source, (bytes, Mapping))):
+        return [(f"{name}[{i}]", item) for i, item in enumerate(source)], None
+    raise DataFormatError(f"{name}: expected a file path, a list of rows or a datasets.Dataset, "
+                          f"got {type(source).__name__}")
+
+
+def fields_named(row: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """The keys of ``row`` that match ``names`` case-insensitively (in the row's order)."""
+    return [k for k in row if str(k).strip().lower() in names]
+
+
+def fields_found(row: Mapping[str, Any]) -> str:
+    """The keys of ``row`` as an error lists them."""
+    return ", ".join(map(str, row)) or "none"
