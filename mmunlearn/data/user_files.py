@@ -101,11 +101,11 @@ def _txt_items(path: Path, content: str) -> list[Item]:
 
 
 def _csv_items(path: Path, content: str, delimiter: str, text: bool) -> list[Item]:
-    try:
-        table = list(csv.reader(io.StringIO(content, newline=""), delimiter=delimiter))
+    reader = csv.reader(io.StringIO(content, newline=""), delimiter=delimiter)
+    try:  # line_num: the line a record ends on (a quoted field may span lines); blank records are skipped
+        numbered = [(reader.line_num, r) for r in reader if any(cell.strip() for cell in r)]
     except csv.Error as exc:
-        raise DataFormatError(f"{path}: not a readable CSV file ({exc})") from None
-    numbered = [(n, r) for n, r in enumerate(table, start=1) if any(cell.strip() for cell in r)]
+        raise DataFormatError(f"{path}:{reader.line_num}: not a readable CSV file ({exc})") from None
     if not numbered:
         return []
     header = [h.strip() for h in numbered[0][1]]
