@@ -169,6 +169,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     """
     kind = model_kind(model_dir)
     get(method, kind)  # an unknown or inapplicable method fails before any model is loaded
+    history = read_history(model_dir)  # its undo records are checked (no link out, no hard link) before any work
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
     adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
@@ -199,7 +200,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     outcome = run_request(adapter, forget_items, retain_items, kind=kind, method=method, config=config, size=size,
                           overrides=overrides, reference=base, rule=rule, out=out, inputs=inputs, overwrite=overwrite,
                           progress=progress, meta=meta, retain_state=retain_state, refresh_retain=refresh_retain,
-                          history=read_history(model_dir), batch=batch, compare_batch=compare_batch,
+                          history=history, batch=batch, compare_batch=compare_batch,
                           clone=lambda: load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams,
                                                    scope=scope))
     if progress and outcome.report["target_reached"] is not False:  # a missed rule is logged as a warning already

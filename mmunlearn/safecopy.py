@@ -21,7 +21,9 @@ makes the open fail or the ``fstat`` disagree, and the copy stops with
 :class:`~mmunlearn.errors.UnsafePathError` naming the entry; the caller's output is a temporary folder
 that is then removed. :func:`check_side_files` runs the same walk without writing (a check when a
 folder is loaded, so a bad folder fails before any work). Copies get ordinary permissions (0o666
-minus the umask) and the source's modification time.
+minus the umask) and the source's modification time. One named file (a request's undo records,
+``undo_history/request-0001.json``) is opened the same way by :func:`open_inside` and copied from that
+descriptor by :func:`copy_inside`.
 """
 
 from __future__ import annotations
@@ -245,35 +247,91 @@ def check_side_files(root: str | os.PathLike, skip: Iterable[str] = (), *,
     _walk(root, None, skip, select, folders)
 
 
-def open_inside(root: str | os.PathLike, name: str) -> int:
-    """A read-only descriptor of the top-level file ``name`` of ``root``, opened as :func:`copy_side_files`
-    opens entries (a link followed only inside the folder or the snapshot's blobs), hard links allowed
-    (streamed outputs share their unchanged shards with their input). The caller closes it."""
+def open_inside(root: str | os.PathLike, name: str, *, hard_links: bool = True) -> int:
+    """A read-only descriptor of the file ``name`` of ``root`` (a top-level name, or ``sub/name`` in a folder
+    of ``root`` that is no link), opened as :func:`copy_side_files` opens entries (a link followed only inside
+    the folder or the snapshot's blobs, each component opened without following a link). Hard links are
+    allowed by default (streamed outputs share their unchanged shards with their input); ``hard_links=False``
+    refuses them (a file that is copied into an output). The caller closes it."""
+    *folders, last = name.split("/")
+    if not last or any(p in ("", ".", "..") for p in folders) or last in (".", ".."):
+        raise ValueError(f"{name!r} is not a plain file name (inside {root})")
     walk = _Walk(root)
     path = walk.root / name
+    dir_fd, opened = walk.fd, []
     try:
+        for i, part in enumerate(folders):
+            here = walk.root.joinpath(*folders[:i + 1])
+            try:
+                st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{here} not found") from None
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                raise UnsafePathError(f"{here} is a symbolic link or not a folder: the files in it are copied into "
+                                      f"outputs, so it must be a real folder inside {walk.root}")
+            dir_fd = _open(dir_fd, part, here, folder=True)
+            opened.append(dir_fd)
         if before_open is not None:
             before_open(path)
-        st = os.stat(name, dir_fd=walk.fd, follow_symlinks=False)
+        try:
+            st = os.stat(last, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} not found") from None
         if not stat.S_ISLNK(st.st_mode):
-            fd = _open(walk.fd, name, path, folder=False)
+            fd = _open(dir_fd, last, path, folder=False)
         else:
-            _, real_target, parent, last, opened = walk.parent_of_target(walk.fd, name, "", path)
+            _, real_target, parent, target, more = walk.parent_of_target(dir_fd, last, "/".join(folders), path)
             try:
-                if last is None:
+                if target is None:
                     raise UnsafePathError(f"{path} links to the folder {real_target}, not a file")
-                fd = _open(parent, last, path, folder=False)
+                fd = _open(parent, target, path, folder=False)
             finally:
-                for d in opened:
+                for d in more:
                     os.close(d)
         try:
-            _checked_file(fd, path, hard_links=True)
+            _checked_file(fd, path, hard_links=hard_links)
         except BaseException:
             os.close(fd)
             raise
         return fd
     finally:
+        for d in opened:
+            os.close(d)
         walk.close()
+
+
+def copy_inside(root: str | os.PathLike, name: str, dst: str | os.PathLike) -> None:
+    """Copy the file ``name`` of ``root`` (:func:`open_inside`, no hard link) into the new file ``dst``, from
+    the descriptor it opened: what was checked is what is copied."""
+    fd = open_inside(root, name, hard_links=False)
+    try:
+        with writing(dst):
+            copy_from_fd(fd, dst)
+    finally:
+        os.close(fd)
+
+
+def read_inside(root: str | os.PathLike, name: str, limit: int) -> bytes:
+    """The bytes of the file ``name`` of ``root`` (:func:`open_inside`, no hard link); a file larger than
+    ``limit`` bytes is refused, naming it."""
+    fd = open_inside(root, name, hard_links=False)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ValueError(f"{Path(root) / name} is {size} bytes, more than the {limit} such a file may have")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(_CHUNK, left))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise ValueError(f"{Path(root) / name} grew past {limit} bytes while it was read")
+        return data
+    finally:
+        os.close(fd)
 
 
 def copy_from_fd(fd: int, dst: str | os.PathLike) -> None:

@@ -7,6 +7,10 @@ lists every request (``requests``: oldest first, with fingerprints of the weight
 ``mmunlearn restore`` then undoes the latest request and writes the folder the request before it wrote
 (weights bit for bit, that request's patch, report and history), so restoring again walks back to the
 original model.
+
+Those files are copied from the input folder into outputs, so each is opened as a side file is
+(:func:`mmunlearn.safecopy.open_inside`: no link leaving the folder, no hard link, ``undo_history/`` no link
+at all) and copied from the descriptor that was checked (:func:`mmunlearn.safecopy.copy_inside`), never by path.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ from mmunlearn.erase.apply import PATCH_NAME
 from mmunlearn.erase.patch import UndoPatch, revert_exact
 from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layout
 from mmunlearn.methods.harness import REPORT_NAME
-from mmunlearn.paths import check_tree
+from mmunlearn.errors import UnsafePathError
+from mmunlearn.safecopy import copy_inside, open_inside, read_inside
+
+#: the largest ``unlearn_report.json`` read (a report lists its requests: kilobytes, not megabytes)
+REPORT_LIMIT = 64 << 20
 
 
 def entry_name(index: int) -> str:
@@ -36,12 +44,14 @@ def entry_name(index: int) -> str:
 def read_report(folder: str | os.PathLike) -> dict[str, Any] | None:
     """``unlearn_report.json`` of a folder (None when there is none); invalid JSON is an error naming it."""
     path = Path(folder) / REPORT_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        report = json.loads(read_inside(folder, REPORT_NAME, REPORT_LIMIT))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be an unlearning report") from None
     if not isinstance(report, dict):
         raise ValueError(f"{path} is not an unlearning report (not a JSON object)")
     return report
@@ -88,18 +98,26 @@ def read_history(folder: str | os.PathLike) -> History:
     harness written without a history (report and undo patch), or none for a plain model folder."""
     folder = Path(folder)
     report = read_report(folder)
-    if report is None or not (folder / PATCH_NAME).is_file():
+    if report is None or not os.path.lexists(folder / PATCH_NAME):
         return History(folder)
-    if (folder / HISTORY_DIR).exists():
-        check_tree(folder / HISTORY_DIR)  # no link out of the folder: its records are copied into outputs
+    records = folder / HISTORY_DIR
+    if os.path.lexists(records) and (records.is_symlink() or not records.is_dir()):
+        raise UnsafePathError(f"{records} is a symbolic link or not a folder: the undo records in it are copied "
+                              "into outputs, so it must be a real folder inside the model folder")
     requests = report.get("requests")
     if not isinstance(requests, list) or not requests:
         requests = [summary(report, index=1)]
-    for i, r in enumerate(requests[:-1], 1):
+    if not all(isinstance(r, dict) for r in requests):
+        raise ValueError(f"{folder / REPORT_NAME}: requests must be a list of JSON objects")
+    names = [PATCH_NAME]
+    for i in range(1, len(requests)):
         for ext in ("safetensors", "json"):
-            if not (folder / HISTORY_DIR / f"{entry_name(i)}.{ext}").is_file():
-                raise FileNotFoundError(f"{folder}: request {i}'s undo record {HISTORY_DIR}/{entry_name(i)}.{ext} "
-                                        "is missing")
+            name = f"{HISTORY_DIR}/{entry_name(i)}.{ext}"
+            if not os.path.lexists(folder / name):
+                raise FileNotFoundError(f"{folder}: request {i}'s undo record {name} is missing")
+            names.append(name)
+    for name in names:  # checked now, so a bad folder fails before any work; copied later from a new descriptor
+        os.close(open_inside(folder, name, hard_links=False))
     return History(folder, [dict(r) for r in requests])
 
 
@@ -117,12 +135,12 @@ def carry_history(previous: History, staging: str | os.PathLike) -> None:
         return
     dst = Path(staging) / HISTORY_DIR
     dst.mkdir(exist_ok=True)
-    n = previous.depth
+    n, src = previous.depth, previous.folder
     for i in range(1, n):
         for ext in ("safetensors", "json"):
-            shutil.copyfile(previous.folder / HISTORY_DIR / f"{entry_name(i)}.{ext}", dst / f"{entry_name(i)}.{ext}")
-    shutil.copyfile(previous.folder / PATCH_NAME, dst / f"{entry_name(n)}.safetensors")
-    shutil.copyfile(previous.folder / REPORT_NAME, dst / f"{entry_name(n)}.json")
+            copy_inside(src, f"{HISTORY_DIR}/{entry_name(i)}.{ext}", dst / f"{entry_name(i)}.{ext}")
+    copy_inside(src, PATCH_NAME, dst / f"{entry_name(n)}.safetensors")
+    copy_inside(src, REPORT_NAME, dst / f"{entry_name(n)}.json")
 
 
 def step_back(folder: str | os.PathLike, restored: str | os.PathLike) -> None:
@@ -135,14 +153,16 @@ def step_back(folder: str | os.PathLike, restored: str | os.PathLike) -> None:
     if n < 2:
         return
     prev = entry_name(n - 1)
-    shutil.copyfile(folder / HISTORY_DIR / f"{prev}.safetensors", restored / PATCH_NAME)
-    shutil.copyfile(folder / HISTORY_DIR / f"{prev}.json", restored / REPORT_NAME)
+    for name in (PATCH_NAME, REPORT_NAME):  # restored holds this request's: replaced by the one before's
+        (restored / name).unlink(missing_ok=True)
+    copy_inside(folder, f"{HISTORY_DIR}/{prev}.safetensors", restored / PATCH_NAME)
+    copy_inside(folder, f"{HISTORY_DIR}/{prev}.json", restored / REPORT_NAME)
     if n > 2:
         (restored / HISTORY_DIR).mkdir()
         for i in range(1, n - 1):
             for ext in ("safetensors", "json"):
-                shutil.copyfile(folder / HISTORY_DIR / f"{entry_name(i)}.{ext}",
-                                restored / HISTORY_DIR / f"{entry_name(i)}.{ext}")
+                copy_inside(folder, f"{HISTORY_DIR}/{entry_name(i)}.{ext}",
+                            restored / HISTORY_DIR / f"{entry_name(i)}.{ext}")
 
 
 def record(requests: Sequence[Mapping[str, Any]], report: Mapping[str, Any], **more: Any) -> list[dict[str, Any]]:
