@@ -152,13 +152,13 @@ def split_held_out(rows: Sequence[Mapping[str, Any]], fraction: float = 0.2, see
                    min_rows: int = 2) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """(fit rows, held-out rows): ``fraction`` of ``rows`` set aside, e.g. for the sweep rule to score on.
 
-    Deterministic for a ``seed``; both parts keep the input order. Rows that are the same (text: question and
-    answer after whitespace normalisation; speech: the same ``wav`` file of one speaker, i.e. segments of one
-    recording) stay together, so no held-out row is also fitted. Speech rows (every row has ``spk_id``): each
-    speaker with at least two recordings (or, with one, two rows) is split on its own, so it appears on both sides;
-    a speaker with one row stays on the fit side; when that leaves nothing held out, the rows are split as a whole.
-    At least one unit goes to each side when there are two; with fewer than ``min_rows`` rows, or every row the
-    same, ``held`` is empty (the caller decides: score on the fit rows, or refuse).
+    Deterministic for a ``seed``; both parts keep the input order. Text rows: identical rows (question and answer
+    after whitespace normalisation) stay on one side, so no held-out row is also fitted. Speech rows (every row has
+    ``spk_id``): each speaker is split on its own, so it appears on both sides -- by recording (the rows of one
+    ``wav`` file, e.g. its segments, stay together) when it has two or more, else by row; a speaker with one row
+    stays on the fit side; when that leaves nothing held out, the rows are split as a whole. Each split draws
+    ``round(fraction * units)`` units, at least 1 and at most all but 1; with fewer than ``min_rows`` rows, or
+    every text row the same, ``held`` is empty (the caller decides: score on the fit rows, or refuse).
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"fraction must be in (0, 1), got {fraction}")
