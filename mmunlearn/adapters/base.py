@@ -88,6 +88,10 @@ class ClassifierAdapter(ModalityAdapter, Protocol):
     sample_rate: int
     # weight and bias names of the layer whose outputs are the embeddings, or None (QR-Erase's centroid step)
     embedding_output: tuple[str, str | None] | None
+    # the parameter name of the class-weight matrix (one row per speaker): the ``head`` scope, QR-Erase's head rows
+    head_weight: str
+    # which weights erasure extracts from and edits: ``all``, ``head`` or ``embedding`` (speaker_batches.SCOPES)
+    scope: str
 
     def logits_and_embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,12 +29,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
-from mmunlearn.adapters.speaker_batches import ClassifierScores, labels_of, per_length
+from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+#: The module name of the class-weight Linear in the audio-classification heads this adapter reads.
+_HEAD = "classifier"
 
 
 def block_of(name: str) -> str:
@@ -70,7 +72,10 @@ class HFAudioAdapter(ClassifierScores):
         self.index = {s: i for i, s in enumerate(self.speakers)}
         self.sample_rate = int(feature_extractor.sampling_rate)
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
-        self.scope = "all"
+        if not isinstance(getattr(model, _HEAD, None), nn.Linear):
+            raise ValueError(f"{type(model).__name__} has no Linear head named {_HEAD!r}: not an audio classifier "
+                             "this adapter knows")
+        self._scope = "all"
 
     @property
     def embedding_output(self) -> tuple[str, str | None] | None:
@@ -119,7 +124,9 @@ class HFAudioAdapter(ClassifierScores):
 
     def with_model(self, model: nn.Module) -> "HFAudioAdapter":
         """The same feature extractor and labels around another model; the decoded-audio cache is shared."""
-        return HFAudioAdapter(model, self.feature_extractor, audio_cache=self.audio_cache)
+        twin = HFAudioAdapter(model, self.feature_extractor, audio_cache=self.audio_cache)
+        twin.scope = self.scope
+        return twin
 
     def clone(self) -> "HFAudioAdapter":
         """An independent copy of the model; feature extractor and audio cache are shared."""
@@ -130,13 +137,37 @@ class HFAudioAdapter(ClassifierScores):
         return next(self.model.parameters()).device
 
     # ------------------------------------------------------------------ layers
+    @property
+    def scope(self) -> str:
+        """Which weights :meth:`layers` exposes to task-vector extraction and erasure: ``all``, ``head`` (the class
+        rows, :attr:`head_weight`: the speakers' names; every pooled vector stays bit for bit) or ``embedding``
+        (everything below the head: what the pooled vectors are made of)."""
+        return self._scope
+
+    @scope.setter
+    def scope(self, value: str) -> None:
+        if value not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {value!r}")
+        self._scope = value
+
+    @property
+    def head_weight(self) -> str:
+        """The parameter name of the class-weight matrix (one row per speaker): the sequence-classification heads
+        of wav2vec2, HuBERT and WavLM all call their last Linear ``classifier``."""
+        return f"{_HEAD}.weight"
+
     def layers(self) -> Iterator[LayerWeight]:
-        """Every 2-D Linear weight (feature projection, encoder layers, projector, classifier), by :func:`block_of`."""
+        """Every 2-D Linear weight (feature projection, encoder layers, projector, classifier), by :func:`block_of`;
+        only those of :attr:`scope`."""
         for mname, module in self.model.named_modules():
             weight = getattr(module, "weight", None)
-            if isinstance(module, nn.Linear) and isinstance(weight, nn.Parameter) and weight.dim() == 2:
-                name = f"{mname}.weight"
-                yield LayerWeight(name, block_of(name), weight)
+            if not (isinstance(module, nn.Linear) and isinstance(weight, nn.Parameter) and weight.dim() == 2):
+                continue
+            is_head = mname == _HEAD
+            if (self.scope == "head" and not is_head) or (self.scope == "embedding" and is_head):
+                continue
+            name = f"{mname}.weight"
+            yield LayerWeight(name, block_of(name), weight)
 
     def groups(self) -> dict[str, str]:
         """Parameter name -> block, for ``erase(..., groups=adapter.groups())``."""
@@ -228,10 +259,9 @@ def is_audio_classifier(folder: Path) -> bool:
 
 
 def _load_kind(folder: str | os.PathLike, *, device: str = "auto", scope: str = "all", **_: Any) -> HFAudioAdapter:
-    if scope != "all":
-        raise ValueError(f"scope={scope!r} applies to SpeechBrain speaker classifiers; {folder} is a Hugging Face "
-                         "audio classifier (its erasure edits every Linear weight)")
-    return HFAudioAdapter.load(folder, device=device)
+    adapter = HFAudioAdapter.load(folder, device=device)
+    adapter.scope = scope
+    return adapter
 
 
 KIND = register_kind(Kind(

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.base import IGNORE, LayerWeight, resolve_device  # noqa: F401  (IGNORE: re-exported)
-from mmunlearn.adapters.speaker_batches import (SCORING_VERSION, ClassifierScores, by_length,  # noqa: F401
+from mmunlearn.adapters.speaker_batches import (SCOPES, SCORING_VERSION, ClassifierScores, by_length,  # noqa: F401
                                                 labels_of, length_groups, repeat_pad,
                                                 sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
@@ -52,8 +52,6 @@ from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerS
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, register_kind
 
-#: Values of :attr:`SpeakerAdapter.scope`.
-SCOPES = ("all", "head", "embedding")
 
 
 def block_of(name: str) -> str:
@@ -196,6 +194,11 @@ class SpeakerAdapter(ClassifierScores):
             self.embedding_cache = None
         elif self.embedding_cache is None:
             self.embedding_cache = EmbeddingCache()
+
+    @property
+    def head_weight(self) -> str:
+        """The parameter name of the cosine classifier's class-weight matrix (one row per speaker)."""
+        return "classifier.weight"
 
     @property
     def device(self) -> torch.device:

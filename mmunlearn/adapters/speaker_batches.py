@@ -23,6 +23,10 @@ from mmunlearn.adapters.base import IGNORE, AdapterDefaults
 #: repeats of each utterance (:func:`repeat_pad`).
 SCORING_VERSION = 2
 
+#: The weights a classifier's erasure may extract from and edit (``scope``, the same for every classifier kind): all of
+#: them, the ``head`` (the class rows) or the ``embedding`` model below it.
+SCOPES = ("all", "head", "embedding")
+
 
 def sample_counts(wav_lens: torch.Tensor, width: int) -> torch.Tensor:
     """Samples of each utterance of a padded batch (``wav_lens`` relative to ``width``), at least 1."""

@@ -27,7 +27,7 @@ from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.embedding_step import erase_centroids
-from mmunlearn.methods.head_rows import HEAD_WEIGHT, forgotten_rows
+from mmunlearn.methods.head_rows import forgotten_rows
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
@@ -242,7 +242,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}
     if ctx.rule is not None:
-        head_only = set(tf) == {HEAD_WEIGHT} and "forgotten_rows" in tf.meta
+        head_only = kind.is_classifier and set(tf) == {adapter.head_weight} and "forgotten_rows" in tf.meta
         points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress,
                               past_bound=head_only)
         rank, scale = best.rank, best.scale

@@ -159,10 +159,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
                           "forget": f, "retain": r}
         report["target_reached"] = scorer.reached(f) and not scorer.over(r)
-        numbers = (f"forget {f:.4g} (target {rule.forget_target:.4g}), retain rise {r - scorer.base_retain:+.4g} "
-                   f"(bound {rule.retain_bound:.4g})")
-        verdict = f"rule met by {method}: {numbers}" if report["target_reached"] else \
-            f"RULE NOT MET by {method}: {numbers}"
+        verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"])
     else:
         report["target_reached"] = None
         verdict = f"NOT CHECKED: {method} ran its settings as they are (no sweep rule)"

@@ -28,10 +28,6 @@ import torch
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.taskvec.store import TaskMatrices
 
-#: The speaker classifier's class-weight matrix (one row per speaker), as the speaker adapters name it.
-HEAD_WEIGHT = "classifier.weight"
-
-
 def forgotten_speakers(forget: Sequence[Any]) -> list[str]:
     """The speaker IDs of the forget rows, sorted (rows without ``spk_id`` are not speaker rows)."""
     return sorted({str(r["spk_id"]) for r in forget if isinstance(r, dict) and "spk_id" in r})
@@ -78,7 +74,8 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
     speakers = forgotten_speakers(forget)
     stand_in = dict(earlier) if isinstance(earlier, Mapping) else {}
     earlier = sorted({str(s) for s in earlier} - set(speakers))
-    if extract.kind != "gradient" or len(speakers) + len(earlier) < 2 or HEAD_WEIGHT not in tf:
+    head_weight = adapter.head_weight  # the class-weight matrix, one row per speaker, as the adapter names it
+    if extract.kind != "gradient" or len(speakers) + len(earlier) < 2 or head_weight not in tf:
         return tf
     index = adapter.index
     missing = [s for s in speakers + earlier if s not in index]
@@ -91,10 +88,10 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
     if not float(u.norm()) > 0:
         raise ValueError("the forgotten speakers' mean directions cancel out: no common direction to move away from")
     u = u / u.norm()
-    weight = dict(adapter.model.named_parameters())[HEAD_WEIGHT].detach().double().cpu()
+    weight = dict(adapter.model.named_parameters())[head_weight].detach().double().cpu()
     head = torch.zeros_like(weight)
     for spk in speakers + earlier:
         head[index[spk]] = weight[index[spk]].norm() * u
-    like = tf[HEAD_WEIGHT]
-    return TaskMatrices({**tf.tensors, HEAD_WEIGHT: head.to(like.dtype).to(like.device)},
+    like = tf[head_weight]
+    return TaskMatrices({**tf.tensors, head_weight: head.to(like.dtype).to(like.device)},
                         {**tf.meta, "forgotten_rows": sorted(speakers + earlier), "earlier_directions": joined})

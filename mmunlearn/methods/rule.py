@@ -49,9 +49,33 @@ class SweepRule:
             raise ValueError(f"forget_target must be finite, got {self.forget_target!r}")
 
     def describe(self) -> dict:
-        name = lambda f: getattr(f, "__name__", type(f).__name__)  # noqa: E731
         return {"forget_target": self.forget_target, "retain_bound": self.retain_bound,
-                "forget_measure": name(self.forget_measure), "retain_measure": name(self.retain_measure)}
+                "forget_measure": measure_name(self.forget_measure), "retain_measure": measure_name(self.retain_measure)}
+
+    def verdict(self, method: str, forget: float, retain_rise: float, met: bool) -> str:
+        """One line that says whether ``method`` met the rule, naming each measure, its direction and its bound."""
+        head = f"rule met by {method}" if met else f"RULE NOT MET by {method}"
+        return (f"{head}: {measure_label(self.forget_measure)} {forget:.4g} (target >= {self.forget_target:.4g}; "
+                f"higher = more forgotten); {measure_label(self.retain_measure)} rose {retain_rise:+.4g} "
+                f"(bound <= {self.retain_bound:.4g})")
+
+
+#: What each forget / retain measure the rules use means, for the verdict line (by the measure's name).
+MEASURE_LABELS = {
+    "mean_nll": "mean NLL (nats)",
+    "worst_speaker_error_rate": "share of the worst forgotten speaker's clips predicted as none of the forgotten speakers",
+    "log_loss_gap": "forget minus retain mean log-NLL",
+}
+
+
+def measure_name(measure: Any) -> str:
+    """The name a rule reports for ``measure`` (its ``__name__``, else its type's)."""
+    return getattr(measure, "__name__", type(measure).__name__)
+
+
+def measure_label(measure: Any) -> str:
+    """What ``measure`` measures, in words (:data:`MEASURE_LABELS`, else its name)."""
+    return MEASURE_LABELS.get(measure_name(measure), measure_name(measure))
 
 
 @dataclass

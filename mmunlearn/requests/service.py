@@ -18,7 +18,7 @@ from typing import Any
 
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import Outcome, run_unlearning
-from mmunlearn.methods.head_rows import HEAD_WEIGHT, forgotten_speakers
+from mmunlearn.methods.head_rows import forgotten_speakers
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, original_tensor, record
 from mmunlearn.requests.state import data_fingerprint, model_fingerprint, obtain_retain_state
@@ -66,9 +66,9 @@ def earlier_directions(adapter, history: History | None, speakers: Sequence[str]
     classifier's row points along its speaker's embeddings, so it stands in for the audio a later request does not
     have. None for every speaker when the patches are not at hand (a history kept in memory, a folder edited
     since) or the model has no class-weight head."""
-    head = dict(adapter.model.named_parameters()).get(HEAD_WEIGHT)
-    original = original_tensor(history, HEAD_WEIGHT, head) if history is not None and head is not None else None
-    index = getattr(adapter, "index", {})
+    head = dict(adapter.model.named_parameters()).get(adapter.head_weight)
+    original = original_tensor(history, adapter.head_weight, head) if history is not None and head is not None else None
+    index = adapter.index
     return {s: (original[index[s]].clone() if original is not None and s in index else None) for s in speakers}
 
 

@@ -66,8 +66,13 @@ def test_the_kind_is_detected_loaded_and_takes_the_speaker_presets(hf_dir, speak
     assert get("qr-erase").config_for("hf-audio", "tiny") == get("qr-erase").config_for("speaker", "tiny")
     with pytest.raises(ValueError, match="t3 does not apply to a hf-audio model"):
         get("t3", "hf-audio")
-    with pytest.raises(ValueError, match="scope='head' applies to SpeechBrain"):
-        load_model(hf_dir, device="cpu", scope="head")
+    head = load_model(hf_dir, device="cpu", scope="head")  # the class rows alone, as for a SpeechBrain classifier
+    assert [lw.name for lw in head.layers()] == [head.head_weight] == ["classifier.weight"]
+    assert head.with_model(head.model).scope == "head"
+    below = load_model(hf_dir, device="cpu", scope="embedding")
+    assert head.head_weight not in {lw.name for lw in below.layers()} and len(list(below.layers())) > 1
+    with pytest.raises(ValueError, match="scope must be one of"):
+        load_model(hf_dir, device="cpu", scope="sweep")
 
     adapter = load_model(hf_dir, device="cpu")
     assert isinstance(adapter, HFAudioAdapter) and adapter.speakers == sorted(

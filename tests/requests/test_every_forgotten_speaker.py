@@ -9,6 +9,8 @@ from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, forgotten_error_rate, forgotten_rates, score_rows
 from tests.speech_corpus import one_thread, three_forgotten_manifests  # noqa: F401  (fixtures)
 
+HEAD_WEIGHT = "classifier.weight"  # the SpeakerAdapter's head_weight
+
 
 @pytest.fixture(scope="module")
 def trained(three_forgotten_manifests, tmp_path_factory):
@@ -62,7 +64,7 @@ def test_the_measure_is_the_worst_speakers(trained, parts):
 
 def test_every_forgotten_row_is_turned_away_from_every_forgotten_speaker(trained, parts):
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.methods.head_rows import HEAD_WEIGHT, forgotten_rows, speaker_directions
+    from mmunlearn.methods.head_rows import forgotten_rows, speaker_directions
     from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
     forget, _ = parts
@@ -154,7 +156,6 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
     history = read_history(tmp_path / "r2")
     assert [r["forget_speakers"] for r in history.requests] == [[a, c], [b]]
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.methods.head_rows import HEAD_WEIGHT
     from mmunlearn.requests.history import original_tensor
 
     now = second.adapter.model.classifier.weight.detach()
@@ -174,7 +175,7 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
 
 def test_rows_of_speakers_forgotten_earlier_are_turned_away_from_this_requests_audio(trained, parts):
     from mmunlearn.adapters.speaker import SpeakerAdapter
-    from mmunlearn.methods.head_rows import HEAD_WEIGHT, forgotten_rows, speaker_directions
+    from mmunlearn.methods.head_rows import forgotten_rows, speaker_directions
     from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
     forget, _ = parts
