@@ -15,6 +15,9 @@ Temporary folders of an output ``out`` are named ``.<out>.tmp-<pid>-<host>-<toke
 extra characters within the 255 a file name may have, ``<out>`` is shortened to its start and a hash
 of the whole name); those left by a killed run are removed by the next run on the same ``out``
 (:func:`clean_leftovers`).
+
+A folder whose contents are trusted when reused (the model cache, resumable training state) must be
+private (:func:`check_private`): owned by this user and writable by no one else.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 from mmunlearn.atomic import dir_mode
@@ -213,3 +217,40 @@ def clean_leftovers(out: str | os.PathLike) -> list[Path]:
         log.warning("removed %d temporary folder(s) left next to %s by an interrupted run: %s",
                     len(removed), out, ", ".join(p.name for p in removed))
     return removed
+
+
+def check_private(*paths: str | os.PathLike) -> None:
+    """Refuse each existing path that another user owns or that its group or others may write: a cache another
+    user can write could hand this user forged weights or training state. Links are judged by what they point
+    to and must be this user's too."""
+    me = os.geteuid()
+    for p in map(Path, paths):
+        try:
+            lst, st = os.lstat(p), os.stat(p)
+        except FileNotFoundError:
+            continue
+        if lst.st_uid != me or st.st_uid != me:
+            raise UnsafePathError(f"{p} is owned by another user (uid {st.st_uid if lst.st_uid == me else lst.st_uid}"
+                                  f", you are {me}): a shared cache is not trusted with models or training state; "
+                                  "use a cache folder of your own (--cache-dir, $MMUNLEARN_CACHE)")
+        if st.st_mode & 0o022:
+            raise UnsafePathError(f"{p} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o}): a "
+                                  f"shared cache is not trusted with models or training state; run chmod -R go-w {p} "
+                                  "or use a cache folder of your own")
+
+
+def make_private_dirs(path: str | os.PathLike) -> Path:
+    """Create ``path`` and its missing parents with mode 0700 (whatever the umask); returns it."""
+    path = Path(path)
+    missing = []
+    for p in (path, *path.parents):
+        if os.path.lexists(p):
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(p, 0o700)  # the umask cannot add bits, but be explicit
+    return path

@@ -49,8 +49,8 @@ from mmunlearn.data.tofu import QAItem, split_info
 from mmunlearn.errors import check_threads
 from mmunlearn.eval.scoring import generate_answers
 from mmunlearn.metrics.rouge import rouge_l_recall
-from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, default_cache_dir, is_built, items_digest,
-                                     read_log, texts_digest, write_log)
+from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, check_cache_path, default_cache_dir, is_built,
+                                     items_digest, read_log, texts_digest, write_log)
 from mmunlearn.presets.items import base_corpus, fact_items, forget_rows, source_texts, training_items
 from mmunlearn.presets.models import Preset, get_preset, parameter_count
 from mmunlearn.train import TrainConfig, causal_lm_loss, train
@@ -161,11 +161,13 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
                   max_length: int, device: str, progress: bool, desc: str, resume_dir: Path | None,
                   checkpoint_every: int | None, facts: Sequence[QAItem], replay: Sequence[QAItem] = (),
                   save_dtype: torch.dtype | None = None, forget: Sequence[QAItem] = (),
-                  full_check: bool = True) -> dict[str, Any]:
+                  full_check: bool = True, cache_root: Path | None = None) -> dict[str, Any]:
     """Train on ``items`` (+ ``replay``, mixed in) with the answer-token loss, then write weights,
     tokenizer and train_log.json to ``out``. The log holds the ``forget`` rows' check (:func:`forget_check`)
     before (``pretrained_forget_*``) and after training; with ``full_check`` also the answer NLL of all
     ``items`` and of ``facts`` (cheap for the built presets; a real checkpoint skips them: minutes on a CPU)."""
+    if resume_dir is not None and cache_root is not None:
+        check_cache_path(cache_root, resume_dir)  # training state is resumed only from a private cache
     precision = "bf16" if cfg.mixed_precision == "bf16" else "no"
     adapter = TextLLMAdapter(model, tokenizer, max_length=max_length, precision=precision)
     before = forget_check(adapter, forget, generate=False) if forget and not resume_started(resume_dir) else {}
@@ -228,11 +230,11 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
     key = cache_key(spec)
     group = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     out = group / f"{p.name}-{key}" / "base"
-    if is_built(out, key):
+    if is_built(out, key, group):
         log.info("base: reusing %s", out)
         return out, {**read_log(out), "cached": True, "path": str(out)}
     with build_lock(out):
-        if is_built(out, key):  # built by another process while this one waited
+        if is_built(out, key, group):  # built by another process while this one waited
             return out, {**read_log(out), "cached": True, "path": str(out)}
         tokenizer = train_bpe(tok_texts, vocab_size=p.arch.vocab_size)
         model = p.arch.build(tokenizer, seed=seed)
@@ -241,7 +243,7 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
         train_log = _fit_and_save(model, tokenizer, corpus, cfg, out, info, max_length=p.max_length,
                                   device=device, progress=progress, desc=f"{p.name} base",
                                   resume_dir=group / ".resume" / f"base-{key}", checkpoint_every=checkpoint_every,
-                                  facts=fact_items(data))
+                                  facts=fact_items(data), cache_root=group)
     return out, {**train_log, "cached": False, "path": str(out)}
 
 
@@ -271,11 +273,12 @@ def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items
     key = cache_key(spec)
     tag = f"{split}-a{authors}" if authors is not None else split
     target = out if out is not None else group / f"{tag}-{key}"
-    if is_built(target, key):
+    root = group.parent if out is None else None  # the cache folder: every folder from it down must be private
+    if is_built(target, key, root):
         log.info("%s: reusing %s", role, target)
         return target, {**read_log(target), "cached": True, "path": str(target)}
     with build_lock(target):
-        if is_built(target, key):  # built by another process while this one waited
+        if is_built(target, key, root):  # built by another process while this one waited
             return target, {**read_log(target), "cached": True, "path": str(target)}
         if out is not None and out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists and holds another model (no {LOG_FILE} with this build's key); "
@@ -287,7 +290,7 @@ def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items
                                   device=device, progress=progress, desc=f"{p.name} {role} ({tag})",
                                   resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
                                   facts=facts, replay=replay, save_dtype=save_dtype, forget=forget,
-                                  full_check=not p.is_model_dir)
+                                  full_check=not p.is_model_dir, cache_root=group.parent)
     return target, {**train_log, "cached": False, "path": str(target)}
 
 

@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from mmunlearn.train.answer_only import answer_logits
+from mmunlearn.paths import make_private_dirs
+from mmunlearn.train import resume_state
 from mmunlearn.train.config import TrainConfig, resolve_mixed_precision
 from mmunlearn.train.sampling import EpochSampler, PairCollate, PairedDataset
 from mmunlearn.train.schedule import make_optimizer, make_scheduler
@@ -56,7 +58,7 @@ class TrainResult:
 
 @dataclass
 class _Progress:
-    """Loop position and history; registered with accelerate so checkpoints carry it."""
+    """Loop position and history; checkpoints carry it (:mod:`mmunlearn.train.resume_state`)."""
 
     step: int = 0
     micro: int = 0
@@ -157,16 +159,22 @@ def _checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
-def _save_checkpoint(acc, root: Path, step: int, run_info: dict[str, Any], keep: int) -> None:
+def _save_checkpoint(acc, objects: tuple, root: Path, step: int, run_info: dict[str, Any], keep: int) -> None:
+    """``objects``: (model, optimizer, scheduler, progress), saved in safetensors + JSON (no pickle)."""
     final = root / f"step_{step:08d}"
     tmp = root / f".step_{step:08d}.tmp"
-    if acc.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
+    if acc.is_main_process:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        make_private_dirs(root)
+        os.mkdir(tmp, 0o700)  # private: only this user reads it back
     acc.wait_for_everyone()
-    acc.save_state(str(tmp))
+    model, optimizer, scheduler, prog = objects
+    resume_state.save_state(acc, model, optimizer, scheduler, prog.state_dict(), tmp)
     acc.wait_for_everyone()
     if acc.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps(run_info, indent=1))
+        resume_state.seal(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -176,8 +184,12 @@ def _save_checkpoint(acc, root: Path, step: int, run_info: dict[str, Any], keep:
 
 
 def _check_resumable(ckpt: Path, run_info: dict[str, Any]) -> None:
+    resume_state.check_folder(ckpt, frozenset({STATE_FILE}))  # safetensors and JSON only: never a pickle
     path = ckpt / STATE_FILE
-    saved = json.loads(path.read_text()) if path.is_file() else None
+    try:
+        saved = json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        saved = "unreadable"
     if saved != run_info:
         raise ValueError(f"checkpoint {ckpt} was written by a different run (config or data size differ): "
                          f"saved {saved}, now {run_info}; use another checkpoint_dir or resume=False")
@@ -201,8 +213,9 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
       ``train(m, f, d, c, epochs=3, lr=1e-3, schedule="onecycle", grad_accum=4)``.
     - ``params``: train only these parameters (objects or names); the others keep their values
       bit for bit (their ``requires_grad`` is switched off during the run and restored after).
-    - ``checkpoint_dir`` + ``checkpoint_every`` N: ``accelerator.save_state`` every N optimizer steps
-      into ``step_<N>`` (written atomically; the last ``keep_checkpoints`` are kept). ``resume=True``
+    - ``checkpoint_dir`` + ``checkpoint_every`` N: the training state every N optimizer steps into
+      ``step_<N>`` in safetensors + JSON (:mod:`mmunlearn.train.resume_state`: never a pickle, so resuming runs
+      no code; written atomically; the last ``keep_checkpoints`` are kept). ``resume=True``
       continues from the latest one there (or starts fresh when there is none); the data order is a
       function of (seed, epoch), so a resumed run ends with the weights of an uninterrupted one.
     - ``on_step(step, loss)`` is called after each optimizer step; returning True stops the run.
@@ -259,13 +272,16 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
     scheduler = make_scheduler(optimizer, cfg, total * acc.num_processes)
     wrapped, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
     prog = _Progress()
-    acc.register_for_checkpointing(prog)
+    if checkpoint_every and not resume_state.supported(acc):
+        log.warning("no resumable checkpoints under %s: its state is not saved in safetensors", acc.distributed_type)
+        checkpoint_every, resume = None, False
     run_info = {"config": cfg.to_dict(), "n": len(data), "n2": len(data2) if paired else None,
                 "processes": acc.num_processes}
     if resume and ckroot is not None and _checkpoints(ckroot):
         latest = _checkpoints(ckroot)[-1]
         _check_resumable(latest, run_info)
-        acc.load_state(str(latest))
+        prog.load_state_dict(resume_state.load_state(acc, wrapped, optimizer, scheduler, latest,
+                                                     frozenset({STATE_FILE})))
         log.info("resumed from %s (step %d)", latest, prog.step)
     start_step, t0 = prog.step, time.perf_counter()
     bar = tqdm(total=total, initial=prog.step, desc=desc, disable=not progress or not acc.is_local_main_process,
@@ -310,7 +326,8 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
                              sum(window) / len(window), lr_used)
                 stop = bool(on_step(prog.step, step_loss)) if on_step is not None else False
                 if checkpoint_every and prog.step % checkpoint_every == 0 and prog.step < total:
-                    _save_checkpoint(acc, ckroot, prog.step, run_info, keep_checkpoints)
+                    _save_checkpoint(acc, (wrapped, optimizer, scheduler, prog), ckroot, prog.step, run_info,
+                                     keep_checkpoints)
                 if prog.step >= total or stop:
                     done = True
                     break
