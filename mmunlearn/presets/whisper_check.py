@@ -43,7 +43,7 @@ def fsdd_clips(root: str | os.PathLike, n: int) -> list[Path]:
 
 def names_digit(text: str, digit: int) -> bool:
     """Whether a transcript says ``digit`` (as a numeral or an English word)."""
-    words = re.findall(r"[a-z]+|\d", text.lower())
+    words = re.findall(r"[a-z]+|\d+", text.lower())
     return str(digit) in words or any(w in words for w in DIGIT_WORDS[digit])
 
 
