@@ -59,8 +59,9 @@ def _batch_outputs(hf, processor, ct2, wavs: list[np.ndarray], max_new_tokens: i
     features = processor.feature_extractor(wavs, sampling_rate=DEFAULT_SR, return_tensors="np").input_features
     features = np.ascontiguousarray(features, dtype=np.float32)
     with torch.no_grad():
-        hf_encoded = hf.model.encoder(torch.from_numpy(features)).last_hidden_state.numpy()
-        hf_ids = hf.generate(input_features=torch.from_numpy(features), max_new_tokens=max_new_tokens).tolist()
+        encoded = hf.model.encoder(torch.from_numpy(features))  # encoded once: generate starts from it
+        hf_ids = hf.generate(encoder_outputs=encoded, max_new_tokens=max_new_tokens).tolist()
+    hf_encoded = encoded.last_hidden_state.numpy()
     ct2_encoded = ct2.encode(ctranslate2.StorageView.from_array(features), to_cpu=True)
     results = ct2.generate(ct2_encoded, [list(PROMPT)] * len(wavs), beam_size=1,
                            max_length=len(PROMPT) + max_new_tokens)  # CTranslate2 counts the prompt
