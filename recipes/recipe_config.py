@@ -21,6 +21,10 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import os
+import re
+import stat
+
 import yaml
 
 from mmunlearn.methods import get, names
@@ -38,16 +42,64 @@ class ConfigError(ValueError):
         self.key = key
 
 
+#: the largest config file read (settings are a few kilobytes)
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of nested aliases expand to
+    billions of values) and reads numbers as people write them (``1e-3`` is a float, as in YAML 1.2)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} refused (anchors and aliases are "
+                                              "not read in config files: write the values out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader: tags never build objects
+
+
+def _read_config_text(path: Path) -> str:
+    """The text of a regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO or device refused before reading)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"the config file {path} is not a regular file (a FIFO, device or folder)")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"the config file {path} is {st.st_size} bytes, more than a config may have "
+                              f"({MAX_CONFIG_BYTES})")
+        data = os.read(fd, MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"the config file {path} grew past {MAX_CONFIG_BYTES} bytes while it was read")
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML file, read with ``yaml.safe_load`` (a tag such as ``!!python/object`` is refused)."""
+    """The mapping in a YAML file, read with a safe loader (a tag such as ``!!python/object`` is refused, and so
+    are aliases); the file must be a regular file of at most :data:`MAX_CONFIG_BYTES`."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = _load(_read_config_text(path))
     except OSError as e:
         raise ConfigError(f"cannot read the config file {path}: {e.strerror or e}") from None
+    except RecursionError:
+        raise ConfigError(f"the config file {path} is nested too deeply") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"the config file {path} is not plain YAML (only plain values are read; tags that "
-                          f"build objects are refused): {' '.join(str(e).split())}") from None
+                          f"build objects and aliases are refused): {' '.join(str(e).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -58,8 +110,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def _text(value: str) -> Any:
     """A value typed on the command line, read as one plain YAML scalar, list or mapping."""
     try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError:
+        return _load(value)
+    except (yaml.YAMLError, RecursionError):
         return value
 
 

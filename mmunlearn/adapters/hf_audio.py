@@ -31,6 +31,7 @@ from torch import nn
 from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
 from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.data.manifest import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
 
@@ -109,8 +110,12 @@ class HFAudioAdapter(ClassifierScores):
 
         if not Path(path).is_dir():
             raise FileNotFoundError(f"model directory not found: {path}")
-        model = AutoModelForAudioClassification.from_pretrained(str(path), trust_remote_code=False)
         fe = AutoFeatureExtractor.from_pretrained(str(path), trust_remote_code=False)
+        rate = getattr(fe, "sampling_rate", None)  # sizes every resampled waveform: checked before the model loads
+        if type(rate) not in (int, float) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+            raise ValueError(f"{Path(path) / 'preprocessor_config.json'}: sampling_rate {rate!r} is not an audio rate "
+                             f"({MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz)")
+        model = AutoModelForAudioClassification.from_pretrained(str(path), trust_remote_code=False)
         return cls(model.to(resolve_device(device)).eval(), fe)
 
     from_pretrained = load

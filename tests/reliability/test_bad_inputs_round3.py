@@ -1,0 +1,135 @@
+"""The third hostile-input audit (issue 33), M3-M7 and low items: a sample rate that would allocate gigabytes,
+YAML alias bombs and special files as --config, a T3 rank that sizes a huge head, report injection, symlinks
+planted where a parallel comparison writes its logs. Each is one error naming the file and what is wrong;
+the inputs stay byte-identical and nothing is written outside the output folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mmunlearn.errors import USER_ERRORS, one_line
+from tests.reliability.untrusted import digest_tree, listing
+
+SPEAKERS = ["id00001", "id00002"]
+
+
+def user_error(exc: BaseException, *needles: str) -> str:
+    """``exc`` is shown by the CLI as one ``error:`` line holding every needle."""
+    assert isinstance(exc, USER_ERRORS), type(exc)
+    text = one_line(exc)
+    assert "\n" not in str(exc), text
+    for needle in needles:
+        assert needle in text, (needle, text)
+    return text
+
+
+# ------------------------------------------------------------------------ M3: hf-audio sampling_rate
+@pytest.fixture(scope="module")
+def hf_master(tmp_path_factory) -> Path:
+    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor
+
+    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+
+    cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                         conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
+                         num_conv_pos_embedding_groups=2, classifier_proj_size=8)
+    fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True)
+    return HFAudioAdapter.build(cfg, SPEAKERS, fe, device="cpu").save(tmp_path_factory.mktemp("hf") / "model")
+
+
+@pytest.mark.parametrize("rate", [1e9, 1e12, 0, -16000, 999, "16000", None])
+def test_an_hf_audio_sampling_rate_outside_audio_rates_is_one_error_naming_the_file(hf_master, tmp_path, rate):
+    import shutil
+
+    from mmunlearn.api import unlearn
+
+    import numpy as np
+    import soundfile as sf
+
+    (tmp_path / "audio").mkdir()
+    for name in ("a", "b"):
+        sf.write(tmp_path / "audio" / f"{name}.wav", np.zeros(8000, dtype="float32"), 16000)
+    folder = Path(shutil.copytree(hf_master, tmp_path / "model"))
+    config = folder / "preprocessor_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "sampling_rate": rate}))
+    before = digest_tree(folder)
+    with pytest.raises(ValueError) as err:
+        unlearn(folder, forget=[(str(tmp_path / "audio" / "a.wav"), SPEAKERS[0])],
+                retain=[(str(tmp_path / "audio" / "b.wav"), SPEAKERS[1])], method="grad_ascent",
+                out=tmp_path / "out", device="cpu", progress=False, rule=None)
+    user_error(err.value, str(config), "sampling_rate", "1000..192000")
+    assert digest_tree(folder) == before and listing(tmp_path) == {"model", "audio"}
+
+
+def test_an_hf_audio_folder_at_an_ordinary_rate_loads(hf_master):
+    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+
+    assert HFAudioAdapter.load(hf_master, device="cpu").sample_rate == 16000  # the control
+
+
+# ------------------------------------------------------------------------ M4: --config YAML
+LAUGHS = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+                   + [f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi")])
+
+
+def _tofu_config(path: Path, *overrides: str):
+    from recipes.recipe_config import build_config
+    from recipes.tofu_config import TofuConfig
+
+    return build_config(TofuConfig, file=path, overrides=overrides)
+
+
+@pytest.mark.parametrize("where", ["top level", "method option typed Any"])
+def test_a_yaml_alias_bomb_in_config_is_refused_before_it_expands(tmp_path, where):
+    import time
+
+    from recipes.recipe_config import ConfigError
+    from recipes.tofu_config import TofuConfig  # noqa: F401  (imported before the clock starts)
+
+    path = tmp_path / "bomb.yaml"
+    body = LAUGHS if where == "top level" else "method_options:\n  grad_ascent:\n    extra:\n" + "\n".join(
+        "      " + line for line in LAUGHS.splitlines())
+    path.write_text(body)
+    assert len(body) < 1000  # 10^9 values once expanded
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        _tofu_config(path)
+    assert time.perf_counter() - start < 2  # refused while parsing, not after expanding
+    user_error(err.value, str(path), "alias")
+    assert path.read_text() == body and listing(tmp_path) == {"bomb.yaml"}
+
+
+def test_a_config_that_is_a_fifo_or_a_device_is_refused_without_reading(tmp_path):
+    from recipes.recipe_config import ConfigError
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)  # no writer: reading it would wait for ever
+    for path in (fifo, Path("/dev/zero"), tmp_path):
+        with pytest.raises(ConfigError) as err:
+            _tofu_config(path)
+        user_error(err.value, str(path), "not a regular file")
+
+
+def test_a_huge_or_deeply_nested_config_is_one_error(tmp_path):
+    from recipes.recipe_config import MAX_CONFIG_BYTES, ConfigError
+
+    big = tmp_path / "big.yaml"
+    big.write_text("seed: 1\n" + "#" * MAX_CONFIG_BYTES)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("seed: " + "[" * 100_000 + "]" * 100_000)
+    for path, needle in ((big, "more than a config may have"), (deep, "nested too deeply")):
+        with pytest.raises(ConfigError) as err:
+            _tofu_config(path)
+        user_error(err.value, str(path), needle)
+
+
+def test_numbers_written_with_an_exponent_are_floats(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-3\nft_lr: 2E-5\n")
+    cfg = _tofu_config(path)
+    assert cfg.lr == 1e-3 and cfg.ft_lr == 2e-5
+    assert _tofu_config(None, "lr=5e-4").lr == 5e-4  # a KEY=VALUE override too
