@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from mmunlearn.atomic import write_text_atomic
+from mmunlearn.errors import UnsafePathError
 from recipes.runner import finished_rows, stage_key
 from recipes.tofu_config import RUN_EXCLUDES, TofuConfig
 
@@ -61,12 +63,25 @@ def _command(config: Path) -> list[str]:
     return [sys.executable, "-m", "mmunlearn.cli", "tofu", "run", "--config", str(config)]
 
 
+def _fresh_log(path: Path):
+    """A new, empty ``path`` open for writing, never through what was there: a link or hard link planted at that
+    name loses the name (its target is left alone), then the file is created with ``O_EXCL | O_NOFOLLOW``."""
+    if os.path.lexists(path) and not (path.is_symlink() or path.is_file()):
+        raise UnsafePathError(f"{path} exists and is not a file: remove it to run the jobs")
+    path.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "w")
+
+
 def run_jobs(cfg: TofuConfig, methods: Sequence[str], jobs: int,
              say: Callable[[str], None] = print, poll_seconds: float = 1.0) -> dict[str, int]:
     """Run ``tofu run`` for each of ``methods``, at most ``jobs`` at a time; the exit status of each."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     folder = Path(cfg.out) / JOBS_DIR
+    if folder.is_symlink():
+        raise UnsafePathError(f"{folder} is a symbolic link: the jobs' configs and logs are written only into a "
+                              "folder of the output itself")
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     threads = str(cfg.threads or 1)
@@ -77,10 +92,9 @@ def run_jobs(cfg: TofuConfig, methods: Sequence[str], jobs: int,
         while queue and len(running) < jobs:
             method = queue.pop(0)
             config = folder / f"{method}.yaml"
-            tmp = config.with_suffix(".yaml.tmp")
-            tmp.write_text(yaml.safe_dump(run_settings(cfg, method), sort_keys=True))
-            tmp.replace(config)
-            log = open(folder / f"{method}.log", "w")  # noqa: SIM115  (closed when the job ends)
+            # a fresh temporary file renamed over the name: a link planted there is replaced, never written through
+            write_text_atomic(config, yaml.safe_dump(run_settings(cfg, method), sort_keys=True))
+            log = _fresh_log(folder / f"{method}.log")  # closed when the job ends
             proc = subprocess.Popen(_command(config), stdout=log, stderr=subprocess.STDOUT, env=env)
             running[method] = (proc, log, time.perf_counter())
             say(f"[jobs] {method}: started ({len(running)} running, {len(queue)} waiting); log {folder / method}.log")

@@ -133,3 +133,44 @@ def test_numbers_written_with_an_exponent_are_floats(tmp_path):
     cfg = _tofu_config(path)
     assert cfg.lr == 1e-3 and cfg.ft_lr == 2e-5
     assert _tofu_config(None, "lr=5e-4").lr == 5e-4  # a KEY=VALUE override too
+
+
+# ------------------------------------------------------------------------ M7: tofu compare --jobs
+def test_jobs_write_their_configs_and_logs_through_no_planted_link(tmp_path):
+    from recipes.recipe_config import build_config
+    from recipes.tofu_config import TofuConfig
+    from recipes.tofu_parallel import JOBS_DIR, run_jobs
+
+    out = tmp_path / "out"
+    jobs = out / JOBS_DIR
+    jobs.mkdir(parents=True)
+    victims = {name: tmp_path / f"victim-{name}" for name in ("log", "yaml", "tmp", "hard")}
+    for victim in victims.values():
+        victim.write_text("precious")
+    (jobs / "grad_ascent.log").symlink_to(victims["log"])
+    (jobs / "grad_ascent.yaml").symlink_to(victims["yaml"])
+    (jobs / "grad_ascent.yaml.tmp").symlink_to(victims["tmp"])
+    os.link(victims["hard"], jobs / "npo.log")
+    cfg = build_config(TofuConfig, overrides=[f"out={out}", f"data={tmp_path / 'no-such-data'}"])
+    status = run_jobs(cfg, ["grad_ascent", "npo"], jobs=2, say=lambda line: None, poll_seconds=0.2)
+    assert set(status) == {"grad_ascent", "npo"}  # the jobs ran (and failed on the missing data)
+    assert all(v.read_text() == "precious" for v in victims.values())  # no file outside --out written
+    for name in ("grad_ascent.log", "grad_ascent.yaml", "npo.log"):
+        assert not (jobs / name).is_symlink() and (jobs / name).stat().st_nlink == 1
+    assert "no-such-data" in (jobs / "grad_ascent.log").read_text()  # the job's own log, written in --out
+
+
+def test_a_jobs_folder_that_is_a_link_is_refused(tmp_path):
+    from mmunlearn.errors import UnsafePathError
+    from recipes.recipe_config import build_config
+    from recipes.tofu_config import TofuConfig
+    from recipes.tofu_parallel import JOBS_DIR, run_jobs
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / JOBS_DIR).symlink_to(tmp_path / "elsewhere")
+    cfg = build_config(TofuConfig, overrides=[f"out={tmp_path / 'out'}"])
+    with pytest.raises(UnsafePathError) as err:
+        run_jobs(cfg, ["grad_ascent"], jobs=1, say=lambda line: None)
+    user_error(err.value, str(tmp_path / "out" / JOBS_DIR), "symbolic link")
+    assert listing(tmp_path / "elsewhere") == set()
