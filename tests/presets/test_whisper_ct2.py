@@ -254,3 +254,15 @@ def test_check_summary_passes_and_fails_at_its_bounds():
 def test_names_digit():
     assert names_digit("Three.", 3) and names_digit(" 7", 7) and names_digit("Oh!", 0)
     assert not names_digit("Heaven.", 7) and not names_digit("13", 3)
+
+
+def test_data_prep_converts_a_given_folder_and_reuses_it(tmp_path, tiny, capsys):
+    from data_prep.whisper import main
+
+    src = write_folder(tmp_path / "ct2", tiny)
+    out = main(["--ct2", str(src), "--out", str(tmp_path / "hf")])
+    assert out == tmp_path / "hf" and (out / "model.safetensors").is_file() and str(out) in capsys.readouterr().out
+    stamp = (out / STAMP).stat().st_mtime_ns
+    assert main(["--ct2", str(src), "--out", str(out)]) == out and (out / STAMP).stat().st_mtime_ns == stamp
+    with pytest.raises(SystemExit):
+        main(["--ct2", str(src)])  # the cache's folder is the packaged model's only
