@@ -4,8 +4,8 @@ Handles what ``mmunlearn erase`` writes (safetensors, streamed shard by shard or
 unlearning harness writes for any method and model kind: safetensors models (text and speech LLMs, Hugging Face
 audio classifiers), kinds whose weights are state-dict files (:attr:`~mmunlearn.kinds.Kind.weight_files`: SpeechBrain
 speaker classifiers' ``.ckpt``, read with ``weights_only=True``) and the outputs of methods that make a head
-instead of editing weights (T3: the model without its ``tilt/`` head). Reports, plots and the undo patch are
-not carried into the restored folder.
+instead of editing weights (T3: the unchanged model in its ``base/``, without the ``tilt/`` head). Reports, plots
+and the undo patch are not carried into the restored folder.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from mmunlearn.erase.in_memory import restore_checkpoint
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.stream import stream_restore_checkpoint
 from mmunlearn.kinds import Kind, kind_of
-from mmunlearn.methods import REGISTRY
+from mmunlearn.methods import REGISTRY, model_folder
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
 from mmunlearn.requests.history import read_history, step_back
+from mmunlearn.undo_store import UNDO_KEY, split_undo, undo_dir_of
 
 
 def _no_weight_edited(report: dict) -> bool:
@@ -80,7 +81,19 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
                 os.replace(item, tmp / item.name)
         for i in range(count):
             shutil.rmtree(tmp / f".step-{i}", ignore_errors=True)
+        _keep_undo_apart(tmp, out, overwrite, model_dir)
     return out
+
+
+def _keep_undo_apart(staging: Path, out: Path, overwrite: bool, model_dir: Path) -> None:
+    """The undo records a restored earlier request carries (its patch, its history) moved to ``<out>.undo`` and its
+    report pointed there, so the restored folder holds no original weights either."""
+    ref = split_undo(staging, out.resolve(), overwrite=overwrite, inputs=(model_dir,))
+    report_path = staging / REPORT_NAME
+    if ref is not None and report_path.is_file():
+        report = json.loads(report_path.read_text())
+        report[UNDO_KEY] = ref
+        report_path.write_text(json.dumps(report, indent=2))
 
 
 def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, overwrite: bool, stream: bool,
@@ -88,7 +101,8 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
     """Undo one patch of ``model_dir`` into ``out`` (any kind, any method)."""
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder not found: {model_dir}")
-    patch_path = Path(patch) if patch is not None else model_dir / PATCH_NAME
+    undo = undo_dir_of(model_dir) if patch is None else None  # kept apart from the model (mmunlearn.undo_store)
+    patch_path = Path(patch) if patch is not None else (undo if undo is not None else model_dir) / PATCH_NAME
     check_output_dir(out, model_dir, patch_path, overwrite=overwrite)  # never the input, inside it or above it
     report = {}
     if (model_dir / REPORT_NAME).is_file():
@@ -100,7 +114,7 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
             raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: nested too deeply") from None
     if not patch_path.is_file() and report and _no_weight_edited(report):
         with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:  # nothing was edited (T3): no head
-            copy_extra_files(model_dir, tmp, set(restore_leftovers()))
+            copy_extra_files(model_folder(model_dir), tmp, set(restore_leftovers()))  # T3: the files in base/
         return out
     if not patch_path.is_file():
         raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch)")

@@ -359,6 +359,7 @@ def tilt(
     f_items = load_split(forget.parent, forget.stem)
     fit = train_tilt(adapter, r_items, f_items, rank=rank, epochs=epochs, lr=lr,
                      cache_dir=cache_dir or (out.parent / ".tilt_cache"))
-    TiltedCausalLM(adapter.model, fit.head, temperature, base_path=str(model.resolve())).save(out)
+    TiltedCausalLM(adapter.model, fit.head, temperature).save(out)  # a head alone: no path to the base recorded
     console.print(fit.summary())
-    console.print(f"tilt head written to [bold]{out}[/bold]")
+    console.print(f"tilt head written to [bold]{out}[/bold]; load it with TiltedCausalLM.load({str(out)!r}, "
+                  f"base=<the model of {model}>)")

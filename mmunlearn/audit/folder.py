@@ -4,7 +4,7 @@ and retain model folders: what ``mmunlearn audit`` and the recipes' ``--audit`` 
 Text LLMs read TOFU-schema data (the forget split's ``_perturbed`` rows, whose paraphrased questions the
 paraphrase attack asks, and the matching ``holdoutPP`` for the probe); speaker classifiers read the prepared
 VoxCeleb2-layout manifests (:mod:`mmunlearn.data.manifest`). A folder with ``tilt/`` is T3's: the tilted model
-is audited at the output, its base (the unchanged weights beside it) by the white-box attacks.
+is audited at the output, its base (the unchanged weights in its ``base/``) by the white-box attacks.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.eval.splits import load_eval_splits
 from mmunlearn.kinds import get_kind, kind_of, kinds
-from mmunlearn.methods import load_unlearned
+from mmunlearn.methods import load_unlearned, model_folder
 from mmunlearn.methods.harness import REPORT_NAME
 from mmunlearn.speech.spoken_qa import spoken_qa
 
@@ -68,7 +68,7 @@ def folder_report(folder: str | Path) -> dict[str, Any]:
 def load_text_unlearned(folder: str | Path, device: str = "auto") -> Any:
     """The unlearned text model of an output folder (a head-making method's, T3's, wraps the unchanged base beside
     it: the method's artefacts load it)."""
-    return load_unlearned(folder, TextLLMAdapter.from_pretrained(folder, device=device))
+    return load_unlearned(folder, TextLLMAdapter.from_pretrained(model_folder(folder), device=device))
 
 
 def text_data(data: Any, forget_split: str, authors: int | None) -> tuple[list, list, list]:
@@ -136,7 +136,7 @@ def audit_speaker_models(unlearned: Any, original: str | Path, retrained: str | 
 
 def load_speech_llm_unlearned(folder: str | Path, device: str = "auto") -> Any:
     """The unlearned speech LLM of an output folder (T3's wraps the unchanged base beside it: its artefacts load it)."""
-    return load_unlearned(folder, SpeechLLMAdapter.from_pretrained(folder, device=device))
+    return load_unlearned(folder, SpeechLLMAdapter.from_pretrained(model_folder(folder), device=device))
 
 
 def audit_speech_llm_folder(folder: str | Path, target: str | Path, retain: str | Path, manifests: Any, *,

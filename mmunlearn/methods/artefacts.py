@@ -3,15 +3,27 @@
 The harness writes what every method has (the model, ``unlearn_report.json``, and for a weight edit the undo
 patch); a method's own files are saved and reloaded by the :class:`~mmunlearn.methods.base.Artefacts` it
 registers with, so a new method with files of its own touches neither the harness nor the loaders.
+
+T3's output keeps the unchanged base under ``base/`` and puts at its top level a ``config.json`` whose model type
+transformers does not know (:data:`T3_MODEL_TYPE`, which says to use ``mmunlearn.load``): ``from_pretrained`` of
+the output fails instead of giving the target as if nothing had been forgotten.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.layout import ERASE_REPORT, PLOT_NAME, TILT_DIR
+from mmunlearn.layout import ERASE_REPORT, MARKER, PATCH_NAME, PLOT_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult
+
+#: The model type of the config.json at a T3 output's top level: transformers refuses it, naming it in its error.
+T3_MODEL_TYPE = ("mmunlearn-t3 (an unlearning output whose weights, in base/, are the unchanged target and whose "
+                 "unlearning is the head in tilt/: load the tilted model with mmunlearn.load(folder))")
+#: The name of that config.json.
+T3_STUB = "config.json"
 
 
 class EraseFiles:
@@ -35,21 +47,45 @@ class EraseFiles:
     def load(self, folder: Path, adapter: Any) -> Any:
         return adapter
 
+    def model_folder(self, folder: Path) -> Path:
+        return Path(folder)
+
 
 class TiltFiles:
-    """T3's head and its settings in ``tilt/``; the weights beside it are the unchanged base, which
-    :meth:`load` wraps with the head."""
+    """T3's head and its settings in ``tilt/``, the unchanged base's files moved into ``base/`` (which
+    ``tilt/tilt_config.json`` names, relative) and a top-level config.json transformers refuses; :meth:`load`
+    wraps the base with the head."""
 
     files = (TILT_DIR,)
 
     def save(self, result: MethodResult, staging: Path, final: Path, report: dict) -> None:
+        """Move the model files the harness wrote into ``staging`` under ``base/``; write the head and the stub."""
+        holding = staging / f".{TILT_BASE_DIR}-moving"  # the model may itself hold an entry named like the folder
+        holding.mkdir()
+        for item in list(staging.iterdir()):
+            if item.name not in (holding.name, MARKER, UNLEARN_REPORT, PATCH_NAME):
+                os.replace(item, holding / item.name)
+        os.replace(holding, staging / TILT_BASE_DIR)
         tilt = result.adapter.model
-        tilt.base_path = str(final)
+        tilt.base_path = TILT_BASE_DIR
         tilt.save(staging / TILT_DIR, overwrite=True)
+        stub = {"model_type": T3_MODEL_TYPE, "mmunlearn": {"method": "t3", "base_model": TILT_BASE_DIR,
+                                                           "tilt": TILT_DIR, "load_with": "mmunlearn.load(folder)"}}
+        (staging / T3_STUB).write_text(json.dumps(stub, indent=2))
         report["tilt_dir"] = str(final / TILT_DIR)
+        report["base_model"] = str(final / TILT_BASE_DIR)
 
     def present(self, folder: Path) -> bool:
         return (Path(folder) / TILT_DIR).is_dir()
+
+    def model_folder(self, folder: Path) -> Path:
+        """The base's folder ``tilt/tilt_config.json`` names (a plain name beside ``tilt/``, else refused)."""
+        from mmunlearn.tilt.model import recorded_base  # deferred: tilt imports transformers, kept out of CLI start
+
+        base = recorded_base(Path(folder) / TILT_DIR)
+        if base is None:
+            raise ValueError(f"{Path(folder) / TILT_DIR} records no base model: not a T3 output folder")
+        return base
 
     def load(self, folder: Path, adapter: Any) -> Any:
         from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
@@ -60,4 +96,4 @@ class TiltFiles:
 ERASE_FILES = EraseFiles()
 TILT_FILES = TiltFiles()
 
-__all__ = ["ERASE_FILES", "EraseFiles", "TILT_FILES", "TiltFiles"]
+__all__ = ["ERASE_FILES", "EraseFiles", "T3_MODEL_TYPE", "TILT_FILES", "TiltFiles"]

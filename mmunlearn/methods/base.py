@@ -79,7 +79,11 @@ class Artefacts(Protocol):
         """Whether ``folder`` holds this method's extras."""
 
     def load(self, folder: Path, adapter: Any) -> Any:
-        """The unlearned adapter of an output ``folder`` from ``adapter`` (the folder's weights, loaded)."""
+        """The unlearned adapter of an output ``folder`` from ``adapter`` (the weights of :meth:`model_folder`)."""
+
+    def model_folder(self, folder: Path) -> Path:
+        """The folder of an output ``folder`` that holds the model's own files (``folder`` itself unless the
+        method moved them, as T3 moves the unchanged base into ``base/``)."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +159,21 @@ def artefact_files() -> tuple[str, ...]:
     return tuple(sorted({f for m in REGISTRY.values() if m.artefacts is not None for f in m.artefacts.files}))
 
 
+def model_folder(folder: str | Path) -> Path:
+    """Where an output ``folder``'s model files are: the folder the method whose extras it holds put them in (T3:
+    ``base/``, :meth:`Artefacts.model_folder`), else ``folder`` itself. Load the weights from here, then
+    :func:`load_unlearned`."""
+    folder = Path(folder)
+    for method in REGISTRY.values():
+        if method.artefacts is not None and method.artefacts.present(folder):
+            return method.artefacts.model_folder(folder)
+    return folder
+
+
 def load_unlearned(folder: str | Path, adapter: Any) -> Any:
-    """The unlearned adapter of an output ``folder`` whose weights ``adapter`` holds: wrapped by the method whose
-    extras the folder holds (T3's head), else ``adapter`` itself (the weights are the unlearned model)."""
+    """The unlearned adapter of an output ``folder`` whose weights ``adapter`` holds (loaded from
+    :func:`model_folder`): wrapped by the method whose extras the folder holds (T3's head), else ``adapter``
+    itself (the weights are the unlearned model)."""
     folder = Path(folder)
     for method in REGISTRY.values():
         if method.artefacts is not None and not method.edits_weights and method.artefacts.present(folder):

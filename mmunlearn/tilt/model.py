@@ -4,7 +4,9 @@
 position as ``logits`` (teacher forced), so every metric, MIA and ROUGE run on it unchanged;
 ``generate`` delegates to the base model's generate with the hidden-state tap and the
 ``TemperThenTilt`` processor attached, so its per-step scores equal the teacher-forced ones.
-Only the head and its settings are saved, next to a reference to the base model.
+Only the head and its settings are saved, with the name of the base model's folder: a plain folder name
+beside the tilt folder (a T3 output: ``base``), never an absolute path or one leaving the folder that holds
+them, so a moved or copied output still loads and a folder read back cannot point elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.paths import check_entry, plain_name
 from mmunlearn.tilt.head import TiltHead
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs
@@ -73,7 +76,10 @@ class TiltedCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Store the head and settings (not the base weights) in a new directory."""
+        """Store the head and settings (not the base weights) in a new directory; ``base_path`` is recorded
+        only as a plain folder name beside ``path`` (:func:`recorded_base`), else refused."""
+        if self.base_path is not None:
+            plain_name(self.base_path, f"the base model of {path} (a folder name beside it, not a path)")
         cfg = {"temperature": self.temperature, "strength": self.strength, "base_model": self.base_path,
                "head": None if self.head is None else self.head.config}
         with atomic_dir(path, overwrite=overwrite) as tmp:
@@ -86,16 +92,53 @@ class TiltedCausalLM(nn.Module):
     def load(cls, path: str | os.PathLike, base: nn.Module | None = None, device: str = "auto") -> "TiltedCausalLM":
         """Load a saved tilt; the base model comes from ``base`` or the stored reference."""
         path = Path(path)
-        if not (path / CONFIG_NAME).is_file():
-            raise FileNotFoundError(f"{path} has no {CONFIG_NAME}: not a saved tilted model")
-        cfg = json.loads((path / CONFIG_NAME).read_text())
+        cfg = read_config(path)
+        _base_name(cfg, path)  # refused even when ``base`` is given: a folder read back never points elsewhere
         if base is None:
-            if not cfg.get("base_model"):
+            recorded = recorded_base(path)
+            if recorded is None:
                 raise ValueError(f"{path} does not record its base model; pass base=")
-            base = TextLLMAdapter.from_pretrained(cfg["base_model"], device=device).model
+            base = TextLLMAdapter.from_pretrained(recorded, device=device).model
         head = None
         if cfg.get("head"):
             head = TiltHead(**cfg["head"])
             head.load_state_dict(load_file(str(path / HEAD_NAME)))
             head.to(next(base.parameters()).device)
-        return cls(base, head, cfg["temperature"], base_path=cfg.get("base_model"), strength=cfg.get("strength", 1.0))
+        return cls(base, head, cfg["temperature"], base_path=_base_name(cfg, path), strength=cfg.get("strength", 1.0))
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """The settings in ``path``/tilt_config.json (FileNotFoundError / ValueError naming the file otherwise)."""
+    file = Path(path) / CONFIG_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} has no {CONFIG_NAME}: not a saved tilted model")
+    try:
+        cfg = json.loads(file.read_text())
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{file} is not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{file} holds {type(cfg).__name__}, not the tilt's settings")
+    return cfg
+
+
+def _base_name(cfg: dict, path: Path) -> str | None:
+    """The ``base_model`` of a tilt's settings: None or a plain folder name (else UnsafePathError)."""
+    name = cfg.get("base_model")
+    return None if name is None else plain_name(name, path / CONFIG_NAME)
+
+
+def recorded_base(path: str | os.PathLike) -> Path | None:
+    """The base model folder a saved tilt ``path`` records (None when it records none): its ``base_model`` is a
+    plain folder name beside ``path``; an absolute path, one with ``/`` or ``..``, or a link leaving the folder
+    that holds ``path`` is refused (:class:`~mmunlearn.errors.UnsafePathError`)."""
+    path = Path(path)
+    name = _base_name(read_config(path), path)
+    if name is None:
+        return None
+    folder = path.parent
+    base = folder / name
+    check_entry(base, folder)
+    if not base.is_dir():
+        raise FileNotFoundError(f"{path / CONFIG_NAME} names the base model folder {name!r}, but {base} is not a "
+                                "folder")
+    return base

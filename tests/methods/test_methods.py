@@ -13,7 +13,8 @@ import torch
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
-from mmunlearn.methods import MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, names, run_unlearning
+from mmunlearn.methods import (MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, model_folder, names,
+                               run_unlearning)
 from mmunlearn.undo import restore_folder
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
@@ -59,7 +60,9 @@ def test_method_through_the_harness(method, model_dir, tmp_path):
     assert set(spec.makes) <= set(MAKES)
     own = set(spec.artefacts.files) if spec.artefacts else set()
     assert {f for f in artefact_files() if (tmp_path / "out" / f).exists()} == own
-    reread = load_unlearned(tmp_path / "out", TextLLMAdapter.from_pretrained(tmp_path / "out", device="cpu"))
+    weights = model_folder(tmp_path / "out")  # T3: its base/, every other method: the folder itself
+    assert (weights == tmp_path / "out" / "base") == (not edits)
+    reread = load_unlearned(tmp_path / "out", TextLLMAdapter.from_pretrained(weights, device="cpu"))
     assert mean_nll(reread, forget) == pytest.approx(mean_nll(outcome.adapter, forget), rel=1e-5)
     assert mean_nll(reread, forget) > rep["forget_nll"]["before"]
     restored = restore_folder(tmp_path / "out", tmp_path / "restored")
