@@ -114,7 +114,7 @@ def test_speech_llm_where_audio_and_t3(llm_dir, speaker_manifests, tmp_path):
     tilted = unlearn(llm_dir, forget=forget, retain=retain, method="t3", out=tmp_path / "t3",
                      device="cpu", progress=False, **fast("t3"))
     assert (tmp_path / "t3" / "tilt" / "tilt_config.json").is_file()
-    assert not _changed(original, SpeechLLMAdapter.load(tmp_path / "t3", device="cpu").model.state_dict())
+    assert not _changed(original, SpeechLLMAdapter.load(tmp_path / "t3" / "base", device="cpu").model.state_dict())
     nll = tilted.report["forget_nll"]
     assert nll["after"] > nll["before"]
     tilted.adapter.model.tap.remove()
