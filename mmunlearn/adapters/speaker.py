@@ -48,7 +48,8 @@ from mmunlearn.adapters.speaker_batches import (SCOPES, SCORING_VERSION, Classif
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.adapters.speaker_io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
                                           read_speaker_dir, read_state, write_speaker_dir)
-from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net, hparams_yaml
+from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net
+from mmunlearn.adapters.speaker_yaml import hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, register_kind
 

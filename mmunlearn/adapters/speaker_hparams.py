@@ -32,6 +32,7 @@ from mmunlearn.adapters.speaker_model import (
     LABEL_ENCODER,
     MODULE_CLASSES,
     PRETRAINER,
+    ExtraModule,
     ModuleSpec,
     NameRef,
     SpeakerSpec,
@@ -278,6 +279,33 @@ def _module(tree: Mapping[str, Any], resolver: _Resolver, role: str) -> ModuleSp
     return ModuleSpec.bind(node.tag[len("!new:"):], args, kwargs, where=f"{file}: {role}")
 
 
+def _keys(node: Any) -> list[str]:
+    """The keys of a mapping node (a ``!new:`` node's arguments when tagged); none for anything else."""
+    node = node.value if isinstance(node, Tagged) else node
+    return [str(k) for k in node] if isinstance(node, dict) else []
+
+
+def _extras(tree: Mapping[str, Any], resolver: _Resolver) -> tuple[ExtraModule, ...]:
+    """Every module the file names besides the four and the label encoder -- in ``modules`` or in the pretrainer's
+    ``loadables`` -- as data (:class:`ExtraModule`; its checkpoint is read with the folder). Each must be defined at
+    the top level under that name, as a ``!new:`` of the allow-list."""
+    pretrainer = tree.get("pretrainer")
+    loadables = _keys(pretrainer.value.get("loadables")) if isinstance(pretrainer, Tagged) \
+        and isinstance(pretrainer.value, dict) else []
+    names = [k for k in dict.fromkeys([*_keys(tree.get("modules")), *loadables])
+             if k not in MODULE_CLASSES and k != "label_encoder"]
+    extras = []
+    for name in names:
+        node = resolver.value(tree[name], name) if name in tree else None
+        if not isinstance(node, Tagged) or not node.tag.startswith("!new:"):
+            raise ValueError(f"{resolver.file}: module {name!r} (named in modules or the pretrainer's loadables) "
+                             "must be defined at the top level under that name as a !new: of the allow-list")
+        args, kwargs = _arguments(node, resolver, name)
+        module = ModuleSpec.bind(node.tag[len("!new:"):], args, kwargs, where=f"{resolver.file}: {name}")
+        extras.append(ExtraModule(name, module, loadable=name in loadables))
+    return tuple(extras)
+
+
 def _scalar(tree: Mapping[str, Any], resolver: _Resolver, key: str, default: Any) -> Any:
     value = resolver.value(tree[key], key) if key in tree else default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -300,12 +328,13 @@ def _spec_from_hparams(tree: Mapping[str, Any], file: str | os.PathLike) -> Spea
     if missing:
         raise ValueError(f"{file} defines no {missing}")
     modules = {role: _module(tree, resolver, role) for role in MODULE_CLASSES}
+    extras = _extras(tree, resolver)
     sample_rate = _scalar(tree, resolver, "sample_rate", 16000)
     if isinstance(sample_rate, float) and sample_rate.is_integer():
         sample_rate = int(sample_rate)
     try:
         return SpeakerSpec(**modules, sample_rate=sample_rate,
                            margin=float(_scalar(tree, resolver, "aam_margin", DEFAULT_MARGIN)),
-                           scale=float(_scalar(tree, resolver, "aam_scale", DEFAULT_SCALE)))
+                           scale=float(_scalar(tree, resolver, "aam_scale", DEFAULT_SCALE)), extras=extras)
     except ValueError as exc:
         raise ValueError(f"{file}: {exc}") from None

@@ -8,8 +8,10 @@ Layout (as speechbrain/spkrec-ecapa-voxceleb on the hub)::
     label_encoder.ckpt     SpeechBrain CategoricalEncoder: 'speaker_id' => class index
 
 Reading also accepts ``label_encoder.txt`` (the hub's name for it; preferred when both exist).
-Other files (``mean_var_norm_emb.ckpt``, used by SpeechBrain only for normalised verification
-embeddings) are ignored.
+Every other module the file names (in ``modules`` or the pretrainer's ``loadables``; e.g. spkrec's
+``mean_var_norm_emb``, which SpeechBrain's ``encode_batch(normalize=True)`` uses) is kept as data with the bytes of
+its ``<name>.ckpt`` (checked to be a weights-only checkpoint) and written back unchanged, so a folder written here
+loads with ``EncoderClassifier.from_hparams`` with all the modules its input had.
 
 **Reading runs nothing the folder names**: ``hyperparams.yaml`` is parsed and checked by
 :mod:`mmunlearn.adapters.speaker_hparams` (tags inert, an allow-list, ``!ref`` resolved there) and the modules
@@ -19,11 +21,15 @@ memory is allocated.
 
 ``trust_hparams=True`` loads ``hyperparams.yaml`` with HyperPyYAML as SpeechBrain does, i.e. **runs
 the code the file names**: only for folders you trust. Either way :func:`write_speaker_dir` writes a
-``hyperparams.yaml`` generated from the model's :class:`SpeakerSpec`, never a copy of the input.
+``hyperparams.yaml`` generated from the model's :class:`SpeakerSpec` (:mod:`mmunlearn.adapters.speaker_yaml`),
+never a copy of the input.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,11 +38,13 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.speaker_hparams import HPARAMS, check_hparams_tags, parse_hparams, spec_from_hparams
-from mmunlearn.adapters.speaker_model import (DEFAULT_MARGIN, DEFAULT_SCALE, SpeakerNet, SpeakerSpec, build_modules,
-                                              hparams_yaml)
+from mmunlearn.adapters.speaker_model import (DEFAULT_MARGIN, DEFAULT_SCALE, ExtraModule, SpeakerNet, SpeakerSpec,
+                                              build_modules)
+from mmunlearn.adapters.speaker_yaml import hparams_yaml
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.paths import check_tree
 
+log = logging.getLogger(__name__)
 EMBEDDING_CKPT = "embedding_model.ckpt"
 CLASSIFIER_CKPT = "classifier.ckpt"
 LABELS = ("label_encoder.txt", "label_encoder.ckpt")
@@ -45,6 +53,8 @@ LABELS_WRITTEN = "label_encoder.ckpt"
 
 #: A real hyperparams.yaml is a few kB; bigger files, or ones expanding to more nodes, are refused.
 MAX_HPARAMS_BYTES = 1 << 20
+#: The checkpoint of a carried module (spkrec's mean_var_norm_emb.ckpt: ~2 kB) is held in memory up to this size.
+MAX_EXTRA_CKPT_BYTES = 64 << 20
 #: Parameters + buffers allowed in the feature modules (an 80-mel Fbank holds ~16k).
 _MAX_FEATURE_NUMEL = 10_000_000
 
@@ -84,11 +94,18 @@ def write_speaker_dir(path: str | os.PathLike, net: SpeakerNet, speakers: list[s
     encoder = CategoricalEncoder()
     for spk in speakers:
         encoder.add_label(spk)
+    missing = [e.name for e in spec.extras if e.loadable and e.checkpoint is None]
+    if missing:
+        raise ValueError(f"the pretrainer loads {missing}, but their checkpoints were not read; refusing to write "
+                         f"{out}")
     with atomic_dir(out, overwrite=overwrite) as tmp:
         (tmp / HPARAMS).write_text(text, encoding="utf-8")
         torch.save(states["embedding_model"], tmp / EMBEDDING_CKPT)
         torch.save(states["classifier"], tmp / CLASSIFIER_CKPT)
         encoder.save(tmp / LABELS_WRITTEN)
+        for extra in spec.extras:
+            if extra.checkpoint is not None:  # the input's bytes, unchanged
+                (tmp / f"{extra.name}.ckpt").write_bytes(extra.checkpoint)
     return out
 
 
@@ -119,6 +136,35 @@ def read_state(file: Path) -> dict[str, torch.Tensor]:
                                                  for k, v in state.items()):
         raise ValueError(f"{file}: expected a state dict (parameter name -> tensor), got {type(state).__name__}")
     return dict(state)
+
+
+def _extra_checkpoint(root: Path, extra: ExtraModule) -> ExtraModule:
+    """``extra`` with the bytes of ``<name>.ckpt`` when the pretrainer loads it (bounded, and refused unless
+    ``torch.load(weights_only=True)`` reads it: no pickled code is carried into an output); without that file
+    (its pretrainer ``paths`` name another place) the module is carried without a checkpoint, with a warning."""
+    if not extra.loadable:
+        return extra
+    file = root / f"{extra.name}.ckpt"
+    if not file.is_file():
+        log.warning("%s's pretrainer loads %r, but %s is missing: an output keeps the module without its "
+                    "checkpoint", root / HPARAMS, extra.name, file)
+        return dataclasses.replace(extra, loadable=False)
+    with file.open("rb") as fh:
+        data = fh.read(MAX_EXTRA_CKPT_BYTES + 1)
+    if len(data) > MAX_EXTRA_CKPT_BYTES:
+        raise ValueError(f"{file}: over {MAX_EXTRA_CKPT_BYTES} bytes, refused as the checkpoint of a carried module")
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError for code, RuntimeError/EOFError for corrupt files, ...
+        raise ValueError(f"{file}: not a weights-only PyTorch checkpoint, refused ({type(exc).__name__}); mmunlearn "
+                         "never unpickles objects from a model folder") from None
+    return dataclasses.replace(extra, checkpoint=data)
+
+
+def _with_checkpoints(root: Path, spec: SpeakerSpec | None) -> SpeakerSpec | None:
+    if spec is None or not spec.extras:
+        return spec
+    return dataclasses.replace(spec, extras=tuple(_extra_checkpoint(root, e) for e in spec.extras))
 
 
 def _shape_mismatch(spec: SpeakerSpec,
@@ -182,14 +228,15 @@ def read_speaker_dir(path: str | os.PathLike, trust_hparams: bool = False) -> Sp
         raise FileNotFoundError(f"{root} is not a SpeechBrain model directory (no {HPARAMS})")
     # No FIFO, device or broken link, and no link to an outside folder. Links to outside regular files are
     # followed deliberately: SpeechBrain's savedir is made of them, and a speaker folder is only read as data
-    # (parsed YAML, weights-only checkpoints) and never copied into an output.
+    # (parsed YAML, weights-only checkpoints); what reaches an output is what was read: tensors, and the checked bytes
+    # of a carried module's checkpoint.
     check_tree(root, outside_files=True)
     if trust_hparams:
         return _read_trusted(root)
     text = _read_text(file)
     tree = parse_hparams(text, file)
     check_hparams_tags(tree, file)
-    spec = spec_from_hparams(tree, file)
+    spec = _with_checkpoints(root, spec_from_hparams(tree, file))
     states = {"embedding_model": read_state(root / EMBEDDING_CKPT), "classifier": read_state(root / CLASSIFIER_CKPT)}
     mismatch = _shape_mismatch(spec, states)
     if mismatch:
@@ -221,7 +268,7 @@ def _read_trusted(root: Path) -> SpeakerDir:
     text = file.read_text(encoding="utf-8")
     spec, spec_error = None, None
     try:
-        spec = spec_from_hparams(parse_hparams(text, file), file)
+        spec = _with_checkpoints(root, spec_from_hparams(parse_hparams(text, file), file))
     except ValueError as exc:
         spec_error = str(exc)
     try:

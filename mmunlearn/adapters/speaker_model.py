@@ -8,15 +8,17 @@ parameter names are those of SpeechBrain checkpoints prefixed by the module name
 A :class:`SpeakerSpec` describes the four modules as data: an allow-listed class name
 (:data:`MODULE_CLASSES`) and plain keyword arguments for each. :func:`build_modules` builds a
 network from it through an explicit table of imported classes (never by importing a name read from
-a file), and :func:`hparams_yaml` writes the ``hyperparams.yaml`` of a SpeechBrain pretrained-model
-directory from it, so a saved directory's YAML is always generated, never copied from an input.
+a file), and :func:`~mmunlearn.adapters.speaker_yaml.hparams_yaml` writes the ``hyperparams.yaml`` of a SpeechBrain
+pretrained-model directory from it, so a saved directory's YAML is always generated, never copied from an input.
+Other modules an input's file names (spkrec's ``mean_var_norm_emb``) ride along as :class:`ExtraModule`: described
+as data the same way, with their checkpoint's bytes, written back unchanged and never built here.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -290,8 +292,21 @@ def _materialise(value: Any, classes: Mapping[str, Any]) -> Any:
 
 
 @dataclass(frozen=True)
+class ExtraModule:
+    """A module an input's hyperparams.yaml names besides the four (spkrec's ``mean_var_norm_emb``: SpeechBrain's
+    ``encode_batch(normalize=True)`` uses it): its class and arguments, whether the file's pretrainer loads it and
+    then its ``<name>.ckpt`` bytes; written back unchanged, never built by mmunlearn."""
+
+    name: str
+    module: ModuleSpec
+    loadable: bool = False
+    checkpoint: bytes | None = None
+
+
+@dataclass(frozen=True)
 class SpeakerSpec:
-    """The four modules of a :class:`SpeakerNet` as data, plus the scalars hyperparams.yaml records."""
+    """The four modules of a :class:`SpeakerNet` as data, plus the scalars hyperparams.yaml records and the
+    other modules the file names (:class:`ExtraModule`, carried into a saved folder as they are)."""
 
     compute_features: ModuleSpec
     mean_var_norm: ModuleSpec | None
@@ -300,6 +315,7 @@ class SpeakerSpec:
     sample_rate: int = 16000
     margin: float = DEFAULT_MARGIN
     scale: float = DEFAULT_SCALE
+    extras: tuple[ExtraModule, ...] = ()
 
     def __post_init__(self) -> None:
         for role, allowed in MODULE_CLASSES.items():
@@ -323,6 +339,28 @@ class SpeakerSpec:
                 raise ValueError(f"aam_{name} must be a finite number, got {value!r}")
         if not 0.0 <= self.margin < 1.0 or not self.scale > 0:
             raise ValueError(f"AAM margin must be in [0, 1) and scale > 0, got {self.margin}, {self.scale}")
+        _check_extras(self.extras)
+
+
+#: Keys of a written hyperparams.yaml that an extra module may not take (the four modules and the file's own keys).
+RESERVED_KEYS = frozenset({*MODULE_CLASSES, "sample_rate", "aam_margin", "aam_scale", "modules", "label_encoder",
+                           "pretrainer", "pretrained_path"})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+
+
+def _check_extras(extras: tuple[ExtraModule, ...]) -> None:
+    """ValueError unless each extra has its own plain name (a YAML key and ``<name>.ckpt``) and a ModuleSpec."""
+    seen: set[str] = set()
+    for extra in extras:
+        if not isinstance(extra, ExtraModule) or not isinstance(extra.module, ModuleSpec):
+            raise ValueError(f"extras must be ExtraModule(name, ModuleSpec, checkpoint), got {extra!r:.80}")
+        name = extra.name
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name in RESERVED_KEYS or name in seen:
+            raise ValueError(f"module name {name!r:.80} cannot be carried: a name of letters, digits and '_' is "
+                             f"needed, not one of {sorted(RESERVED_KEYS)} and not twice")
+        if extra.checkpoint is not None and not (extra.loadable and isinstance(extra.checkpoint, bytes)):
+            raise ValueError(f"{name}: a checkpoint (bytes) is carried only for a module the pretrainer loads")
+        seen.add(name)
 
 
 def build_modules(spec: SpeakerSpec) -> SpeakerNet:
@@ -337,74 +375,3 @@ def build_modules(spec: SpeakerSpec) -> SpeakerNet:
 def build_net(config: SpeakerConfig) -> SpeakerNet:
     """A freshly initialised :class:`SpeakerNet` (uses the global torch RNG)."""
     return build_modules(config.spec())
-
-
-def _yaml_value(value: Any) -> str:
-    """``value`` (plain data, see :func:`_check_value`) as a YAML flow scalar/collection that PyYAML's
-    SafeLoader and ruamel (HyperPyYAML) read back as the same value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"cannot write non-finite number {value!r}")
-        text = repr(value)
-        if "e" in text and "." not in text.split("e")[0]:  # YAML 1.1 floats need a dot: 1e-05 -> 1.0e-05
-            mantissa, exponent = text.split("e")
-            text = f"{mantissa}.0e{exponent if exponent[0] in '+-' else '+' + exponent}"
-        return text
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid double-quoted YAML scalar
-    if isinstance(value, NameRef):
-        return f"!name:{value.target}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{json.dumps(k)}: {_yaml_value(v)}" for k, v in value.items()) + "}"
-    raise ValueError(f"cannot write {type(value).__name__} to hyperparams.yaml")
-
-
-def _module_yaml(key: str, module: ModuleSpec) -> str:
-    lines = [f"{key}: !new:{module.target}"]
-    lines += [f"    {name}: {_yaml_value(value)}" for name, value in module.kwargs.items()]
-    return "\n".join(lines)
-
-
-def hparams_yaml(spec: SpeakerSpec | SpeakerConfig) -> str:
-    """hyperparams.yaml in the layout of SpeechBrain's pretrained ``EncoderClassifier`` models.
-
-    Generated from ``spec`` alone (every value written as plain data), so it never carries anything
-    an input file said beyond the module arguments. The pretrainer names no ``paths``: SpeechBrain's
-    ``EncoderClassifier.from_hparams(source=dir, savedir=...)`` then fetches ``<name>.ckpt`` from
-    ``dir``, wherever the directory has been moved. ``aam_margin``/``aam_scale`` record the training loss.
-    """
-    if isinstance(spec, SpeakerConfig):
-        spec = spec.spec()
-    modules = [("compute_features", spec.compute_features), ("mean_var_norm", spec.mean_var_norm),
-               ("embedding_model", spec.embedding_model), ("classifier", spec.classifier)]
-    modules = [(k, m) for k, m in modules if m is not None]
-    blocks = "\n\n".join(_module_yaml(k, m) for k, m in modules)
-    refs = "\n".join(f"    {k}: !ref <{k}>" for k, _ in modules)
-    return f"""# Speaker classifier written by mmunlearn: SpeechBrain ECAPA-TDNN + cosine Classifier.
-# Loads with mmunlearn's SpeakerAdapter.load(dir), or with SpeechBrain:
-#   EncoderClassifier.from_hparams(source=dir, savedir=...)
-sample_rate: {spec.sample_rate}
-aam_margin: {_yaml_value(float(spec.margin))}
-aam_scale: {_yaml_value(float(spec.scale))}
-
-{blocks}
-
-modules:
-{refs}
-
-label_encoder: !new:{LABEL_ENCODER}
-
-pretrainer: !new:{PRETRAINER}
-    loadables:
-        embedding_model: !ref <embedding_model>
-        classifier: !ref <classifier>
-        label_encoder: !ref <label_encoder>
-"""

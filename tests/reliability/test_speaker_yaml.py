@@ -15,7 +15,8 @@ from mmunlearn.adapters.speaker_io import (
     read_speaker_dir,
     spec_from_hparams,
 )
-from mmunlearn.adapters.speaker_model import SpeakerConfig, hparams_yaml
+from mmunlearn.adapters.speaker_model import SpeakerConfig
+from mmunlearn.adapters.speaker_yaml import hparams_yaml
 from tests.reliability.untrusted import digest_tree
 
 SPEAKERS = ["id00001", "id00002", "id00003"]
