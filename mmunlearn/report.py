@@ -36,6 +36,30 @@ from mmunlearn.atomic import write_text_atomic
 BLOCK = re.compile(r"(<!-- results: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
+#: a marker of a generated block: a cell holding one would split the block on the next update
+_MARKERS = ("<!-- results", "<!-- /results")
+#: terminal control: CSI and OSC escape sequences, then any other C0/C1 control character but newline and tab
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+#: what can start markup in a page: ``<`` before a letter, ``/``, ``!`` or ``?`` (a tag, comment or declaration)
+#: and ``&`` before a name or ``#`` (an entity); a lone ``<=``, ``->`` or ``>= 50x`` is plain text and stays so
+_TAG, _ENTITY = re.compile(r"<(?=[A-Za-z/!?])"), re.compile(r"&(?=[A-Za-z0-9#])")
+
+
+def cell(text: str, where: str = "a cell") -> str:
+    """``text`` safe in a Markdown table that the docs site renders as HTML, and on a terminal: terminal escape
+    sequences stripped, a ``<`` or ``&`` that could start a tag or entity written as one, ``|`` escaped, line
+    breaks as ``<br>``. A results
+    marker is refused (ValueError naming ``where``): it would split the page's generated block."""
+    if any(m in text for m in _MARKERS):
+        raise ValueError(f"{where} holds a results marker ({text[:60]!r}): refused, it would split the page's block")
+    text = _ESCAPES.sub("", text).replace("\t", " ")
+    text = _ENTITY.sub("&amp;", text)
+    text = _TAG.sub("&lt;", text).replace("|", "\\|")
+    return "<br>".join(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+
+
 def fmt(value: Any) -> str:
     """A table cell: n/a for None, yes/NO for booleans, 4 significant decimals (scientific when tiny or huge)."""
     if value is None:
@@ -52,14 +76,16 @@ def fmt(value: Any) -> str:
 
 
 def render(record: Mapping[str, Any]) -> str:
-    """The Markdown table of a record (first column left-aligned, the others right-aligned)."""
+    """The Markdown table of a record (first column left-aligned, the others right-aligned); every header and
+    cell goes through :func:`cell` (escaped; a results marker refused)."""
     columns = _columns(record)
     rows = record.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
         raise ValueError("a results record needs 'rows': a list of objects")
-    head = "| " + " | ".join(h for h, _ in columns) + " |"
+    head = "| " + " | ".join(cell(h, f"column header {h[:40]!r}") for h, _ in columns) + " |"
     sep = "|---|" + "---:|" * (len(columns) - 1)
-    body = ["| " + " | ".join(fmt(r.get(k)) for _, k in columns) + " |" for r in rows]
+    body = ["| " + " | ".join(cell(fmt(r.get(k)), f"row {i} column {k!r}") for _, k in columns) + " |"
+            for i, r in enumerate(rows)]
     return "\n".join([head, sep, *body])
 
 
@@ -123,6 +149,8 @@ def load_source(path: str | os.PathLike) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a run's results") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return data

@@ -174,3 +174,56 @@ def test_a_jobs_folder_that_is_a_link_is_refused(tmp_path):
         run_jobs(cfg, ["grad_ascent"], jobs=1, say=lambda line: None)
     user_error(err.value, str(tmp_path / "out" / JOBS_DIR), "symbolic link")
     assert listing(tmp_path / "elsewhere") == set()
+
+
+# ------------------------------------------------------------------------ M6: report injection
+HOSTILE = ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "a | b", "line\nbreak", "&lt;b&gt;",
+           "\x1b]0;owned\x07\x1b[31mred\x1b[0m", "# heading"]
+
+
+def test_record_cells_and_headers_are_escaped_for_the_page_and_the_terminal():
+    from mmunlearn.report import make_record, render
+
+    rows = [{"method": text, "value": 1.0} for text in HOSTILE]
+    record = make_record({"rows": rows}, name="hostile", command="test", commit="x",
+                         columns=[["<b>method</b>", "method"], ["value | x", "value"]])
+    table = render(record).splitlines()
+    assert len(table) == 2 + len(HOSTILE)  # one line per row: no line break survives
+    for line in table:
+        assert line.replace("\\|", "").count("|") == 3, line  # two cells per row: every | in a cell is escaped
+    text = "\n".join(table)
+    assert "<script" not in text and "<img" not in text and "<b>" not in text and "\x1b" not in text
+    assert "&amp;lt;b&amp;gt;" in text and "&lt;script>" in text and "line<br>break" in text
+
+
+@pytest.mark.parametrize("where", ["cell", "header"])
+def test_a_results_marker_in_a_record_is_refused_and_the_page_stays_whole(tmp_path, where):
+    from mmunlearn.report import make_record, update_pages, write_record
+
+    results, page = tmp_path / "results", tmp_path / "page.md"
+    results.mkdir()
+    write_record(make_record({"rows": [{"m": "ok"}]}, name="r", command="c", commit="x"), results)
+    page.write_text("# page\n\n<!-- results: r -->\n<!-- /results -->\n")
+    update_pages([page], results)
+    good = page.read_text()
+    marker = "x <!-- /results --> y"
+    source = {"rows": [{"m": marker if where == "cell" else "ok"}]}
+    columns = [[marker if where == "header" else "m", "m"]]
+    with pytest.raises(ValueError, match="results marker") as err:
+        make_record(source, name="r", command="c", commit="x", columns=columns)
+    user_error(err.value, "column")
+    (results / "r.json").write_text(json.dumps({"name": "r", "columns": columns, "rows": source["rows"]}))
+    for _ in range(2):  # a record edited by hand: refused on every update, the page never grows
+        with pytest.raises(ValueError, match="results marker"):
+            update_pages([page], results)
+        assert page.read_text() == good
+
+
+def test_a_deeply_nested_results_file_is_one_error(tmp_path):
+    from mmunlearn.report import load_source
+
+    path = tmp_path / "run.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError) as err:
+        load_source(path)
+    user_error(err.value, str(path))
