@@ -39,7 +39,8 @@ BLOCK = re.compile(r"(<!-- results: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?
 #: a marker of a generated block: a cell holding one would split the block on the next update
 _MARKERS = ("<!-- results", "<!-- /results")
 #: terminal control: CSI and OSC escape sequences, then any other C0/C1 control character but newline and tab
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 #: what can start markup in a page: ``<`` before a letter, ``/``, ``!`` or ``?`` (a tag, comment or declaration)

@@ -101,7 +101,7 @@ class TiltedCausalLM(nn.Module):
             base = TextLLMAdapter.from_pretrained(recorded, device=device).model
         head = None
         if cfg.get("head"):
-            head = TiltHead(**cfg["head"])
+            head = TiltHead(**_head_sizes(cfg["head"], path))
             head.load_state_dict(load_file(str(path / HEAD_NAME)))
             head.to(next(base.parameters()).device)
         return cls(base, head, cfg["temperature"], base_path=_base_name(cfg, path), strength=cfg.get("strength", 1.0))
@@ -119,6 +119,28 @@ def read_config(path: str | os.PathLike) -> dict:
     if not isinstance(cfg, dict):
         raise ValueError(f"{file} holds {type(cfg).__name__}, not the tilt's settings")
     return cfg
+
+
+def _head_sizes(sizes: object, path: Path) -> dict[str, int]:
+    """The head's ``hidden``, ``vocab`` and ``rank`` from ``tilt_config.json``, checked against the shapes in the
+    head file's header before anything is allocated (a ``rank: 100000`` would ask for gigabytes)."""
+    from safetensors import SafetensorError, safe_open
+
+    file = path / CONFIG_NAME
+    keys = ("hidden", "vocab", "rank")
+    if not isinstance(sizes, dict) or set(sizes) != set(keys) or not all(type(sizes[k]) is int for k in keys):
+        raise ValueError(f"{file}: 'head' must hold the integers hidden, vocab and rank, got {sizes!r}")
+    try:
+        with safe_open(str(path / HEAD_NAME), framework="pt") as f:
+            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{path / HEAD_NAME} is not a readable head file ({exc})") from None
+    want = {"A.weight": [sizes["rank"], sizes["hidden"]], "B.weight": [sizes["vocab"], sizes["rank"]],
+            "B.bias": [sizes["vocab"]]}
+    if shapes != want or not 1 <= sizes["rank"] <= min(sizes["hidden"], sizes["vocab"]):
+        raise ValueError(f"{file}: head sizes {sizes} do not match the tensors in {HEAD_NAME} ({shapes}) or rank is "
+                         "not between 1 and min(hidden, vocab)")
+    return {k: sizes[k] for k in keys}
 
 
 def _base_name(cfg: dict, path: Path) -> str | None:

@@ -227,3 +227,24 @@ def test_a_deeply_nested_results_file_is_one_error(tmp_path):
     with pytest.raises(ValueError) as err:
         load_source(path)
     user_error(err.value, str(path))
+
+
+# ------------------------------------------------------------------------ M5: T3 head sizes
+@pytest.mark.parametrize("head", [{"hidden": 32, "vocab": 512, "rank": 100_000},
+                                  {"hidden": 32, "vocab": 10**9, "rank": 4}, {"hidden": 32, "vocab": 512, "rank": -1},
+                                  {"hidden": 32, "vocab": 512, "rank": 4.5}, [32, 512, 4]])
+def test_tilt_config_sizes_are_checked_against_the_head_file_before_allocating(tmp_path, head):
+    from mmunlearn.tilt.head import TiltHead
+    from mmunlearn.tilt.model import CONFIG_NAME, TiltedCausalLM
+    from tests.tiny import tiny_causal_lm
+
+    base = tiny_causal_lm(layers=1)
+    folder = TiltedCausalLM(base, TiltHead(32, 512, 4), temperature=1.0).save(tmp_path / "tilt")
+    assert TiltedCausalLM.load(folder, base=base).head.config["rank"] == 4  # the control
+    config = folder / CONFIG_NAME
+    config.write_text(json.dumps({**json.loads(config.read_text()), "head": head}))
+    before = digest_tree(folder)
+    with pytest.raises(ValueError) as err:
+        TiltedCausalLM.load(folder, base=base)
+    user_error(err.value, str(config))
+    assert digest_tree(folder) == before and listing(tmp_path) == {"tilt"}
