@@ -72,7 +72,8 @@ def compare_with_ctranslate2(hf_dir: str | os.PathLike, ct2_dir: str | os.PathLi
                              batch: int = 10, max_new_tokens: int = 48, threads: int = 1) -> dict:
     """Encoder and transcript agreement of the folder ``hf_dir`` with CTranslate2 on ``ct2_dir``, over ``clips``."""
     import ctranslate2  # deferred: optional, only this check needs it
-    from transformers import WhisperForConditionalGeneration, WhisperProcessor  # deferred: transformers is heavy
+    import transformers  # deferred: heavy
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor  # deferred: heavy
 
     if not clips or batch < 1 or max_new_tokens < 1:
         raise ValueError("need at least one clip, batch >= 1 and max_new_tokens >= 1")
@@ -94,7 +95,9 @@ def compare_with_ctranslate2(hf_dir: str | os.PathLike, ct2_dir: str | os.PathLi
                              "equal": hf_text == ct2_text,
                              "hf_digit": None if digit is None else names_digit(hf_text, digit),
                              "ct2_digit": None if digit is None else names_digit(ct2_text, digit)})
-    return summarise(per_clip, seconds=time.perf_counter() - start, threads=threads, max_new_tokens=max_new_tokens)
+    result = summarise(per_clip, seconds=time.perf_counter() - start, threads=threads, max_new_tokens=max_new_tokens)
+    result["context"]["versions"] = {"ctranslate2": ctranslate2.__version__, "transformers": transformers.__version__}
+    return result
 
 
 def summarise(per_clip: list[dict], *, seconds: float, threads: int, max_new_tokens: int) -> dict:

@@ -39,12 +39,12 @@ def test_conversion_is_whisper_tiny_en_and_is_reused(whisper):
 @pytest.mark.skipif(not (FSDD / "recordings").is_dir(), reason="FSDD not found at ../shared/data/fsdd")
 def test_agrees_with_ctranslate2_on_real_clips(whisper):
     pytest.importorskip("ctranslate2", reason="ctranslate2 not installed (make installs it)")
-    from mmunlearn.presets.whisper_check import FP16_HALF_STEP, compare_with_ctranslate2, fsdd_clips
+    from mmunlearn.presets.whisper_check import FP16_HALF_STEP, compare_with_ctranslate2
     from mmunlearn.presets.whisper_ct2 import whisper_ct2_dir
 
-    clips = [c for c in fsdd_clips(FSDD, 100) if c.name.startswith(("3_", "5_"))][:2]
+    clips = [FSDD / "recordings" / name for name in ("3_jackson_18.wav", "5_george_0.wav")]  # heard right in the record
     result = compare_with_ctranslate2(whisper, whisper_ct2_dir(), clips, batch=2, max_new_tokens=12)
     row, per_clip = result["rows"][0], result["context"]["clips"]
     assert row["passed"] and row["encoder_diff_over_max_abs"] <= FP16_HALF_STEP
     assert [c["hf"] for c in per_clip] == [c["ct2"] for c in per_clip]
-    assert any(c["hf_digit"] for c in per_clip)  # a real speech model: it hears a digit somewhere
+    assert all(c["hf_digit"] for c in per_clip)  # a real speech model: "three", "five"
