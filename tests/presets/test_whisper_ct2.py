@@ -91,7 +91,8 @@ def ct2_variables(model, dtype="float32", k_bias=0.0):
             if side == "decoder":
                 x = f"{h}.encoder_attn"
                 linear(f"{ct}/attention/linear_0", f"{x}.q_proj")
-                put(f"{ct}/attention/linear_1/weight", np.concatenate([sd[f"{x}.k_proj.weight"], sd[f"{x}.v_proj.weight"]]))
+                put(f"{ct}/attention/linear_1/weight",
+                    np.concatenate([sd[f"{x}.k_proj.weight"], sd[f"{x}.v_proj.weight"]]))
                 put(f"{ct}/attention/linear_1/bias", np.concatenate(
                     [np.full(cfg.d_model, k_bias, np.float32), sd[f"{x}.v_proj.bias"]]))
                 linear(f"{ct}/attention/linear_2", f"{x}.out_proj")
