@@ -267,3 +267,20 @@ def test_data_prep_converts_a_given_folder_and_reuses_it(tmp_path, tiny, capsys)
     assert main(["--ct2", str(src), "--out", str(out)]) == out and (out / STAMP).stat().st_mtime_ns == stamp
     with pytest.raises(SystemExit):
         main(["--ct2", str(src)])  # the cache's folder is the packaged model's only
+
+
+def test_fsdd_clips_cover_every_digit_and_speaker(tmp_path):
+    from mmunlearn.presets.whisper_check import fsdd_clips
+
+    (tmp_path / "recordings").mkdir()
+    speakers = ["george", "jackson", "lucas", "nicolas", "theo", "yweweler"]
+    for d in range(10):
+        for s in speakers:
+            for t in range(50):
+                (tmp_path / "recordings" / f"{d}_{s}_{t}.wav").touch()
+    clips = fsdd_clips(tmp_path, 100)
+    assert len(set(clips)) == 100
+    assert all(sum(c.name.startswith(f"{d}_") for c in clips) == 10 for d in range(10))
+    assert {c.name.split("_")[1] for c in clips} == set(speakers)
+    with pytest.raises(ValueError):
+        fsdd_clips(tmp_path, 3001)
