@@ -7,7 +7,7 @@ to the extractor's window (``input_features``, ``feature_attention_mask`` markin
 Omni batches keep only the longest clip's frames, which the encoder selects by the mask anyway),
 and the chat template rendered with one audio item whose placeholder token is repeated as many
 times as the encoder outputs for the clip. Prompt and answer are tokenised separately; the labels
-cover exactly the answer tokens plus the end-of-turn token ``<|im_end|>``.
+cover exactly the answer tokens plus the family's end-of-turn token (ChatML ``<|im_end|>``).
 
 ``layers()`` exposes the audio tower (and Qwen2-Audio's projector) and the language model, grouped
 as ``audio.layers.<i>`` / ``audio.conv`` / ``audio.proj`` / ``text.layers.<i>``; ``where`` (``audio``,
@@ -35,7 +35,7 @@ from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
 
 SAMPLE_RATE = 16000
-END_OF_TURN = "<|im_end|>"
+END_OF_TURN = "<|im_end|>"  # the ChatML end of turn; each family names its own (Family.turn_end)
 
 
 def check_where(where: str) -> str:
@@ -56,7 +56,8 @@ class SpeechLLMAdapter(TokenScoring):
                  max_length: int = 4096, container: nn.Module | None = None, processor=None,
                  audio_cache: AudioCache | None = None, feature_cache_bytes: int = 1 << 30):
         self.model, self.tokenizer, self.feature_extractor = model, tokenizer, feature_extractor
-        self.family = FAMILIES[family] if isinstance(family, str) else family or family_of(model.config.model_type)[0]
+        self.family = FAMILIES[family] if isinstance(family, str) else family or family_of(
+            model.config.model_type, getattr(getattr(model.config, "text_config", None), "model_type", None))[0]
         self.where = check_where(where)
         self.system, self.max_length = system, int(max_length)
         self.container, self.processor = container, processor
@@ -67,10 +68,10 @@ class SpeechLLMAdapter(TokenScoring):
         self.audio_id = tokenizer.convert_tokens_to_ids(self.family.audio_token)
         if self.audio_id is None or self.audio_id == tokenizer.unk_token_id:
             raise ValueError(f"tokenizer has no audio placeholder token {self.family.audio_token!r}")
-        end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        end = tokenizer.convert_tokens_to_ids(self.family.turn_end)
         self.end_id = end if end is not None and end != tokenizer.unk_token_id else tokenizer.eos_token_id
         if self.end_id is None:
-            raise ValueError(f"tokenizer has neither {END_OF_TURN!r} nor an EOS token")
+            raise ValueError(f"tokenizer has neither {self.family.turn_end!r} nor an EOS token")
         self.stop_ids = sorted({i for i in (self.end_id, tokenizer.eos_token_id) if i is not None})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_id
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
@@ -203,7 +204,7 @@ class SpeechLLMAdapter(TokenScoring):
         return self._prompts[question]
 
     def encode(self, question: str, n_audio: int, answer: str | None = None) -> tuple[list[int], list[int]]:
-        """(ids, labels): the prompt with ``n_audio`` placeholders, then answer + ``<|im_end|>`` (labelled)."""
+        """(ids, labels): the prompt with ``n_audio`` placeholders, then answer + end of turn (labelled)."""
         prompt = self._prompt_ids(question)
         at = prompt.index(self.audio_id)
         ids = prompt[:at] + [self.audio_id] * n_audio + prompt[at + 1:]

@@ -90,11 +90,11 @@ def arch_for(preset: str | SpeechArch, family: str | None = None, **overrides: A
 
 
 def build_tokenizer(family: Family, texts: Iterable[str], vocab_size: int = 512):
-    """Byte-level BPE on ``texts`` plus the family's special tokens and chat template; EOS is ``<|im_end|>``."""
+    """Byte-level BPE on ``texts`` plus the family's special tokens and chat template; EOS is its end of turn."""
     n_special = len(family.special_tokens)
     tok = train_bpe(texts, vocab_size=vocab_size - n_special, min_frequency=1)
     tok.add_tokens(family.special_tokens, special_tokens=True)
-    tok.eos_token = "<|im_end|>"
+    tok.eos_token = family.turn_end
     tok.chat_template = family.chat_template
     if len(tok) > vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens, more than vocab_size {vocab_size}")
@@ -127,12 +127,13 @@ def build_config(arch: SpeechArch, tok):
     common = dict(vocab_size=vocab, hidden_size=arch.hidden, intermediate_size=arch.intermediate,
                   num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
                   max_position_embeddings=arch.max_positions, pad_token_id=tok.pad_token_id,
-                  bos_token_id=tok.bos_token_id, eos_token_id=ids["<|im_end|>"])
+                  bos_token_id=tok.bos_token_id, eos_token_id=ids[fam.turn_end])
     audio = dict(num_mel_bins=arch.mel_bins, encoder_layers=arch.audio_layers, encoder_attention_heads=arch.audio_heads,
                  encoder_ffn_dim=arch.audio_ffn, d_model=arch.audio_d)
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": arch.mrope_section()}
-    if arch.family == "qwen2_audio":
-        text = dict(model_type="qwen2", **common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if fam.model_class == "Qwen2AudioForConditionalGeneration":  # the Qwen2-Audio rows: Qwen2 or their named LM
+        text_type = fam.text_model_types[0] if fam.text_model_types else "qwen2"
+        text = dict(model_type=text_type, **common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         audio = dict(model_type="qwen2_audio_encoder", **audio, max_source_positions=arch.window_frames // 2)
         return tf.Qwen2AudioConfig(text_config=text, audio_config=audio, audio_token_index=ids[fam.audio_token])
     image, video, vstart, _ = (ids[t] for t in fam.vision_tokens)
@@ -143,14 +144,14 @@ def build_config(arch: SpeechArch, tok):
             text_config=dict(**common, rope_parameters=rope), audio_config=audio,
             vision_config=vision | dict(fullatt_block_indexes=[0]), audio_token_index=ids[fam.audio_token],
             image_token_index=image, video_token_index=video, audio_start_token_id=ids[fam.audio_bos],
-            audio_end_token_id=ids[fam.audio_eos], user_token_id=ids["<|im_start|>"], vision_start_token_id=vstart)
+            audio_end_token_id=ids[fam.audio_eos], user_token_id=ids[fam.turn_start], vision_start_token_id=vstart)
     text = dict(**common, rope_parameters=rope | {"interleaved": True}, num_experts=arch.experts,
                 num_experts_per_tok=arch.experts_per_token, moe_intermediate_size=arch.expert_intermediate)
     audio |= dict(downsample_hidden_size=8, n_window_infer=2 * arch.n_window, conv_chunksize=50)
     return tf.Qwen3OmniMoeThinkerConfig(
         text_config=text, audio_config=audio, vision_config=vision | dict(deepstack_visual_indexes=[0]),
         audio_token_id=ids[fam.audio_token], image_token_id=image, video_token_id=video,
-        audio_start_token_id=ids[fam.audio_bos], user_token_id=ids["<|im_start|>"], vision_start_token_id=vstart)
+        audio_start_token_id=ids[fam.audio_bos], user_token_id=ids[fam.turn_start], vision_start_token_id=vstart)
 
 
 def build_model(arch: SpeechArch, tok, seed: int = 0) -> torch.nn.Module:
