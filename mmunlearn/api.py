@@ -1,51 +1,44 @@
-"""The voice-pipeline entry point: one call unlearns speakers (or utterances) from a speech model on disk.
+"""The entry point for a model a user brings: one call unlearns a forget set from a model folder of any registered kind.
 
-``unlearn(model_dir, forget=..., retain=..., method="qr-erase", out=...)`` loads either kind of speech
-model, a speaker classifier in SpeechBrain's ``EncoderClassifier`` layout (``hyperparams.yaml``) or a
-speech LLM in ``save_pretrained`` layout (Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni), runs an unlearning
-method through the harness (:mod:`mmunlearn.methods.harness`) and writes the edited model to ``out`` in
-the format it was read from, plus ``unlearn_report.json`` and, for the methods that edit weights, the
-undo patch (``mmunlearn restore`` gives the input back bit for bit). The input directory is never modified.
+``unlearn(model_dir, forget=..., retain=..., method="qr-erase", out=...)`` loads the folder by its kind
+(:mod:`mmunlearn.kinds`: a text LLM or a speech LLM in ``save_pretrained`` layout, a SpeechBrain speaker classifier,
+a Hugging Face audio classifier), reads the two sets in the formats users have (:mod:`mmunlearn.unlearn_inputs`),
+sweeps the method by the kind's rule (:mod:`mmunlearn.unlearn_rules`; for a classifier also the scope,
+:mod:`mmunlearn.unlearn_scopes`), runs it through the harness (:mod:`mmunlearn.methods.harness`) and writes the edited
+model to ``out`` in the format it was read from, plus ``unlearn_report.json`` and, for the methods that edit weights,
+the undo patch (``mmunlearn restore`` gives the input back bit for bit). The input directory is never modified.
 
-``forget`` / ``retain`` are each a manifest CSV (``ID,duration,wav,start,stop,spk_id[,gender,text]``),
-a list of manifest rows, or a list of ``(audio path, label)`` pairs (label: the speaker ID). For a
-speech LLM the rows become spoken questions (:mod:`mmunlearn.speech.spoken_qa`): the forget set asks
-``forget_tasks`` (default: "Who is speaking?"), the retain set ``retain_tasks`` (default the same;
-add ``"gender"`` to protect the gender answer on the same audio).
-
-Example, on the built-in synthetic corpus (the recipe's helpers build the corpus and a trained ``mini``
-speech LLM, cached; ``reference`` is the model it was fine-tuned from)::
+Example (a speaker classifier in SpeechBrain's layout and two (audio path, speaker) lists)::
 
     import mmunlearn
-    from recipes.voxceleb2_speech_llm import build_model, make_corpus
 
-    man = make_corpus("corpus")  # 10 espeak speakers in the VoxCeleb2 layout, 2 to forget, and manifests
-    target, base = (build_model(man, preset="mini", role=r) for r in ("target", "base"))
-    result = mmunlearn.unlearn(target, forget=man / "spk_forget_train.csv", retain=man / "spk_retain_train.csv",
-                               method="qr-erase", out="unlearned-speech-llm", reference=base,
-                               retain_tasks=("speaker", "gender"), size="mini")
-    print(result.report["forget_nll"], result.report["retain_nll"])
+    result = mmunlearn.unlearn("models/ecapa_speakers", forget="forget.csv", retain="retain.csv",
+                               method="qr-erase", out="models/ecapa_unlearned")
+    print(result.report["verdict"])
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-from mmunlearn.data.manifest import check_rows, read_manifest
-from mmunlearn.eval.speaker import forgotten_error_rate
 from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
-from mmunlearn.methods import SweepRule, get, mean_nll, needing
-from mmunlearn.methods.harness import REPORT_NAME
+from mmunlearn.methods import get, needing
+from mmunlearn.methods.harness import REPORT_NAME, Outcome
 from mmunlearn.methods.optimisation import budget_epochs
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
-from mmunlearn.speech.spoken_qa import spoken_qa
+from mmunlearn.unlearn_inputs import batch_of, read_inputs, read_rows, spoken
+from mmunlearn.unlearn_rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, nll_rule,
+                                     speaker_rule, swept_overrides)
+from mmunlearn.unlearn_scopes import run_scopes, scopes_to_try
+
+#: Share of a text LLM's retain rows set aside for the rule's retain measure (rows no method trains on).
+TEXT_HOLD_OUT = 0.2
 
 
 @dataclass
@@ -58,59 +51,28 @@ class UnlearnResult:
 
 
 def model_kind(model_dir: str | os.PathLike) -> str:
-    """The registered kind (:mod:`mmunlearn.kinds`) of a speech model directory: ``speaker`` (SpeechBrain layout),
-    ``hf-audio`` (a Hugging Face audio classifier) or ``speech-llm`` (a supported speech LLM)."""
-    return _speech_kind(model_dir).name
+    """The registered kind (:mod:`mmunlearn.kinds`) of a model directory: ``text`` (a causal LM), ``speech-llm``,
+    ``speaker`` (SpeechBrain layout) or ``hf-audio`` (a Hugging Face audio classifier)."""
+    return _kind(model_dir).name
 
 
-def _speech_kind(model_dir: str | os.PathLike) -> Kind:
+def _kind(model_dir: str | os.PathLike) -> Kind:
     root = Path(model_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"model directory not found: {root}")
     kind = kind_of(root)
-    if kind is not None and kind.takes_audio:
+    if kind is not None:
         return kind
-    taken = " nor a ".join(k.description for k in kinds() if k.takes_audio)
-    found = f" (it is a {kind.description})" if kind is not None else ""
-    raise ValueError(f"{root} is neither a {taken}{found}")
+    taken = "; ".join(k.description for k in kinds())
+    raise ValueError(f"{root} is not a model folder mmunlearn reads (one of: {taken})")
 
 
 def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str = "both",
                trust_hparams: bool = False, scope: str = "all"):
-    """The adapter of a speech model directory of any kind (``where`` applies to speech LLMs; ``trust_hparams``
-    and ``scope`` to speaker classifiers: True runs the code their ``hyperparams.yaml`` names, see the README;
-    ``scope`` is :attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`, the weights erasure may edit)."""
-    return _speech_kind(model_dir).load(model_dir, device=device, where=where, trust_hparams=trust_hparams,
-                                        scope=scope)
-
-
-def read_items(source: str | os.PathLike | Sequence[Any], name: str) -> list[dict[str, Any]]:
-    """Manifest rows from a CSV path, a list of rows (dicts), or a list of (audio path, label) pairs."""
-    if isinstance(source, (str, os.PathLike)):
-        return read_manifest(source, check_files=True)  # every row checked before any work
-    rows = []
-    for i, item in enumerate(source):
-        if isinstance(item, Mapping):
-            rows.append(dict(item))
-        elif isinstance(item, (tuple, list)) and len(item) == 2:
-            audio, label = item
-            rows.append({"ID": f"{name}{i}", "wav": str(audio) if isinstance(audio, os.PathLike) else audio,
-                         "spk_id": str(label)})
-        else:
-            raise ValueError(f"{name}[{i}]: expected a manifest row (dict) or an (audio path, label) pair, "
-                             f"got {type(item).__name__}")
-    if not rows:
-        raise ValueError(f"{name} is empty")
-    check_rows(rows, name, required=("wav", "spk_id"))
-    return rows
-
-
-def _examples(adapter, rows: list[dict[str, Any]], tasks: Sequence[str]) -> list[dict[str, Any]]:
-    if not isinstance(adapter, SpeechLLMAdapter):
-        return rows
-    if all("question" in r and "answer" in r for r in rows):
-        return rows  # already spoken-QA examples
-    return spoken_qa(rows, tasks)
+    """The adapter of a model directory of any kind (``where`` applies to speech LLMs; ``trust_hparams`` to
+    SpeechBrain classifiers: True runs the code their ``hyperparams.yaml`` names, see the README; ``scope`` to
+    classifiers: the weights erasure may edit, ``all``, ``head`` or ``embedding``)."""
+    return _kind(model_dir).load(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
 
 
 def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str = "qr-erase",
@@ -119,124 +81,121 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             config: Any = None, size: str | None = None, rule: Any = "auto", device: str = "auto",
             overwrite: bool = False, progress: bool = True, trust_hparams: bool = False,
             retain_state: str | os.PathLike | None = None, refresh_retain: bool = False, batch: bool | None = None,
-            compare_batch: bool = False, scope: str = "all", **overrides: Any) -> UnlearnResult:
-    """Unlearn ``forget`` from the speech model in ``model_dir`` and write the result to ``out``.
+            compare_batch: bool = False, scope: str = "sweep", audio_dir: str | os.PathLike | None = None,
+            undo: str | os.PathLike | None = None, **overrides: Any) -> UnlearnResult:
+    """Unlearn ``forget`` from the model in ``model_dir`` and write the result to ``out``.
 
     Args:
-        model_dir: a speaker-classifier directory (SpeechBrain layout) or a speech-LLM directory.
-        forget / retain: manifest CSV, list of manifest rows, or list of (audio path, speaker label).
-        method: a registered method (``mmunlearn.methods.names()``: ``qr-erase``, ``qr-erase-rows``,
-            ``svd-unlearn``, ``grad_ascent``, ``grad_diff``, ``kl``, ``npo``, ``simnpo``, ``t3``, ``rmu``);
-            ``t3`` and ``rmu`` need a speech LLM.
-        out: output folder (None: nothing is written; the adapter is returned), in the harness's layout
-            (:mod:`mmunlearn.methods.harness`): the model in its input format, ``unlearn_report.json``, and
-            the undo patch for the methods that edit weights. ``out`` may not be ``model_dir``, lie inside
-            it or contain it; the input is never modified.
-        reference: the model directory ``model_dir`` was fine-tuned from (same kind and layout), when
-            there is one: the erasure methods take task vectors from it (default: the model itself; for a
-            speaker classifier a copy of it, so its BatchNorm statistics stay untouched).
+        model_dir: a model folder of any registered kind: a text LLM or speech LLM (``save_pretrained``), a SpeechBrain
+            speaker classifier (``hyperparams.yaml``), a Hugging Face audio classifier.
+        forget / retain: text LLMs: question-answer rows or prompt-less text as a JSON, JSONL, CSV or ``.txt`` file, a
+            list (dicts, pairs, strings) or a ``datasets.Dataset``; audio models: a manifest CSV, a ``path,label`` CSV,
+            JSON/JSONL, a list of (audio path, speaker) pairs or rows, or a ``datasets.Dataset`` with an Audio column
+            (docs/usage.md, "Accepted data formats"). A row in both sets is refused, and for speaker forgetting a
+            speaker in both.
+        method: a registered method (``mmunlearn.methods.names()``); ``t3`` and ``rmu`` need an LLM.
+        out: output folder (None: nothing is written; the adapter is returned), in the harness's layout. ``out`` may
+            not be ``model_dir``, lie inside it or contain it; the input is never modified.
+        reference: the model folder ``model_dir`` was fine-tuned from (same kind), when there is one: erasure takes
+            task vectors from it, and an LLM's rule aims the forget NLL at its level. Never built for you.
         where: speech LLMs: erase/train in the ``audio`` tower, the ``text`` model, or ``both``.
         forget_tasks / retain_tasks: speech LLMs: the spoken questions asked of each set.
-        config / size / overrides: the method's config; default its preset ``size`` for the model kind
-            (the kind's ``default_size``, :mod:`mmunlearn.kinds`) with ``overrides`` (e.g. ``rank=4, scale=16``).
-        rule: ``"auto"`` (default): for a speaker classifier the documented speaker rule (:func:`speaker_rule`: every
-            forgotten speaker's utterances predicted as none of the forget speakers up to ``1 - 1/C``, measured per
-            speaker and met by the worst one; on a model that earlier requests edited, the speakers they forgot
-            (its history's ``forget_speakers``) count as forget speakers too; the retain NLL rising by at most 0.05 nats; erasure sweeps scale and
-            rank with gradient task vectors, the baselines get at least 100 optimizer steps, unless
-            ``config``/``overrides`` say otherwise), for a speech LLM None; a
-            :class:`~mmunlearn.methods.rule.SweepRule` of your own; None: the config as it is (the presets alone
-            rarely forget a speaker). The report's first field, ``verdict``, says "rule met", "RULE NOT MET" (with
-            the numbers) or "NOT CHECKED", and the call prints it when ``progress`` is on.
-        trust_hparams: speaker classifiers: load ``hyperparams.yaml`` with HyperPyYAML, which runs the code it
-            names (default False: parsed as data against an allow-list of classes; see the README).
-        retain_state: erasure methods: a folder for the retain side (``mmunlearn prepare-retain`` writes it).
-            Loaded when its fingerprints (weights, retain data, extraction settings) match, else computed and
-            written there; the report says which (``retain_state``). Only the forget side is then extracted.
-        refresh_retain: recompute the retain state even when it matches.
-        batch: ``forget`` is a list of forget sets (default: detected for a list of ``.csv`` manifest paths), edited
-            once with their union; ``compare_batch`` also applies them one by one to a fresh copy and
-            reports the difference (``report["batch"]["one_by_one"]``).
-        scope: speaker classifiers: the weights erasure extracts from and edits -- ``all``, ``embedding``, or
-            ``head`` (the class weights; embeddings, hence verification, stay bit for bit, and scoring reuses
-            the embeddings, which makes a swept request several times cheaper). With ``head`` pass
-            ``retain_rank=0``: a retain subspace of the head spans the forget speaker's direction too.
-    A ``model_dir`` that is itself an unlearning output keeps its history: the new output carries the earlier
-    requests' undo patches (``undo_history/``) and the report lists every request (``requests``); ``mmunlearn
-    restore`` undoes the latest one and gives the folder the request before it wrote.
+        config / size / overrides: the method's config; default its preset ``size`` for the model kind with
+            ``overrides`` (e.g. ``rank=4, scale=16``).
+        rule: ``"auto"`` (default): the kind's rule (:mod:`mmunlearn.unlearn_rules`): classifiers, every forgotten
+            speaker's clips predicted as none of the forget speakers up to chance with the retain NLL up at most
+            0.05 nats; LLMs, the forget NLL up to the reference's (or by 1 nat without one) with the retain NLL on
+            held-out retain rows up at most 0.1. A forget set the model never knew is refused (``NothingToForget``).
+            A :class:`~mmunlearn.methods.rule.SweepRule` of your own, or None: the config as it is. The report's first
+            field, ``verdict``, says "rule met", "RULE NOT MET" or "NOT CHECKED", naming each measure.
+        scope: classifiers: the weights erasure edits -- ``sweep`` (default: the class rows first, every weight when
+            they miss the rule; the rule's choice is kept), ``head``, ``all`` or ``embedding``.
+        audio_dir: where audio held in a ``datasets.Dataset`` is written as WAV files (needed for such a dataset).
+        undo: where the undo records go (default ``<out>.undo`` beside ``out``, readable by you only): ``out`` itself
+            never holds the original weights, so it can be shipped; ``mmunlearn restore`` finds them through the
+            report (``mmunlearn check-release out`` says whether a folder is ready to ship).
+        retain_state / refresh_retain / batch / compare_batch / trust_hparams: deletion-request settings as before
+            (``mmunlearn prepare-retain``; ``forget`` a list of set files is a batch edited once with their union).
+    A ``model_dir`` that is itself an unlearning output keeps its history (``undo_history/``); ``mmunlearn restore``
+    undoes the latest request.
     Returns:
         :class:`UnlearnResult` with the adapter, ``out`` and the report (also ``out/unlearn_report.json``).
     """
-    kind = model_kind(model_dir)
-    get(method, kind)  # an unknown or inapplicable method fails before any model is loaded
+    kind = _kind(model_dir)
+    get(method, kind.name)  # an unknown or inapplicable method fails before any model is loaded
     history = read_history(model_dir)  # its undo records are checked (no link out, no hard link) before any work
-    if reference is not None and model_kind(reference) != kind:
-        raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
-    adapter = load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
-    if isinstance(rule, str):
-        if rule != "auto":
-            raise ValueError(f"rule must be a SweepRule, None or 'auto', got {rule!r}")
-        rule = speaker_rule(len(adapter.speakers)) if get_kind(kind).is_classifier else None
-        if rule is not None and config is None:
-            overrides = {**swept_overrides(method, scope), **overrides}
-            if "epochs" not in overrides and "epochs" in {f.name for f in fields(get(method).config)}:
-                n_forget = len(read_items(forget, "forget")) if not batch_of(forget) else sum(
-                    len(read_items(f, "forget")) for f in forget)
-                overrides["epochs"] = budget_epochs(get(method).config_for(kind, size, **overrides), n_forget)
-    base = (load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
-            if reference is not None else None)
-    if batch is None:
-        batch = batch_of(forget)
-    if batch:
-        forget_items = [_examples(adapter, read_items(f, f"forget set {i}"), forget_tasks) for i, f in enumerate(forget)]
-    else:
-        forget_items = _examples(adapter, read_items(forget, "forget"), forget_tasks)
-    retain_items = _examples(adapter, read_items(retain, "retain"), retain_tasks)
+    if reference is not None and model_kind(reference) != kind.name:
+        raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind.name} model")
+    batch = batch_of(forget) if batch is None else batch
+    auto = isinstance(rule, str)
+    if auto and rule != "auto":
+        raise ValueError(f"rule must be a SweepRule, None or 'auto', got {rule!r}")
+    data = read_inputs(kind, forget, retain, batch=batch, by_speaker=auto and kind.is_classifier,
+                       audio_dir=audio_dir, hold_out=TEXT_HOLD_OUT if auto and not kind.takes_audio else 0.0)
+    if not kind.takes_audio and (forget_tasks, retain_tasks) != (("speaker",), ("speaker",)):
+        raise ValueError("forget_tasks / retain_tasks apply to speech LLMs (spoken questions about the clips)")
+    scopes = scopes_to_try(scope, method, kind.is_classifier, swept=rule is not None and config is None)
     inputs = [model_dir] + ([reference] if reference is not None else [])
-    meta = {"model_dir": str(Path(model_dir).resolve()),
-            "reference": str(Path(reference).resolve()) if reference is not None else None,
-            "where": where if not get_kind(kind).is_classifier else None,
-            "scope": scope if get_kind(kind).is_classifier else None}
-    outcome = run_request(adapter, forget_items, retain_items, kind=kind, method=method, config=config, size=size,
-                          overrides=overrides, reference=base, rule=rule, out=out, inputs=inputs, overwrite=overwrite,
-                          progress=progress, meta=meta, retain_state=retain_state, refresh_retain=refresh_retain,
-                          history=history, batch=batch, compare_batch=compare_batch,
-                          clone=lambda: load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams,
-                                                   scope=scope))
+    out = Path(out) if out is not None else None
+
+    def load(s: str):
+        return load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=s)
+
+    bases: dict[str, Any] = {}
+    checked: dict[str, Any] = {}
+    asks = kind.takes_audio and not kind.is_classifier  # a speech LLM answers spoken questions about the clips
+
+    def run_one(s: str, folder: Path | None, staged: bool) -> Outcome:
+        adapter = load(s)
+        if reference is not None and s not in bases:
+            bases[s] = load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=s)
+        base = bases.get(s)
+        items = [spoken(asks, f, forget_tasks) for f in data.forget] if batch else spoken(asks, data.forget,
+                                                                                          forget_tasks)
+        flat = [r for f in items for r in f] if batch else items
+        the_rule, extra = _rule(rule, kind, adapter, flat, data.held_retain, base, method, s, config, size,
+                                overrides, checked)
+        meta = {"model_dir": str(Path(model_dir).resolve()),
+                "reference": str(Path(reference).resolve()) if reference is not None else None,
+                "where": where if asks else None, "scope": s if kind.is_classifier else None,
+                "knowledge_check": checked.get("check"), "rule_target": checked.get("target_source"),
+                "held_retain_items": len(data.held_retain)}
+        return run_request(adapter, items, spoken(asks, data.retain, retain_tasks), kind=kind.name, method=method,
+                           config=config, size=size, overrides=extra, reference=base, rule=the_rule, out=folder,
+                           inputs=inputs, overwrite=overwrite, progress=progress, meta=meta,
+                           retain_state=retain_state, refresh_retain=refresh_retain, history=history, batch=batch,
+                           compare_batch=compare_batch, clone=lambda: load(s), undo_dir=None if staged else undo)
+
+    outcome = run_scopes(run_one, scopes, out, inputs, overwrite, undo)
     if progress and outcome.report["target_reached"] is not False:  # a missed rule is logged as a warning already
         print(outcome.report["verdict"], file=sys.stderr)
     return UnlearnResult(outcome.adapter, outcome.out, outcome.report)
 
 
-def batch_of(forget: Any) -> bool:
-    """Whether ``forget`` is a list of forget-set manifests (``.csv`` paths): a batch of requests."""
-    return (isinstance(forget, (list, tuple)) and bool(forget)
-            and all(isinstance(f, (str, os.PathLike)) and os.fspath(f).lower().endswith(".csv") for f in forget))
-
-
-#: The speaker rule's bound on the retain set's mean NLL rise (nats), as the VoxCeleb2 recipe's default.
-SPEAKER_RETAIN_BOUND = 0.05
-
-
-def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND) -> Any:
-    """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
-    of the forget utterances predicted as none of the forget speakers, target ``1 - 1/n_classes`` (chance), retain
-    measure the mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the
-    speakers earlier requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
-    if n_classes < 2:
-        raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
-    return SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound,
-                     forget_measure=forgotten_error_rate, retain_measure=mean_nll)
-
-
-def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
-    """What a rule-driven run of ``method`` on a speaker classifier uses unless told otherwise: erasure sweeps
-    edit sizes relative to the weights (``sweep_scales="auto"``), ranks 1, 2, 4, with gradient task vectors (the
-    recipe's ``--sweep`` settings); in the head scope no retain subspace (it would hold the forget direction)."""
-    if "task_vectors" not in get(method).needs:  # the sweep grid below is the task-vector methods'
-        return {}
-    return {"sweep_scales": "auto", "sweep_ranks": (1, 2, 4), "extract_kind": "gradient",
-            **({"retain_rank": 0} if scope == "head" else {})}
+def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base, method: str, scope: str,
+          config: Any, size: str | None, overrides: dict[str, Any], checked: dict[str, Any]):
+    """(the rule, the method's overrides) of one run. ``rule="auto"``: a classifier gets the speaker rule, the sweep
+    settings and a step budget; a text LLM the NLL rule (:func:`~mmunlearn.unlearn_rules.nll_rule`); a speech LLM
+    none (pass a SweepRule); the first run checks that the model knows the forget set (:class:`NothingToForget`)."""
+    if not isinstance(rule, str):
+        return rule, dict(overrides)
+    if kind.is_classifier:
+        the_rule = speaker_rule(len(adapter.speakers))
+        checked.setdefault("target_source", "chance among the forget speakers")
+    elif not kind.takes_audio:
+        the_rule, source = nll_rule(adapter, forget, reference=base, held_retain=held_retain)
+        checked.setdefault("target_source", source)
+    else:
+        return None, dict(overrides)
+    if "check" not in checked:
+        checked["check"] = check_something_to_forget(adapter, forget, the_rule, classifier=kind.is_classifier,
+                                                     reference_given=base is not None)
+    extra = dict(overrides)
+    if kind.is_classifier and config is None:
+        extra = {**swept_overrides(method, scope), **extra}
+        if "epochs" not in extra and "epochs" in {f.name for f in fields(get(method).config)}:
+            extra["epochs"] = budget_epochs(get(method).config_for(kind.name, size, **extra), len(forget))
+    return the_rule, extra
 
 
 def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.PathLike, *, method: str = "qr-erase",
@@ -252,9 +211,8 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     (``refresh=True`` recomputes). Returns the :class:`~mmunlearn.requests.state.RetainState`; its
     ``status`` says whether it was loaded, computed or recomputed, and ``reason`` why.
     """
-    from dataclasses import replace
-
-    kind = model_kind(model_dir)
+    kind_obj = _kind(model_dir)
+    kind = kind_obj.name
     spec = get(method, kind)
     cfg = spec.config_for(kind, size)
     if "task_vectors" not in spec.needs:
@@ -265,7 +223,12 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     settings = replace(cfg.extract, **{k: v for k, v in extract.items() if v is not None})
     source = load_model(reference if reference is not None else model_dir, device=device, where=where,
                         trust_hparams=trust_hparams, scope=scope)
-    items = _examples(source, read_items(retain, "retain"), retain_tasks)
+    items = spoken(kind_obj.takes_audio and not kind_obj.is_classifier, read_rows(kind_obj, retain, "retain"),
+                   retain_tasks)
     inputs = [model_dir] + ([reference] if reference is not None else [])
     return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,
                                inputs=inputs)
+
+
+__all__ = ["NothingToForget", "REPORT_NAME", "SPEAKER_RETAIN_BOUND", "UnlearnResult", "batch_of", "load_model",
+           "model_kind", "prepare_retain", "speaker_rule", "swept_overrides", "unlearn"]

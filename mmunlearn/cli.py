@@ -23,6 +23,7 @@ from mmunlearn.audit.folder import audit_folder, folder_report
 from mmunlearn.audit.options import BITS, CAPABILITY_DEFAULTS, AuditOptions, options_for, parse_list
 from mmunlearn.audit.table import reference_rows
 from mmunlearn.bench.cli import app as bench_app
+from mmunlearn.cli_unlearn import mount as mount_unlearn
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
 from mmunlearn.erase.in_memory import erase_checkpoint
@@ -42,6 +43,7 @@ app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 app.add_typer(report_app, name="report")
+mount_unlearn(app)
 console = Console()
 #: Recipe apps are found by entry point (group ``mmunlearn.recipes`` in pyproject.toml), as plug-ins: the
 #: library never imports the recipes package.
@@ -149,7 +151,7 @@ def erase(
 def restore(
     model: Annotated[Path, typer.Option(help="Edited model folder: the output of `mmunlearn erase`, of `mmunlearn.unlearn`, or a recipe's <method>/model folder.")],
     out: Annotated[Path, typer.Option(help="Directory for the restored model (created; must not exist unless --overwrite).")],
-    patch: Annotated[Optional[Path], typer.Option(help="Undo patch (default: MODEL/undo_patch.safetensors).")] = None,
+    patch: Annotated[Optional[Path], typer.Option(help="Undo patch (default: the one in the undo folder MODEL's report names, MODEL.undo/undo_patch.safetensors unless given elsewhere).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
     stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
     hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,

@@ -21,7 +21,7 @@ from mmunlearn.eval.tofu import METRIC_GROUPS
 from mmunlearn.metrics import forget_quality, privleak
 from mmunlearn.metrics.entries import per_item
 from mmunlearn.presets.build import BuiltModels, build_models
-from mmunlearn.presets.cache import default_cache_dir, read_log
+from mmunlearn.presets.cache import EVALS_DIR, default_cache_dir, read_log
 
 from recipes.tofu_report import COLUMNS
 from recipes.tofu_settings import default_precision, memorisation, memorisation_warning
@@ -97,7 +97,7 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
     key = key if metrics is None else [*key, sorted(metrics)]
     key = key if (precision, utility_items) == ("no", None) else [*key, precision, utility_items]
     spec = json.dumps(key if fingerprint is None else [*key, fingerprint])
-    out = Path(model_dir) / "evals" / hashlib.sha256(spec.encode()).hexdigest()[:12]
+    out = Path(model_dir) / EVALS_DIR / hashlib.sha256(spec.encode()).hexdigest()[:12]  # not in the digest
     if not (out / "TOFU_EVAL.json").is_file():
         adapter = TextLLMAdapter.from_pretrained(model_dir, device=device, precision=precision)
         evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,

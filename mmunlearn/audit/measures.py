@@ -89,9 +89,18 @@ def kept(target: float | None, model: float | None, retain: float | None) -> flo
     return float((target - model) / (target - retain))
 
 
-def recovered(before: float | None, after: float | None, target: float | None) -> float | None:
+#: A model whose own gap to the target is below this share of the retain model's gap forgot next to nothing: the share
+#: of that gap an attack closes is noise over a near-zero denominator, reported as not applicable (None).
+NEGLIGIBLE_GAP = 0.1
+
+
+def recovered(before: float | None, after: float | None, target: float | None,
+              retain: float | None = None) -> float | None:
     """Fraction of a model's own forgotten gap an attack closed: ``(after - before) / (target - before)``
-    (0: nothing came back, 1: back at the target's level; None when there was no gap to close)."""
+    (0: nothing came back, 1: back at the target's level). None (not applicable) when there was no gap to close:
+    below :data:`MIN_GAP`, or, given the ``retain`` model's value, below :data:`NEGLIGIBLE_GAP` of its gap."""
     if before is None or after is None or target is None or abs(target - before) < MIN_GAP:
+        return None
+    if retain is not None and abs(target - before) < NEGLIGIBLE_GAP * abs(target - retain):
         return None
     return float((after - before) / (target - before))

@@ -186,7 +186,9 @@ def _relearn(models: Mapping[str, Any], forget: list, retain_items: Sequence[Any
     after = {r: out[r]["after"] for r in ROLES}
     out["kept"] = _kept_all(after, keys)
     target_level = out["target"]["before"]
-    out["recovered"] = {r: {k: recovered(out[r]["before"].get(k), out[r]["after"].get(k), target_level.get(k))
+    retain_level = out["retain"]["before"]
+    out["recovered"] = {r: {k: recovered(out[r]["before"].get(k), out[r]["after"].get(k), target_level.get(k),
+                                         retain_level.get(k) if r == "unlearned" else None)
                             for k in keys} for r in ("retain", "unlearned")}
     out["recovery_ratio"] = {k: (None if out["recovered"]["retain"][k] in (None, 0.0)
                                  or out["recovered"]["unlearned"][k] is None

@@ -36,6 +36,7 @@ from mmunlearn.layout import PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
 from mmunlearn.methods.ondisk import disk_names
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
+from mmunlearn.undo_store import UNDO_KEY, default_undo_dir, split_undo
 
 log = logging.getLogger(__name__)
 REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.layout (reserved: no input file may use them)
@@ -111,7 +112,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
                    inputs: Sequence[str | os.PathLike] = (), overwrite: bool = False, cache_dir: str | None = None,
                    progress: bool = True, meta: Mapping[str, Any] | None = None, retain_task: Any = None,
                    extra: Callable[[Path, dict[str, Any]], None] | None = None,
-                   earlier_forgotten: Mapping[str, Any] | None = None) -> Outcome:
+                   earlier_forgotten: Mapping[str, Any] | None = None,
+                   undo_dir: str | os.PathLike | None = None) -> Outcome:
     """Unlearn ``forget`` from ``adapter`` (in place, except T3) with ``method``; write ``out`` if given.
 
     Args:
@@ -126,6 +128,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
             request history written beside the model); the folder is still renamed into ``out`` at once.
         earlier_forgotten: speakers earlier deletion requests forgot, each with a stand-in for its direction or
             None (:attr:`~mmunlearn.methods.base.RunContext.earlier_forgotten`).
+        undo_dir: where the undo records go (default ``<out>.undo`` beside ``out``, :mod:`mmunlearn.undo_store`): the
+            output itself never holds the original weights.
     """
     spec = get(method, kind)
     if not forget or not retain:
@@ -167,7 +171,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
     if report["target_reached"] is False:
         log.warning("%s", verdict)
     if out is not None:
-        out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra)
+        out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra, undo_dir, inputs)
     return Outcome(edited, result, report, out)
 
 
@@ -176,7 +180,8 @@ def _check_out(out: Path, inputs: Sequence[str | os.PathLike], overwrite: bool) 
 
 
 def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before: Mapping[str, torch.Tensor],
-           changed: list[str], overwrite: bool, extra: Callable[[Path, dict], None] | None = None) -> Path:
+           changed: list[str], overwrite: bool, extra: Callable[[Path, dict], None] | None = None,
+           undo_dir: str | os.PathLike | None = None, inputs: Sequence[str | os.PathLike] = ()) -> Path:
     """The model in its own format, then the undo patch, the method's own files and the report, all renamed into
     ``out`` at once."""
     final = out.resolve()
@@ -197,13 +202,17 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
                 erase_report.patch = UndoPatch(entries)
             else:
                 entries = [dense_entry(names[n], before[n], current[n]) for n in changed]
-            UndoPatch(entries).save(tmp / PATCH_NAME)
-            report["undo_patch"] = str(final / PATCH_NAME)
+            UndoPatch(entries).save(tmp / PATCH_NAME)  # moved to the undo folder below, before the rename
+            report["undo_patch"] = str(Path(os.path.abspath(undo_dir if undo_dir is not None
+                                                            else default_undo_dir(final))) / PATCH_NAME)
         if spec.artefacts is not None:
             spec.artefacts.save(result, tmp, final, report)
         report["out"] = str(final)
         if extra is not None:
             extra(tmp, report)
+        ref = split_undo(tmp, final, undo_dir, overwrite=overwrite, inputs=tuple(inputs))  # never in the release
+        if ref is not None:
+            report[UNDO_KEY] = ref
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2))
     return final
 

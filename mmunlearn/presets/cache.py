@@ -72,11 +72,17 @@ def read_log(model_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+#: A cached model's subfolder of evaluations, written after the build (recipes cache their evaluations there): not
+#: the model, so not in its digest.
+EVALS_DIR = "evals"
+
+
 def content_digest(model_dir: str | os.PathLike) -> str:
-    """SHA-256 of every file of a model folder (relative names and bytes, in name order), but its train log
-    and output marker; links are not followed (a link is digested by its target's name)."""
+    """SHA-256 of every file of a model folder (relative names and bytes, in name order), but its train log, output
+    marker and :data:`EVALS_DIR`; links are not followed (a link is digested by its target's name)."""
     root, h = Path(model_dir), hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.name not in (LOG_FILE, MARKER) or p.parent != root):
+    for path in sorted(p for p in root.rglob("*") if (p.name not in (LOG_FILE, MARKER) or p.parent != root)
+                       and p.relative_to(root).parts[0] != EVALS_DIR):
         rel = path.relative_to(root).as_posix()
         if path.is_symlink():
             h.update(f"L {rel} {os.readlink(path)}\0".encode())

@@ -31,6 +31,7 @@ from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layou
 from mmunlearn.methods.harness import REPORT_NAME
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.safecopy import copy_inside, open_inside, read_inside
+from mmunlearn.undo_store import undo_dir_of
 
 #: the largest ``unlearn_report.json`` read (a report lists its requests: kilobytes, not megabytes)
 REPORT_LIMIT = 64 << 20
@@ -63,6 +64,14 @@ class History:
 
     folder: Path
     requests: list[dict[str, Any]] = field(default_factory=list)
+    #: the folder that holds the undo patch and ``undo_history/`` (:mod:`mmunlearn.undo_store`: kept apart from the
+    #: model; None: the model folder itself, as older outputs hold them)
+    undo: Path | None = None
+
+    @property
+    def records(self) -> Path:
+        """Where the undo patch and ``undo_history/`` lie."""
+        return self.undo if self.undo is not None else self.folder
 
     @property
     def depth(self) -> int:
@@ -82,7 +91,7 @@ def original_tensor(history: History, label: str, current: torch.Tensor) -> torc
     None when a patch file is missing or ``current`` is not what the last request wrote (edited since)."""
     value = current.detach().cpu()
     for i in range(history.depth, 0, -1):
-        path = history.folder / (PATCH_NAME if i == history.depth else f"{HISTORY_DIR}/{entry_name(i)}.safetensors")
+        path = history.records / (PATCH_NAME if i == history.depth else f"{HISTORY_DIR}/{entry_name(i)}.safetensors")
         if not path.is_file():
             return None
         try:
@@ -98,9 +107,10 @@ def read_history(folder: str | os.PathLike) -> History:
     harness written without a history (report and undo patch), or none for a plain model folder."""
     folder = Path(folder)
     report = read_report(folder)
-    if report is None or not os.path.lexists(folder / PATCH_NAME):
+    undo = undo_dir_of(folder) if report is not None else None  # kept apart from the model (undo_store)
+    if report is None or undo is None or not os.path.lexists(undo / PATCH_NAME):
         return History(folder)
-    records = folder / HISTORY_DIR
+    records = undo / HISTORY_DIR
     if os.path.lexists(records) and (records.is_symlink() or not records.is_dir()):
         raise UnsafePathError(f"{records} is a symbolic link or not a folder: the undo records in it are copied "
                               "into outputs, so it must be a real folder inside the model folder")
@@ -113,12 +123,12 @@ def read_history(folder: str | os.PathLike) -> History:
     for i in range(1, len(requests)):
         for ext in ("safetensors", "json"):
             name = f"{HISTORY_DIR}/{entry_name(i)}.{ext}"
-            if not os.path.lexists(folder / name):
-                raise FileNotFoundError(f"{folder}: request {i}'s undo record {name} is missing")
+            if not os.path.lexists(undo / name):
+                raise FileNotFoundError(f"{folder}: request {i}'s undo record {undo / name} is missing")
             names.append(name)
     for name in names:  # checked now, so a bad folder fails before any work; copied later from a new descriptor
-        os.close(open_inside(folder, name, hard_links=False))
-    return History(folder, [dict(r) for r in requests])
+        os.close(open_inside(undo, name, hard_links=False))
+    return History(folder, [dict(r) for r in requests], None if undo == folder else undo)
 
 
 def summary(unlearn_report: Mapping[str, Any], *, index: int, **more: Any) -> dict[str, Any]:
@@ -135,12 +145,12 @@ def carry_history(previous: History, staging: str | os.PathLike) -> None:
         return
     dst = Path(staging) / HISTORY_DIR
     dst.mkdir(exist_ok=True)
-    n, src = previous.depth, previous.folder
+    n, src = previous.depth, previous.records
     for i in range(1, n):
         for ext in ("safetensors", "json"):
             copy_inside(src, f"{HISTORY_DIR}/{entry_name(i)}.{ext}", dst / f"{entry_name(i)}.{ext}")
     copy_inside(src, PATCH_NAME, dst / f"{entry_name(n)}.safetensors")
-    copy_inside(src, REPORT_NAME, dst / f"{entry_name(n)}.json")
+    copy_inside(previous.folder, REPORT_NAME, dst / f"{entry_name(n)}.json")
 
 
 def step_back(folder: str | os.PathLike, restored: str | os.PathLike) -> None:
@@ -155,13 +165,14 @@ def step_back(folder: str | os.PathLike, restored: str | os.PathLike) -> None:
     prev = entry_name(n - 1)
     for name in (PATCH_NAME, REPORT_NAME):  # restored holds this request's: replaced by the one before's
         (restored / name).unlink(missing_ok=True)
-    copy_inside(folder, f"{HISTORY_DIR}/{prev}.safetensors", restored / PATCH_NAME)
-    copy_inside(folder, f"{HISTORY_DIR}/{prev}.json", restored / REPORT_NAME)
+    src = history.records
+    copy_inside(src, f"{HISTORY_DIR}/{prev}.safetensors", restored / PATCH_NAME)
+    copy_inside(src, f"{HISTORY_DIR}/{prev}.json", restored / REPORT_NAME)
     if n > 2:
         (restored / HISTORY_DIR).mkdir()
         for i in range(1, n - 1):
             for ext in ("safetensors", "json"):
-                copy_inside(folder, f"{HISTORY_DIR}/{entry_name(i)}.{ext}",
+                copy_inside(src, f"{HISTORY_DIR}/{entry_name(i)}.{ext}",
                             restored / HISTORY_DIR / f"{entry_name(i)}.{ext}")
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.kinds import get_kind
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import Outcome, run_unlearning
 from mmunlearn.methods.head_rows import forgotten_speakers
@@ -65,7 +66,7 @@ def earlier_directions(adapter, history: History | None, speakers: Sequence[str]
     those requests (from their undo patches, :func:`~mmunlearn.requests.history.original_tensor`): a cosine
     classifier's row points along its speaker's embeddings, so it stands in for the audio a later request does not
     have. None for every speaker when the patches are not at hand (a history kept in memory, a folder edited
-    since) or the model has no class-weight head."""
+    since). Only for a classifier (its ``head_weight`` names the class rows)."""
     head = dict(adapter.model.named_parameters()).get(adapter.head_weight)
     original = original_tensor(history, adapter.head_weight, head) if history is not None and head is not None else None
     index = adapter.index
@@ -104,7 +105,7 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
                 retain_state: str | os.PathLike | None = None, use_retain_state: bool | None = None,
                 refresh_retain: bool = False, retain_extract: ExtractConfig | None = None,
                 history: History | None = None, batch: bool = False, compare_batch: bool = False,
-                clone=None, reuse_edit_size: bool = True) -> Outcome:
+                clone=None, reuse_edit_size: bool = True, undo_dir: str | os.PathLike | None = None) -> Outcome:
     """Unlearn one request (``batch=True``: ``forget`` is a list of forget sets, edited once with their union).
 
     Args:
@@ -155,7 +156,8 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     earlier = earlier_speakers(previous)
     rule = widened_rule(rule, earlier)
     # the undo patches are read only for a method that can use them (an erasure of a classifier's head)
-    stand_ins = earlier_directions(adapter, previous, earlier) if earlier and _is_erasure(method) else None
+    stand_ins = (earlier_directions(adapter, previous, earlier)
+                 if earlier and _is_erasure(method) and get_kind(kind).is_classifier else None)
     if earlier:
         report_meta["earlier_forgotten_speakers"] = earlier
         report_meta["earlier_directions"] = sorted(k for k, v in (stand_ins or {}).items() if v is not None)
@@ -184,7 +186,7 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     outcome = run_unlearning(method, adapter, items, retain, kind=kind, config=cfg, reference=reference, rule=rule,
                              out=out, inputs=inputs, overwrite=overwrite, progress=progress, meta=report_meta,
                              retain_task=state.task if state is not None else None, extra=extra,
-                             earlier_forgotten=stand_ins)
+                             earlier_forgotten=stand_ins, undo_dir=undo_dir)
     if out is None:
         add_history(outcome.report)
     if batch and compare_batch:

@@ -172,6 +172,9 @@ def test_kept_and_recovered_ratios():
     assert kept(0.9, 0.9, 0.1) == 0.0 and kept(0.9, 0.1, 0.1) == 1.0 and kept(0.9, 0.5, 0.1) == pytest.approx(0.5)
     assert kept(0.5, 0.2, 0.5) is None and kept(None, 0.2, 0.1) is None
     assert recovered(0.1, 0.5, 0.9) == pytest.approx(0.5) and recovered(0.9, 0.9, 0.9) is None
+    # the target audited as if unlearned: its "gap" of 0.01 against a retain gap of 0.8 is noise, not a share
+    assert recovered(0.89, 0.9, 0.9, retain=0.1) is None and recovered(0.89, 0.9, 0.9) == pytest.approx(1.0)
+    assert recovered(0.5, 0.7, 0.9, retain=0.1) == pytest.approx(0.5)  # half the retain gap forgotten: a real share
 
 
 def test_options_are_validated():

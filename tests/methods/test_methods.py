@@ -52,7 +52,9 @@ def test_method_through_the_harness(method, model_dir, tmp_path):
     saved = json.loads((tmp_path / "out" / "unlearn_report.json").read_text())
     assert saved["method"] == method and saved["config"] == json.loads(json.dumps(saved["config"]))
     edits = get(method).edits_weights
-    assert (tmp_path / "out" / "undo_patch.safetensors").is_file() == edits
+    assert not (tmp_path / "out" / "undo_patch.safetensors").exists()  # never in the folder a user ships
+    assert (tmp_path / "out.undo" / "undo_patch.safetensors").is_file() == edits  # kept apart, beside it
+    assert ("undo" in saved) == edits and (saved.get("undo") or {}).get("folder", "out.undo") == "out.undo"
     assert (rep["changed_fraction"] > 0) == edits and rep["changed_fraction"] <= 1.0
     # the method's own files: written by its artefacts, and reading the folder back gives the unlearned model
     spec = get(method)

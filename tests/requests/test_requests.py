@@ -110,16 +110,18 @@ def test_requests_compose_and_undo_patches_chain_bit_for_bit(speaker_dir, parts,
     assert [h["index"] for h in history] == [1, 2] and [h["forget_items"] for h in history] == [len(first), len(second)]
     assert history[0]["model_after"] == history[1]["model_before"] == r1.report["requests"][0]["model_after"]
     assert json.loads((tmp_path / "r2" / "unlearn_report.json").read_text())["requests"] == history
-    assert read_history(tmp_path / "r2").depth == 2 and (tmp_path / "r2" / HISTORY_DIR / "request-0001.json").is_file()
+    assert read_history(tmp_path / "r2").depth == 2 and (tmp_path / "r2.undo" / HISTORY_DIR / "request-0001.json").is_file()
+    assert not (tmp_path / "r2" / HISTORY_DIR).exists() and not (tmp_path / "r2" / "undo_patch.safetensors").exists()
     original, after1, after2 = _weights(speaker_dir), _weights(tmp_path / "r1"), _weights(tmp_path / "r2")
     assert not _same(after1, after2) and not _same(original, after1)
 
     restore_folder(tmp_path / "r2", tmp_path / "back1", progress=False)  # undo request 2 only
     assert _same(_weights(tmp_path / "back1"), after1)
-    back1, r1_files = _digest(tmp_path / "back1"), _digest(tmp_path / "r1")
-    for name in ("undo_patch.safetensors", "unlearn_report.json"):  # request 1's undo record, as request 1 wrote it
-        assert back1[name] == r1_files[name]
-    assert not (tmp_path / "back1" / HISTORY_DIR).exists()
+    # request 1's undo record as request 1 wrote it, kept apart again (back1.undo); its report names that folder
+    assert _digest(tmp_path / "back1.undo")["undo_patch.safetensors"] == _digest(tmp_path / "r1.undo")["undo_patch.safetensors"]
+    reports = [json.loads((tmp_path / f / "unlearn_report.json").read_text()) for f in ("back1", "r1")]
+    assert reports[0]["undo"]["folder"] == "back1.undo" and {**reports[0], "undo": None} == {**reports[1], "undo": None}
+    assert not (tmp_path / "back1" / HISTORY_DIR).exists() and not (tmp_path / "back1" / "undo_patch.safetensors").exists()
     restore_folder(tmp_path / "back1", tmp_path / "back0", progress=False)  # then request 1
     assert _same(_weights(tmp_path / "back0"), original)
     restore_folder(tmp_path / "r2", tmp_path / "all", steps=0, progress=False)  # both at once
@@ -230,8 +232,12 @@ def test_a_history_record_linking_out_of_the_folder_is_refused(speaker_dir, part
     unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", **OPTS)
     evil = tmp_path / "evil"
     shutil.copytree(tmp_path / "r2", evil)
+    shutil.copytree(tmp_path / "r2.undo", tmp_path / "evil.undo")  # its undo folder, named by its report
+    report = json.loads((evil / "unlearn_report.json").read_text())
+    report["undo"]["folder"] = "evil.undo"
+    (evil / "unlearn_report.json").write_text(json.dumps(report))
     (tmp_path / "secret").write_text("not yours")
-    record = evil / HISTORY_DIR / "request-0001.json"
+    record = tmp_path / "evil.undo" / HISTORY_DIR / "request-0001.json"
     record.unlink()
     os.symlink(tmp_path / "secret", record)
     with pytest.raises(ValueError, match="link"):

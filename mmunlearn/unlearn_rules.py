@@ -1,0 +1,93 @@
+"""The sweep rule ``mmunlearn.unlearn`` applies by default to each kind, and the check that there is something to forget.
+
+* Classifiers (:func:`speaker_rule`): every forgotten speaker's clips predicted as none of the forget speakers up to
+  chance (``1 - 1/C``), the retain NLL rising by at most :data:`SPEAKER_RETAIN_BOUND` nats.
+* Text and speech LLMs (:func:`nll_rule`): the forget rows' mean answer NLL raised to the level of a model that never
+  saw them -- the ``reference`` model's NLL on them (the base the model was fine-tuned from) -- or, with no reference,
+  by :data:`NLL_RISE` nats; the retain NLL (on held-out retain rows for text) rising by at most :data:`NLL_RETAIN_BOUND`.
+
+:func:`check_something_to_forget` refuses a forget set the model never knew: a classifier already at the rule's
+target before any edit (its clips at chance), an LLM whose forget NLL is already at its reference's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mmunlearn.errors import UserError
+from mmunlearn.eval.speaker import forgotten_error_rate
+from mmunlearn.methods import SweepRule, get, mean_nll
+
+#: The speaker rule's bound on the retain set's mean NLL rise (nats), as the VoxCeleb2 recipe's default.
+SPEAKER_RETAIN_BOUND = 0.05
+#: The LLM rule's bound on the retain rows' mean answer-NLL rise (nats), as the TOFU recipe's default.
+NLL_RETAIN_BOUND = 0.1
+#: With no reference model, the forget NLL rise (nats) the LLM rule asks for: a stated default, not a measured level
+#: (the verdict says so); pass ``reference=`` (the model it was fine-tuned from) for the level of a model that never
+#: saw the forget rows.
+NLL_RISE = 1.0
+#: Forget NLL within this many nats of the reference's: the model holds nothing of the forget set to remove.
+KNOWN_MARGIN = 0.05
+
+
+class NothingToForget(UserError, ValueError):
+    """The model does not know the forget set (at chance, or no better than a model that never saw it)."""
+
+
+def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND) -> SweepRule:
+    """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
+    of the forget utterances predicted as none of the forget speakers, target ``1 - 1/n_classes`` (chance), retain
+    measure the mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the
+    speakers earlier requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
+    if n_classes < 2:
+        raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
+    return SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound,
+                     forget_measure=forgotten_error_rate, retain_measure=mean_nll)
+
+
+def nll_rule(adapter, forget: Sequence[Any], *, reference=None, held_retain: Sequence[Any] = (),
+             retain_bound: float = NLL_RETAIN_BOUND, rise: float = NLL_RISE) -> tuple[SweepRule, str]:
+    """(rule, how its target was set) for an LLM: the forget NLL up to ``reference``'s on the forget rows, or up by
+    ``rise`` nats without one; the retain measure on ``held_retain`` when given (rows no method trains on)."""
+    before = mean_nll(adapter, forget)
+    if reference is not None:
+        target, source = mean_nll(reference, forget), "the reference model's forget NLL"
+    else:
+        target, source = before + rise, f"the forget NLL + {rise:g} nats (no reference model given)"
+    return SweepRule(forget_target=target, retain_bound=retain_bound,
+                     retain_items=list(held_retain) or None), source
+
+
+def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
+    """What a rule-driven run of ``method`` on a speaker classifier uses unless told otherwise: erasure sweeps
+    edit sizes relative to the weights (``sweep_scales="auto"``), ranks 1, 2, 4, with gradient task vectors (the
+    recipe's ``--sweep`` settings); in the head scope no retain subspace (it would hold the forget direction)."""
+    if "task_vectors" not in get(method).needs:  # the sweep grid below is the task-vector methods'
+        return {}
+    return {"sweep_scales": "auto", "sweep_ranks": (1, 2, 4), "extract_kind": "gradient",
+            **({"retain_rank": 0} if scope == "head" else {})}
+
+
+def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool,
+                              reference_given: bool) -> dict[str, Any]:
+    """What the model knows of ``forget`` before any edit (for the report); :class:`NothingToForget` when it knows
+    nothing: a classifier already meeting the speaker rule's forget target (its clips at chance among the forget
+    speakers) or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
+    value = rule.forget_measure(adapter, forget)
+    if classifier and value >= rule.forget_target:
+        raise NothingToForget(
+            f"nothing to forget: before any edit {value:.3g} of the worst forget speaker's clips are already predicted "
+            f"as none of the forget speakers (chance: {rule.forget_target:.3g}); the model never learned them. Check "
+            "the labels, or pass rule=None to run the method anyway")
+    if not classifier and reference_given and value >= rule.forget_target - KNOWN_MARGIN:
+        raise NothingToForget(
+            f"nothing to forget: the forget rows' mean NLL {value:.4g} is already at the reference model's "
+            f"{rule.forget_target:.4g} (within {KNOWN_MARGIN}): the model knows them no better than a model that never "
+            "saw them. Pass rule=None to run the method anyway")
+    return {"forget_measure_before": value, "forget_target": rule.forget_target,
+            "checked": classifier or reference_given}
+
+
+__all__ = ["KNOWN_MARGIN", "NLL_RETAIN_BOUND", "NLL_RISE", "NothingToForget", "SPEAKER_RETAIN_BOUND",
+           "check_something_to_forget", "nll_rule", "speaker_rule", "swept_overrides"]
