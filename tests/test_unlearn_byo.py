@@ -144,3 +144,22 @@ def test_speaker_overlap_and_a_classifier_that_knows_nothing(speaker_dir, speake
     assert check_something_to_forget(adapter, forget, above, classifier=True, reference_given=False)[
         "forget_measure_before"] == pytest.approx(value)
     assert torch.get_num_threads() >= 1
+
+
+def test_prompt_less_text_is_scored_from_its_own_tokens(text_dir, tmp_path):
+    """A passage (a .txt line) is encoded as it is, no chat or QA template, every token after the first scored."""
+    from mmunlearn.adapters.base import IGNORE
+    from mmunlearn.adapters.text_llm import TextLLMAdapter
+
+    adapter = TextLLMAdapter.from_pretrained(text_dir, device="cpu")
+    text = "Author 3 was born in city number 3."
+    ids, labels = adapter.encode("", text)
+    plain = adapter.tokenizer(text, add_special_tokens=True)["input_ids"]
+    assert ids == plain + [adapter.eos_id] and labels == [IGNORE] + ids[1:]
+    qa_ids, qa_labels = adapter.encode("Where?", text)
+    assert len(qa_ids) > len(ids) and qa_labels[0] == IGNORE  # a question keeps its template, unscored
+    (tmp_path / "forget.txt").write_text("\n".join(r["response"] for r in FORGET) + "\n")
+    res = unlearn(text_dir, forget=tmp_path / "forget.txt", retain=_qa_file(tmp_path / "r.jsonl", RETAIN),
+                  method="grad_ascent", out=None, device="cpu", progress=False, rule=None,
+                  **fast("grad_ascent", epochs=2, lr=5e-2))
+    assert res.report["forget_items"] == len(FORGET) and res.report["forget_nll"]["after"] > res.report["forget_nll"]["before"]

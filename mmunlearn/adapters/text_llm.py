@@ -135,8 +135,15 @@ class TextLLMAdapter(TokenScoring):
         return PLAIN_TEMPLATE[0].format(question=question)
 
     def encode(self, question: str, answer: str | None = None) -> tuple[list[int], list[int]]:
-        """Token ids of prompt (+ answer + EOS) and labels (-100 on the prompt)."""
+        """Token ids of prompt (+ answer + EOS) and labels (-100 on the prompt). An empty ``question`` with an answer is
+        prompt-less text: its tokens as they are, each scored but the first."""
         tok = self.tokenizer
+        if question == "" and answer is not None:  # prompt-less text (a passage): no template, every token after
+            ids = tok(answer, add_special_tokens=True)["input_ids"]  # the first scored (a BOS, if any, is the first)
+            ids = (ids + ([self.eos_id] if self.eos_id is not None else []))[: self.max_length]
+            if len(ids) < 2:
+                raise ValueError(f"a prompt-less text needs at least two tokens to score: {answer[:80]!r}")
+            return ids, [IGNORE] + ids[1:]
         prompt = tok(self.prompt_text(question), add_special_tokens=not self.use_chat_template)["input_ids"]
         if answer is None:
             return prompt, [IGNORE] * len(prompt)
