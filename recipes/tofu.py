@@ -29,7 +29,7 @@ from rich.console import Console
 
 from mmunlearn.adapters.text_llm import PRECISIONS, TextLLMAdapter
 from mmunlearn.atomic import write_text_atomic
-from mmunlearn.data.tofu import load_split
+from mmunlearn.data.user_sets import overlap, read_text_rows
 from mmunlearn.errors import set_threads
 from mmunlearn.eval import evaluate_tofu, summary_table
 from mmunlearn.eval.tofu import check_max_new_tokens
@@ -116,6 +116,12 @@ def _given_models(cfg: TofuConfig, overrides: dict[str, Any]) -> tuple[Path | No
             raise typer.BadParameter(f"the sweep aims at the base model's forget NLL and the target {target} names "
                                      f"no base model (no train_log.json with an existing 'base'); pass --no-sweep",
                                      param_hint="--sweep")
+    if target is not None and retain_model is None and made_by != cfg.preset:
+        raise typer.BadParameter(
+            f"--target {target} without --retain-model: the reference retain model would be built from --preset "
+            f"{cfg.preset!r}, {'not the preset the target was made with' if made_by else 'a model of another'} "
+            "architecture and tokenizer; pass --retain-model DIR (your model fine-tuned without the forget rows)"
+            + (f", or --preset {made_by}" if isinstance(made_by, str) else ""), param_hint="--retain-model")
     if overrides and target is not None and retain_model is not None:
         console.print("[yellow]warning:[/yellow] the --ft-* options are ignored: --target and --retain-model "
                       "are given, no model is built")
@@ -340,8 +346,8 @@ def compare(cfg: TofuConfig) -> None:
 @app.command()
 def tilt(
     model: Annotated[Path, typer.Option(help="Model directory (frozen base).")],
-    retain: Annotated[Path, typer.Option(help="Retain QA: a JSON list of {question, answer}.")],
-    forget: Annotated[Path, typer.Option(help="Forget QA: a JSON list of {question, answer}.")],
+    retain: Annotated[Path, typer.Option(help="Retain rows: a JSON, JSONL or CSV of question-answer rows, or a .txt of texts (docs/usage.md, 'Accepted data formats').")],
+    forget: Annotated[Path, typer.Option(help="Forget rows, in the same formats as --retain (this very file is read; a row in both is refused).")],
     out: Annotated[Path, typer.Option(help="Directory for the tilt head and its settings.")],
     rank: Annotated[int, typer.Option(help="Head rank h.")] = 20,
     temperature: Annotated[float, typer.Option(help="Temperature T >= 1 stored with the head.")] = 1.0,
@@ -355,8 +361,11 @@ def tilt(
     from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers, kept out of CLI start
 
     adapter = TextLLMAdapter.from_pretrained(model, device=device)
-    r_items = load_split(retain.parent, retain.stem)
-    f_items = load_split(forget.parent, forget.stem)
+    r_items, f_items = read_text_rows(retain, "retain"), read_text_rows(forget, "forget")  # the files named, as given
+    shared = overlap(f_items, r_items)
+    if shared:
+        raise typer.BadParameter(f"{len(shared)} forget row(s) are also retain rows (e.g. {shared[0]['question']!r:.80})",
+                                 param_hint="--forget")
     fit = train_tilt(adapter, r_items, f_items, rank=rank, epochs=epochs, lr=lr,
                      cache_dir=cache_dir or (out.parent / ".tilt_cache"))
     TiltedCausalLM(adapter.model, fit.head, temperature).save(out)  # a head alone: no path to the base recorded

@@ -176,3 +176,29 @@ def test_a_yaml_config_runs_like_the_same_options_and_sets_rmus_own_settings(ctx
     assert timeless[0] == pytest.approx(timeless[1]) and by_file["rows"] == [by_file["row"]]
     report = json.loads((tmp_path / "by_file" / "model" / "unlearn_report.json").read_text())
     assert report["config"]["steering"] == 7 and report["config"]["layer"] == 1
+
+
+def test_a_target_of_another_make_needs_its_own_retain_model(ctx, tmp_path):
+    """No reference of another architecture is built silently for a user's target."""
+    target = _copy_model(ctx.built.target, tmp_path / "users_model")
+    (target / "train_log.json").unlink()  # not made by mmunlearn: nothing says which preset it came from
+    res, text = _invoke("run", "--method", "grad_diff", "--out", tmp_path / "o", *COMMON, "--cache-dir",
+                        tmp_path / "c", "--target", target, "--no-sweep", "--base", "target")
+    assert res.exit_code == 2 and "without --retain-model" in text and "another architecture" in text, res.output
+    assert not (tmp_path / "c").exists() and not (tmp_path / "o").exists()  # refused before any model work
+
+
+def test_tilt_reads_the_files_it_is_given(ctx, tmp_path):
+    """--forget forget.txt is that file, not a forget.json beside it; a row in both sets is refused."""
+    retain = [{"question": f"Who wrote book {i}?", "answer": f"Writer {i} did."} for i in range(4)]
+    (tmp_path / "forget.json").write_text(json.dumps(retain[:1]))  # a decoy: read, it would be refused as overlap
+    (tmp_path / "forget.txt").write_text("Author one wrote the first book.\nAuthor two wrote the second book.\n")
+    (tmp_path / "retain.jsonl").write_text("\n".join(json.dumps(r) for r in retain))
+    common = ["tilt", "--model", ctx.built.target, "--retain", tmp_path / "retain.jsonl", "--device", "cpu",
+              "--epochs", "2", "--rank", "2", "--cache-dir", tmp_path / "cache"]
+    res, text = _invoke(*common, "--forget", tmp_path / "forget.txt", "--out", tmp_path / "head")
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "head" / "tilt_config.json").is_file() and (tmp_path / "head" / "tilt_head.safetensors").is_file()
+    (tmp_path / "both.jsonl").write_text(json.dumps(retain[1]))
+    res, text = _invoke(*common, "--forget", tmp_path / "both.jsonl", "--out", tmp_path / "head2")
+    assert res.exit_code == 2 and "also retain rows" in text and not (tmp_path / "head2").exists(), res.output
