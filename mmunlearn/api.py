@@ -32,7 +32,7 @@ from mmunlearn.methods.harness import REPORT_NAME, Outcome
 from mmunlearn.methods.optimisation import budget_epochs
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
-from mmunlearn.unlearn_inputs import batch_of, read_inputs, read_rows, spoken
+from mmunlearn.unlearn_inputs import batch_of, check_labels, read_inputs, read_rows, spoken
 from mmunlearn.unlearn_rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, nll_rule,
                                      speaker_rule, swept_overrides)
 from mmunlearn.unlearn_scopes import run_scopes, scopes_to_try
@@ -147,6 +147,9 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
 
     def run_one(s: str, folder: Path | None, staged: bool) -> Outcome:
         adapter = load(s)
+        if kind.is_classifier:  # every label a class of the model, checked before any work
+            check_labels(data.forget_rows, adapter.speakers, "forget")
+            check_labels(data.retain, adapter.speakers, "retain")
         if reference is not None and s not in bases:
             bases[s] = load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=s)
         base = bases.get(s)

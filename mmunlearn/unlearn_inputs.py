@@ -9,6 +9,7 @@ speakers.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,19 @@ def check_disjoint(kind: Kind, forget: list[Mapping[str, Any]], retain: list[Map
                                "removes every clip of a forget speaker, so none may be kept; remove their retain rows")
 
 
+def check_labels(rows: Sequence[Mapping[str, Any]], classes: Sequence[str], name: str) -> None:
+    """Refuse rows whose speaker is not one of a classifier's ``classes``, naming them and the closest class."""
+    known = {str(c) for c in classes}
+    unknown = sorted({str(r["spk_id"]) for r in rows} - known)
+    if not unknown:
+        return
+    hints = [f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, known, n=1)) else repr(u)
+             for u in unknown[:5]]
+    raise DataFormatError(f"{name}: speaker label(s) {', '.join(hints)}{' ...' if len(unknown) > 5 else ''} are not "
+                          f"classes of the model (it has {len(known)}: {', '.join(sorted(known)[:8])}"
+                          f"{' ...' if len(known) > 8 else ''}); the label column must hold the model's class names")
+
+
 def read_inputs(kind: Kind, forget: Any, retain: Any, *, batch: bool, by_speaker: bool,
                 audio_dir: str | os.PathLike | None = None, hold_out: float = 0.0, seed: int = 0) -> Inputs:
     """Read both sets for ``kind`` and check them (:func:`check_disjoint`); ``hold_out`` of the retain rows are set
@@ -101,5 +115,5 @@ def read_inputs(kind: Kind, forget: Any, retain: Any, *, batch: bool, by_speaker
     return Inputs(sets if sets is not None else rows, retain_rows, held)
 
 
-__all__ = ["DataFormatError", "Inputs", "OverlapError", "batch_of", "check_disjoint", "read_inputs", "read_rows",
+__all__ = ["DataFormatError", "Inputs", "OverlapError", "batch_of", "check_disjoint", "check_labels", "read_inputs", "read_rows",
            "spoken"]

@@ -163,3 +163,10 @@ def test_prompt_less_text_is_scored_from_its_own_tokens(text_dir, tmp_path):
                   method="grad_ascent", out=None, device="cpu", progress=False, rule=None,
                   **fast("grad_ascent", epochs=2, lr=5e-2))
     assert res.report["forget_items"] == len(FORGET) and res.report["forget_nll"]["after"] > res.report["forget_nll"]["before"]
+
+
+def test_a_label_typo_names_the_closest_class(speaker_dir, speaker_manifests):
+    forget = [{**r, "spk_id": r["spk_id"].replace("id0", "id-0")} for r in split_rows(speaker_manifests, "spk_forget_train")]
+    retain = split_rows(speaker_manifests, "spk_retain_train")
+    with pytest.raises(ValueError, match=r"forget: speaker label\(s\) 'id-00\d+' \(did you mean 'id00\d+'\?\)"):
+        unlearn(speaker_dir, forget=forget, retain=retain, device="cpu", progress=False)
