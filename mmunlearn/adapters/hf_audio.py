@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
+from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.data.manifest import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
@@ -110,12 +111,16 @@ class HFAudioAdapter(ClassifierScores):
 
         if not Path(path).is_dir():
             raise FileNotFoundError(f"model directory not found: {path}")
+        check_hf_folder(path)  # links, safetensors only, config.json sizes and kernels: before transformers reads it
         fe = AutoFeatureExtractor.from_pretrained(str(path), trust_remote_code=False)
         rate = getattr(fe, "sampling_rate", None)  # sizes every resampled waveform: checked before the model loads
         if type(rate) not in (int, float) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
             raise ValueError(f"{Path(path) / 'preprocessor_config.json'}: sampling_rate {rate!r} is not an audio rate "
                              f"({MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz)")
-        model = AutoModelForAudioClassification.from_pretrained(str(path), trust_remote_code=False)
+        with loading(path):
+            model = AutoModelForAudioClassification.from_pretrained(str(path), trust_remote_code=False,
+                                                                    use_safetensors=True)
+        check_loaded(model, path)
         return cls(model.to(resolve_device(device)).eval(), fe)
 
     from_pretrained = load

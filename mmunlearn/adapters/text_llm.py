@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mmunlearn.train.answer_only import answer_logits, autocast_context, supports_answer_only
+from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.erase.energy import group_of
@@ -79,8 +80,12 @@ class TextLLMAdapter(TokenScoring):
         if isinstance(path, Path) or os.path.sep in str(path) or os.path.exists(str(path)):
             if not Path(path).is_dir():
                 raise FileNotFoundError(f"model directory not found: {path}")
+            check_hf_folder(path)  # links, safetensors only, config.json sizes and kernels: before transformers
         dev = resolve_device(device)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev)).to(dev).eval()
+        with loading(path):
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev),
+                                                         use_safetensors=True).to(dev).eval()
+        check_loaded(model, path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         return cls(model, tokenizer, **kwargs)
 
