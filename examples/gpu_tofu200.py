@@ -77,17 +77,22 @@ class GpuRun:
     seed: int = 0
     cache_dir: Path | None = None
     ft_max_steps: int | None = None  # tests: a few fine-tuning steps
+    ft_batch_size: int | None = None  # fine-tuning micro-batch (None: the preset's)
+    ft_lr: float | None = None  # fine-tuning learning rate (None: the preset's)
     pretrain_max_steps: int | None = None  # tests: a few pretraining steps of a built preset's base
 
     def __post_init__(self) -> None:
         for name in ("budget", "first_estimate", "score_batch", "gen_batch"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("authors", "utility_items", "rule_retain_items", "ft_max_steps", "pretrain_max_steps"):
+        for name in ("authors", "utility_items", "rule_retain_items", "ft_max_steps", "pretrain_max_steps",
+                     "ft_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         unknown = [m for m in self.methods if m not in names("text")]
+        if self.ft_lr is not None and not self.ft_lr > 0:
+            raise ValueError(f"ft_lr must be positive, got {self.ft_lr!r}")
         if not self.methods or unknown:
             raise ValueError(f"methods: choose from {names('text')}, got {list(self.methods)}")
         check_max_new_tokens(self.max_new_tokens)
@@ -178,7 +183,8 @@ def prepare(run: GpuRun, progress: Progress) -> GpuSetup:
     """Base folder, target and retain models, their evaluations, the memorisation check: the setup."""
     _, seconds = _timed(get_preset, run.preset)  # a real checkpoint is converted here on first use
     progress.stage("base model folder", seconds)
-    overrides = {"max_steps": run.ft_max_steps} if run.ft_max_steps else None
+    overrides = {k: v for k, v in (("max_steps", run.ft_max_steps), ("batch_size", run.ft_batch_size),
+                                   ("lr", run.ft_lr)) if v is not None} or None
     pretrain = {"max_steps": run.pretrain_max_steps} if run.pretrain_max_steps else None
     built, seconds = _timed(build_models, run.preset, run.data, run.forget_split, run.authors, run.seed,
                             run.cache_dir, run.device, progress=False, overrides=overrides,
@@ -284,13 +290,16 @@ def parse_args(argv: list[str] | None = None) -> GpuRun:
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--ft-max-steps", type=int, default=None)
     p.add_argument("--pretrain-max-steps", type=int, default=None)
+    p.add_argument("--ft-batch-size", type=int, default=None, help="Fine-tuning micro-batch (default: the preset's).")
+    p.add_argument("--ft-lr", type=float, default=None, help="Fine-tuning learning rate (default: the preset's).")
     a = p.parse_args(argv)
     tokens = int(a.max_new_tokens) if a.max_new_tokens.isdigit() else a.max_new_tokens
     return GpuRun(data=a.data, out=a.out, report=a.report, preset=a.preset, authors=a.authors,
                   methods=tuple(m.strip() for m in a.methods.split(",") if m.strip()), device=a.device,
                   budget=a.budget, first_estimate=a.first_estimate, score_batch=a.score_batch, gen_batch=a.gen_batch,
                   max_new_tokens=tokens, utility_items=a.utility_items, rule_retain_items=a.rule_retain_items,
-                  cache_dir=a.cache_dir, ft_max_steps=a.ft_max_steps, pretrain_max_steps=a.pretrain_max_steps)
+                  cache_dir=a.cache_dir, ft_max_steps=a.ft_max_steps, pretrain_max_steps=a.pretrain_max_steps,
+                  ft_batch_size=a.ft_batch_size, ft_lr=a.ft_lr)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,4 +50,6 @@ def test_the_command_line_gives_the_same_settings(tmp_path):
     run = g.parse_args(["--data", DATA, "--out", str(tmp_path / "o"), "--report", str(tmp_path / "r"), "--device",
                         "cpu", "--methods", "t3, npo", "--max-new-tokens", "24", "--budget", "100"])
     assert run.methods == ("t3", "npo") and run.max_new_tokens == 24 and run.budget == 100.0
-    assert run.preset == "smollm2-135m" and run.authors is None and run.gen_batch == 256
+    assert run.preset == "smollm2-135m" and run.authors is None and run.gen_batch == 256 and run.ft_lr is None
+    assert g.parse_args(["--data", DATA, "--out", "o", "--report", "r", "--ft-batch-size", "64", "--ft-lr", "6e-4",
+                         "--device", "cpu"]).ft_batch_size == 64
