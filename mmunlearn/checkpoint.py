@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from mmunlearn._version import __version__
 from mmunlearn.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
 from mmunlearn.errors import NonFiniteError, writing
-from mmunlearn.layout import MARKER, check_not_reserved
+from mmunlearn.layout import MARKER, RESERVED, check_not_reserved
 from mmunlearn.paths import (
     check_output_dir,
     check_tree,
@@ -176,7 +176,9 @@ def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str,
 
 
 def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> None:
-    """Copy everything in ``root`` but the names in ``skip`` and :data:`MARKER` into ``dst``.
+    """Copy everything in ``root`` but the names in ``skip`` and those outputs use for their own files
+    (:data:`mmunlearn.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would be
+    read back as ours) into ``dst``.
 
     One walk that opens every entry without following links and copies from what it opened
     (:func:`mmunlearn.safecopy.copy_side_files`): a link leaving the folder, a hard link or an entry
@@ -185,7 +187,7 @@ def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iter
     (:func:`mmunlearn.paths.check_tree`), so a folder that was bad from the start writes nothing.
     """
     check_tree(root)
-    copy_side_files(root, dst, skip=skip)
+    copy_side_files(root, dst, skip=set(skip) | RESERVED)
 
 
 def save_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict | None,

@@ -196,13 +196,19 @@ def _audit_help(name: str, note: str = "") -> str:
     return f"{AuditOptions.help(name)}{note} \\[default: {getattr(AuditOptions(), name)}{'; ' + kinds if kinds else ''}]"
 
 
+def audit_destination(out: Optional[Path]) -> Path:
+    """Where ``mmunlearn audit`` writes AUDIT.json and AUDIT.md: ``out``, else ``audit/`` in the current directory
+    (not the model folder's parent: the model may lie in someone else's folder, or be a link into one)."""
+    return out if out is not None else Path.cwd() / "audit"
+
+
 @app.command()
 def audit(
     model: Annotated[Path, typer.Option(help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind. Any other loadable model folder of a supported kind (e.g. the original model, another tool's output) is audited too, reported as 'not an mmunlearn output: no history'.")],
     target: Annotated[Path, typer.Option(help="Target model folder (trained on everything; the model that was unlearned).")],
     retain_model: Annotated[Path, typer.Option(help="Retain model folder (never trained on the forget data: what retraining gives); speakers: the retrained classifier.")],
     data: Annotated[str, typer.Option(help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier or speech LLM (speaker question on the forget speakers): the prepared manifest folder.")],
-    out: Annotated[Optional[Path], typer.Option(help="Folder for AUDIT.json and AUDIT.md (default: the model folder's parent, beside the recipe's other tables).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for AUDIT.json and AUDIT.md (default: audit/ in the current directory; never beside the model, which may be someone else's folder).")] = None,
     forget_split: Annotated[str, typer.Option(help="Text: the forget split (forget01, forget05, forget10); its _perturbed rows and holdout split are read.")] = "forget10",
     authors: Annotated[Optional[int], typer.Option(help="Text: keep N authors, as the run that unlearned did (tofu --authors).")] = None,
     level: Annotated[Optional[str], typer.Option(help="Speaker classifier: speaker or sample (default: the level recorded in the folder's report).")] = None,
@@ -243,7 +249,7 @@ def audit(
         raise typer.BadParameter(str(e), param_hint="--model") from None
     result = audit_folder(model, target, retain_model, data, forget_split=forget_split, authors=authors,
                           level=level, options=options, device=device)
-    dest = out if out is not None else model.resolve().parent
+    dest = audit_destination(out)
     path = write_audit(dest, [result], {"data": data, "forget_split": forget_split, "authors": authors})
     console.print(markdown([*reference_rows(result), result["summary"]]))
     if result["white_box"].get("note"):

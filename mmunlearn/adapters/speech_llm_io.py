@@ -24,6 +24,7 @@ import torch
 from mmunlearn.adapters.base import resolve_device, resolve_dtype
 from mmunlearn.adapters.speech_llm_families import family_of_dir
 from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.layout import RESERVED
 from mmunlearn.paths import check_tree
 from mmunlearn.safecopy import check_side_files, copy_side_files
 
@@ -93,8 +94,8 @@ def _copy_side_files(source: Path, out: Path) -> None:
     """Top-level files of the source directory that ``save_pretrained`` does not write (e.g. Qwen2.5-Omni's
     ``spk_dict.pt`` voice table, a README), so the written directory loads like the one read. One walk that
     never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.safecopy`)."""
-    copy_side_files(source, out, select=lambda name: _side_file(name) and not os.path.lexists(out / name),
-                    folders=False)
+    copy_side_files(source, out, select=lambda name: (_side_file(name) and not os.path.lexists(out / name)
+                                                      and name not in RESERVED), folders=False)  # ours: not copied
 
 
 def save_dir(adapter, path: str | os.PathLike, overwrite: bool = False) -> Path:

@@ -142,8 +142,11 @@ def revert_exact(view: torch.Tensor, entry: PatchEntry) -> torch.Tensor:
             raise ValueError(f"{entry.label}: the undo patch's stored original is damaged")
         return entry.original.clone()
     out = cur + delta(entry.A, entry.B, cur.dtype)
-    flat = out.reshape(-1)
-    flat[entry.fix_idx.long()] = entry.fix_val.to(out.dtype)
+    flat, idx = out.reshape(-1), entry.fix_idx.long()
+    if idx.shape != entry.fix_val.shape or (idx.numel() and not 0 <= int(idx.min()) <= int(idx.max()) < flat.numel()):
+        raise ValueError(f"{entry.label}: the undo patch's fix_idx does not index its {flat.numel()} weights "
+                         f"({idx.numel()} fixes for {entry.fix_val.numel()} values): a corrupt or foreign patch")
+    flat[idx] = entry.fix_val.to(out.dtype)
     if digest(out) != entry.before:
         raise RuntimeError(f"{entry.label}: restoring did not reproduce the original bits")
     return out

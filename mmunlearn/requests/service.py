@@ -10,6 +10,7 @@ to a copy and reports how far the two results lie apart.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods import get, needing
-from mmunlearn.methods.harness import Outcome, run_unlearning
+from mmunlearn.methods.harness import REPORT_NAME, Outcome, run_unlearning
 from mmunlearn.methods.head_rows import forgotten_speakers
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, original_tensor, record
@@ -30,6 +31,10 @@ from mmunlearn.taskvec.extract import ExtractConfig
 #: none: the cheapest that met the rule in ``mmunlearn bench requests`` (README, "Deletion requests"). The
 #: sweep then works in relative edit sizes (``sweep_scales="auto"``), so the extraction's scale does not matter.
 REQUEST_EXTRACT = {"speaker": "gradient", "text": "gradient"}
+#: Largest relative edit size ||scale * T_f|| / ||W|| a history's last request may hand the next sweep as its start
+#: (an edit as large as the weights; the harness flags anything above 0.5).
+MAX_REUSED_EDIT = 1.0
+log = logging.getLogger(__name__)
 
 
 def union(sets: Sequence[Sequence[Any]]) -> list[Any]:
@@ -59,6 +64,35 @@ def earlier_speakers(history: History | None) -> list[str]:
                              f"speaker IDs: {speakers!r:.200}")
         out.update(speakers)
     return sorted(out)
+
+
+def check_earlier(adapter, history: History, earlier: Sequence[str], retain: Sequence[Any]) -> None:
+    """Refuse a history whose ``forget_speakers`` name speakers that are not classes of a classifier ``adapter``, or
+    every speaker of the ``retain`` rows (each would count as forgotten by the speaker rule: nothing is retained)."""
+    where = history.folder / REPORT_NAME
+    index = getattr(adapter, "index", None)
+    unknown = sorted(set(earlier) - set(index)) if isinstance(index, Mapping) else []
+    if unknown:
+        raise ValueError(f"{where}: earlier requests' forget_speakers name {len(unknown)} speaker(s) the model has no "
+                         f"class for ({', '.join(unknown[:5])}): the history belongs to another model")
+    kept = set(forgotten_speakers(retain))
+    if kept and kept <= set(earlier):
+        raise ValueError(f"{where}: earlier requests' forget_speakers name every speaker of the retain set "
+                         f"({len(kept)}): the retain set must hold speakers no request forgot")
+
+
+def reusable_edit(history: History, last: Mapping[str, Any]) -> float | None:
+    """The previous request's ``relative_edit`` as the next sweep's first size when it is a number in
+    (0, :data:`MAX_REUSED_EDIT`]; anything else (negative, NaN, absurd, a string) is ignored with a warning naming
+    the history's report: the sweep then starts from its own grid."""
+    value = last.get("relative_edit")
+    if value is None or (type(value) in (int, float) and value == 0):  # none recorded, or no edit was made
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_REUSED_EDIT:
+        return float(value)
+    log.warning("%s: the last request's relative_edit %.80r is not in (0, %g]: ignored (the sweep starts from its "
+                "own sizes)", history.folder / REPORT_NAME, value, MAX_REUSED_EDIT)
+    return None
 
 
 def earlier_directions(adapter, history: History | None, speakers: Sequence[str]) -> dict[str, Any]:
@@ -154,6 +188,8 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     previous = history if history is not None and history.requests else None
     last = previous.requests[-1] if previous is not None else {}
     earlier = earlier_speakers(previous)
+    if earlier:
+        check_earlier(adapter, previous, earlier, retain)
     rule = widened_rule(rule, earlier)
     # the undo patches are read only for a method that can use them (an erasure of a classifier's head)
     stand_ins = (earlier_directions(adapter, previous, earlier)
@@ -162,10 +198,10 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
         report_meta["earlier_forgotten_speakers"] = earlier
         report_meta["earlier_directions"] = sorted(k for k, v in (stand_ins or {}).items() if v is not None)
     if (reuse_edit_size and rule is not None and getattr(cfg, "sweep_first", "absent") is None
-            and last.get("method") == method and last.get("relative_edit")):
+            and last.get("method") == method and reusable_edit(previous, last) is not None):
         from dataclasses import replace
 
-        cfg = replace(cfg, sweep_first=float(last["relative_edit"]))
+        cfg = replace(cfg, sweep_first=reusable_edit(previous, last))
 
     def add_history(report: dict[str, Any]) -> None:
         more = {"model_before": before, "model_after": model_fingerprint(adapter.model),

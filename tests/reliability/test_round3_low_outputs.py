@@ -1,0 +1,51 @@
+"""Issue 33, low items on outputs: side files of an input named like an output's own files (``unlearn_report.json``,
+``undo_history/``, ``tilt/``) are not copied into an erase output (``restore`` would read them as ours), and
+``mmunlearn audit`` without ``--out`` writes under the current directory, never beside the model folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmunlearn.erase.in_memory import erase_checkpoint
+from mmunlearn.erase.stream import stream_erase_checkpoint
+from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, MARKER, PATCH_NAME, TILT_DIR, UNLEARN_REPORT
+from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget
+
+FORGED = {"method": "grad_ascent", "requests": [{"index": 1}, {"index": 2}]}
+
+
+def _plant(model: Path) -> None:
+    (model / UNLEARN_REPORT).write_text(json.dumps(FORGED))
+    (model / HISTORY_DIR).mkdir()
+    (model / HISTORY_DIR / "request-0001.json").write_text(json.dumps(FORGED))
+    (model / TILT_DIR).mkdir()
+    (model / TILT_DIR / "tilt_config.json").write_text("{}")
+    (model / "README.md").write_text("a side file that is the model's own")
+
+
+@pytest.mark.parametrize("erase", [
+    lambda m, f, o: stream_erase_checkpoint(m, f, o, rank=2, progress=False),
+    lambda m, f, o: erase_checkpoint(m, f, o, rank=2),
+], ids=["stream", "in-memory"])
+def test_side_files_named_like_our_outputs_are_not_copied_into_an_erase_output(tmp_path, erase):
+    model = make_checkpoint(tmp_path / "model")
+    forget = make_forget(tmp_path / "forget.safetensors")
+    _plant(model)
+    before = digest_tree(model)
+    erase(model, forget, tmp_path / "out")
+    written = listing(tmp_path / "out")
+    assert {UNLEARN_REPORT, HISTORY_DIR, TILT_DIR}.isdisjoint(written), written
+    assert {"README.md", PATCH_NAME, ERASE_REPORT, MARKER} <= written  # the model's own side files still are
+    assert (tmp_path / "out" / "README.md").read_text() == "a side file that is the model's own"
+    assert digest_tree(model) == before and listing(tmp_path) == {"model", "forget.safetensors", "out"}
+
+
+def test_audit_without_out_writes_under_the_current_directory(tmp_path, monkeypatch):
+    from mmunlearn.cli import audit_destination
+
+    monkeypatch.chdir(tmp_path)
+    assert audit_destination(None) == tmp_path / "audit"
+    assert audit_destination(Path("/elsewhere/x")) == Path("/elsewhere/x")
