@@ -27,7 +27,7 @@ from mmunlearn.presets.build import torch_threads
 from recipes import ctofu_pipeline, ctofu_report, tofu_report
 from recipes.ctofu_config import CTofuConfig
 from recipes.recipe_cli import config_command, help_of, require
-from recipes.runner import run_method
+from recipes.runner import Stages, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
 from recipes.tofu_settings import sweep_rule
 
@@ -160,13 +160,17 @@ def compare(cfg: CTofuConfig) -> None:
     audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()
     audits, audit_cache = [], {}
+    stages = Stages(len(chosen) + 1, start, say=lambda line: console.print(line, markup=False, soft_wrap=True))
     with torch_threads(cfg.threads):
         ctx = _context(cfg)
         refs = [*ctx.reference_rows("target"), *ctx.reference_rows("retain")]
         target_nll = ctx.forget_target() if cfg.sweep else None
+        stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
         rows: list[dict] = []
         for name in chosen:
+            t0 = time.perf_counter()
             rows += _rows(cfg, name, ctx, sweep_rule(target_nll, cfg.retain_bound))
+            stages.done(name, time.perf_counter() - t0, reused=bool(rows[-1].get("reused")))
             summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)  # after each method: nothing lost
             ctofu_report.write_report(out, "compare", refs + rows, summary, ctx.forget_langs,
                                       {**ctx.describe(), "seconds": time.perf_counter() - start})

@@ -171,3 +171,24 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
                    "context": setup.describe(), **done.record})
     write_text_atomic(folder / RUN_JSON, json.dumps(record, indent=2, default=str))
     return rows
+
+
+class Stages:
+    """One progress line per finished stage of a comparison (``say``: where the line goes): its time, the elapsed
+    time and an estimate of what remains (the mean of the stages run so far, reused ones and the models' setup not
+    counted, times those left)."""
+
+    def __init__(self, total: int, start: float, say: Callable[[str], Any] = print):
+        self.total, self.start, self.finished, self.times, self.say = total, start, 0, [], say
+
+    def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False) -> None:
+        """Say that stage ``name`` finished after ``seconds`` (``reused``: from an earlier run)."""
+        self.finished += 1
+        if not reused and not setup:  # the models' build is no guide to a method's time
+            self.times.append(seconds)
+        left = self.total - self.finished
+        estimate = (sum(self.times) / len(self.times) * left) if self.times and left else 0.0
+        self.say(f"[stage {self.finished}/{self.total}] {name}: "
+                 + ("reused (finished earlier)" if reused else f"{seconds:.0f} s")
+                 + f"; elapsed {time.perf_counter() - self.start:.0f} s"
+                 + (f"; about {estimate / 60:.0f} min left" if left and self.times else ""))

@@ -38,7 +38,7 @@ from mmunlearn.presets.cache import read_log
 from recipes import tofu_pipeline, tofu_report
 from recipes.recipe_cli import config_command, help_of, option_flag, require
 from recipes.recipe_config import ConfigError
-from recipes.runner import run_method
+from recipes.runner import Stages, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
 from recipes.tofu_parallel import pending, run_jobs
 from recipes.tofu_settings import default_precision, memorisation, memorisation_warning, preset_size, sweep_rule
@@ -159,26 +159,6 @@ def _parallel(cfg: TofuConfig, ctx, chosen: list[str], rule) -> None:
         console.print(f"running {len(todo)} method stages, {cfg.jobs} at a time, in separate processes",
                       markup=False, soft_wrap=True)
         run_jobs(cfg, todo, cfg.jobs, say=lambda line: console.print(line, markup=False, soft_wrap=True))
-
-
-class _Stages:
-    """One progress line per finished stage of a comparison: its time, the elapsed time and an estimate of
-    what remains (the mean of the stages run so far, reused ones not counted, times those left)."""
-
-    def __init__(self, total: int, start: float):
-        self.total, self.start, self.finished, self.times = total, start, 0, []
-
-    def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False) -> None:
-        self.finished += 1
-        if not reused and not setup:  # the models' build is no guide to a method's time
-            self.times.append(seconds)
-        left = self.total - self.finished
-        estimate = (sum(self.times) / len(self.times) * left) if self.times and left else 0.0
-        console.print(f"[stage {self.finished}/{self.total}] {name}: "
-                      + ("reused (finished earlier)" if reused else f"{seconds:.0f} s")
-                      + f"; elapsed {time.perf_counter() - self.start:.0f} s"
-                      + (f"; about {estimate / 60:.0f} min left" if left and self.times else ""),
-                      markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -306,7 +286,7 @@ def compare(cfg: TofuConfig) -> None:
     chosen, out = cfg.chosen(), cfg.out
     audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()
-    stages = _Stages(len(chosen) + 1, start)
+    stages = Stages(len(chosen) + 1, start, say=lambda line: console.print(line, markup=False, soft_wrap=True))
     ctx = _prepare(cfg)
     stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
     _warn_memorisation(ctx)

@@ -64,6 +64,8 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
                                    "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path),
                                    "--method-option", "t3.head_epochs=7"])
     assert res.exit_code == 0, res.output
+    assert "[stage 1/3] target and retain models" in res.output  # one progress line per stage
+    assert "[stage 2/3] grad_ascent:" in res.output and "[stage 3/3] t3:" in res.output
     report = json.loads((tmp_path / "compare.json").read_text())
     for method in ("grad_ascent", "t3"):  # the runner's layout, as tofu's: rows, cost, the method's config
         run = json.loads((tmp_path / method / "run.json").read_text())
