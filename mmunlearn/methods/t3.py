@@ -37,6 +37,14 @@ class T3Config(PresetConfig):
                                              "With a sweep rule: tilt strengths tried at T = 1, weakest first.")
     sweep_temperatures: tuple[float, ...] = opt((1.25, 1.5, 2.0),
                                                 "With a sweep rule: temperatures tried next, at full strength.")
+    pooling: str = opt("last", "What the head reads: 'last' (the final hidden state of the position being extended, "
+                               "the T3 paper's head) or 'cummean' (the mean of the final states up to it, as "
+                               "open-unlearning's T3 port).")
+
+    def __post_init__(self) -> None:
+        from mmunlearn.tilt.head import check_pooling  # deferred: tilt imports transformers, kept out of CLI start
+
+        check_pooling(self.pooling)
 
     PRESETS: ClassVar[dict] = {("text", "micro"): _SMALL, ("speech-llm", "tiny"): _SMALL,
                                ("speech-llm", "mini"): _SMALL}
@@ -52,12 +60,12 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
     """Fit the head on the frozen model's states; wrap the model (temperature swept with ``ctx.rule``)."""
     from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers, kept out of CLI start
 
-    fit = train_tilt(adapter, retain, forget, rank=cfg.head_rank, epochs=cfg.head_epochs, lr=cfg.head_lr, cache_dir=ctx.cache_dir,
-                     progress=ctx.progress)
+    fit = train_tilt(adapter, retain, forget, rank=cfg.head_rank, epochs=cfg.head_epochs, lr=cfg.head_lr,
+                     cache_dir=ctx.cache_dir, progress=ctx.progress, pooling=cfg.pooling)
     info: dict = {"train_accuracy": fit.train_accuracy, "head_parameters": fit.parameters,
                   "head_fraction": fit.fraction, "cache_reused": fit.cache_reused}
     temperature, strength = cfg.temperature, cfg.strength
-    if ctx.rule is not None:
+    if ctx.rule is not None and (cfg.sweep_strengths or cfg.sweep_temperatures):  # none: its settings as they are
         t_sweep = time.perf_counter()
         scorer = Scorer(ctx.rule, adapter, forget, retain)
         candidates = [(1.0, lam) for lam in sorted(cfg.sweep_strengths)] + [
@@ -86,3 +94,11 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
 register("t3", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False, needs=("hidden_states",),
          artefacts=TILT_FILES,
          help="Temper-then-tilt: frozen base, low-rank head estimating P(retain | x, y), tilted decoding.")
+#: open-unlearning's T3 port, as its configuration reads: a token-level head on cumulatively mean-pooled last-layer
+#: states, rank 32 (its range: 20-50), base temperature 2.5, full tilt, trained with the same class-balanced BCE on
+#: retain-vs-forget answer tokens; no sweep (the rule only judges it), so it is compared as configured.
+PORT_SETTINGS = {"pooling": "cummean", "head_rank": 32, "temperature": 2.5, "strength": 1.0,
+                 "sweep_strengths": (), "sweep_temperatures": ()}
+register("t3-port", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False, needs=("hidden_states",),
+         artefacts=TILT_FILES, defaults=PORT_SETTINGS,
+         help="T3 as open-unlearning's port configures it: cumulative-mean pooled states, rank 32, T = 2.5, no sweep.")

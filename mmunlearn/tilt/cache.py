@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from mmunlearn.adapters.text_llm import IGNORE, _qa
 from mmunlearn.atomic import atomic_path
 from mmunlearn.adapters.base import HiddenStateTap
+from mmunlearn.tilt.head import pool_states
 
 
 @dataclass
@@ -69,8 +70,10 @@ def cache_key(model: torch.nn.Module, retain: Sequence[Any], forget: Sequence[An
 
 
 @torch.no_grad()
-def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc: str | None = None):
-    """(states, tokens, seq) of every answer token of ``examples`` from the final hidden state."""
+def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc: str | None = None,
+                   pooling: str = "last"):
+    """(states, tokens, seq) of every answer token of ``examples`` from the final hidden states, pooled as the head
+    reads them (:func:`~mmunlearn.tilt.head.pool_states`)."""
     tap = HiddenStateTap(adapter.model.base_model)
     try:
         states, tokens, seq = [], [], []
@@ -78,7 +81,7 @@ def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc:
             batch = adapter.collate(examples[i : i + batch_size])
             b = {k: v.to(adapter.device) for k, v in batch.items()}
             adapter.model(**{k: v for k, v in b.items() if k != "labels"})  # audio inputs too, if any
-            h = tap.states[:, :-1]
+            h = pool_states(tap.states, b.get("attention_mask"), pooling)[:, :-1]
             targets = b["labels"][:, 1:]
             mask = targets != IGNORE
             states.append(h[mask].float().cpu())
@@ -91,21 +94,22 @@ def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc:
 
 
 def build_cache(adapter, retain: Sequence[Any], forget: Sequence[Any], cache_dir: str | os.PathLike | None = None,
-                batch_size: int = 16, layer: str = "final") -> StateCache:
-    """Extract (or reuse from ``cache_dir``) the hidden states of retain and forget answers."""
+                batch_size: int = 16, layer: str = "final", pooling: str = "last") -> StateCache:
+    """Extract (or reuse from ``cache_dir``) the hidden states of retain and forget answers, pooled as ``pooling``."""
     if not retain or not forget:
         raise ValueError(f"T3 needs both retain and forget examples (got {len(retain)} retain, {len(forget)} forget)")
     if layer != "final":
         raise ValueError(f"only the final hidden state is supported as the tilt input, got layer={layer!r}")
     path = None
     if cache_dir is not None:
-        path = Path(cache_dir) / f"states-{cache_key(adapter.model, retain, forget, layer)}.safetensors"
+        key = cache_key(adapter.model, retain, forget, layer if pooling == "last" else f"{layer}-{pooling}")
+        path = Path(cache_dir) / f"states-{key}.safetensors"
         if path.is_file():
             t = load_file(str(path))
             return StateCache(t["states"], t["tokens"], t["labels"], t["seq"], path, 0.0, True)
     start = time.perf_counter()
-    hr, yr, sr = extract_states(adapter, retain, batch_size, desc="cache retain states")
-    hf, yf, sf = extract_states(adapter, forget, batch_size, desc="cache forget states")
+    hr, yr, sr = extract_states(adapter, retain, batch_size, desc="cache retain states", pooling=pooling)
+    hf, yf, sf = extract_states(adapter, forget, batch_size, desc="cache forget states", pooling=pooling)
     cache = StateCache(
         states=torch.cat([hr, hf]), tokens=torch.cat([yr, yf]),
         labels=torch.cat([torch.ones(len(yr)), torch.zeros(len(yf))]),

@@ -4,6 +4,10 @@ f estimates P(retain | x, y): a head logit z_v = (h A) B_v + b_v per vocabulary 
 log f = log sigmoid(z). Rank h (default 20) keeps it tiny: d*h + h*V + V parameters, so one
 matmul scores every candidate token at a decoding step.
 
+The head reads the final hidden state of the position being extended (``pooling="last"``, the T3 paper's form) or
+the mean of the final hidden states of every position up to it (``"cummean"``: the token-level head of
+open-unlearning's T3 port, on cumulatively mean-pooled last-layer states); :func:`pool_states` computes either.
+
 >>> import torch
 >>> head = TiltHead(hidden=16, vocab=50, rank=4)
 >>> head.log_f(torch.randn(2, 3, 16)).shape
@@ -19,13 +23,37 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class TiltHead(nn.Module):
-    """Low-rank per-token retain classifier: hidden (d) -> rank (h) -> vocabulary logits (V)."""
+#: What a head reads: the last position's state, or the mean of the states up to it.
+POOLINGS: tuple[str, ...] = ("last", "cummean")
 
-    def __init__(self, hidden: int, vocab: int, rank: int = 20):
+
+def check_pooling(pooling: str) -> str:
+    """``pooling`` if it is one of :data:`POOLINGS` (ValueError otherwise)."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    return pooling
+
+
+def pool_states(states: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """The head's input at every position (B x L x d) from the final hidden states: ``last`` the states themselves,
+    ``cummean`` the mean over the unmasked positions up to each one (``mask`` B x L, 1 = a real token; padding is
+    left out; a position before any real token gets zeros)."""
+    if check_pooling(pooling) == "last":
+        return states
+    m = torch.ones(states.shape[:2], device=states.device) if mask is None else mask.to(states.device)
+    m = m.to(states.dtype).unsqueeze(-1)
+    return (states * m).cumsum(1) / m.cumsum(1).clamp(min=1.0)
+
+
+class TiltHead(nn.Module):
+    """Low-rank per-token retain classifier: hidden (d) -> rank (h) -> vocabulary logits (V), reading states pooled
+    as ``pooling`` says (:func:`pool_states`)."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int = 20, pooling: str = "last"):
         super().__init__()
         if min(hidden, vocab, rank) < 1:
             raise ValueError(f"hidden, vocab and rank must be positive, got {hidden}, {vocab}, {rank}")
+        self.pooling = check_pooling(pooling)
         self.A = nn.Linear(hidden, rank, bias=False)
         self.B = nn.Linear(rank, vocab, bias=True)
         nn.init.zeros_(self.B.weight)
@@ -33,7 +61,8 @@ class TiltHead(nn.Module):
 
     @property
     def config(self) -> dict:
-        return {"hidden": self.A.in_features, "vocab": self.B.out_features, "rank": self.A.out_features}
+        out = {"hidden": self.A.in_features, "vocab": self.B.out_features, "rank": self.A.out_features}
+        return out if self.pooling == "last" else {**out, "pooling": self.pooling}  # older heads read as "last"
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Logits z (..., V) of P(retain) for every next token."""

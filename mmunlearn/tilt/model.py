@@ -24,7 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.paths import check_entry, plain_name
-from mmunlearn.tilt.head import TiltHead
+from mmunlearn.tilt.head import POOLINGS, TiltHead, pool_states
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs
 
@@ -55,8 +55,13 @@ class TiltedCausalLM(nn.Module):
         if attention_mask is not None and "position_ids" not in kwargs and kwargs.get("past_key_values") is None:
             # positions as generate() numbers them, so left-padded rows score as they generate
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        if self.head is not None and self.head.pooling != "last" and kwargs.get("past_key_values") is not None:
+            raise ValueError("a cummean tilt head needs every position's state: score whole sequences (generate "
+                             "keeps its own running mean)")
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        logits = tilt_logprobs(out.logits, self.tap.states, self.head, self.temperature, self.strength)
+        states = self.tap.states if self.head is None else pool_states(self.tap.states, attention_mask,
+                                                                       self.head.pooling)
+        logits = tilt_logprobs(out.logits, states, self.head, self.temperature, self.strength)
         return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values,
                                       hidden_states=getattr(out, "hidden_states", None))
 
@@ -68,7 +73,11 @@ class TiltedCausalLM(nn.Module):
                 raise ValueError(f"{key}={kwargs[key]} would distort T3 sampling; set the temperature on the model")
             kwargs[key] = neutral
         processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
-        processors.append(TemperThenTilt(self.head, self.tap, self.temperature, self.strength))
+        if self.head is not None and self.head.pooling != "last" and kwargs.get("num_beams", 1) != 1:
+            raise ValueError("beam search reorders rows; a cummean tilt head's running mean supports greedy decoding "
+                             "and sampling")
+        processors.append(TemperThenTilt(self.head, self.tap, self.temperature, self.strength,
+                                         prompt_mask=kwargs.get("attention_mask")))
         return self.base.generate(*args, logits_processor=processors, **kwargs)
 
     def get_output_embeddings(self):
@@ -101,7 +110,7 @@ class TiltedCausalLM(nn.Module):
             base = TextLLMAdapter.from_pretrained(recorded, device=device).model
         head = None
         if cfg.get("head"):
-            head = TiltHead(**_head_sizes(cfg["head"], path))
+            head = TiltHead(**_head_sizes(cfg["head"], path))  # sizes checked; pooling one of POOLINGS
             head.load_state_dict(load_file(str(path / HEAD_NAME)))
             head.to(next(base.parameters()).device)
         return cls(base, head, cfg["temperature"], base_path=_base_name(cfg, path), strength=cfg.get("strength", 1.0))
@@ -128,8 +137,11 @@ def _head_sizes(sizes: object, path: Path) -> dict[str, int]:
 
     file = path / CONFIG_NAME
     keys = ("hidden", "vocab", "rank")
-    if not isinstance(sizes, dict) or set(sizes) != set(keys) or not all(type(sizes[k]) is int for k in keys):
-        raise ValueError(f"{file}: 'head' must hold the integers hidden, vocab and rank, got {sizes!r}")
+    pooling = sizes.get("pooling", "last") if isinstance(sizes, dict) else None
+    if (not isinstance(sizes, dict) or set(sizes) - {"pooling"} != set(keys)
+            or not all(type(sizes[k]) is int for k in keys) or pooling not in POOLINGS):
+        raise ValueError(f"{file}: 'head' must hold the integers hidden, vocab and rank (and a pooling of "
+                         f"{POOLINGS}), got {sizes!r:.200}")
     try:
         with safe_open(str(path / HEAD_NAME), framework="pt") as f:
             shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -140,7 +152,7 @@ def _head_sizes(sizes: object, path: Path) -> dict[str, int]:
     if shapes != want or not 1 <= sizes["rank"] <= min(sizes["hidden"], sizes["vocab"]):
         raise ValueError(f"{file}: head sizes {sizes} do not match the tensors in {HEAD_NAME} ({shapes}) or rank is "
                          "not between 1 and min(hidden, vocab)")
-    return {k: sizes[k] for k in keys}
+    return {**{k: sizes[k] for k in keys}, "pooling": pooling}
 
 
 def _base_name(cfg: dict, path: Path) -> str | None:

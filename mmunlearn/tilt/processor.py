@@ -39,15 +39,40 @@ def check_strength(strength: float) -> float:
 
 
 class TemperThenTilt(LogitsProcessor):
-    """``scores -> log_softmax(log_softmax(scores) / T + log f(h_t))``; reads h_t from a tap."""
+    """``scores -> log_softmax(log_softmax(scores) / T + log f(h_t))``; reads h_t from a tap. A ``cummean`` head reads
+    the mean of the states so far: kept as a running sum over the steps (the prompt's padding, from ``prompt_mask``,
+    left out), so each step costs one addition whether or not generate caches keys and values."""
 
-    def __init__(self, head: TiltHead | None, tap: HiddenStateTap, temperature: float = 1.0, strength: float = 1.0):
+    def __init__(self, head: TiltHead | None, tap: HiddenStateTap, temperature: float = 1.0, strength: float = 1.0,
+                 prompt_mask: torch.Tensor | None = None):
         if not temperature >= 1.0:
             raise ValueError(f"T3 tempers with T >= 1, got temperature={temperature}")
         self.head, self.tap, self.temperature = head, tap, float(temperature)
         self.strength = check_strength(strength)
+        self.prompt_mask = prompt_mask
+        self._sum: torch.Tensor | None = None
+        self._count: torch.Tensor | None = None
+        self._seen = 0  # positions summed so far
+
+    def _pooled(self, input_ids: torch.LongTensor, states: torch.Tensor) -> torch.Tensor:
+        if self.head is None or self.head.pooling == "last":
+            return states[:, -1]
+        length = input_ids.shape[1]  # positions whose states exist after this step's forward
+        if self._sum is None or states.shape[1] != length - self._seen:  # first step, or no cache: from scratch
+            prompt = self.prompt_mask if self.prompt_mask is not None else torch.ones_like(input_ids[:, :0])
+            prompt = prompt.to(states.device)
+            mask = torch.cat([prompt, torch.ones(len(states), length - prompt.shape[1], device=states.device,
+                                                 dtype=prompt.dtype)], 1)[:, -states.shape[1]:].to(states.dtype)
+            self._sum = (states * mask.unsqueeze(-1)).sum(1)
+            self._count = mask.sum(1, keepdim=True)
+        else:
+            self._sum = self._sum + states.sum(1)
+            self._count = self._count + states.shape[1]
+        self._seen = length
+        return self._sum / self._count.clamp(min=1.0)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.tap.states is None:
             raise RuntimeError("no hidden state captured: the tap is not on the generating model")
-        return tilt_logprobs(scores, self.tap.states[:, -1], self.head, self.temperature, self.strength)
+        return tilt_logprobs(scores, self._pooled(input_ids, self.tap.states), self.head, self.temperature,
+                             self.strength)

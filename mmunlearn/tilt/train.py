@@ -48,15 +48,16 @@ def balanced_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 def fit_head(cache: StateCache, vocab: int, rank: int = 20, epochs: int = 100, lr: float = 1e-2,
              batch_size: int | None = None, weight_decay: float = 0.0, seed: int = 0, progress: bool = True,
-             **train_kwargs) -> tuple[TiltHead, Any]:
-    """Fit a fresh head on a cache; full-batch epochs unless ``batch_size`` is given."""
+             pooling: str = "last", **train_kwargs) -> tuple[TiltHead, Any]:
+    """Fit a fresh head on a cache (whose states were pooled as ``pooling``); full-batch epochs unless ``batch_size``
+    is given."""
     n = len(cache.tokens)
     n_pos = float(cache.labels.sum())
     if n_pos == 0 or n_pos == n:
         raise ValueError("the cache needs answer tokens of both partitions (retain and forget)")
     weights = torch.where(cache.labels > 0.5, n / (2 * n_pos), n / (2 * (n - n_pos)))
     torch.manual_seed(seed)
-    head = TiltHead(cache.states.shape[1], vocab, rank)
+    head = TiltHead(cache.states.shape[1], vocab, rank, pooling=pooling)
     torch.nn.init.normal_(head.B.weight, std=0.02)  # a zero B would receive no gradient through A
 
     def collate(idx: list[int]) -> dict[str, torch.Tensor]:
@@ -76,13 +77,13 @@ def fit_head(cache: StateCache, vocab: int, rank: int = 20, epochs: int = 100, l
 
 def train_tilt(adapter, retain: Sequence[Any], forget: Sequence[Any], *, rank: int = 20, epochs: int = 100,
                lr: float = 1e-2, cache_dir=None, batch_size: int | None = None, seed: int = 0,
-               progress: bool = True) -> TiltTraining:
-    """Cache the frozen model's states over retain and forget answers, then fit the tilt head."""
-    cache = build_cache(adapter, retain, forget, cache_dir=cache_dir)
+               progress: bool = True, pooling: str = "last") -> TiltTraining:
+    """Cache the frozen model's states over retain and forget answers (pooled as ``pooling``), then fit the head."""
+    cache = build_cache(adapter, retain, forget, cache_dir=cache_dir, pooling=pooling)
     vocab = adapter.model.get_output_embeddings().weight.shape[0]
     start = time.perf_counter()
     head, result = fit_head(cache, vocab, rank=rank, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
-                            progress=progress)
+                            progress=progress, pooling=pooling)
     seconds = time.perf_counter() - start
     with torch.no_grad():
         acc = balanced_accuracy(head.logit_of(cache.states, cache.tokens), cache.labels)

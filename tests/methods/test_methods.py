@@ -37,7 +37,7 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method", [
-    "qr-erase", "qr-erase-rows", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3", "rmu"])
+    "qr-erase", "qr-erase-rows", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3", "t3-port", "rmu"])
 def test_method_through_the_harness(method, model_dir, tmp_path):
     assert method in names("text")
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]

@@ -113,3 +113,40 @@ def test_adapter_scores_and_generates_through_the_tilted_model():
     lp, mask = ad.logprobs(ad.collate(qa))
     assert torch.allclose(nll, -(lp.sum(1) / mask.sum(1)).double(), atol=1e-6)
     assert isinstance(ad.generate(["What genre?"], max_new_tokens=4)[0], str)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_cummean_head_generates_what_it_scores_teacher_forced(use_cache):
+    """The running mean kept while generating (left-padded prompts, with or without a KV cache) equals the
+    teacher-forced cumulative mean, so generate scores equal the tilted model's forward."""
+    from mmunlearn.tilt.head import pool_states
+
+    base = tiny_causal_lm("llama")
+    head = random_head(base)
+    head.pooling = "cummean"
+    tilted = TiltedCausalLM(base, head, temperature=2.5)
+    tok = tiny_tokenizer()
+    batch = prompts(tok, ["Where was the author born?", "What genre?"])
+    assert (batch["attention_mask"] == 0).any()  # one prompt is padded: padding must stay out of the mean
+    out = tilted.generate(**batch, max_new_tokens=5, do_sample=False, output_scores=True, use_cache=use_cache,
+                          return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    seq, start = out.sequences, batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"], torch.ones(seq.shape[0], seq.shape[1] - start, dtype=torch.long)], 1)
+    with torch.no_grad():
+        forced = tilted(input_ids=seq, attention_mask=mask).logits
+        last = TiltedCausalLM(base, random_head(base), temperature=2.5)(input_ids=seq, attention_mask=mask).logits
+    for t, step_scores in enumerate(out.scores):
+        assert torch.allclose(step_scores, forced[:, start - 1 + t], atol=1e-5)
+    assert not torch.allclose(forced, last, atol=1e-3)  # the pooling changes what the head says
+    states = torch.randn(1, 4, 3)
+    pooled = pool_states(states, torch.tensor([[0, 1, 1, 1]]), "cummean")
+    assert torch.allclose(pooled[0, 2], states[0, 1:3].mean(0)) and torch.equal(pooled[0, 0], torch.zeros(3))
+
+
+def test_a_cummean_head_saves_its_pooling(tmp_path):
+    base = tiny_causal_lm()
+    head = random_head(base)
+    head.pooling = "cummean"
+    TiltedCausalLM(base, head, temperature=2.5).save(tmp_path / "port")
+    again = TiltedCausalLM.load(tmp_path / "port", base=base)
+    assert again.head.pooling == "cummean" and again.temperature == 2.5
