@@ -66,6 +66,12 @@ SR = 16000
 FORMAT_VERSION = 1
 #: Default of ``min_duration`` for VoxCeleb2 (its clips are >= 4 s); other corpora set their own.
 MIN_DURATION = 1.0
+#: Longest segment or shortest-file bound an option may ask for (seconds): an hour
+MAX_OPTION_SECONDS = 3600.0
+#: A source file larger than this, or longer than :data:`MAX_SOURCE_SECONDS`, is left out unread (reported like an
+#: unreadable one) instead of being decoded into memory: a 4 GiB (sparse) wav header is not a recording of a speaker
+MAX_SOURCE_BYTES = 2 << 30
+MAX_SOURCE_SECONDS = 2 * 3600
 @dataclass
 class PrepareResult:
     """What :func:`prepare` produced: the manifest paths, the report, and whether it was skipped."""
@@ -76,6 +82,14 @@ class PrepareResult:
     skipped: bool = False
 
 
+def _info(path: str) -> Any:
+    """``sf.info`` of a wav/flac, None when its header does not read (decoding then says what is wrong)."""
+    try:
+        return sf.info(path)
+    except RuntimeError:
+        return None
+
+
 def _convert_one(src: Source, wav_dir: Path, cached: dict | None) -> dict:
     """Decode/validate one file; returns its index entry (``wav`` + ``frames``, or ``error``)."""
     key = {"size": src.size, "mtime_ns": src.mtime_ns}
@@ -84,9 +98,13 @@ def _convert_one(src: Source, wav_dir: Path, cached: dict | None) -> dict:
     ):
         return cached
     try:
-        wav = read_audio(src.path, SR)
         suffix = Path(src.path).suffix.lower()
-        info = sf.info(src.path) if suffix in (".wav", ".flac") else None
+        info = _info(src.path) if suffix in (".wav", ".flac") else None
+        seconds = info.frames / max(info.samplerate, 1) if info is not None else 0.0
+        if src.size > MAX_SOURCE_BYTES or seconds > MAX_SOURCE_SECONDS:
+            raise ValueError(f"{src.path}: {src.size:,} bytes, {seconds:.0f} s: larger than {MAX_SOURCE_BYTES >> 30} "
+                             f"GiB or longer than {MAX_SOURCE_SECONDS} s, left out undecoded")
+        wav = read_audio(src.path, SR)
         if info is not None and info.samplerate == SR and info.channels == 1:
             return {**key, "wav": src.path, "frames": int(wav.size)}
         dst = wav_dir / src.spk_id / src.video / f"{src.utt}.wav"
@@ -217,6 +235,9 @@ def check_options(forget_fraction: float, test_video_fraction: float, max_uttera
     """ValueError for split or filter options out of range (before anything is read)."""
     if segment_seconds < 0 or min_duration < 0 or max_utterances < 0:
         raise ValueError("segment_seconds, min_duration and max_utterances must be >= 0")
+    for name, value in (("--segment-seconds", segment_seconds), ("--min-duration", min_duration)):
+        if not value <= MAX_OPTION_SECONDS:  # inf, 1e308 and NaN included
+            raise ValueError(f"{name} must be a number of seconds up to {MAX_OPTION_SECONDS:g}, got {value!r}")
     if not 0.0 <= forget_fraction <= 0.5 or not 0.0 < test_video_fraction < 1.0:
         raise ValueError(f"forget_fraction must be in [0, 0.5] and test_video_fraction in (0, 1), got "
                          f"{forget_fraction} and {test_video_fraction}")

@@ -7,6 +7,7 @@ machine, and the ``--model speech-llm`` options). The commands take one whole (:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,8 @@ def _bounded(cfg: VoxCelebConfig, key: str, low: float, high: float | None = Non
     value = getattr(cfg, key)
     if value is None:
         return
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value}", key)
     if value < low or (high is not None and value > high):
         where = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ConfigError(f"{key} must be {where}, got {value}", key)

@@ -93,6 +93,16 @@ def estimated_parameters(config: dict[str, Any]) -> float:
     return total if math.isfinite(total) else math.inf
 
 
+def check_sizes(config: dict[str, Any], path: str | os.PathLike) -> None:
+    """Refuse a config (of the file ``path``) with a negative size, more than :data:`MAX_LAYERS` layers or more
+    than :data:`MAX_PARAMETERS` estimated parameters, before anything is built from it."""
+    _sizes(config, Path(path))
+    params = estimated_parameters(config)
+    if params > MAX_PARAMETERS:
+        raise ValueError(f"{path} describes about {params:.3g} parameters (layers x hidden sizes), more than the "
+                         f"{MAX_PARAMETERS:.0e} mmunlearn loads: refusing before building it")
+
+
 def check_hf_folder(folder: str | os.PathLike) -> dict[str, Any]:
     """Everything about a local ``save_pretrained`` folder that can be refused before transformers reads it (see the
     module docstring); returns its ``config.json``."""
@@ -106,11 +116,7 @@ def check_hf_folder(folder: str | os.PathLike) -> dict[str, Any]:
     if config.get("quantization_config") is not None:
         raise ValueError(f"{path} asks for a quantised model (quantization_config): mmunlearn edits full-precision "
                          "weights; save the model unquantised")
-    _sizes(config, path)
-    params = estimated_parameters(config)
-    if params > MAX_PARAMETERS:
-        raise ValueError(f"{path} describes about {params:.3g} parameters (layers x hidden sizes), more than the "
-                         f"{MAX_PARAMETERS:.0e} mmunlearn loads: refusing before building it")
+    check_sizes(config, path)
     for shard in shard_files(folder):  # links, the safetensors-only rule, the index's names
         try:
             with safe_open(str(folder / shard), framework="pt") as f:
@@ -140,5 +146,5 @@ def check_loaded(model: torch.nn.Module, folder: str | os.PathLike) -> None:
                              "a damaged or hostile checkpoint")
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_PARAMETERS", "check_hf_folder", "check_loaded",
+__all__ = ["MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_PARAMETERS", "check_hf_folder", "check_loaded", "check_sizes",
            "estimated_parameters", "loading", "read_config"]

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 from torch import nn
 from tqdm.auto import tqdm
 
 from mmunlearn.train.answer_only import answer_logits, autocast_context, supports_answer_only
+from mmunlearn.adapters.chat_template import install as install_bounds, template_error
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.checkpoint import atomic_dir
@@ -135,8 +137,12 @@ class TextLLMAdapter(TokenScoring):
     # ------------------------------------------------------------------ formatting
     def prompt_text(self, question: str) -> str:
         if self.use_chat_template:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                                      add_generation_prompt=True)
+            install_bounds()  # the tokenizer's template is someone else's code: rendered within bounds
+            try:
+                return self.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                                          add_generation_prompt=True)
+            except (TemplateError, OverflowError) as exc:  # OverflowError: Jinja's "range too big"
+                raise template_error(exc, getattr(self.tokenizer, "name_or_path", "the tokenizer")) from None
         return PLAIN_TEMPLATE[0].format(question=question)
 
     def encode(self, question: str, answer: str | None = None) -> tuple[list[int], list[int]]:

@@ -129,6 +129,8 @@ def read_audio(
         raise AudioError(path, f"unreadable ({type(exc).__name__}: {exc})") from exc
     if rate <= 0:
         raise AudioError(path, "unknown sample rate")
+    if sr <= 0:
+        raise ValueError(f"{path}: cannot be read at {sr} Hz: the rate asked for (the model's) must be positive")
     _check(path, wav, "file")
     wav = resample(wav, rate, sr)
     if start or stop is not None:

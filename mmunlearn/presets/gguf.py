@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from mmunlearn.adapters.hf_checks import check_sizes
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.presets.cache import default_cache_dir
 
@@ -40,6 +41,24 @@ def _identity(gguf: Path) -> str:
     return hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+def check_gguf_sizes(gguf: Path) -> None:
+    """Refuse a GGUF whose header asks for an absurd model (``block_count = 10^6``, huge widths) before transformers
+    builds it: its sizes as a config, through :func:`~mmunlearn.adapters.hf_checks.check_sizes`."""
+    from gguf import GGUFReader  # deferred: the GGUF reader is needed only for a conversion
+
+    try:
+        fields = GGUFReader(str(gguf)).fields
+        arch = str(fields["general.architecture"].contents())
+        value = {k: fields[f"{arch}.{k}"].contents() for k in ("block_count", "embedding_length",
+                                                               "feed_forward_length") if f"{arch}.{k}" in fields}
+        vocab = len(fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in fields else 0
+    except (KeyError, ValueError, OSError, IndexError) as exc:
+        raise ValueError(f"{gguf} is not a readable GGUF model ({type(exc).__name__}: {exc})") from None
+    config = {"num_hidden_layers": value.get("block_count"), "hidden_size": value.get("embedding_length"),
+              "intermediate_size": value.get("feed_forward_length"), "vocab_size": vocab}
+    check_sizes({k: v for k, v in config.items() if isinstance(v, (int, float))}, gguf)
+
+
 def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
                  force: bool = False) -> Path:
     """Write the model and tokenizer of ``gguf`` as a ``save_pretrained`` folder ``out`` (reused if done)."""
@@ -55,6 +74,7 @@ def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
     stamp = out / STAMP
     if not force and stamp.is_file() and json.loads(stamp.read_text()) == source:
         return out
+    check_gguf_sizes(gguf)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                  dtype=getattr(torch, dtype))
