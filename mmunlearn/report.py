@@ -36,6 +36,8 @@ from mmunlearn.atomic import write_text_atomic
 BLOCK = re.compile(r"(<!-- results: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
+#: the longest header or cell a table takes (a figure, a method name, a short note: not a file's contents)
+MAX_CELL = 10_000
 #: a marker of a generated block: a cell holding one would split the block on the next update
 _MARKERS = ("<!-- results", "<!-- /results")
 #: terminal control: CSI and OSC escape sequences, then any other C0/C1 control character but newline and tab
@@ -53,6 +55,8 @@ def cell(text: str, where: str = "a cell") -> str:
     sequences stripped, a ``<`` or ``&`` that could start a tag or entity written as one, ``|`` escaped, line
     breaks as ``<br>``. A results
     marker is refused (ValueError naming ``where``): it would split the page's generated block."""
+    if len(text) > MAX_CELL:
+        raise ValueError(f"{where} holds {len(text):,} characters, more than the {MAX_CELL:,} a table cell may hold")
     if any(m in text for m in _MARKERS):
         raise ValueError(f"{where} holds a results marker ({text[:60]!r}): refused, it would split the page's block")
     text = _ESCAPES.sub("", text).replace("\t", " ")
@@ -79,10 +83,10 @@ def fmt(value: Any) -> str:
 def render(record: Mapping[str, Any]) -> str:
     """The Markdown table of a record (first column left-aligned, the others right-aligned); every header and
     cell goes through :func:`cell` (escaped; a results marker refused)."""
-    columns = _columns(record)
     rows = record.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
         raise ValueError("a results record needs 'rows': a list of objects")
+    columns = _columns(record)
     head = "| " + " | ".join(cell(h, f"column header {h[:40]!r}") for h, _ in columns) + " |"
     sep = "|---|" + "---:|" * (len(columns) - 1)
     body = ["| " + " | ".join(cell(fmt(r.get(k)), f"row {i} column {k!r}") for _, k in columns) + " |"
@@ -124,12 +128,25 @@ def machine_facts() -> dict[str, Any]:
     return facts
 
 
+#: the checkout this package runs from (the commit a record names is the code's, not the working directory's)
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+#: git run with no file-system monitor (``core.fsmonitor`` names a program git would run) and no optional locks
+GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false")
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
-    """The checked-out commit (short) with ``+dirty`` when the tree has changes; None outside a repository."""
+    """The checked-out commit (short) with ``+dirty`` when the tree has changes; None outside a repository.
+    ``cwd`` None: the repository of the package itself (:data:`PACKAGE_ROOT`, None when it is installed, not a
+    checkout), never the current directory, whose repository's configuration could run a program."""
+    if cwd is None:
+        if not (PACKAGE_ROOT / ".git").exists():
+            return None
+        cwd = PACKAGE_ROOT
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+        head = subprocess.run([*GIT, "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=True, timeout=10, env=env).stdout.strip()
+        dirty = subprocess.run([*GIT, "status", "--porcelain", "--untracked-files=no"], cwd=cwd, env=env,
                                capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -164,8 +181,8 @@ def make_record(source: Mapping[str, Any], *, name: str, command: str, title: st
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"record name {name!r}: use letters, digits, '.', '_' and '-' only")
     rows = source.get(rows_key)
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"the run's JSON has no '{rows_key}' list of rows")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
+        raise ValueError(f"the run's JSON has no '{rows_key}': a list of rows (objects of column: value)")
     record = {"name": name, "title": title, "command": command,
               "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "commit": commit if commit is not None else git_commit(),

@@ -45,8 +45,11 @@ def record(
         if not pairs or any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
             raise typer.BadParameter(f"expected 'header=key,header=key', got {columns!r}", param_hint="--columns")
         cols = [[h.strip(), k.strip()] for h, k in pairs]
-    rec = report.make_record(report.load_source(run), name=name, command=command, title=title, rows_key=rows_key,
-                             columns=cols, commit=commit, date=date)
+    try:
+        rec = report.make_record(report.load_source(run), name=name, command=command, title=title,
+                                 rows_key=rows_key, columns=cols, commit=commit, date=date)
+    except ValueError as e:
+        raise ValueError(e if str(run) in str(e) else f"{run}: {e}") from None  # the error names the file
     path = report.write_record(rec, out)
     console.print(report.render(rec), markup=False, soft_wrap=True)
     console.print(f"recorded in {path}")
@@ -55,7 +58,11 @@ def record(
 @app.command()
 def render(record_json: Annotated[Path, typer.Argument(help="A results record (docs/results/NAME.json).")]) -> None:
     """Print a record's Markdown table."""
-    console.print(report.render(report.load_source(record_json)), markup=False, soft_wrap=True)
+    try:
+        table = report.render(report.load_source(record_json))
+    except ValueError as e:
+        raise ValueError(e if str(record_json) in str(e) else f"{record_json}: {e}") from None
+    console.print(table, markup=False, soft_wrap=True)
 
 
 @app.command()
