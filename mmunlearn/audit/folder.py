@@ -27,15 +27,23 @@ from mmunlearn.methods.harness import REPORT_NAME
 from mmunlearn.speech.spoken_qa import spoken_qa
 
 
+#: the largest ``unlearn_report.json`` read (a report is kilobytes)
+REPORT_LIMIT = 64 << 20
+
+
 def read_report(folder: str | Path) -> dict[str, Any]:
     """The folder's ``unlearn_report.json`` (a ValueError naming the folder when it is not a harness output)."""
     path = Path(folder) / REPORT_NAME
     if not path.is_file():
         raise ValueError(f"{folder}: no {REPORT_NAME} (not an unlearning output folder written by mmunlearn)")
+    if path.stat().st_size > REPORT_LIMIT:
+        raise ValueError(f"{path}: {path.stat().st_size:,} bytes, larger than an unlearning report may be")
     try:
         report = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not an unlearning report: nested too deeply") from None
     if not isinstance(report, dict) or not isinstance(report.get("method"), str):
         raise ValueError(f"{path}: no 'method' recorded")
     return report

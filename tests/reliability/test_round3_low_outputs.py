@@ -49,3 +49,19 @@ def test_audit_without_out_writes_under_the_current_directory(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert audit_destination(None) == tmp_path / "audit"
     assert audit_destination(Path("/elsewhere/x")) == Path("/elsewhere/x")
+
+
+@pytest.mark.parametrize("content, needle", [("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+                                             ('{"method": 3}', "no 'method'"), ("\xff{", "not valid JSON")])
+def test_an_audit_of_a_folder_with_a_malformed_report_is_one_error_naming_it(tmp_path, content, needle):
+    from tests.reliability.untrusted import run_cli
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / UNLEARN_REPORT).write_bytes(content.encode("latin-1"))
+    before = digest_tree(tmp_path)
+    res = run_cli("audit", "--model", str(model), "--target", str(model), "--retain-model", str(model), "--data",
+                  "synthetic")
+    flat = "".join(c for c in res.stderr if not c.isspace() and c not in "│╭╮╰╯─")  # typer boxes usage errors
+    assert res.returncode == 2 and needle.replace(" ", "") in flat and f"model/{UNLEARN_REPORT}" in flat, res.stderr
+    assert "Traceback" not in res.stderr and digest_tree(tmp_path) == before and listing(tmp_path) == {"model"}
