@@ -15,6 +15,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from mmunlearn.atomic import write_json_atomic
+from mmunlearn.errors import UnsafePathError
+from mmunlearn.layout import MARKER
 from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, field_types
 
 _SCALARS = (str, int, float, bool, Path)
@@ -44,6 +47,31 @@ def _cli_default(value: Any, cli_type: Any) -> Any:
 def option_flag(key: str) -> str:
     """The command-line option of a config field (``ft_epochs`` -> ``--ft-epochs``)."""
     return "--" + key.replace("_", "-")
+
+
+#: what a recipe folder written before recipes marked their --out holds (any one of them: the folder is ours)
+RECIPE_FILES = ("compare.json", "run.json", "speaker.json", "sample.json", "models.json", "TOFU_EVAL.json")
+
+
+def check_out(out: str | Path | None) -> None:
+    """Refuse a recipe ``--out`` that is a link, a file, or a folder holding anything but what mmunlearn wrote (its
+    :data:`MARKER`, or a recipe's results from before the marker): the run would overwrite its files (e.g. a
+    ``speaker.md`` of yours). A new or empty folder is fine."""
+    if out is None:
+        return
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UnsafePathError(f"--out {out} is a link or not a folder: give a new folder")
+    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()) and not any(
+            (out / name).is_file() for name in RECIPE_FILES):
+        raise UnsafePathError(f"--out {out} is a folder mmunlearn did not write (no {MARKER}, and not empty): "
+                              "the run would overwrite its files; give a new or empty folder")
+
+
+def mark_out(out: str | Path | None) -> None:
+    """Mark a recipe's ``--out`` folder, once it exists, as written by mmunlearn (so a later run may write there)."""
+    if out is not None and Path(out).is_dir() and not Path(out).is_symlink() and not (Path(out) / MARKER).exists():
+        write_json_atomic(Path(out) / MARKER, {"tool": "mmunlearn", "what": "recipe output"})
 
 
 def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
@@ -102,7 +130,12 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
                 hint = option_flag(e.key) if e.key in shown else ("--method-option" if e.key == METHOD_OPTIONS
                                                                    else None)
                 raise typer.BadParameter(str(e), param_hint=hint) from None
-            body(cfg)
+            out = getattr(cfg, "out", None)
+            check_out(out)
+            try:
+                body(cfg)
+            finally:
+                mark_out(out)
 
         del command.__wrapped__  # Typer reads the signature below, not the body's
         command.__signature__ = inspect.Signature(params)

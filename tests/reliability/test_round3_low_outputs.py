@@ -65,3 +65,33 @@ def test_an_audit_of_a_folder_with_a_malformed_report_is_one_error_naming_it(tmp
     flat = "".join(c for c in res.stderr if not c.isspace() and c not in "│╭╮╰╯─")  # typer boxes usage errors
     assert res.returncode == 2 and needle.replace(" ", "") in flat and f"model/{UNLEARN_REPORT}" in flat, res.stderr
     assert "Traceback" not in res.stderr and digest_tree(tmp_path) == before and listing(tmp_path) == {"model"}
+
+
+@pytest.mark.parametrize("command", [["voxceleb2", "speaker"], ["tofu", "run", "--method", "grad_ascent"]])
+def test_a_recipe_out_that_is_a_user_folder_is_refused(tmp_path, command):
+    from tests.reliability.untrusted import run_cli
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "speaker.md").write_text("my notes")
+    before = digest_tree(tmp_path)
+    res = run_cli(*command, "--out", str(out), "--workdir" if command[0] == "voxceleb2" else "--cache-dir",
+                  str(tmp_path / "work"))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and str(out) in lines[0] and MARKER in lines[0], res.stderr
+    assert digest_tree(tmp_path) == before and listing(tmp_path) == {"mine"}
+
+
+def test_a_recipe_out_that_is_new_empty_or_ours_is_taken_and_marked(tmp_path):
+    from recipes.recipe_cli import check_out, mark_out
+
+    for out in (tmp_path / "new", tmp_path / "empty", tmp_path / "earlier"):
+        check_out(out)
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "compare.json").write_text("{}")  # a recipe's results from before the marker
+    check_out(tmp_path / "earlier")
+    mark_out(tmp_path / "earlier")
+    (tmp_path / "earlier" / "notes.txt").write_text("x")
+    check_out(tmp_path / "earlier")  # marked: ours, whatever else it holds
+    with pytest.raises(Exception, match="not a folder"):
+        check_out(tmp_path / "earlier" / "notes.txt")
