@@ -68,6 +68,11 @@ class HFAudioAdapter(ClassifierScores):
         labels = model.config.id2label
         self.model = model
         self.feature_extractor = feature_extractor
+        missing = [i for i in range(model.config.num_labels) if i not in labels]
+        if missing:  # ids that skip a number: each class row needs its speaker
+            where = getattr(model, "name_or_path", "") or "the model"
+            raise ValueError(f"{where}: config.json's id2label names no speaker for class(es) {missing[:5]} of "
+                             f"{model.config.num_labels} (its keys must be 0..{model.config.num_labels - 1})")
         self.speakers = [str(labels[i]) for i in range(model.config.num_labels)]
         if len(set(self.speakers)) != len(self.speakers):
             raise ValueError("the model's id2label names a speaker twice")

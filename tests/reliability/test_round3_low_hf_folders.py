@@ -151,3 +151,15 @@ def test_ordinary_folders_still_load(hf_master, text_master):
 
     assert HFAudioAdapter.load(hf_master, device="cpu").sample_rate == 16000  # the controls
     assert load_model(text_master, device="cpu").model.config.num_hidden_layers == 1
+
+
+def test_an_id2label_that_skips_a_class_is_one_error_naming_the_folder(hf_master, tmp_path):
+    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+
+    folder = Path(shutil.copytree(hf_master, tmp_path / "model"))
+    _config(folder, id2label={"0": "a", "5": "b"}, label2id={"a": 0, "b": 5})  # was "error: 5" (a KeyError)
+    before = digest_tree(folder)
+    with pytest.raises(ValueError) as err:
+        HFAudioAdapter.load(folder, device="cpu")
+    _check(err.value, folder, "id2label names no speaker for class(es) [1]", "")
+    assert digest_tree(folder) == before
