@@ -31,9 +31,9 @@ from mmunlearn.taskvec.extract import ExtractConfig
 #: none: the cheapest that met the rule in ``mmunlearn bench requests`` (README, "Deletion requests"). The
 #: sweep then works in relative edit sizes (``sweep_scales="auto"``), so the extraction's scale does not matter.
 REQUEST_EXTRACT = {"speaker": "gradient", "text": "gradient"}
-#: Largest relative edit size ||scale * T_f|| / ||W|| a history's last request may hand the next sweep as its start
-#: (an edit as large as the weights; the harness flags anything above 0.5).
-MAX_REUSED_EDIT = 1.0
+#: Largest relative edit size ||scale * T_f|| / ||W|| a history's last request may hand the next sweep as its start:
+#: a thousand times the weights (explicit sweep scales reach tens on tiny models; nothing useful lies beyond).
+MAX_REUSED_EDIT = 1000.0
 log = logging.getLogger(__name__)
 
 
