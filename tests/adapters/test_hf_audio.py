@@ -105,7 +105,10 @@ def test_unlearned_restored_bit_for_bit_and_run_by_the_transformers_pipeline(met
     result = unlearn(hf_dir, forget=forget, retain=retain, method=method, out=tmp_path / "out", device="cpu",
                      progress=False, **settings)
     report = result.report
-    assert report["model_kind"] == "hf-audio" and report["where"] is None and (tmp_path / "out" / PATCH_NAME).is_file()
+    assert report["model_kind"] == "hf-audio" and report["where"] is None and (tmp_path / "out.undo" / PATCH_NAME).is_file()
+    assert not (tmp_path / "out" / PATCH_NAME).exists()  # the undo records are kept apart from the model
+    if method == "qr-erase":  # the default scope: the class rows first, as for a SpeechBrain classifier
+        assert list(report["scopes_tried"])[0] == "head" and report["scope"] in report["scopes_tried"]
     assert report["changed_fraction"] > 0 and report["forget_nll"]["after"] > report["forget_nll"]["before"]
     if method == "qr-erase":  # the classifier rule drove the sweep, as for a SpeechBrain classifier
         assert report["rule"]["forget_measure"] == "worst_speaker_error_rate" and report["info"]["sweep"]
