@@ -80,6 +80,8 @@ class Stages:
         return {**entry, "reused": False}
 
     def save(self, name: str, entry: dict) -> None:
+        if self.path.is_file():  # another invocation on the same folder may have saved stages since
+            self.done = {**json.loads(self.path.read_text()), **self.done}
         self.done[name] = entry
         self.path.write_text(json.dumps(self.done, indent=2) + "\n")
 
@@ -210,16 +212,23 @@ def main() -> None:
     for model in args.models.split(","):
         make, marker = makers[model]
         folders = {"original": work / model, "retrained": work / f"{model}_retrained"}
-        for name, d in folders.items():
-            record["stages"][f"{model}/{name}"] = stages.run(f"train {model} {name}", d / marker,
-                                                             make(d, name == "retrained"), work / f"{model}_{name}.log")
-        for method in args.methods.split(","):
-            key = f"unlearn {model} {method}"
-            folders[method] = work / "unlearned" / f"{model}_{method}"
-            runs[f"{model}/{method}"] = unlearn_one(folders["original"], method, csvs, folders[method], stages, key)
+        for name in ("original", *args.methods.split(","), "retrained"):  # the reference last: unlearning needs none
+            d = folders.setdefault(name, work / "unlearned" / f"{model}_{name}")
+            if name in ("original", "retrained"):
+                record["stages"][f"{model}/{name}"] = stages.run(
+                    f"train {model} {name}", d / marker, make(d, name == "retrained"), work / f"{model}_{name}.log")
+            else:
+                runs[f"{model}/{name}"] = unlearn_one(folders["original"], name, csvs, d, stages,
+                                                      f"unlearn {model} {name}")
         base: dict = {}
-        for name, d in folders.items():
-            measured = read_back(model, d, tests, forgotten_spk, work / "sb_cache" / f"{model}_{name}")
+        for name in ("original", "retrained", *args.methods.split(",")):
+            d = folders[name]
+            key = f"read {model} {name}"
+            if key in stages.done:  # the folders are never remade once they exist, so neither is what they answer
+                measured = {**stages.done[key], "reused": True}
+            else:
+                measured = read_back(model, d, tests, forgotten_spk, work / "sb_cache" / f"{model}_{name}")
+                stages.save(key, measured)
             row = {"model": model, "name": name, **measured, "unlearn_wall_s": None, "scope": None,
                    "rule_met": None, "forget_goal": None, "kept_goal": None}
             if name in ("original", "retrained"):
