@@ -246,14 +246,15 @@ def main() -> None:
     record.update({
         "title": f"FSDD, 1 of 6 speakers forgotten ({forgotten_spk}): mmunlearn.unlearn with its defaults on a "
                  "SpeechBrain ECAPA and a plain-transformers wav2vec2, read back by classify_file and pipeline",
-        "columns": COLUMNS, "rows": rows,
-        "goals": {"forget": f"forget test -> forgotten <= retrained's + {FORGET_SLACK}",
-                  "kept": f"kept test acc >= original's - {KEPT_SLACK}"},
-        "runs": {k: {**{x: v[x] for x in ("command", "wall_s", "reused")}, **summary(v["report"])}
-                 for k, v in runs.items()},
-        "machine": machine_facts(),
+        "columns": COLUMNS, "rows": rows, "machine": machine_facts(),
+        # everything beside the rows goes in the context, which `mmunlearn report record` keeps with them
         "context": {"forgotten": forgotten_spk, "csvs": {k: str(v) for k, v in csvs.items()}, "commit": git_commit(),
                     "invocation": shlex.join([sys.executable, *sys.argv]),
+                    "goals": {"forget": f"forget test -> forgotten <= retrained's + {FORGET_SLACK}",
+                              "kept": f"kept test acc >= original's - {KEPT_SLACK}"},
+                    "stages": record.pop("stages"),
+                    "runs": {k: {**{x: v[x] for x in ("command", "wall_s", "reused")}, **summary(v["report"])}
+                             for k, v in runs.items()},
                     "total_wall_s": round(time.time() - started, 1)}})
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(record, indent=2, default=str) + "\n")
