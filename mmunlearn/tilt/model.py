@@ -30,6 +30,8 @@ from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logpro
 
 CONFIG_NAME = "tilt_config.json"
 HEAD_NAME = "tilt_head.safetensors"
+#: Every setting a saved tilt may hold (anything else in a folder read back is refused, never passed on).
+CONFIG_KEYS = frozenset({"temperature", "strength", "base_model", "head"})
 
 
 class TiltedCausalLM(nn.Module):
@@ -127,6 +129,12 @@ def read_config(path: str | os.PathLike) -> dict:
         raise ValueError(f"{file} is not valid JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{file} holds {type(cfg).__name__}, not the tilt's settings")
+    unknown = sorted(set(cfg) - CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"{file}: unknown setting(s) {unknown[:5]!r:.200} (a tilt has {sorted(CONFIG_KEYS)})")
+    for key in ("temperature", "strength"):
+        if key in cfg and (type(cfg[key]) not in (int, float) or cfg[key] != cfg[key]):
+            raise ValueError(f"{file}: {key} must be a number, got {cfg[key]!r:.80}")
     return cfg
 
 

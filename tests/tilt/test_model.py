@@ -150,3 +150,15 @@ def test_a_cummean_head_saves_its_pooling(tmp_path):
     TiltedCausalLM(base, head, temperature=2.5).save(tmp_path / "port")
     again = TiltedCausalLM.load(tmp_path / "port", base=base)
     assert again.head.pooling == "cummean" and again.temperature == 2.5
+
+
+def test_a_tilt_config_with_settings_of_its_own_is_refused(tmp_path):
+    import json
+
+    base = tiny_causal_lm()
+    TiltedCausalLM(base, random_head(base), temperature=1.5).save(tmp_path / "t3")
+    cfg = json.loads((tmp_path / "t3" / "tilt_config.json").read_text())
+    for bad in ({**cfg, "trust_remote_code": True}, {**cfg, "temperature": "hot"}):
+        (tmp_path / "t3" / "tilt_config.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="unknown setting|must be a number"):
+            TiltedCausalLM.load(tmp_path / "t3", base=base)
