@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 from torch import nn
 from tqdm.auto import tqdm
 
+from mmunlearn.adapters.chat_template import install as install_bounds, template_error
 from mmunlearn.adapters.base import IGNORE, HiddenStateTap, LayerWeight, TokenScoring
 from mmunlearn.adapters.speech_llm_build import arch_for, build_feature_extractor, build_model, build_tokenizer
 from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
@@ -194,8 +196,12 @@ class SpeechLLMAdapter(TokenScoring):
             messages = [{"role": "system", "content": self.system}] if self.system else []
             messages.append({"role": "user", "content": [{"type": "audio", "audio": "clip"},
                                                          {"type": "text", "text": question}]})
-            text = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                      add_generation_prompt=True)
+            install_bounds()  # the folder's chat template is someone else's code: rendered within bounds
+            try:
+                text = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                          add_generation_prompt=True)
+            except (TemplateError, OverflowError) as exc:  # OverflowError: Jinja's "range too big"
+                raise template_error(exc, getattr(self.tokenizer, "name_or_path", "the tokenizer")) from None
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if ids.count(self.audio_id) != 1:
                 raise ValueError(f"the chat template rendered {ids.count(self.audio_id)} audio placeholders "
