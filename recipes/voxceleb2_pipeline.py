@@ -34,6 +34,7 @@ from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import SweepPoint, choose
 from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
 from mmunlearn.train import TrainConfig
+from mmunlearn.undo_store import default_undo_dir
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 from recipes.voxceleb2_hf_audio import train_hf_classifier
 
@@ -311,15 +312,19 @@ def scope_sweep(ctx: SpeakerSetup, out: Path, scopes: Sequence[str], scope_optio
 
 
 def _replace_tree(src: Path, dst: Path) -> None:
-    """``dst`` becomes a copy of the folder ``src`` (staged beside ``dst``, then renamed into place)."""
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".model-tmp-"))
-    try:
-        shutil.copytree(src, tmp / "model")
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp / "model", dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """``dst`` becomes a copy of the folder ``src`` (staged beside ``dst``, then renamed into place), and so does its
+    undo folder beside it (``<dst>.undo``, which the copied report names as a sibling: mmunlearn.undo_store)."""
+    for a, b in ((default_undo_dir(src), default_undo_dir(dst)), (src, dst)):  # the undo folder first
+        if not a.exists():
+            continue
+        tmp = Path(tempfile.mkdtemp(dir=b.parent, prefix=".model-tmp-"))
+        try:
+            shutil.copytree(a, tmp / "model")
+            if b.exists():
+                shutil.rmtree(b)
+            os.replace(tmp / "model", b)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def within_bound(rule: Mapping | None) -> bool | None:

@@ -96,7 +96,8 @@ def test_qr_erase_edits_only_selected_layers_and_undo_restores_bits(speaker_run)
     before, after = original.model.state_dict(), edited.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.endswith(".weight") and block_of(k) in selected for k in changed)
-    restore(edited.model, out / "qr-erase" / "model" / "undo_patch.safetensors")
+    assert not (out / "qr-erase" / "model" / "undo_patch.safetensors").exists()  # kept apart from the model
+    restore(edited.model, out / "qr-erase" / "model.undo" / "undo_patch.safetensors")
     assert all(torch.equal(before[k], v) for k, v in edited.model.state_dict().items())  # buffers included
 
 
