@@ -44,7 +44,7 @@ from data_prep.voxceleb2 import (
     prepare_sources,
 )
 from data_prep.voxceleb2_inputs import AUDIO_SUFFIXES, Source
-from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
+from mmunlearn.errors import run_app
 
 #: FSDD file names: ``{digit}_{speaker}_{take}.wav`` (under ``recordings/``).
 FSDD_PATTERN = r"(?:.*/)?(?P<digit>\d)_(?P<spk>[A-Za-z]+)_(?P<take>\d+)\.wav"
@@ -247,14 +247,8 @@ app = typer.Typer(add_completion=False, help="Manifests for FSDD or a one-folder
 app.command("prepare")(prepare_corpus_command)
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m data_prep.fsdd``: the app, a user error one line ``error: ...`` and exit 2 (as ``mmunlearn``)."""
-    try:
-        app(args=argv, prog_name="python -m data_prep.fsdd")
-    except USER_ERRORS as exc:
-        if debug_enabled():
-            raise
-        typer.echo(f"error: {one_line(exc)}", err=True)
-        raise SystemExit(2) from None
+    """The command line: errors a user caused print as one ``error:`` line and exit 2 (as ``mmunlearn`` does)."""
+    run_app(app, argv, "python -m data_prep.fsdd")
 
 
 if __name__ == "__main__":

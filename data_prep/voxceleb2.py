@@ -58,7 +58,7 @@ from mmunlearn.data.manifest import (
     select_speakers,
     write_manifest,
 )
-from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line
+from mmunlearn.errors import run_app
 
 log = logging.getLogger(__name__)
 
@@ -592,15 +592,7 @@ def echo_report(res: PrepareResult) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: errors a user caused print as one ``error:`` line and exit 2 (as ``mmunlearn`` does)."""
-    import sys
-
-    try:
-        app(args=argv, prog_name="data_prep.voxceleb2")
-    except USER_ERRORS as exc:
-        if debug_enabled():
-            raise
-        typer.echo(f"error: {one_line(exc)}", err=True)
-        sys.exit(2)
+    run_app(app, argv, "data_prep.voxceleb2")
 
 
 if __name__ == "__main__":

@@ -114,3 +114,20 @@ def set_threads(n: int | None) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def run_app(app, argv: list[str] | None, prog_name: str) -> None:
+    """Run a Typer ``app``; an error a user caused prints as one ``error:`` line and exits 2 (``MMUNLEARN_DEBUG=1``:
+    the traceback), as the ``mmunlearn`` command does. For the ``python -m data_prep.*`` entry points."""
+    import sys
+
+    import typer  # deferred: the library's error types need no CLI framework
+
+    try:
+        app(args=argv, prog_name=prog_name)
+    except USER_ERRORS as exc:
+        if debug_enabled():
+            raise
+        typer.echo(f"error: {one_line(exc)}", err=True)
+        sys.exit(2)
+
