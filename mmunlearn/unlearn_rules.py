@@ -1,13 +1,14 @@
 """The sweep rule ``mmunlearn.unlearn`` applies by default to each kind, and the check that there is something to forget.
 
-* Classifiers (:func:`speaker_rule`): every forgotten speaker's clips predicted as none of the forget speakers up to
-  chance (``1 - 1/C``), the retain NLL rising by at most :data:`SPEAKER_RETAIN_BOUND` nats.
+* Classifiers (:func:`speaker_rule`): every forgotten speaker's clips predicted as none of the forget speakers on at
+  least :data:`SPEAKER_FORGET_TARGET` of them (the level of a model retrained without them), the retain NLL rising by
+  at most :data:`SPEAKER_RETAIN_BOUND` nats.
 * Text and speech LLMs (:func:`nll_rule`): the forget rows' mean answer NLL raised to the level of a model that never
   saw them -- the ``reference`` model's NLL on them (the base the model was fine-tuned from) -- or, with no reference,
   by :data:`NLL_RISE` nats; the retain NLL (on held-out retain rows for text) rising by at most :data:`NLL_RETAIN_BOUND`.
 
-:func:`check_something_to_forget` refuses a forget set the model never knew: a classifier already at the rule's
-target before any edit (its clips at chance), an LLM whose forget NLL is already at its reference's.
+:func:`check_something_to_forget` refuses a forget set the model never knew: a classifier already at chance before
+any edit (``1 - 1/C`` of the clips named as another class), an LLM whose forget NLL is already at its reference's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from mmunlearn.methods import SweepRule, get, mean_nll
 
 #: The speaker rule's bound on the retain set's mean NLL rise (nats), as the VoxCeleb2 recipe's default.
 SPEAKER_RETAIN_BOUND = 0.05
+#: The speaker rule's default forget target: the share of each forgotten speaker's clips predicted as none of the
+#: forgotten speakers. A classifier retrained without a speaker names them on almost none of their clips (FSDD,
+#: record byo_fsdd: 0 of 100 held-out clips for ECAPA and wav2vec2), so the target sits near that level, not at
+#: chance (``1 - 1/C``): aimed at chance, the sweep kept the smallest edit reaching it and the ECAPA model still named
+#: the forgotten speaker on 18 of 100 held-out clips. Two points of slack allow for clips the model confuses anyway.
+SPEAKER_FORGET_TARGET = 0.98
 #: The LLM rule's bound on the retain rows' mean answer-NLL rise (nats), as the TOFU recipe's default.
 NLL_RETAIN_BOUND = 0.1
 #: With no reference model, the forget NLL rise (nats) the LLM rule asks for: a stated default, not a measured level
@@ -35,14 +42,25 @@ class NothingToForget(UserError, ValueError):
     """The model does not know the forget set (at chance, or no better than a model that never saw it)."""
 
 
-def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND) -> SweepRule:
-    """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
-    of the forget utterances predicted as none of the forget speakers, target ``1 - 1/n_classes`` (chance), retain
-    measure the mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the
-    speakers earlier requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
+def chance(n_classes: int) -> float:
+    """The share of a speaker's clips a classifier of ``n_classes`` classes names as another class at chance."""
     if n_classes < 2:
         raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
-    return SweepRule(forget_target=1.0 - 1.0 / n_classes, retain_bound=retain_bound,
+    return 1.0 - 1.0 / n_classes
+
+
+def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND,
+                 forget_target: float | None = None) -> SweepRule:
+    """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
+    of the forget utterances predicted as none of the forget speakers, target ``forget_target`` (default
+    :data:`SPEAKER_FORGET_TARGET`; :func:`chance` for the looser level the benchmarks record), retain measure the
+    mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the speakers earlier
+    requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
+    floor = chance(n_classes)
+    target = SPEAKER_FORGET_TARGET if forget_target is None else float(forget_target)
+    if not floor <= target <= 1.0:
+        raise ValueError(f"a speaker rule's forget target must lie between chance ({floor:.4g}) and 1, got {target!r}")
+    return SweepRule(forget_target=target, retain_bound=retain_bound,
                      forget_measure=forgotten_error_rate, retain_measure=mean_nll)
 
 
@@ -72,22 +90,23 @@ def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
 def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool,
                               reference_given: bool) -> dict[str, Any]:
     """What the model knows of ``forget`` before any edit (for the report); :class:`NothingToForget` when it knows
-    nothing: a classifier already meeting the speaker rule's forget target (its clips at chance among the forget
-    speakers) or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
+    nothing: a classifier whose forget clips are already named as other classes at :func:`chance` or more, or an
+    LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
     value = rule.forget_measure(adapter, forget)
-    if classifier and value >= rule.forget_target:
+    floor = chance(len(adapter.speakers)) if classifier else None
+    if classifier and value >= min(floor, rule.forget_target):
         raise NothingToForget(
             f"nothing to forget: before any edit {value:.3g} of the worst forget speaker's clips are already predicted "
-            f"as none of the forget speakers (chance: {rule.forget_target:.3g}); the model never learned them. Check "
+            f"as none of the forget speakers (chance: {floor:.3g}); the model never learned them. Check "
             "the labels, or pass rule=None to run the method anyway")
     if not classifier and reference_given and value >= rule.forget_target - KNOWN_MARGIN:
         raise NothingToForget(
             f"nothing to forget: the forget rows' mean NLL {value:.4g} is already at the reference model's "
             f"{rule.forget_target:.4g} (within {KNOWN_MARGIN}): the model knows them no better than a model that never "
             "saw them. Pass rule=None to run the method anyway")
-    return {"forget_measure_before": value, "forget_target": rule.forget_target,
+    return {"forget_measure_before": value, "forget_target": rule.forget_target, "chance": floor,
             "checked": classifier or reference_given}
 
 
-__all__ = ["KNOWN_MARGIN", "NLL_RETAIN_BOUND", "NLL_RISE", "NothingToForget", "SPEAKER_RETAIN_BOUND",
-           "check_something_to_forget", "nll_rule", "speaker_rule", "swept_overrides"]
+__all__ = ["KNOWN_MARGIN", "NLL_RETAIN_BOUND", "NLL_RISE", "NothingToForget", "SPEAKER_FORGET_TARGET",
+           "SPEAKER_RETAIN_BOUND", "chance", "check_something_to_forget", "nll_rule", "speaker_rule", "swept_overrides"]

@@ -9,6 +9,7 @@ from mmunlearn.api import REPORT_NAME, model_kind, unlearn
 from mmunlearn.erase import PATCH_NAME, restore
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.undo import restore_folder
+from mmunlearn.unlearn_rules import SPEAKER_FORGET_TARGET, chance
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
@@ -192,9 +193,13 @@ def test_rule_auto_sweeps_a_speaker_classifier_by_the_documented_rule(speaker_di
         "rule met" if res.report["target_reached"] else "RULE NOT MET")
     assert f"(target >= {rule['forget_target']:.4g}; higher = more forgotten)" in res.report["verdict"]
     assert "predicted as none of the forgotten speakers" in res.report["verdict"]
-    assert rule["forget_measure"] == "worst_speaker_error_rate" and rule["forget_target"] == pytest.approx(1 - 1 / 4)
+    assert rule["forget_measure"] == "worst_speaker_error_rate" and rule["forget_target"] == SPEAKER_FORGET_TARGET
+    assert res.report["knowledge_check"]["chance"] == pytest.approx(1 - 1 / 4)  # "nothing to forget" is judged at chance
     assert rule["retain_bound"] == 0.05 and res.report["config"]["retain_rank"] == 0  # head: no retain subspace
     assert res.report["config"]["extract"]["kind"] == "gradient" and len(res.report["info"]["sweep"]) >= 1
-    assert speaker_rule(4).forget_target == pytest.approx(0.75) and swept_overrides("grad_diff") == {}
+    assert speaker_rule(4).forget_target == SPEAKER_FORGET_TARGET and swept_overrides("grad_diff") == {}
+    assert speaker_rule(4, forget_target=chance(4)).forget_target == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="between chance"):
+        speaker_rule(4, forget_target=0.5)  # below chance is no forgetting at all
     with pytest.raises(ValueError, match="auto"):
         unlearn(speaker_dir, forget=forget, retain=retain, rule="always", device="cpu", progress=False)

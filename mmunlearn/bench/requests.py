@@ -8,7 +8,8 @@ for each forget-extraction kind asked. Every request is also given to GradDiff, 
 with the same rule, trained until it meets the forget criterion (or runs out of epochs). QR-Erase sweeps its
 scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient and fine-tuning extractions
 of very different magnitudes are searched alike. Both use the
-speaker rule of ``mmunlearn.unlearn`` (:func:`mmunlearn.api.speaker_rule`: the request's speaker's utterances
+speaker rule of ``mmunlearn.unlearn`` at the chance target these records were measured with
+(:func:`mmunlearn.unlearn_rules.speaker_rule` with :func:`~mmunlearn.unlearn_rules.chance`: the request's speaker's utterances
 predicted as none of the speakers forgotten so far, this request's and the earlier ones' --
 :class:`mmunlearn.eval.speaker.WorstSpeakerErrorRate`, the worst speaker's share -- at or above ``1 - 1/C``,
 retain NLL rising by at most ``retain_bound`` nats), scored once an
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.api import speaker_rule
+from mmunlearn.unlearn_rules import chance, speaker_rule
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
@@ -245,7 +246,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     n_classes = len(original.speakers)
     scored = retain if not score_retain or score_retain >= len(retain) else \
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    rule = replace(speaker_rule(n_classes, retain_bound), retain_items=scored, checks_per_epoch=1)
+    rule = replace(speaker_rule(n_classes, retain_bound, chance(n_classes)), retain_items=scored, checks_per_epoch=1)
     size = preset if preset in ("tiny", "small") else "large"
     accuracy(original, heldout + retain + forget_rows + forget_test, desc=None)  # decode the audio once, untimed
     retrained = SpeakerAdapter.load(retrained_dir, device="cpu")
