@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import data_prep.voxceleb2 as vox
+import data_prep.voxceleb2_decode as vox_decode
+import data_prep.voxceleb2_manifests as vox_manifests
 from data_prep.voxceleb2 import prepare, read_vox_meta
 from mmunlearn.data.manifest import SPLIT_NAMES, read_manifest
 from tests.reliability.untrusted import digest_tree
@@ -36,7 +37,7 @@ def no_decoding(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("audio was decoded before the inputs were checked")
 
-    monkeypatch.setattr(vox, "read_audio", refuse)
+    monkeypatch.setattr(vox_decode, "read_audio", refuse)
 
 
 def _run(tree, out, **kw):
@@ -116,7 +117,7 @@ def test_a_failure_while_writing_leaves_the_earlier_output_whole(tree, tmp_path,
     out = tmp_path / "out"
     _run(tree, out)
     finished = digest_tree(out)
-    real, calls = vox.write_manifest, []
+    real, calls = vox_manifests.write_manifest, []
 
     def fail_third(path, rows, columns=None):
         calls.append(path)
@@ -124,7 +125,7 @@ def test_a_failure_while_writing_leaves_the_earlier_output_whole(tree, tmp_path,
             raise OSError(28, "No space left on device")
         return real(path, rows, columns)
 
-    monkeypatch.setattr(vox, "write_manifest", fail_third)
+    monkeypatch.setattr(vox_manifests, "write_manifest", fail_third)
     with pytest.raises(OSError, match="No space left"):
         _run(tree, out, seed=1)
     assert len(calls) == 3 and all(p.parent != out for p in calls)  # written beside, not in place
