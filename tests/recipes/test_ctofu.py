@@ -44,6 +44,7 @@ def test_target_knows_the_forget_authors_in_every_language(ctx):
         assert target[lang]["rouge_drop"] == 0.0
 
 
+@pytest.mark.slow
 def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
     world = ctx.world
     probes = {lang: world.items("forget", (lang,)) for lang in world.languages}
@@ -184,6 +185,7 @@ def test_rows_and_transfer_summary_by_hand():
     assert ctofu_pipeline.transfer_summary(rows, ("de",))[0]["verdict"] == "n/a"  # forget language not evaluated
 
 
+@pytest.mark.slow
 def test_compare_with_audit_reports_every_language(ctx, folder, tmp_path):
     res = CliRunner().invoke(app, ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent",
                                    "--forget-lang", "en", "--eval-langs", "en,ar", "--no-sweep",

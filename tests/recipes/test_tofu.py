@@ -30,6 +30,7 @@ def test_target_forget_quality_far_below_the_retain_models(ctx):
     assert target["forget_Q_A_Prob"] > 2 * retain["forget_Q_A_Prob"]  # it saw the forget authors
 
 
+@pytest.mark.slow
 def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
     res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
                                    "--cache-dir", str(ctx.cache_dir), "--max-new-tokens", "24", "--device", "cpu",
@@ -84,6 +85,7 @@ def test_qr_erase_properties_on_micro(ctx):
     assert all(torch.equal(before[k], target.model.state_dict()[k]) for k in before)
 
 
+@pytest.mark.slow
 def test_compare_with_audit_writes_the_audit_table(ctx, tmp_path):
     res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
                                    "--cache-dir", str(ctx.cache_dir), "--max-new-tokens", "8", "--device", "cpu",

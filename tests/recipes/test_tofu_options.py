@@ -33,6 +33,7 @@ def _copy_model(src, dst):
     return dst
 
 
+@pytest.mark.slow
 def test_finetune_options_reach_the_model_and_the_forget_nll_is_checked(ctx, tmp_path):
     cache = ["--cache-dir", ctx.cache_dir]
     res, text = _invoke("finetune", "--out", tmp_path / "weak", *COMMON, *cache, "--epochs", "1", "--lr", "1e-5",

@@ -32,6 +32,7 @@ def test_a_jobs_settings_are_the_comparisons_with_one_method(tmp_path):
         assert getattr(back, name) == expected, name
 
 
+@pytest.mark.slow
 def test_compare_with_two_jobs_reuses_the_stages_its_processes_finished(tmp_path_factory, tmp_path):
     cache = tmp_path_factory.mktemp("cache")
     tofu_pipeline.prepare("micro", DATA, "forget10", None, 0, cache, "cpu", max_new_tokens=24)  # models built once

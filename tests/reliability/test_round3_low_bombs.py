@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from mmunlearn.errors import USER_ERRORS, one_line
-from tests.reliability.untrusted import digest_tree, listing, run_cli
+from tests.reliability.untrusted import digest_tree, listing, run_cli_here
 
 
 def _gguf(path: Path, blocks: int) -> Path:
@@ -121,7 +121,7 @@ def test_a_4_gib_sparse_wav_is_left_out_undecoded(tmp_path):
 def test_segment_seconds_that_is_no_length_is_one_error_line(tmp_path, value):
     root = _corpus(tmp_path / "corpus")
     before = digest_tree(root)
-    res = run_cli("voxceleb2", "prepare-corpus", "--root", str(root), "--out", str(tmp_path / "out"), "--corpus",
+    res = run_cli_here("voxceleb2", "prepare-corpus", "--root", str(root), "--out", str(tmp_path / "out"), "--corpus",
                   "pattern", "--segment-seconds", value)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "--segment-seconds" in lines[0], res.stderr[-2000:]

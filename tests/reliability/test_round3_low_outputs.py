@@ -54,7 +54,7 @@ def test_audit_without_out_writes_under_the_current_directory(tmp_path, monkeypa
 @pytest.mark.parametrize("content, needle", [("[" * 200_000 + "]" * 200_000, "nested too deeply"),
                                              ('{"method": 3}', "no 'method'"), ("\xff{", "not valid JSON")])
 def test_an_audit_of_a_folder_with_a_malformed_report_is_one_error_naming_it(tmp_path, content, needle):
-    from tests.reliability.untrusted import run_cli
+    from tests.reliability.untrusted import run_cli_here as run_cli
 
     model = tmp_path / "model"
     model.mkdir()
@@ -69,7 +69,7 @@ def test_an_audit_of_a_folder_with_a_malformed_report_is_one_error_naming_it(tmp
 
 @pytest.mark.parametrize("command", [["voxceleb2", "speaker"], ["tofu", "run", "--method", "grad_ascent"]])
 def test_a_recipe_out_that_is_a_user_folder_is_refused(tmp_path, command):
-    from tests.reliability.untrusted import run_cli
+    from tests.reliability.untrusted import run_cli_here as run_cli
 
     out = tmp_path / "mine"
     out.mkdir()

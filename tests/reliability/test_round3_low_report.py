@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mmunlearn.report import MAX_CELL, git_commit, make_record
-from tests.reliability.untrusted import digest_tree, listing, run_cli
+from tests.reliability.untrusted import digest_tree, listing, run_cli, run_cli_here
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_a_malformed_run_json_is_one_error_line_naming_the_file(tmp_path, conten
     run.write_text(content)
     before = digest_tree(tmp_path)
     extra = ["--name", "x", "--command", "c", "--out", str(tmp_path / "res")] if command == "record" else []
-    res = run_cli("report", command, str(run), *extra)
+    res = run_cli_here("report", command, str(run), *extra)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), res.stderr[-2000:]
     assert needle in lines[0] and str(run) in lines[0], lines

@@ -6,7 +6,9 @@ matrices named like decoder-block weights, in three shards with an index (or one
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -90,3 +92,26 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 120) -> subproce
     full_env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})})
     return subprocess.run([sys.executable, "-m", "mmunlearn.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, env=full_env, timeout=timeout)
+
+
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The console entry point ``mmunlearn.cli.main(ARGS)`` run in this process (from the repository root, with
+    MMUNLEARN_DEBUG unset), its exit status and both streams captured: the same error path as :func:`run_cli`
+    without a new interpreter's start-up (about 4 s each on the CI machine). ``test_cli_errors`` keeps a real process
+    for the console entry itself."""
+    from mmunlearn.cli import main
+
+    out, err, code, cwd = io.StringIO(), io.StringIO(), 0, os.getcwd()
+    debug = os.environ.pop("MMUNLEARN_DEBUG", None)
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        os.chdir(cwd)
+        if debug is not None:
+            os.environ["MMUNLEARN_DEBUG"] = debug
+    return subprocess.CompletedProcess(["mmunlearn", *args], code, out.getvalue(), err.getvalue())

@@ -78,6 +78,7 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
     assert table.splitlines()[-1].startswith("| retrained model |")
 
 
+@pytest.mark.slow
 def test_the_tofu_benchmark_runs_one_request_per_forget_author(tmp_path):
     from mmunlearn.bench.requests_tofu import run_tofu
 
