@@ -31,7 +31,6 @@ from mmunlearn.adapters.base import resolve_device
 from mmunlearn.audit import write_audit
 from mmunlearn.audit.folder import audit_speaker_models
 from mmunlearn.errors import set_threads
-from recipes import voxceleb2_hf_audio as hf_audio
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_report as report
 from recipes import voxceleb2_settings as settings
@@ -88,12 +87,9 @@ def _manifests(manifests: Path | None, workdir: Path, speakers: int, utterances:
 
 def _spec(name: str, preset: str, epochs: int | None, lr: float | None, crop: float, seed: int,
           model: str = "classifier") -> pipe.ModelSpec:
-    if model not in pipe.MODELS:
-        raise typer.BadParameter(f"--model must be one of {', '.join(pipe.MODELS)} or speech-llm, got {model!r}")
-    if model == "hf-audio":
-        train = hf_audio.train_config(preset, epochs=epochs, lr=lr)
-    else:
-        train = settings.train_config(preset, epochs=epochs, lr=lr)
+    if model not in pipe.FAMILIES:
+        raise typer.BadParameter(f"--model must be one of {', '.join(pipe.FAMILIES)} or speech-llm, got {model!r}")
+    train = pipe.FAMILIES[model].train_config(preset, epochs=epochs, lr=lr)
     return pipe.ModelSpec(name, preset, train.to_dict(), crop or None, seed, model)
 
 
@@ -191,7 +187,8 @@ def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
     chosen = cfg.chosen()
     audit_opts = cfg.audit_options() if cfg.audit else None
     device = _setup(cfg.device, cfg.threads)
-    out = cfg.out or (cfg.workdir / "hf-audio" / level if cfg.model == "hf-audio" else cfg.workdir / level)
+    family = pipe.family(cfg.model)
+    out = cfg.out or (cfg.workdir / level if family.unprefixed else cfg.workdir / cfg.model / level)
     data = _manifests(cfg.manifests, cfg.workdir, cfg.speakers, cfg.utterances, cfg.videos, cfg.forget_speakers,
                       cfg.forget_fraction, cfg.seed)
     cache = cfg.cache_dir or cfg.workdir
@@ -203,9 +200,8 @@ def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
     n_classes = len({r["spk_id"] for r in pipe.split_rows(data, "train")})
     rows = ctx.reference_rows()
     context = {**ctx.describe(), "preset": cfg.preset, "sweep": cfg.sweep, "retain_bound": cfg.retain_bound,
-               "forget_acc": cfg.forget_acc, "seed": cfg.seed, "classes": n_classes, "model": cfg.model}
-    if cfg.model == "hf-audio":
-        context["model"] = hf_audio.describe(cfg.preset)
+               "forget_acc": cfg.forget_acc, "seed": cfg.seed, "classes": n_classes,
+               "model": family.describe(cfg.preset) if family.describe else cfg.model}
     if cfg.method_options:
         context["method_options"] = cfg.method_options
     audits, audit_cache = [], {}
@@ -247,10 +243,10 @@ def _audit_method(name: str, folder: Path, original: Path, retrained: Path, data
 
 
 def _run_level(level: str, cfg: VoxCelebConfig) -> None:
-    if cfg.model == "speech-llm":
-        _unlearn_speech_llm(level, cfg)
-    else:
+    if cfg.kind.is_classifier:  # ECAPA or hf-audio (recipes.voxceleb2_pipeline.FAMILIES)
         _unlearn(level, cfg)
+    else:
+        _unlearn_speech_llm(level, cfg)
 
 
 # kind None: --method-option takes any registered method; the config checks it applies to --model

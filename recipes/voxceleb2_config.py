@@ -15,14 +15,16 @@ from typing import Any
 from mmunlearn.audit import ATTACKS
 from mmunlearn.audit.options import parse_list
 from mmunlearn.config import opt
+from mmunlearn.kinds import Kind, get_kind
 from mmunlearn.methods import names
 from recipes import voxceleb2_settings as settings
 from recipes.recipe_config import ConfigError
 from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
 
-#: ``--model``: the classifier families (:data:`recipes.voxceleb2_pipeline.MODELS`) and the speech LLM.
+#: ``--model``: the classifier families (:data:`recipes.voxceleb2_pipeline.FAMILIES`) and the speech LLM.
 MODELS = ("classifier", "hf-audio", "speech-llm")
-#: The model kind each ``--model`` unlearns (the methods that apply to it).
+#: The model kind each ``--model`` unlearns: the methods that apply to it, and its capabilities choose the path (a
+#: classifier's: ECAPA's steps and scopes; otherwise the speech LLM's).
 MODEL_KINDS = {"classifier": "speaker", "hf-audio": "hf-audio", "speech-llm": "speech-llm"}
 WHERE = ("audio", "text", "both")
 TARGETS = ("gender", "transcript")
@@ -91,7 +93,8 @@ class VoxCelebConfig:
     cache_dir: Path | None = opt(None, "Where trained classifiers are cached (default: --workdir).")
     model: str = opt("classifier", "classifier (ECAPA-TDNN speaker classifier), hf-audio (a small wav2vec2-style "
                                    "transformers AutoModelForAudioClassification built from a local config, never "
-                                   "downloaded; --preset sizes it; every method edits all its Linear weights; each "
+                                   "downloaded; --preset sizes it; --scope as for ECAPA: head = the classifier "
+                                   "Linear, embedding = every other Linear weight, all = both; each "
                                    "method's <out>/<method>/model is a save_pretrained folder that "
                                    "transformers.pipeline('audio-classification') loads; default --out: "
                                    "--workdir/hf-audio/<level>) or speech-llm (Qwen-Omni-style model answering 'who is "
@@ -142,16 +145,13 @@ class VoxCelebConfig:
         if wrong:
             raise ConfigError(f"method_options: {wrong} not applicable to --model {self.model}; choose from "
                               f"{known}", "method_options")
-        if self.model == "speech-llm":
+        if not self.kind.is_classifier:  # the speech LLM: its own steps (recipes.voxceleb2_speech_llm)
             if self.audit:
                 raise ConfigError("--audit runs on the classifier here; audit a speech-LLM method's output folder "
                                   "with `mmunlearn audit --model DIR ...`", "audit")
             return
         _choice(self, "extract", settings.EXTRACT_KINDS, " does not work on the speaker classifier")
         _choice(self, "layer_rule", settings.LAYER_RULES)
-        if self.model == "hf-audio" and self.scope not in (None, "all"):
-            raise ConfigError(f"--scope {self.scope}: a Hugging Face audio classifier is edited in every Linear "
-                              "weight (--scope all); the head/embedding scopes are the ECAPA classifier's", "scope")
         try:
             for name in self.chosen():
                 settings.scopes_for(name, self.resolved_scope(), self.sweep)
@@ -160,21 +160,27 @@ class VoxCelebConfig:
         if self.audit:
             self.audit_options()
 
+    @property
+    def kind(self) -> Kind:
+        """The registered model kind ``--model`` unlearns (:data:`MODEL_KINDS`): the recipe asks its capabilities."""
+        return get_kind(MODEL_KINDS[self.model])
+
     def applicable(self) -> list[str]:
         """The methods that apply to ``--model``, in registry order."""
-        return names(MODEL_KINDS[self.model])
+        return names(self.kind.name)
 
     def chosen(self) -> list[str]:
         """The methods to run: ``methods``, or for 'all' every method that applies (the speech LLM's default list)."""
         if self.methods != ("all",):
             return list(self.methods)
-        if self.model == "speech-llm":
+        if not self.kind.is_classifier:
             return list(DEFAULT_METHODS)
         return list(settings.CLASSIFIER_METHODS)
 
     def resolved_scope(self) -> str:
-        """``scope``, or its default: all for hf-audio, sweep with ``--sweep``, else all."""
-        return self.scope or ("all" if self.model == "hf-audio" else "sweep" if self.sweep else "all")
+        """``scope``, or its default for every classifier: sweep with ``--sweep`` (the head tried first,
+        :data:`recipes.voxceleb2_settings.SWEEP_SCOPES`), else all."""
+        return self.scope or ("sweep" if self.sweep else "all")
 
     def method_overrides(self, method: str) -> dict[str, Any]:
         """The overrides of ``method``'s config: the knobs above that its config has, then its own ``method_options``
@@ -188,7 +194,7 @@ class VoxCelebConfig:
     def audit_options(self) -> Any:
         """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the classifier of ``--model``."""
         try:
-            return settings.audit_options(MODEL_KINDS[self.model], relearn_steps=self.audit_relearn_steps,
+            return settings.audit_options(self.kind.name, relearn_steps=self.audit_relearn_steps,
                                           relearn_lr=self.audit_relearn_lr, relearn_on=self.audit_relearn_on,
                                           attacks=parse_list(self.audit_attacks, ATTACKS, "--audit-attacks"))
         except ValueError as e:

@@ -33,10 +33,11 @@ from mmunlearn.kinds import kind_of
 from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import SweepPoint, choose
 from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
-from mmunlearn.train import TrainConfig
+from mmunlearn.train import TrainConfig, TrainResult
 from mmunlearn.undo_store import default_undo_dir
+from recipes import voxceleb2_hf_audio as hf_audio
+from recipes import voxceleb2_settings as settings
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
-from recipes.voxceleb2_hf_audio import train_hf_classifier
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
@@ -79,17 +80,45 @@ class ModelSpec:
     train: dict  # TrainConfig.to_dict()
     crop_seconds: float | None
     seed: int
-    model: str = "classifier"  # the family (MODELS): ECAPA (keys as before this field) or hf-audio
+    model: str = "classifier"  # the family (FAMILIES): ECAPA (keys as before this field) or hf-audio
 
     def key(self, rows: list[dict], speakers: list[str]) -> str:
-        fields = {k: v for k, v in asdict(self).items() if k != "model" or v != "classifier"}
+        known = FAMILIES.get(self.model)
+        fields = {k: v for k, v in asdict(self).items() if k != "model" or known is None or not known.unprefixed}
         spec = json.dumps([fields, rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str)
         return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
-#: The classifier families ``--model`` builds, each with the model kind (:mod:`mmunlearn.kinds`) of its folders: the
-#: SpeechBrain ECAPA-TDNN classifier and a Hugging Face audio classifier (:mod:`recipes.voxceleb2_hf_audio`).
-MODELS = {"classifier": "speaker", "hf-audio": "hf-audio"}
+@dataclass(frozen=True)
+class Family:
+    """One classifier family ``--model`` builds, as data (the recipe asks it, never compares family names): the model
+    kind of its folders (:mod:`mmunlearn.kinds`, whose capabilities the steps ask), its trainer and per-preset training
+    settings (both called alike), what the tables' context records about it, and where its results go."""
+
+    kind: str
+    trainer: Callable[..., tuple[Any, TrainResult]]
+    train_config: Callable[..., TrainConfig]  # (preset, *, epochs, lr) -> the original/retrained models' training
+    describe: Callable[[str], dict] | None = None  # preset -> the context's "model" (None: the --model name)
+    #: the recipe's model before ``--model`` existed: cache keys without the field, results directly under --workdir
+    #: (the others' default --out: --workdir/<model>/<level>)
+    unprefixed: bool = False
+
+
+#: The classifier families ``--model`` builds: the SpeechBrain ECAPA-TDNN classifier and a Hugging Face audio
+#: classifier (:mod:`recipes.voxceleb2_hf_audio`).
+FAMILIES: dict[str, Family] = {
+    "classifier": Family("speaker", train_speaker_classifier, settings.train_config, unprefixed=True),
+    "hf-audio": Family("hf-audio", hf_audio.train_hf_classifier, hf_audio.train_config, hf_audio.describe),
+}
+#: Each family's model kind.
+MODELS = {name: f.kind for name, f in FAMILIES.items()}
+
+
+def family(model: str) -> Family:
+    """The classifier family ``model`` (a ValueError naming the families when there is none)."""
+    if model not in FAMILIES:
+        raise ValueError(f"model must be one of {tuple(FAMILIES)}, got {model!r}")
+    return FAMILIES[model]
 
 
 def load_classifier(path: Path, device: str, scope: str = "all"):
@@ -98,15 +127,6 @@ def load_classifier(path: Path, device: str, scope: str = "all"):
     if kind is None or not kind.is_classifier:
         raise ValueError(f"{path}: not a speaker classifier folder of a registered kind")
     return kind.load(path, device=device, scope=scope)
-
-
-def _trainer(model: str):
-    """The function that trains a fresh classifier of the family ``model`` (same arguments for each)."""
-    if model == "hf-audio":
-        return train_hf_classifier
-    if model == "classifier":
-        return train_speaker_classifier
-    raise ValueError(f"model must be one of {tuple(MODELS)}, got {model!r}")
 
 
 def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: str = "cpu",
@@ -127,10 +147,10 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
     if (out / "train_log.json").is_file():
         return out
     start = time.perf_counter()
-    adapter, result = _trainer(spec.model)(rows, speakers=speakers, preset=spec.preset,
-                                           crop_seconds=spec.crop_seconds, config=TrainConfig(**spec.train),
-                                           seed=spec.seed, device=device, progress=progress,
-                                           desc=f"train {spec.name}")
+    trainer = family(spec.model).trainer
+    adapter, result = trainer(rows, speakers=speakers, preset=spec.preset, crop_seconds=spec.crop_seconds,
+                              config=TrainConfig(**spec.train), seed=spec.seed, device=device, progress=progress,
+                              desc=f"train {spec.name}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:

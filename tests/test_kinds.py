@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mmunlearn.data.utterances import LEVELS
 from mmunlearn.kinds import Kind, get_kind, kind_names, kind_of, kinds, read_small_json, register_kind
 from tests.speech_corpus import speaker_manifests  # noqa: F401  (fixture)
 
@@ -54,17 +55,20 @@ def test_detection_reads_names_and_small_json_only(tmp_path):
     assert read_small_json(other / "config.json") is None  # over the size a detector reads
 
 
-def _kind_literal_comparisons(path: Path) -> list[str]:
-    """``<...kind...> ==/!=/in <kind name literal(s)>`` in one file."""
+def _kind_literal_comparisons(path: Path, strict: bool = False) -> list[str]:
+    """``<...kind...> ==/!=/in <kind name literal(s)>`` in one file. ``strict`` (the recipes, whose ``--model`` values
+    are kind names too): also a side naming a model (``cfg.model == "hf-audio"``), and any comparison with a kind name
+    that is not also a level name (``which == "speech-llm"``; ``level == "speaker"`` is the level)."""
     names = set(kind_names())
+    words = ("kind", "model") if strict else ("kind",)
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]
-        about_kind = any("kind" in ast.unparse(s).lower() for s in sides if not isinstance(s, ast.Constant))
+        about_kind = any(w in ast.unparse(s).lower() for s in sides if not isinstance(s, ast.Constant) for w in words)
         literals = {c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)}
-        if about_kind and literals & names:
+        if (about_kind and literals & names) or (strict and literals & (names - set(LEVELS))):
             found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     return found
 
@@ -74,7 +78,7 @@ def test_no_module_outside_the_adapters_compares_kind_names():
     the package, the recipes and data_prep ask a kind's capabilities (``has_batchnorm``, ``is_classifier``, ...)."""
     files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
              if "adapters" not in p.parts and p.name != "kinds.py"]
-    found = [hit for p in files for hit in _kind_literal_comparisons(p)]
+    found = [hit for p in files for hit in _kind_literal_comparisons(p, strict=p.is_relative_to(ROOT / "recipes"))]
     assert len(files) > 100 and found == []
 
 
@@ -83,6 +87,13 @@ def test_the_scan_finds_kind_comparisons_and_skips_others(tmp_path):
     sample.write_text('def f(ctx, kind, level):\n    a = ctx.kind != "speaker" or kind in ("text", "speech-llm")\n'
                       '    return a or level == "speaker" or kind == "finetune"\n')
     assert len(_kind_literal_comparisons(sample)) == 2
+    recipe = tmp_path / "recipe.py"  # the recipes' --model switches (voxceleb2 before they asked the kind)
+    recipe.write_text('def g(cfg, model, which, level):\n    a = cfg.model == "speech-llm" or model != "hf-audio"\n'
+                      '    b = self.model == "speaker" or which in ("hf-audio",) or cfg.model == "classifier"\n'
+                      '    return a or b or level == "speaker" or level != "sample" or cfg.where == "audio"\n')
+    assert len(_kind_literal_comparisons(recipe)) == 0
+    assert [hit.split(": ", 1)[1] for hit in _kind_literal_comparisons(recipe, strict=True)] == [
+        "cfg.model == 'speech-llm'", "model != 'hf-audio'", "self.model == 'speaker'", "which in ('hf-audio',)"]
 
 
 def _methods(protocol: type) -> set[str]:

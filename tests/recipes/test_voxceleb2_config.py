@@ -4,9 +4,11 @@ method knobs and per-method settings a method gets, and bad settings refused by 
 import pytest
 from typer.testing import CliRunner
 
+from recipes import voxceleb2_pipeline as pipe
 from recipes.recipe_config import ConfigError, build_config
 from recipes.voxceleb2 import app
-from recipes.voxceleb2_config import VoxCelebConfig
+from recipes.voxceleb2_config import MODEL_KINDS, VoxCelebConfig
+from recipes.voxceleb2_settings import SWEEP_SCOPES, scopes_for
 
 
 def _build(**layers):
@@ -46,6 +48,20 @@ def test_defaults_are_the_commands_and_all_follows_the_model():
     assert "t3" in llm.chosen() and llm.method_options == {"t3": {"temperature": 2.0}}
 
 
+def test_every_classifier_kind_takes_ecapas_scopes_and_default():
+    """hf-audio's scopes are ECAPA's (its adapter exposes head_weight and a settable scope): with --sweep the rule
+    tries the head first; the speech LLM's path is chosen by its kind (not a classifier), not by its name."""
+    for model in ("classifier", "hf-audio"):
+        cfg = _build(overrides=[f"model={model}"])
+        assert cfg.kind.is_classifier and cfg.resolved_scope() == "sweep"
+        assert scopes_for("qr-erase", cfg.resolved_scope(), cfg.sweep)[0] == SWEEP_SCOPES[0] == "head"
+        assert _build(overrides=[f"model={model}", "sweep=no"]).resolved_scope() == "all"
+        for scope in ("head", "embedding", "all"):
+            assert _build(overrides=[f"model={model}", f"scope={scope}"]).resolved_scope() == scope
+    assert not _build(overrides=["model=speech-llm"]).kind.is_classifier
+    assert pipe.MODELS == {m: k for m, k in MODEL_KINDS.items() if _build(overrides=[f"model={m}"]).kind.is_classifier}
+
+
 @pytest.mark.parametrize("overrides, key, message", [
     (["nope=1"], "nope", "valid settings: audit, audit_attacks,"),
     (["speakers=1"], "speakers", "at least 2"),
@@ -58,7 +74,7 @@ def test_defaults_are_the_commands_and_all_follows_the_model():
     (["extract=lora"], "extract", "does not work on the speaker classifier"),
     (["sweep_ranks=0,2"], "sweep_ranks", "positive integers"),
     (["scope=sweep", "sweep=no"], "scope", "needs --sweep"),
-    (["model=hf-audio", "scope=head"], "scope", "every Linear weight"),
+    (["model=hf-audio", "scope=sweep", "sweep=no"], "scope", "needs --sweep"),
     (["audit=yes", "audit_attacks=rumour"], "audit_attacks", "rumour"),
     (["model=speech-llm", "audit=yes"], "audit", "audit a speech-LLM method's output folder"),
     (["method.rmu.steering=8"], "method_options", "['rmu'] not applicable to --model classifier"),

@@ -100,11 +100,60 @@ def test_ecapa_cache_keys_are_unchanged_and_hf_audio_models_get_their_own(speake
     assert pipe.ModelSpec("original", "tiny", {"epochs": 1}, 2.0, 0, "hf-audio").key(rows, speakers) != old
 
 
-def test_scopes_of_the_ecapa_classifier_are_refused_before_any_work(tmp_path):
-    res = CliRunner().invoke(app, ["speaker", "--model", "hf-audio", "--scope", "head", "--workdir", str(tmp_path)])
-    assert res.exit_code != 0 and "every Linear weight" in res.output and not (tmp_path / "corpus").exists()
+def _rerun(hf_run, manifests, out, *args: str):
+    """A speaker run over hf_run's cached tiny models (same workdir and training settings) into ``out``."""
+    res = CliRunner().invoke(app, ["speaker", "--model", "hf-audio", "--manifests", str(manifests), "--workdir",
+                                   str(hf_run[0].parent.parent), "--out", str(out), "--methods", "qr-erase",
+                                   "--preset", "tiny", "--train-epochs", "6", "--device", "cpu", "--threads", "1",
+                                   *args])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    return json.loads((out / "speaker.json").read_text())
+
+
+def _changed(original: dict, folder) -> set[str]:
+    edited = load_file(str(folder / "model.safetensors"))
+    assert edited.keys() == original.keys()
+    return {k for k in original if not np.array_equal(original[k].numpy(), edited[k].numpy())}
+
+
+@pytest.mark.parametrize("scope", ["head", "embedding"])
+def test_the_head_and_embedding_scopes_edit_their_weights_alone(hf_run, speaker_manifests, scope,  # noqa: F811
+                                                                 tmp_path):
+    """As on ECAPA: --scope head edits the class rows (the adapter's head_weight) and leaves every other tensor bit
+    for bit; --scope embedding leaves the head bit for bit."""
+    table = _rerun(hf_run, speaker_manifests, tmp_path, "--scope", scope, "--no-sweep")
+    original = load_file(f"{table['context']['original']}/model.safetensors")
+    changed = _changed(original, tmp_path / "qr-erase" / "model")
+    head = {"classifier.weight", "classifier.bias"}
+    if scope == "head":
+        assert changed == {"classifier.weight"}  # the head's bias and everything below it: bit for bit
+    else:
+        assert changed and not changed & head and all(k.endswith(".weight") for k in changed)
+    row = table["rows"][2]
+    run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
+    report = json.loads((tmp_path / "qr-erase" / "model" / "unlearn_report.json").read_text())
+    assert row["method"] == "qr-erase" and row["scope"] == run["row"]["scope"] == report["scope"] == scope
+    assert report["model_kind"] == "hf-audio" and run["scopes_tried"] is None  # one scope: nothing to choose
+    assert (report["config"]["retain_rank"] == 0) == (scope == "head")  # no retain subspace in the head (SCOPE_OPTIONS)
+    assert table["context"]["original"] == hf_run[1]["context"]["original"]  # the cached model, not a new one
+
+
+def test_the_default_with_sweep_tries_the_head_first(hf_run, speaker_manifests, tmp_path):  # noqa: F811
+    """hf-audio's default scope is ECAPA's: with --sweep every scope of SWEEP_SCOPES, the head first, the rule's
+    choice in <method>/model."""
+    table = _rerun(hf_run, speaker_manifests, tmp_path, "--sweep", "--sweep-ranks", "1", "--retain-bound", "0.5")
+    run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
+    assert list(run["scopes_tried"]) == list(cfg.SWEEP_SCOPES) and cfg.SWEEP_SCOPES[0] == "head"
+    assert table["rows"][2]["scope"] == run["row"]["scope"] in cfg.SWEEP_SCOPES
+    original = load_file(f"{table['context']['original']}/model.safetensors")
+    head = tmp_path / "qr-erase" / "scopes" / "head" / "model"
+    assert json.loads((head / "unlearn_report.json").read_text())["scope"] == "head"
+    assert _changed(original, head) <= {"classifier.weight"}
+
+
+def test_an_unknown_model_is_refused_before_any_work(tmp_path):
     res = CliRunner().invoke(app, ["speaker", "--model", "wavlm", "--workdir", str(tmp_path)])
-    assert res.exit_code != 0 and "hf-audio" in res.output
+    assert res.exit_code != 0 and "hf-audio" in res.output and not (tmp_path / "corpus").exists()
 
 
 def test_the_model_config_is_built_locally_and_scores_do_not_depend_on_the_batch(speaker_manifests):  # noqa: F811
