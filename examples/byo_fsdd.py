@@ -47,6 +47,14 @@ COLUMNS = [["model", "model"], ["folder", "name"], ["forget test -> forgotten", 
            ["kept goal", "kept_goal"]]
 
 
+def here(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (a record holds no machine's absolute paths)."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -184,7 +192,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     out_json = args.out or work / "results.json"
     stages = Stages(work / "stages.json")
-    cli = str(BIN / "mmunlearn")
+    cli = here(str(BIN / "mmunlearn"))
     record: dict = {"stages": {}}
 
     manifests = work / "manifests"
@@ -203,7 +211,7 @@ def main() -> None:
 
     train = [cli, "voxceleb2", "train", "--manifests", str(manifests), "--workdir", str(work), "--preset", "small",
              "--threads", "1"]
-    w2v = [sys.executable, str(HERE / "byo_fsdd_wav2vec2.py"), "--train", str(csvs["train"]), "--test",
+    w2v = [here(sys.executable), here(str(HERE / "byo_fsdd_wav2vec2.py")), "--train", str(csvs["train"]), "--test",
            str(csvs["kept_test"])]
     makers = {"ecapa": (lambda d, ref: train + (["--retain-only"] if ref else []) + ["--out", str(d)], "hyperparams.yaml"),
               "wav2vec2": (lambda d, ref: w2v + (["--exclude", forgotten_spk] if ref else []) + ["--out", str(d)],
@@ -249,7 +257,7 @@ def main() -> None:
         "columns": COLUMNS, "rows": rows, "machine": machine_facts(),
         # everything beside the rows goes in the context, which `mmunlearn report record` keeps with them
         "context": {"forgotten": forgotten_spk, "csvs": {k: str(v) for k, v in csvs.items()}, "commit": git_commit(),
-                    "invocation": shlex.join([sys.executable, *sys.argv]),
+                    "invocation": shlex.join([here(sys.executable), *sys.argv]),
                     "goals": {"forget": f"forget test -> forgotten <= retrained's + {FORGET_SLACK}",
                               "kept": f"kept test acc >= original's - {KEPT_SLACK}"},
                     "stages": record.pop("stages"),
