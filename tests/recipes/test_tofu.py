@@ -9,7 +9,6 @@ from typer.testing import CliRunner
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.erase import column_basis, restore
 from mmunlearn.methods import get, names, run_unlearning
-from recipes import tofu_pipeline
 from recipes.tofu import app
 
 METHODS = names("text")
@@ -17,10 +16,9 @@ METHODS = names("text")
 DATA = "synthetic:n_authors=10"
 
 
-@pytest.fixture(scope="module")
-def ctx(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    return tofu_pipeline.prepare("micro", DATA, "forget10", None, 0, cache, "cpu", max_new_tokens=24)
+@pytest.fixture
+def ctx(tofu_micro):
+    return tofu_micro  # built once per session (tests/recipes/conftest.py)
 
 
 def test_target_forget_quality_far_below_the_retain_models(ctx):

@@ -17,10 +17,9 @@ FORGET_KEYS = set(METRIC_GROUPS["forget"])
 UNDERTRAINED = "the target did not memorise the forget answers"
 
 
-@pytest.fixture(scope="module")
-def ctx(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    return tofu_pipeline.prepare("micro", DATA, "forget10", None, 0, cache, "cpu", max_new_tokens=24)
+@pytest.fixture
+def ctx(tofu_micro):
+    return tofu_micro  # built once per session (tests/recipes/conftest.py)
 
 
 def _invoke(*args):
