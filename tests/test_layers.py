@@ -66,27 +66,43 @@ def test_no_submodule_imports_the_package_face():
     assert bad == []
 
 
-def test_no_import_cycle_between_packages():
+def _layer_graph() -> dict[str, set[str]]:
+    """Package (or root module) -> the packages and root modules of mmunlearn/ and data_prep/ it imports."""
     graph: dict[str, set[str]] = defaultdict(set)
     for module, targets in _imports(ROOT, DATA_PREP).items():
         for t in targets:
             if (t.startswith("mmunlearn.") or t.startswith("data_prep")) and _package(t) != _package(module) \
                     and _package(module) != "mmunlearn":
                 graph[_package(module)].add(_package(t))
+    return graph
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
 
-    cycles = sorted(p for p in graph if p in reach(p))
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_no_import_cycle_between_packages():
+    graph = _layer_graph()
+    cycles = sorted(p for p in graph if p in _reach(graph, p))
     assert cycles == [], f"packages on an import cycle: {cycles}"
-    assert reach("mmunlearn.adapters").isdisjoint({"mmunlearn.tilt", "mmunlearn.methods", "mmunlearn.presets"})
     assert {"mmunlearn.api", "mmunlearn.checkpoint", "mmunlearn.bench", "data_prep"} <= set(graph)
     # the kind registry imports nothing of the package (it loads the adapters by name): every layer may use it
     assert not [t for t in _imports()["mmunlearn.kinds"] if t.startswith("mmunlearn")]
-    assert "mmunlearn.bench" not in reach("data_prep")
+    assert "mmunlearn.bench" not in _reach(graph, "data_prep")
+
+
+def test_the_adapters_import_no_layer_above_them():
+    """adapters/ sits below erasure, T3, the methods and the presets: it imports none of them, directly or through
+    another package (what both sides need, e.g. the parameter-name grouping ``group_of``, lives in a neutral root
+    module: mmunlearn/naming.py)."""
+    above = {"mmunlearn.erase", "mmunlearn.tilt", "mmunlearn.methods", "mmunlearn.presets"}
+    direct = sorted(f"{m} -> {t}" for m, targets in _imports(ROOT / "adapters").items() for t in targets
+                    if _package(t) in above)
+    assert direct == []
+    assert _reach(_layer_graph(), "mmunlearn.adapters").isdisjoint(above)

@@ -164,7 +164,7 @@ class AdapterDefaults:
         yield
 
     def groups(self) -> dict[str, str] | None:
-        """None: erasure groups parameters by their block prefix (:func:`mmunlearn.erase.energy.group_of`)."""
+        """None: erasure groups parameters by their block prefix (:func:`mmunlearn.naming.group_of`)."""
         return None
 
 

@@ -23,8 +23,8 @@ from mmunlearn.adapters.chat_template import install as install_bounds, template
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.erase.energy import group_of
 from mmunlearn.kinds import Kind, register_kind
+from mmunlearn.naming import group_of
 
 
 PLAIN_TEMPLATE = ("Question: {question}\nAnswer:", " {answer}")

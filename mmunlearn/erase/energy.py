@@ -17,24 +17,14 @@ with E_l >= 1/|L| (rule ``mean``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 
 import torch
 
 from mmunlearn.erase.norms import all_finite, sq_norm
-
-_BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+from mmunlearn.naming import group_of  # re-exported: mmunlearn.erase.energy.group_of as before
 
 RULES = ("mean", "top", "threshold", "all")
-
-
-def group_of(name: str) -> str:
-    """Default layer group of a parameter name: its prefix through the first numeric part."""
-    match = _BLOCK.match(name)
-    if match:
-        return match.group(1)
-    return name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
 
 
 def group_norms(
