@@ -74,6 +74,14 @@ class ModalityAdapter(Protocol):
 class TokenAdapter(ModalityAdapter, Protocol):
     """A causal LM (text or speech): scores only its answer tokens (``mmunlearn.eval.scoring`` reads these)."""
 
+    tokenizer: Any  # the text tokenizer: decodes the scored targets, counts gold-answer tokens
+    # the id appended after every answer (scored; TOFU's per-token statistics drop it), None when none is appended
+    # (:class:`TokenScoring`: None)
+    eos_id: int | None
+    # ``no`` or ``bf16`` (answer-only bf16 scoring and generation), recorded by the TOFU evaluation
+    # (:class:`TokenScoring`: ``no``)
+    precision: str
+
     def answer_logits(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits at the scored positions only: (N x V logits, N targets, N row indices)."""
@@ -173,6 +181,9 @@ class TokenScoring(AdapterDefaults):
     ``logits(batch, model) -> (B x T-1 x V logits, B x T-1 targets)``; these follow from it. An adapter
     that can project only the scored positions (:mod:`mmunlearn.train.answer_only`) overrides
     :meth:`answer_logits`, and every score below uses that."""
+
+    eos_id: int | None = None  # no EOS appended after the answers (an adapter that appends one sets its id)
+    precision: str = "no"  # full precision (an adapter with a bf16 mode sets it)
 
     def answer_logits(self, batch, model=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits at the scored positions only: (N x V float logits, N targets, N row indices)."""

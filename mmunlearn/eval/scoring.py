@@ -101,8 +101,8 @@ def score_answers(
 ) -> Scores:
     """Score each item's answer (or ``answers[i]`` instead) teacher-forced; see the module docstring.
 
-    adapter: anything with ``collate(examples, answers=...)`` and ``logits(batch)`` (and, for
-        ``target_text``, a ``tokenizer``; EOS is read from ``adapter.eos_id``).
+    adapter: a :class:`~mmunlearn.adapters.base.TokenAdapter`: ``collate(examples, answers=...)``,
+        ``answer_logits(batch)``, ``tokenizer`` (``target_text``) and ``eos_id``.
     items: QA records (``QAItem`` or dicts with question/answer).
     token_stats: also compute the per-token statistics (min-k, min-k++, memorisation inputs).
     desc: progress-bar label (no bar when None).
@@ -114,8 +114,7 @@ def score_answers(
         raise ValueError("score_answers: no items to score")
     if answers is not None and len(answers) != n:
         raise ValueError(f"score_answers: {len(answers)} answers for {n} items")
-    eos_id = getattr(adapter, "eos_id", None)
-    tokenizer = getattr(adapter, "tokenizer", None)
+    eos_id, tokenizer = adapter.eos_id, adapter.tokenizer
     order = _length_order(items, answers)
     avg_nll = np.empty(n, dtype=np.float64)
     per_token: dict[str, list[Any]] = {k: [None] * n for k in ("lp", "mu", "sigma", "match", "text")}
@@ -185,7 +184,7 @@ AUTO_MARGIN = 16
 
 def gold_token_counts(adapter: Any, answers: Sequence[str]) -> list[int]:
     """Tokens of each gold answer under the adapter's tokenizer (special tokens not added)."""
-    tok = getattr(adapter, "tokenizer", None)
+    tok = adapter.tokenizer
     if tok is None:
         raise ValueError("max_new_tokens='auto' needs an adapter with a tokenizer")
     return [len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers]

@@ -190,7 +190,7 @@ def evaluate_tofu(
 ) -> dict[str, Any]:
     """Evaluate ``adapter`` on TOFU; returns the logs ``{key: entry}`` in open-unlearning's layout.
 
-    adapter: a model adapter with ``collate``, ``logits``, ``generate``, ``tokenizer`` and ``eos_id``
+    adapter: a :class:`~mmunlearn.adapters.base.TokenAdapter` with ``generate``
         (e.g. ``TextLLMAdapter``; its forward may return log-probs, see ``mmunlearn.eval.scoring``).
     data: a TOFU source for ``load_split``: a folder of split files, ``"synthetic[:...]"``, a hub id
         or a mapping split -> ``QAItem`` list.
@@ -231,7 +231,7 @@ def evaluate_tofu(
                     "authors": "all" if authors is None else authors, "items": splits.sizes(),
                     "max new tokens (greedy)": max_new_tokens,
                     "utility items": "all" if utility_items is None else utility_items,
-                    "precision": getattr(adapter, "precision", "no"),
+                    "precision": adapter.precision,
                     "retain logs": str(retain_logs or "none"), "time (s)": round(elapsed, 1)}
         write_summary_md(Path(out_dir), logs, model_name or Path(out_dir).name, settings)
     return logs

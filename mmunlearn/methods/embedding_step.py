@@ -42,7 +42,7 @@ def erase_centroids(adapter, forget: Sequence[Any], retain: Sequence[Any], alpha
     retained centroids' largest relative move). Centroids are taken from ``forget`` and ``retain`` before the edit."""
     if not alpha > 0:
         raise ValueError(f"centroid must be > 0 to erase anything, got {alpha}")
-    names = getattr(adapter, "embedding_output", None)
+    names = adapter.embedding_output  # a ClassifierAdapter's (the erasure calls this for classifier kinds only)
     if names is None:
         raise ValueError(f"{type(adapter).__name__} does not name the layer that outputs its embeddings "
                          "(embedding_output): the centroid step needs a speaker classifier")

@@ -66,12 +66,13 @@ def earlier_speakers(history: History | None) -> list[str]:
     return sorted(out)
 
 
-def check_earlier(adapter, history: History, earlier: Sequence[str], retain: Sequence[Any]) -> None:
-    """Refuse a history whose ``forget_speakers`` name speakers that are not classes of a classifier ``adapter``, or
-    every speaker of the ``retain`` rows (each would count as forgotten by the speaker rule: nothing is retained)."""
+def check_earlier(classes: Mapping[str, int] | None, history: History, earlier: Sequence[str],
+                  retain: Sequence[Any]) -> None:
+    """Refuse a history whose ``forget_speakers`` name speakers that are not among ``classes`` (a classifier adapter's
+    ``index``; None for a model of another kind: not checked), or every speaker of the ``retain`` rows (each would
+    count as forgotten by the speaker rule: nothing is retained)."""
     where = history.folder / REPORT_NAME
-    index = getattr(adapter, "index", None)
-    unknown = sorted(set(earlier) - set(index)) if isinstance(index, Mapping) else []
+    unknown = sorted(set(earlier) - set(classes)) if classes is not None else []
     if unknown:
         raise ValueError(f"{where}: earlier requests' forget_speakers name {len(unknown)} speaker(s) the model has no "
                          f"class for ({', '.join(unknown[:5])}): the history belongs to another model")
@@ -188,12 +189,13 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     previous = history if history is not None and history.requests else None
     last = previous.requests[-1] if previous is not None else {}
     earlier = earlier_speakers(previous)
+    classifier = bool(earlier) and get_kind(kind).is_classifier
     if earlier:
-        check_earlier(adapter, previous, earlier, retain)
+        check_earlier(adapter.index if classifier else None, previous, earlier, retain)
     rule = widened_rule(rule, earlier)
     # the undo patches are read only for a method that can use them (an erasure of a classifier's head)
     stand_ins = (earlier_directions(adapter, previous, earlier)
-                 if earlier and _is_erasure(method) and get_kind(kind).is_classifier else None)
+                 if earlier and _is_erasure(method) and classifier else None)
     if earlier:
         report_meta["earlier_forgotten_speakers"] = earlier
         report_meta["earlier_directions"] = sorted(k for k, v in (stand_ins or {}).items() if v is not None)
