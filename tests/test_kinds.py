@@ -2,6 +2,7 @@
 adapters asks a kind's capabilities instead of comparing kind names."""
 
 import ast
+import inspect
 import json
 from pathlib import Path
 
@@ -113,6 +114,48 @@ def test_every_kinds_adapter_implements_the_whole_protocol():
         protocol = ClassifierAdapter if kind.is_classifier else TokenAdapter
         missing = sorted(m for m in _methods(protocol) if not callable(getattr(kind.adapter, m, None)))
         assert missing == [], (kind.name, missing)
+
+
+def _protocol_members() -> set[str]:
+    """Every member name the adapter protocols declare: methods and data members (annotations), bases included."""
+    from mmunlearn.adapters.base import ClassifierAdapter, TokenAdapter
+
+    names = _methods(TokenAdapter) | _methods(ClassifierAdapter)
+    return names | {name for protocol in (TokenAdapter, ClassifierAdapter) for klass in protocol.__mro__
+                    if getattr(klass, "_is_protocol", False) for name in inspect.get_annotations(klass)}
+
+
+def _member_probes(path: Path, members: set[str]) -> list[str]:
+    """``getattr(x, "<member>", ...)`` and ``hasattr(x, "<member>")`` in one file, for a name in ``members``."""
+    return [ast.unparse(node) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in members]
+
+
+#: probes of a protocol member's name on objects that are not adapters (a transformers output and decoder module)
+NOT_ADAPTERS = {("mmunlearn/tilt/model.py", "getattr(out, 'hidden_states', None)"),
+                ("mmunlearn/methods/rmu.py", "getattr(decoder, 'layers', None)")}
+
+
+def test_no_caller_probes_for_a_member_the_adapter_protocol_declares():
+    """What mmunlearn/adapters/base.py's protocols declare is called directly (an optional part has its default in
+    AdapterDefaults / TokenScoring, a classifier-only member is read when the kind ``is_classifier``): outside
+    adapters/, no getattr/hasattr names a protocol member, bar the listed probes of non-adapter objects."""
+    members = _protocol_members()
+    assert {"index", "embedding_output", "tokenizer", "eos_id", "precision", "groups", "bf16_generation"} <= members
+    files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
+             if "adapters" not in p.parts]
+    found = {(p.relative_to(ROOT).as_posix(), call) for p in files for call in _member_probes(p, members)}
+    assert len(files) > 100 and sorted(found - NOT_ADAPTERS) == []
+    assert NOT_ADAPTERS <= found, f"no longer there, drop from NOT_ADAPTERS: {sorted(NOT_ADAPTERS - found)}"
+
+
+def test_the_probe_scan_finds_member_names_and_skips_others(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f(adapter, cfg, name):\n    a = getattr(adapter, "index", None) or hasattr(adapter, "eos_id")\n'
+                      '    return a, getattr(cfg, "sweep_first", None), getattr(adapter, name), adapter.tokenizer\n')
+    assert _member_probes(sample, _protocol_members()) == ["getattr(adapter, 'index', None)",
+                                                          "hasattr(adapter, 'eos_id')"]
 
 
 def test_the_default_answer_nll_of_a_classifier_is_its_per_utterance_nll(speaker_manifests):  # noqa: F811
