@@ -26,7 +26,7 @@ from mmunlearn.presets.build import torch_threads
 
 from recipes import ctofu_pipeline, ctofu_report, tofu_report
 from recipes.ctofu_config import CTofuConfig
-from recipes.recipe_cli import config_command, help_of, require
+from recipes.recipe_cli import config_command, configs_command, help_of, require
 from recipes.runner import Stages, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
 from recipes.tofu_settings import sweep_rule
@@ -136,7 +136,7 @@ def finetune(
                       f"{log.get('answer_nll', float('nan')):.4f})")
 
 
-@config_command(app, CTofuConfig, name="run", exclude=RUN_EXCLUDES)
+@config_command(app, CTofuConfig, name="run", exclude=RUN_EXCLUDES, benchmark="ctofu")
 def run(cfg: CTofuConfig) -> None:
     """Unlearn the forget rows of --forget-lang with one method; TOFU metrics in every --eval-langs language
     (OUT/run.md/.json, OUT/<method>/{model/, run.json, <lang>/})."""
@@ -152,7 +152,7 @@ def run(cfg: CTofuConfig) -> None:
 
 
 @config_command(app, CTofuConfig, name="compare", exclude=COMPARE_EXCLUDES,
-                defaults=dict(out=Path("runs/ctofu_compare"), preset="mini", sweep=True))
+                defaults=dict(out=Path("runs/ctofu_compare"), preset="mini", sweep=True), benchmark="ctofu")
 def compare(cfg: CTofuConfig) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary (and, with
     --audit, the robustness audit table AUDIT.md with the forgetting kept in every language)."""
@@ -190,3 +190,6 @@ def compare(cfg: CTofuConfig) -> None:
     console.print(f"wrote {out}/compare.md, compare.json, fq_heatmap.png and rouge_drop.png"
                   + (" and AUDIT.md / AUDIT.json" if audit_opts is not None else "")
                   + f" in {time.perf_counter() - start:.0f} s")
+
+
+configs_command(app, "ctofu")  # `mmunlearn ctofu configs`: the shipped configs (recipes/configs/ctofu/)

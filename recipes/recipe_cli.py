@@ -1,6 +1,7 @@
 """Typer commands made from a recipe's config dataclass: one ``--option`` per field, declared once (the field's
-help text and default), plus ``--config FILE.yaml``, ``--method-option METHOD.SETTING=VALUE`` and ``key=value``
-arguments; the command body receives the whole config (:func:`recipes.recipe_config.build_config`).
+help text and default), plus ``--config FILE.yaml`` (or a shipped config's name, :mod:`recipes.configs`),
+``--method-option METHOD.SETTING=VALUE`` and ``key=value`` arguments; the command body receives the whole config
+(:func:`recipes.recipe_config.build_config`). :func:`configs_command` adds a benchmark's ``configs`` listing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import typer
 from mmunlearn.atomic import write_json_atomic
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.layout import MARKER
+from recipes.configs import ROOT as CONFIGS_ROOT
+from recipes.configs import describe, resolve, shipped
 from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, field_types
 
 _SCALARS = (str, int, float, bool, Path)
@@ -75,10 +78,12 @@ def mark_out(out: str | Path | None) -> None:
 
 
 def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
-                   defaults: Mapping[str, Any] | None = None, kind: str | None = "text") -> Callable:
+                   defaults: Mapping[str, Any] | None = None, kind: str | None = "text",
+                   benchmark: str | None = None) -> Callable:
     """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` whose options are the fields of ``cls``
     but ``exclude`` (and ``method_options``, set by ``--method-option``), with ``defaults`` over the fields'
-    defaults; ``kind``: the model kind whose methods ``--method-option`` may set (None: any registered method); a
+    defaults; ``kind``: the model kind whose methods ``--method-option`` may set (None: any registered method);
+    ``benchmark``: the recipe whose shipped configs ``--config NAME`` names (:func:`recipes.configs.resolve`); a
     config error is a usage error naming the option."""
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
@@ -100,8 +105,7 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
                                         show_default=False)]),
                   inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
                                     annotation=Annotated[Optional[Path], typer.Option(
-                                        help="YAML file of settings (keys: the options' names with '_'; read "
-                                             "with yaml.safe_load); options and KEY=VALUE arguments override it.")])]
+                                        help=_config_help(benchmark))])]
         if METHOD_OPTIONS in keys:
             params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
                                             annotation=Annotated[Optional[list[str]], typer.Option(
@@ -124,11 +128,12 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
                      if getattr(ctx.get_parameter_source(k), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
             command_defaults = {k: v for k, v in base.items() if k not in given}
             try:
-                cfg = build_config(cls, allowed=keys, defaults=command_defaults, file=config, given=given,
+                file = resolve(config, benchmark) if config is not None else None
+                cfg = build_config(cls, allowed=keys, defaults=command_defaults, file=file, given=given,
                                    overrides=overrides or (), method_settings=method_option or (), kind=kind)
             except ConfigError as e:
-                hint = option_flag(e.key) if e.key in shown else ("--method-option" if e.key == METHOD_OPTIONS
-                                                                   else None)
+                hint = option_flag(e.key) if e.key in shown else {METHOD_OPTIONS: "--method-option",
+                                                                  "config": "--config"}.get(e.key or "")
                 raise typer.BadParameter(str(e), param_hint=hint) from None
             out = getattr(cfg, "out", None)
             check_out(out)
@@ -143,6 +148,33 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
         return app.command(name)(command)
 
     return decorate
+
+
+def _config_help(benchmark: str | None) -> str:
+    names = list(shipped(benchmark)) if benchmark is not None else []
+    shipped_names = f" ({', '.join(names)}; `mmunlearn {benchmark} configs` says what each runs)" if names else ""
+    return ("YAML file of settings, or the name of a shipped config" + shipped_names + " (keys: the options' names "
+            "with '_'; read with yaml.safe_load; a file path wins over a name); options and KEY=VALUE arguments "
+            "override it.")
+
+
+def configs_command(app: typer.Typer, benchmark: str) -> None:
+    """Add ``configs`` to ``app``: it lists ``benchmark``'s shipped configs with their first comment lines."""
+
+    def configs(
+        paths: Annotated[bool, typer.Option("--paths/--no-paths", help="Also print each config's file (copy one to "
+                                                                       "edit it).")] = False,
+    ) -> None:
+        found = shipped(benchmark)
+        width = max((len(n) for n in found), default=0)
+        for config_name, path in found.items():
+            typer.echo(f"{config_name:<{width}}  {describe(path)}" + (f"\n{'':<{width}}  {path}" if paths else ""))
+        if not found:
+            typer.echo(f"no shipped {benchmark} configs (in {CONFIGS_ROOT / benchmark})")
+
+    configs.__doc__ = (f"List the configs shipped for {benchmark} (recipes/configs/{benchmark}/*.yaml) with what each "
+                       f"runs; run one with `--config NAME` and override it with options or KEY=VALUE arguments.")
+    app.command("configs")(configs)
 
 
 def help_of(cls: type, key: str) -> str:

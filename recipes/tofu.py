@@ -36,7 +36,7 @@ from mmunlearn.eval.tofu import check_max_new_tokens
 from mmunlearn.presets.build import finetune as build_one
 from mmunlearn.presets.cache import read_log
 from recipes import tofu_pipeline, tofu_report
-from recipes.recipe_cli import config_command, help_of, option_flag, require
+from recipes.recipe_cli import config_command, configs_command, help_of, option_flag, require
 from recipes.recipe_config import ConfigError
 from recipes.runner import Stages, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
@@ -263,7 +263,7 @@ def evaluate(
                       f"memorised the forget answers: {check['memorised']}", markup=False, soft_wrap=True)
 
 
-@config_command(app, TofuConfig, name="run", exclude=RUN_EXCLUDES)
+@config_command(app, TofuConfig, name="run", exclude=RUN_EXCLUDES, benchmark="tofu")
 def run(cfg: TofuConfig) -> None:
     """Unlearn the forget split from the target model with one method, then evaluate it: OUT/model (`mmunlearn
     restore --model OUT/model` undoes it), OUT/TOFU_EVAL.json, OUT/run.json."""
@@ -278,7 +278,7 @@ def run(cfg: TofuConfig) -> None:
 
 
 @config_command(app, TofuConfig, name="compare", exclude=COMPARE_EXCLUDES,
-                defaults=dict(out=Path("runs/tofu_compare"), preset="mini", sweep=True))
+                defaults=dict(out=Path("runs/tofu_compare"), preset="mini", sweep=True), benchmark="tofu")
 def compare(cfg: TofuConfig) -> None:
     """Run every method on the same target model and split; one table and a scatter plot (and, with
     --audit, the robustness audit table AUDIT.md)."""
@@ -352,3 +352,6 @@ def tilt(
     console.print(fit.summary())
     console.print(f"tilt head written to [bold]{out}[/bold]; load it with TiltedCausalLM.load({str(out)!r}, "
                   f"base=<the model of {model}>)")
+
+
+configs_command(app, "tofu")  # `mmunlearn tofu configs`: the shipped configs (recipes/configs/tofu/)

@@ -35,7 +35,7 @@ from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_report as report
 from recipes import voxceleb2_settings as settings
 from recipes import voxceleb2_speech_llm as speech_llm
-from recipes.recipe_cli import config_command, help_of
+from recipes.recipe_cli import config_command, configs_command, help_of
 from recipes.voxceleb2_config import DEFAULT_WORKDIR, VoxCelebConfig
 
 app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a speaker classifier (ECAPA-TDNN) or a "
@@ -250,15 +250,18 @@ def _run_level(level: str, cfg: VoxCelebConfig) -> None:
 
 
 # kind None: --method-option takes any registered method; the config checks it applies to --model
-@config_command(app, VoxCelebConfig, name="speaker", kind=None)
+@config_command(app, VoxCelebConfig, name="speaker", kind=None, benchmark="voxceleb2")
 def speaker(cfg: VoxCelebConfig) -> None:
     """Speaker-level forgetting: remove whole speakers; forget/retain/test accuracy, EER, next to the original and
     the retrained (without those speakers) models."""
     _run_level("speaker", cfg)
 
 
-@config_command(app, VoxCelebConfig, name="sample", kind=None)
+@config_command(app, VoxCelebConfig, name="sample", kind=None, benchmark="voxceleb2")
 def sample(cfg: VoxCelebConfig) -> None:
     """Sample-level forgetting: remove some training utterances of kept speakers; accuracies, EER and the
     membership-inference AUC (forget vs never-trained holdout)."""
     _run_level("sample", cfg)
+
+
+configs_command(app, "voxceleb2")  # `mmunlearn voxceleb2 configs`: the shipped configs (recipes/configs/voxceleb2/)
