@@ -1,0 +1,170 @@
+"""Shipped recipe configs (recipes/configs/<benchmark>/<name>.yaml): every one validates into its command's config
+with no unknown key, names its command and doc section, and is package data; ``--config NAME`` resolves like the
+file (a file path wins); an unknown name is a one-line error listing the names; ``configs`` lists them; and
+``tofu/micro`` runs end to end through the CLI with tiny overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from recipes.configs import ROOT, describe, resolve, shipped
+from recipes.ctofu import app as ctofu_app
+from recipes.ctofu_config import CTofuConfig
+from recipes.recipe_cli import config_command
+from recipes.recipe_config import ConfigError, build_config, read_yaml
+from recipes.tofu import app as tofu_app
+from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
+from recipes.voxceleb2 import app as voxceleb2_app
+from recipes.voxceleb2_config import VoxCelebConfig
+
+REPO = Path(__file__).resolve().parents[2]
+COMPARE_DEFAULTS = {"out": Path("runs/x"), "preset": "mini", "sweep": True}
+#: (benchmark, command) -> the command's config class, excluded fields, own defaults and --method-option kind
+COMMANDS: dict[tuple[str, str], tuple[type, tuple[str, ...], dict[str, Any], str | None]] = {
+    ("tofu", "run"): (TofuConfig, RUN_EXCLUDES, {}, "text"),
+    ("tofu", "compare"): (TofuConfig, COMPARE_EXCLUDES, COMPARE_DEFAULTS, "text"),
+    ("ctofu", "run"): (CTofuConfig, RUN_EXCLUDES, {}, "text"),
+    ("ctofu", "compare"): (CTofuConfig, COMPARE_EXCLUDES, COMPARE_DEFAULTS, "text"),
+    ("voxceleb2", "speaker"): (VoxCelebConfig, (), {}, None),
+    ("voxceleb2", "sample"): (VoxCelebConfig, (), {}, None),
+}
+APPS = {"tofu": tofu_app, "ctofu": ctofu_app, "voxceleb2": voxceleb2_app}
+SHIPPED = shipped()
+
+
+def _command(name: str) -> tuple[str, str]:
+    """(benchmark, command) of a shipped config: its folder, and the word after it in its first comment line."""
+    benchmark = name.partition("/")[0]
+    words = describe(SHIPPED[name]).replace(":", " ").split()
+    if len(words) < 2 or words[0] != benchmark:
+        pytest.fail(f"{name}: the first comment line must start with '{benchmark} <command>', got "
+                    f"{describe(SHIPPED[name])!r}")
+    return benchmark, words[1]
+
+
+def _build(benchmark: str, command: str, file: Path, overrides: tuple[str, ...] = ()) -> Any:
+    cls, exclude, defaults, kind = COMMANDS[(benchmark, command)]
+    keys = [f.name for f in dataclasses.fields(cls) if f.name not in exclude]
+    return build_config(cls, allowed=keys, defaults=defaults, file=file, overrides=overrides, kind=kind)
+
+
+def _invoke(app: typer.Typer, *args: Any):
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    return res, " ".join(res.output.replace("│", " ").split())  # rich boxes and wrapping undone
+
+
+def test_the_documented_presets_are_shipped():
+    assert {"tofu/micro", "tofu/mini", "tofu/smollm2", "ctofu/mini", "voxceleb2/ecapa_fsdd",
+            "voxceleb2/hf_audio_fsdd"} <= set(SHIPPED)
+    assert all(path.is_file() and path.parent.parent == ROOT for path in SHIPPED.values())
+    assert set(shipped("tofu")) == {n for n in SHIPPED if n.startswith("tofu/")}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_config_validates_into_its_commands_config(name):
+    """Every key a field of the command's config (no unknown one), every value of its type and accepted by the
+    config's checks; the header names the command it runs and an existing doc page it reproduces."""
+    path = SHIPPED[name]
+    benchmark, command = _command(name)
+    assert (benchmark, command) in COMMANDS, f"{name}: unknown command {benchmark} {command}"
+    data = read_yaml(path)
+    cfg = _build(benchmark, command, path)
+    cls = COMMANDS[(benchmark, command)][0]
+    assert isinstance(cfg, cls) and data and set(data) <= {f.name for f in dataclasses.fields(cls)}
+    header = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+    docs = re.findall(r"docs/[\w-]+\.md", header)
+    assert docs and all((REPO / d).is_file() for d in docs), f"{name}: the header names no existing docs/ page"
+    assert not any(str(v).startswith("/") for v in data.values()), f"{name}: an absolute (machine's own) path"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_config_is_package_data(name):
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = setuptools["package-data"]["recipes.configs"]
+    relative = SHIPPED[name].relative_to(ROOT).as_posix()
+    assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in package-data {patterns}"
+    assert any(fnmatch.fnmatch("recipes.configs", p) for p in setuptools["packages"]["find"]["include"])
+
+
+def test_a_name_and_its_file_give_the_same_config(tmp_path, monkeypatch):
+    """Through a command made like the recipes' (nothing run): the name, the bare name, name.yaml and the path."""
+    monkeypatch.chdir(tmp_path)  # the config's relative out= is never written into the repository
+    seen: list[TofuConfig] = []
+
+    def compare(cfg: TofuConfig) -> None:
+        seen.append(cfg)
+
+    app = typer.Typer()
+    config_command(app, TofuConfig, name="compare", exclude=COMPARE_EXCLUDES, defaults=COMPARE_DEFAULTS,
+                   benchmark="tofu")(compare)
+    app.command("other")(lambda: None)  # two commands: the app takes the command's name
+    for spec in ("tofu/smollm2", "smollm2", "tofu/smollm2.yaml", SHIPPED["tofu/smollm2"]):
+        res, _ = _invoke(app, "compare", "--config", spec, "authors=3")
+        assert res.exit_code == 0, res.output
+    assert len(seen) == 4 and all(cfg == seen[0] for cfg in seen)
+    assert (seen[0].preset, seen[0].authors, seen[0].utility_items) == ("smollm2-135m", 3, 40)
+    assert resolve("tofu/smollm2") == resolve("smollm2", "tofu") == SHIPPED["tofu/smollm2"]
+
+
+def test_a_file_path_wins_over_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tofu").mkdir()
+    (tmp_path / "tofu" / "micro").write_text("preset: micro\nauthors: 7\n")
+    assert resolve("tofu/micro", "tofu") == Path("tofu/micro")
+    cfg = _build("tofu", "compare", resolve("tofu/micro", "tofu"))
+    assert cfg.authors == 7 and cfg.methods == ("all",)  # the local file, not the shipped micro (t3, qr-erase)
+
+
+def test_an_unknown_name_is_a_one_line_error_listing_the_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spec, benchmark in (("tofu/nope", "tofu"), ("nope", "tofu"), ("ctofu/mini", "tofu"), ("x/y", None)):
+        with pytest.raises(ConfigError) as err:
+            resolve(spec, benchmark)
+        message = str(err.value)
+        assert err.value.key == "config" and "\n" not in message and repr(spec) in message
+        assert all(n in message for n in shipped(benchmark)), message
+    res, text = _invoke(tofu_app, "compare", "--config", "tofu/nope")
+    assert res.exit_code == 2 and "'tofu/nope' is neither a file nor a shipped config" in text, res.output
+    assert "tofu/micro, tofu/mini" in text and "--config" in text and not (tmp_path / "runs").exists()
+    res, text = _invoke(tofu_app, "compare", "--config", "voxceleb2/ecapa_fsdd")
+    assert res.exit_code == 2 and "a config of `mmunlearn voxceleb2`" in text, res.output
+
+
+@pytest.mark.parametrize("benchmark", sorted(APPS))
+def test_configs_lists_the_shipped_configs_with_their_first_comment(benchmark):
+    res = CliRunner().invoke(APPS[benchmark], ["configs", "--paths"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    for name, path in shipped(benchmark).items():
+        line = next(line for line in lines if line.startswith(name + " "))
+        assert describe(path) in line and describe(path)
+        assert str(path) in res.output
+    res = CliRunner().invoke(APPS[benchmark], ["configs", "--help"])
+    assert res.exit_code == 0 and "shipped" in res.output and "--paths" in res.output
+
+
+def test_tofu_micro_runs_through_the_cli_with_tiny_overrides(tofu_micro, tmp_path, monkeypatch):
+    """The shipped quick check, as a user runs it (``--config tofu/micro``), kept tiny by KEY=VALUE overrides: one
+    method, no sweep, the forget metrics; the world is the session's micro models (their cache)."""
+    monkeypatch.chdir(tmp_path)
+    res, _ = _invoke(tofu_app, "compare", "--config", "tofu/micro", f"out={tmp_path / 'out'}",
+                     f"cache_dir={tofu_micro.cache_dir}", "device=cpu", "threads=1", "max_new_tokens=8",
+                     "metrics=forget", "methods=t3", "sweep=false")
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "out" / "compare.json").read_text())
+    context = saved["context"]
+    assert (context["preset"], context["data"], context["forget_split"]) == ("micro", "synthetic:n_authors=10",
+                                                                             "forget10")  # from the shipped file
+    assert context["max_new_tokens"] == 8 and context["metrics"] == ["forget"]  # from the overrides
+    assert [r["method"] for r in saved["rows"]] == ["target model", "retain model", "t3"]
+    assert (tmp_path / "out" / "t3" / "TOFU_EVAL.json").is_file() and not (tmp_path / "runs").exists()
