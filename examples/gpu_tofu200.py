@@ -193,7 +193,7 @@ def prepare(run: GpuRun, progress: Progress) -> GpuSetup:
     progress.stage("target and retain models", seconds,
                    train_seconds={r: round(logs[r].get("seconds") or 0.0, 1) for r in ("target", "retain")},
                    steps={r: logs[r].get("steps") for r in ("target", "retain")})
-    precision = default_precision(run.preset)
+    precision = default_precision(run.preset, run.device)
     retain_logs, target_logs = run.out / "retain_model" / "TOFU_EVAL.json", run.out / "target_model" / "TOFU_EVAL.json"
     common = dict(max_new_tokens=run.max_new_tokens, batch_size=run.score_batch, generation_batch_size=run.gen_batch,
                   utility_items=run.utility_items)

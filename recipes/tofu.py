@@ -237,7 +237,7 @@ def evaluate(
     groups = _metrics(metrics)
     max_new_tokens = _max_new_tokens(max_new_tokens)
     utility_items = _positive(utility_items, "--utility-items")
-    precision = _precision(precision) or default_precision(preset)
+    precision = _precision(precision) or default_precision(preset, device)
     lean = dict(precision=precision, utility_items=utility_items)
     if retain_model is not None:
         if retain_logs is not None:

@@ -195,7 +195,7 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     ``utility_items``: real-authors / world-facts items evaluated (None: all); ``rule_retain_items``: the
     sweep rule scores this many retain rows, spread evenly over the retain partition (None: all).
     """
-    precision = default_precision(preset) if precision is None else precision
+    precision = default_precision(preset, device) if precision is None else precision
     given = {"target": None if target is None else check_model_dir(target, "target"),
              "retain": None if retain is None else check_model_dir(retain, "retain model")}
     metrics = None if metrics is None else tuple(metrics)

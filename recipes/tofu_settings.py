@@ -25,10 +25,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
 from mmunlearn.methods import SweepRule, get
 from mmunlearn.presets.models import REAL_MODEL_PRECISION
+from mmunlearn.train.config import native_bf16
 
 
 def preset_size(preset: str) -> str:
@@ -36,10 +39,15 @@ def preset_size(preset: str) -> str:
     return preset if preset in ("micro", "mini") else "model_dir"
 
 
-def default_precision(preset: str) -> str:
-    """Scoring / generation precision of a model preset: bf16 for the real checkpoints that measured faster
-    and accurate with it (:data:`mmunlearn.presets.models.REAL_MODEL_PRECISION`), else ``no`` (float32)."""
-    return REAL_MODEL_PRECISION.get(preset, "no")
+def default_precision(preset: str, device: str = "auto") -> str:
+    """Scoring / generation precision of a model preset on ``device`` (``cpu``, ``cuda`` or ``auto``): bf16 for the
+    real checkpoints that measured faster and accurate with it (:data:`mmunlearn.presets.models.REAL_MODEL_PRECISION`)
+    where bf16 is native (:func:`mmunlearn.train.config.native_bf16`), else ``no`` (float32)."""
+    wanted = REAL_MODEL_PRECISION.get(preset, "no")
+    if wanted != "bf16":
+        return wanted
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "bf16" if native_bf16("cuda" if cuda else "cpu") else "no"
 
 
 def method_options(method: str, **options: Any) -> dict[str, Any]:

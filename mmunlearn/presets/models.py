@@ -125,16 +125,19 @@ def _dir_fingerprint(path: Path) -> dict[str, Any]:
 #: this project's 2-core CPU (10 TOFU authors, 200 QA): AdamW lr 3e-4, batch 16, 6 epochs (78 steps), bf16
 #: autocast, loss and LM head on the answer tokens only. The forget author's answers reach ROUGE-L 0.86 /
 #: 0.99 / 0.97 and answer probability 0.94 / 0.96 / 0.98 after epochs 4 / 5 / 6 (pretrained: 0.31 / 0.08);
+#: (``mixed_precision="auto"``: bf16 autocast where it is native -- a CPU with AVX512_BF16/AMX or a GPU -- float32
+#: elsewhere: emulated bf16 measured 17x slower on an AVX2-only CPU, :func:`mmunlearn.train.config.cpu_has_native_bf16`.)
 #: lr 1e-4 (the earlier preset) reached ROUGE-L 0.39 in 5 epochs, and TOFU's reference (1e-5 x 5 epochs x
 #: batch 32) barely moves the answer NLL. `tofu finetune --epochs/--lr/...` override them; every recipe
 #: checks memorisation (recipes/tofu_settings.py) and warns when it failed.
 REAL_MODELS: dict[str, tuple[str, TrainConfig]] = {
     "smollm2-135m": ("smollm2", TrainConfig(epochs=6, batch_size=16, lr=3e-4, schedule="linear", warmup=0.1,
-                                            weight_decay=0.01, mixed_precision="bf16")),
+                                            weight_decay=0.01, mixed_precision="auto")),
 }
 #: Scoring / generation precision of the recipes per real checkpoint (``--precision`` overrides): bf16
 #: autocast scoring and bf16 generation weights measured 2-3x faster on this CPU (AVX512_BF16) with mean
-#: answer NLL within 0.02 of float32 (``mmunlearn bench precision``); the built presets stay float32.
+#: answer NLL within 0.02 of float32 (``mmunlearn bench precision``); the built presets stay float32. Where bf16 is
+#: not native (a CPU without AVX512_BF16/AMX) the recipes score in float32 instead (``recipes.tofu_settings``).
 REAL_MODEL_PRECISION: dict[str, str] = {"smollm2-135m": "bf16"}
 
 

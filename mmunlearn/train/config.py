@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,12 +101,37 @@ class TrainConfig:
         return cls(**data)
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU computes bf16 natively (the ``avx512_bf16`` or ``amx_bf16`` flag of /proc/cpuinfo; False
+    where there is no such file). Without it PyTorch emulates bf16 on the CPU: one SmolLM2-135M training step under
+    bf16 autocast measured 17x slower than float32 on an AVX2-only CPU (190 s against 11 s)."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether bf16 is fast on ``device_type``: a CUDA device that supports it, or a CPU with native bf16."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return cpu_has_native_bf16()
+
+
 def resolve_mixed_precision(mode: str, device_type: str) -> str:
-    """``auto`` -> bf16 on a CUDA device that supports it, else ``no``; fp16 needs CUDA."""
+    """``auto`` -> bf16 where it is native (:func:`native_bf16`: a CUDA device that supports it, a CPU with
+    AVX512_BF16 or AMX), else ``no``; fp16 needs CUDA; an explicit bf16 on a CPU without native bf16 is kept and
+    warned about (it is emulated, many times slower)."""
     if mode not in PRECISIONS:
         raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {mode!r}")
     if mode == "auto":
-        return "bf16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "no"
+        return "bf16" if native_bf16(device_type) else "no"
+    if mode == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+        warnings.warn("mixed_precision='bf16' on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag): PyTorch "
+                      "emulates it, many times slower than float32; 'auto' picks float32 here", stacklevel=2)
     if mode == "fp16" and device_type != "cuda":
         raise ValueError(f"mixed_precision='fp16' needs a CUDA device (training on {device_type}); use 'bf16' or 'no'")
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():

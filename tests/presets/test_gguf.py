@@ -54,4 +54,4 @@ def test_preset_name_resolves_to_the_cached_folder(smollm2, monkeypatch):
     monkeypatch.setenv("MMUNLEARN_CACHE", str(smollm2.parents[1]))
     preset = get_preset("smollm2-135m")
     assert preset.is_model_dir and preset.model_dir == smollm2.resolve() and preset.finetune.lr == 3e-4
-    assert (preset.finetune.epochs, preset.finetune.batch_size, preset.finetune.mixed_precision) == (6, 16, "bf16")
+    assert (preset.finetune.epochs, preset.finetune.batch_size, preset.finetune.mixed_precision) == (6, 16, "auto")
