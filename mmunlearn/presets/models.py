@@ -126,7 +126,8 @@ def _dir_fingerprint(path: Path) -> dict[str, Any]:
 #: autocast, loss and LM head on the answer tokens only. The forget author's answers reach ROUGE-L 0.86 /
 #: 0.99 / 0.97 and answer probability 0.94 / 0.96 / 0.98 after epochs 4 / 5 / 6 (pretrained: 0.31 / 0.08);
 #: (``mixed_precision="auto"``: bf16 autocast where it is native -- a CPU with AVX512_BF16/AMX or a GPU -- float32
-#: elsewhere: emulated bf16 measured 17x slower on an AVX2-only CPU, :func:`mmunlearn.train.config.cpu_has_native_bf16`.)
+#: elsewhere: emulated bf16 trained at 0.11x float32's speed on an AVX2-only CPU, record
+#: bench_precision_smollm2_avx2_table; :func:`mmunlearn.train.config.cpu_has_native_bf16`.)
 #: lr 1e-4 (the earlier preset) reached ROUGE-L 0.39 in 5 epochs, and TOFU's reference (1e-5 x 5 epochs x
 #: batch 32) barely moves the answer NLL. `tofu finetune --epochs/--lr/...` override them; every recipe
 #: checks memorisation (recipes/tofu_settings.py) and warns when it failed.

@@ -104,8 +104,9 @@ class TrainConfig:
 @functools.lru_cache(maxsize=1)
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU computes bf16 natively (the ``avx512_bf16`` or ``amx_bf16`` flag of /proc/cpuinfo; False
-    where there is no such file). Without it PyTorch emulates bf16 on the CPU: one SmolLM2-135M training step under
-    bf16 autocast measured 17x slower than float32 on an AVX2-only CPU (190 s against 11 s)."""
+    where there is no such file). Without it PyTorch emulates bf16 on the CPU: on an AVX2-only CPU a SmolLM2-135M
+    training step under bf16 autocast ran at 0.11x float32's speed, scoring at 0.20x (docs/benchmarks.md, record
+    bench_precision_smollm2_avx2_table)."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
