@@ -155,7 +155,7 @@ def stream(
 @app.command()
 def precision(
     model: Annotated[str, typer.Option(help="A real checkpoint (smollm2-135m), a save_pretrained folder, or a random-init preset architecture (micro, mini; with a BPE trained on --data).")] = "smollm2-135m",
-    data: Annotated[str, typer.Option(help="QA rows: a TOFU folder (e.g. /work/shared/data/tofu) or the built-in synthetic[:...] data.")] = "synthetic",
+    data: Annotated[str, typer.Option(help="QA rows: a TOFU folder (e.g. ../shared/data/tofu) or the built-in synthetic[:...] data.")] = "synthetic",
     split: Annotated[str, typer.Option(help="The split whose first --batch rows make the batch.")] = "forget10",
     batch: Annotated[int, typer.Option(min=1, help="QA rows per batch (one training step, one scoring call, prompts decoded together).")] = 16,
     new_tokens: Annotated[int, typer.Option(min=1, help="Greedy tokens generated at most per question (decoding stops when every row has met EOS).")] = 32,
