@@ -104,8 +104,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             ``overrides`` (e.g. ``rank=4, scale=16``).
         rule: ``"auto"`` (default): the kind's rule (:mod:`mmunlearn.unlearn_rules`): classifiers, every forgotten
             speaker's clips predicted as none of the forget speakers on 98 % of them (near a retrained model's level;
-            ``unlearn_rules.SPEAKER_FORGET_TARGET``) with the retain NLL up at most 0.05 nats; LLMs, the forget NLL up to the reference's (or by 1 nat without one) with the retain NLL on
-            held-out retain rows up at most 0.1. A forget set the model never knew is refused (``NothingToForget``).
+            ``unlearn_rules.SPEAKER_FORGET_TARGET``) with the retain NLL up at most 0.05 nats; LLMs, the forget NLL
+            up to the reference's (or by 1 nat without one) with the retain NLL on held-out retain rows up at most 0.1. A forget set the model never knew is refused (``NothingToForget``).
             A :class:`~mmunlearn.methods.rule.SweepRule` of your own, or None: the config as it is. The report's first
             field, ``verdict``, says "rule met", "RULE NOT MET" or "NOT CHECKED", naming each measure.
         scope: classifiers: the weights erasure edits -- ``sweep`` (default: the class rows first, every weight when

@@ -25,8 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
-
+from mmunlearn.adapters.base import resolve_device
 from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
 from mmunlearn.methods import SweepRule, get
@@ -46,8 +45,7 @@ def default_precision(preset: str, device: str = "auto") -> str:
     wanted = REAL_MODEL_PRECISION.get(preset, "no")
     if wanted != "bf16":
         return wanted
-    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    return "bf16" if native_bf16("cuda" if cuda else "cpu") else "no"
+    return "bf16" if native_bf16(resolve_device(device).type) else "no"
 
 
 def method_options(method: str, **options: Any) -> dict[str, Any]:
