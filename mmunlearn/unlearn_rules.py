@@ -90,11 +90,11 @@ def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
 def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool,
                               reference_given: bool) -> dict[str, Any]:
     """What the model knows of ``forget`` before any edit (for the report); :class:`NothingToForget` when it knows
-    nothing: a classifier whose forget clips are already named as other classes at :func:`chance` or more, or an
-    LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
+    nothing: a classifier whose forget clips are already named as other classes at :func:`chance` or more (or at
+    ``rule``'s own target, when that is lower), or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
     value = rule.forget_measure(adapter, forget)
     floor = chance(len(adapter.speakers)) if classifier else None
-    if classifier and value >= floor:
+    if classifier and value >= min(floor, rule.forget_target):  # at chance, or already meeting a rule of one's own
         raise NothingToForget(
             f"nothing to forget: before any edit {value:.3g} of the worst forget speaker's clips are already predicted "
             f"as none of the forget speakers (chance: {floor:.3g}); the model never learned them. Check "

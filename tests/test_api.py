@@ -192,7 +192,8 @@ def test_rule_auto_sweeps_a_speaker_classifier_by_the_documented_rule(speaker_di
     assert next(iter(res.report)) == "verdict" and res.report["verdict"].startswith(
         "rule met" if res.report["target_reached"] else "RULE NOT MET")
     assert f"(target >= {rule['forget_target']:.4g}; higher = more forgotten)" in res.report["verdict"]
-    assert "predicted as none of the forgotten speakers" in res.report["verdict"]
+    assert "forget set: share of the worst forgotten speaker's clips predicted as none of the forgotten speakers" \
+        in res.report["verdict"] and "retain set: mean NLL (nats) rose" in res.report["verdict"]
     assert rule["forget_measure"] == "worst_speaker_error_rate" and rule["forget_target"] == SPEAKER_FORGET_TARGET
     assert res.report["knowledge_check"]["chance"] == pytest.approx(1 - 1 / 4)  # "nothing to forget" is judged at chance
     assert rule["retain_bound"] == 0.05 and res.report["config"]["retain_rank"] == 0  # head: no retain subspace

@@ -59,7 +59,8 @@ def test_a_text_llm_folder_is_unlearned_through_the_same_call(text_dir, tmp_path
     assert rep["held_retain_items"] == 2 and rep["retain_items"] == 8 and rep["forget_items"] == 6
     assert rep["rule"]["forget_measure"] == "mean_nll" and "no reference model given" in rep["rule_target"]
     assert rep["rule"]["forget_target"] == pytest.approx(rep["rule"]["base_forget"] + 1.0)
-    assert "mean NLL (nats)" in rep["verdict"] and "higher = more forgotten" in rep["verdict"]
+    assert "forget set: mean NLL (nats)" in rep["verdict"] and "higher = more forgotten" in rep["verdict"]
+    assert "retain set: mean NLL (nats) rose" in rep["verdict"]  # which set each NLL is of, not two bare "mean NLL"s
     assert rep["forget_nll"]["after"] > rep["forget_nll"]["before"]
     with pytest.raises(ValueError, match="applies to classifiers"):
         unlearn(text_dir, forget=forget, retain=retain, scope="head", device="cpu", progress=False)

@@ -55,9 +55,9 @@ class SweepRule:
     def verdict(self, method: str, forget: float, retain_rise: float, met: bool) -> str:
         """One line that says whether ``method`` met the rule, naming each measure, its direction and its bound."""
         head = f"rule met by {method}" if met else f"RULE NOT MET by {method}"
-        return (f"{head}: {measure_label(self.forget_measure)} {forget:.4g} (target >= {self.forget_target:.4g}; "
-                f"higher = more forgotten); {measure_label(self.retain_measure)} rose {retain_rise:+.4g} "
-                f"(bound <= {self.retain_bound:.4g})")
+        return (f"{head}: forget set: {measure_label(self.forget_measure)} {forget:.4g} (target >= "
+                f"{self.forget_target:.4g}; higher = more forgotten); retain set: {measure_label(self.retain_measure)} "
+                f"rose {retain_rise:+.4g} (bound <= {self.retain_bound:.4g})")
 
 
 #: What each forget / retain measure the rules use means, for the verdict line (by the measure's name).
