@@ -74,32 +74,99 @@ def prepare_sources(
     """
     out = Path(out).resolve()
     genders, text = genders or {}, text or {}
-    speakers, forget_speakers = options["speakers"], options["forget_speakers"]
+    forget_speakers, seed = options["forget_speakers"], options["seed"]
     explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
-    min_duration, seed = options["min_duration"], options["seed"]
     digest = _options_digest(options, list(sources), side_files)
     stamp_path, report_path = out / "prepare_stamp.json", out / "prepare_report.json"
     manifests = {name: out / f"{name}.csv" for name in SPLIT_NAMES}
-    done = [stamp_path, report_path, *manifests.values()]
-    if not force and all(p.is_file() for p in done):
-        try:
-            stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
-            report = json.loads(report_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            stamp = report = None  # a damaged stamp or report: rebuild
-        if isinstance(stamp, dict) and isinstance(report, dict) and stamp.get("digest") == digest:
-            return PrepareResult(out, manifests, report, skipped=True)
+    if not force and (earlier := _earlier_report(stamp_path, report_path, manifests, digest)) is not None:
+        return PrepareResult(out, manifests, earlier, skipped=True)
 
-    todo = _select_files(list(sources), speakers, explicit or [], options["max_utterances"], seed)  # unknown IDs fail here
-    selected = sorted({s.spk_id for s in todo})
-    choose_forget_speakers(selected, explicit or forget_speakers, seed)  # count fits?
+    todo, utts, failed, too_short = _decode_selected(list(sources), out, options, explicit, genders, text,
+                                                     force=force, jobs=jobs, progress=progress)
+    selected, kept = sorted({s.spk_id for s in todo}), sorted({u.spk_id for u in utts})
+    shortfalls = _decoding_shortfalls(options, sources, selected, kept, len(too_short), len(failed))
+    forget = choose_forget_speakers(kept, explicit or forget_speakers, seed)
+    splits, info = make_splits(utts, forget, options["forget_fraction"], options["test_video_fraction"], seed)
+    per_speaker = _per_speaker(splits, todo, too_short, failed)
+    shortfalls += _split_shortfalls(splits, per_speaker, options)
+    _settle_shortfalls(shortfalls, len(too_short), options)
+    no_gender = _speakers_without_gender(kept, genders, genders_from)
+
+    # Written beside the final files, then moved into place; the old stamp goes first, the new one last.
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".prepare-tmp-"))
+    try:
+        counts = _write_split_manifests(staging, splits, manifests, utts, options["segment_seconds"])
+        segments, original = _segments(counts, utts, options["segment_seconds"]), _original_training(splits)
+        for item in speaker_warnings(kept):
+            log.warning("%s", item)
+        report = {"options": options, "files_found": len(sources), "duplicates": duplicates,
+                  "files_selected": len(todo), "failed": failed, "too_short": too_short,
+                  "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
+                  "speakers_without_gender": no_gender, "counts": counts, "per_speaker": per_speaker,
+                  "shortfalls": shortfalls, "warnings": speaker_warnings(kept),
+                  "segments": segments, "original_training": original, **info}
+        _publish(staging, manifests, report_path, report, stamp_path, {"digest": digest, "options": options})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return PrepareResult(out, manifests, report)
+
+
+def _decode_selected(sources: list[Source], out: Path, options: dict[str, Any], explicit: list[str] | None,
+                     genders: dict[str, str], text: dict[str, str], *, force: bool, jobs: int,
+                     progress: bool) -> tuple[list[Source], list[Utterance], list[dict], list[dict]]:
+    """Pick the files, decode them into ``out``; return them with the good, failed and too-short utterances."""
+    seed = options["seed"]
+    todo = _select_files(sources, options["speakers"], explicit or [], options["max_utterances"],
+                         seed)  # unknown IDs fail here
+    choose_forget_speakers(sorted({s.spk_id for s in todo}), explicit or options["forget_speakers"],
+                           seed)  # count fits?
     index = read_audio_index(out / "audio_index.json", force=force)
     out.mkdir(parents=True, exist_ok=True)
     entries = _decode_all(todo, out, jobs, progress, index)
-    utts, failed, too_short = _utterances(todo, entries, int(round(min_duration * SR)),
+    utts, failed, too_short = _utterances(todo, entries, int(round(options["min_duration"] * SR)),
                                           {k: {"gender": g} for k, g in genders.items()}, text)
-    kept = sorted({u.spk_id for u in utts})
+    return todo, utts, failed, too_short
+
+
+def _speakers_without_gender(kept: list[str], genders: dict[str, str], genders_from: Path | None) -> list[str]:
+    """The kept speakers the gender list leaves out (logged); empty when no gender list was given."""
+    no_gender = sorted(s for s in kept if not genders.get(s)) if genders else []
+    if no_gender:
+        log.warning("%s gives no gender for %d kept speaker(s): %s", genders_from, len(no_gender), no_gender[:10])
+    return no_gender
+
+
+def _publish(staging: Path, manifests: dict[str, Path], report_path: Path, report: dict[str, Any],
+             stamp_path: Path, stamp: dict[str, Any]) -> None:
+    """Move the staged manifests and report into place, the old stamp removed first and the new one written last."""
+    _write_json(staging / report_path.name, report)
+    stamp_path.unlink(missing_ok=True)  # an interrupted move must not look finished
+    for path in [*manifests.values(), report_path]:
+        os.replace(staging / path.name, path)
+    _write_json(stamp_path, stamp)
+
+
+def _earlier_report(stamp_path: Path, report_path: Path, manifests: dict[str, Path],
+                    digest: str) -> dict[str, Any] | None:
+    """The finished earlier run's report when its stamp carries ``digest``; None when the run must be (re)built."""
+    if not all(p.is_file() for p in [stamp_path, report_path, *manifests.values()]):
+        return None
+    try:
+        stamp = json.loads(stamp_path.read_text(encoding="utf-8"))
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None  # a damaged stamp or report: rebuild
+    if isinstance(stamp, dict) and isinstance(report, dict) and stamp.get("digest") == digest:
+        return report
+    return None
+
+
+def _decoding_shortfalls(options: dict[str, Any], sources: Sequence[Source], selected: list[str], kept: list[str],
+                         n_too_short: int, n_failed: int) -> list[str]:
+    """What decoding and the duration filter left short of the ask; raises when too few speakers remain."""
     found = len({s.spk_id for s in sources})
+    speakers, forget_speakers, min_duration = options["speakers"], options["forget_speakers"], options["min_duration"]
     wanted = min(speakers, found) if speakers > 0 else found
     shortfalls = [f"{speakers} speakers asked for, {found} found"] if speakers > found else []
     lost = [s for s in selected if s not in kept]
@@ -108,66 +175,59 @@ def prepare_sources(
                           f"(every file of {lost[:10]} was unreadable or shorter than {min_duration} s)")
     if len(kept) < 2 or (isinstance(forget_speakers, int) and forget_speakers >= len(kept)):
         raise ShortfallError(f"{len(kept)} speaker(s) left after decoding and the duration filter "
-                             f"({len(too_short)} file(s) shorter than {min_duration} s, {len(failed)} unreadable): "
+                             f"({n_too_short} file(s) shorter than {min_duration} s, {n_failed} unreadable): "
                              f"too few to forget {forget_speakers} and keep one; lower --min-duration")
-    forget = choose_forget_speakers(kept, explicit or forget_speakers, seed)
-    splits, info = make_splits(utts, forget, options["forget_fraction"], options["test_video_fraction"], seed)
-    per_speaker = _per_speaker(splits, todo, too_short, failed)
-    shortfalls += _split_shortfalls(splits, per_speaker, options)
-    if shortfalls:
-        hint = (f"; {len(too_short)} file(s) were shorter than --min-duration {min_duration} s" if too_short else "")
-        if not options.get("allow_fewer"):
-            raise ShortfallError("cannot prepare what was asked: " + "; ".join(shortfalls) + hint +
-                                 ". Pass --allow-fewer (allow_fewer=True) to write the manifests anyway")
-        for item in shortfalls:
-            log.warning("allowed shortfall: %s", item)
-    no_gender = sorted(s for s in kept if not genders.get(s)) if genders else []
-    if no_gender:
-        log.warning("%s gives no gender for %d kept speaker(s): %s", genders_from, len(no_gender), no_gender[:10])
+    return shortfalls
 
-    # Written beside the final files, then moved into place; the old stamp goes first, the new one last.
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".prepare-tmp-"))
-    try:
-        counts = {}
-        for name, items in splits.items():
-            rows = [r for u in items for r in segment_rows(u, SR, options["segment_seconds"])]
-            write_manifest(staging / manifests[name].name, rows, columns=_columns(utts))
-            kept_seconds = sum(r["duration"] for r in rows)
-            counts[name] = {"utterances": len(items), "rows": len(rows),
-                            "speakers": len({u.spk_id for u in items}),
-                            "hours": round(kept_seconds / 3600, 4),
-                            "dropped_seconds": round(sum(u.frames for u in items) / SR - kept_seconds, 3)}
-        audio_seconds = sum(u.frames for u in utts) / SR
-        dropped = counts["train"]["dropped_seconds"] + sum(
-            counts[n]["dropped_seconds"] for n in ("spk_forget_test", "spk_retain_test", "sample_holdout"))
-        holdout_out = len(splits.get("sample_holdout", []))
-        for item in speaker_warnings(kept):
-            log.warning("%s", item)
-        report = {"options": options, "files_found": len(sources), "duplicates": duplicates,
-                  "files_selected": len(todo), "failed": failed, "too_short": too_short,
-                  "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
-                  "speakers_without_gender": no_gender, "counts": counts, "per_speaker": per_speaker,
-                  "shortfalls": shortfalls, "warnings": speaker_warnings(kept),
-                  "segments": {"segment_seconds": options["segment_seconds"],
-                               "dropped_seconds": round(dropped, 3),
-                               "dropped_fraction": round(dropped / audio_seconds, 4) if audio_seconds else 0.0},
-                  "original_training": {
-                      "utterances": len(splits["train"]),
-                      "depends_on_forget_speakers": holdout_out > 0,
-                      "note": "train = the forget speakers' training utterances + the retained speakers' minus "
-                              f"their sample-level holdout ({holdout_out} utterances), which is drawn from retained "
-                              "speakers only: another --forget-speakers gives the original model another training "
-                              "set (all of a speaker's training utterances when it is forgotten, all but its "
-                              "holdout when it is kept)"},
-                  **info}
-        _write_json(staging / report_path.name, report)
-        stamp_path.unlink(missing_ok=True)  # an interrupted move must not look finished
-        for path in [*manifests.values(), report_path]:
-            os.replace(staging / path.name, path)
-        _write_json(stamp_path, {"digest": digest, "options": options})
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return PrepareResult(out, manifests, report)
+
+def _settle_shortfalls(shortfalls: list[str], n_too_short: int, options: dict[str, Any]) -> None:
+    """Raise :class:`ShortfallError` over ``shortfalls`` unless ``allow_fewer``; then log each as allowed."""
+    if not shortfalls:
+        return
+    min_duration = options["min_duration"]
+    hint = (f"; {n_too_short} file(s) were shorter than --min-duration {min_duration} s" if n_too_short else "")
+    if not options.get("allow_fewer"):
+        raise ShortfallError("cannot prepare what was asked: " + "; ".join(shortfalls) + hint +
+                             ". Pass --allow-fewer (allow_fewer=True) to write the manifests anyway")
+    for item in shortfalls:
+        log.warning("allowed shortfall: %s", item)
+
+
+def _write_split_manifests(staging: Path, splits: dict[str, list[Utterance]], manifests: dict[str, Path],
+                           utts: list[Utterance], segment_seconds: float) -> dict[str, dict[str, Any]]:
+    """Write each split's segmented manifest into ``staging``; return its counts by split name."""
+    counts = {}
+    for name, items in splits.items():
+        rows = [r for u in items for r in segment_rows(u, SR, segment_seconds)]
+        write_manifest(staging / manifests[name].name, rows, columns=_columns(utts))
+        kept_seconds = sum(r["duration"] for r in rows)
+        counts[name] = {"utterances": len(items), "rows": len(rows),
+                        "speakers": len({u.spk_id for u in items}),
+                        "hours": round(kept_seconds / 3600, 4),
+                        "dropped_seconds": round(sum(u.frames for u in items) / SR - kept_seconds, 3)}
+    return counts
+
+
+def _segments(counts: dict[str, dict[str, Any]], utts: list[Utterance], segment_seconds: float) -> dict[str, Any]:
+    """The report's segments entry: how much audio segmenting dropped."""
+    audio_seconds = sum(u.frames for u in utts) / SR
+    dropped = counts["train"]["dropped_seconds"] + sum(
+        counts[n]["dropped_seconds"] for n in ("spk_forget_test", "spk_retain_test", "sample_holdout"))
+    return {"segment_seconds": segment_seconds,
+            "dropped_seconds": round(dropped, 3),
+            "dropped_fraction": round(dropped / audio_seconds, 4) if audio_seconds else 0.0}
+
+
+def _original_training(splits: dict[str, list[Utterance]]) -> dict[str, Any]:
+    """The report's original_training entry: what the original model trains on."""
+    holdout_out = len(splits.get("sample_holdout", []))
+    return {"utterances": len(splits["train"]),
+            "depends_on_forget_speakers": holdout_out > 0,
+            "note": "train = the forget speakers' training utterances + the retained speakers' minus "
+                    f"their sample-level holdout ({holdout_out} utterances), which is drawn from retained "
+                    "speakers only: another --forget-speakers gives the original model another training "
+                    "set (all of a speaker's training utterances when it is forgotten, all but its "
+                    "holdout when it is kept)"}
 
 
 def _select_files(sources: list[Source], speakers: int, keep: list[str], max_utterances: int,
