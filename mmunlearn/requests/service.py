@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from mmunlearn.methods.harness import REPORT_NAME, Outcome, run_unlearning
 from mmunlearn.methods.head_rows import forgotten_speakers
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, original_tensor, record
-from mmunlearn.requests.state import data_fingerprint, model_fingerprint, obtain_retain_state
+from mmunlearn.requests.state import RetainState, data_fingerprint, model_fingerprint, obtain_retain_state
 from mmunlearn.taskvec.extract import ExtractConfig
 
 
@@ -160,34 +160,82 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     The rest as :func:`~mmunlearn.methods.harness.run_unlearning`.
     """
     t_start = time.perf_counter()
-    sets = [list(s) for s in forget] if batch else [list(forget)]
-    if batch and not sets:
-        raise ValueError("a batch needs at least one forget set")
-    items = union(sets) if batch else sets[0]
+    sets, items = _forget_sets(forget, batch)
     want_state = use_retain_state if use_retain_state is not None else retain_state is not None
-    overrides = dict(overrides or {})
-    if (want_state and rule is not None and config is None and kind in REQUEST_EXTRACT and _is_erasure(method)
-            and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
-        overrides = {"extract_kind": REQUEST_EXTRACT[kind], "sweep_scales": "auto", **overrides}
+    overrides = _request_overrides(overrides, want_state=want_state, rule=rule, config=config, kind=kind,
+                                   method=method)
     spec, cfg = _config(method, kind, config, size, overrides)
     if want_state and "task_vectors" not in spec.needs:
         raise ValueError(f"a retain state applies to the methods that work from task vectors "
                          f"({', '.join(needing('task_vectors'))}), not to {method}")
     before = model_fingerprint(adapter.model)
+    state = (_obtain_state(retain_state, adapter, retain, retain_extract, reference=reference, history=history,
+                           before=before, kind=kind, spec=spec, size=size, refresh=refresh_retain,
+                           progress=progress, inputs=inputs) if want_state else None)
+    report_meta = _request_meta(meta, state, sets, items, batch)
+    previous = history if history is not None and history.requests else None
+    rule, stand_ins = _earlier_requests(adapter, previous, retain, report_meta, kind=kind, method=method, rule=rule)
+    cfg = _first_edit_size(cfg, previous, method=method, rule=rule) if reuse_edit_size else cfg
+    add_history, extra = _history_hooks(adapter, previous, items, before=before, t_start=t_start,
+                                        batch_sets=len(sets) if batch else None)
+    outcome = run_unlearning(method, adapter, items, retain, kind=kind, config=cfg, reference=reference, rule=rule,
+                             out=out, inputs=inputs, overwrite=overwrite, progress=progress, meta=report_meta,
+                             retain_task=state.task if state is not None else None, extra=extra,
+                             earlier_forgotten=stand_ins, undo_dir=undo_dir)
+    if out is None:
+        add_history(outcome.report)
+    if batch and compare_batch:
+        outcome.report["batch"]["one_by_one"] = _compare_batch(
+            outcome.adapter, clone, sets, retain, kind=kind, method=method, cfg=cfg, reference=reference, rule=rule,
+            state=state)
+    return outcome
+
+
+def _forget_sets(forget: Sequence[Any] | Sequence[Sequence[Any]], batch: bool) -> tuple[list[list[Any]], list[Any]]:
+    """The request's forget sets (one unless ``batch``) and the items to forget (their union in a batch)."""
+    sets = [list(s) for s in forget] if batch else [list(forget)]
+    if batch and not sets:
+        raise ValueError("a batch needs at least one forget set")
+    return sets, (union(sets) if batch else sets[0])
+
+
+def _request_overrides(overrides: Mapping[str, Any] | None, *, want_state: bool, rule: SweepRule | None,
+                       config: Any, kind: str, method: str) -> dict[str, Any]:
+    """``overrides`` with the kind's :data:`REQUEST_EXTRACT` and auto sweep scales put first when they apply."""
+    overrides = dict(overrides or {})
+    if (want_state and rule is not None and config is None and kind in REQUEST_EXTRACT and _is_erasure(method)
+            and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
+        overrides = {"extract_kind": REQUEST_EXTRACT[kind], "sweep_scales": "auto", **overrides}
+    return overrides
+
+
+def _obtain_state(retain_state: str | os.PathLike | None, adapter, retain: Sequence[Any],
+                  retain_extract: ExtractConfig | None, *, reference, history: History | None, before: str, kind: str,
+                  spec: Any, size: str | None, refresh: bool, progress: bool,
+                  inputs: Sequence[str | os.PathLike]) -> RetainState:
+    """The retain state, from ``reference`` when given, else from the model (with the history's lineage)."""
+    source = reference if reference is not None else adapter
+    lineage = history.lineage(before) if (history is not None and reference is None) else []
+    return obtain_retain_state(retain_state, source, retain, retain_extract, kind=kind,
+                               default_extract=spec.config_for(kind, size).extract, lineage=lineage,
+                               refresh=refresh, progress=progress, inputs=inputs)
+
+
+def _request_meta(meta: Mapping[str, Any] | None, state: RetainState | None, sets: list[list[Any]], items: list[Any],
+                  batch: bool) -> dict[str, Any]:
+    """The report's meta: the caller's, the retain state's description and a batch's sets."""
     report_meta: dict[str, Any] = dict(meta or {})
-    state = None
-    if want_state:
-        source = reference if reference is not None else adapter
-        lineage = history.lineage(before) if (history is not None and reference is None) else []
-        state = obtain_retain_state(retain_state, source, retain, retain_extract, kind=kind,
-                                    default_extract=spec.config_for(kind, size).extract, lineage=lineage,
-                                    refresh=refresh_retain, progress=progress, inputs=inputs)
+    if state is not None:
         report_meta["retain_state"] = state.describe()
     if batch:
         report_meta["batch"] = {"sets": [{"items": len(s), "fingerprint": data_fingerprint(s)} for s in sets],
                                 "union_items": len(items)}
-    previous = history if history is not None and history.requests else None
-    last = previous.requests[-1] if previous is not None else {}
+    return report_meta
+
+
+def _earlier_requests(adapter, previous: History | None, retain: Sequence[Any], report_meta: dict[str, Any], *,
+                      kind: str, method: str, rule: SweepRule | None) -> tuple[SweepRule | None, dict[str, Any] | None]:
+    """Check the earlier requests' speakers, note them in ``report_meta``; return the widened rule and stand-ins."""
     earlier = earlier_speakers(previous)
     classifier = bool(earlier) and get_kind(kind).is_classifier
     if earlier:
@@ -199,18 +247,30 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
     if earlier:
         report_meta["earlier_forgotten_speakers"] = earlier
         report_meta["earlier_directions"] = sorted(k for k, v in (stand_ins or {}).items() if v is not None)
-    if (reuse_edit_size and rule is not None and getattr(cfg, "sweep_first", "absent") is None
+    return rule, stand_ins
+
+
+def _first_edit_size(cfg: Any, previous: History | None, *, method: str, rule: SweepRule | None) -> Any:
+    """``cfg`` whose sweep first tries the previous request's edit size, when that request used ``method``."""
+    last = previous.requests[-1] if previous is not None else {}
+    if (rule is not None and getattr(cfg, "sweep_first", "absent") is None
             and last.get("method") == method and reusable_edit(previous, last) is not None):
         from dataclasses import replace
 
-        cfg = replace(cfg, sweep_first=reusable_edit(previous, last))
+        return replace(cfg, sweep_first=reusable_edit(previous, last))
+    return cfg
+
+
+def _history_hooks(adapter, previous: History | None, items: list[Any], *, before: str, t_start: float,
+                   batch_sets: int | None) -> tuple[Callable[[dict], None], Callable[[Path, dict], None]]:
+    """``add_history(report)`` (this request's record) and the harness's ``extra`` (with the earlier records)."""
 
     def add_history(report: dict[str, Any]) -> None:
         more = {"model_before": before, "model_after": model_fingerprint(adapter.model),
                 "forget_fingerprint": data_fingerprint(items), "seconds": time.perf_counter() - t_start,
                 "relative_edit": (report.get("info") or {}).get("relative")}
-        if batch:
-            more["batch_sets"] = len(sets)
+        if batch_sets is not None:
+            more["batch_sets"] = batch_sets
         speakers = forgotten_speakers(items)
         if speakers:
             more["forget_speakers"] = speakers
@@ -221,19 +281,16 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
             carry_history(previous, staging)
         add_history(report)
 
-    outcome = run_unlearning(method, adapter, items, retain, kind=kind, config=cfg, reference=reference, rule=rule,
-                             out=out, inputs=inputs, overwrite=overwrite, progress=progress, meta=report_meta,
-                             retain_task=state.task if state is not None else None, extra=extra,
-                             earlier_forgotten=stand_ins, undo_dir=undo_dir)
-    if out is None:
-        add_history(outcome.report)
-    if batch and compare_batch:
-        if clone is None:
-            raise ValueError("compare_batch needs clone: a function returning a fresh copy of the input model")
-        outcome.report["batch"]["one_by_one"] = compare_one_by_one(
-            outcome.adapter, clone, sets, retain, kind=kind, method=method, cfg=cfg, reference=reference, rule=rule,
-            retain_task=state.task if state is not None else None)
-    return outcome
+    return add_history, extra
+
+
+def _compare_batch(edited, clone, sets: list[list[Any]], retain: Sequence[Any], *, kind: str, method: str, cfg: Any,
+                   reference, rule: SweepRule | None, state: RetainState | None) -> dict[str, Any]:
+    """:func:`compare_one_by_one` for a batch, refused without ``clone``."""
+    if clone is None:
+        raise ValueError("compare_batch needs clone: a function returning a fresh copy of the input model")
+    return compare_one_by_one(edited, clone, sets, retain, kind=kind, method=method, cfg=cfg, reference=reference,
+                              rule=rule, retain_task=state.task if state is not None else None)
 
 
 def compare_one_by_one(edited, clone, sets: Sequence[Sequence[Any]], retain: Sequence[Any], *, kind: str,
