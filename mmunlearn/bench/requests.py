@@ -45,6 +45,7 @@ from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
 from mmunlearn.methods import get, run_unlearning
+from mmunlearn.methods.rule import SweepRule
 from mmunlearn.requests import History, obtain_retain_state, read_history, run_request, widened_rule
 from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
 from mmunlearn.train import TrainConfig
@@ -234,11 +235,6 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     asks = [[r for r in forget_rows if r["spk_id"] == s] for s in ids]
     forget_test = split_rows(man, "spk_forget_test")
     gone = [[r for r in forget_rows + forget_test if r["spk_id"] in ids[:i]] for i in range(1, len(ids) + 1)]
-
-    def counted(row: RequestRow, adapter) -> RequestRow:  # every speaker forgotten so far
-        row.forgotten_any, row.forgotten_sink = forgotten_share(adapter, gone[row.request - 1])
-        return row
-
     original = SpeakerAdapter.load(model_dir, device="cpu")
     scoped = original.clone()
     scoped.scope = scope  # validates it
@@ -249,18 +245,45 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     rule = replace(speaker_rule(n_classes, retain_bound, chance(n_classes)), retain_items=scored, checks_per_epoch=1)
     size = preset if preset in ("tiny", "small") else "large"
     accuracy(original, heldout + retain + forget_rows + forget_test, desc=None)  # decode the audio once, untimed
-    retrained = SpeakerAdapter.load(retrained_dir, device="cpu")
-    if retrained.speakers != original.speakers:
-        raise ValueError(f"{retrained_dir}: the retrained model's classes differ from the original's")
-    re_any, re_sink = forgotten_share(retrained, gone[-1])
-    retrained_row = {"model": str(retrained_dir), "forgotten_any": re_any, "forgotten_sink": re_sink,
-                     "heldout_retain_acc": accuracy(retrained, heldout, desc=None) if heldout else None}
+    retrained_row = _retrained_row(retrained_dir, original, gone[-1], heldout)
     state_dir = workdir / "retain_state"
     prepare_seconds = timed_retain_state(state_dir, scoped, retain, "speaker", size, progress)
     gd_over = {"epochs": gd_epochs, **({"lr": gd_lr} if gd_lr is not None else {})}
+    rows = _sequential_requests(workdir, scoped, asks, retain, extracts=extracts, ids=ids, gone=gone, rule=rule,
+                                size=size, gd_over=gd_over, qr_over=qr_over, state_dir=state_dir, heldout=heldout,
+                                progress=progress, show=show)
+    batch = None
+    if with_batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
+        batch = _batch_comparison(scoped, asks, retain, extract=extracts[0], qr_over=qr_over, rule=rule, size=size,
+                                  state_dir=state_dir, forget_rows=forget_rows, gone=gone[-1], progress=progress)
+    setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
+             "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
+             "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
+             "qr_erase": {**asdict(get("qr-erase").config_for("speaker", size)), **qr_over}, "extracts": list(extracts),
+             "scope": scope, "manifests": str(man), "retrained": retrained_row}
+    name = "built-in corpus" if manifests is None else f"manifests {Path(manifests).name}"
+    return BenchResult(f"speaker classifier ({name})", setup, prepare_seconds, rows)
+
+
+def _retrained_row(retrained_dir: Path, original: SpeakerAdapter, gone: list[dict], heldout: list[dict]) -> dict:
+    """The retrained model's two shares and held-out accuracy: what the state after the last request should match."""
+    retrained = SpeakerAdapter.load(retrained_dir, device="cpu")
+    if retrained.speakers != original.speakers:
+        raise ValueError(f"{retrained_dir}: the retrained model's classes differ from the original's")
+    re_any, re_sink = forgotten_share(retrained, gone)
+    return {"model": str(retrained_dir), "forgotten_any": re_any, "forgotten_sink": re_sink,
+            "heldout_retain_acc": accuracy(retrained, heldout, desc=None) if heldout else None}
+
+
+def _sequential_requests(workdir: Path, scoped: SpeakerAdapter, asks: list[list[dict]], retain: list[dict], *,
+                         extracts: Sequence[str], ids: list[str], gone: list[list[dict]], rule: SweepRule, size: str,
+                         gd_over: dict, qr_over: dict, state_dir: Path, heldout: list[dict], progress: bool,
+                         show: Callable[[RequestRow], None] | None) -> list[RequestRow]:
+    """Per extraction, the requests one after another with QR-Erase (GradDiff beside each, for the first one)."""
     rows: list[RequestRow] = []
 
-    def add(row: RequestRow) -> None:
+    def add(row: RequestRow, adapter) -> None:  # counted over every speaker forgotten so far
+        row.forgotten_any, row.forgotten_sink = forgotten_share(adapter, gone[row.request - 1])
         rows.append(row)
         if show is not None:
             show(row)
@@ -277,7 +300,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                                          overrides=gd_over, rule=widened_rule(rule, ids[:i - 1]),
                                          progress=progress)
                     wall = time.perf_counter() - t
-                add(counted(request_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd))
+                add(request_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd)
             with PeakMemory() as mem:
                 t = time.perf_counter()
                 # each request writes its folder, as a service would: the next one reads its history from there
@@ -291,29 +314,27 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
             history = read_history(folder)
             row = request_row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
             row.detail["retain_state"] = out.report["retain_state"]["status"]
-            add(counted(row, model))
-    batch = None
-    if with_batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
-        model = scoped.clone()
-        t = time.perf_counter()
-        out = run_request(model, asks, retain, kind="speaker", method="qr-erase", size=size,
-                          overrides={"extract_kind": extracts[0], **qr_over}, rule=rule,
-                          retain_state=state_dir, batch=True, compare_batch=True, clone=scoped.clone,
-                          progress=progress)
-        one = out.report["batch"]["one_by_one"]
-        batch = {"extract": extracts[0], "seconds_with_comparison": time.perf_counter() - t,
-                 "union_method_seconds": out.report["extract_seconds"] + out.report["unlearn_seconds"],
-                 "union_rule": out.report["rule"], "union_target_reached": out.report["target_reached"],
-                 "forget_error_union": forgotten_rates(model, forget_rows),
-                 **dict(zip(("forgotten_any_union", "forgotten_sink_union"), forgotten_share(model, gone[-1]))),
-                 **one}
-    setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
-             "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
-             "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
-             "qr_erase": {**asdict(get("qr-erase").config_for("speaker", size)), **qr_over}, "extracts": list(extracts),
-             "scope": scope, "manifests": str(man), "retrained": retrained_row}
-    name = "built-in corpus" if manifests is None else f"manifests {Path(manifests).name}"
-    return BenchResult(f"speaker classifier ({name})", setup, prepare_seconds, rows)
+            add(row, model)
+    return rows
+
+
+def _batch_comparison(scoped: SpeakerAdapter, asks: list[list[dict]], retain: list[dict], *, extract: str,
+                      qr_over: dict, rule: SweepRule, size: str, state_dir: Path, forget_rows: list[dict],
+                      gone: list[dict], progress: bool) -> dict[str, Any]:
+    """Every request at once (one QR-Erase edit with the union) against them one by one."""
+    model = scoped.clone()
+    t = time.perf_counter()
+    out = run_request(model, asks, retain, kind="speaker", method="qr-erase", size=size,
+                      overrides={"extract_kind": extract, **qr_over}, rule=rule,
+                      retain_state=state_dir, batch=True, compare_batch=True, clone=scoped.clone,
+                      progress=progress)
+    one = out.report["batch"]["one_by_one"]
+    return {"extract": extract, "seconds_with_comparison": time.perf_counter() - t,
+            "union_method_seconds": out.report["extract_seconds"] + out.report["unlearn_seconds"],
+            "union_rule": out.report["rule"], "union_target_reached": out.report["target_reached"],
+            "forget_error_union": forgotten_rates(model, forget_rows),
+            **dict(zip(("forgotten_any_union", "forgotten_sink_union"), forgotten_share(model, gone))),
+            **one}
 
 
 def timed_retain_state(state_dir: Path, adapter: Any, retain: list, kind: str, size: str, progress: bool) -> float:
