@@ -202,6 +202,53 @@ def precision(
         raise typer.Exit(1)
 
 
+def _show_request(row: rb.RequestRow) -> None:
+    """Print one request's row of ``bench requests`` as it is measured."""
+    console.print(f"  request {row.request} {row.method:9s} {row.extract or '':9s} {row.seconds:8.2f} s "
+                  f"(method {row.method_seconds:.2f} s)  forget {row.forget_before:.3f} -> {row.forget_after:.3f} "
+                  f"(target {row.forget_target:.3f})  retain {row.retain_after - row.retain_before:+.4f} "
+                  f"(bound {row.retain_bound:g})  peak +{row.peak_extra_mb:.0f} MiB"
+                  + ("" if row.forgotten_any is None else
+                     f"  forgotten -> any forgotten {100 * row.forgotten_any:.1f} %, largest share on one retained "
+                     f"speaker {100 * row.forgotten_sink:.1f} %"), soft_wrap=True)
+
+
+def _print_batch(batch: dict) -> None:
+    """Print the batch line of ``bench requests``: the union's edit against the requests one by one."""
+    console.print(f"batch of {len(batch['forget_nll_union'])} requests ({batch['extract']} extraction), edited once "
+                  f"with the union in {batch['union_method_seconds']:.1f} s (rule met: "
+                  f"{batch['union_target_reached']}): {'identical to' if batch['identical'] else 'differs from'} "
+                  f"one by one (largest relative weight difference {batch['max_relative_weight_difference']:.3g}); "
+                  f"forget NLL union {[round(x, 3) for x in batch['forget_nll_union']]} vs one by one "
+                  f"{[round(x, 3) for x in batch['forget_nll_one_by_one']]}; retain NLL "
+                  f"{batch['retain_nll_union']:.4f} vs {batch['retain_nll_one_by_one']:.4f}", soft_wrap=True)
+
+
+def _print_requests_result(res: rb.BenchResult, preset: str) -> bool:
+    """Print the ``bench requests`` table, batch, retrained-model and verdict lines; whether the target was met."""
+    console.print(f"[bold]Deletion requests, {res.dataset}, {preset} preset, QR-Erase scope "
+                  f"{res.setup.get('scope', 'all')}, retain state prepared once in {res.prepare_seconds:.1f} s[/bold]",
+                  soft_wrap=True)
+    console.print(rb.markdown(res), soft_wrap=True, markup=False, highlight=False)  # never cut at 80 columns
+    summary = res.summary()
+    batch = res.setup.get("batch")
+    if batch:
+        _print_batch(batch)
+    retrained = res.setup.get("retrained")
+    if retrained:
+        console.print(f"retrained model (retained speakers only): forgotten -> any forgotten "
+                      f"{100 * retrained['forgotten_any']:.1f} %, largest share on one retained speaker "
+                      f"{100 * retrained['forgotten_sink']:.1f} % (the last request's row should match these)",
+                      soft_wrap=True)
+    best = [s for s in summary if s["method"] == "qr-erase"]
+    ok = any(s["speedup_vs_grad_diff"] >= rb.TARGET_SPEEDUP and s["met_rule"] == s["requests"] for s in best)
+    console.print(f"{'[green]PASS[/green]' if ok else '[red]MISS[/red]'}  a QR-Erase request (retain state cached) "
+                  f"{rb.TARGET_SPEEDUP:g}x faster than GradDiff, every request meeting the rule: "
+                  + ", ".join(f"{s['extract']} {s['speedup_vs_grad_diff']:.1f}x, {s['met_rule']}/{s['requests']}"
+                              for s in best))
+    return ok
+
+
 @app.command()
 def requests(
     dataset: Annotated[str, typer.Option(help="speaker (classifier on the built-in espeak corpus) or tofu (text LLM, one request per forget author).")] = "speaker",
@@ -234,56 +281,21 @@ def requests(
     kinds = list(extract or ["gradient", "finetune"])
     if retain_bound is None:
         retain_bound = 0.1 if dataset == "tofu" else 0.05
-
-    def show(row):
-        console.print(f"  request {row.request} {row.method:9s} {row.extract or '':9s} {row.seconds:8.2f} s "
-                      f"(method {row.method_seconds:.2f} s)  forget {row.forget_before:.3f} -> {row.forget_after:.3f} "
-                      f"(target {row.forget_target:.3f})  retain {row.retain_after - row.retain_before:+.4f} "
-                      f"(bound {row.retain_bound:g})  peak +{row.peak_extra_mb:.0f} MiB"
-                      + ("" if row.forgotten_any is None else
-                         f"  forgotten -> any forgotten {100 * row.forgotten_any:.1f} %, largest share on one retained "
-                         f"speaker {100 * row.forgotten_sink:.1f} %"), soft_wrap=True)
-
     if dataset == "tofu":
         if scope != "all" or manifests is not None:
             raise typer.BadParameter("--scope and --manifests apply to --dataset speaker")
         res = run_tofu(data, preset=preset, forget_split=forget_split, authors=authors,
                        extracts=list(extract or ["gradient", "lora", "finetune"]), retain_bound=retain_bound,
-                       gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=show,
+                       gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=_show_request,
                        progress=progress)
     elif dataset == "speaker":
         res = rb.run_speaker(workdir, preset=preset, speakers=speakers, utterances=utterances, videos=videos,
                              requests=requests, extracts=kinds, train_epochs=train_epochs, retain_bound=retain_bound,
                              gd_epochs=gd_epochs or 20, gd_lr=gd_lr, score_retain=score_retain or None, scope=scope,
-                             manifests=manifests, show=show, progress=progress)
+                             manifests=manifests, show=_show_request, progress=progress)
     else:
         raise typer.BadParameter(f"--dataset must be speaker or tofu, got {dataset!r}")
-    console.print(f"[bold]Deletion requests, {res.dataset}, {preset} preset, QR-Erase scope "
-                  f"{res.setup.get('scope', 'all')}, retain state prepared once in {res.prepare_seconds:.1f} s[/bold]",
-                  soft_wrap=True)
-    console.print(rb.markdown(res), soft_wrap=True, markup=False, highlight=False)  # never cut at 80 columns
-    summary = res.summary()
-    batch = res.setup.get("batch")
-    if batch:
-        console.print(f"batch of {len(batch['forget_nll_union'])} requests ({batch['extract']} extraction), edited once "
-                      f"with the union in {batch['union_method_seconds']:.1f} s (rule met: "
-                      f"{batch['union_target_reached']}): {'identical to' if batch['identical'] else 'differs from'} "
-                      f"one by one (largest relative weight difference {batch['max_relative_weight_difference']:.3g}); "
-                      f"forget NLL union {[round(x, 3) for x in batch['forget_nll_union']]} vs one by one "
-                      f"{[round(x, 3) for x in batch['forget_nll_one_by_one']]}; retain NLL "
-                      f"{batch['retain_nll_union']:.4f} vs {batch['retain_nll_one_by_one']:.4f}", soft_wrap=True)
-    retrained = res.setup.get("retrained")
-    if retrained:
-        console.print(f"retrained model (retained speakers only): forgotten -> any forgotten "
-                      f"{100 * retrained['forgotten_any']:.1f} %, largest share on one retained speaker "
-                      f"{100 * retrained['forgotten_sink']:.1f} % (the last request's row should match these)",
-                      soft_wrap=True)
-    best = [s for s in summary if s["method"] == "qr-erase"]
-    ok = any(s["speedup_vs_grad_diff"] >= rb.TARGET_SPEEDUP and s["met_rule"] == s["requests"] for s in best)
-    console.print(f"{'[green]PASS[/green]' if ok else '[red]MISS[/red]'}  a QR-Erase request (retain state cached) "
-                  f"{rb.TARGET_SPEEDUP:g}x faster than GradDiff, every request meeting the rule: "
-                  + ", ".join(f"{s['extract']} {s['speedup_vs_grad_diff']:.1f}x, {s['met_rule']}/{s['requests']}"
-                              for s in best))
+    ok = _print_requests_result(res, preset)
     if json_out is not None:
         rb.write_json(json_out, res)
         console.print(f"wrote {json_out}")
