@@ -209,21 +209,15 @@ def stream_erase_checkpoint(
     model_dir, out = Path(model_dir), Path(out)
     inputs = (model_dir, forget, retain)
     check_output_dir(out, *inputs, overwrite=overwrite)
-    localize, rule, top, threshold = o.localize, o.rule, o.top, o.threshold
-    key: Callable[[str], str] = (groups if callable(groups) else
-                                 (lambda n: groups.get(n, group_of(n))) if groups else group_of)
-    rank, retain_rank, method = o.rank, o.retain_rank, o.method
-    if method not in METHODS:
-        raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
+    key = _group_key(groups)
+    if o.method not in METHODS:
+        raise ValueError(f"unknown subspace method {o.method!r}; choose one of {sorted(METHODS)}")
 
     ckpt = open_checkpoint(model_dir)
     tf = open_task_matrices(forget)
     tr = open_task_matrices(retain) if retain is not None else None
-    clamp = o.clamp_ranks
-    with about(f"model {model_dir}, forget {forget}" + (f", retain {retain}" if retain is not None else "")):
-        _check_inputs(ckpt, tf, tr, None if clamp else rank, None if clamp else retain_rank)
-        energies = layer_energy(_WithProgress(tf, "layer energies", progress), key)
-        chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
+    files = f"model {model_dir}, forget {forget}" + (f", retain {retain}" if retain is not None else "")
+    energies, chosen = _choose_layers(ckpt, tf, tr, o, key, files, progress)
     edit = [n for n in tf if key(n) in chosen]
     by_shard: dict[str, list[str]] = {}
     for name in edit:
@@ -238,39 +232,75 @@ def stream_erase_checkpoint(
             if shard not in by_shard:
                 linked += _link_or_copy(model_dir, shard, tmp / shard, hardlink, out / shard)
                 continue
-            tensors = _load_shard(model_dir, shard)
-            for name in by_shard[shard]:
-                t_f = tf[name]
-                if sq_norm(t_f) == 0.0:  # nothing to remove (erase() cannot localise a zero task)
-                    continue
-                t_r = {name: tr[name]} if tr is not None else None
-                try:
-                    sub = erase({name: tensors[name]}, {name: t_f}, t_r, out=None, **{**asdict(o), "localize": False})
-                except NonFiniteError as exc:
-                    raise NonFiniteError(f"erase of {model_dir / shard}: {exc}") from exc
-                rows[name] = [m for layer in sub.layers for m in layer.matrices]
-                entries[name] = list(sub.patch.entries)
-                del t_f, t_r, sub
-            check_finite({n: tensors[n] for n in by_shard[shard]}, f"erase of {model_dir} into {out}")
-            with writing(tmp / shard, out / shard):  # a full disk names the output's shard
-                _write_shard(tensors, tmp / shard, ckpt.shard_meta[shard])
-            del tensors
-        # Patch entries and report rows in forget order, as the in-memory erase lists them.
-        patch = UndoPatch([e for name in edit for e in entries.get(name, [])])
-        by_group: dict[str, list[MatrixRow]] = {}
-        for name in edit:
-            by_group.setdefault(key(name), []).extend(rows.get(name, []))
-        settings = o.report_settings(tr is not None)  # the keys and values of erase()'s own report
-        layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=by_group.get(g, []))
-                  for g, e in energies.items()]
-        report = EraseReport(method=method, settings=settings, layers=layers, seconds=0.0, patch=patch)
-        patch.save(tmp / PATCH_NAME)
+            shard_rows, shard_entries = _erase_shard(model_dir, shard, by_shard[shard], tf, tr, o, tmp, out,
+                                                     ckpt.shard_meta[shard])
+            rows.update(shard_rows)
+            entries.update(shard_entries)
+        report = _stream_report(edit, rows, entries, key, energies, chosen, o, tr is not None)
+        report.patch.save(tmp / PATCH_NAME)
         report.patch_path = str(out / PATCH_NAME)
         report.seconds = time.perf_counter() - start
         report.to_json(tmp / ERASE_REPORT)
         report.plot_energy(tmp / PLOT_NAME)
     log.info("streamed erase: %d of %d shards rewritten, %d hard-linked", len(by_shard), len(ckpt.shards), linked)
     return report
+
+
+def _group_key(groups: Mapping[str, str] | Callable[[str], str] | None) -> Callable[[str], str]:
+    """The layer group of a matrix name: ``groups`` when callable, its entry (else the default), or the default."""
+    return (groups if callable(groups) else
+            (lambda n: groups.get(n, group_of(n))) if groups else group_of)
+
+
+def _choose_layers(ckpt: ShardedCheckpoint, tf: LazyTaskMatrices, tr: LazyTaskMatrices | None, o: EraseOptions,
+                   key: Callable[[str], str], files: str, progress: bool) -> tuple[dict[str, float], set[str]]:
+    """Check the inputs on headers only, then the layer energies and the layers chosen to edit."""
+    clamp = o.clamp_ranks
+    with about(files):
+        _check_inputs(ckpt, tf, tr, None if clamp else o.rank, None if clamp else o.retain_rank)
+        energies = layer_energy(_WithProgress(tf, "layer energies", progress), key)
+        chosen = set(select_layers(energies, o.rule, top=o.top, threshold=o.threshold) if o.localize else energies)
+    return energies, chosen
+
+
+def _erase_shard(model_dir: Path, shard: str, names: list[str], tf: LazyTaskMatrices, tr: LazyTaskMatrices | None,
+                 o: EraseOptions, tmp: Path, out: Path,
+                 metadata: dict) -> tuple[dict[str, list[MatrixRow]], dict[str, list[PatchEntry]]]:
+    """Erase ``names`` in one shard, each with its own task matrices, and write the shard; their rows and entries."""
+    rows: dict[str, list[MatrixRow]] = {}
+    entries: dict[str, list[PatchEntry]] = {}
+    tensors = _load_shard(model_dir, shard)
+    for name in names:
+        t_f = tf[name]
+        if sq_norm(t_f) == 0.0:  # nothing to remove (erase() cannot localise a zero task)
+            continue
+        t_r = {name: tr[name]} if tr is not None else None
+        try:
+            sub = erase({name: tensors[name]}, {name: t_f}, t_r, out=None, **{**asdict(o), "localize": False})
+        except NonFiniteError as exc:
+            raise NonFiniteError(f"erase of {model_dir / shard}: {exc}") from exc
+        rows[name] = [m for layer in sub.layers for m in layer.matrices]
+        entries[name] = list(sub.patch.entries)
+        del t_f, t_r, sub
+    check_finite({n: tensors[n] for n in names}, f"erase of {model_dir} into {out}")
+    with writing(tmp / shard, out / shard):  # a full disk names the output's shard
+        _write_shard(tensors, tmp / shard, metadata)
+    del tensors
+    return rows, entries
+
+
+def _stream_report(edit: list[str], rows: dict[str, list[MatrixRow]], entries: dict[str, list[PatchEntry]],
+                   key: Callable[[str], str], energies: dict[str, float], chosen: set[str], o: EraseOptions,
+                   has_retain: bool) -> EraseReport:
+    """The report, with its undo patch, of the edits: entries and rows in forget order, as the in-memory erase."""
+    patch = UndoPatch([e for name in edit for e in entries.get(name, [])])
+    by_group: dict[str, list[MatrixRow]] = {}
+    for name in edit:
+        by_group.setdefault(key(name), []).extend(rows.get(name, []))
+    settings = o.report_settings(has_retain)  # the keys and values of erase()'s own report
+    layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=by_group.get(g, []))
+              for g, e in energies.items()]
+    return EraseReport(method=o.method, settings=settings, layers=layers, seconds=0.0, patch=patch)
 
 
 def stream_restore_checkpoint(
