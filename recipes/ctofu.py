@@ -136,7 +136,7 @@ def finetune(
                       f"{log.get('answer_nll', float('nan')):.4f})")
 
 
-@config_command(app, CTofuConfig, name="run", exclude=RUN_EXCLUDES, benchmark="ctofu")
+@config_command(app, CTofuConfig, name="run", exclude=RUN_EXCLUDES, benchmark="ctofu", options=("langs",))
 def run(cfg: CTofuConfig) -> None:
     """Unlearn the forget rows of --forget-lang with one method; TOFU metrics in every --eval-langs language
     (OUT/run.md/.json, OUT/<method>/{model/, run.json, <lang>/})."""
@@ -152,7 +152,8 @@ def run(cfg: CTofuConfig) -> None:
 
 
 @config_command(app, CTofuConfig, name="compare", exclude=COMPARE_EXCLUDES,
-                defaults=dict(out=Path("runs/ctofu_compare"), preset="mini", sweep=True), benchmark="ctofu")
+                defaults=dict(out=Path("runs/ctofu_compare"), preset="mini", sweep=True), benchmark="ctofu",
+                options=("langs",))
 def compare(cfg: CTofuConfig) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary (and, with
     --audit, the robustness audit table AUDIT.md with the forgetting kept in every language)."""

@@ -1,6 +1,8 @@
-"""Typer commands made from a recipe's config dataclass: one ``--option`` per field, declared once (the field's
-help text and default), plus ``--config FILE.yaml`` (or a shipped config's name, :mod:`recipes.configs`),
-``--method-option METHOD.SETTING=VALUE`` and ``key=value`` arguments; the command body receives the whole config
+"""Typer commands made from a recipe's config dataclass: a handful of ``--options`` (:data:`OPTIONS`: where the
+output goes, which methods, which model and data, which device), ``--config FILE.yaml`` (or a shipped config's name,
+:mod:`recipes.configs`), ``--method-option METHOD.SETTING=VALUE``, and every other field as a setting given
+``key=value`` (or ``--key VALUE``, as the options were once spelled), listed with its help under the command's
+``--help`` by the part of the config that declares it. The command body receives the whole config
 (:func:`recipes.recipe_config.build_config`). :func:`configs_command` adds a benchmark's ``configs`` listing.
 """
 
@@ -10,7 +12,7 @@ import dataclasses
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -26,6 +28,8 @@ from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, fie
 _SCALARS = (str, int, float, bool, Path)
 #: Parameters every config command has besides the config's fields.
 EXTRA = ("ctx", "config", "method_option", "overrides")
+#: The config fields a benchmark command declares as options (those its config has); the rest are settings.
+OPTIONS = ("out", "method", "methods", "preset", "data", "device")
 
 
 def _cli_type(tp: Any) -> Any:
@@ -79,40 +83,32 @@ def mark_out(out: str | Path | None) -> None:
 
 def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
                    defaults: Mapping[str, Any] | None = None, kind: str | None = "text",
-                   benchmark: str | None = None) -> Callable:
-    """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` whose options are the fields of ``cls``
-    but ``exclude`` (and ``method_options``, set by ``--method-option``), with ``defaults`` over the fields'
-    defaults; ``kind``: the model kind whose methods ``--method-option`` may set (None: any registered method);
-    ``benchmark``: the recipe whose shipped configs ``--config NAME`` names (:func:`recipes.configs.resolve`); a
-    config error is a usage error naming the option."""
+                   benchmark: str | None = None, options: Collection[str] = ()) -> Callable:
+    """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` taking the fields of ``cls`` but
+    ``exclude``: those in :data:`OPTIONS` or ``options`` (a benchmark's own) as ``--options``, the others as settings (``key=value`` or ``--key VALUE``;
+    ``method_options`` by ``--method-option``), with ``defaults`` over the fields' defaults; ``kind``: the model kind
+    whose methods ``--method-option`` may set (None: any registered method); ``benchmark``: the recipe whose shipped
+    configs ``--config NAME`` names (:func:`recipes.configs.resolve`); a config error is a usage error naming the
+    option or setting."""
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
     shown = [k for k in keys if k != METHOD_OPTIONS]
     clash = [k for k in shown if k in EXTRA]
     if clash:
         raise TypeError(f"{cls.__name__}: fields {clash} clash with the command's own parameters")
+    unknown = [k for k in options if k not in types_]
+    if unknown:
+        raise TypeError(f"{cls.__name__}: options {unknown} are not fields of the config")
+    declared = [k for k in shown if k in OPTIONS or k in options]
+    settings = [k for k in shown if k not in declared]
     base = {f.name: f.default if f.default is not dataclasses.MISSING else None
             for f in dataclasses.fields(cls) if f.name in shown and f.default_factory is dataclasses.MISSING}
     base.update({k: v for k, v in (defaults or {}).items() if k in shown})
     helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
     def decorate(body: Callable[[Any], None]) -> Callable:
-        params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
-                  inspect.Parameter("overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                    annotation=Annotated[Optional[list[str]], typer.Argument(
-                                        help="Settings as KEY=VALUE (over --config and the options); "
-                                             "method_options.METHOD.SETTING=VALUE for a method's own settings.",
-                                        show_default=False)]),
-                  inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                    annotation=Annotated[Optional[Path], typer.Option(
-                                        help=_config_help(benchmark))])]
-        if METHOD_OPTIONS in keys:
-            params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                            annotation=Annotated[Optional[list[str]], typer.Option(
-                                                help="A setting of one method's config, METHOD.SETTING=VALUE (e.g. "
-                                                     "rmu.steering=8; `mmunlearn methods` lists them); repeatable.",
-                                                show_default=False)]))
-        for key in shown:
+        params = _parameters(benchmark, METHOD_OPTIONS in keys, bool(settings))
+        for key in declared:
             cli_type = _cli_type(types_[key])
             flag = option_flag(key)
             flags = f"{flag}/--no-{flag[2:]}" if cli_type is bool else flag
@@ -129,11 +125,13 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
             command_defaults = {k: v for k, v in base.items() if k not in given}
             try:
                 file = resolve(config, benchmark) if config is not None else None
+                assignments = settings_from_args(overrides or (), types_, settings)
                 cfg = build_config(cls, allowed=keys, defaults=command_defaults, file=file, given=given,
-                                   overrides=overrides or (), method_settings=method_option or (), kind=kind)
+                                   overrides=assignments, method_settings=method_option or (), kind=kind)
             except ConfigError as e:
-                hint = option_flag(e.key) if e.key in shown else {METHOD_OPTIONS: "--method-option",
-                                                                  "config": "--config"}.get(e.key or "")
+                hint = option_flag(e.key) if e.key in declared else \
+                    f"{e.key} ({option_flag(e.key)})" if e.key in settings else \
+                    {METHOD_OPTIONS: "--method-option", "config": "--config"}.get(e.key or "")
                 raise typer.BadParameter(str(e), param_hint=hint) from None
             out = getattr(cfg, "out", None)
             check_out(out)
@@ -145,9 +143,93 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
         del command.__wrapped__  # Typer reads the signature below, not the body's
         command.__signature__ = inspect.Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
-        return app.command(name)(command)
+        # unknown --key tokens reach `overrides`, where settings_from_args reads them as settings
+        return app.command(name, epilog=settings_help(cls, settings, base, types_) or None,
+                           context_settings={"ignore_unknown_options": True} if settings else None)(command)
 
     return decorate
+
+
+def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> list[inspect.Parameter]:
+    """The parameters every config command has before its declared options: the settings argument, --config and
+    (when the config has method settings) --method-option."""
+    what = ("Settings as KEY=VALUE (or --key VALUE), over --config and the options; the settings are listed below"
+            if settings else "Settings as KEY=VALUE, over --config and the options")
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+              inspect.Parameter("overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                annotation=Annotated[Optional[list[str]], typer.Argument(
+                                    help=what + "; method_options.METHOD.SETTING=VALUE for a method's own settings.",
+                                    show_default=False)]),
+              inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                annotation=Annotated[Optional[Path], typer.Option(help=_config_help(benchmark))])]
+    if method_options:
+        params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[Optional[list[str]], typer.Option(
+                                            help="A setting of one method's config, METHOD.SETTING=VALUE (e.g. "
+                                                 "rmu.steering=8; `mmunlearn methods` lists them); repeatable.",
+                                            show_default=False)]))
+    return params
+
+
+def _is_flag(tp: Any) -> bool:
+    """Whether a field is a switch (``--audit`` / ``--no-audit`` take no value)."""
+    return tp is bool or set(typing.get_args(tp)) == {bool, type(None)}
+
+
+def settings_from_args(args: Sequence[str], types_: Mapping[str, Any], settings: Collection[str]) -> list[str]:
+    """The ``key=value`` texts of a command's settings arguments: ``key=value`` as given, ``--key VALUE`` /
+    ``--key=VALUE`` for a setting (``--flag`` / ``--no-flag`` for a switch), in their order; a ConfigError for a
+    ``--name`` that is no setting, or one missing its value."""
+    out, i = [], 0
+    while i < len(args):
+        arg = str(args[i])
+        i += 1
+        if not arg.startswith("--") or len(arg) == 2:
+            out.append(arg)
+            continue
+        flag, eq, value = arg[2:].partition("=")
+        key = flag.replace("-", "_")
+        if key.startswith("no_") and key[3:] in settings and _is_flag(types_[key[3:]]) and not eq:
+            out.append(f"{key[3:]}=false")
+        elif key in settings and _is_flag(types_[key]) and not eq:
+            out.append(f"{key}=true")
+        elif key in settings:
+            if not eq:
+                if i >= len(args):
+                    raise ConfigError(f"{arg} needs a value ({key}=VALUE)", key)
+                value, i = str(args[i]), i + 1
+            out.append(f"{key}={value}")
+        else:
+            raise ConfigError(f"no option or setting {arg.split('=')[0]}; settings: {', '.join(sorted(settings))} "
+                              "(see --help)", None)
+    return out
+
+
+def settings_help(cls: type, settings: Collection[str], defaults: Mapping[str, Any], types_: Mapping[str, Any]) -> str:
+    """The settings of a command for its ``--help``: one paragraph per part of the config (the class in ``cls``'s
+    bases that last declares them: shared settings first, then the benchmark's own), each ``key=DEFAULT  help``."""
+    owner: dict[str, type] = {}
+    for klass in cls.__mro__:  # most derived first: a field a benchmark re-declares is its own
+        for key in vars(klass).get("__annotations__", {}):
+            owner.setdefault(key, klass)
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+    parts: list[str] = []
+    for klass in reversed(cls.__mro__):
+        keys = [k for k in settings if owner.get(k) is klass]
+        if not keys:
+            continue
+        title = (inspect.getdoc(klass) or klass.__name__).splitlines()[0].rstrip(".").replace("``", "")
+        lines = [f"{k}={_shown_default(defaults.get(k))}"
+                 + (f"  (switch: --{k.replace('_', '-')})" if _is_flag(types_[k]) else "")
+                 + "  " + helps[k].replace("[", "\\[") for k in keys]
+        parts.append(f"[bold]{title}[/bold] (KEY=VALUE)\n\n" + "\n\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _shown_default(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) or "none"
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _config_help(benchmark: str | None) -> str:

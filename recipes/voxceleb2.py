@@ -250,14 +250,16 @@ def _run_level(level: str, cfg: VoxCelebConfig) -> None:
 
 
 # kind None: --method-option takes any registered method; the config checks it applies to --model
-@config_command(app, VoxCelebConfig, name="speaker", kind=None, benchmark="voxceleb2")
+@config_command(app, VoxCelebConfig, name="speaker", kind=None, benchmark="voxceleb2",
+                options=("manifests", "model"))
 def speaker(cfg: VoxCelebConfig) -> None:
     """Speaker-level forgetting: remove whole speakers; forget/retain/test accuracy, EER, next to the original and
     the retrained (without those speakers) models."""
     _run_level("speaker", cfg)
 
 
-@config_command(app, VoxCelebConfig, name="sample", kind=None, benchmark="voxceleb2")
+@config_command(app, VoxCelebConfig, name="sample", kind=None, benchmark="voxceleb2",
+                options=("manifests", "model"))
 def sample(cfg: VoxCelebConfig) -> None:
     """Sample-level forgetting: remove some training utterances of kept speakers; accuracies, EER and the
     membership-inference AUC (forget vs never-trained holdout)."""
