@@ -228,18 +228,7 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
     cfg = config or TrainConfig(epochs=1)  # one epoch unless told otherwise
     if overrides:
         cfg = cfg.replace(**overrides)
-    if len(data) == 0:
-        raise ValueError("data is empty: nothing to train on")
-    if data2 is not None and len(data2) == 0:
-        raise ValueError("data2 is empty: pass None to train on one dataset")
-    if checkpoint_every is not None and (checkpoint_every < 1 or checkpoint_dir is None):
-        raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
-    if keep_checkpoints < 1:
-        raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
-    ckroot = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if ckroot is not None and not resume and _checkpoints(ckroot):
-        raise FileExistsError(f"{ckroot} already holds checkpoints: pass resume=True to continue from them, "
-                              f"or use an empty checkpoint_dir")
+    ckroot = _checked_run_args(data, data2, checkpoint_dir, checkpoint_every, keep_checkpoints, resume)
 
     from accelerate.utils import set_seed
 
@@ -256,6 +245,24 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
     finally:
         for p, flag in grad_flags:
             p.requires_grad_(flag)
+
+
+def _checked_run_args(data: Sequence, data2: Sequence | None, checkpoint_dir: str | os.PathLike | None,
+                      checkpoint_every: int | None, keep_checkpoints: int, resume: bool) -> Path | None:
+    """Refuse empty data and inconsistent checkpoint settings; the checkpoint folder (None: no checkpoints)."""
+    if len(data) == 0:
+        raise ValueError("data is empty: nothing to train on")
+    if data2 is not None and len(data2) == 0:
+        raise ValueError("data2 is empty: pass None to train on one dataset")
+    if checkpoint_every is not None and (checkpoint_every < 1 or checkpoint_dir is None):
+        raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+    if keep_checkpoints < 1:
+        raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
+    ckroot = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if ckroot is not None and not resume and _checkpoints(ckroot):
+        raise FileExistsError(f"{ckroot} already holds checkpoints: pass resume=True to continue from them, "
+                              f"or use an empty checkpoint_dir")
+    return ckroot
 
 
 def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, trainable, progress, desc,
@@ -278,11 +285,7 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
     run_info = {"config": cfg.to_dict(), "n": len(data), "n2": len(data2) if paired else None,
                 "processes": acc.num_processes}
     if resume and ckroot is not None and _checkpoints(ckroot):
-        latest = _checkpoints(ckroot)[-1]
-        _check_resumable(latest, run_info)
-        prog.load_state_dict(resume_state.load_state(acc, wrapped, optimizer, scheduler, latest,
-                                                     frozenset({STATE_FILE})))
-        log.info("resumed from %s (step %d)", latest, prog.step)
+        _load_latest(acc, ckroot, run_info, (wrapped, optimizer, scheduler, prog))
     start_step, t0 = prog.step, time.perf_counter()
     bar = tqdm(total=total, initial=prog.step, desc=desc, disable=not progress or not acc.is_local_main_process,
                dynamic_ncols=True)
@@ -295,19 +298,8 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
             batches = acc.skip_first_batches(loader, skip) if skip else loader
             skip = 0
             for batch in batches:
-                with acc.accumulate(wrapped):
-                    loss = loss_fn(wrapped, *batch) if paired else loss_fn(wrapped, batch)
-                    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                        raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
-                                        f"{tuple(getattr(loss, 'shape', ()))}")
-                    acc.backward(loss)
-                    if acc.sync_gradients:
-                        lr_used = float(optimizer.param_groups[0]["lr"])
-                        if cfg.max_grad_norm is not None:
-                            acc.clip_grad_norm_(trainable, cfg.max_grad_norm)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
+                loss, lr_used = _micro_step(acc, wrapped, loss_fn, batch, paired, optimizer, scheduler, trainable,
+                                            cfg.max_grad_norm)
                 prog.micro += 1
                 running += loss.detach().float()
                 n_micro += 1
@@ -315,15 +307,7 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
                     continue
                 step_loss = acc.reduce(running / n_micro, reduction="mean").item()
                 running, n_micro = torch.zeros((), device=acc.device), 0
-                prog.step += 1
-                prog.losses.append(step_loss)
-                prog.lrs.append(lr_used)
-                window = prog.losses[-max(1, log_every):]
-                bar.update(1)
-                bar.set_postfix(loss=f"{sum(window) / len(window):.4f}", refresh=False)
-                if log_every and prog.step % log_every == 0:
-                    log.info("%s step %d/%d loss %.4f lr %.3g", desc, prog.step, total,
-                             sum(window) / len(window), lr_used)
+                _record_step(prog, bar, step_loss, lr_used, log_every=log_every, desc=desc, total=total)
                 stop = bool(on_step(prog.step, step_loss)) if on_step is not None else False
                 if checkpoint_every and prog.step % checkpoint_every == 0 and prog.step < total:
                     _save_checkpoint(acc, (wrapped, optimizer, scheduler, prog), ckroot, prog.step, run_info,
@@ -333,14 +317,64 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
                     break
             epoch += 1
     finally:
-        bar.close()
-        acc.unwrap_model(wrapped, keep_fp32_wrapper=False)
-        if acc.mixed_precision != "no":  # unwrap re-binds the original forward on the instance: drop it
-            model.__dict__.pop("forward", None)
-        model.eval()
-        acc.free_memory()
+        _release(acc, wrapped, model, bar)
     last = prog.losses[-min(per_epoch, len(prog.losses)):] if prog.losses else [float("nan")]
     return TrainResult(losses=list(prog.losses), lrs=list(prog.lrs), final_loss=sum(last) / len(last),
                        seconds=time.perf_counter() - t0, steps=prog.step,
                        epochs=prog.micro / len(loader), resumed_from=start_step)
+
+
+def _load_latest(acc, ckroot: Path, run_info: dict[str, Any], objects: tuple) -> None:
+    """Resume from the latest checkpoint under ``ckroot``: ``objects`` (model, optimizer, scheduler, progress)."""
+    wrapped, optimizer, scheduler, prog = objects
+    latest = _checkpoints(ckroot)[-1]
+    _check_resumable(latest, run_info)
+    prog.load_state_dict(resume_state.load_state(acc, wrapped, optimizer, scheduler, latest,
+                                                 frozenset({STATE_FILE})))
+    log.info("resumed from %s (step %d)", latest, prog.step)
+
+
+def _micro_step(acc, wrapped: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Any, paired: bool, optimizer,
+                scheduler, trainable: list[nn.Parameter],
+                max_grad_norm: float | None) -> tuple[torch.Tensor, float | None]:
+    """One micro-batch under accelerate's accumulation; its loss and, on a synced step, the learning rate used."""
+    lr_used = None
+    with acc.accumulate(wrapped):
+        loss = loss_fn(wrapped, *batch) if paired else loss_fn(wrapped, batch)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
+                            f"{tuple(getattr(loss, 'shape', ()))}")
+        acc.backward(loss)
+        if acc.sync_gradients:
+            lr_used = float(optimizer.param_groups[0]["lr"])
+            if max_grad_norm is not None:
+                acc.clip_grad_norm_(trainable, max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return loss, lr_used
+
+
+def _record_step(prog: _Progress, bar: Any, step_loss: float, lr_used: float | None, *, log_every: int, desc: str,
+                 total: int) -> None:
+    """Count one optimizer step: its loss and learning rate, the progress bar and every ``log_every``-th log line."""
+    prog.step += 1
+    prog.losses.append(step_loss)
+    prog.lrs.append(lr_used)
+    window = prog.losses[-max(1, log_every):]
+    bar.update(1)
+    bar.set_postfix(loss=f"{sum(window) / len(window):.4f}", refresh=False)
+    if log_every and prog.step % log_every == 0:
+        log.info("%s step %d/%d loss %.4f lr %.3g", desc, prog.step, total,
+                 sum(window) / len(window), lr_used)
+
+
+def _release(acc, wrapped: nn.Module, model: nn.Module, bar: Any) -> None:
+    """Close the bar; leave the model unwrapped, in eval mode, with accelerate's memory freed."""
+    bar.close()
+    acc.unwrap_model(wrapped, keep_fp32_wrapper=False)
+    if acc.mixed_precision != "no":  # unwrap re-binds the original forward on the instance: drop it
+        model.__dict__.pop("forward", None)
+    model.eval()
+    acc.free_memory()
 
