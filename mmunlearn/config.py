@@ -1,4 +1,5 @@
-"""Method configs: fields with help text, per-preset defaults, overrides by name; model kinds and preset sizes.
+"""Method configs: fields with help text, per-preset defaults (rows keyed by a registered model kind and size),
+overrides by name.
 
 Kept free of imports from the rest of the package (but the import-free kind registry, :mod:`mmunlearn.kinds`) so
 that low layers (the optimisation losses, task-vector extraction) and the method plug-ins can all use it.
@@ -11,11 +12,6 @@ from dataclasses import field, fields, replace
 from typing import Any, ClassVar
 
 from mmunlearn.kinds import get_kind
-
-#: The kinds method configs write preset rows for (``PRESETS[(kind, size)]``) and methods name as applying: HF causal
-#: LMs, Qwen-Omni-style speech LLMs, SpeechBrain-layout speaker classifiers. Another registered kind takes the rows of
-#: one of these (:attr:`~mmunlearn.kinds.Kind.presets_from`); sizes and the default size are the kind's own.
-KINDS = ("text", "speech-llm", "speaker")
 
 
 def opt(default: Any = None, help: str = "", factory: Callable[[], Any] | None = None) -> Any:

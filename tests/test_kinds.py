@@ -177,3 +177,27 @@ def test_the_default_answer_nll_of_a_classifier_is_its_per_utterance_nll(speaker
     assert mean_nll(adapter, rows) == pytest.approx(float(direct.mean()), abs=1e-5)
     with pytest.raises(ValueError, match="answers="):
         adapter.answer_nll(rows, answers=["x"] * len(rows))
+
+
+def test_a_method_applies_to_the_kinds_its_config_has_rows_for_or_any_registered_kind_it_names():
+    from dataclasses import dataclass
+
+    from mmunlearn.config import PresetConfig
+    from mmunlearn.methods.base import REGISTRY, get, register
+
+    @dataclass
+    class Rows(PresetConfig):
+        PRESETS = {("speaker", "tiny"): {}, ("text", "micro"): {}}
+
+    try:
+        assert register("rows-only", Rows, lambda *a: None).kinds == ("speaker", "text")
+        assert get("rows-only", "hf-audio") is REGISTRY["rows-only"]  # hf-audio takes the speaker rows
+        with pytest.raises(ValueError, match="does not apply to a speech-llm model"):
+            get("rows-only", "speech-llm")
+        assert register("hf-only", Rows, lambda *a: None, kinds=("hf-audio",)).applies_to("hf-audio")
+        with pytest.raises(ValueError, match=r"unknown model kinds \['vision'\]"):
+            register("nowhere", Rows, lambda *a: None, kinds=("vision",))
+        assert "nowhere" not in REGISTRY
+    finally:
+        for name in ("rows-only", "hf-only", "nowhere"):
+            REGISTRY.pop(name, None)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mmunlearn.config import KINDS, PresetConfig, with_overrides
-from mmunlearn.kinds import get_kind
+from mmunlearn.config import PresetConfig, with_overrides
+from mmunlearn.kinds import get_kind, kind_names
 from mmunlearn.methods.rule import SweepRule
 
 @dataclass
@@ -115,16 +115,22 @@ class Method:
 REGISTRY: dict[str, Method] = {}
 
 
-def register(name: str, config: type, run: RunFn, *, kinds: Sequence[str] = KINDS, edits_weights: bool = True,
+def register(name: str, config: type, run: RunFn, *, kinds: Sequence[str] | None = None, edits_weights: bool = True,
              help: str = "", defaults: dict | None = None, needs: Sequence[str] = ("training",),
              artefacts: Artefacts | None = None) -> Method:
-    """Add a method to the registry (a module calls this once at import). ``needs``: keys of :data:`NEEDS`;
-    it makes ``weights`` when ``edits_weights``, else a ``head``; ``artefacts``: its own output files."""
+    """Add a method to the registry (a module calls this once at import). ``kinds``: the registered model kinds
+    it applies to (default: those its config has preset rows for, ``config.PRESETS``; a kind without rows takes
+    them through its ``presets_from``); ``needs``: keys of :data:`NEEDS`; it makes ``weights`` when
+    ``edits_weights``, else a ``head``; ``artefacts``: its own output files."""
     if not (is_dataclass(config) and issubclass(config, PresetConfig)):
         raise TypeError(f"{name}: config must be a dataclass deriving from PresetConfig")
-    bad = [k for k in kinds if k not in KINDS]
+    if kinds is None:
+        kinds = tuple(dict.fromkeys(kind for kind, _ in config.PRESETS))  # in the order the rows are written
+    if not kinds:
+        raise ValueError(f"{name}: applies to no model kind (give kinds=, or preset rows in {config.__name__})")
+    bad = [k for k in kinds if k not in kind_names()]
     if bad:
-        raise ValueError(f"{name}: unknown model kinds {bad}")
+        raise ValueError(f"{name}: unknown model kinds {bad}; registered: {', '.join(kind_names())}")
     unknown = [n for n in needs if n not in NEEDS]
     if unknown:
         raise ValueError(f"{name}: unknown needs {unknown}; choose from {sorted(NEEDS)}")
