@@ -132,9 +132,8 @@ def erase(
     """
     start = time.perf_counter()
     o = EraseOptions.of(options).resolved()
-    rank, energy, method, localize, scale = o.rank, o.energy, o.method, o.localize, o.scale
-    rule, top, threshold, retain_rank, retain_energy = o.rule, o.top, o.threshold, o.retain_rank, o.retain_energy
-    rows, seed, clamp_ranks = o.rows, o.seed, o.clamp_ranks
+    rank, method, localize, scale = o.rank, o.method, o.localize, o.scale
+    rule, top, threshold, retain_rank, clamp_ranks = o.rule, o.top, o.threshold, o.retain_rank, o.clamp_ranks
     if method not in METHODS:
         raise ValueError(f"unknown subspace method {method!r}; choose one of {sorted(METHODS)}")
     if not forget:
@@ -146,29 +145,52 @@ def erase(
     chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
 
     # Compute every update before touching any weight.
-    updates: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, MatrixRow]] = []
-    for name, items in plan.items():
-        if key(name) not in chosen:
-            continue
-        for label, view, t, r in items:
-            t0 = time.perf_counter()
-            cap = (lambda k, m: None if k is None else min(k, *m.shape)) if clamp_ranks else (lambda k, m: k)
-            bf = column_basis(t, rank=cap(rank, t), energy=energy, method=method, seed=seed)
-            Q_r = P_r = None
-            k_r = 0
-            if r is not None:
-                br = column_basis(r, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed)
-                Q_r, k_r = br.Q, br.k
-                if rows:
-                    P_r = column_basis(r.T, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed).Q
-            A, B = discriminate_factors(bf.Q, t.to(bf.Q.dtype), Q_r, P_r, coef=bf.coef)
-            row = MatrixRow(name=label, shape=tuple(view.shape), rank_forget=bf.k, rank_retain=k_r,
-                            captured=bf.captured, norm_removed=0.0, rel_norm_removed=0.0,
-                            seconds=time.perf_counter() - t0)
-            updates.append((name, label, view, float(scale) * A.double(), B.double(), row))
-
+    updates = [_matrix_update(name, label, view, t, r, o)
+               for name, items in plan.items() if key(name) in chosen for label, view, t, r in items]
     for _, label, view, A, B, _ in updates:
         _check_update_finite(label, view, A, B, scale)
+    patch, rows_by_name = _apply_updates(updates, key)
+
+    layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, []))
+              for g, e in energies.items()]
+    settings = o.report_settings(retain is not None)
+    report = EraseReport(method=method, settings=settings, layers=layers,
+                         seconds=time.perf_counter() - start, patch=patch)
+    if out is not None:
+        out = Path(out)
+        report.patch_path = str(patch.save(out / PATCH_NAME))
+        report.to_json(out / REPORT_NAME)
+    return report
+
+
+_Update = tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, MatrixRow]  # name, label, view, A, B, row
+
+
+def _matrix_update(name: str, label: str, view: torch.Tensor, t: torch.Tensor, r: torch.Tensor | None,
+                   o: EraseOptions) -> _Update:
+    """One matrix's update factors (the scale folded into A) and its report row; no weight is touched."""
+    rank, retain_rank, method, seed = o.rank, o.retain_rank, o.method, o.seed
+    energy, retain_energy = o.energy, o.retain_energy
+    t0 = time.perf_counter()
+    cap = (lambda k, m: None if k is None else min(k, *m.shape)) if o.clamp_ranks else (lambda k, m: k)
+    bf = column_basis(t, rank=cap(rank, t), energy=energy, method=method, seed=seed)
+    Q_r = P_r = None
+    k_r = 0
+    if r is not None:
+        br = column_basis(r, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed)
+        Q_r, k_r = br.Q, br.k
+        if o.rows:
+            P_r = column_basis(r.T, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed).Q
+    A, B = discriminate_factors(bf.Q, t.to(bf.Q.dtype), Q_r, P_r, coef=bf.coef)
+    row = MatrixRow(name=label, shape=tuple(view.shape), rank_forget=bf.k, rank_retain=k_r,
+                    captured=bf.captured, norm_removed=0.0, rel_norm_removed=0.0,
+                    seconds=time.perf_counter() - t0)
+    return (name, label, view, float(o.scale) * A.double(), B.double(), row)
+
+
+def _apply_updates(updates: list[_Update],
+                   key: Callable[[str], str]) -> tuple[UndoPatch, dict[str, list[MatrixRow]]]:
+    """Apply the checked updates in order; the undo patch and the report rows by layer group."""
     patch = UndoPatch()
     rows_by_name: dict[str, list[MatrixRow]] = {}
     for name, label, view, A, B, row in updates:
@@ -183,17 +205,7 @@ def erase(
             log.warning("large edit of %s: ||dW||/||W|| = %.3g > %g (check the scale and that the task matrices "
                         "belong to this model)", label, row.rel_norm_removed, LARGE_UPDATE)
         rows_by_name.setdefault(key(name), []).append(row)
-
-    layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, []))
-              for g, e in energies.items()]
-    settings = o.report_settings(retain is not None)
-    report = EraseReport(method=method, settings=settings, layers=layers,
-                         seconds=time.perf_counter() - start, patch=patch)
-    if out is not None:
-        out = Path(out)
-        report.patch_path = str(patch.save(out / PATCH_NAME))
-        report.to_json(out / REPORT_NAME)
-    return report
+    return patch, rows_by_name
 
 
 def restore(model: Model, patch: UndoPatch | str | os.PathLike | EraseReport) -> None:
