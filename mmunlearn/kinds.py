@@ -39,8 +39,8 @@ class Kind:
     (:func:`read_small_json`). ``load(folder, *, device, **options)`` returns the kind's adapter; ``options`` are
     the entry points' loading settings (``where``, ``scope``, ``trust_hparams``): a loader reads those of its kind
     and refuses a value it cannot honour. ``weight_files``: the checkpoint files holding the weights as
-    ``{name: tensor}`` state dicts (on-disk names ``<file stem>.<key>``), read by ``read_weights``; empty for
-    safetensors shards (``model.safetensors`` or an index). ``check_folder``: validates a folder before ``mmunlearn
+    ``{name: tensor}`` state dicts (on-disk names ``<file stem>.<key>``), read by ``read_weights`` and written back
+    by ``write_weights(state, path)`` in the kind's own format (restore); empty for safetensors shards (``model.safetensors`` or an index). ``check_folder``: validates a folder before ``mmunlearn
     restore`` copies its side files. ``presets_from``: the kind whose method preset rows (and so which methods
     apply) this kind takes where a method has no row of its own.
     """
@@ -53,6 +53,7 @@ class Kind:
     description: str
     weight_files: tuple[str, ...] = ()
     read_weights: Callable[[Path], dict[str, Any]] | None = None
+    write_weights: Callable[[dict[str, Any], Path], None] | None = None
     check_folder: Callable[[Path], None] | None = None
     presets_from: str | None = None
     has_batchnorm: bool = False
@@ -68,8 +69,8 @@ class Kind:
     def __post_init__(self) -> None:
         if self.default_size not in self.sizes:
             raise ValueError(f"kind {self.name!r}: default size {self.default_size!r} is not one of {self.sizes}")
-        if self.weight_files and self.read_weights is None:
-            raise ValueError(f"kind {self.name!r}: weight_files need a read_weights function")
+        if self.weight_files and (self.read_weights is None or self.write_weights is None):
+            raise ValueError(f"kind {self.name!r}: weight_files need read_weights and write_weights functions")
 
 
 _REGISTRY: dict[str, Kind] = {}

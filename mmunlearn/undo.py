@@ -15,7 +15,6 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
 
 from mmunlearn.checkpoint import MARKER, atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
@@ -46,7 +45,7 @@ def _restore_files(model_dir: Path, out: Path, undo: UndoPatch, kind: Kind, over
     with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
         copy_extra_files(model_dir, tmp, set(restore_leftovers()) | set(states))
         for f, state in states.items():
-            torch.save(state, tmp / f)
+            kind.write_weights(state, tmp / f)  # the kind's own format
 
 
 def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patch: str | os.PathLike | None = None,

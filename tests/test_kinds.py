@@ -33,9 +33,10 @@ def test_a_name_is_taken_by_one_module_and_sizes_are_checked():
                            description="another speaker kind"))
     with pytest.raises(ValueError, match="default size 'm' is not one of"):
         Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="m", description="x")
-    with pytest.raises(ValueError, match="need a read_weights"):
-        Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="s", description="x",
-             weight_files=("w.ckpt",))
+    for io in ({}, {"read_weights": dict}, {"write_weights": print}):
+        with pytest.raises(ValueError, match="need read_weights and write_weights"):
+            Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="s", description="x",
+                 weight_files=("w.ckpt",), **io)
 
 
 def test_detection_reads_names_and_small_json_only(tmp_path):

@@ -47,7 +47,7 @@ from mmunlearn.adapters.speaker_batches import (SCOPES, SCORING_VERSION, Classif
                                                 sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.adapters.speaker_io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
-                                          read_speaker_dir, read_state, write_speaker_dir)
+                                          read_speaker_dir, read_state, write_speaker_dir, write_state)
 from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net
 from mmunlearn.adapters.speaker_yaml import hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
@@ -341,5 +341,6 @@ KIND = register_kind(Kind(
     "speaker", detect=lambda folder: (folder / HPARAMS).is_file(), load=_load_kind, adapter=SpeakerAdapter,
     sizes=("tiny", "small", "large"), default_size="small",
     description="speaker classifier in SpeechBrain's EncoderClassifier layout (hyperparams.yaml)",
-    weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, check_folder=_check_folder,
+    weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, write_weights=write_state,
+    check_folder=_check_folder,
     has_batchnorm=True, train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=10))

@@ -100,8 +100,8 @@ def write_speaker_dir(path: str | os.PathLike, net: SpeakerNet, speakers: list[s
                          f"{out}")
     with atomic_dir(out, overwrite=overwrite) as tmp:
         (tmp / HPARAMS).write_text(text, encoding="utf-8")
-        torch.save(states["embedding_model"], tmp / EMBEDDING_CKPT)
-        torch.save(states["classifier"], tmp / CLASSIFIER_CKPT)
+        write_state(states["embedding_model"], tmp / EMBEDDING_CKPT)
+        write_state(states["classifier"], tmp / CLASSIFIER_CKPT)
         encoder.save(tmp / LABELS_WRITTEN)
         for extra in spec.extras:
             if extra.checkpoint is not None:  # the input's bytes, unchanged
@@ -119,6 +119,12 @@ def _read_text(file: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{file}: not UTF-8 text ({exc})") from None
+
+
+def write_state(state: Mapping[str, torch.Tensor], file: Path) -> None:
+    """Write a ``{name: tensor}`` state dict as SpeechBrain reads it (``torch.save``; :func:`read_state` reads it
+    back with ``weights_only``)."""
+    torch.save(dict(state), file)
 
 
 def read_state(file: Path) -> dict[str, torch.Tensor]:
