@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,70 +99,93 @@ def audit_text(unlearned: Any, target: Any, retain: Any, forget: Sequence[Any], 
     attack_roles = {"target": target, "retain": retain, "unlearned": weights}  # who an attacker holds
     forget = list(forget)
     start = time.perf_counter()
-    kw = dict(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size)
-
-    # the retain model's truth ratios: forget quality of every other model on the same items
-    ref_ratios: dict[int, np.ndarray | None] = {}
-
-    def measure(adapter: Any, items: Sequence[Any], desc: str, rt_key: Any = None) -> dict:
-        ratios = ref_ratios.get(id(items)) if rt_key is None else rt_key
-        values, _ = text_measures(adapter, items, retain_truth_ratios=ratios, desc=desc if progress else None, **kw)
-        return values
-
-    def reference_ratios(items: Sequence[Any], tag: str) -> None:
-        ref_ratios[id(items)] = memo.get(("retain_ratios", tag), lambda: text_measures(
-            retain, items, desc=f"retain: {tag}" if progress else None, **kw)[1])
-
-    def three(tag: str, items: Sequence[Any], models: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        reference_ratios(items, tag)
-        models = models or roles
-        out = {}
-        for role in ROLES:
-            make = lambda role=role: measure(models[role], items, f"{role}: {tag}")  # noqa: E731
-            out[role] = memo.get((tag, role), make) if role != "unlearned" else make()
-        out["kept"] = _kept_all(out, TEXT_KEYS)
-        return out
-
+    measures = _TextMeasures(memo, roles, opts, progress)
     result: dict[str, Any] = {"method": method, "model_kind": "text", "options": opts.to_dict(),
                               "forget_items": len(forget), "attacks": {}}
     attacks = result["attacks"]
-    attacks["none"] = three("none", forget)
+    attacks["none"] = measures.three("none", forget)
     if "paraphrase" in opts.attacks:
         if has_paraphrases(forget):
-            attacks["paraphrase"] = three("paraphrase", paraphrased(forget))
+            attacks["paraphrase"] = measures.three("paraphrase", paraphrased(forget))
         else:
             log.warning("audit: the forget items have no paraphrased_question; paraphrase attack skipped")
         for lang, items in (languages or {}).items():
-            attacks[f"language_{lang}"] = three(f"language_{lang}", list(items))
+            attacks[f"language_{lang}"] = measures.three(f"language_{lang}", list(items))
     if "quantise" in opts.attacks:
         for bits in opts.bits:
             tag = f"quantise_{bits}bit"
             q = quantised(weights, bits)
-            models = {"target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
-                      "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
-                      "unlearned": rewrap(q) if rewrap else q}
-            attacks[tag] = three(tag, forget, models)
+            models = _quantised_models(memo, target, retain, bits, lambda: rewrap(q) if rewrap else q)
+            attacks[tag] = measures.three(tag, forget, models)
             attacks[tag]["format"] = FORMATS[bits]
     if "relearn" in opts.attacks:
-        attacks["relearn"] = _relearn(attack_roles, forget, retain_items, opts, memo, measure, reference_ratios,
-                                      TEXT_KEYS, progress, before_unlearned=(unlearned if rewrap else None))
+        attacks["relearn"] = _relearn(attack_roles, forget, retain_items, opts, memo, measures.measure,
+                                      measures.reference_ratios, TEXT_KEYS, progress,
+                                      before_unlearned=(unlearned if rewrap else None))
     if "probe" in opts.attacks and holdout:
-        holdout = list(holdout)
-        states = {r: memo.get(("states", r), lambda r=r: answer_states(attack_roles[r], forget + holdout,
-                                                                      opts.batch_size))
-                  if r != "unlearned" else answer_states(weights, forget + holdout, opts.batch_size) for r in ROLES}
-        probe = text_probe(states, len(forget), len(holdout), k=opts.probe_folds, seed=opts.seed)
-        probe["kept"] = {"accuracy": kept(probe["target"]["accuracy"], probe["unlearned"]["accuracy"],
-                                          probe["retain"]["accuracy"]),
-                         "transfer_accuracy": kept(probe["target"]["transfer_accuracy"],
-                                                   probe["unlearned"]["transfer_accuracy"],
-                                                   probe["retain"]["transfer_accuracy"])}
-        attacks["probe"] = probe
+        attacks["probe"] = _text_probe(memo, attack_roles, forget, list(holdout), opts)
     result["white_box"] = {"weights_equal_target": _weights_equal(weights.model, target.model),
                            "output_level_only": rewrap is not None, "note": T3_NOTE if rewrap else None}
     result["seconds"] = time.perf_counter() - start
     result["summary"] = summary(result, "forget_prob")
     return result
+
+
+class _TextMeasures:
+    """A text audit's measures, forget quality against the retain model's truth ratios (once per item set)."""
+
+    def __init__(self, memo: _Cache, roles: Mapping[str, Any], opts: AuditOptions, progress: bool):
+        self.memo, self.roles, self.progress = memo, roles, progress
+        self.kw = dict(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size)
+        # the retain model's truth ratios: forget quality of every other model on the same items
+        self.ref_ratios: dict[int, np.ndarray | None] = {}
+
+    def measure(self, adapter: Any, items: Sequence[Any], desc: str, rt_key: Any = None) -> dict:
+        """``adapter``'s text measures on ``items``."""
+        ratios = self.ref_ratios.get(id(items)) if rt_key is None else rt_key
+        values, _ = text_measures(adapter, items, retain_truth_ratios=ratios, desc=desc if self.progress else None,
+                                  **self.kw)
+        return values
+
+    def reference_ratios(self, items: Sequence[Any], tag: str) -> None:
+        """Compute (or take from the cache) the retain model's truth ratios on ``items``."""
+        self.ref_ratios[id(items)] = self.memo.get(("retain_ratios", tag), lambda: text_measures(
+            self.roles["retain"], items, desc=f"retain: {tag}" if self.progress else None, **self.kw)[1])
+
+    def three(self, tag: str, items: Sequence[Any], models: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The measures of the three models (target's and retain's cached) on ``items`` and the forgetting kept."""
+        self.reference_ratios(items, tag)
+        models = models or self.roles
+        out = {}
+        for role in ROLES:
+            make = lambda role=role: self.measure(models[role], items, f"{role}: {tag}")  # noqa: E731
+            out[role] = self.memo.get((tag, role), make) if role != "unlearned" else make()
+        out["kept"] = _kept_all(out, TEXT_KEYS)
+        return out
+
+
+def _quantised_models(memo: _Cache, target: Any, retain: Any, bits: int,
+                      unlearned: Callable[[], Any]) -> dict[str, Any]:
+    """The three models after a ``bits``-bit round trip (target's and retain's cached; ``unlearned()`` made last)."""
+    return {"target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
+            "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
+            "unlearned": unlearned()}
+
+
+def _text_probe(memo: _Cache, attack_roles: Mapping[str, Any], forget: list, holdout: list,
+                opts: AuditOptions) -> dict[str, Any]:
+    """The probe attack on a text LLM: the answer states of forget and holdout items, probed on each model."""
+    states = {r: memo.get(("states", r), lambda r=r: answer_states(attack_roles[r], forget + holdout,
+                                                                  opts.batch_size))
+              if r != "unlearned" else answer_states(attack_roles[r], forget + holdout, opts.batch_size)
+              for r in ROLES}
+    probe = text_probe(states, len(forget), len(holdout), k=opts.probe_folds, seed=opts.seed)
+    probe["kept"] = {"accuracy": kept(probe["target"]["accuracy"], probe["unlearned"]["accuracy"],
+                                      probe["retain"]["accuracy"]),
+                     "transfer_accuracy": kept(probe["target"]["transfer_accuracy"],
+                                               probe["unlearned"]["transfer_accuracy"],
+                                               probe["retain"]["transfer_accuracy"])}
+    return probe
 
 
 def _relearn(models: Mapping[str, Any], forget: list, retain_items: Sequence[Any] | None, opts: AuditOptions,
@@ -235,32 +258,36 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
     if "quantise" in opts.attacks:
         for bits in opts.bits:
             tag = f"quantise_{bits}bit"
-            models = {"target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
-                      "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
-                      "unlearned": quantised(unlearned, bits)}
+            models = _quantised_models(memo, target, retain, bits, lambda: quantised(unlearned, bits))
             attacks[tag] = three(tag, forget_rows, models)
             attacks[tag]["format"] = FORMATS[bits]
     if "relearn" in opts.attacks:
         attacks["relearn"] = _relearn(roles, forget_rows, retain_rows, opts, memo, measure, lambda *_: None,
                                       SPEAKER_KEYS, progress, train_mode=False)
     if "probe" in opts.attacks and probe_rows and forget_speakers:
-        probe: dict[str, Any] = {"what": "nearest-centroid identification of the forget speakers' held-out "
-                                         "recordings among all speakers (cosine on embeddings)"}
-        for role in ROLES:
-            def acc(role=role) -> dict:
-                scores = score_rows(roles[role], probe_rows, batch_size=opts.batch_size,
-                                    desc=f"{role}: probe embeddings" if progress else None)
-                return {"accuracy": nearest_centroid_accuracy(scores.embeddings, scores.speakers,
-                                                              only=forget_speakers)}
-            probe[role] = memo.get(("probe", role), acc) if role != "unlearned" else acc()
-        probe["kept"] = {"accuracy": kept(probe["target"]["accuracy"], probe["unlearned"]["accuracy"],
-                                          probe["retain"]["accuracy"])}
-        attacks["probe"] = probe
+        attacks["probe"] = _speaker_probe(memo, roles, probe_rows, forget_speakers, opts, progress)
     result["white_box"] = {"weights_equal_target": _weights_equal(unlearned.model, target.model),
                            "output_level_only": False, "note": None}
     result["seconds"] = time.perf_counter() - start
     result["summary"] = summary(result, "forget_acc")
     return result
+
+
+def _speaker_probe(memo: _Cache, roles: Mapping[str, Any], probe_rows: Sequence[Mapping[str, Any]],
+                   forget_speakers: Sequence[str], opts: AuditOptions, progress: bool) -> dict[str, Any]:
+    """The probe attack on a classifier: each model's nearest-centroid identification of the forget speakers."""
+    probe: dict[str, Any] = {"what": "nearest-centroid identification of the forget speakers' held-out "
+                                     "recordings among all speakers (cosine on embeddings)"}
+    for role in ROLES:
+        def acc(role=role) -> dict:
+            scores = score_rows(roles[role], probe_rows, batch_size=opts.batch_size,
+                                desc=f"{role}: probe embeddings" if progress else None)
+            return {"accuracy": nearest_centroid_accuracy(scores.embeddings, scores.speakers,
+                                                          only=forget_speakers)}
+        probe[role] = memo.get(("probe", role), acc) if role != "unlearned" else acc()
+    probe["kept"] = {"accuracy": kept(probe["target"]["accuracy"], probe["unlearned"]["accuracy"],
+                                      probe["retain"]["accuracy"])}
+    return probe
 
 
 def audit_nll(unlearned: Any, target: Any, retain: Any, forget: Sequence[Any], *, method: str, model_kind: str,
