@@ -60,6 +60,9 @@ class Kind:
     train_in_eval_mode: bool = False
     is_classifier: bool = False
     takes_audio: bool = False
+    #: forget extraction a deletion request uses with a retain state and a sweep rule when the caller sets none
+    #: (the cheapest that met the rule in ``mmunlearn bench requests``; None: the method preset's)
+    request_extract: str | None = None
     priority: int = 50  # detection order: lower first (a catch-all such as "any config.json" goes last)
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the adapter class ``load`` returns (tests check it implements mmunlearn.adapters.base's protocol: the

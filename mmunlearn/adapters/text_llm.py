@@ -277,4 +277,5 @@ def _load_kind(folder: str | os.PathLike, *, device: str = "auto", **_: Any) -> 
 KIND = register_kind(Kind(
     "text", detect=lambda folder: (folder / "config.json").is_file(), load=_load_kind, adapter=TextLLMAdapter,
     sizes=("micro", "mini", "model_dir"), default_size="model_dir",
-    description="Hugging Face causal LM in save_pretrained layout (config.json)", priority=90))
+    description="Hugging Face causal LM in save_pretrained layout (config.json)", request_extract="gradient",
+    priority=90))

@@ -27,10 +27,6 @@ from mmunlearn.requests.state import RetainState, data_fingerprint, model_finger
 from mmunlearn.taskvec.extract import ExtractConfig
 
 
-#: Forget extraction of a request with a retain state and a sweep rule, per model kind, when the caller sets
-#: none: the cheapest that met the rule in ``mmunlearn bench requests`` (README, "Deletion requests"). The
-#: sweep then works in relative edit sizes (``sweep_scales="auto"``), so the extraction's scale does not matter.
-REQUEST_EXTRACT = {"speaker": "gradient", "text": "gradient"}
 #: Largest relative edit size ||scale * T_f|| / ||W|| a history's last request may hand the next sweep as its start:
 #: a thousand times the weights (explicit sweep scales reach tens on tiny models; nothing useful lies beyond).
 MAX_REUSED_EDIT = 1000.0
@@ -147,8 +143,10 @@ def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain
         retain_state: folder of the retain state (erasure methods): loaded when its fingerprints match,
             else computed and written there. ``use_retain_state=True`` with no folder computes it in memory.
         refresh_retain: recompute the retain state even when it matches.
-        overrides: the method's settings; with a retain state and a rule, a kind in :data:`REQUEST_EXTRACT`
-            and no ``extract_*`` / ``sweep_scales`` given, the forget side uses that extraction and auto scales.
+        overrides: the method's settings; with a retain state and a rule, a kind with a
+            ``request_extract`` (:class:`~mmunlearn.kinds.Kind`) and no ``extract_*`` / ``sweep_scales`` given, the
+            forget side uses that extraction and auto sweep scales (relative edit sizes: the extraction's scale
+            does not matter).
         retain_extract: how the retain state must be extracted (default: as the stored state was; a state
             computed now uses the method preset's extraction: ``overrides`` only change the forget side).
         history: the requests already applied to the model (``read_history(model_dir)``); the output carries
@@ -201,11 +199,12 @@ def _forget_sets(forget: Sequence[Any] | Sequence[Sequence[Any]], batch: bool) -
 
 def _request_overrides(overrides: Mapping[str, Any] | None, *, want_state: bool, rule: SweepRule | None,
                        config: Any, kind: str, method: str) -> dict[str, Any]:
-    """``overrides`` with the kind's :data:`REQUEST_EXTRACT` and auto sweep scales put first when they apply."""
+    """``overrides`` with the kind's ``request_extract`` and auto sweep scales put first when they apply."""
     overrides = dict(overrides or {})
-    if (want_state and rule is not None and config is None and kind in REQUEST_EXTRACT and _is_erasure(method)
+    extract = get_kind(kind).request_extract
+    if (want_state and rule is not None and config is None and extract is not None and _is_erasure(method)
             and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
-        overrides = {"extract_kind": REQUEST_EXTRACT[kind], "sweep_scales": "auto", **overrides}
+        overrides = {"extract_kind": extract, "sweep_scales": "auto", **overrides}
     return overrides
 
 

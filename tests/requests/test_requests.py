@@ -188,8 +188,8 @@ def test_a_later_request_tries_the_edit_size_the_previous_one_chose_first(speake
 
 
 def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_extraction(speaker_dir, parts, tmp_path):
+    from mmunlearn.kinds import get_kind
     from mmunlearn.methods import SweepRule
-    from mmunlearn.requests.service import REQUEST_EXTRACT
 
     first, _, retain = parts
     rule = SweepRule(forget_target=-1.0, retain_bound=1e9)
@@ -197,7 +197,7 @@ def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_e
     res = unlearn(speaker_dir, forget=first, retain=retain, rule=rule, retain_state=tmp_path / "state", rank=2,
                   retain_rank=4, device="cpu", progress=False)
     cfg = res.report["config"]
-    assert cfg["extract"]["kind"] == REQUEST_EXTRACT["speaker"] == "gradient" and cfg["sweep_scales"] == "auto"
+    assert cfg["extract"]["kind"] == get_kind("speaker").request_extract == "gradient" and cfg["sweep_scales"] == "auto"
     kept = unlearn(speaker_dir, forget=first, retain=retain, rule=rule, retain_state=tmp_path / "state", rank=2,
                    retain_rank=4, extract_kind="finetune", extract_steps=1, device="cpu", progress=False)
     assert kept.report["config"]["extract"]["kind"] == "finetune"  # the caller's choice wins
