@@ -192,32 +192,15 @@ def read_manifest(
             header = [h.strip() for h in (reader.fieldnames or [])]
             missing = [c for c in required if c not in header]
             if missing:
-                raise ManifestError(
-                    f"{path}: missing column(s) {missing}; header has {header or 'nothing'}"
-                )
+                raise ManifestError(f"{path}: missing column(s) {missing}; header has {header or 'nothing'}")
             reader.fieldnames = header
             seen: set[str] = set()
             line = 1
             big = path.stat().st_size >= PROGRESS_BYTES  # ~100,000 rows and more: show the rows read
             for line, raw in enumerate(tqdm(reader, desc=f"reading {path}", unit="row", leave=False, disable=not big,
                                             dynamic_ncols=True), start=2):
-                row: dict[str, Any] = {
-                    k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()
-                }
-                if None in row or any(v is None for v in row.values()):
-                    problems.append(f"{path}:{line}: wrong number of fields")
-                    bad_rows += 1
-                    continue
-                found = _parse_row(row)
-                if "ID" in row:
-                    if not row["ID"]:
-                        found.append("empty ID")
-                    elif row["ID"] in seen:
-                        found.append(f"duplicate ID {row['ID']!r}")
-                    seen.add(row["ID"])
-                if check_files:
-                    wav_problem = _wav_problem(row.get("wav"), base) if row.get("wav") else "empty 'wav' path"
-                    found += [wav_problem] if wav_problem else []
+                row: dict[str, Any] = {k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()}
+                found = _row_problems(row, seen, check_files, base)  # a bad row is never returned: it raises below
                 problems += [f"{path}:{line}: {p}" for p in found]
                 bad_rows += bool(found)
                 rows.append(row)
@@ -228,6 +211,23 @@ def read_manifest(
     if problems:
         raise ManifestError(_problems_message(str(path), problems, bad_rows, line - 1))
     return rows
+
+
+def _row_problems(row: dict[str, Any], seen: set[str], check_files: bool, base: Path | None) -> list[str]:
+    """What is wrong with one read row: its field count, its values (parsed in place), its ID, its wav file."""
+    if None in row or any(v is None for v in row.values()):
+        return ["wrong number of fields"]
+    found = _parse_row(row)
+    if "ID" in row:
+        if not row["ID"]:
+            found.append("empty ID")
+        elif row["ID"] in seen:
+            found.append(f"duplicate ID {row['ID']!r}")
+        seen.add(row["ID"])
+    if check_files:
+        wav_problem = _wav_problem(row.get("wav"), base) if row.get("wav") else "empty 'wav' path"
+        found += [wav_problem] if wav_problem else []
+    return found
 
 
 def write_manifest(
