@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -321,39 +321,53 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
 
     out: dict[str, Any] = {}
     if level == "speaker":
-        forget_train = score("spk_forget_train")
-        out["forget_acc"] = accuracy_of(forget_train)
-        counted = forgotten_counts(forget_train)
-        out["forget_any_acc"] = counted["any_forgotten"]
-        forget_test = split_rows(manifests, "spk_forget_test")
-        parts = [forget_train]
-        if forget_test:
-            scored = score("spk_forget_test", forget_test)
-            parts.append(scored)
-            out["forget_test_acc"] = accuracy_of(scored)
-            out["forget_test_any_acc"] = forgotten_counts(scored, sorted(set(forget_train.labels)))["any_forgotten"]
-        every = forgotten_counts(concat_scores(*parts))  # train and held-out utterances of each forgotten speaker
-        out["forget_sink_share"] = every["sink_share"]
-        out["forget_per_speaker"] = {spk: {**v, "sink": adapter.speakers[v["sink_class"]]
-                                           if v["sink_class"] is not None else None}
-                                     for spk, v in every["per_speaker"].items()}
+        out.update(_forgotten_speaker_numbers(adapter, manifests, score))
         out["retain_acc"] = accuracy_of(score("spk_retain_train"))
         test = score("spk_retain_test")
     else:
         forget, holdout = score("sample_forget"), score("sample_holdout")
         out["forget_acc"], out["holdout_acc"] = accuracy_of(forget), accuracy_of(holdout)
         out["retain_acc"] = accuracy_of(score("sample_retain"))
-        out["mia_auc"] = mia_auc(forget.nll, holdout.nll)
-        forget_rows, holdout_rows = split_rows(manifests, "sample_forget"), split_rows(manifests, "sample_holdout")
-        groups = [recording_of(r) for r in forget_rows], [recording_of(r) for r in holdout_rows]
-        if min(len(set(g)) for g in groups) >= 2:  # segments of one recording resampled together
-            out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed,
-                                                                 member_groups=groups[0], nonmember_groups=groups[1])
-            out["mia_ci_groups"] = len(set(groups[0])) + len(set(groups[1]))
-        else:
-            out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed)
+        out.update(_mia_numbers(forget, holdout, manifests, seed))
         rows = split_rows(manifests, "spk_retain_test") + split_rows(manifests, "spk_forget_test")
         test = score("test", rows)
     out["test_acc"] = accuracy_of(test)
     out["eer"] = eer_of(test, max_trials, seed)
+    return out
+
+
+def _forgotten_speaker_numbers(adapter: SpeakerAdapter, manifests: Manifests,
+                               score: Callable[..., SpeakerScores]) -> dict[str, Any]:
+    """Speaker level: accuracy and forgotten shares on the forget speakers' training and held-out utterances."""
+    out: dict[str, Any] = {}
+    forget_train = score("spk_forget_train")
+    out["forget_acc"] = accuracy_of(forget_train)
+    counted = forgotten_counts(forget_train)
+    out["forget_any_acc"] = counted["any_forgotten"]
+    forget_test = split_rows(manifests, "spk_forget_test")
+    parts = [forget_train]
+    if forget_test:
+        scored = score("spk_forget_test", forget_test)
+        parts.append(scored)
+        out["forget_test_acc"] = accuracy_of(scored)
+        out["forget_test_any_acc"] = forgotten_counts(scored, sorted(set(forget_train.labels)))["any_forgotten"]
+    every = forgotten_counts(concat_scores(*parts))  # train and held-out utterances of each forgotten speaker
+    out["forget_sink_share"] = every["sink_share"]
+    out["forget_per_speaker"] = {spk: {**v, "sink": adapter.speakers[v["sink_class"]]
+                                       if v["sink_class"] is not None else None}
+                                 for spk, v in every["per_speaker"].items()}
+    return out
+
+
+def _mia_numbers(forget: SpeakerScores, holdout: SpeakerScores, manifests: Manifests, seed: int) -> dict[str, Any]:
+    """Sample level: the loss attack's AUC and its bootstrap interval, resampling whole recordings when it can."""
+    out: dict[str, Any] = {"mia_auc": mia_auc(forget.nll, holdout.nll)}
+    forget_rows, holdout_rows = split_rows(manifests, "sample_forget"), split_rows(manifests, "sample_holdout")
+    groups = [recording_of(r) for r in forget_rows], [recording_of(r) for r in holdout_rows]
+    if min(len(set(g)) for g in groups) >= 2:  # segments of one recording resampled together
+        out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed,
+                                                             member_groups=groups[0], nonmember_groups=groups[1])
+        out["mia_ci_groups"] = len(set(groups[0])) + len(set(groups[1]))
+    else:
+        out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed)
     return out
