@@ -17,7 +17,7 @@ the rule. Each point prints one progress line.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -156,6 +156,15 @@ def _below_the_bound(score, rank, scale: float) -> float | None:
     return None
 
 
+def _bisect(score: Callable[[Any, float], tuple[bool, bool]], rank: Any, lo: float | None, hi: float, steps: int,
+            upper: Callable[[bool, bool], bool]) -> None:
+    """Geometric bisection of the scale in [lo, hi], ``steps`` times; ``upper(reached, over)``: mid becomes hi."""
+    for _ in range(steps):
+        mid = (lo * hi) ** 0.5
+        reached, over = score(rank, mid)
+        lo, hi = (lo, mid) if upper(reached, over) else (mid, hi)
+
+
 def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: bool,
            past_bound: bool = False) -> tuple[list[SweepPoint], SweepPoint]:
     """Score candidate (rank, scale) edits (each applied, measured and undone); the rule's choice.
@@ -196,22 +205,15 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: b
                 continue
             if past_bound and (past or (over and not reached)):
                 if reached and not over:  # meets the rule beyond a stretch over the bound: narrow it from below
-                    lo, hi = prev, s
-                    for _ in range(cfg.sweep_bisections):
-                        mid = (lo * hi) ** 0.5
-                        reached, over = score(r, mid)
-                        lo, hi = (lo, mid) if (reached and not over) else (mid, hi)
+                    _bisect(score, r, prev, s, cfg.sweep_bisections, lambda reached, over: reached and not over)
                     break
                 past, prev = True, s
                 continue
             if over and good is None:  # the smallest size tried is already over the bound
                 good = _below_the_bound(score, r, s)
             if reached or over:  # larger scales only go further past the target or the bound
-                lo, hi = good, s
-                for _ in range(cfg.sweep_bisections if lo is not None else 0):  # geometric bisection
-                    mid = (lo * hi) ** 0.5
-                    reached, over = score(r, mid)
-                    lo, hi = (lo, mid) if (reached or over) else (mid, hi)
+                _bisect(score, r, good, s, cfg.sweep_bisections if good is not None else 0,
+                        lambda reached, over: reached or over)
                 break
             good = s
         if any(scorer.point_meets(p) for p in points if p.rank == r):
