@@ -174,6 +174,13 @@ def _mia_metrics(adapter: Any, splits: EvalSplits, fs: Scores, retain: _RetainRe
     return out
 
 
+def _check_utility_items(utility_items: int | None) -> None:
+    """Refuse a ``utility_items`` that is not a positive integer or None."""
+    if utility_items is not None and (isinstance(utility_items, bool) or not isinstance(utility_items, int)
+                                      or utility_items < 1):
+        raise ValueError(f"utility_items must be a positive integer or None, got {utility_items!r}")
+
+
 def evaluate_tofu(
     adapter: Any,
     data: str | os.PathLike[str] | Mapping[str, Sequence[Any]],
@@ -210,9 +217,7 @@ def evaluate_tofu(
     """
     groups = _groups(metrics)
     check_max_new_tokens(max_new_tokens)
-    if utility_items is not None and (isinstance(utility_items, bool) or not isinstance(utility_items, int)
-                                      or utility_items < 1):
-        raise ValueError(f"utility_items must be a positive integer or None, got {utility_items!r}")
+    _check_utility_items(utility_items)
     gen_batch_size = generation_batch_size or batch_size
     splits = load_eval_splits(data, forget_split, authors, groups)  # all data errors before any model work
     if utility_items is not None and splits.real_authors is not None:
