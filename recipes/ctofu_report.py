@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.atomic import write_text_atomic
+from mmunlearn.figures import figure
 from mmunlearn.metrics.logs import write_json_atomic
 from recipes.ctofu_pipeline import COLUMNS
 
@@ -79,10 +80,6 @@ def write_report(out: Path, stem: str, rows: list[dict], summary: list[dict], fo
 
 def heatmap(path: Path, rows: list[dict], key: str, title: str, *, log10: bool = False, cmap: str = "viridis") -> Path:
     """A method x language heatmap of ``key`` (log10 of it with ``log10``), values written in the cells."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     methods, langs = _order(rows, "method"), _order(rows, "lang")
@@ -93,21 +90,15 @@ def heatmap(path: Path, rows: list[dict], key: str, title: str, *, log10: bool =
             v = cell.get((m, lang))
             if v is not None and math.isfinite(v):
                 grid[i, j] = math.log10(max(v, 1e-30)) if log10 else v
-    fig, ax = plt.subplots(figsize=(max(5.0, 2.2 + 0.7 * len(langs)), 1.4 + 0.42 * len(methods)))
-    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto")
-    ax.set_xticks(range(len(langs)), langs)
-    ax.set_yticks(range(len(methods)), methods)
-    for i in range(len(methods)):
-        for j in range(len(langs)):
-            if np.isfinite(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.1f}" if log10 else f"{grid[i, j]:.2f}", ha="center", va="center",
-                        fontsize=7, color="white" if grid[i, j] < np.nanmean(grid) else "black")
-    fig.colorbar(im, ax=ax, label=("log10 " if log10 else "") + key)
-    ax.set_title(textwrap.fill(title, 60), fontsize=9)
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
+    with figure(path, figsize=(max(5.0, 2.2 + 0.7 * len(langs)), 1.4 + 0.42 * len(methods))) as (fig, ax):
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto")
+        ax.set_xticks(range(len(langs)), langs)
+        ax.set_yticks(range(len(methods)), methods)
+        for i in range(len(methods)):
+            for j in range(len(langs)):
+                if np.isfinite(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.1f}" if log10 else f"{grid[i, j]:.2f}", ha="center", va="center",
+                            fontsize=7, color="white" if grid[i, j] < np.nanmean(grid) else "black")
+        fig.colorbar(im, ax=ax, label=("log10 " if log10 else "") + key)
+        ax.set_title(textwrap.fill(title, 60), fontsize=9)
     return path

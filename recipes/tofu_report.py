@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.atomic import write_text_atomic
 from mmunlearn.audit import write_audit
+from mmunlearn.figures import figure
 from mmunlearn.methods import names
 from mmunlearn.report import fmt as _fmt
 
@@ -106,68 +107,46 @@ def write_audit_table(out: Path, results: list[dict], context: dict) -> Path:
 
 def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: float | None) -> Path | None:
     """Forget vs retain NLL (training partitions) along each method's sweep: erasure scale,
-    T3 temperature, baseline epochs. Reads ``out/<method>/run.json``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
-    drawn = 0
+    T3 temperature, baseline epochs. Reads ``out/<method>/run.json``; None (no file) when no method swept."""
+    series = {}
     for m in methods:
         run = out / m / "run.json"
         if not run.is_file():
             continue
         points = json.loads(run.read_text())["info"].get("sweep") or []
         key = next((k for k in ("scale", "temperature", "step") if points and k in points[0]), None)
-        points = sorted(points, key=lambda p: p[key]) if key else points
         if points:
-            ax.plot([p["retain_nll"] for p in points], [p["forget_nll"] for p in points], marker="o", label=m)
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
+            series[m] = sorted(points, key=lambda p: p[key]) if key else points
+    if not series:
         return None
-    if forget_target is not None:
-        ax.axhline(forget_target, color="gray", linestyle="--", linewidth=1, label="forget NLL target (base model)")
-    ax.set_xlabel("retain NLL (training partition)")
-    ax.set_ylabel("forget NLL (training partition)")
-    ax.set_title("Selectivity along each method's sweep (up and left is better)")
-    ax.legend(fontsize=7)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
+    with figure(path, figsize=(7, 5)) as (_, ax):
+        for m, points in series.items():
+            ax.plot([p["retain_nll"] for p in points], [p["forget_nll"] for p in points], marker="o", label=m)
+        if forget_target is not None:
+            ax.axhline(forget_target, color="gray", linestyle="--", linewidth=1,
+                       label="forget NLL target (base model)")
+        ax.set_xlabel("retain NLL (training partition)")
+        ax.set_ylabel("forget NLL (training partition)")
+        ax.set_title("Selectivity along each method's sweep (up and left is better)")
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
     return path
 
 
 def scatter(path: Path, rows: list[dict]) -> Path:
     """Forget quality (log scale) against model utility; target and retain models marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for r in rows:
-        fq, mu = r.get("forget_quality"), r.get("model_utility")
-        if fq is None or mu is None or not math.isfinite(fq):
-            continue
-        ref = r["method"].endswith("model")
-        ax.scatter(mu, max(fq, 1e-30), marker="*" if ref else "o", s=160 if ref else 60,
-                   color="black" if ref else None, zorder=3)
-        ax.annotate(r["method"], (mu, max(fq, 1e-30)), textcoords="offset points", xytext=(6, 4), fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel("model utility")
-    ax.set_ylabel("forget quality (KS p-value, log scale)")
-    ax.set_title("TOFU: forget quality vs model utility")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
+    with figure(path, figsize=(7, 5)) as (_, ax):
+        for r in rows:
+            fq, mu = r.get("forget_quality"), r.get("model_utility")
+            if fq is None or mu is None or not math.isfinite(fq):
+                continue
+            ref = r["method"].endswith("model")
+            ax.scatter(mu, max(fq, 1e-30), marker="*" if ref else "o", s=160 if ref else 60,
+                       color="black" if ref else None, zorder=3)
+            ax.annotate(r["method"], (mu, max(fq, 1e-30)), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xlabel("model utility")
+        ax.set_ylabel("forget quality (KS p-value, log scale)")
+        ax.set_title("TOFU: forget quality vs model utility")
+        ax.grid(True, alpha=0.3)
     return path

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.atomic import write_text_atomic
+from mmunlearn.figures import figure
 
 #: (header, row key, percent?) per level.
 COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -166,43 +167,35 @@ def write_tables(out: Path, rows: list[dict], level: str, context: dict) -> list
 def plot_accuracies(path: Path, rows: list[dict], level: str, chance: float | None = None) -> Path:
     """Grouped bars: per method (original, retrained, each unlearning method) its accuracies; for the
     sample level a second panel with the MIA AUC (0.5 = no membership signal)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     bars = [(label, key) for label, key in BARS[level] if any(r.get(key) is not None for r in rows)]
     mia = level == "sample" and any(r.get("mia_auc") is not None for r in rows)
     x = np.arange(len(rows))
     width = 0.8 / max(1, len(bars))
-    fig, axes = plt.subplots(1, 2 if mia else 1, figsize=(max(7, 1.2 * len(rows) + 3) * (1.5 if mia else 1), 4.5),
-                             squeeze=False, gridspec_kw={"width_ratios": [2, 1]} if mia else None)
-    ax = axes[0][0]
-    for i, (label, key) in enumerate(bars):
-        values = [100 * r[key] if r.get(key) is not None else np.nan for r in rows]
-        ax.bar(x + (i - (len(bars) - 1) / 2) * width, values, width, label=label)
-    if chance is not None:
-        ax.axhline(100 * chance, color="gray", linestyle="--", linewidth=1, label="chance")
-    ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 105)
-    ax.set_title(f"{level}-level forgetting: identification accuracy")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.grid(True, axis="y", alpha=0.3)
-    if mia:
-        ax2 = axes[0][1]
-        ax2.bar(x, [r["mia_auc"] if r.get("mia_auc") is not None else np.nan for r in rows], 0.6, color="tab:purple")
-        ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
-        ax2.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
-        ax2.set_ylim(0, 1)
-        ax2.set_ylabel("MIA AUC (loss attack, forget vs holdout)")
-        ax2.set_title("membership inference (0.5 = none)")
-        ax2.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=120, format="png")
-    finally:
-        plt.close(fig)
+    with figure(path, nrows=1, ncols=2 if mia else 1, squeeze=False,
+                figsize=(max(7, 1.2 * len(rows) + 3) * (1.5 if mia else 1), 4.5),
+                gridspec_kw={"width_ratios": [2, 1]} if mia else None) as (_, axes):
+        ax = axes[0][0]
+        for i, (label, key) in enumerate(bars):
+            values = [100 * r[key] if r.get(key) is not None else np.nan for r in rows]
+            ax.bar(x + (i - (len(bars) - 1) / 2) * width, values, width, label=label)
+        if chance is not None:
+            ax.axhline(100 * chance, color="gray", linestyle="--", linewidth=1, label="chance")
+        ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{level}-level forgetting: identification accuracy")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.grid(True, axis="y", alpha=0.3)
+        if mia:
+            ax2 = axes[0][1]
+            ax2.bar(x, [r["mia_auc"] if r.get("mia_auc") is not None else np.nan for r in rows], 0.6,
+                    color="tab:purple")
+            ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
+            ax2.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
+            ax2.set_ylim(0, 1)
+            ax2.set_ylabel("MIA AUC (loss attack, forget vs holdout)")
+            ax2.set_title("membership inference (0.5 = none)")
+            ax2.grid(True, axis="y", alpha=0.3)
     return path

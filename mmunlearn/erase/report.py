@@ -11,7 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mmunlearn.atomic import atomic_path, write_text_atomic
+from mmunlearn.atomic import write_text_atomic
+from mmunlearn.figures import figure
 
 # An edit with ||dW||_F / ||W||_F above this in any matrix of a layer is flagged: it changes the
 # weights by more than half their size, which usually means a --scale far too large or task
@@ -120,25 +121,13 @@ class EraseReport:
 
     def plot_energy(self, path: str | os.PathLike) -> Path:
         """Bar plot of layer energies, edited layers highlighted, the 1/|L| line drawn."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         names = [row.layer for row in self.layers]
-        fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(names) + 2), 4))
-        colors = ["tab:red" if row.selected else "tab:gray" for row in self.layers]
-        ax.bar(range(len(names)), [row.energy for row in self.layers], color=colors)
-        ax.axhline(1 / len(names), color="black", linestyle="--", linewidth=1, label="1/|L|")
-        ax.set_xticks(range(len(names)), names, rotation=70, ha="right", fontsize=7)
-        ax.set_ylabel("task energy  ||T_f^l|| / sum_j ||T_f^j||")
-        ax.set_title("Layer energy of the forget task (red: edited)")
-        ax.legend()
-        fig.tight_layout()
-        path = Path(path)
-        try:
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=120)
-        finally:
-            plt.close(fig)
-        return path
+        with figure(path, figsize=(max(6, 0.35 * len(names) + 2), 4)) as (_, ax):
+            colors = ["tab:red" if row.selected else "tab:gray" for row in self.layers]
+            ax.bar(range(len(names)), [row.energy for row in self.layers], color=colors)
+            ax.axhline(1 / len(names), color="black", linestyle="--", linewidth=1, label="1/|L|")
+            ax.set_xticks(range(len(names)), names, rotation=70, ha="right", fontsize=7)
+            ax.set_ylabel("task energy  ||T_f^l|| / sum_j ||T_f^j||")
+            ax.set_title("Layer energy of the forget task (red: edited)")
+            ax.legend()
+        return Path(path)
