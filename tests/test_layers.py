@@ -1,4 +1,5 @@
-"""The package's layers point one way: no import of recipes/ from mmunlearn/ or data_prep/, no import cycle between
+"""The package's layers point one way: no import of recipes/ from mmunlearn/ or data_prep/, none of data_prep/ from
+mmunlearn/ (a benchmark flow that prepares data is a recipe: ``bench requests``), no import cycle between
 the packages and root modules of mmunlearn/ and data_prep/, no submodule importing the package face."""
 
 import ast
@@ -41,6 +42,12 @@ def _package(module: str) -> str:
 def test_the_library_never_imports_the_recipes():
     bad = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets
                  if t == "recipes" or t.startswith("recipes."))
+    assert bad == []
+
+
+def test_the_library_never_imports_data_prep():
+    bad = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets
+                 if t == "data_prep" or t.startswith("data_prep."))
     assert bad == []
 
 
