@@ -108,14 +108,7 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
 
     def decorate(body: Callable[[Any], None]) -> Callable:
         params = _parameters(benchmark, METHOD_OPTIONS in keys, bool(settings))
-        for key in declared:
-            cli_type = _cli_type(types_[key])
-            flag = option_flag(key)
-            flags = f"{flag}/--no-{flag[2:]}" if cli_type is bool else flag
-            params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY,
-                                            default=_cli_default(base.get(key), cli_type),
-                                            annotation=Annotated[cli_type, typer.Option(flags,
-                                                                                        help=helps.get(key, ""))]))
+        params += [_option(key, types_[key], base.get(key), helps.get(key, "")) for key in declared]
 
         @functools.wraps(body)
         def command(ctx: typer.Context, overrides=None, *, config=None, method_option=None, **options: Any) -> None:
@@ -169,6 +162,15 @@ def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> 
                                                  "rmu.steering=8; `mmunlearn methods` lists them); repeatable.",
                                             show_default=False)]))
     return params
+
+
+def _option(key: str, tp: Any, default: Any, help: str) -> inspect.Parameter:
+    """The ``--option`` of a declared config field (``--flag/--no-flag`` for a switch)."""
+    cli_type = _cli_type(tp)
+    flag = option_flag(key)
+    flags = f"{flag}/--no-{flag[2:]}" if cli_type is bool else flag
+    return inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=_cli_default(default, cli_type),
+                             annotation=Annotated[cli_type, typer.Option(flags, help=help)])
 
 
 def _is_flag(tp: Any) -> bool:

@@ -106,6 +106,25 @@ def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> t
     return changed, rel
 
 
+def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer: Scorer | None,
+            edited: Any) -> dict[str, Any]:
+    """``report`` with the rule's measures of the edited model, ``target_reached`` and, first, the verdict line
+    (logged as a warning when the rule was missed)."""
+    if scorer is not None:
+        f, r = scorer.score(edited)
+        report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
+                          "forget": f, "retain": r}
+        report["target_reached"] = scorer.reached(f) and not scorer.over(r)
+        verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"])
+    else:
+        report["target_reached"] = None
+        verdict = f"NOT CHECKED: {method} ran its settings as they are (no sweep rule)"
+    report = {"verdict": verdict, **report}  # the report's first line says whether the run did what it should
+    if report["target_reached"] is False:
+        log.warning("%s", verdict)
+    return report
+
+
 def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence[Any], *, kind: str,
                    config: Any = None, size: str | None = None, overrides: Mapping[str, Any] | None = None,
                    reference=None, rule: SweepRule | None = None, out: str | os.PathLike | None = None,
@@ -158,18 +177,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         "retain_nll": {"before": nll_before["retain"], "after": nll_after["retain"]},
         "max_relative_update": max(rel.values(), default=0.0), "large_update_tensors": large,
         "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(dict(meta or {}))}
-    if scorer is not None:
-        f, r = scorer.score(edited)
-        report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
-                          "forget": f, "retain": r}
-        report["target_reached"] = scorer.reached(f) and not scorer.over(r)
-        verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"])
-    else:
-        report["target_reached"] = None
-        verdict = f"NOT CHECKED: {method} ran its settings as they are (no sweep rule)"
-    report = {"verdict": verdict, **report}  # the report's first line says whether the run did what it should
-    if report["target_reached"] is False:
-        log.warning("%s", verdict)
+    report = _judged(report, method, rule, scorer, edited)
     if out is not None:
         out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra, undo_dir, inputs)
     return Outcome(edited, result, report, out)
