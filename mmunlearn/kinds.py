@@ -69,6 +69,11 @@ class Kind:
     #: classifier sub-protocol when ``is_classifier``, the token one otherwise)
     adapter: type | None = None
 
+    def size_for(self, preset: str) -> str:
+        """The preset row of a model preset or folder: the preset itself when it is one of :attr:`sizes` (listed
+        smallest first), else the last (a model directory, or a preset larger than any row)."""
+        return preset if preset in self.sizes else self.sizes[-1]
+
     def __post_init__(self) -> None:
         if self.default_size not in self.sizes:
             raise ValueError(f"kind {self.name!r}: default size {self.default_size!r} is not one of {self.sizes}")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mmunlearn.atomic import write_text_atomic
+from mmunlearn.kinds import get_kind
 from mmunlearn.methods import run_unlearning
 
-from recipes.tofu_settings import preset_size
 
 RUN_JSON = "run.json"
 
@@ -147,7 +147,7 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     def harness(target: Any, out: Path, overrides: Mapping[str, Any] | None = None,
                 meta: Mapping[str, Any] | None = None) -> Any:
         return run_unlearning(method, target, setup.forget, setup.retain, kind=kind,
-                              size=size or preset_size(setup.preset),
+                              size=size or get_kind(kind).size_for(setup.preset),
                               overrides={**method_overrides, **dict(overrides or {})},
                               reference=reference, rule=rule, out=out, inputs=[source], overwrite=True,
                               cache_dir=None if setup.cache_dir is None else str(setup.cache_dir), progress=progress,

@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 from mmunlearn.adapters.base import resolve_device
+from mmunlearn.adapters.text_llm import KIND as TEXT
 from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
 from mmunlearn.methods import SweepRule, get
@@ -34,8 +35,9 @@ from mmunlearn.train.config import native_bf16
 
 
 def preset_size(preset: str) -> str:
-    """The method-config preset of a model preset: ``micro``, ``mini``, or ``model_dir`` (a directory)."""
-    return preset if preset in ("micro", "mini") else "model_dir"
+    """The method-config preset of a model preset: ``micro``, ``mini``, or ``model_dir`` (a directory; the text
+    kind's rule, :meth:`mmunlearn.kinds.Kind.size_for`)."""
+    return TEXT.size_for(preset)
 
 
 def default_precision(preset: str, device: str = "auto") -> str:

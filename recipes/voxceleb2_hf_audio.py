@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.adapters.hf_audio import HFAudioAdapter
+from mmunlearn.adapters.hf_audio import KIND, HFAudioAdapter
 from mmunlearn.data.utterances import UtteranceDataset
 from mmunlearn.train import TrainConfig, TrainResult, train
 
@@ -39,8 +39,9 @@ SAMPLE_RATE = 16000
 
 
 def size_of(preset: str) -> str:
-    """The size row of ``--preset`` (tiny, small; base and large both take ``large``)."""
-    return preset if preset in ("tiny", "small") else "large"
+    """The size row of ``--preset`` (tiny, small; base and large both take ``large``: the kind's rule,
+    :meth:`mmunlearn.kinds.Kind.size_for`)."""
+    return KIND.size_for(preset)
 
 
 def model_config(preset: str) -> Any:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mmunlearn.adapters.speaker import KIND as SPEAKER
 from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
 from mmunlearn.config import applicable_overrides
 from mmunlearn.eval.speaker import forgotten_error_rate, score_rows
@@ -107,8 +108,9 @@ def epoch_budget(method: str, preset: str, options: dict[str, Any], n_forget: in
 
 
 def preset_kind(preset: str) -> str:
-    """Settings row of a model preset: ``tiny``, ``small``, or ``large`` (``base``/``large`` or a model dir)."""
-    return preset if preset in ("tiny", "small") else "large"
+    """Settings row of a model preset: ``tiny``, ``small``, or ``large`` (``base``/``large`` or a model dir; the
+    speaker kind's rule, :meth:`mmunlearn.kinds.Kind.size_for`)."""
+    return SPEAKER.size_for(preset)
 
 
 def train_config(preset: str, *, epochs: int | None = None, lr: float | None = None,

@@ -43,7 +43,7 @@ from typing import Any
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
 from mmunlearn.adapters.base import resolve_device
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm import KIND, SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.config import applicable_overrides
@@ -64,11 +64,6 @@ TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {
     "tiny": (DEFAULT_WARM_UP.replace(epochs=2), DEFAULT_TRAIN.replace(epochs=2), FINETUNE.replace(epochs=1)),
     "mini": (DEFAULT_WARM_UP, DEFAULT_TRAIN, FINETUNE),
 }
-
-
-def preset_size(preset: str) -> str:
-    """The method-config preset of a model preset (``tiny``, ``mini``; a directory: ``model_dir``)."""
-    return preset if preset in ("tiny", "mini") else "model_dir"
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -335,5 +330,5 @@ def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech
     reference_dir = Path(reference) if reference else None if is_dir else build_model(man, role="base", **opts)
     retrain_dir = build_model(man, role="retrain", **opts) if retrain and not is_dir else None
     return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
-               size=preset_size("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
+               size=KIND.size_for("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
                method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, device=device, progress=progress)

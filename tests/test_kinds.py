@@ -202,3 +202,12 @@ def test_a_method_applies_to_the_kinds_its_config_has_rows_for_or_any_registered
     finally:
         for name in ("rows-only", "hf-only", "nowhere"):
             REGISTRY.pop(name, None)
+
+
+def test_a_presets_row_is_the_kinds_own_size_or_its_largest():
+    for kind in kinds():
+        assert [kind.size_for(s) for s in kind.sizes] == list(kind.sizes)
+        assert kind.size_for("/models/my-checkpoint") == kind.sizes[-1]
+    assert get_kind("text").size_for("smollm2-135m") == "model_dir" and get_kind("text").size_for("mini") == "mini"
+    assert get_kind("speaker").size_for("base") == get_kind("hf-audio").size_for("base") == "large"
+    assert get_kind("speech-llm").size_for("tiny") == "tiny"
