@@ -27,7 +27,7 @@ from mmunlearn.presets.build import torch_threads
 from recipes import ctofu_pipeline, ctofu_report, tofu_report
 from recipes.ctofu_config import CTofuConfig
 from recipes.recipe_cli import config_command, configs_command, help_of, require
-from recipes.runner import Stages, run_method
+from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
 from recipes.tofu_settings import sweep_rule
 
@@ -160,25 +160,22 @@ def compare(cfg: CTofuConfig) -> None:
     chosen, out = cfg.chosen(), cfg.out
     audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()
-    audits, audit_cache = [], {}
+    audit_cache = {}
     stages = Stages(len(chosen) + 1, start, say=lambda line: console.print(line, markup=False, soft_wrap=True))
     with torch_threads(cfg.threads):
         ctx = _context(cfg)
         refs = [*ctx.reference_rows("target"), *ctx.reference_rows("retain")]
         target_nll = ctx.forget_target() if cfg.sweep else None
         stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
-        rows: list[dict] = []
-        for name in chosen:
-            t0 = time.perf_counter()
-            rows += _rows(cfg, name, ctx, sweep_rule(target_nll, cfg.retain_bound))
-            stages.done(name, time.perf_counter() - t0, reused=bool(rows[-1].get("reused")))
-            summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)  # after each method: nothing lost
-            ctofu_report.write_report(out, "compare", refs + rows, summary, ctx.forget_langs,
-                                      {**ctx.describe(), "seconds": time.perf_counter() - start})
-            if audit_opts is not None:
-                console.print(f"auditing {name} ...")
-                audits.append(ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache))
-                tofu_report.write_audit_table(out, audits, ctx.describe())
+        rule = sweep_rule(target_nll, cfg.retain_bound)
+        rows, _ = run_comparison(Comparison(
+            chosen, rows=lambda name: _rows(cfg, name, ctx, rule),
+            write=lambda done: ctofu_report.write_report(
+                out, "compare", refs + done, ctofu_pipeline.transfer_summary(done, ctx.forget_langs), ctx.forget_langs,
+                {**ctx.describe(), "seconds": time.perf_counter() - start}),
+            audit=None if audit_opts is None else
+            lambda name: ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache),
+            write_audit=lambda audits: tofu_report.write_audit_table(out, audits, ctx.describe())), stages)
     everything = refs + rows
     ctofu_report.heatmap(out / "fq_heatmap.png", everything, "forget_quality",
                          f"Forget quality per language (forget data: {', '.join(ctx.forget_langs)})", log10=True)

@@ -1,5 +1,7 @@
 """The one function a recipe runs a method with: the harness on a fresh copy of the setup's target, the recipe's
-evaluation, and ``<folder>/{model/, run.json}`` in one layout (``tofu``, ``ctofu`` and ``voxceleb2`` use it).
+evaluation, and ``<folder>/{model/, run.json}`` in one layout (``tofu``, ``ctofu`` and ``voxceleb2`` use it); and
+the one comparison loop their comparisons drive (:func:`run_comparison`: each method's rows, the tables written
+after each, a progress line per stage, the audit when asked).
 
 ``run.json``: ``key`` (what identifies the stage: method, options, rule, base and the setup's description; a
 finished stage with the same key is reused), ``method``, ``rows`` (the recipe's rows, each with the cost columns;
@@ -192,3 +194,37 @@ class Stages:
                  + ("reused (finished earlier)" if reused else f"{seconds:.0f} s")
                  + f"; elapsed {time.perf_counter() - self.start:.0f} s"
                  + (f"; about {estimate / 60:.0f} min left" if left and self.times else ""))
+
+
+@dataclass
+class Comparison:
+    """One benchmark's comparison as :func:`run_comparison` drives it: ``rows(method)`` runs a method (through
+    :func:`run_method`) and gives its rows; ``write(rows)`` writes the tables of the rows so far (after every method:
+    nothing is lost if the run stops); ``audit(method)`` audits a method's model, ``write_audit(audits)`` the audit
+    table so far (``audit`` None: no audit)."""
+
+    methods: list[str]
+    rows: Callable[[str], list[dict]]
+    write: Callable[[list[dict]], Any]
+    audit: Callable[[str], dict] | None = None
+    write_audit: Callable[[list[dict]], Any] | None = None
+
+
+def run_comparison(comparison: Comparison, stages: Stages) -> tuple[list[dict], list[dict]]:
+    """Run every method of ``comparison`` in order: a line as it starts, its rows, the tables so far, a progress line
+    (``stages``), its audit; the methods' rows and audits."""
+    rows: list[dict] = []
+    audits: list[dict] = []
+    for i, name in enumerate(comparison.methods, 1):
+        stages.say(f"running {name} ({i}/{len(comparison.methods)}) ...")
+        t0 = time.perf_counter()
+        new = comparison.rows(name)
+        rows += new
+        comparison.write(rows)
+        stages.done(name, time.perf_counter() - t0, reused=bool(new and new[-1].get("reused")))
+        if comparison.audit is not None:
+            stages.say(f"auditing {name} ...")
+            audits.append(comparison.audit(name))
+            if comparison.write_audit is not None:
+                comparison.write_audit(audits)
+    return rows, audits

@@ -38,7 +38,7 @@ from mmunlearn.presets.cache import read_log
 from recipes import tofu_pipeline, tofu_report
 from recipes.recipe_cli import config_command, configs_command, help_of, option_flag, require
 from recipes.recipe_config import ConfigError
-from recipes.runner import Stages, run_method
+from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
 from recipes.tofu_parallel import pending, run_jobs
 from recipes.tofu_settings import default_precision, memorisation, memorisation_warning, preset_size, sweep_rule
@@ -290,25 +290,22 @@ def compare(cfg: TofuConfig) -> None:
     ctx = _prepare(cfg)
     stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
     _warn_memorisation(ctx)
-    rows = [ctx.reference_row("target"), ctx.reference_row("retain")]
+    refs = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
     context = {**ctx.describe(), **cfg.knobs(), **({"method_options": cfg.method_options} if cfg.method_options else {})}
     kept = tofu_report.earlier_rows(out, context, exclude=chosen)
     target_nll = ctx.forget_target() if cfg.sweep else None
+    rule = sweep_rule(target_nll, cfg.retain_bound)
     if cfg.jobs > 1:
-        _parallel(cfg, ctx, chosen, sweep_rule(target_nll, cfg.retain_bound))
-    audits, audit_cache = [], {}
-    for name in chosen:
-        t0 = time.perf_counter()
-        rows.append(_stage(cfg, name, ctx, sweep_rule(target_nll, cfg.retain_bound), out / name))
-        tofu_report.write_tables(out, tofu_report.ordered(rows + kept), context)  # nothing lost if interrupted
-        stages.done(name, time.perf_counter() - t0, reused=bool(rows[-1].get("reused")))
-        if audit_opts is not None:
-            console.print(f"auditing {name} ...")
-            audits.append(tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache))
-            tofu_report.write_audit_table(out, audits + tofu_pipeline.earlier_audits(out, [r["method"] for r in kept]),
-                                          context)
-    rows = tofu_report.ordered(rows + kept)
+        _parallel(cfg, ctx, chosen, rule)
+    audit_cache, earlier_audits = {}, tofu_pipeline.earlier_audits(out, [r["method"] for r in kept])
+    got, _ = run_comparison(Comparison(
+        chosen, rows=lambda name: [_stage(cfg, name, ctx, rule, out / name)],
+        write=lambda done: tofu_report.write_tables(out, tofu_report.ordered(refs + done + kept), context),
+        audit=None if audit_opts is None else
+        lambda name: tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache),
+        write_audit=lambda audits: tofu_report.write_audit_table(out, audits + earlier_audits, context)), stages)
+    rows = tofu_report.ordered(refs + got + kept)
     tofu_report.scatter(out / "fq_vs_mu.png", rows)
     if cfg.sweep:
         tofu_report.selectivity_plot(out / "selectivity.png", out, [r["method"] for r in rows], target_nll)

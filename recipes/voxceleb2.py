@@ -36,6 +36,7 @@ from recipes import voxceleb2_report as report
 from recipes import voxceleb2_settings as settings
 from recipes import voxceleb2_speech_llm as speech_llm
 from recipes.recipe_cli import config_command, configs_command, help_of
+from recipes.runner import Comparison, Stages, run_comparison
 from recipes.voxceleb2_config import DEFAULT_WORKDIR, VoxCelebConfig
 
 app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a speaker classifier (ECAPA-TDNN) or a "
@@ -204,16 +205,18 @@ def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
                "model": family.describe(cfg.preset) if family.describe else cfg.model}
     if cfg.method_options:
         context["method_options"] = cfg.method_options
-    audits, audit_cache = [], {}
-    for i, name in enumerate(chosen, 1):
-        console.print(f"[bold]{level} level[/bold]: {name} ({i}/{len(chosen)})")
-        rows.append(_method_row(name, cfg, ctx, n_classes, out / name))
-        report.write_tables(out, rows, level, context)  # after each method: nothing lost if interrupted
-        if audit_opts is not None:
-            console.print(f"auditing {name} ...")
-            audits.append(_audit_method(name, out / name, original, retrained, data, level, audit_opts, device,
-                                        audit_cache, context))
-            write_audit(out, audits, context)  # the comparison's table so far
+    audit_cache: dict = {}
+    stages = Stages(len(chosen) + 1, start, say=lambda line: console.print(f"{level} level: {line}", markup=False,
+                                                                            soft_wrap=True))
+    stages.done("original and retrained models, their evaluations", time.perf_counter() - start, setup=True)
+    done, audits = run_comparison(Comparison(
+        chosen, rows=lambda name: [_method_row(name, cfg, ctx, n_classes, out / name)],
+        write=lambda got: report.write_tables(out, rows + got, level, context),
+        audit=None if audit_opts is None else
+        lambda name: _audit_method(name, out / name, original, retrained, data, level, audit_opts, device,
+                                   audit_cache, context),
+        write_audit=lambda got: write_audit(out, got, context)), stages)
+    rows += done
     report.plot_accuracies(out / f"{level}_accuracy.png", rows, level,
                            chance=settings.chance(n_classes) if level == "speaker" else None)
     missed = report.missed_targets(rows)
