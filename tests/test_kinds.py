@@ -133,9 +133,8 @@ def _member_probes(path: Path, members: set[str]) -> list[str]:
             and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in members]
 
 
-#: probes of a protocol member's name on objects that are not adapters (a transformers output and decoder module)
-NOT_ADAPTERS = {("mmunlearn/tilt/model.py", "getattr(out, 'hidden_states', None)"),
-                ("mmunlearn/methods/rmu.py", "getattr(decoder, 'layers', None)")}
+#: probes of a protocol member's name on objects that are not adapters (a transformers output)
+NOT_ADAPTERS = {("mmunlearn/tilt/model.py", "getattr(out, 'hidden_states', None)")}
 
 
 def test_no_caller_probes_for_a_member_the_adapter_protocol_declares():

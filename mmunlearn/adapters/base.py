@@ -86,6 +86,9 @@ class TokenAdapter(ModalityAdapter, Protocol):
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits at the scored positions only: (N x V logits, N targets, N row indices)."""
 
+    def decoder_layers(self, model: torch.nn.Module | None = None) -> torch.nn.ModuleList:
+        """The language model's decoder blocks of ``model`` (default: the adapter's), in order (RMU steers one)."""
+
 
 @runtime_checkable
 class ClassifierAdapter(ModalityAdapter, Protocol):
@@ -190,6 +193,16 @@ class TokenScoring(AdapterDefaults):
         logits, targets = self.logits(batch, model)
         mask = targets != IGNORE
         return logits[mask].float(), targets[mask], mask.nonzero(as_tuple=True)[0]
+
+    def decoder_layers(self, model=None) -> torch.nn.ModuleList:
+        """The decoder blocks of a transformers causal LM (``get_decoder().layers``: Llama, Qwen2, Qwen2.5-Omni's
+        thinker, ...); a ValueError naming the model class when it has none."""
+        model = self.model if model is None else model
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers = getattr(decoder, "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList):
+            raise ValueError(f"{type(model).__name__} has no decoder with .layers")
+        return layers
 
     def loss(self, batch, model=None) -> torch.Tensor:
         """Mean NLL over all answer tokens of the batch."""

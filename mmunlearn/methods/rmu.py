@@ -44,14 +44,6 @@ class RMUConfig(PresetConfig):
                                ("speech-llm", "tiny"): dict(lr=1e-3), ("speech-llm", "mini"): dict(lr=5e-4)}
 
 
-def _decoder_layers(model) -> torch.nn.ModuleList:
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    layers = getattr(decoder, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"RMU needs a decoder with .layers; {type(model).__name__} has none")
-    return layers
-
-
 def _acts(adapter, model, batch, tap: HiddenStateTap) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer-l activations at the answer positions (N x d) of ``batch`` under ``model``."""
     logits, targets = adapter.logits(batch, model)  # runs the forward pass; the tap keeps layer l's output
@@ -63,14 +55,17 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
     """Steer the forget activations of one layer to a random direction; keep the retain ones."""
     start = time.perf_counter()
     model = adapter.model
-    layers = _decoder_layers(model)
+    try:
+        layers = adapter.decoder_layers(model)
+    except ValueError as e:
+        raise ValueError(f"RMU needs a decoder with .layers: {e}") from None
     l = cfg.layer if cfg.layer is not None else min(len(layers) - 1, len(layers) // 3)
     if not 0 <= l < len(layers):
         raise ValueError(f"RMU layer {l} is outside the decoder's {len(layers)} layers")
     frozen = copy.deepcopy(model).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-    tap, frozen_tap = HiddenStateTap(layers[l]), HiddenStateTap(_decoder_layers(frozen)[l])
+    tap, frozen_tap = HiddenStateTap(layers[l]), HiddenStateTap(adapter.decoder_layers(frozen)[l])
     params = [p for i in range(max(0, l - 2), l + 1) for n, p in layers[i].named_parameters() if "mlp" in n]
     if not params:
         raise ValueError(f"RMU found no MLP parameters in decoder layers {max(0, l - 2)}..{l}")
