@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker import KIND as SPEAKER, SpeakerAdapter
 from mmunlearn.unlearn_rules import chance, speaker_rule
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
@@ -243,11 +243,11 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     scored = retain if not score_retain or score_retain >= len(retain) else \
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
     rule = replace(speaker_rule(n_classes, retain_bound, chance(n_classes)), retain_items=scored, checks_per_epoch=1)
-    size = preset if preset in ("tiny", "small") else "large"
+    size = SPEAKER.size_for(preset)
     accuracy(original, heldout + retain + forget_rows + forget_test, desc=None)  # decode the audio once, untimed
     retrained_row = _retrained_row(retrained_dir, original, gone[-1], heldout)
     state_dir = workdir / "retain_state"
-    prepare_seconds = timed_retain_state(state_dir, scoped, retain, "speaker", size, progress)
+    prepare_seconds = timed_retain_state(state_dir, scoped, retain, SPEAKER.name, size, progress)
     gd_over = {"epochs": gd_epochs, **({"lr": gd_lr} if gd_lr is not None else {})}
     rows = _sequential_requests(workdir, scoped, asks, retain, extracts=extracts, ids=ids, gone=gone, rule=rule,
                                 size=size, gd_over=gd_over, qr_over=qr_over, state_dir=state_dir, heldout=heldout,
@@ -258,8 +258,8 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
                                   state_dir=state_dir, forget_rows=forget_rows, gone=gone[-1], progress=progress)
     setup = {"preset": preset, "speakers": speakers, "utterances": utterances, "videos": videos, "batch": batch,
              "classes": n_classes, "requests": len(asks), "retain_items": len(retain), "model": str(model_dir),
-             "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for("speaker", size)), **gd_over},
-             "qr_erase": {**asdict(get("qr-erase").config_for("speaker", size)), **qr_over}, "extracts": list(extracts),
+             "rule": rule.describe(), "rule_retain_items": len(scored), "grad_diff": {**asdict(get("grad_diff").config_for(SPEAKER.name, size)), **gd_over},
+             "qr_erase": {**asdict(get("qr-erase").config_for(SPEAKER.name, size)), **qr_over}, "extracts": list(extracts),
              "scope": scope, "manifests": str(man), "retrained": retrained_row}
     name = "built-in corpus" if manifests is None else f"manifests {Path(manifests).name}"
     return BenchResult(f"speaker classifier ({name})", setup, prepare_seconds, rows)
@@ -296,7 +296,7 @@ def _sequential_requests(workdir: Path, scoped: SpeakerAdapter, asks: list[list[
                 gd.scope = "all"  # GradDiff trains every weight; its own adapter, no shared embedding cache
                 with PeakMemory() as mem:
                     t = time.perf_counter()
-                    out = run_unlearning("grad_diff", gd, forget, retain, kind="speaker", size=size,
+                    out = run_unlearning("grad_diff", gd, forget, retain, kind=SPEAKER.name, size=size,
                                          overrides=gd_over, rule=widened_rule(rule, ids[:i - 1]),
                                          progress=progress)
                     wall = time.perf_counter() - t
@@ -306,7 +306,7 @@ def _sequential_requests(workdir: Path, scoped: SpeakerAdapter, asks: list[list[
                 # each request writes its folder, as a service would: the next one reads its history from there
                 # (the undo patches give the earlier speakers' original class rows: head_rows.py)
                 folder = workdir / "requests" / f"qr-erase-{extract}-{i}"
-                out = run_request(model, forget, retain, kind="speaker", method="qr-erase", size=size,
+                out = run_request(model, forget, retain, kind=SPEAKER.name, method="qr-erase", size=size,
                                   overrides={"extract_kind": extract, **qr_over}, rule=rule,
                                   retain_state=state_dir, out=folder, overwrite=True,
                                   history=history, progress=progress)
@@ -324,7 +324,7 @@ def _batch_comparison(scoped: SpeakerAdapter, asks: list[list[dict]], retain: li
     """Every request at once (one QR-Erase edit with the union) against them one by one."""
     model = scoped.clone()
     t = time.perf_counter()
-    out = run_request(model, asks, retain, kind="speaker", method="qr-erase", size=size,
+    out = run_request(model, asks, retain, kind=SPEAKER.name, method="qr-erase", size=size,
                       overrides={"extract_kind": extract, **qr_over}, rule=rule,
                       retain_state=state_dir, batch=True, compare_batch=True, clone=scoped.clone,
                       progress=progress)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text_llm import KIND as TEXT, TextLLMAdapter
 from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.methods import SweepRule, get, run_unlearning
 from mmunlearn.presets.build import build_models
@@ -38,9 +38,9 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
     targets = [float(base.answer_nll(a).mean()) for a in asks]
     scored = retain if not score_retain or score_retain >= len(retain) else \
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    size = preset if preset in ("micro", "mini") else "model_dir"
+    size = TEXT.size_for(preset)
     state_dir = Path(workdir) / "retain_state_tofu"
-    prepare_seconds = timed_retain_state(state_dir, original, retain, "text", size, progress)
+    prepare_seconds = timed_retain_state(state_dir, original, retain, TEXT.name, size, progress)
     gd_over = {"epochs": gd_epochs} if gd_epochs is not None else {}
     rows: list[RequestRow] = []
 
@@ -57,13 +57,13 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
                 gd = model.clone()
                 with PeakMemory() as mem:
                     t = time.perf_counter()
-                    out = run_unlearning("grad_diff", gd, ask, retain, kind="text", size=size, overrides=gd_over,
+                    out = run_unlearning("grad_diff", gd, ask, retain, kind=TEXT.name, size=size, overrides=gd_over,
                                          rule=rule, progress=progress)
                     wall = time.perf_counter() - t
                 add(request_row("grad_diff", None, i, ask, out.report, wall, mem, gd, [], dataset="tofu"))
             with PeakMemory() as mem:
                 t = time.perf_counter()
-                out = run_request(model, ask, retain, kind="text", method="qr-erase", size=size,
+                out = run_request(model, ask, retain, kind=TEXT.name, method="qr-erase", size=size,
                                   overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
                                   retain_state=state_dir, history=history, progress=progress)
                 wall = time.perf_counter() - t
@@ -74,8 +74,8 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
     setup = {"preset": preset, "data": str(data), "forget_split": forget_split, "authors": authors,
              "requests": len(asks), "forget_items": [len(a) for a in asks], "retain_items": len(retain),
              "rule_retain_items": len(scored), "forget_targets": targets, "retain_bound": retain_bound,
-             "target": str(built.target), "grad_diff": {**asdict(get("grad_diff").config_for("text", size)), **gd_over},
-             "qr_erase": asdict(get("qr-erase").config_for("text", size)), "extracts": list(extracts)}
+             "target": str(built.target), "grad_diff": {**asdict(get("grad_diff").config_for(TEXT.name, size)), **gd_over},
+             "qr_erase": asdict(get("qr-erase").config_for(TEXT.name, size)), "extracts": list(extracts)}
     return BenchResult(f"TOFU {preset} ({forget_split}, {authors} authors)", setup, prepare_seconds, rows)
 
 

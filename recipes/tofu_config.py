@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.text_llm import PRECISIONS
+from mmunlearn.adapters.text_llm import KIND as TEXT, PRECISIONS
 from mmunlearn.audit import ATTACKS
 from mmunlearn.audit.options import parse_list
 from mmunlearn.config import opt
@@ -95,7 +95,7 @@ class RecipeConfig:
         _positive(self, "authors", "extract_steps", "t3_rank", "rank", "epochs", "threads")
         if not self.retain_bound >= 0:
             raise ConfigError(f"retain_bound must be >= 0, got {self.retain_bound}", "retain_bound")
-        known = names("text")
+        known = names(TEXT.name)
         unknown = [m for m in self.methods if m != "all" and m not in known]
         if unknown or not self.methods or ("all" in self.methods and len(self.methods) > 1):
             raise ConfigError(f"unknown methods {unknown or list(self.methods)}; choose from {known} or all", "methods")
@@ -106,7 +106,7 @@ class RecipeConfig:
 
     def chosen(self) -> list[str]:
         """The methods a comparison runs, in registry order for 'all'."""
-        return names("text") if self.methods == ("all",) else list(self.methods)
+        return names(TEXT.name) if self.methods == ("all",) else list(self.methods)
 
     def knobs(self) -> dict[str, Any]:
         """The shared knobs that are set, under the names methods' configs use (``extract`` -> ``extract_kind``)."""

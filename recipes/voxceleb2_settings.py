@@ -41,13 +41,13 @@ from mmunlearn.speech.speaker_training import DEFAULT_TRAIN
 from mmunlearn.train import TrainConfig
 
 #: Unlearning methods that apply to a classifier (T3 and RMU act on a language model).
-CLASSIFIER_METHODS = tuple(names("speaker"))
+CLASSIFIER_METHODS = tuple(names(SPEAKER.name))
 #: Task-vector kinds that work on the speaker adapter (peft's LoRA cannot wrap ECAPA's cosine Classifier).
 EXTRACT_KINDS = ("finetune", "gradient")
 #: Layer selections of erasure (``EraseConfig.layer_rule``).
 LAYER_RULES = ("mean", "top", "threshold", "all")
 #: Methods that erase a subspace (their grid and scopes below apply).
-ERASURE_METHODS = tuple(needing("task_vectors", "speaker"))  # they declare it (mmunlearn.methods.NEEDS)
+ERASURE_METHODS = tuple(needing("task_vectors", SPEAKER.name))  # they declare it (mmunlearn.methods.NEEDS)
 
 
 def is_erasure(method: str) -> bool:
@@ -104,7 +104,7 @@ DEFAULT_RETAIN_BOUND = 0.05
 def epoch_budget(method: str, preset: str, options: dict[str, Any], n_forget: int) -> int:
     """Under ``--sweep`` (epochs a cap; early stopping ends the run), an optimisation method's epochs: at least
     :data:`~mmunlearn.methods.optimisation.RULE_MIN_STEPS` optimizer steps on ``n_forget`` forget utterances."""
-    return budget_epochs(get(method).config_for("speaker", preset_kind(preset), **options), n_forget)
+    return budget_epochs(get(method).config_for(SPEAKER.name, preset_kind(preset), **options), n_forget)
 
 
 def preset_kind(preset: str) -> str:

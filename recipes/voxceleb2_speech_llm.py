@@ -57,7 +57,7 @@ from mmunlearn.train import TrainConfig
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
-DEFAULT_METHODS = tuple(names("speech-llm"))
+DEFAULT_METHODS = tuple(names(KIND.name))
 FINETUNE = TrainConfig(epochs=6, batch_size=16, lr=1e-3, schedule="onecycle", weight_decay=0.0)
 #: (audio warm-up, spoken-QA training of the base, fine-tuning of target and retrain from the base)
 TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {
@@ -303,7 +303,7 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
         overrides = {**applicable_overrides(get(method).config, shared), **own}
         row, = run_method(method, setup, out / method, options=shared, overrides=overrides, rule=None,
                           base="target" if reference_dir is None else str(reference_dir), device=device,
-                          resume=False, size=size, method_options=own, kind="speech-llm",
+                          resume=False, size=size, method_options=own, kind=KIND.name,
                           unlearn=setup.unlearn(out / method, device), progress=progress)
         rows.append(row)
         write_text_atomic(out / "results.json", json.dumps({"level": level, "where": where, "target": target,

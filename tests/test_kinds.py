@@ -210,3 +210,37 @@ def test_a_presets_row_is_the_kinds_own_size_or_its_largest():
     assert get_kind("text").size_for("smollm2-135m") == "model_dir" and get_kind("text").size_for("mini") == "mini"
     assert get_kind("speaker").size_for("base") == get_kind("hf-audio").size_for("base") == "large"
     assert get_kind("speech-llm").size_for("tiny") == "tiny"
+
+
+#: calls whose argument names a model kind
+KIND_ARGUMENT_CALLS = {"names", "needing", "config_for", "get_kind", "for_preset"}
+
+
+def _kind_literal_arguments(path: Path) -> list[str]:
+    """Calls in one file that pass a registered kind's name as a literal: ``kind=``/``model_kind=`` keywords, or any
+    argument of :data:`KIND_ARGUMENT_CALLS` (a recipe takes its kind from the adapter module, ``KIND.name``)."""
+    names, found = set(kind_names()), []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        args = [k.value for k in node.keywords if k.arg in ("kind", "model_kind")]
+        args += list(node.args) if func in KIND_ARGUMENT_CALLS else []
+        if any(isinstance(a, ast.Constant) and a.value in names for a in args):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_no_module_outside_the_adapters_passes_a_kind_name_literal():
+    files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
+             if "adapters" not in p.parts and p.name != "kinds.py"]
+    assert [hit for p in files for hit in _kind_literal_arguments(p)] == []
+
+
+def test_the_argument_scan_finds_kind_literals_and_skips_others(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f(get, KIND):\n    a = get("rmu").config_for("text", "mini"), names("speaker")\n'
+                      '    b = run(kind="speech-llm"), run(kind=KIND.name), names(KIND.name), split("speaker")\n'
+                      '    return a, b, audit(model_kind="hf-audio"), level_rows(level="speaker")\n')
+    assert [hit.split(": ")[0] for hit in _kind_literal_arguments(sample)] == [
+        "sample.py:2", "sample.py:2", "sample.py:3", "sample.py:4"]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm import KIND as SPEECH_LLM, SpeechLLMAdapter
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.audit.options import AuditOptions
 from mmunlearn.audit.runner import audit_nll, audit_speaker, audit_text
@@ -156,7 +156,7 @@ def audit_speech_llm_folder(folder: str | Path, target: str | Path, retain: str 
     retain_items = spoken_qa(split_rows(manifests, "spk_retain_train"), (task,))
     result = audit_nll(load_speech_llm_unlearned(folder, device), SpeechLLMAdapter.from_pretrained(target, device=device),
                        SpeechLLMAdapter.from_pretrained(retain, device=device), forget, method=method,
-                       model_kind="speech-llm", options=options, retain_items=retain_items, cache=cache,
+                       model_kind=SPEECH_LLM.name, options=options, retain_items=retain_items, cache=cache,
                        progress=progress)
     result["models"] = {"unlearned": str(folder), "target": str(target), "retain": str(retain)}
     return result
