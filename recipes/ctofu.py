@@ -172,7 +172,8 @@ def compare(cfg: CTofuConfig) -> None:
             chosen, rows=lambda name: _rows(cfg, name, ctx, rule),
             write=lambda done: ctofu_report.write_report(
                 out, "compare", refs + done, ctofu_pipeline.transfer_summary(done, ctx.forget_langs), ctx.forget_langs,
-                {**ctx.describe(), "seconds": time.perf_counter() - start}),
+                {**ctx.describe(), "seconds": time.perf_counter() - start,
+                 "timing": stages.timing(ctx.built)}),
             audit=None if audit_opts is None else
             lambda name: ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache),
             write_audit=lambda audits: tofu_report.write_audit_table(out, audits, ctx.describe())), stages)

@@ -98,6 +98,12 @@ def finished_rows(folder: Path, key: str, setup: Setup) -> list[dict] | None:
     return rows if isinstance(rows, list) else None
 
 
+def _recorded_seconds(folder: Path) -> float | None:
+    """The wall time ``folder/run.json`` records for its stage when it ran (None: written before it was recorded)."""
+    value = json.loads((folder / RUN_JSON).read_text()).get("stage_seconds")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def cost_columns(report: Mapping[str, Any]) -> dict[str, Any]:
     """The cost and training-partition columns of a harness report, the same for every recipe."""
     info = report.get("info") or {}
@@ -139,7 +145,9 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     """
     key = stage_key(method, setup, options, rule, base, method_options)
     if resume and (rows := finished_rows(folder, key, setup)) is not None:
-        return [{**r, "reused": True} for r in rows]
+        took = _recorded_seconds(folder)
+        return [{**r, "reused": True, **({"stage_seconds": took} if took is not None else {})} for r in rows]
+    t_stage = time.perf_counter()
     rule_retain = getattr(setup, "rule_retain", None)
     if rule is not None and rule_retain is not None:
         rule = replace(rule, retain_items=rule_retain)
@@ -170,7 +178,7 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
         record["row"] = rows[0]
     cost = {**cost, "eval_seconds": eval_seconds, **{k: v for k, v in done.columns.items() if k in cost}}
     record.update({"cost": cost, "config": rep.get("config"), "rule": rep.get("rule"), "info": rep["info"],
-                   "context": setup.describe(), **done.record})
+                   "context": setup.describe(), **done.record, "stage_seconds": time.perf_counter() - t_stage})
     write_text_atomic(folder / RUN_JSON, json.dumps(record, indent=2, default=str))
     return rows
 
@@ -182,18 +190,44 @@ class Stages:
 
     def __init__(self, total: int, start: float, say: Callable[[str], Any] = print):
         self.total, self.start, self.finished, self.times, self.say = total, start, 0, [], say
+        self.log: list[dict[str, Any]] = []
 
-    def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False) -> None:
-        """Say that stage ``name`` finished after ``seconds`` (``reused``: from an earlier run)."""
+    def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False,
+             recorded: float | None = None) -> None:
+        """Say that stage ``name`` finished after ``seconds`` (``reused``: from an earlier run, which took
+        ``recorded`` seconds when it ran, if known)."""
+        self.log.append({"stage": name, "seconds": recorded if reused else seconds, "reused": reused,
+                         **({"setup": True} if setup else {})})
         self.finished += 1
         if not reused and not setup:  # the models' build is no guide to a method's time
             self.times.append(seconds)
         left = self.total - self.finished
         estimate = (sum(self.times) / len(self.times) * left) if self.times and left else 0.0
         self.say(f"[stage {self.finished}/{self.total}] {name}: "
-                 + ("reused (finished earlier)" if reused else f"{seconds:.0f} s")
+                 + (f"reused (finished earlier{f' in {recorded:.0f} s' if recorded is not None else ''})" if reused
+                    else f"{seconds:.0f} s")
                  + f"; elapsed {time.perf_counter() - self.start:.0f} s"
                  + (f"; about {estimate / 60:.0f} min left" if left and self.times else ""))
+
+    def timing(self, built: Any = None) -> dict[str, Any]:
+        """What a comparison's record states of its time: this invocation's wall seconds and each stage's seconds
+        when it ran (a reused stage: the time its run recorded; None where it was not recorded), so a resumed run
+        does not pass its own short wall time off as the whole run's; with ``built`` (BuiltModels) also the training
+        seconds each of its model folders records (``train_log.json``), whenever they were built."""
+        out: dict[str, Any] = {"wall_seconds": time.perf_counter() - self.start, "stages": list(self.log)}
+        if built is not None:
+            out["model_builds"] = {role: took for role in ("base", "target", "retain")
+                                   if (took := _train_seconds(getattr(built, role, None))) is not None}
+        return out
+
+
+def _train_seconds(folder: Any) -> float | None:
+    """The training seconds a built model folder's ``train_log.json`` records (None: no folder, log or figure)."""
+    log = Path(folder) / "train_log.json" if folder is not None else None
+    if log is None or not log.is_file():
+        return None
+    value = json.loads(log.read_text()).get("seconds")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass
@@ -221,7 +255,9 @@ def run_comparison(comparison: Comparison, stages: Stages) -> tuple[list[dict], 
         new = comparison.rows(name)
         rows += new
         comparison.write(rows)
-        stages.done(name, time.perf_counter() - t0, reused=bool(new and new[-1].get("reused")))
+        reused = bool(new and new[-1].get("reused"))
+        stages.done(name, time.perf_counter() - t0, reused=reused, recorded=new[-1].get("stage_seconds") if reused
+                    else None)
         if comparison.audit is not None:
             stages.say(f"auditing {name} ...")
             audits.append(comparison.audit(name))

@@ -314,7 +314,7 @@ def compare(cfg: TofuConfig) -> None:
         console.print((out / "AUDIT.md").read_text(), markup=False, soft_wrap=True)
     _warn_memorisation(ctx)  # again below the table, where it is seen
     total = time.perf_counter() - start
-    tofu_report.write_tables(out, rows, {**context, "wall_seconds": total})
+    tofu_report.write_tables(out, rows, {**context, "wall_seconds": total, "timing": stages.timing(ctx.built)})
     console.print(f"wrote {out}/compare.md, .csv, .json and fq_vs_mu.png"
                   + (" and AUDIT.md / AUDIT.json" if audit_opts is not None else "")
                   + f"; the whole command took {total:.0f} s ({total / 60:.1f} min)")

@@ -40,15 +40,19 @@ COLUMNS = (
 )
 
 
+#: context entries that say how long the calls took (not what the rows were measured on)
+TIMES = ("wall_seconds", "timing")
+
+
 def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
     """Method rows of an earlier ``compare.json`` in ``out`` with the same context, except ``exclude``."""
     path = out / "compare.json"
     if not path.is_file():
         return []
     earlier = json.loads(path.read_text())
-    # the last call's wall time is not part of what the rows were measured on
-    same = {k: v for k, v in (earlier.get("context") or {}).items() if k != "wall_seconds"}
-    if same != {k: v for k, v in json.loads(json.dumps(context)).items() if k != "wall_seconds"}:
+    # the calls' times are not part of what the rows were measured on
+    same = {k: v for k, v in (earlier.get("context") or {}).items() if k not in TIMES}
+    if same != {k: v for k, v in json.loads(json.dumps(context)).items() if k not in TIMES}:
         return []
     return [r for r in earlier["rows"] if not r["method"].endswith(" model") and r["method"] not in exclude]
 
@@ -80,9 +84,24 @@ def memorisation_line(context: dict) -> str:
     if check.get("min_forget_rouge") is not None:
         facts.append(f"forget ROUGE-L {_fmt(rouge)} (>= {check['min_forget_rouge']})")
     verdict = "yes" if check["memorised"] else "NO (" + "; ".join(check.get("failed") or []) + ")"
+    return (f"\nTarget memorised the forget answers: {verdict}; " + ", ".join(facts) + "." + time_line(context) + "\n")
+
+
+def time_line(context: dict) -> str:
+    """The tables' line on time: this call's wall time, and when stages were reused from earlier calls, how many
+    and what they took when they ran (a resumed comparison's own wall time is not the whole run's)."""
     wall = context.get("wall_seconds")
-    return (f"\nTarget memorised the forget answers: {verdict}; " + ", ".join(facts) + "."
-            + (f"\nWhole command: {wall / 60:.1f} min wall." if isinstance(wall, (int, float)) else "") + "\n")
+    if not isinstance(wall, (int, float)):
+        return ""
+    stages = (context.get("timing") or {}).get("stages") or []
+    reused = [st for st in stages if st.get("reused")]
+    if not reused:
+        return f"\nWhole command: {wall / 60:.1f} min wall."
+    known = [st["seconds"] for st in reused if isinstance(st.get("seconds"), (int, float))]
+    took = f"; they took {sum(known) / 60:.1f} min when they ran" + ("" if len(known) == len(reused) else
+                                                                      f" ({len(reused) - len(known)} not recorded)")
+    return (f"\nThis call: {wall / 60:.1f} min wall; {len(reused)} of {len(stages)} stages reused from earlier "
+            f"calls{took if known else ' (their times not recorded)'}.")
 
 
 def write_tables(out: Path, rows: list[dict], context: dict) -> None:

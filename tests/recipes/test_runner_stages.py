@@ -35,3 +35,50 @@ def test_the_comparison_writes_the_tables_after_each_method_and_audits_each_when
     got, audits = run_comparison(Comparison(["b"], rows=rows.__getitem__, write=written.append),
                                  Stages(1, time.perf_counter(), say=lines.append))
     assert audits == [] and got == rows["b"]
+
+
+class _Setup:
+    """What run_method reads of a setup before it would run anything: its description and whether a folder holds a
+    finished evaluation."""
+
+    def describe(self) -> dict:
+        return {"preset": "micro"}
+
+    def evaluated(self, folder) -> bool:
+        return True
+
+
+def test_a_reused_stage_brings_the_time_it_took_when_it_ran_into_the_record(tmp_path):
+    import json
+
+    from recipes.runner import RUN_JSON, run_method, stage_key
+    from recipes.tofu_report import time_line
+
+    setup, folder = _Setup(), tmp_path / "npo"
+    (folder / "model").mkdir(parents=True)
+    key = stage_key("npo", setup, {}, None, "target")
+    (folder / RUN_JSON).write_text(json.dumps({"key": key, "rows": [{"method": "npo"}], "stage_seconds": 125.0}))
+    rows = run_method("npo", setup, folder, options={}, overrides={}, rule=None, base="target", device="cpu")
+    assert rows == [{"method": "npo", "reused": True, "stage_seconds": 125.0}]
+    lines: list[str] = []
+    stages = Stages(2, time.perf_counter(), say=lines.append)
+    stages.done("target and retain models, their evaluations", 3.0, setup=True)
+    run_comparison(Comparison(["npo"], rows=lambda name: rows, write=lambda got: None), stages)
+    assert lines[-1].startswith("[stage 2/2] npo: reused (finished earlier in 125 s);")
+    timing = stages.timing()
+    assert timing["stages"][1] == {"stage": "npo", "seconds": 125.0, "reused": True} and timing["wall_seconds"] >= 0
+    line = time_line({"wall_seconds": 60.0, "timing": timing})
+    assert "1 of 2 stages reused from earlier calls; they took 2.1 min when they ran" in line
+    assert time_line({"wall_seconds": 60.0, "timing": {"stages": [{"stage": "a", "seconds": 5, "reused": False}]}}) \
+        == "\nWhole command: 1.0 min wall."
+
+
+def test_the_timing_names_the_training_seconds_each_built_model_records(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "train_log.json").write_text(json.dumps({"seconds": 1814.2}))
+    (tmp_path / "retain").mkdir()  # no log: not named
+    built = SimpleNamespace(base=None, target=tmp_path / "target", retain=tmp_path / "retain")
+    assert Stages(1, time.perf_counter()).timing(built)["model_builds"] == {"target": 1814.2}
