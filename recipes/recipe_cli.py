@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from mmunlearn.atomic import write_json_atomic
+from mmunlearn.atomic import terminate_raises, write_json_atomic
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.layout import MARKER
 from recipes.configs import ROOT as CONFIGS_ROOT
@@ -128,10 +128,11 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
                 raise typer.BadParameter(str(e), param_hint=hint) from None
             out = getattr(cfg, "out", None)
             check_out(out)
-            try:
-                body(cfg)
-            finally:
-                mark_out(out)
+            with terminate_raises():  # a run stopped by SIGTERM marks its folder too: the next run resumes there
+                try:
+                    body(cfg)
+                finally:
+                    mark_out(out)
 
         del command.__wrapped__  # Typer reads the signature below, not the body's
         command.__signature__ = inspect.Signature(params)

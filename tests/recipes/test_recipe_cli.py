@@ -2,6 +2,7 @@
 taken as KEY=VALUE or as --key VALUE (the spelling of the old options), both building the same config."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import typer
@@ -15,6 +16,7 @@ from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
 from recipes.voxceleb2_config import VoxCelebConfig
 
 #: the benchmark commands: path under `mmunlearn`, options declared beyond OPTIONS, config, fields not taken
+REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = [(("tofu", "run"), (), TofuConfig, RUN_EXCLUDES),
               (("tofu", "compare"), (), TofuConfig, COMPARE_EXCLUDES),
               (("ctofu", "run"), ("langs",), CTofuConfig, RUN_EXCLUDES),
@@ -84,3 +86,38 @@ def test_settings_from_args_reads_switches_values_and_plain_assignments():
                               settings) == ["sweep=true", "audit=false", "facts=-1", "seed=2", "base=base"]
     with pytest.raises(ConfigError, match="no option or setting --out"):
         settings_from_args(["--out", "x"], types_, settings)  # an option is not a setting: typer parses options
+
+
+def test_a_run_stopped_by_sigterm_marks_its_folder_so_the_next_run_may_resume_there(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mmunlearn.layout import MARKER
+    from recipes.recipe_cli import check_out
+
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import time, typer\n"
+        "from recipes.recipe_cli import config_command\n"
+        "from recipes.tofu_config import COMPARE_EXCLUDES, TofuConfig\n"
+        "app = typer.Typer()\n"
+        "@config_command(app, TofuConfig, name='go', exclude=COMPARE_EXCLUDES)\n"
+        "def go(cfg):\n"
+        "    cfg.out.mkdir()\n"
+        "    (cfg.out / 'partial.json').write_text('{}')\n"
+        "    time.sleep(60)\n"
+        "@app.command()\n"
+        "def other():\n"
+        "    pass\n"
+        "app()\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(script), "go", "--out", str(out)], cwd=str(REPO))
+    deadline = time.monotonic() + 60
+    while not (out / "partial.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM  # still ended by the signal
+    assert (out / MARKER).is_file()
+    check_out(out)  # a later run may write there (it raised before the marker was written on SIGTERM)
