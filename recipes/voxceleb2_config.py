@@ -102,8 +102,8 @@ class VoxCelebConfig:
     llm: str = opt("mini", "With --model speech-llm: preset tiny or mini (built from config, trained and cached), or "
                            "a speech-LLM directory.")
     where: str = opt("both", "With --model speech-llm: erase in the audio tower, the language model (text) or both.")
-    target: str = opt("gender", "With --model speech-llm: the task that must survive on the same audio: gender or "
-                                "transcript.")
+    keep_task: str = opt("gender", "With --model speech-llm: the task that must survive on the same audio: gender "
+                                   "or transcript (TOFU's 'target' is a model; this is a task, hence the name).")
     reference: str | None = opt(None, "With --model speech-llm and a directory: the model it was fine-tuned from "
                                       "(task-vector reference).")
     audit: bool = opt(False, "Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, "
@@ -132,7 +132,7 @@ class VoxCelebConfig:
         _bounded(self, "forget_acc", 0.0, 0.99)
         _choice(self, "model", MODELS)
         _choice(self, "where", WHERE)
-        _choice(self, "target", TARGETS)
+        _choice(self, "keep_task", TARGETS)
         _choice(self, "scope", settings.SCOPES)
         if self.sweep_ranks is not None and (not self.sweep_ranks or any(r < 1 for r in self.sweep_ranks)):
             raise ConfigError(f"sweep_ranks must be positive integers, got {self.sweep_ranks!r}", "sweep_ranks")
