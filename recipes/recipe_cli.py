@@ -221,7 +221,8 @@ def settings_help(cls: type, settings: Collection[str], defaults: Mapping[str, A
         keys = [k for k in settings if owner.get(k) is klass]
         if not keys:
             continue
-        title = (inspect.getdoc(klass) or klass.__name__).splitlines()[0].rstrip(".").replace("``", "")
+        first = (inspect.getdoc(klass) or klass.__name__).split("\n\n")[0]  # the docstring's first paragraph
+        title = " ".join(first.split()).rstrip(".").replace("``", "")
         lines = [f"{k}={_shown_default(defaults.get(k))}"
                  + (f"  (switch: --{k.replace('_', '-')})" if _is_flag(types_[k]) else "")
                  + "  " + helps[k].replace("[", "\\[") for k in keys]

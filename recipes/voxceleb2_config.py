@@ -1,6 +1,8 @@
-"""The VoxCeleb2 recipe's settings as one config dataclass: :class:`VoxCelebConfig`, every setting of ``voxceleb2
-speaker|sample`` (data, classifier training, the methods and their knobs, the sweep rule, evaluation, the audit, the
-machine, and the ``--model speech-llm`` options). The commands take one whole (:mod:`recipes.recipe_cli`: options,
+"""The VoxCeleb2 recipe's settings as one config dataclass in three layers: :class:`SpeakerBenchmarkSettings` (what
+every run shares: data, the methods and their knobs, the sweep rule, evaluation, the audit, the machine),
+:class:`ClassifierSettings` (the classifier models' size, training and erasure scope) and
+:class:`SpeechLLMSettings` (the ``--model speech-llm`` options); :class:`VoxCelebConfig` is the whole config of
+``voxceleb2 speaker|sample``, checked together. The commands take one whole (:mod:`recipes.recipe_cli`: options,
 ``--config FILE.yaml``, ``key=value``, ``--method-option``); every check raises a
 :class:`~recipes.recipe_config.ConfigError` naming the setting, before any work.
 """
@@ -32,8 +34,9 @@ DEFAULT_WORKDIR = Path("runs/voxceleb2")
 
 
 @dataclass(frozen=True)
-class VoxCelebConfig:
-    """Settings of ``voxceleb2 speaker`` and ``voxceleb2 sample`` (the level is the command)."""
+class SpeakerBenchmarkSettings:
+    """Settings every speaker-forgetting run shares: output, methods, data, the sweep rule, the methods' knobs,
+    evaluation, the audit and the machine."""
 
     out: Path | None = opt(None, "Output folder: <level>.md/.csv/.json, <level>_accuracy.png, one folder per method "
                                  "(default: --workdir/<level>).")
@@ -50,24 +53,11 @@ class VoxCelebConfig:
     forget_speakers: int = opt(2, "Built-in corpus: speakers to forget (speaker level), drawn by --seed.")
     forget_fraction: float = opt(0.1, "Built-in corpus: fraction (0 to 0.5) of each kept speaker's training "
                                       "utterances to forget (sample level); as many become the never-trained holdout.")
-    preset: str = opt("small", "Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of "
-                               "SpeechBrain); with --model hf-audio: tiny, small or large wav2vec2 configs "
-                               "(recipes/voxceleb2_hf_audio.py).")
-    train_epochs: int | None = opt(None, "Classifier training epochs (default: the preset's).")
-    train_lr: float | None = opt(None, "Classifier training peak learning rate (default: the preset's).")
-    crop_seconds: float = opt(2.0, "Classifier training: random crops of this many seconds (0: whole utterances).")
     sweep: bool = opt(True, "Choose erasure rank/scale/scope and baseline epochs by the training-partition rule (see "
                             "recipes/voxceleb2_settings.py); on by default, since the presets alone do not forget "
                             "(--no-sweep: the presets as they are, e.g. to time one setting).")
     strict: bool = opt(False, "With --sweep: exit with status 1 when a method's sweep did not meet its rule (the "
                               "tables are written first).")
-    layer_rule: str | None = opt(None, "Erasure: which layers to edit: mean (forget energy >= 1/|L|), top, threshold "
-                                       "or all (default: the method's).")
-    sweep_ranks: tuple[int, ...] | None = opt(None, "Erasure with --sweep: comma list of forget ranks tried, "
-                                                    "smallest first (default: 1,2,4).")
-    scope: str | None = opt(None, "Erasure: weights to edit: all, head (class weights only; embeddings untouched), "
-                                  "embedding, or sweep (the rule chooses among head, embedding and all on the training "
-                                  "partitions; the default with --sweep, else all).")
     retain_bound: float = opt(settings.DEFAULT_RETAIN_BOUND, "Sweep rule: largest allowed rise of the retain set's "
                                                              "mean NLL (nats).")
     forget_acc: float | None = opt(None, "Sweep rule, speaker level: accuracy (0 to 0.99) on the forget speakers' "
@@ -99,13 +89,6 @@ class VoxCelebConfig:
                                    "transformers.pipeline('audio-classification') loads; default --out: "
                                    "--workdir/hf-audio/<level>) or speech-llm (Qwen-Omni-style model answering 'who is "
                                    "speaking?'; adds t3 and rmu to the methods).")
-    llm: str = opt("mini", "With --model speech-llm: preset tiny or mini (built from config, trained and cached), or "
-                           "a speech-LLM directory.")
-    where: str = opt("both", "With --model speech-llm: erase in the audio tower, the language model (text) or both.")
-    keep_task: str = opt("gender", "With --model speech-llm: the task that must survive on the same audio: gender "
-                                   "or transcript (TOFU's 'target' is a model; this is a task, hence the name).")
-    reference: str | None = opt(None, "With --model speech-llm and a directory: the model it was fine-tuned from "
-                                      "(task-vector reference).")
     audit: bool = opt(False, "Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, "
                              "nearest-centroid probe) on every method's classifier: <out>/AUDIT.json and AUDIT.md "
                              "beside the tables, and <out>/<method>/AUDIT.json.")
@@ -117,6 +100,45 @@ class VoxCelebConfig:
                                              "audio ('forget', default) or on retain data only ('retain', stricter).")
     audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase = held-out "
                                           "recordings, quantise, relearn, probe; default all).")
+
+
+@dataclass(frozen=True)
+class ClassifierSettings(SpeakerBenchmarkSettings):
+    """Settings of the classifier models (--model classifier or hf-audio): size, training, erasure layers and scope."""
+
+    preset: str = opt("small", "Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of "
+                               "SpeechBrain); with --model hf-audio: tiny, small or large wav2vec2 configs "
+                               "(recipes/voxceleb2_hf_audio.py).")
+    train_epochs: int | None = opt(None, "Classifier training epochs (default: the preset's).")
+    train_lr: float | None = opt(None, "Classifier training peak learning rate (default: the preset's).")
+    crop_seconds: float = opt(2.0, "Classifier training: random crops of this many seconds (0: whole utterances).")
+    layer_rule: str | None = opt(None, "Erasure: which layers to edit: mean (forget energy >= 1/|L|), top, threshold "
+                                       "or all (default: the method's).")
+    sweep_ranks: tuple[int, ...] | None = opt(None, "Erasure with --sweep: comma list of forget ranks tried, "
+                                                    "smallest first (default: 1,2,4).")
+    scope: str | None = opt(None, "Erasure: weights to edit: all, head (class weights only; embeddings untouched), "
+                                  "embedding, or sweep (the rule chooses among head, embedding and all on the training "
+                                  "partitions; the default with --sweep, else all).")
+
+
+@dataclass(frozen=True)
+class SpeechLLMSettings(ClassifierSettings):
+    """Settings of the speech LLM (--model speech-llm): its model, where erasure edits, the task it keeps."""
+
+    llm: str = opt("mini", "With --model speech-llm: preset tiny or mini (built from config, trained and cached), or "
+                           "a speech-LLM directory.")
+    where: str = opt("both", "With --model speech-llm: erase in the audio tower, the language model (text) or both.")
+    keep_task: str = opt("gender", "With --model speech-llm: the task that must survive on the same audio: gender "
+                                   "or transcript (TOFU's 'target' is a model; this is a task, hence the name).")
+    reference: str | None = opt(None, "With --model speech-llm and a directory: the model it was fine-tuned from "
+                                      "(task-vector reference).")
+
+
+
+@dataclass(frozen=True)
+class VoxCelebConfig(SpeechLLMSettings):
+    """Settings of ``voxceleb2 speaker`` and ``voxceleb2 sample`` (the level is the command): the three layers above,
+    checked together."""
 
     def __post_init__(self) -> None:
         _bounded(self, "speakers", 2)
