@@ -22,7 +22,7 @@ from mmunlearn.eval import evaluate_tofu
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
 from mmunlearn.presets.build import build_models
 from mmunlearn.presets.cache import default_cache_dir
-from recipes.tofu_pipeline import cached_eval
+from recipes.tofu_pipeline import base_forget_nll, cached_eval
 
 # no MIA: the translations ship no holdout split (its non-members)
 EVAL_GROUPS = ("forget", "memorization", "utility")
@@ -72,9 +72,8 @@ class CrossLingualSetup:
         return rows
 
     def forget_target(self) -> float:
-        """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target."""
-        base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu")
-        return float(base.answer_nll(self.forget).mean())
+        """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target (float32)."""
+        return base_forget_nll(self.built, self.forget)
 
     def adapter(self, path: Path, device: str):
         """A text adapter on ``path`` (float32 scoring)."""

@@ -147,11 +147,7 @@ class TofuSetup:
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (before it saw the forget authors): the sweep's target."""
-        if self.built.base is None:
-            raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
-                             "base model (no train_log.json with an existing 'base')")
-        base = TextLLMAdapter.from_pretrained(self.built.base, device="cpu", precision=self.precision)
-        return float(base.answer_nll(self.forget).mean())
+        return base_forget_nll(self.built, self.forget, self.precision)
 
     def adapter(self, path: Path, device: str):
         """A text adapter on ``path`` at this run's scoring precision."""
@@ -175,6 +171,16 @@ class TofuSetup:
                 "precision": self.precision, "utility_items": self.utility_items,
                 "rule_retain_items": len(self.rule_retain) if self.rule_retain is not None else len(self.retain),
                 "memorised": self.memorisation.get("memorised"), "memorisation": dict(self.memorisation)}
+
+
+def base_forget_nll(built: Any, forget: list, precision: str = "no") -> float:
+    """The sweeps' target of a TOFU-style setup (TOFU, cTOFU): the forget rows' mean answer NLL under the base model
+    ``built.base``, which never saw the forget authors; a ValueError when the setup names no base."""
+    if built.base is None:
+        raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
+                         "base model (no train_log.json with an existing 'base')")
+    base = TextLLMAdapter.from_pretrained(built.base, device="cpu", precision=precision)
+    return float(base.answer_nll(forget).mean())
 
 
 def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
