@@ -189,9 +189,27 @@ def make_record(source: Mapping[str, Any], *, name: str, command: str, title: st
               # the run's own machine facts when it wrote them (load while it ran), else those at recording
               "machine": dict(source.get("machine") or machine_facts()),
               "columns": [list(c) for c in (columns or source.get("columns") or [[k, k] for k in rows[0]])],
-              "rows": rows, "context": source.get("context", {})}
+              "rows": portable(rows), "context": portable(source.get("context", {}))}
     render(record)  # refuse a record that cannot be rendered
     return record
+
+
+def portable(value: Any, cwd: str | os.PathLike | None = None, home: str | os.PathLike | None = None) -> Any:
+    """``value`` (JSON-like) with this machine's paths made portable: a path under the working folder relative to
+    it, one under the home folder as ``~/...`` (a record names no absolute path of the machine it was made on)."""
+    cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    home = os.path.abspath(home if home is not None else os.path.expanduser("~"))
+    if isinstance(value, str):
+        for root, shown in sorted(((cwd, "."), (home, "~")), key=lambda r: -len(r[0])):  # the nearer root first
+            if value == root or value.startswith(root + os.sep):
+                rest = value[len(root):].lstrip(os.sep)
+                return rest if shown == "." and rest else f"{shown}/{rest}" if rest else shown
+        return value
+    if isinstance(value, Mapping):
+        return {k: portable(v, cwd, home) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, cwd, home) for v in value]
+    return value
 
 
 def write_record(record: Mapping[str, Any], folder: str | os.PathLike) -> Path:

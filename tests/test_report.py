@@ -70,3 +70,17 @@ def test_bad_records_and_missing_ones_are_clear_errors(tmp_path):
         report.stale_blocks([page], tmp_path)
     with pytest.raises(FileNotFoundError, match="no compare.json"):
         report.load_source(tmp_path)
+
+
+def test_a_record_names_no_absolute_path_of_the_machine_it_was_made_on(tmp_path, monkeypatch):
+    home, work = tmp_path / "home" / "me", tmp_path / "work" / "repo"
+    context = {"target": str(home / ".cache/mmunlearn/models/full-1"), "out": str(work / "runs" / "x"),
+               "langs": ["en", str(work)], "other": str(tmp_path / "work" / "repo2" / "a"), "n": 3}
+    assert report.portable(context, cwd=work, home=home) == {
+        "target": "~/.cache/mmunlearn/models/full-1", "out": "runs/x", "langs": ["en", "."],
+        "other": str(tmp_path / "work" / "repo2" / "a"), "n": 3}  # a sibling folder is not under the working one
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    rec = report.make_record({"rows": [{"method": "a", "model": str(tmp_path / "m")}],
+                              "context": {"cache": str(home / "c")}}, name="r", command="x")
+    assert rec["rows"][0]["model"] == "m" and rec["context"]["cache"] == "~/c"
