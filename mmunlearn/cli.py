@@ -31,9 +31,11 @@ from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line, set_threads
+from mmunlearn.layout import PATCH_NAME
 from mmunlearn.methods import REGISTRY
 from mmunlearn.report_cli import app as report_app
 from mmunlearn.undo import restore_folder
+from mmunlearn.undo_store import default_undo_dir
 
 app = typer.Typer(
     name="mmunlearn",
@@ -111,7 +113,7 @@ _EH, _ED = EraseOptions.help, EraseOptions()  # every erase option's meaning and
 def erase(
     model: Annotated[Path, typer.Option(help="Model directory in HF save_pretrained layout (safetensors, sharded or not).")],
     forget: Annotated[Path, typer.Option(help="Forget task matrices: a .safetensors file (parameter name -> tensor) or a directory of them.")],
-    out: Annotated[Path, typer.Option(help="Directory for the edited model, undo patch, JSON report and energy plot (created; must not exist unless --overwrite).")],
+    out: Annotated[Path, typer.Option(help="Directory for the edited model, JSON report and energy plot (created; must not exist unless --overwrite). The undo patch (the original values of every edited tensor) goes apart, to OUT.undo/ beside it (mode 0700; --overwrite replaces it too): never ship that folder.")],
     retain: Annotated[Optional[Path], typer.Option(help="Retain task matrices for the same parameters; their subspace is protected.")] = None,
     rank: Annotated[Optional[int], typer.Option(min=1, help=_EH("rank"))] = None,
     energy: Annotated[Optional[float], typer.Option(callback=_fraction, help=_EH("energy"))] = None,
@@ -141,7 +143,8 @@ def erase(
     else:
         report = erase_checkpoint(model, forget, out, **options)
     console.print(report.table())
-    console.print(f"edited model, undo patch and report written to [bold]{out}[/bold]")
+    console.print(f"edited model and report written to [bold]{out}[/bold]; undo patch (the original weights: do not "
+                  f"ship it) in [bold]{default_undo_dir(out) / PATCH_NAME}[/bold]")
     if report.large_update_layers:
         typer.echo(f"warning: update larger than {LARGE_UPDATE} x the weights (||dW||/||W||) in "
                    f"{', '.join(report.large_update_layers)}: check --scale and the task matrices", err=True)

@@ -1,10 +1,10 @@
 """Where an output's undo records live: a private folder beside the released model, never inside it.
 
 An undo patch holds the original values of every tensor an edit changed (``mmunlearn restore`` needs them to give the
-input back bit for bit), so a model folder that carried it would ship what was forgotten. The harness and restore
-therefore move ``undo_patch.safetensors`` and ``undo_history/`` out of the folder they write into an undo folder
-(default ``<out>.undo`` beside it, or a path the caller names), readable by its owner only (mode 0700), and record
-where in the output's ``unlearn_report.json``::
+input back bit for bit), so a model folder that carried it would ship what was forgotten. The harness, restore and
+``mmunlearn erase`` therefore move ``undo_patch.safetensors`` and ``undo_history/`` out of the folder they write into
+an undo folder (default ``<out>.undo`` beside it, or a path the caller names), readable by its owner only (mode 0700),
+and record where in the output's ``unlearn_report.json`` (``erase_report.json`` for ``mmunlearn erase``)::
 
     "undo": {"folder": "ecapa_unlearned.undo", "id": "<random id>"}
 
@@ -16,6 +16,7 @@ them inside is read as it is); :func:`release_problems` says why a folder is not
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -26,7 +27,7 @@ from typing import Any
 from mmunlearn.atomic import write_json_atomic
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.layout import HISTORY_DIR, PATCH_NAME, UNLEARN_REPORT
+from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, UNLEARN_REPORT
 
 #: The default undo folder of ``out``: ``<out>.undo`` beside it.
 UNDO_SUFFIX = ".undo"
@@ -34,12 +35,22 @@ UNDO_SUFFIX = ".undo"
 UNDO_INFO = "undo.json"
 #: The report key that says where an output's undo records are.
 UNDO_KEY = "undo"
+_NAME_MAX = 255  # bytes in one file name on the usual file systems
 
 
 def default_undo_dir(out: str | os.PathLike) -> Path:
-    """``<out>.undo``, beside ``out``."""
+    """``<out>.undo``, beside ``out``; for a name too long to take the suffix in one file name (255 bytes), its start
+    and a hash of the whole name, then ``.undo``."""
     out = Path(out)
-    return out.with_name(out.name + UNDO_SUFFIX)
+    name = out.name + UNDO_SUFFIX
+    if len(os.fsencode(name)) > _NAME_MAX:
+        short = ""
+        for ch in out.name:  # whole characters, at most 120 bytes
+            if len(os.fsencode(short + ch)) > 120:
+                break
+            short += ch
+        name = f"{short}~{hashlib.sha256(os.fsencode(out.name)).hexdigest()[:12]}{UNDO_SUFFIX}"
+    return out.with_name(name)
 
 
 def _reference(undo: Path, final: Path, ident: str) -> dict[str, str]:
@@ -81,6 +92,17 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def _undo_reference(folder: Path) -> tuple[Path, dict] | None:
+    """The report that names ``folder``'s undo folder and its reference: ``unlearn_report.json``'s (the harness),
+    else ``erase_report.json``'s (``mmunlearn erase``); None when neither names one."""
+    for name in (UNLEARN_REPORT, ERASE_REPORT):
+        report = _read_json(folder / name)
+        ref = report.get(UNDO_KEY) if isinstance(report, dict) else None
+        if isinstance(ref, dict):
+            return folder / name, ref
+    return None
+
+
 def undo_dir_of(folder: str | os.PathLike) -> Path | None:
     """The folder that holds ``folder``'s undo records: the undo folder its report names (checked: a real folder, not
     a link, whose ``undo.json`` carries the report's id), ``folder`` itself for an output that holds them inside, or
@@ -89,13 +111,13 @@ def undo_dir_of(folder: str | os.PathLike) -> Path | None:
     folder = Path(folder)
     if os.path.lexists(folder / PATCH_NAME):
         return folder
-    report = _read_json(folder / UNLEARN_REPORT)
-    ref = report.get(UNDO_KEY) if isinstance(report, dict) else None
-    if not isinstance(ref, dict):
+    found = _undo_reference(folder)
+    if found is None:
         return None
+    source, ref = found
     name, ident = ref.get("folder"), ref.get("id")
     if not isinstance(name, str) or not name or not isinstance(ident, str):
-        raise UnsafePathError(f"{folder / UNLEARN_REPORT}: its 'undo' entry is not a folder and an id: {ref!r:.200}")
+        raise UnsafePathError(f"{source}: its 'undo' entry is not a folder and an id: {ref!r:.200}")
     path = undo_dir_path(folder, ref)
     if os.path.islink(path) or not path.is_dir():
         raise FileNotFoundError(f"{folder}: its undo records are kept apart, in {path}, which is missing or not a "
@@ -105,6 +127,13 @@ def undo_dir_of(folder: str | os.PathLike) -> Path | None:
         raise UnsafePathError(f"{path} is not the undo folder of {folder} (its {UNDO_INFO} does not carry the id "
                               "the report names)")
     return path
+
+
+def patch_of(folder: str | os.PathLike) -> Path:
+    """The undo patch of the output ``folder``: in the undo folder its report names (:func:`undo_dir_of`), else where
+    an older output kept it, inside the folder (which may not exist: the caller reports it)."""
+    undo = undo_dir_of(folder)
+    return (undo if undo is not None else Path(folder)) / PATCH_NAME
 
 
 def release_problems(folder: str | os.PathLike) -> list[str]:
@@ -137,5 +166,5 @@ def move_undo(src_undo: Path, dst_out: Path, overwrite: bool, report: dict[str, 
     report["undo_patch"] = str(Path(os.path.abspath(target)) / PATCH_NAME)
 
 
-__all__ = ["UNDO_INFO", "UNDO_KEY", "UNDO_SUFFIX", "default_undo_dir", "move_undo", "release_problems", "split_undo",
-           "undo_dir_of", "undo_dir_path"]
+__all__ = ["UNDO_INFO", "UNDO_KEY", "UNDO_SUFFIX", "default_undo_dir", "move_undo", "patch_of", "release_problems",
+           "split_undo", "undo_dir_of", "undo_dir_path"]

@@ -56,9 +56,15 @@ def test_erase_writes_new_model_and_restore_is_bitwise(checkpoint, tmp_path):
                               "--out", str(out), "--rank", "3"])
     assert res.exit_code == 0, res.output
     assert tree_digest(src) == before_files  # input checkpoint untouched
-    for name in ("config.json", "undo_patch.safetensors", "erase_report.json", "layer_energy.png"):
+    for name in ("config.json", "erase_report.json", "layer_energy.png"):
         assert (out / name).is_file()
+    # the undo patch (the original weights) is kept apart, beside the output, never inside it
+    assert (tmp_path / "erased.undo" / "undo_patch.safetensors").is_file()
+    assert not (out / "undo_patch.safetensors").exists()
+    assert "erased.undo/undo_patch.safetensors" in "".join(res.output.split())  # says where it went (rich wraps)
     report = json.loads((out / "erase_report.json").read_text())
+    assert report["undo"]["folder"] == "erased.undo"
+    assert report["patch"] == str((tmp_path / "erased.undo" / "undo_patch.safetensors").resolve())
     assert report["selected"] == ["model.layers.2"]
     orig, new = weights(src), weights(out)
     assert orig.keys() == new.keys()

@@ -31,6 +31,8 @@ from safetensors.torch import save_file
 
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
+from mmunlearn.layout import PATCH_NAME
+from mmunlearn.undo_store import default_undo_dir
 
 #: The issue's acceptance bar: streaming peak RSS < TARGET x (largest shard + one block's task matrices).
 TARGET = 1.5
@@ -248,8 +250,9 @@ def _digest(path: Path) -> str:
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {p.name: _digest(p) for p in sorted(root.iterdir())
-            if p.is_file() and p.name != "erase_report.json"}  # the report holds timings
+    """Digests of an erase output's files and of its undo patch, kept apart in ``<root>.undo/``."""
+    files = {p.name: p for p in sorted(root.iterdir()) if p.is_file() and p.name != "erase_report.json"}  # timings
+    return {name: _digest(p) for name, p in {**files, PATCH_NAME: default_undo_dir(root) / PATCH_NAME}.items()}
 
 
 def _check_resources(workdir: Path, arch: Arch, task_layers: int | None) -> None:

@@ -7,13 +7,14 @@ import shutil
 from pathlib import Path
 
 from mmunlearn.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
-from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
+from mmunlearn.erase.apply import REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
-from mmunlearn.erase.stream import LEFTOVERS
+from mmunlearn.erase.stream import LEFTOVERS, save_patch_apart
 from mmunlearn.errors import NonFiniteError, about
 from mmunlearn.layout import PLOT_NAME
 from mmunlearn.taskvec.store import load_task_matrices
+from mmunlearn.undo_store import default_undo_dir, patch_of
 
 
 def erase_checkpoint(
@@ -25,7 +26,9 @@ def erase_checkpoint(
     overwrite: bool = False,
     **options,
 ) -> EraseReport:
-    """QR-Erase a checkpoint directory into ``out`` (edited weights + undo patch + report + plot).
+    """QR-Erase a checkpoint directory into ``out`` (edited weights + report + plot) and its undo patch into
+    ``<out>.undo/`` beside it (:mod:`mmunlearn.undo_store`: ``out`` holds no original weights; its report's ``undo``
+    entry names the undo folder, which ``overwrite`` replaces too).
 
     ``options`` are those of :func:`mmunlearn.erase.erase`. Everything is validated before
     anything is written, and ``out`` appears only once complete. ``out`` may not overlap an input
@@ -35,6 +38,7 @@ def erase_checkpoint(
     out = Path(out)
     inputs = (model_dir, forget, retain)
     check_output_dir(out, *inputs, overwrite=overwrite)
+    check_output_dir(default_undo_dir(out), *inputs, out, overwrite=overwrite)  # before the work, not after it
     ckpt = load_checkpoint(model_dir)
     tf = load_task_matrices(forget)
     tr = load_task_matrices(retain) if retain is not None else None
@@ -47,8 +51,7 @@ def erase_checkpoint(
     check_finite({n: ckpt.tensors[n] for n in edited}, f"erase of {model_dir} into {out}")
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         write_checkpoint(ckpt, tmp)
-        report.patch.save(tmp / PATCH_NAME)
-        report.patch_path = str(out / PATCH_NAME)
+        save_patch_apart(report, tmp, out, overwrite, inputs)  # into <out>.undo, never the released folder
         report.to_json(tmp / REPORT_NAME)
         report.plot_energy(tmp / PLOT_NAME)
     return report
@@ -61,12 +64,14 @@ def restore_checkpoint(
     patch: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> None:
-    """Write the original checkpoint of an erased one into ``out`` (not an input, nor overlapping one)."""
+    """Write the original checkpoint of an erased one into ``out`` (not an input, nor overlapping one); the undo
+    patch is ``patch``, else the one in the undo folder ``model_dir``'s report names
+    (:func:`mmunlearn.undo_store.patch_of`)."""
     model_dir = Path(model_dir)
-    inputs = (model_dir, patch)
+    patch_path = Path(patch) if patch is not None else patch_of(model_dir)
+    inputs = (model_dir, patch_path)
     check_output_dir(out, *inputs, overwrite=overwrite)
     ckpt = load_checkpoint(model_dir)  # first: a missing model folder is reported as such
-    patch_path = patch if patch is not None else model_dir / PATCH_NAME
     undo = UndoPatch.load(patch_path)
     with about(f"model {model_dir}, undo patch {patch_path}"):
         restore(ckpt.tensors, undo)

@@ -66,6 +66,7 @@ class EraseReport:
     seconds: float
     patch_path: str | None = None
     patch: object | None = None  # the UndoPatch, kept in memory
+    undo: dict | None = None  # mmunlearn erase: where the undo folder is ({"folder": ..., "id": ...}, undo_store)
 
     @property
     def selected(self) -> list[str]:
@@ -86,6 +87,7 @@ class EraseReport:
             "settings": self.settings,
             "seconds": self.seconds,
             "patch": self.patch_path,
+            **({"undo": self.undo} if self.undo is not None else {}),
             "selected": self.selected,
             "large_update_layers": self.large_update_layers,
             "large_update_threshold": LARGE_UPDATE,

@@ -2,7 +2,8 @@
 
 ``stream_erase_checkpoint`` gives the weights, undo patch and report of
 :func:`mmunlearn.erase.in_memory.erase_checkpoint` bit for bit, without holding the model or the task
-matrices in memory:
+matrices in memory (the undo patch, as there, goes to ``<out>.undo/`` beside ``out``, never into it:
+:mod:`mmunlearn.undo_store`):
 
 1. headers only: every forget (and retain) task matrix is matched with a checkpoint tensor and its
    shape and ranks are checked, as ``erase`` does before touching a weight;
@@ -61,6 +62,7 @@ from mmunlearn.errors import NonFiniteError, about, writing
 from mmunlearn.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.safecopy import copy_from_fd, open_inside
 from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
+from mmunlearn.undo_store import default_undo_dir, patch_of, split_undo, undo_dir_path
 
 log = logging.getLogger(__name__)
 _EDITABLE = ("F16", "BF16", "F32", "F64")  # safetensors' names of erase.apply.EDITABLE
@@ -209,6 +211,7 @@ def stream_erase_checkpoint(
     model_dir, out = Path(model_dir), Path(out)
     inputs = (model_dir, forget, retain)
     check_output_dir(out, *inputs, overwrite=overwrite)
+    check_output_dir(default_undo_dir(out), *inputs, out, overwrite=overwrite)  # before the work, not after it
     key = _group_key(groups)
     if o.method not in METHODS:
         raise ValueError(f"unknown subspace method {o.method!r}; choose one of {sorted(METHODS)}")
@@ -237,13 +240,25 @@ def stream_erase_checkpoint(
             rows.update(shard_rows)
             entries.update(shard_entries)
         report = _stream_report(edit, rows, entries, key, energies, chosen, o, tr is not None)
-        report.patch.save(tmp / PATCH_NAME)
-        report.patch_path = str(out / PATCH_NAME)
+        save_patch_apart(report, tmp, out, overwrite, inputs)
         report.seconds = time.perf_counter() - start
         report.to_json(tmp / ERASE_REPORT)
         report.plot_energy(tmp / PLOT_NAME)
     log.info("streamed erase: %d of %d shards rewritten, %d hard-linked", len(by_shard), len(ckpt.shards), linked)
     return report
+
+
+def save_patch_apart(report: EraseReport, staging: Path, out: Path, overwrite: bool,
+                     inputs: tuple[str | os.PathLike | None, ...]) -> None:
+    """Save ``report``'s undo patch into ``<out>.undo/`` beside the erase output ``out`` (whose ``staging`` folder
+    never ships it: :func:`mmunlearn.undo_store.split_undo`, replaced with ``overwrite``) and record where: the
+    reference (``report.undo``, the report's ``undo`` entry) and the patch's path."""
+    report.patch.save(staging / PATCH_NAME)
+    final = out.resolve()
+    report.undo = split_undo(staging, final, overwrite=overwrite, inputs=inputs)
+    if report.undo is None:
+        raise RuntimeError(f"the undo patch of {out} was not moved into its undo folder")
+    report.patch_path = str(undo_dir_path(final, report.undo) / PATCH_NAME)
 
 
 def _group_key(groups: Mapping[str, str] | Callable[[str], str] | None) -> Callable[[str], str]:
@@ -316,12 +331,15 @@ def stream_restore_checkpoint(
 
     Only the shards holding patched tensors are read and rewritten; the others are hard-linked
     (or copied). Each shard's matrices are checked against the patch before any is written back.
+    The undo patch is ``patch``, else the one in the undo folder ``model_dir``'s report names
+    (:func:`mmunlearn.undo_store.patch_of`).
     """
     model_dir, out = Path(model_dir), Path(out)
+    patch = Path(patch) if patch is not None else patch_of(model_dir)
     inputs = (model_dir, patch)
     check_output_dir(out, *inputs, overwrite=overwrite)
     ckpt = open_checkpoint(model_dir)  # first: a missing model folder is reported as such
-    undo = UndoPatch.load(patch if patch is not None else model_dir / PATCH_NAME)
+    undo = UndoPatch.load(patch)
     by_shard: dict[str, list[PatchEntry]] = {}
     for entry in undo.entries:
         name = entry.label.split("[", 1)[0]
@@ -336,7 +354,7 @@ def stream_restore_checkpoint(
                 continue
             tensors = _load_shard(model_dir, shard)
             names = {e.label.split("[", 1)[0] for e in by_shard[shard]}
-            with about(f"model {model_dir}, undo patch {patch if patch is not None else model_dir / PATCH_NAME}"):
+            with about(f"model {model_dir}, undo patch {patch}"):
                 restore({n: tensors[n] for n in names}, UndoPatch(by_shard[shard]))
             check_finite({n: tensors[n] for n in names}, f"restore of {model_dir} into {out}")
             with writing(tmp / shard, out / shard):

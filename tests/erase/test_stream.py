@@ -62,7 +62,7 @@ def index(root: Path) -> dict[str, str]:
 
 def untimed(report) -> dict:
     d = report.to_dict()
-    d.pop("seconds"), d.pop("patch")
+    d.pop("seconds"), d.pop("patch"), d.pop("undo")  # where the patch went: each output's own undo folder
     for layer in d["layers"]:
         layer.pop("seconds")
         for m in layer["matrices"]:
@@ -71,7 +71,8 @@ def untimed(report) -> dict:
 
 
 def no_litter(parent: Path, name: str) -> bool:
-    return not (parent / name).exists() and not any(p.name.startswith(f".{name}.") for p in parent.iterdir())
+    return (not (parent / name).exists() and not (parent / f"{name}.undo").exists()
+            and not any(p.name.startswith(f".{name}.") for p in parent.iterdir()))
 
 
 def by_kind(name: str) -> str:
@@ -92,12 +93,15 @@ def test_streamed_erase_equals_in_memory_file_for_file(sharded, tmp_path, option
     streamed = st.stream_erase_checkpoint(src, tf, tmp_path / "str", progress=False, **options)
     assert files(src) == before  # the input is never modified
     a, b = files(tmp_path / "mem"), files(tmp_path / "str")
-    assert a.keys() == b.keys() and "undo_patch.safetensors" in a
+    assert a.keys() == b.keys() and "undo_patch.safetensors" not in a  # the patch is kept apart, in <out>.undo
     for name in a:  # every shard, the index, even the plot: the same bytes
         if name not in ("erase_report.json", "undo_patch.safetensors"):
             assert a[name] == b[name], name
-    assert same_content(tmp_path / "mem" / "undo_patch.safetensors", tmp_path / "str" / "undo_patch.safetensors")
+    assert same_content(tmp_path / "mem.undo" / "undo_patch.safetensors",
+                        tmp_path / "str.undo" / "undo_patch.safetensors")
     assert untimed(mem) == untimed(streamed)
+    assert (mem.undo["folder"], streamed.undo["folder"]) == ("mem.undo", "str.undo")
+    assert streamed.patch_path == str((tmp_path / "str.undo" / "undo_patch.safetensors").resolve())
     # exactly the shards holding an edited tensor were rewritten; the others are hard links
     edited = {m.name for row in streamed.layers for m in row.matrices}
     assert edited and edited <= set(index(src))
@@ -128,7 +132,8 @@ def test_no_hardlink_copies_and_restore_gives_the_original_bits(sharded, tmp_pat
     assert all(torch.equal(load_file(str(tmp_path / "back-mem" / s))[k], v)
                for s in shards for k, v in load_file(str(src / s)).items())
     with pytest.raises(ValueError, match="not the ones this patch produced"):  # patch vs the original weights
-        st.stream_restore_checkpoint(src, tmp_path / "bad", patch=out / "undo_patch.safetensors", progress=False)
+        st.stream_restore_checkpoint(src, tmp_path / "bad", patch=tmp_path / "erased.undo" / "undo_patch.safetensors",
+                                     progress=False)
     assert no_litter(tmp_path, "bad")
 
 
@@ -141,7 +146,8 @@ def test_cli_streams_by_default_and_no_stream_agrees(sharded, tmp_path):
         assert res.exit_code == 0, res.output
     a, b = files(tmp_path / "s"), files(tmp_path / "m")
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in set(index(src).values()))
-    assert same_content(tmp_path / "s" / "undo_patch.safetensors", tmp_path / "m" / "undo_patch.safetensors")
+    assert same_content(tmp_path / "s.undo" / "undo_patch.safetensors", tmp_path / "m.undo" / "undo_patch.safetensors")
+    assert not any((tmp_path / name / "undo_patch.safetensors").exists() for name in ("s", "m"))
     linked = [s for s in set(index(src).values()) if os.stat(src / s).st_ino == os.stat(tmp_path / "s" / s).st_ino]
     assert linked  # the default streams and links
     res = runner.invoke(app, ["restore", "--model", str(tmp_path / "s"), "--out", str(tmp_path / "r")])

@@ -28,6 +28,7 @@ from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, WriteError, one_line
 from mmunlearn.taskvec.store import open_task_matrices
+from mmunlearn.undo_store import default_undo_dir, undo_dir_of
 from tests.reliability.untrusted import INDEX, ROOT, digest_tree, listing, make_checkpoint, make_forget
 
 
@@ -259,8 +260,10 @@ def test_an_out_name_of_255_characters_works(tmp_path):
     out = tmp_path / ("o" * 255)
     erase_stream(model, forget, out)
     erase_stream(model, forget, out, overwrite=True)  # the swap-out folder of an old output too
-    assert (out / layout.PATCH_NAME).is_file()
-    assert listing(tmp_path) == {"model", "forget.safetensors", out.name}
+    undo = default_undo_dir(out)  # the name shortened to fit one file name, as the report names it
+    assert not (out / layout.PATCH_NAME).exists() and (undo / layout.PATCH_NAME).is_file()
+    assert len(os.fsencode(undo.name)) <= 255 and undo_dir_of(out) == undo
+    assert listing(tmp_path) == {"model", "forget.safetensors", out.name, undo.name}
 
 
 def test_sigterm_while_an_output_is_written_leaves_no_temporary_folder(tmp_path):

@@ -196,5 +196,5 @@ def test_real_process_one_line_error_and_cleanup_notice_on_stderr(work):
     assert res.returncode == 0, res.stderr
     assert "removed 1 temporary folder(s)" in res.stderr and ".out.tmp-a1b2c3d4" in res.stderr
     assert "warning: update larger than 0.5" in res.stderr and "model.layers.2" in res.stderr
-    assert listing(tmp_path) == {"model", "forget.safetensors", "out"}
+    assert listing(tmp_path) == {"model", "forget.safetensors", "out", "out.undo"}  # the patch is kept apart
     assert json.loads((tmp_path / "out" / "erase_report.json").read_text())["large_update_layers"] == ["model.layers.2"]

@@ -71,7 +71,8 @@ def test_restore_refuses_a_patch_that_would_write_inf(tmp_path, restore):
     model = make_checkpoint(tmp_path / "model")
     erased = tmp_path / "erased"
     erase_stream(model, make_forget(tmp_path / "forget.safetensors"), erased)
-    undo = UndoPatch.load(erased / "undo_patch.safetensors")
+    assert not (erased / "undo_patch.safetensors").exists()  # kept apart, beside the output
+    undo = UndoPatch.load(tmp_path / "erased.undo" / "undo_patch.safetensors")
     from safetensors.torch import load_file
 
     entry = undo.entries[0]
@@ -93,7 +94,8 @@ def test_a_patch_entry_that_does_not_fit_its_matrix_is_refused(tmp_path):
     model = make_checkpoint(tmp_path / "model")
     erased = tmp_path / "erased"
     erase_stream(model, make_forget(tmp_path / "forget.safetensors"), erased)
-    undo = UndoPatch.load(erased / "undo_patch.safetensors")
+    assert not (erased / "undo_patch.safetensors").exists()  # kept apart, beside the output
+    undo = UndoPatch.load(tmp_path / "erased.undo" / "undo_patch.safetensors")
     undo.entries[0].A = torch.zeros(3, undo.entries[0].A.shape[1], dtype=torch.float64)
     patch = undo.save(tmp_path / "bad.safetensors")
     with pytest.raises(ValueError, match="does not fit its 8 x 6 matrix"):

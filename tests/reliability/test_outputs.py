@@ -110,7 +110,8 @@ def test_overwrite_replaces_only_a_folder_mmunlearn_wrote(project, tmp_path, era
     erase(model, forget, out)
     (out / "stale.txt").write_text("from the first run")
     erase(model, forget, out, overwrite=True)
-    assert not (out / "stale.txt").exists() and (out / "undo_patch.safetensors").is_file()
+    assert not (out / "stale.txt").exists() and (tmp_path / "out.undo" / "undo_patch.safetensors").is_file()
+    assert not (out / "undo_patch.safetensors").exists()  # kept apart, in out.undo (replaced with the output)
     empty = tmp_path / "empty"
     empty.mkdir()
     erase(model, forget, empty, overwrite=True)
@@ -204,7 +205,8 @@ def test_a_run_killed_with_sigkill_leaves_a_temp_folder_the_next_run_removes(pro
     assert len(left) == 1 and not out.exists()  # what kill -9 leaves
     with caplog.at_level(logging.WARNING, logger="mmunlearn.paths"):
         erase_stream(model, forget, out)
-    assert listing(tmp_path) == {"P", "out"} and "interrupted run" in caplog.text and left[0].name in caplog.text
+    assert listing(tmp_path) == {"P", "out", "out.undo"} and "interrupted run" in caplog.text
+    assert left[0].name in caplog.text
 
 
 def test_atomic_file_writes_have_ordinary_permissions_and_leave_no_temp_file(tmp_path):

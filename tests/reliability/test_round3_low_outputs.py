@@ -38,9 +38,10 @@ def test_side_files_named_like_our_outputs_are_not_copied_into_an_erase_output(t
     erase(model, forget, tmp_path / "out")
     written = listing(tmp_path / "out")
     assert {UNLEARN_REPORT, HISTORY_DIR, TILT_DIR}.isdisjoint(written), written
-    assert {"README.md", PATCH_NAME, ERASE_REPORT, MARKER} <= written  # the model's own side files still are
+    assert {"README.md", ERASE_REPORT, MARKER} <= written  # the model's own side files still are
+    assert PATCH_NAME not in written and (tmp_path / "out.undo" / PATCH_NAME).is_file()  # the patch is kept apart
     assert (tmp_path / "out" / "README.md").read_text() == "a side file that is the model's own"
-    assert digest_tree(model) == before and listing(tmp_path) == {"model", "forget.safetensors", "out"}
+    assert digest_tree(model) == before and listing(tmp_path) == {"model", "forget.safetensors", "out", "out.undo"}
 
 
 def test_audit_without_out_writes_under_the_current_directory(tmp_path, monkeypatch):
