@@ -87,9 +87,8 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
     """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` taking the fields of ``cls`` but
     ``exclude``: those in :data:`OPTIONS` or ``options`` (a benchmark's own) as ``--options``, the others as
     settings (``key=value`` or ``--key VALUE``; ``method_options`` by ``--method-option``), with ``defaults`` over
-    the fields' defaults; ``kind``: the model kind whose methods ``--method-option`` may set (None: any registered
-    method); ``benchmark``: the recipe whose shipped configs ``--config NAME`` names
-    (:func:`recipes.configs.resolve`); a config error is a usage error naming the option or setting."""
+    the fields' defaults; ``kind``: the kind whose methods ``--method-option`` may set (None: any); ``benchmark``:
+    whose shipped configs ``--config NAME`` names; a config error is a usage error naming the option or setting."""
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
     shown = [k for k in keys if k != METHOD_OPTIONS]
