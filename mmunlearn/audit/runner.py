@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from mmunlearn.adapters.speaker import KIND as SPEAKER
+from mmunlearn.adapters.text_llm import KIND as TEXT
 from mmunlearn.audit.measures import (NLL_KEYS, SPEAKER_KEYS, TEXT_KEYS, kept, nll_measures, recovered,
                                       speaker_measures, text_measures)
 from mmunlearn.audit.options import AuditOptions
@@ -100,7 +102,7 @@ def audit_text(unlearned: Any, target: Any, retain: Any, forget: Sequence[Any], 
     forget = list(forget)
     start = time.perf_counter()
     measures = _TextMeasures(memo, roles, opts, progress)
-    result: dict[str, Any] = {"method": method, "model_kind": "text", "options": opts.to_dict(),
+    result: dict[str, Any] = {"method": method, "model_kind": TEXT.name, "options": opts.to_dict(),
                               "forget_items": len(forget), "attacks": {}}
     attacks = result["attacks"]
     attacks["none"] = measures.three("none", forget)
@@ -224,7 +226,7 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
                   method: str, heldout_forget: Sequence[Mapping[str, Any]] | None = None,
                   probe_rows: Sequence[Mapping[str, Any]] | None = None, forget_speakers: Sequence[str] | None = None,
                   retain_rows: Sequence[Mapping[str, Any]] | None = None, options: AuditOptions | None = None,
-                  cache: dict | None = None, progress: bool = True, model_kind: str = "speaker") -> dict[str, Any]:
+                  cache: dict | None = None, progress: bool = True, model_kind: str = SPEAKER.name) -> dict[str, Any]:
     """Audit a speaker classifier (:class:`~mmunlearn.adapters.speaker.SpeakerAdapter`): forget-speaker accuracy
     on ``forget_rows`` plain, on ``heldout_forget`` (other recordings of the forget speakers: the paraphrase
     analogue), after 8/4-bit round trips and after relearning on part of ``forget_rows``; the probe identifies
