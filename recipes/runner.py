@@ -84,7 +84,8 @@ def stage_key(method: str, setup: Setup, options: Mapping[str, Any], rule: Any, 
 
 
 def finished_rows(folder: Path, key: str, setup: Setup) -> list[dict] | None:
-    """The rows of a stage finished in ``folder`` with ``key`` (run.json, model and evaluation all written)."""
+    """The rows of a stage finished in ``folder`` with ``key`` (run.json, model and evaluation all written), each
+    marked ``reused`` with the ``stage_seconds`` its run recorded (when it did)."""
     run = folder / RUN_JSON
     if not (run.is_file() and (folder / "model").is_dir() and setup.evaluated(folder)):
         return None
@@ -95,13 +96,11 @@ def finished_rows(folder: Path, key: str, setup: Setup) -> list[dict] | None:
     if saved.get("key") != key:
         return None
     rows = saved.get("rows", [saved["row"]] if "row" in saved else None)  # "row" alone: written before the runner
-    return rows if isinstance(rows, list) else None
-
-
-def _recorded_seconds(folder: Path) -> float | None:
-    """The wall time ``folder/run.json`` records for its stage when it ran (None: written before it was recorded)."""
-    value = json.loads((folder / RUN_JSON).read_text()).get("stage_seconds")
-    return float(value) if isinstance(value, (int, float)) else None
+    if not isinstance(rows, list):
+        return None
+    took = saved.get("stage_seconds")
+    took = {"stage_seconds": float(took)} if isinstance(took, (int, float)) else {}
+    return [{**r, "reused": True, **took} for r in rows]
 
 
 def cost_columns(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,8 +144,7 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     """
     key = stage_key(method, setup, options, rule, base, method_options)
     if resume and (rows := finished_rows(folder, key, setup)) is not None:
-        took = _recorded_seconds(folder)
-        return [{**r, "reused": True, **({"stage_seconds": took} if took is not None else {})} for r in rows]
+        return rows
     t_stage = time.perf_counter()
     rule_retain = getattr(setup, "rule_retain", None)
     if rule is not None and rule_retain is not None:
