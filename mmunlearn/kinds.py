@@ -27,6 +27,11 @@ BUILTIN = ("mmunlearn.adapters.speaker", "mmunlearn.adapters.hf_audio", "mmunlea
            "mmunlearn.adapters.text_llm")
 #: Entry-point group through which another package adds a kind (its module calls :func:`register_kind`).
 ENTRY_POINTS = "mmunlearn.kinds"
+#: What a kind's trainer module defines: ``train(rows, *, speakers, preset, crop_seconds, config, seed, device,
+#: progress, desc) -> (adapter, TrainResult)`` (a fresh model of the ``preset`` size over ``speakers``, trained on
+#: manifest rows), ``train_config(preset, *, epochs=None, lr=None) -> TrainConfig`` (its training settings per
+#: size) and ``describe(preset) -> dict`` (what a results table's context records about the model).
+TRAINER_API = ("train", "train_config", "describe")
 #: Largest JSON file a detector reads (a config.json is a few kB).
 MAX_DETECT_JSON = 1 << 20
 
@@ -42,7 +47,9 @@ class Kind:
     ``{name: tensor}`` state dicts (on-disk names ``<file stem>.<key>``), read by ``read_weights`` and written back
     by ``write_weights(state, path)`` in the kind's own format (restore); empty for safetensors shards (``model.safetensors`` or an index). ``check_folder``: validates a folder before ``mmunlearn
     restore`` copies its side files. ``presets_from``: the kind whose method preset rows (and so which methods
-    apply) this kind takes where a method has no row of its own.
+    apply) this kind takes where a method has no row of its own. ``trainer``: the module (dotted name, imported on
+    use by :meth:`trainer_module`) that builds a fresh classifier of this kind and trains it on labelled rows, which
+    is what a benchmark needs to make its original and retrained models (:data:`TRAINER_API`).
     """
 
     name: str
@@ -68,6 +75,18 @@ class Kind:
     #: the adapter class ``load`` returns (tests check it implements mmunlearn.adapters.base's protocol: the
     #: classifier sub-protocol when ``is_classifier``, the token one otherwise)
     adapter: type | None = None
+    trainer: str | None = None
+
+    def trainer_module(self) -> Any:
+        """The imported :attr:`trainer` module, checked to define :data:`TRAINER_API` (a ValueError when this kind
+        has none or it lacks a name)."""
+        if self.trainer is None:
+            raise ValueError(f"model kind {self.name!r} names no trainer: a benchmark cannot build its models")
+        module = importlib.import_module(self.trainer)
+        missing = [n for n in TRAINER_API if not callable(getattr(module, n, None))]
+        if missing:
+            raise ValueError(f"model kind {self.name!r}: its trainer {self.trainer} lacks {missing}")
+        return module
 
     def size_for(self, preset: str) -> str:
         """The preset row of a model preset or folder: the preset itself when it is one of :attr:`sizes` (listed

@@ -11,7 +11,7 @@ of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in co
 :func:`recipes.runner.run_method` (``<out>/<method>/{model/, run.json}``).
 ``--model speech-llm`` runs the same levels with a Qwen-Omni-style speech LLM instead of the classifier
 (:mod:`recipes.voxceleb2_speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep);
-``--model hf-audio`` with a small wav2vec2-style Hugging Face audio classifier (:mod:`recipes.voxceleb2_hf_audio`)
+``--model hf-audio`` with a small wav2vec2-style Hugging Face audio classifier (:mod:`mmunlearn.adapters.hf_audio_train`)
 through the same steps, metrics and tables as the ECAPA classifier.
 """
 
@@ -88,9 +88,11 @@ def _manifests(manifests: Path | None, workdir: Path, speakers: int, utterances:
 
 def _spec(name: str, preset: str, epochs: int | None, lr: float | None, crop: float, seed: int,
           model: str = "classifier") -> pipe.ModelSpec:
-    if model not in pipe.FAMILIES:
-        raise typer.BadParameter(f"--model must be one of {', '.join(pipe.FAMILIES)} or speech-llm, got {model!r}")
-    train = pipe.FAMILIES[model].train_config(preset, epochs=epochs, lr=lr)
+    try:
+        family = pipe.family(model)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    train = family.train_config(preset, epochs=epochs, lr=lr)
     return pipe.ModelSpec(name, preset, train.to_dict(), crop or None, seed, model)
 
 
@@ -130,7 +132,7 @@ def train(
     device: Device = "auto",
     threads: Threads = None,
     cache_dir: CacheDir = None,
-    model: Annotated[str, typer.Option(help="classifier (ECAPA-TDNN) or hf-audio (wav2vec2-style Hugging Face audio classifier built from a local config).")] = "classifier",
+    model: Annotated[str, typer.Option(help="classifier (ECAPA-TDNN), hf-audio (wav2vec2-style Hugging Face audio classifier built from a local config) or any installed classifier kind with a trainer.")] = "classifier",
 ) -> None:
     """Train the speaker classifier on retain + forget (or the retrained reference), cached by its options; evaluate it."""
     if level not in pipe.PARTITIONS:
@@ -202,7 +204,7 @@ def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
     rows = ctx.reference_rows()
     context = {**ctx.describe(), "preset": cfg.preset, "sweep": cfg.sweep, "retain_bound": cfg.retain_bound,
                "forget_acc": cfg.forget_acc, "seed": cfg.seed, "classes": n_classes,
-               "model": family.describe(cfg.preset) if family.describe else cfg.model}
+               "model": {"model": cfg.model, **family.describe(cfg.preset)}}
     if cfg.method_options:
         context["method_options"] = cfg.method_options
     audit_cache: dict = {}
@@ -246,7 +248,7 @@ def _audit_method(name: str, folder: Path, original: Path, retrained: Path, data
 
 
 def _run_level(level: str, cfg: VoxCelebConfig) -> None:
-    if cfg.kind.is_classifier:  # ECAPA or hf-audio (recipes.voxceleb2_pipeline.FAMILIES)
+    if cfg.kind.is_classifier:  # ECAPA, hf-audio or any classifier kind with a trainer (pipe.family)
         _unlearn(level, cfg)
     else:
         _unlearn_speech_llm(level, cfg)

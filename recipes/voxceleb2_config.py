@@ -17,17 +17,12 @@ from typing import Any
 from mmunlearn.audit import ATTACKS
 from mmunlearn.audit.options import parse_list
 from mmunlearn.config import opt
-from mmunlearn.kinds import Kind, get_kind
+from mmunlearn.kinds import Kind
 from mmunlearn.methods import names
 from recipes import voxceleb2_settings as settings
 from recipes.recipe_config import ConfigError
 from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
 
-#: ``--model``: the classifier families (:data:`recipes.voxceleb2_pipeline.FAMILIES`) and the speech LLM.
-MODELS = ("classifier", "hf-audio", "speech-llm")
-#: The model kind each ``--model`` unlearns: the methods that apply to it, and its capabilities choose the path (a
-#: classifier's: ECAPA's steps and scopes; otherwise the speech LLM's).
-MODEL_KINDS = {"classifier": "speaker", "hf-audio": "hf-audio", "speech-llm": "speech-llm"}
 WHERE = ("audio", "text", "both")
 TARGETS = ("gender", "transcript")
 DEFAULT_WORKDIR = Path("runs/voxceleb2")
@@ -81,14 +76,14 @@ class SpeakerBenchmarkSettings:
     threads: int | None = opt(None, "torch CPU threads (default on CPU: 1, which is several times faster than 2 for "
                                     "ECAPA's small convolutions on a busy 2-core machine; on CUDA: torch's choice).")
     cache_dir: Path | None = opt(None, "Where trained classifiers are cached (default: --workdir).")
-    model: str = opt("classifier", "classifier (ECAPA-TDNN speaker classifier), hf-audio (a small wav2vec2-style "
-                                   "transformers AutoModelForAudioClassification built from a local config, never "
-                                   "downloaded; --preset sizes it; --scope as for ECAPA: head = the classifier "
-                                   "Linear, embedding = every other Linear weight, all = both; each "
-                                   "method's <out>/<method>/model is a save_pretrained folder that "
+    model: str = opt("classifier", "The model kind: classifier (ECAPA-TDNN speaker classifier), hf-audio (a small "
+                                   "wav2vec2-style transformers AutoModelForAudioClassification built from a local "
+                                   "config, never downloaded; --preset sizes it; --scope as for ECAPA; each method's "
+                                   "<out>/<method>/model is a save_pretrained folder that "
                                    "transformers.pipeline('audio-classification') loads; default --out: "
-                                   "--workdir/hf-audio/<level>) or speech-llm (Qwen-Omni-style model answering 'who is "
-                                   "speaking?'; adds t3 and rmu to the methods).")
+                                   "--workdir/hf-audio/<level>), speech-llm (Qwen-Omni-style model answering 'who is "
+                                   "speaking?'; adds t3 and rmu to the methods), or any installed classifier kind "
+                                   "whose adapter names a trainer (mmunlearn.kinds.Kind.trainer).")
     audit: bool = opt(False, "Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, "
                              "nearest-centroid probe) on every method's classifier: <out>/AUDIT.json and AUDIT.md "
                              "beside the tables, and <out>/<method>/AUDIT.json.")
@@ -108,7 +103,7 @@ class ClassifierSettings(SpeakerBenchmarkSettings):
 
     preset: str = opt("small", "Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of "
                                "SpeechBrain); with --model hf-audio: tiny, small or large wav2vec2 configs "
-                               "(recipes/voxceleb2_hf_audio.py).")
+                               "(mmunlearn/adapters/hf_audio_train.py).")
     train_epochs: int | None = opt(None, "Classifier training epochs (default: the preset's).")
     train_lr: float | None = opt(None, "Classifier training peak learning rate (default: the preset's).")
     crop_seconds: float = opt(2.0, "Classifier training: random crops of this many seconds (0: whole utterances).")
@@ -152,7 +147,7 @@ class VoxCelebConfig(SpeechLLMSettings):
         _bounded(self, "retain_bound", 0.0)
         _bounded(self, "forget_fraction", 0.0, 0.5)
         _bounded(self, "forget_acc", 0.0, 0.99)
-        _choice(self, "model", MODELS)
+        _choice(self, "model", settings.models())
         _choice(self, "where", WHERE)
         _choice(self, "keep_task", TARGETS)
         _choice(self, "scope", settings.SCOPES)
@@ -184,8 +179,10 @@ class VoxCelebConfig(SpeechLLMSettings):
 
     @property
     def kind(self) -> Kind:
-        """The registered model kind ``--model`` unlearns (:data:`MODEL_KINDS`): the recipe asks its capabilities."""
-        return get_kind(MODEL_KINDS[self.model])
+        """The registered model kind ``--model`` names (:func:`~recipes.voxceleb2_settings.model_kind`): the methods
+        that apply to it, and its capabilities choose the path (a classifier's: ECAPA's steps and scopes, its models
+        built by the kind's trainer; otherwise the speech LLM's)."""
+        return settings.model_kind(self.model)
 
     def applicable(self) -> list[str]:
         """The methods that apply to ``--model``, in registry order."""

@@ -32,10 +32,9 @@ from mmunlearn.eval.speaker import evaluate_speaker_unlearning
 from mmunlearn.kinds import kind_of
 from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import SweepPoint, choose
-from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+from mmunlearn.speech.speaker_training import training_rows
 from mmunlearn.train import TrainConfig, TrainResult
 from mmunlearn.undo_store import default_undo_dir
-from recipes import voxceleb2_hf_audio as hf_audio
 from recipes import voxceleb2_settings as settings
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
@@ -80,45 +79,36 @@ class ModelSpec:
     train: dict  # TrainConfig.to_dict()
     crop_seconds: float | None
     seed: int
-    model: str = "classifier"  # the family (FAMILIES): ECAPA (keys as before this field) or hf-audio
+    model: str = "classifier"  # --model: ECAPA's alias (keys as before this field) or a classifier kind's name
 
     def key(self, rows: list[dict], speakers: list[str]) -> str:
-        known = FAMILIES.get(self.model)
-        fields = {k: v for k, v in asdict(self).items() if k != "model" or known is None or not known.unprefixed}
+        fields = {k: v for k, v in asdict(self).items() if k != "model" or self.model not in settings.MODEL_ALIASES}
         spec = json.dumps([fields, rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str)
         return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
 class Family:
-    """One classifier family ``--model`` builds, as data (the recipe asks it, never compares family names): the model
-    kind of its folders (:mod:`mmunlearn.kinds`, whose capabilities the steps ask), its trainer and per-preset training
-    settings (both called alike), what the tables' context records about it, and where its results go."""
+    """The classifier family ``--model`` names, read from its kind (the recipe asks it, never compares family names):
+    the kind's name and its trainer module's functions (:data:`mmunlearn.kinds.TRAINER_API`)."""
 
     kind: str
     trainer: Callable[..., tuple[Any, TrainResult]]
     train_config: Callable[..., TrainConfig]  # (preset, *, epochs, lr) -> the original/retrained models' training
-    describe: Callable[[str], dict] | None = None  # preset -> the context's "model" (None: the --model name)
+    describe: Callable[[str], dict]  # preset -> what the context records about the model
     #: the recipe's model before ``--model`` existed: cache keys without the field, results directly under --workdir
     #: (the others' default --out: --workdir/<model>/<level>)
     unprefixed: bool = False
 
 
-#: The classifier families ``--model`` builds: the SpeechBrain ECAPA-TDNN classifier and a Hugging Face audio
-#: classifier (:mod:`recipes.voxceleb2_hf_audio`).
-FAMILIES: dict[str, Family] = {
-    "classifier": Family("speaker", train_speaker_classifier, settings.train_config, unprefixed=True),
-    "hf-audio": Family("hf-audio", hf_audio.train_hf_classifier, hf_audio.train_config, hf_audio.describe),
-}
-#: Each family's model kind.
-MODELS = {name: f.kind for name, f in FAMILIES.items()}
-
-
 def family(model: str) -> Family:
-    """The classifier family ``model`` (a ValueError naming the families when there is none)."""
-    if model not in FAMILIES:
-        raise ValueError(f"model must be one of {tuple(FAMILIES)}, got {model!r}")
-    return FAMILIES[model]
+    """The classifier family of ``--model`` (any registered classifier kind with a trainer; a ValueError otherwise)."""
+    kind = settings.model_kind(model)
+    if not kind.is_classifier:
+        raise ValueError(f"--model {model}: not a classifier kind")
+    module = kind.trainer_module()
+    return Family(kind.name, module.train, module.train_config, module.describe,
+                  unprefixed=model in settings.MODEL_ALIASES)
 
 
 def load_classifier(path: Path, device: str, scope: str = "all"):

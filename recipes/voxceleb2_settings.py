@@ -37,8 +37,28 @@ from mmunlearn.config import applicable_overrides
 from mmunlearn.eval.speaker import forgotten_error_rate, score_rows
 from mmunlearn.methods import SweepRule, get, mean_nll, names, needing
 from mmunlearn.methods.optimisation import budget_epochs
-from mmunlearn.speech.speaker_training import DEFAULT_TRAIN
-from mmunlearn.train import TrainConfig
+from mmunlearn.kinds import Kind, get_kind, kinds
+
+#: ``--model`` names a registered model kind that takes audio; ``classifier`` is the SpeechBrain ECAPA kind under the
+#: name the recipe gave it before ``--model`` named kinds (its cache keys and default --out unprefixed).
+MODEL_ALIASES = {"classifier": SPEAKER.name}
+
+
+def model_kind(model: str) -> Kind:
+    """The registered kind ``--model`` names (a ValueError listing :func:`models` when it names none)."""
+    if model not in models():
+        raise ValueError(f"model must be one of {', '.join(models())}, got {model!r}")
+    return get_kind(MODEL_ALIASES.get(model, model))
+
+
+def models() -> tuple[str, ...]:
+    """Every ``--model`` value: the aliases (in place of their kinds' names), then each registered kind (plug-ins included) that takes audio and that
+    the recipe can build: a classifier kind with a trainer (:attr:`~mmunlearn.kinds.Kind.trainer`) or a speech LLM
+    (its own path, :mod:`recipes.voxceleb2_speech_llm`)."""
+    built = [k.name for k in kinds() if k.takes_audio and (k.trainer is not None or not k.is_classifier)
+             and k.name not in MODEL_ALIASES.values()]
+    return (*MODEL_ALIASES, *built)
+
 
 #: Unlearning methods that apply to a classifier (T3 and RMU act on a language model).
 CLASSIFIER_METHODS = tuple(names(SPEAKER.name))
@@ -91,13 +111,6 @@ def sweep_defaults(method: str, options: dict[str, Any]) -> dict[str, Any]:
     filled["sweep_scales"] = SWEEP_ERASURE["sweep_scales"]
     return {**filled, **options}
 
-#: Training of the original and retrained classifiers (the ``small`` numbers are measured in
-#: :mod:`mmunlearn.speech.speaker_training`; ``tiny`` is for tests).
-TRAIN = {
-    "tiny": TrainConfig(epochs=15, batch_size=8, lr=1e-2, schedule="onecycle", weight_decay=1e-4),
-    "small": DEFAULT_TRAIN,
-    "large": DEFAULT_TRAIN.replace(lr=2e-3),
-}
 DEFAULT_RETAIN_BOUND = 0.05
 
 
@@ -111,14 +124,6 @@ def preset_kind(preset: str) -> str:
     """Settings row of a model preset: ``tiny``, ``small``, or ``large`` (``base``/``large`` or a model dir; the
     speaker kind's rule, :meth:`mmunlearn.kinds.Kind.size_for`)."""
     return SPEAKER.size_for(preset)
-
-
-def train_config(preset: str, *, epochs: int | None = None, lr: float | None = None,
-                 batch_size: int | None = None) -> TrainConfig:
-    """Training settings of the original/retrained classifiers for ``preset`` with overrides."""
-    cfg = TRAIN[preset_kind(preset)]
-    changes = {k: v for k, v in (("epochs", epochs), ("lr", lr), ("batch_size", batch_size)) if v is not None}
-    return cfg.replace(**changes) if changes else cfg
 
 
 def method_options(method: str, *, rank: int | None = None, retain_rank: int | None = None,
@@ -232,7 +237,6 @@ def chance(n_classes: int) -> float:
     return 1.0 / n_classes
 
 
-__all__ = ["AUDIT_RELEARN", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
-           "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "TRAIN", "audit_options", "chance",
-           "mean_log_nll", "method_options", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule",
-           "train_config"]
+__all__ = ["AUDIT_RELEARN", "MODEL_ALIASES", "model_kind", "models", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
+           "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "audit_options", "chance",
+           "mean_log_nll", "method_options", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]

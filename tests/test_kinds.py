@@ -117,6 +117,25 @@ def test_every_kinds_adapter_implements_the_whole_protocol():
         assert missing == [], (kind.name, missing)
 
 
+def test_every_classifier_kind_names_a_trainer_that_builds_its_kind():
+    """Each built-in classifier kind names a trainer module with the whole TRAINER_API, whose training settings are
+    a TrainConfig per size and whose description names the architecture; a kind naming none has no trainer."""
+    from mmunlearn.kinds import TRAINER_API
+    from mmunlearn.train import TrainConfig
+
+    classifiers = [k for k in kinds() if k.is_classifier]
+    assert classifiers and all(k.trainer is not None for k in classifiers)
+    for kind in classifiers:
+        module = kind.trainer_module()
+        assert all(callable(getattr(module, n)) for n in TRAINER_API)
+        for size in kind.sizes:
+            assert isinstance(module.train_config(size), TrainConfig)
+            assert module.train_config(size, epochs=3, lr=1e-4).epochs == 3
+        assert isinstance(module.describe(kind.sizes[0])["architecture"], str)
+    with pytest.raises(ValueError, match="names no trainer"):
+        next(k for k in kinds() if not k.is_classifier).trainer_module()
+
+
 def _protocol_members() -> set[str]:
     """Every member name the adapter protocols declare: methods and data members (annotations), bases included."""
     from mmunlearn.adapters.base import ClassifierAdapter, TokenAdapter

@@ -284,4 +284,5 @@ KIND = register_kind(Kind(
     default_size="small",
     description="Hugging Face audio classifier in save_pretrained layout (AutoModelForAudioClassification: "
                 "wav2vec2, HuBERT, WavLM)",
-    presets_from="speaker", train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=20))
+    presets_from="speaker", train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=20,
+    trainer="mmunlearn.adapters.hf_audio_train"))

@@ -344,4 +344,4 @@ KIND = register_kind(Kind(
     weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, write_weights=write_state,
     check_folder=_check_folder,
     has_batchnorm=True, train_in_eval_mode=True, is_classifier=True, takes_audio=True, request_extract="gradient",
-    priority=10))
+    priority=10, trainer="mmunlearn.speech.speaker_training"))

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 from recipes import voxceleb2_pipeline as pipe
 from recipes.recipe_config import ConfigError, build_config
 from recipes.voxceleb2 import app
-from recipes.voxceleb2_config import MODEL_KINDS, VoxCelebConfig
-from recipes.voxceleb2_settings import SWEEP_SCOPES, scopes_for
+from recipes.voxceleb2_config import VoxCelebConfig
+from recipes.voxceleb2_settings import MODEL_ALIASES, SWEEP_SCOPES, models, scopes_for
 
 
 def _build(**layers):
@@ -59,7 +59,14 @@ def test_every_classifier_kind_takes_ecapas_scopes_and_default():
         for scope in ("head", "embedding", "all"):
             assert _build(overrides=[f"model={model}", f"scope={scope}"]).resolved_scope() == scope
     assert not _build(overrides=["model=speech-llm"]).kind.is_classifier
-    assert pipe.MODELS == {m: k for m, k in MODEL_KINDS.items() if _build(overrides=[f"model={m}"]).kind.is_classifier}
+    assert models()[:len(MODEL_ALIASES)] == tuple(MODEL_ALIASES) and {"hf-audio", "speech-llm"} <= set(models())
+    for model in models():  # every classifier --model builds its models with its kind's trainer; the others refuse
+        kind = _build(overrides=[f"model={model}"]).kind
+        if kind.is_classifier:
+            assert pipe.family(model).kind == kind.name and pipe.family(model).unprefixed == (model in MODEL_ALIASES)
+        else:
+            with pytest.raises(ValueError, match="not a classifier kind"):
+                pipe.family(model)
 
 
 @pytest.mark.parametrize("overrides, key, message", [

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.kinds import kind_of
 from mmunlearn.undo import restore_folder
-from recipes import voxceleb2_hf_audio as hf
+from mmunlearn.adapters import hf_audio_train as hf
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_settings as cfg
 from recipes.voxceleb2 import app

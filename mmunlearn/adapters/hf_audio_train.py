@@ -1,9 +1,7 @@
-"""voxceleb2's ``--model hf-audio`` path: a small wav2vec2-style ``AutoModelForAudioClassification`` speaker classifier
-built from a local config (never downloaded), its training settings, and its training on manifest rows.
-
-The recipe's steps (:mod:`recipes.voxceleb2_pipeline`) are the ECAPA ones: the same manifests, the same cached
-original and retrained models, the same harness, metrics, sweep rule and tables; only the model family differs.
-The classifier: a convolutional waveform encoder, ``layers`` transformer layers, mean pooling over the frames and a
+"""The hf-audio kind's trainer (:data:`mmunlearn.kinds.TRAINER_API`): a small wav2vec2-style
+``AutoModelForAudioClassification`` speaker classifier built from a local config (never downloaded), its training
+settings per size, and its training on manifest rows: what a benchmark (``voxceleb2 --model hf-audio``) builds its
+original and retrained models with, the same steps as ECAPA's. The classifier: a convolutional waveform encoder, ``layers`` transformer layers, mean pooling over the frames and a
 linear head (``Wav2Vec2ForSequenceClassification``). Its convolutions use layer norm and the feature extractor
 returns an attention mask, so a padded batch is one forward pass and an utterance scores as it scores alone.
 """
@@ -17,7 +15,8 @@ import numpy as np
 
 from mmunlearn.adapters.hf_audio import KIND, HFAudioAdapter
 from mmunlearn.data.utterances import UtteranceDataset
-from mmunlearn.train import TrainConfig, TrainResult, train
+from mmunlearn.train import TrainConfig, TrainResult
+from mmunlearn.train import train as train_loop
 
 #: Sizes of the classifier (``--preset``): width, transformer layers, heads, feed-forward width, convolution
 #: channels, head projection. ``tiny`` is for tests.
@@ -80,15 +79,14 @@ def describe(preset: str) -> dict[str, Any]:
     config = model_config(preset)
     config.num_labels = 2
     params = sum(p.numel() for p in AutoModelForAudioClassification.from_config(config).parameters())
-    return {"model": "hf-audio", "architecture": "Wav2Vec2ForSequenceClassification", "size": size_of(preset),
+    return {"architecture": "Wav2Vec2ForSequenceClassification", "size": size_of(preset),
             "parameters_2_classes": params, **{k: list(v) if isinstance(v, tuple) else v
                                                for k, v in SIZES[size_of(preset)].items()}}
 
 
-def train_hf_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Sequence[str], preset: str = "small",
-                        crop_seconds: float | None = 2.0, config: TrainConfig | None = None, seed: int = 0,
-                        device: str = "auto", progress: bool = True,
-                        desc: str = "train audio classifier") -> tuple[Any, TrainResult]:
+def train(rows: Sequence[Mapping[str, Any]], *, speakers: Sequence[str], preset: str = "small",
+          crop_seconds: float | None = 2.0, config: TrainConfig | None = None, seed: int = 0, device: str = "auto",
+          progress: bool = True, desc: str = "train audio classifier") -> tuple[HFAudioAdapter, TrainResult]:
     """A fresh classifier of ``preset`` over ``speakers`` (in class order) trained on manifest ``rows`` with the
     shared training loop: cross-entropy on random crops of ``crop_seconds`` (shorter utterances whole; None: whole
     utterances), seeded by ``seed`` (initialisation, crops, batches)."""
@@ -105,11 +103,11 @@ def train_hf_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Sequence
         rows.append(rows[int(np.random.default_rng([seed, 7]).integers(len(rows)))])
     data = UtteranceDataset(rows, crop_seconds=crop_seconds, seed=seed, cache=adapter.audio_cache,
                             sr=adapter.sample_rate)
-    result = train(adapter.model, lambda m, b: adapter.loss(b, model=m), data, adapter.collate, cfg, device=device,
+    result = train_loop(adapter.model, lambda m, b: adapter.loss(b, model=m), data, adapter.collate, cfg, device=device,
                    progress=progress, desc=desc)
     adapter.model.eval()
     return adapter, result
 
 
-__all__ = ["SIZES", "TRAIN", "describe", "feature_extractor", "model_config", "size_of", "train_config",
-           "train_hf_classifier"]
+__all__ = ["SIZES", "TRAIN", "describe", "feature_extractor", "model_config", "size_of", "train",
+           "train_config"]
