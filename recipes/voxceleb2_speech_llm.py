@@ -54,7 +54,7 @@ from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, text
 from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
                                         texts_of, train_speech_llm, warm_up_audio_tower)
 from mmunlearn.train import TrainConfig
-from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
+from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
 DEFAULT_METHODS = tuple(names(KIND.name))
@@ -287,27 +287,33 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     ``options``).
     """
     for m in methods:
-        get(m, "speech-llm")
+        get(m, KIND.name)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     forget, retain = partitions(manifests, level, target)
     built = SimpleNamespace(target=Path(model_dir), base=Path(reference_dir) if reference_dir else None,
                             retain=Path(retrain_dir) if retrain_dir else None)
     setup = SpeechLLMSetup(manifests, level, target, where, built, forget, retain, batch_size, progress)
-    rows = [{"method": "original", **setup.score(setup.adapter(model_dir, device))}]
+    start = time.perf_counter()
+    refs = [{"method": "original", **setup.score(setup.adapter(model_dir, device))}]
     if retrain_dir is not None:
-        rows.append({"method": "retrain", **setup.score(setup.adapter(retrain_dir, device))})
+        refs.append({"method": "retrain", **setup.score(setup.adapter(retrain_dir, device))})
     shared = {k: v for k, v in dict(options or {}).items() if v is not None}
-    for method in methods:
+
+    def method_rows(method: str) -> list[dict]:
         own = dict((method_options or {}).get(method, {}))
         overrides = {**applicable_overrides(get(method).config, shared), **own}
-        row, = run_method(method, setup, out / method, options=shared, overrides=overrides, rule=None,
+        return run_method(method, setup, out / method, options=shared, overrides=overrides, rule=None,
                           base="target" if reference_dir is None else str(reference_dir), device=device,
                           resume=False, size=size, method_options=own, kind=KIND.name,
                           unlearn=setup.unlearn(out / method, device), progress=progress)
-        rows.append(row)
+
+    def write(so_far: list[dict]) -> None:
         write_text_atomic(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
-                                                             "rows": rows}, indent=2, default=str))
+                                                             "rows": refs + so_far}, indent=2, default=str))
+
+    stages = Stages(len(methods), start, say=print if progress else (lambda _line: None))
+    rows = refs + run_comparison(Comparison(list(methods), method_rows, write), stages)[0]
     write_text_atomic(out / "results.md", table_markdown(rows, level))
     return rows
 

@@ -42,6 +42,7 @@ def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tm
     saved = json.loads((out / "sample" / "results.json").read_text())
     assert saved["level"] == "sample" and [r["method"] for r in saved["rows"]] == ["original", "grad_ascent"]
     assert 0.0 <= saved["rows"][0]["mia_auc"] <= 1.0
+    assert "running grad_ascent (1/1)" in result.output and "[stage 1/1] grad_ascent:" in result.output  # one loop
     bad = CliRunner().invoke(app, ["voxceleb2", "speaker", "--model", "speech-llm", "--where", "vision",
                                    "--manifests", str(speaker_manifests)])
     assert bad.exit_code != 0 and "--where" in bad.output
