@@ -236,8 +236,9 @@ KIND_ARGUMENT_CALLS = {"names", "needing", "config_for", "get_kind", "for_preset
 
 
 def _kind_literal_arguments(path: Path) -> list[str]:
-    """Calls in one file that pass a registered kind's name as a literal: ``kind=``/``model_kind=`` keywords, or any
-    argument of :data:`KIND_ARGUMENT_CALLS` (a recipe takes its kind from the adapter module, ``KIND.name``)."""
+    """Calls in one file that pass a registered kind's name as a literal: ``kind=``/``model_kind=`` keywords, any
+    argument of :data:`KIND_ARGUMENT_CALLS`, or of a bare ``get(method, kind)`` (the method registry's; ``d.get`` is
+    not one) (a recipe takes its kind from the adapter module, ``KIND.name``)."""
     names, found = set(kind_names()), []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Call):
@@ -245,6 +246,7 @@ def _kind_literal_arguments(path: Path) -> list[str]:
         func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         args = [k.value for k in node.keywords if k.arg in ("kind", "model_kind")]
         args += list(node.args) if func in KIND_ARGUMENT_CALLS else []
+        args += list(node.args) if func == "get" and isinstance(node.func, ast.Name) else []
         if any(isinstance(a, ast.Constant) and a.value in names for a in args):
             found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
     return found
@@ -260,6 +262,7 @@ def test_the_argument_scan_finds_kind_literals_and_skips_others(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('def f(get, KIND):\n    a = get("rmu").config_for("text", "mini"), names("speaker")\n'
                       '    b = run(kind="speech-llm"), run(kind=KIND.name), names(KIND.name), split("speaker")\n'
-                      '    return a, b, audit(model_kind="hf-audio"), level_rows(level="speaker")\n')
-    assert [hit.split(": ")[0] for hit in _kind_literal_arguments(sample)] == [
-        "sample.py:2", "sample.py:2", "sample.py:3", "sample.py:4"]
+                      '    return a, b, audit(model_kind="hf-audio"), level_rows(level="speaker")\n'
+                      'c = get("grad_diff", "speech-llm"), get("grad_diff", KIND.name), row.get("m", "speaker")\n')
+    assert sorted(hit.split(": ")[0] for hit in _kind_literal_arguments(sample)) == [
+        "sample.py:2", "sample.py:2", "sample.py:3", "sample.py:4", "sample.py:5"]
