@@ -65,33 +65,48 @@ def cell(text: str, where: str = "a cell") -> str:
     return "<br>".join(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
 
 
-def fmt(value: Any) -> str:
-    """A table cell: n/a for None, yes/NO for booleans, 4 significant decimals (scientific when tiny or huge)."""
+def fmt(value: Any, percent: bool = False) -> str:
+    """A table cell (the one formatter of every table the toolkit writes): n/a for None, yes/NO for booleans, a pair
+    as ``[low, high]``, a fraction in % with one decimal when ``percent``, otherwise 4 decimals (scientific when tiny
+    or huge, one decimal from 10 up)."""
     if value is None:
         return "n/a"
     if isinstance(value, bool):
         return "yes" if value else "NO"
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"[{fmt(value[0], percent)}, {fmt(value[1], percent)}]"
     if isinstance(value, float):
         if value != value:
             return "nan"
+        if percent:
+            return f"{100 * value:.1f}"
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
             return f"{value:.2e}"
         return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
     return str(value)
 
 
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[Any]], missing: str | None = None) -> str:
+    """The one Markdown table writer: ``columns`` are ``(header, key)`` or ``(header, key, percent)`` specs, the
+    first column left-aligned and the others right-aligned; each cell is :func:`fmt` of the row's value (``missing``
+    where a row lacks the key, when given; else as None) and every header and cell goes through :func:`cell`."""
+    specs = [(str(c[0]), c[1], bool(c[2]) if len(c) > 2 else False) for c in columns]
+    if not specs:
+        raise ValueError("a table needs at least one column")
+    head = "| " + " | ".join(cell(h, f"column header {h[:40]!r}") for h, _, _ in specs) + " |"
+    sep = "|---|" + "---:|" * (len(specs) - 1)
+    body = ["| " + " | ".join(cell(missing if missing is not None and k not in r else fmt(r.get(k), pct),
+                                   f"row {i} column {k!r}") for _, k, pct in specs) + " |"
+            for i, r in enumerate(rows)]
+    return "\n".join([head, sep, *body])
+
+
 def render(record: Mapping[str, Any]) -> str:
-    """The Markdown table of a record (first column left-aligned, the others right-aligned); every header and
-    cell goes through :func:`cell` (escaped; a results marker refused)."""
+    """The Markdown table of a record (:func:`table` of its ``columns`` and ``rows``)."""
     rows = record.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
         raise ValueError("a results record needs 'rows': a list of objects")
-    columns = _columns(record)
-    head = "| " + " | ".join(cell(h, f"column header {h[:40]!r}") for h, _ in columns) + " |"
-    sep = "|---|" + "---:|" * (len(columns) - 1)
-    body = ["| " + " | ".join(cell(fmt(r.get(k)), f"row {i} column {k!r}") for _, k in columns) + " |"
-            for i, r in enumerate(rows)]
-    return "\n".join([head, sep, *body])
+    return table(rows, _columns(record))
 
 
 def _columns(record: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -6,24 +6,12 @@ import math
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.figures import figure
 from mmunlearn.metrics.logs import write_json_atomic
+from mmunlearn.report import table
 from recipes.ctofu_pipeline import COLUMNS
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        if value != 0 and abs(value) < 1e-3:
-            return f"{value:.1e}"
-        return f"{value:.3f}"
-    return str(value)
 
 
 def _order(rows: list[dict], field: str) -> list[str]:
@@ -32,28 +20,27 @@ def _order(rows: list[dict], field: str) -> list[str]:
 
 def matrix(rows: list[dict], key: str) -> str:
     """Markdown table method x language of one metric."""
-    methods, langs = _order(rows, "method"), _order(rows, "lang")
-    cell = {(r["method"], r["lang"]): r.get(key) for r in rows}
-    lines = ["| method | " + " | ".join(langs) + " |", "|---|" + "---:|" * len(langs)]
-    lines += ["| " + m + " | " + " | ".join(_fmt(cell.get((m, lang))) for lang in langs) + " |" for m in methods]
-    return "\n".join(lines)
+    langs = _order(rows, "lang")
+    pivot: dict[str, dict] = {}
+    for r in rows:
+        pivot.setdefault(r["method"], {"method": r["method"]})[r["lang"]] = r.get(key)
+    return table(list(pivot.values()), [("method", "method"), *((lang, lang) for lang in langs)])
+
+
+#: the transfer summary's columns (:func:`recipes.ctofu_pipeline.transfer_summary`)
+TRANSFER_COLUMNS = (("method", "method"), ("rel. ROUGE-L drop, forget lang", "rouge_drop_forget_lang"),
+                    ("rel. ROUGE-L drop, other langs", "rouge_drop_other_langs"),
+                    ("transfer (ROUGE-L)", "rouge_transfer"), ("transfer (prob)", "prob_transfer"),
+                    ("FQ forget lang", "fq_forget_lang"), ("mean FQ other langs", "fq_other_langs"),
+                    ("mean MU", "mu_mean"), ("verdict", "verdict"))
 
 
 def transfer_table(summary: list[dict]) -> str:
-    head = ("| method | rel. ROUGE-L drop, forget lang | rel. ROUGE-L drop, other langs | transfer (ROUGE-L) | "
-            "transfer (prob) | FQ forget lang | mean FQ other langs | mean MU | verdict |")
-    lines = [head, "|---|" + "---:|" * 7 + "---|"]
-    keys = ("rouge_drop_forget_lang", "rouge_drop_other_langs", "rouge_transfer", "prob_transfer", "fq_forget_lang",
-            "fq_other_langs", "mu_mean")
-    lines += ["| " + s["method"] + " | " + " | ".join(_fmt(s.get(k)) for k in keys) + f" | {s['verdict']} |"
-              for s in summary]
-    return "\n".join(lines)
+    return table(summary, TRANSFER_COLUMNS)
 
 
 def long_table(rows: list[dict]) -> str:
-    lines = ["| method | lang | " + " | ".join(h for h, _ in COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
-    lines += [f"| {r['method']} | {r['lang']} | " + " | ".join(_fmt(r.get(k)) for _, k in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
+    return table(rows, [("method", "method"), ("lang", "lang"), *COLUMNS])
 
 
 def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...]) -> str:

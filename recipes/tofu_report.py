@@ -9,13 +9,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.audit import write_audit
 from mmunlearn.figures import figure
 from mmunlearn.methods import names
 from mmunlearn.report import fmt as _fmt
+from mmunlearn.report import table
 
 #: Columns of the comparison table: (header, TOFU log key or row field).
 COLUMNS = (
@@ -65,10 +65,7 @@ def ordered(rows: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = "| method | " + " | ".join(h for h, _ in COLUMNS) + " |"
-    sep = "|---|" + "---:|" * len(COLUMNS)
-    body = ["| " + r["method"] + " | " + " | ".join(_fmt(r.get(k)) for _, k in COLUMNS) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
+    return table(rows, [("method", "method"), *COLUMNS])
 
 
 def memorisation_line(context: dict) -> str:

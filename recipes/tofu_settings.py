@@ -31,6 +31,7 @@ from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
 from mmunlearn.methods import SweepRule, get
 from mmunlearn.presets.models import REAL_MODEL_PRECISION
+from mmunlearn.report import fmt as _fmt
 from mmunlearn.train.config import native_bf16
 
 
@@ -113,7 +114,3 @@ AUDIT_RELEARN_LR: dict[str, float] = {"micro": 1e-3, "mini": 1e-3, "model_dir": 
 def audit_options(preset: str, **overrides: Any):
     """The audit settings of ``--audit`` for a model preset (``overrides``: the CLI's, None = default)."""
     return AuditOptions(relearn_lr=AUDIT_RELEARN_LR[preset_size(preset)]).replace(**overrides)
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"

@@ -13,10 +13,10 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.figures import figure
+from mmunlearn.report import table
 
 #: (header, row key, percent?) per level.
 COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -70,23 +70,6 @@ def _columns(level: str) -> tuple[tuple[str, str, bool], ...]:
     return COLUMNS[level]
 
 
-def fmt(value: Any, percent: bool = False) -> str:
-    """A table cell: n/a for missing values, percentages with one decimal, short floats otherwise."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "**no**"
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return f"[{fmt(value[0], percent)}, {fmt(value[1], percent)}]"
-    if isinstance(value, float):
-        if percent:
-            return f"{100 * value:.1f}"
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e4):
-            return f"{value:.2e}"
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
-
-
 def _cells(row: dict) -> dict:
     """The row with derived cells: the MIA interval as a pair."""
     if row.get("mia_auc_low") is not None and row.get("mia_auc_high") is not None:
@@ -109,16 +92,12 @@ def sample_verdict(rows: list[dict]) -> str | None:
 
 
 def markdown(rows: list[dict], level: str) -> str:
-    cols = _columns(level)
-    head = "| method | " + " | ".join(h for h, _, _ in cols) + " |"
-    sep = "|---|" + "---:|" * len(cols)
-    body = ["| " + r["method"] + " | " + " | ".join(fmt(_cells(r).get(k), pct) for _, k, pct in cols) + " |"
-            for r in rows]
+    body = table([_cells(r) for r in rows], [("method", "method"), *_columns(level)])
     notes = missed_notes(rows)
     verdict = sample_verdict(rows) if level == "sample" else None
     if verdict:
         notes.append(verdict)
-    return "\n".join([head, sep, *body, *([""] + notes if notes else [])])
+    return "\n".join([body, *([""] + notes if notes else [])])
 
 
 def missed_notes(rows: list[dict]) -> list[str]:

@@ -50,6 +50,7 @@ from mmunlearn.config import applicable_overrides
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.methods import get, mean_nll, names
 from mmunlearn.metrics.mia import mia_auc
+from mmunlearn.report import table
 from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
 from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
                                         texts_of, train_speech_llm, warm_up_audio_tower)
@@ -194,23 +195,11 @@ COMMON = (("forget NLL", "forget_nll", False), ("retain NLL", "retain_nll", Fals
           ("params changed", "changed_fraction", False))
 
 
-def _fmt(value: Any, percent: bool) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{100 * value:.1f}" if percent else f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
-
-
 def table_markdown(rows: Sequence[Mapping[str, Any]], level: str) -> str:
     """The results as a Markdown table (accuracies in %, NLL in nats, times in seconds)."""
     if level not in COLUMNS:
         raise ValueError(f"level must be one of {sorted(COLUMNS)}, got {level!r}")
-    cols = COLUMNS[level] + COMMON
-    lines = ["| method | " + " | ".join(h for h, _, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
-    lines += ["| " + str(r["method"]) + " | " + " | ".join(_fmt(r.get(k), pct) for _, k, pct in cols) + " |"
-              for r in rows]
-    return "\n".join(lines) + "\n"
+    return table(rows, [("method", "method"), *COLUMNS[level], *COMMON]) + "\n"
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mmunlearn.atomic import write_text_atomic
+from mmunlearn.report import table
 
 AUDIT_JSON = "AUDIT.json"
 AUDIT_MD = "AUDIT.md"
@@ -81,26 +82,14 @@ def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.2e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
-    return str(value)
-
-
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The audit table; columns of attacks no row ran are left out; language columns are added when present."""
     extra = sorted({k for r in rows for k in r if k.startswith("kept_language_")})
     columns = [*COLUMNS[:3], *((f"kept: {k.removeprefix('kept_language_')}", k) for k in extra), *COLUMNS[3:]]
     columns = [(h, k) for h, k in columns if any(r.get(k) is not None for r in rows)]
     measure = next((r.get("measure") for r in rows if r.get("measure")), "forget_prob")
-    head = "| method | " + " | ".join(h if k != "forget" else measure.replace("_", " ") for h, k in columns) + " |"
-    sep = "|---|" + "---:|" * len(columns)
-    body = ["| " + str(r["method"]) + " | " + " | ".join(_fmt(r.get(k)) for _, k in columns) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
+    return table(rows, [("method", "method"),
+                        *((h if k != "forget" else measure.replace("_", " "), k) for h, k in columns)])
 
 
 def _jsonable(value: Any) -> Any:

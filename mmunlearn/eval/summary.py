@@ -15,6 +15,7 @@ from typing import Any
 
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.metrics.logs import EVAL_FILENAME, SUMMARY_FILENAME
+from mmunlearn.report import table
 
 SUMMARY_MD_FILENAME = "TOFU_SUMMARY.md"
 
@@ -60,10 +61,6 @@ def _load(logs: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, Any]
     return data
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
-
-
 def summary_table(logs: Mapping[str, Any] | str | os.PathLike[str]) -> str:
     """Markdown table ``| Metric | Key | Value |`` of the headline metrics present in ``logs``.
 
@@ -71,10 +68,10 @@ def summary_table(logs: Mapping[str, Any] | str | os.PathLike[str]) -> str:
     and privleak without retain logs) show ``n/a``.
     """
     data = _load(logs)
-    rows = [f"| {label} | `{key}` | {_fmt(_agg(data[key]))} |" for key, label in HEADLINE if key in data]
+    rows = [{"label": label, "key": f"`{key}`", "value": _agg(data[key])} for key, label in HEADLINE if key in data]
     if not rows:
         raise ValueError("summary_table: none of the headline TOFU metrics are in the logs")
-    return "\n".join(["| Metric | Key | Value |", "|---|---|---:|", *rows]) + "\n"
+    return table(rows, [("Metric", "label"), ("Key", "key"), ("Value", "value")]) + "\n"
 
 
 def compare_table(models: Mapping[str, Mapping[str, Any] | str | os.PathLike[str]],
@@ -88,16 +85,11 @@ def compare_table(models: Mapping[str, Mapping[str, Any] | str | os.PathLike[str
     if not models:
         raise ValueError("compare_table: no models given")
     loaded = {name: _load(logs) for name, logs in models.items()}
-    names = [str(n).replace("|", "\\|") for n in loaded]
-    lines = ["| Metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for key, label in keys:
-        if not any(key in data for data in loaded.values()):
-            continue
-        cells = [_fmt(_agg(data[key])) if key in data else "—" for data in loaded.values()]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if len(lines) == 2:
+    rows = [{"label": label, **{i: _agg(data[key]) for i, data in enumerate(loaded.values()) if key in data}}
+            for key, label in keys if any(key in data for data in loaded.values())]
+    if not rows:
         raise ValueError("compare_table: none of the requested metrics are in any of the logs")
-    return "\n".join(lines) + "\n"
+    return table(rows, [("Metric", "label"), *((str(name), i) for i, name in enumerate(loaded))], missing="—") + "\n"
 
 
 def write_summary_md(out_dir: str | os.PathLike[str], logs: Mapping[str, Any], model_name: str,

@@ -16,7 +16,7 @@ def test_summary_table_rows_values_and_none():
     md = summary_table(TARGET)
     lines = md.strip().splitlines()
     assert lines[0] == "| Metric | Key | Value |" and len(lines) == 2 + 4
-    assert "| `forget_quality` | 1.2e-05 |" in md and "| `model_utility` | 0.6123 |" in md
+    assert "| `forget_quality` | 1.20e-05 |" in md and "| `model_utility` | 0.6123 |" in md
     assert "| `privleak` | n/a |" in md and "retain_Q_A_Prob" not in md
     with pytest.raises(ValueError, match="none of the headline"):
         summary_table({"mia_gradnorm": {"agg_value": 0.5}})
@@ -29,8 +29,8 @@ def test_compare_table_reads_mappings_and_paths(tmp_path):
     lines = md.strip().splitlines()
     assert lines[0] == "| Metric | target | retain |" and lines[1] == "|---|---:|---:|"
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
-    assert rows["Forget quality (KS p-value) ↑"].endswith("| 1.2e-05 | 1 |")
-    assert rows["Retain prob ↑"].endswith("| — | 0.9 |")  # target lacks the key
+    assert rows["Forget quality (KS p-value) ↑"].endswith("| 1.20e-05 | 1.0000 |")
+    assert rows["Retain prob ↑"].endswith("| — | 0.9000 |")  # target lacks the key
     assert rows["PrivLeak (→ 0)"].endswith("| n/a | — |")
     assert len(lines) == 2 + 5
     with pytest.raises(FileNotFoundError, match="TOFU logs not found"):

@@ -9,6 +9,7 @@ from scipy import stats
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.eval import METRIC_GROUPS, MissingSplitError, evaluate_tofu, load_eval_splits
+from mmunlearn.report import fmt
 from mmunlearn.metrics import mia
 from tests.eval.conftest import SIZES, SOURCE
 
@@ -52,7 +53,7 @@ def test_writes_the_three_files(evaluated):
     assert summary == {k: v["agg_value"] for k, v in sorted(logs.items()) if v["agg_value"] is not None}
     md = (out / "TOFU_SUMMARY.md").read_text()
     assert "| Metric | Key | Value |" in md and "`forget_quality` | n/a |" in md
-    assert f"`retain_Q_A_Prob` | {summary['retain_Q_A_Prob']:.4g} |" in md
+    assert f"`retain_Q_A_Prob` | {fmt(summary['retain_Q_A_Prob'])} |" in md
     assert "forget10_perturbed 20" in md and "holdout10 20" in md
 
 

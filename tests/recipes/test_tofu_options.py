@@ -147,7 +147,7 @@ def test_the_memorisation_rule_per_preset_size():
     assert close["memorised"] is False and "retain model" in memorisation_warning(close)
     low_rouge = memorisation("/models/smollm2", 0.9, 0.5, pretrained_prob=0.08)
     assert low_rouge["memorised"] is False and low_rouge["min_forget_rouge"] == 0.85
-    assert "forget ROUGE-L 0.5 (memorised: >= 0.85)" in memorisation_warning(low_rouge)
+    assert "forget ROUGE-L 0.5000 (memorised: >= 0.85)" in memorisation_warning(low_rouge)
     assert memorisation("smollm2-135m", 0.98, 0.97, pretrained_prob=0.08, retain_prob=0.1)["memorised"] is True
     assert memorisation("micro", 0.25, 0.024, pretrained_prob=0.004)["memorised"] is True  # ROUGE-L not checked
     weak = memorisation("micro", 0.05, 0.025, forget_quality=0.001)  # a good forget quality is not memorisation
