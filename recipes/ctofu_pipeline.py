@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.audit import audit_text, write_audit
-from mmunlearn.audit.folder import load_text_unlearned
 from mmunlearn.data.ctofu import World
 from mmunlearn.eval import evaluate_tofu
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
 from mmunlearn.presets.build import build_models
 from mmunlearn.presets.cache import default_cache_dir
+from recipes.tofu_pipeline import audit_method as tofu_audit
 from recipes.tofu_pipeline import base_forget_nll, cached_eval
 
 # no MIA: the translations ship no holdout split (its non-members)
@@ -177,21 +176,11 @@ def transfer_summary(rows: list[dict], forget_langs: tuple[str, ...]) -> list[di
 
 
 def audit_method(method: str, ctx: CrossLingualSetup, out: Path, options, device: str, cache: dict) -> dict:
-    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` against the world's target and retain models:
-    the attacks on the forget languages' scored forget rows, and the plain measures in every other evaluation
-    language (``language_<lang>``); no probe (the translations ship no holdout split). ``out/AUDIT.json``."""
+    """Robustness audit (:func:`recipes.tofu_pipeline.audit_method`) of ``out/model`` against the world's target and
+    retain models: the attacks on the forget languages' scored forget rows, and the plain measures in every other
+    evaluation language (``language_<lang>``); no probe (the translations ship no holdout split)."""
     scored = f"{ctx.world.forget_split}_perturbed"
     forget = [it for lang in ctx.forget_langs for it in ctx.world.eval_data[lang][scored]]
     languages = {lang: list(ctx.world.eval_data[lang][scored]) for lang in ctx.eval_langs
                  if lang not in ctx.forget_langs}
-    adapters = cache.setdefault("adapters", {})
-    for role in ("target", "retain"):
-        if role not in adapters:
-            adapters[role] = TextLLMAdapter.from_pretrained(getattr(ctx.built, role), device=device)
-    result = audit_text(load_text_unlearned(out / "model", device), adapters["target"], adapters["retain"], forget,
-                        None, method=method, options=options, retain_items=ctx.retain, languages=languages,
-                        cache=cache.setdefault("results", {}))
-    result["models"] = {"unlearned": str(out / "model"), "target": str(ctx.built.target),
-                        "retain": str(ctx.built.retain)}
-    write_audit(out, [result], ctx.describe())
-    return result
+    return tofu_audit(method, ctx, out, options, device, cache, rows=(forget, None, languages))

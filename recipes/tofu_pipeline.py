@@ -258,15 +258,17 @@ def _metrics(logs: dict) -> dict:
     return out
 
 
-def audit_method(method: str, ctx: TofuSetup, out: Path, options, device: str, cache: dict,
-                 languages: Mapping[str, list] | None = None, data: Any = None) -> dict:
+def audit_method(method: str, ctx: Any, out: Path, options, device: str, cache: dict,
+                 rows: tuple[list, list | None, Mapping[str, list] | None] | None = None) -> dict:
     """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (:func:`recipes.runner.run_method`'s folder) against the
-    setup's target and retain models; ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the result.
+    setup's target and retain models (TOFU's and cTOFU's); ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the result.
 
-    ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``data``: the
-    TOFU source of the forget/holdout rows (default: the setup's); ``languages``: cTOFU's per-language
-    forget rows."""
-    forget, holdout, _ = text_data(ctx.data if data is None else data, ctx.forget_split, ctx.authors)
+    ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``rows``: (forget rows,
+    holdout rows or None, per-language forget rows or None), default the TOFU setup's forget and holdout rows."""
+    if rows is None:
+        forget, holdout, _ = text_data(ctx.data, ctx.forget_split, ctx.authors)
+        rows = (forget, holdout, None)
+    forget, holdout, languages = rows
     adapters = cache.setdefault("adapters", {})
     for role in ("target", "retain"):
         if role not in adapters:
