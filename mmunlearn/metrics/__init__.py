@@ -59,6 +59,7 @@ from mmunlearn.metrics.tofu import (
     qa_prob,
     truth_ratio,
     truth_ratio_closer_to_1,
+    truth_ratio_share,
     truth_ratio_true_better,
 )
 
@@ -104,6 +105,7 @@ __all__ = [
     "token_matches",
     "truth_ratio",
     "truth_ratio_closer_to_1",
+    "truth_ratio_share",
     "truth_ratio_entry",
     "truth_ratio_true_better",
     "vocab_logprob_moments",

@@ -20,6 +20,13 @@ TOFU evaluator (locuslab/open-unlearning, ``src/evals/metrics/memorization.py``,
   - real authors / world facts (``ra_Truth_Ratio`` / ``wf_Truth_Ratio``): correct = ``answer``
     (ra_Q_A_Prob / wf_Q_A_Prob; these sets have no paraphrase), wrong = ``perturbed_answer``;
     aggregate ``true_better``.
+* Two definitions of the truth ratio are in use. The one above (wrong over correct, which TOFU's code and
+  open-unlearning's evaluator compute, and the one every ``*truth_ratio`` value in our logs and tables is) and the
+  one the OpenUnlearning report writes (Dorna et al., 2025, arXiv:2506.12618, p. 18; open-unlearning issue #138):
+  ``p(para) / (p(para) + p(pert)) = 1 / (1 + R)`` (:func:`truth_ratio_share`), a share in (0, 1) where 0.5 means
+  the two answers are equally likely. Their aggregates differ, but forget quality does not: ``1 / (1 + R)`` is a
+  strictly decreasing function of R, and the two-sample KS statistic depends only on the order of the pooled
+  values, so the p-value is the same under either (tests/metrics/test_truth_ratio_variants.py).
 * Forget quality: ``scipy.stats.ks_2samp(R_unlearned, R_retain).pvalue`` where both samples are
   the *raw* per-item forget-set truth ratios R (the ``score`` entries of ``forget_truth_ratio``'s
   ``value_by_index``, the retain model's read from its ``TOFU_EVAL.json``), not min(R, 1/R).
@@ -80,6 +87,16 @@ def truth_ratio(nll_correct: Any, nll_wrong: Any) -> np.ndarray:
     wrong = _item_nll(nll_wrong, "nll_wrong")
     _checks.same_length(nll_correct=correct, nll_wrong=wrong)
     return np.exp(-wrong) / (np.exp(-correct) + _EPS)
+
+
+def truth_ratio_share(nll_correct: Any, nll_wrong: Any) -> np.ndarray:
+    """Per-item truth ratio as the OpenUnlearning report defines it (arXiv:2506.12618, p. 18), shape ``(N,)``:
+    ``p_correct / (p_correct + p_wrong)`` with the probabilities of :func:`truth_ratio` (``1 / (1 + R)`` up to its
+    1e-10 guard). Not what the logs hold (:func:`truth_ratio`); forget quality is the same under both."""
+    correct = np.exp(-_item_nll(nll_correct, "nll_correct"))
+    wrong = np.exp(-_item_nll(nll_wrong, "nll_wrong"))
+    _checks.same_length(nll_correct=correct, nll_wrong=wrong)
+    return correct / (correct + wrong)
 
 
 def truth_ratio_closer_to_1(ratios: Any) -> float:
