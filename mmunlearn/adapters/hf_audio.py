@@ -31,6 +31,7 @@ from torch import nn
 from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
+from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.data.manifest import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from mmunlearn.data.waveforms import AudioCache, example_waveform
@@ -83,6 +84,10 @@ class HFAudioAdapter(ClassifierScores):
             raise ValueError(f"{type(model).__name__} has no Linear head named {_HEAD!r}: not an audio classifier "
                              "this adapter knows")
         self._scope = "all"
+        #: pooled vectors kept while the weights below the head stay the same (on with the head scope, where an edit
+        #: leaves them as they were: a sweep's points score only the head again; keyed by those weights' bytes,
+        #: :mod:`mmunlearn.adapters.speaker_cache`)
+        self.embedding_cache: EmbeddingCache | None = None
 
     @property
     def embedding_output(self) -> tuple[str, str | None] | None:
@@ -141,6 +146,7 @@ class HFAudioAdapter(ClassifierScores):
         """The same feature extractor and labels around another model; the decoded-audio cache is shared."""
         twin = HFAudioAdapter(model, self.feature_extractor, audio_cache=self.audio_cache)
         twin.scope = self.scope
+        twin.embedding_cache = self.embedding_cache  # keyed by the weights' bytes: never stale for another model
         return twin
 
     def clone(self) -> "HFAudioAdapter":
@@ -164,6 +170,10 @@ class HFAudioAdapter(ClassifierScores):
         if value not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {value!r}")
         self._scope = value
+        if value != "head":
+            self.embedding_cache = None
+        elif self.embedding_cache is None:
+            self.embedding_cache = EmbeddingCache()
 
     @property
     def head_weight(self) -> str:
@@ -217,11 +227,31 @@ class HFAudioAdapter(ClassifierScores):
         net = model or self.model
         inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "lengths")}
         lengths = batch.get("lengths")
+        if (self.embedding_cache is not None and net is self.model and not net.training and lengths is not None
+                and "input_values" in inputs and not (torch.is_grad_enabled() and embedding_needs_grad(net))):
+            return self._cached(net, inputs, lengths)
+        return self._uncached(net, inputs, lengths)
+
+    def _uncached(self, net: nn.Module, inputs: Mapping[str, torch.Tensor],
+                  lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if "input_values" not in inputs or "attention_mask" in inputs or lengths is None or len(set(
                 lengths.tolist())) == 1:
             return self._pass(net, inputs)
         values = inputs["input_values"]
         return per_length(lengths, lambda idx, n: self._pass(net, {"input_values": values[idx.to(values.device), :n]}))
+
+    def _cached(self, net: nn.Module, inputs: Mapping[str, torch.Tensor],
+                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`_uncached`, the pooled vectors taken from :attr:`embedding_cache` where it holds them (an
+        utterance is keyed by its features cut to its length) and only the head run on them."""
+        values = inputs["input_values"]
+
+        def compute(missing: list[int]) -> torch.Tensor:
+            idx = torch.tensor(missing, device=values.device)
+            return self._uncached(net, {k: v[idx] for k, v in inputs.items()}, lengths[idx.cpu()])[1]
+
+        pooled = self.embedding_cache.lookup(net, values, lengths.tolist(), compute)
+        return net.classifier(pooled.to(net.classifier.weight.dtype)).float(), pooled
 
     @staticmethod
     def _pass(net: nn.Module, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -162,3 +162,36 @@ def test_mmunlearn_audit_runs_on_a_hf_audio_folder_with_the_classifier_defaults(
     for measured in (attacks["quantise_8bit"]["unlearned"], attacks["relearn"]["unlearned"]["after"]):
         assert 0.0 <= measured["forget_acc"] <= 1.0
     assert (tmp_path / "audit" / "AUDIT.md").read_text().count("grad_ascent") >= 1
+
+
+def test_the_head_scope_reuses_pooled_vectors_only_while_the_weights_below_the_head_stay(hf_dir, speaker_manifests):
+    """With the head scope a second scoring of the same clips runs only the head (cache hits) and scores as a full
+    pass does; a head edit is scored from the kept vectors; an edit below the head is never served from them."""
+    adapter = HFAudioAdapter.load(hf_dir, device="cpu")
+    rows = split_rows(speaker_manifests, "train")[:12]
+    batch = adapter.collate(rows)
+    assert len(set(batch["lengths"].tolist())) > 1 and "attention_mask" not in batch  # the per-length path
+
+    def full() -> tuple[torch.Tensor, torch.Tensor]:
+        twin = adapter.with_model(adapter.model)
+        twin.scope = "all"  # no cache
+        return twin.logits_and_embeddings(batch)
+
+    with torch.no_grad():
+        plain = full()
+        adapter.scope = "head"
+        first, again = adapter.logits_and_embeddings(batch), adapter.logits_and_embeddings(batch)
+        cache = adapter.embedding_cache
+        assert (cache.misses, cache.hits) == (12, 12)
+        for got, want in zip((*first, *again), (*plain, *plain)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        adapter.model.classifier.weight[0] += 1.0  # a head edit: the kept vectors, the new head
+        edited, reference = adapter.logits_and_embeddings(batch), full()
+        assert (cache.misses, cache.hits) == (12, 24)
+        torch.testing.assert_close(edited[0], reference[0], rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(edited[0], first[0])
+        adapter.model.projector.weight.mul_(1.5)  # below the head: every vector computed again
+        moved, reference = adapter.logits_and_embeddings(batch), full()
+        assert (cache.misses, cache.hits) == (24, 24)
+        torch.testing.assert_close(moved[1], reference[1], rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(moved[1], first[1])
