@@ -181,7 +181,8 @@ def _method_row(name: str, cfg: VoxCelebConfig, ctx: pipe.SpeakerSetup, n_classe
     scope_options = {s: {k: v for k, v in o.items() if k not in options} for s, o in settings.SCOPE_OPTIONS.items()}
     return pipe.run_method_row(name, ctx, settings.preset_kind(cfg.preset), options, rule, out,
                                scopes=settings.scopes_for(name, cfg.resolved_scope(), cfg.sweep),
-                               scope_options=scope_options, method_options=cfg.method_options.get(name))
+                               scope_options=scope_options, method_options=cfg.method_options.get(name),
+                               resume=cfg.resume)
 
 
 def _unlearn(level: str, cfg: VoxCelebConfig) -> None:

@@ -84,6 +84,8 @@ class SpeakerBenchmarkSettings:
                                    "--workdir/hf-audio/<level>), speech-llm (Qwen-Omni-style model answering 'who is "
                                    "speaking?'; adds t3 and rmu to the methods), or any installed classifier kind "
                                    "whose adapter names a trainer (mmunlearn.kinds.Kind.trainer).")
+    resume: bool = opt(True, "Reuse a method's finished stage (same method, options, rule, scopes and models: its "
+                             "run.json key) instead of redoing it; --no-resume redoes it.")
     audit: bool = opt(False, "Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, "
                              "nearest-centroid probe) on every method's classifier: <out>/AUDIT.json and AUDIT.md "
                              "beside the tables, and <out>/<method>/AUDIT.json.")

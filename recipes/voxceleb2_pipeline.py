@@ -263,7 +263,7 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
 def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rule: Any, out: Path,
                    progress: bool = True, scopes: Sequence[str] = ("all",),
                    scope_options: Mapping[str, dict] | None = None,
-                   method_options: Mapping[str, Any] | None = None) -> dict:
+                   method_options: Mapping[str, Any] | None = None, resume: bool = False) -> dict:
     """Unlearn with ``method`` on a fresh copy of the original classifier through :func:`recipes.runner.run_method`
     (``out/model``: the classifier's own layout -- SpeechBrain's, or ``save_pretrained`` for ``hf-audio`` -- plus the
     harness's reports and undo patch), evaluate it; the row (also ``out/run.json``).
@@ -273,13 +273,14 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
     ``scope_options[scope]`` added to ``options``) and the rule chooses among them on the training partitions
     alone -- the reached target with the smallest retain loss, else the closest -- before anything is
     evaluated on held-out audio; the chosen folder is copied to ``out/model`` (:func:`scope_sweep`).
-    ``method_options``: the method's own settings among ``options`` (recorded in the stage key).
+    ``method_options``: the method's own settings among ``options`` (recorded in the stage key); ``resume``: a
+    stage finished with the same key is reused (its row marked ``reused``).
     """
     if not scopes or (len(scopes) > 1 and rule is None):
         raise ValueError("several scopes need a sweep rule to choose among them")
     ctx.progress = progress
     row, = run_method(method, ctx, out, options={**options, "scopes": list(scopes)}, overrides=options, rule=rule,
-                      base="target", device=ctx.device, resume=False, size=size, method_options=method_options,
+                      base="target", device=ctx.device, resume=resume, size=size, method_options=method_options,
                       kind=kind_of(ctx.original).name, unlearn=scope_sweep(ctx, out, scopes, scope_options, rule),
                       progress=progress)
     return row

@@ -3,6 +3,7 @@ tables and plot, cached models, the sweep rule, QR-Erase locality and its undo p
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
@@ -99,6 +100,25 @@ def test_qr_erase_edits_only_selected_layers_and_undo_restores_bits(speaker_run)
     assert not (out / "qr-erase" / "model" / "undo_patch.safetensors").exists()  # kept apart from the model
     restore(edited.model, out / "qr-erase" / "model.undo" / "undo_patch.safetensors")
     assert all(torch.equal(before[k], v) for k, v in edited.model.state_dict().items())  # buffers included
+
+
+def test_a_second_call_reuses_finished_stages_and_no_resume_redoes_them(speaker_run, speaker_manifests,  # noqa: F811
+                                                                      tmp_path):
+    work, out, table, _ = speaker_run
+    again = tmp_path / "again"
+    shutil.copytree(out, again)  # the stage key holds the models and settings, not the folder
+    stamp = (again / "grad_diff" / "run.json").read_text()
+    args = ["speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(again),
+            "--no-sweep", *TINY]
+    res = invoke(*args, "--methods", "qr-erase,grad_diff")
+    assert res.output.count("reused (finished earlier in") == 2
+    rows = json.loads((again / "speaker.json").read_text())["rows"]
+    for new, old in zip(rows[2:], table["rows"][2:], strict=True):
+        assert new["reused"] is True and {k: v for k, v in new.items() if k not in ("reused", "stage_seconds")} == old
+    assert (again / "grad_diff" / "run.json").read_text() == stamp
+    res = invoke(*args, "--methods", "grad_diff", "--no-resume")
+    assert "reused" not in res.output and (again / "grad_diff" / "run.json").read_text() != stamp
+    assert "reused" not in json.loads((again / "speaker.json").read_text())["rows"][2]
 
 
 def test_trained_models_are_cached_by_options(speaker_run, speaker_manifests):  # noqa: F811
