@@ -1,7 +1,7 @@
 """Shipped recipe configs (recipes/configs/<benchmark>/<name>.yaml): every one validates into its command's config
 with no unknown key, names its command and doc section, and is package data; ``--config NAME`` resolves like the
 file (a file path wins); an unknown name is a one-line error listing the names; ``configs`` lists them; and
-``tofu/micro`` runs end to end through the CLI with tiny overrides."""
+every one runs end to end through the CLI on the smallest preset with tiny overrides."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from recipes.tofu import app as tofu_app
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
 from recipes.voxceleb2 import app as voxceleb2_app
 from recipes.voxceleb2_config import VoxCelebConfig
+from tests.recipes.conftest import TOFU_DATA
+from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 COMPARE_DEFAULTS = {"out": Path("runs/x"), "preset": "mini", "sweep": True}
@@ -168,3 +170,41 @@ def test_tofu_micro_runs_through_the_cli_with_tiny_overrides(tofu_micro, tmp_pat
     assert context["max_new_tokens"] == 8 and context["metrics"] == ["forget"]  # from the overrides
     assert [r["method"] for r in saved["rows"]] == ["target model", "retain model", "t3"]
     assert (tmp_path / "out" / "t3" / "TOFU_EVAL.json").is_file() and not (tmp_path / "runs").exists()
+
+
+#: what makes each benchmark's run tiny; the rest of the config is its own
+TINY = {
+    "tofu": ["preset=micro", f"data={TOFU_DATA}", "authors=none", "forget_split=forget10", "max_new_tokens=24",
+             "metrics=forget", "methods=grad_diff", "epochs=1", "sweep=false", "utility_items=none",
+             "rule_retain_items=none", "audit_attacks=quantise"],
+    "ctofu": ["preset=micro", "data=synthetic", "authors=1", "facts=2", "langs=en,fr", "max_new_tokens=8",
+              "methods=grad_diff", "epochs=1", "sweep=false"],
+    "voxceleb2": ["preset=tiny", "methods=grad_diff", "epochs=1", "sweep=false", "scope=all", "train_epochs=2",
+                  "audit_attacks=quantise"],
+}
+#: the table each command writes in its --out
+TABLE = {("tofu", "compare"): "compare.json", ("ctofu", "compare"): "compare.json",
+         ("voxceleb2", "speaker"): "speaker.json", ("voxceleb2", "sample"): "sample.json"}
+
+
+#: the cTOFU run builds its own world's models (40 s here): kept for `make test-all`
+SLOW_RUNS = {"ctofu/mini"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RUNS else n
+                                  for n in sorted(SHIPPED)])
+def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_path, monkeypatch):
+    """Each config as a user runs it (``--config NAME``), its own settings kept, only size, data and work made tiny
+    by KEY=VALUE overrides (TOFU on the session's micro world, speakers on the tiny espeak corpus), one method."""
+    monkeypatch.chdir(tmp_path)  # a config's relative out/workdir land here, never in the repository
+    benchmark, command = describe(SHIPPED[name]).replace(":", " ").split()[:2]
+    overrides = [*TINY[benchmark], f"out={tmp_path / 'out'}", "device=cpu", "threads=1"]
+    if benchmark == "tofu":
+        overrides.append(f"cache_dir={request.getfixturevalue('tofu_micro').cache_dir}")
+    if benchmark == "voxceleb2":
+        overrides += [f"manifests={request.getfixturevalue('speaker_manifests')}", f"workdir={tmp_path / 'work'}"]
+    res = CliRunner().invoke(APPS[benchmark], [command, "--config", name, *overrides])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    rows = json.loads((tmp_path / "out" / TABLE[(benchmark, command)]).read_text())["rows"]
+    assert "grad_diff" in {r["method"] for r in rows}
+    assert not (tmp_path / "runs").exists()
