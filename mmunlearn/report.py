@@ -191,14 +191,15 @@ def load_source(path: str | os.PathLike) -> dict[str, Any]:
 
 def make_record(source: Mapping[str, Any], *, name: str, command: str, title: str = "",
                 columns: Sequence[Sequence[str]] | None = None, rows_key: str = "rows",
-                date: str | None = None, commit: str | None = None) -> dict[str, Any]:
-    """A record of ``source`` (a run's JSON: its ``rows_key`` list, and its ``columns`` unless given)."""
+                date: str | None = None, commit: str | None = None, config: str | None = None) -> dict[str, Any]:
+    """A record of ``source`` (a run's JSON: its ``rows_key`` list, and its ``columns`` unless given); ``config``: the
+    shipped recipe config (``benchmark/name``) whose ``--config`` command has the run's settings."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"record name {name!r}: use letters, digits, '.', '_' and '-' only")
     rows = source.get(rows_key)
     if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
         raise ValueError(f"the run's JSON has no '{rows_key}': a list of rows (objects of column: value)")
-    record = {"name": name, "title": title, "command": command,
+    record = {"name": name, "title": title, "command": command, **({"config": config} if config else {}),
               "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "commit": commit if commit is not None else git_commit(),
               # the run's own machine facts when it wrote them (load while it ran), else those at recording

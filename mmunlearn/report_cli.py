@@ -36,6 +36,8 @@ def record(
                                                          "own 'columns', else every key of its first row).")] = None,
     commit: Annotated[Optional[str], typer.Option(help="The commit the run was made at (default: the checked-out one).")] = None,
     date: Annotated[Optional[str], typer.Option(help="When the run was made (default: now).")] = None,
+    recipe_config: Annotated[Optional[str], typer.Option(help="The shipped recipe config (benchmark/name) whose "
+                                                              "`--config` command has the run's settings.")] = None,
     out: Results = Path("docs/results"),
 ) -> None:
     """Copy a run's rows and columns into a record with the command, date, commit and machine facts."""
@@ -47,7 +49,8 @@ def record(
         cols = [[h.strip(), k.strip()] for h, k in pairs]
     try:
         rec = report.make_record(report.load_source(run), name=name, command=command, title=title,
-                                 rows_key=rows_key, columns=cols, commit=commit, date=date)
+                                 rows_key=rows_key, columns=cols, commit=commit, date=date,
+                                 config=recipe_config)
     except ValueError as e:
         raise ValueError(e if str(run) in str(e) else f"{run}: {e}") from None  # the error names the file
     path = report.write_record(rec, out)

@@ -26,6 +26,11 @@ def test_a_record_keeps_rows_columns_command_and_machine(tmp_path):
     assert report.render(rec).splitlines() == [
         "| method | forget quality | rule met |", "|---|---:|---:|",
         "| target model | 1.20e-07 | n/a |", "| t3 | 0.0810 | yes |"]
+    assert "config" not in rec
+    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "run"), "--name", "demo2", "--command",
+                                   "mmunlearn tofu compare --config tofu/micro", "--recipe-config", "tofu/micro",
+                                   "--out", str(tmp_path / "results")])
+    assert res.exit_code == 0 and json.loads((tmp_path / "results" / "demo2.json").read_text())["config"] == "tofu/micro"
 
 
 def test_pages_are_regenerated_and_a_stale_table_is_found(tmp_path):

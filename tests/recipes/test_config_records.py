@@ -1,7 +1,9 @@
-"""A shipped config that says it reproduces a record gives the same settings as the command the record ran: each
-record's command (the ``mmunlearn <benchmark> <command> ...`` in its ``command`` field) and ``--config NAME`` are
-parsed by the real command into configs that are equal field by field, bar the differences a config declares in its
-header (listed here with the reason). So a record's figures reproduce from ``--config NAME``."""
+"""A record names the shipped config that reproduces it (its ``config`` field, ``report record --recipe-config``), and
+that config gives the same settings as the command the record ran: the record's command (the ``mmunlearn
+<benchmark> <command> ...`` in its ``command`` field) and ``--config NAME`` are parsed by the real command into
+configs that are equal field by field, bar the differences a config declares in its header (listed here with the
+reason). So a record's figures reproduce from ``--config NAME``; a config whose header names a record is named back
+by it."""
 
 import dataclasses
 import json
@@ -34,8 +36,9 @@ def _record_of(path: Path) -> str | None:
     return found.group(1) if found else None
 
 
-PAIRS = [(name, record) for name, path in sorted(shipped().items())
-         if (record := _record_of(path)) and (REPO / "docs" / "results" / f"{record}.json").is_file()]
+RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted((REPO / "docs" / "results").glob("*.json"))}
+#: (config, record) for every record that names its config
+PAIRS = [(rec["config"], name) for name, rec in RECORDS.items() if rec.get("config")]
 
 
 class _Captured(Exception):
@@ -56,15 +59,18 @@ def _config(monkeypatch, benchmark: str, args: list[str]):
     return seen[0]
 
 
-def test_the_records_named_by_configs_are_found():
+def test_a_config_naming_a_record_is_named_back_by_it():
+    named = {name: record for name, path in shipped().items() if (record := _record_of(path)) in RECORDS}
     assert {"tofu/smollm2", "voxceleb2/ecapa_fsdd", "voxceleb2/ecapa_fsdd_sample", "voxceleb2/hf_audio_fsdd",
-            "tofu/micro", "tofu/mini"} <= {name for name, _ in PAIRS}
+            "tofu/micro", "tofu/mini"} <= set(named)
+    assert all(RECORDS[record].get("config") == name for name, record in named.items())
+    assert all(config in shipped() for config, _ in PAIRS)
 
 
 @pytest.mark.parametrize("name, record", PAIRS)
 def test_a_config_reproduces_the_command_of_its_record(monkeypatch, name, record):
     benchmark, command = describe(shipped()[name]).replace(":", " ").split()[:2]
-    recorded = json.loads((REPO / "docs" / "results" / f"{record}.json").read_text())["command"]
+    recorded = RECORDS[record]["command"]
     runs = [m for m in COMMAND.finditer(recorded) if (m.group(1), m.group(2)) == (benchmark, command)]
     assert runs, f"{record}'s command runs no `mmunlearn {benchmark} {command}`: {recorded[:200]}"
     args = [command, *shlex.split(runs[0].group(3))]
