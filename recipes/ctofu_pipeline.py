@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.data.ctofu import World
-from mmunlearn.eval import evaluate_tofu
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
 from mmunlearn.presets.build import build_models
 from mmunlearn.presets.cache import default_cache_dir
 from recipes.tofu_pipeline import audit_method as tofu_audit
-from recipes.tofu_pipeline import base_forget_nll, cached_eval
+from recipes.tofu_pipeline import TofuSetup, base_forget_nll, cached_eval
 
 # no MIA: the translations ship no holdout split (its non-members)
 EVAL_GROUPS = ("forget", "memorization", "utility")
@@ -44,30 +42,39 @@ def _summary(logs_path: Path) -> dict[str, float]:
 
 @dataclass
 class CrossLingualSetup:
-    """Models and per-language reference evaluations of one (preset, world, seed)."""
+    """A cTOFU run composed of TOFU: one :class:`~recipes.tofu_pipeline.TofuSetup` per evaluation language (that
+    language's data and reference logs, the world's shared models), the forget rows of the forget languages and the
+    retain rows of the retain languages; a method's rows are one TOFU evaluation per language."""
 
     preset: str
     world: World
     forget_langs: tuple[str, ...]
     retain_langs: tuple[str, ...]
-    eval_langs: tuple[str, ...]
-    max_new_tokens: int
-    built: Any  # BuiltModels
-    retain_logs: dict[str, Path]
-    target_logs: dict[str, Path]
-    cache_dir: Path
+    by_lang: dict[str, TofuSetup]
     forget: list
     retain: list
+
+    @property
+    def eval_langs(self) -> tuple[str, ...]:
+        return tuple(self.by_lang)
+
+    @property
+    def built(self) -> Any:  # BuiltModels, shared by every language
+        return next(iter(self.by_lang.values())).built
+
+    @property
+    def cache_dir(self) -> Path:
+        return next(iter(self.by_lang.values())).cache_dir
 
     def reference_rows(self, which: str) -> list[dict]:
         """The target or retain model's row per evaluation language (the retain model's forget quality
         is 1 by definition: KS of its truth ratios against themselves)."""
         rows = []
-        for lang in self.eval_langs:
-            logs = _summary((self.retain_logs if which == "retain" else self.target_logs)[lang])
+        for lang, tofu in self.by_lang.items():
+            logs = _summary(tofu.retain_logs if which == "retain" else tofu.target_logs)
             if which == "retain":
                 logs["forget_quality"] = 1.0
-            rows.append(make_row(f"{which} model", lang, logs, _summary(self.target_logs[lang])))
+            rows.append(make_row(f"{which} model", lang, logs, _summary(tofu.target_logs)))
         return rows
 
     def forget_target(self) -> float:
@@ -75,30 +82,28 @@ class CrossLingualSetup:
         return base_forget_nll(self.built, self.forget)
 
     def adapter(self, path: Path, device: str):
-        """A text adapter on ``path`` (float32 scoring)."""
-        return TextLLMAdapter.from_pretrained(path, device=device)
+        """A text adapter on ``path`` (float32 scoring, as every language's TOFU setup)."""
+        return next(iter(self.by_lang.values())).adapter(path, device)
 
     def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
         """One row per evaluation language of an unlearned model (``folder/<lang>/TOFU_EVAL.json``)."""
         rows = []
-        for lang in self.eval_langs:
-            logs = evaluate_tofu(adapter, self.world.eval_data[lang], self.world.forget_split, None,
-                                 retain_logs=self.retain_logs[lang], out_dir=folder / lang, metrics=EVAL_GROUPS,
-                                 max_new_tokens=self.max_new_tokens, model_name=f"{method} ({lang})")
+        for lang, tofu in self.by_lang.items():
+            logs = tofu.evaluate_logs(adapter, folder / lang, f"{method} ({lang})")
             summary = {k: v["agg_value"] for k, v in logs.items()
                        if isinstance(v, dict) and v.get("agg_value") is not None}
-            rows.append(make_row(method, lang, summary, _summary(self.target_logs[lang])))
+            rows.append(make_row(method, lang, summary, _summary(tofu.target_logs)))
         return rows
 
     def evaluated(self, folder: Path) -> bool:
-        return all((folder / lang / "TOFU_EVAL.json").is_file() for lang in self.eval_langs)
+        return all(tofu.evaluated(folder / lang) for lang, tofu in self.by_lang.items())
 
     def describe(self) -> dict:
         return {"preset": self.preset, "world": self.world.describe(), "forget_langs": list(self.forget_langs),
                 "retain_langs": list(self.retain_langs), "eval_langs": list(self.eval_langs),
                 "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
                 "forget_items": len(self.forget), "retain_items": len(self.retain),
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": next(iter(self.by_lang.values())).max_new_tokens}
 
 
 def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: str):
@@ -109,23 +114,26 @@ def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: 
 def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs: tuple[str, ...],
             retain_langs: tuple[str, ...], seed: int, cache_dir: Path | None, device: str,
             max_new_tokens: int) -> CrossLingualSetup:
-    """Build (or reuse) the models and evaluate target and retain model in every evaluation language."""
+    """Build (or reuse) the models and evaluate target and retain model in every evaluation language (each a TOFU
+    setup on that language's data)."""
     for what, langs in (("forget", forget_langs), ("eval", eval_langs), ("retain", retain_langs)):
         missing = [lang for lang in langs if lang not in world.languages]
         if missing or not langs:
             raise ValueError(f"{what} languages {missing or list(langs)} are not in the world's languages "
                              f"{', '.join(world.languages)}")
     built = build(preset, world, seed, cache_dir, device)
-    retain_logs, target_logs = {}, {}
+    forget, retain = world.items("forget", forget_langs), world.items("retain", retain_langs)
+    by_lang = {}
     for lang in eval_langs:
         data = world.eval_data[lang]
-        retain_logs[lang] = cached_eval(built.retain, data, world.forget_split, None, max_new_tokens, device,
-                                        metrics=EVAL_GROUPS)
-        target_logs[lang] = cached_eval(built.target, data, world.forget_split, None, max_new_tokens, device,
-                                        retain_logs[lang], metrics=EVAL_GROUPS)
-    return CrossLingualSetup(preset, world, forget_langs, retain_langs, eval_langs, max_new_tokens, built, retain_logs,
-                   target_logs, Path(cache_dir) if cache_dir else default_cache_dir(),
-                   world.items("forget", forget_langs), world.items("retain", retain_langs))
+        retain_logs = cached_eval(built.retain, data, world.forget_split, None, max_new_tokens, device,
+                                  metrics=EVAL_GROUPS)
+        target_logs = cached_eval(built.target, data, world.forget_split, None, max_new_tokens, device, retain_logs,
+                                  metrics=EVAL_GROUPS)
+        by_lang[lang] = TofuSetup(preset, data, world.forget_split, None, max_new_tokens, built, retain_logs,
+                                  target_logs, Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain,
+                                  EVAL_GROUPS)
+    return CrossLingualSetup(preset, world, forget_langs, retain_langs, by_lang, forget, retain)
 
 
 def make_row(method: str, lang: str, summary: dict[str, float], target: dict[str, float]) -> dict:

@@ -153,12 +153,16 @@ class TofuSetup:
         """A text adapter on ``path`` at this run's scoring precision."""
         return TextLLMAdapter.from_pretrained(path, device=device, precision=self.precision)
 
-    def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
-        """The TOFU row of an unlearned model (``folder/TOFU_EVAL.json`` and the summaries)."""
-        logs = evaluate_tofu(adapter, self.data, self.forget_split, self.authors, retain_logs=self.retain_logs,
-                             out_dir=folder, max_new_tokens=self.max_new_tokens, model_name=method,
+    def evaluate_logs(self, adapter, folder: Path, name: str) -> dict:
+        """The TOFU logs of an unlearned model on this setup's data, against its retain model's logs
+        (``folder/TOFU_EVAL.json`` and the summaries)."""
+        return evaluate_tofu(adapter, self.data, self.forget_split, self.authors, retain_logs=self.retain_logs,
+                             out_dir=folder, max_new_tokens=self.max_new_tokens, model_name=name,
                              metrics=self.metrics, utility_items=self.utility_items)
-        return [{"method": method, **_metrics(logs)}]
+
+    def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
+        """The TOFU row of an unlearned model (:meth:`evaluate_logs`)."""
+        return [{"method": method, **_metrics(self.evaluate_logs(adapter, folder, method))}]
 
     def evaluated(self, folder: Path) -> bool:
         return (folder / "TOFU_EVAL.json").is_file()
