@@ -149,7 +149,7 @@ def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni"
     rows = training_rows(manifests, level, retain_only=role != "target")
     warm, plan, finetune = (c.replace(seed=seed) for c in TRAIN_PLANS[preset])
     arch = arch_for(preset, family)
-    spec: dict[str, Any] = {"kind": "speech-llm", "role": role, "tasks": tasks, "seed": seed,
+    spec: dict[str, Any] = {"kind": KIND.name, "role": role, "tasks": tasks, "seed": seed,
                             "rows": texts_digest(f"{r['ID']}|{r['wav']}|{r.get('start')}|{r.get('stop')}|{r['spk_id']}"
                                                  for r in rows)}
     parent = None
