@@ -42,6 +42,7 @@ import torch
 from mmunlearn.adapters.speaker import KIND as SPEAKER, SpeakerAdapter
 from mmunlearn.unlearn_rules import chance, speaker_rule
 from mmunlearn.atomic import write_text_atomic
+from mmunlearn.report import table
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
 from mmunlearn.methods import get, run_unlearning
@@ -358,35 +359,35 @@ def request_row(method: str, extract: str | None, index: int, forget: Sequence[d
         forget_before=rule["base_forget"], forget_after=f_after, forget_target=rule["forget_target"],
         retain_before=rule["base_retain"], retain_after=r_after, retain_bound=rule["retain_bound"],
         reached=f_after >= rule["forget_target"], retain_ok=r_after - rule["base_retain"] <= rule["retain_bound"],
-        heldout_retain_acc=_accuracy(adapter, heldout) if heldout else None,
+        heldout_retain_acc=accuracy(adapter, heldout, desc=None) if heldout else None,
         peak_extra_mb=mem.extra / 2**20, peak_mb=mem.peak / 2**20,
         detail={"chosen": report.get("info", {}).get("chosen"), "steps": report.get("info", {}).get("steps"),
                 "retain_nll_full": report["retain_nll"], "forget_nll": report["forget_nll"],
                 "sweep_points": len(report.get("info", {}).get("sweep", []) or [])})
 
 
-def _accuracy(adapter, rows: Sequence[dict]) -> float:
-    return accuracy(adapter, rows, desc=None)
+#: the summary table's columns (cells formatted by :func:`markdown`: seconds, "x" speed-ups, "met/requests", %)
+COLUMNS = tuple(zip(("method", "forget extraction", "s / request (after the 1st)", "method s", "speed-up vs GradDiff",
+                     "met rule", "max retain rise (nats)", "min held-out retain acc %",
+                     "forgotten -> any forgotten % (max)", "largest share on one retained speaker % (max)",
+                     "peak extra MiB"), ("method", "extract", "seconds", "method_seconds", "speedup", "met",
+                                         "retain_rise", "retain_acc", "forgotten_any", "forgotten_sink", "peak_mb")))
 
 
 def markdown(res: BenchResult) -> str:
-    """The summary as a Markdown table (not cut to a terminal's width)."""
-    lines = ["| method | forget extraction | s / request (after the 1st) | method s | speed-up vs GradDiff | "
-             "met rule | max retain rise (nats) | min held-out retain acc % | forgotten -> any forgotten % (max) | "
-             "largest share on one retained speaker % (max) | peak extra MiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}"  # noqa: E731
-    for s in res.summary():
-        lines.append(f"| {s['method']} | {s['extract'] or 'n/a'} | {s['median_seconds_after_first']:.2f} | "
-                     f"{s['median_method_seconds_after_first']:.2f} | {s['speedup_vs_grad_diff']:.1f}x | "
-                     f"{s['met_rule']}/{s['requests']} | {s['max_retain_rise']:.4f} | "
-                     f"{pct(s['min_heldout_retain_acc'])} | {pct(s.get('max_forgotten_any'))} | "
-                     f"{pct(s.get('max_forgotten_sink'))} | {s['peak_extra_mb']:.0f} |")
-    re = res.setup.get("retrained")
-    if re:  # what the state after every request should look like
-        lines.append(f"| retrained model | n/a | n/a | n/a | n/a | n/a | n/a | {pct(re['heldout_retain_acc'])} | "
-                     f"{pct(re['forgotten_any'])} | {pct(re['forgotten_sink'])} | n/a |")
-    return "\n".join(lines)
+    """The summary as a Markdown table (:func:`mmunlearn.report.table`; not cut to a terminal's width)."""
+    pct = lambda v: None if v is None else f"{100 * v:.1f}"  # noqa: E731
+    rows = [{"method": s["method"], "extract": s["extract"] or "n/a",
+             "seconds": f"{s['median_seconds_after_first']:.2f}",
+             "method_seconds": f"{s['median_method_seconds_after_first']:.2f}",
+             "speedup": f"{s['speedup_vs_grad_diff']:.1f}x", "met": f"{s['met_rule']}/{s['requests']}",
+             "retain_rise": f"{s['max_retain_rise']:.4f}", "retain_acc": pct(s["min_heldout_retain_acc"]),
+             "forgotten_any": pct(s.get("max_forgotten_any")), "forgotten_sink": pct(s.get("max_forgotten_sink")),
+             "peak_mb": f"{s['peak_extra_mb']:.0f}"} for s in res.summary()]
+    if re := res.setup.get("retrained"):  # what the state after every request should look like
+        rows.append({"method": "retrained model", "retain_acc": pct(re["heldout_retain_acc"]),
+                     "forgotten_any": pct(re["forgotten_any"]), "forgotten_sink": pct(re["forgotten_sink"])})
+    return table(rows, COLUMNS)
 
 
 def write_json(path: str | os.PathLike, res: BenchResult) -> Path:
