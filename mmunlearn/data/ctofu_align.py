@@ -49,7 +49,13 @@ from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.ctofu import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
 from mmunlearn.metrics.logs import write_json_atomic
+from mmunlearn.report import table
 
+#: the report's tables: (header, field) of a SplitCheck and of a TextAgreement
+CHECK_COLUMNS = (("language", "lang"), ("split", "split"), ("rows", "rows"), ("anchored", "anchored"),
+                 ("suspect rows", "suspects"))
+TEXT_COLUMNS = (("language", "lang"), ("trained split", "split"), ("scored split", "scored_split"),
+                ("rows scored", "scored"), ("trained = scored", "shared"), ("same in the two files", "in_files"))
 MIN_NUMBER = 100
 LENGTH_FACTOR = 2.5
 SIMILAR = 0.75
@@ -204,10 +210,7 @@ class AlignmentReport:
                   "files": "the training files' own question/answer"}.get(self.train_text or "", self.train_text)
         lines = ["", f"Trained vs scored text (trained on {source}): rows the metrics score, and how many of them "
                  f"the model is trained on with the identical question and answer", "",
-                 "| language | trained split | scored split | rows scored | trained = scored | same in the two files |",
-                 "|---|---|---|---:|---:|---:|"]
-        lines += [f"| {t.lang} | {t.split} | {t.scored_split} | {t.scored} | {t.shared} | "
-                  f"{'n/a' if t.in_files is None else t.in_files} |" for t in self.texts]
+                 table([vars(t) for t in self.texts], TEXT_COLUMNS)]
         bad = self.text_mismatches()
         if bad:
             what = ("allowed for this run: these metrics partly score another wording than the model learned"
@@ -222,8 +225,7 @@ class AlignmentReport:
         if self.errors:
             lines += ["**Errors** (the language cannot be used as it is):", ""]
             lines += [f"- {e['lang']} / {e['split']}: {e['error']}" for e in self.errors] + [""]
-        lines += ["| language | split | rows | anchored | suspect rows |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {c.lang} | {c.split} | {c.rows} | {c.anchored} | {c.suspects} |" for c in self.checks]
+        lines.append(table([vars(c) for c in self.checks], CHECK_COLUMNS))
         if self.suspects:
             lines += ["", f"Suspect rows (first {min(max_rows, len(self.suspects))} of {len(self.suspects)}):", ""]
             for s in self.suspects[:max_rows]:
