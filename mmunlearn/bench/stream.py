@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.layout import PATCH_NAME
+from mmunlearn.report import table
 from mmunlearn.undo_store import default_undo_dir
 
 #: The issue's acceptance bar: streaming peak RSS < TARGET x (largest shard + one block's task matrices).
@@ -313,10 +314,10 @@ def run(arch: str = "llama-3.2-1b", shard_mb: float = 500, hot: list[int] | None
 
 def markdown(b: StreamBench) -> str:
     """The README table."""
-    lines = ["| path | wall time (s) | peak RSS (GiB) | RSS before work (GiB) |", "|---|---:|---:|---:|"]
-    for r in b.rows:
-        lines.append(f"| {r.path} | {r.seconds:.1f} | {r.peak_rss / GB:.2f} | {r.baseline_rss / GB:.2f} |")
-    lines.append("")
+    rows = [{"path": r.path, "s": f"{r.seconds:.1f}", "peak": f"{r.peak_rss / GB:.2f}",
+             "before": f"{r.baseline_rss / GB:.2f}"} for r in b.rows]
+    lines = [table(rows, (("path", "path"), ("wall time (s)", "s"), ("peak RSS (GiB)", "peak"),
+                          ("RSS before work (GiB)", "before"))), ""]
     lines.append(f"{b.arch}: {b.model_bytes / GB:.2f} GiB bf16 in {b.shards} shards (largest {b.largest_shard / GB:.2f} GiB, "
                  f"{b.shards_rewritten} rewritten by the streaming path, the others hard-linked), float32 task matrices "
                  f"{b.task_bytes / GB:.2f} GiB (one block, forget + retain: {b.layer_task_bytes / GB:.2f} GiB), rank {b.rank}, "

@@ -26,6 +26,7 @@ from scipy.linalg import lapack
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.erase.basis import column_basis
 from mmunlearn.erase.cpqr import lapack_available
+from mmunlearn.report import table
 
 #: Benchmarked methods: registry names of ``column_basis`` plus the full LAPACK CPQR.
 METHODS = ("svd", "geqp3-full", "cpqr", "cpqr-lapack", "cpqr-torch", "cpqr-sketch", "svd-lowrank")
@@ -182,9 +183,8 @@ def fmt_ratio(x: float) -> str:
 
 def markdown(rows: list[Row]) -> str:
     """The results as a Markdown table (for the README)."""
-    lines = ["| n | spectrum | method | time (s) | speed-up vs SVD | residual / optimal | min cosine |",
-             "|---:|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.size} | {r.spectrum} | {r.method} | {r.seconds:.4f} | {r.speedup:.1f}x | "
-                     f"{fmt_ratio(r.residual_ratio)} | {r.min_cosine:.4f} |")
-    return "\n".join(lines)
+    cells = [{"n": r.size, "spectrum": r.spectrum, "method": r.method, "s": f"{r.seconds:.4f}",
+              "speedup": f"{r.speedup:.1f}x", "residual": fmt_ratio(r.residual_ratio),
+              "cosine": f"{r.min_cosine:.4f}"} for r in rows]
+    return table(cells, (("n", "n"), ("spectrum", "spectrum"), ("method", "method"), ("time (s)", "s"),
+                         ("speed-up vs SVD", "speedup"), ("residual / optimal", "residual"), ("min cosine", "cosine")))
