@@ -9,7 +9,7 @@ options given on the command line, then ``key=value`` overrides. Every value is 
 Method knobs: ``method_options`` maps a registered method's name to fields of its config dataclass
 (``method_options: {rmu: {steering: 8, layer: 2}}`` in YAML, ``method_options.rmu.steering=8`` or
 ``method.rmu.steering=8`` as an override, ``--method-option rmu.steering=8`` on the command line); each value
-is converted to that field's type and reaches only that method (:func:`method_options`).
+is converted to that field's type and reaches only that method (:func:`parse_method_options`).
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _method_fields(name: str, kind: str | None) -> dict[str, Any]:
     return found
 
 
-def method_options(raw: Mapping[str, Any], kind: str | None = "text") -> dict[str, dict[str, Any]]:
+def parse_method_options(raw: Mapping[str, Any], kind: str | None = "text") -> dict[str, dict[str, Any]]:
     """``{method: {field: value}}`` checked against each registered method's config and typed by its fields (a
     nested ``extract`` mapping becomes ``extract_<field>``)."""
     if not isinstance(raw, Mapping):
@@ -277,7 +277,7 @@ def build_config(cls: type, *, allowed: Collection[str] | None = None, defaults:
             raise ConfigError(f"unknown setting {key!r} ({source}); valid settings: {', '.join(sorted(allowed))}",
                               key)
         if key == METHOD_OPTIONS:
-            for name, settings in method_options(value, kind).items():
+            for name, settings in parse_method_options(value, kind).items():
                 extra[name] = {**extra.get(name, {}), **settings}
         else:
             values[key] = coerce(value, types_[key], key)

@@ -20,7 +20,7 @@ from mmunlearn.taskvec.extract import KINDS
 from mmunlearn.train import TrainConfig
 from recipes.recipe_config import ConfigError
 from recipes.tofu_pipeline import parse_metrics
-from recipes.tofu_settings import audit_options, method_options
+from recipes.tofu_settings import audit_options, knobs_for
 
 #: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
 RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks",
@@ -114,7 +114,7 @@ class RecipeConfig:
 
     def method_overrides(self, method: str) -> dict[str, Any]:
         """The overrides of ``method``'s config: the shared knobs its config has, then its own ``method_options``."""
-        return {**method_options(method, **self.knobs()), **self.method_options.get(method, {})}
+        return {**knobs_for(method, **self.knobs()), **self.method_options.get(method, {})}
 
     def audit_options(self):
         """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the preset; generations at most 64 tokens."""

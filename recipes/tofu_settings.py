@@ -51,7 +51,7 @@ def default_precision(preset: str, device: str = "auto") -> str:
     return "bf16" if native_bf16(resolve_device(device).type) else "no"
 
 
-def method_options(method: str, **options: Any) -> dict[str, Any]:
+def knobs_for(method: str, **options: Any) -> dict[str, Any]:
     """The CLI's method options (``rank``, ``scale``, ``extract_kind``, ``head_rank``, ``lr``, ...) that
     ``method``'s config has; the others are for other methods."""
     return applicable_overrides(get(method).config, options)

@@ -206,7 +206,7 @@ class VoxCelebConfig(SpeechLLMSettings):
     def method_overrides(self, method: str) -> dict[str, Any]:
         """The overrides of ``method``'s config: the knobs above that its config has, then its own ``method_options``
         (before the sweep's defaults and step budget, which fill only what is unset)."""
-        knobs = settings.method_options(method, rank=self.rank, retain_rank=self.retain_rank, scale=self.scale,
+        knobs = settings.knobs_for(method, rank=self.rank, retain_rank=self.retain_rank, scale=self.scale,
                                         extract_kind=self.extract, extract_steps=self.extract_steps,
                                         extract_lr=self.extract_lr, lr=self.lr, epochs=self.epochs,
                                         layer_rule=self.layer_rule, sweep_ranks=self.sweep_ranks, seed=self.seed)

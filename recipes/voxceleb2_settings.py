@@ -107,7 +107,7 @@ def sweep_defaults(method: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with :data:`SWEEP_ERASURE` filled in where the command line left them unset (erasure only)."""
     if not is_erasure(method):
         return options
-    filled = method_options(method, extract_kind=SWEEP_ERASURE["extract_kind"], sweep_ranks=SWEEP_ERASURE["sweep_ranks"])
+    filled = knobs_for(method, extract_kind=SWEEP_ERASURE["extract_kind"], sweep_ranks=SWEEP_ERASURE["sweep_ranks"])
     filled["sweep_scales"] = SWEEP_ERASURE["sweep_scales"]
     return {**filled, **options}
 
@@ -126,7 +126,7 @@ def preset_kind(preset: str) -> str:
     return SPEAKER.size_for(preset)
 
 
-def method_options(method: str, *, rank: int | None = None, retain_rank: int | None = None,
+def knobs_for(method: str, *, rank: int | None = None, retain_rank: int | None = None,
                    scale: float | None = None, extract_kind: str | None = None, extract_steps: int | None = None,
                    extract_lr: float | None = None, lr: float | None = None, epochs: int | None = None,
                    layer_rule: str | None = None, sweep_ranks: Sequence[int] | None = None,
@@ -239,4 +239,4 @@ def chance(n_classes: int) -> float:
 
 __all__ = ["AUDIT_RELEARN", "MODEL_ALIASES", "model_kind", "models", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
            "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "audit_options", "chance",
-           "mean_log_nll", "method_options", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]
+           "mean_log_nll", "knobs_for", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]

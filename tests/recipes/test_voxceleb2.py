@@ -216,11 +216,11 @@ def test_settings_validate_and_pick_batchnorm_safe_batches():
         with pytest.raises(ValueError):
             cfg.parse_methods(bad)
     with pytest.raises(ValueError, match="lora"):
-        cfg.method_options("qr-erase", extract_kind="lora")
+        cfg.knobs_for("qr-erase", extract_kind="lora")
     from mmunlearn.methods import get
 
-    erase = get("qr-erase").config_for("speaker", "small", **cfg.method_options("qr-erase", rank=3, scale=2.0, lr=1e-3))
-    base = get("kl").config_for("speaker", "small", **cfg.method_options("kl", rank=3, scale=2.0, lr=1e-3))
+    erase = get("qr-erase").config_for("speaker", "small", **cfg.knobs_for("qr-erase", rank=3, scale=2.0, lr=1e-3))
+    base = get("kl").config_for("speaker", "small", **cfg.knobs_for("kl", rank=3, scale=2.0, lr=1e-3))
     assert (erase.rank, erase.scale, base.lr) == (3, 2.0, 1e-3)
     tiny, small = (EraseConfig.for_preset("speaker", s).extract for s in ("tiny", "small"))
     assert batchnorm_safe(tiny, 9, 4).batch_size == 7  # 9 % 8 == 1
