@@ -113,3 +113,26 @@ def test_the_adapters_import_no_layer_above_them():
                     if _package(t) in above)
     assert direct == []
     assert _reach(_layer_graph(), "mmunlearn.adapters").isdisjoint(above)
+
+
+def test_every_benchmark_is_laid_out_as_architecture_md_says():
+    """A benchmark is a recipe: each entry point of the ``mmunlearn.recipes`` group is ``recipes/<bench>.py``'s app,
+    beside ``recipes/<bench>_config.py`` and at least one ``recipes/configs/<bench>/*.yaml``, and it runs its methods
+    through the one runner (``run_method`` / ``run_comparison``); ARCHITECTURE.md lists those files for a new one."""
+    import tomllib
+
+    repo = ROOT.parent
+    groups = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["entry-points"]
+    benchmarks = groups["mmunlearn.recipes"]
+    assert {"tofu", "ctofu", "voxceleb2"} <= set(benchmarks)
+    for bench, target in benchmarks.items():
+        assert target == f"recipes.{bench}:app", target
+        recipe = repo / "recipes" / f"{bench}.py"
+        assert recipe.is_file() and (repo / "recipes" / f"{bench}_config.py").is_file()
+        assert list((repo / "recipes" / "configs" / bench).glob("*.yaml")), bench
+        names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse(recipe.read_text()))
+                 if isinstance(n, (ast.Name, ast.Attribute))}
+        assert "run_comparison" in names, f"{bench} compares its methods outside runner.run_comparison"
+    text = (repo / "ARCHITECTURE.md").read_text()
+    assert all(f in text for f in ("recipes/<bench>.py", "recipes/<bench>_config.py", "recipes/configs/<bench>/*.yaml",
+                                   "`mmunlearn.recipes` entry points"))
