@@ -252,10 +252,10 @@ def run_comparison(comparison: Comparison, stages: Stages) -> tuple[list[dict], 
         t0 = time.perf_counter()
         new = comparison.rows(name)
         rows += new
-        comparison.write(rows)
         reused = bool(new and new[-1].get("reused"))
         stages.done(name, time.perf_counter() - t0, reused=reused, recorded=new[-1].get("stage_seconds") if reused
                     else None)
+        comparison.write(rows)  # after the stage is logged: the last write's timing holds every stage
         if comparison.audit is not None:
             stages.say(f"auditing {name} ...")
             audits.append(comparison.audit(name))

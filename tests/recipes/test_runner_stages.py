@@ -24,9 +24,14 @@ def test_one_line_per_stage_with_an_estimate_from_method_stages_only():
 def test_the_comparison_writes_the_tables_after_each_method_and_audits_each_when_asked():
     lines, written, audited = [], [], []
     rows = {"a": [{"method": "a", "lang": "en"}, {"method": "a", "lang": "fr"}], "b": [{"method": "b", "reused": True}]}
-    comparison = Comparison(["a", "b"], rows=rows.__getitem__, write=lambda got: written.append(list(got)),
+    stages = Stages(2, time.perf_counter(), say=lines.append)
+    logged = []  # the stages the timing holds when each write happens: the last write's holds both
+    comparison = Comparison(["a", "b"], rows=rows.__getitem__,
+                            write=lambda got: (written.append(list(got)),
+                                               logged.append([s["stage"] for s in stages.timing()["stages"]])),
                             audit=lambda name: {"method": name}, write_audit=lambda got: audited.append(list(got)))
-    got, audits = run_comparison(comparison, Stages(2, time.perf_counter(), say=lines.append))
+    got, audits = run_comparison(comparison, stages)
+    assert logged == [["a"], ["a", "b"]]
     assert got == rows["a"] + rows["b"] and audits == [{"method": "a"}, {"method": "b"}]
     assert written == [rows["a"], rows["a"] + rows["b"]]  # after every method, all rows so far
     assert audited == [[{"method": "a"}], [{"method": "a"}, {"method": "b"}]]
