@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--manifests", type=Path, help="Manifests folder (prepare / prepare-corpus).")
     parser.add_argument("--out", type=Path, default=Path("runs/whisper_smollm2"), help="Run folder.")
     parser.add_argument("--tasks", default=",".join(d.tasks), help="Spoken-QA tasks, comma-separated.")
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--epochs", type=int, default=d.epochs, help="Passes over the training examples.")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="Examples per optimiser step.")
     parser.add_argument("--lr", type=float, default=d.lr, help="Peak learning rate (one-cycle schedule).")
     parser.add_argument("--max-train-clips", type=int, default=d.max_train_clips,
                         help="Train on this many clips, drawn evenly over speakers by the seed (0: all).")
@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> Path:
                         help="Evaluate on this many held-out clips, drawn the same way (0: all).")
     parser.add_argument("--last-blocks", type=int, default=d.last_blocks,
                         help="Also train the language model's last N decoder blocks (0: the projector only).")
-    parser.add_argument("--window-seconds", type=int, default=d.window_seconds)
-    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--window-seconds", type=int, default=d.window_seconds,
+                        help="The tower's input window in seconds (Whisper's is 30; FSDD's clips fit in 3).")
+    parser.add_argument("--seed", type=int, default=d.seed, help="Seed of the new projector and the clip draws.")
     parser.add_argument("--threads", type=int, default=1, help="torch threads.")
     parser.add_argument("--assemble-only", action="store_true", help="Only write the untrained folder and stop.")
     args = parser.parse_args(argv)
