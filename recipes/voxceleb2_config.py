@@ -129,6 +129,8 @@ class SpeechLLMSettings(ClassifierSettings):
                                    "or transcript (TOFU's 'target' is a model; this is a task, hence the name).")
     reference: str | None = opt(None, "With --model speech-llm and a directory: the model it was fine-tuned from "
                                       "(task-vector reference).")
+    retrained: str | None = opt(None, "With --model speech-llm and a directory: the same model retrained without "
+                                      "the forgotten data (its row is the gold-standard reference).")
 
 
 

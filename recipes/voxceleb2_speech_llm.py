@@ -19,7 +19,7 @@ questions, on the retain rows only), ``target`` (the base fine-tuned on all trai
 unlearn from) and ``retrain`` (the base fine-tuned on the retain rows only: the gold standard). The
 erasure methods take their task vectors from the base (the model before it heard the forget part).
 A model directory (``--model DIR``) works the same, with ``--reference`` the model it was fine-tuned
-from (default: itself).
+from (default: itself) and ``--retrained`` the same model trained without the forgotten data (default: no row).
 
 Every method of :mod:`mmunlearn.methods` that applies to a speech LLM runs on a fresh copy of the original
 through the harness (:func:`recipes.runner.run_method`, the setup :class:`SpeechLLMSetup`); ``--where`` limits
@@ -311,19 +311,22 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
 def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
               model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
               where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
+              retrained: str | None = None,
               rank: int | None = None, scale: float | None = None,
               method_options: Mapping[str, Mapping[str, Any]] | None = None, seed: int = 0, device: str = "auto",
               cache_dir: str | None = None, progress: bool = True) -> list[dict]:
     """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does: corpus (unless ``manifests``), models
     (a preset's base, target and retrain, trained and cached; or a directory, with ``reference`` the model it
-    was fine-tuned from, if any), every method, the table in ``out/<level>``."""
+    was fine-tuned from and ``retrained`` the model trained without the forgotten data, if any), every method,
+    the table in ``out/<level>``."""
     man = Path(manifests) if manifests else make_corpus(corpus, seed=seed, progress=progress)
     is_dir = Path(model).is_dir()
     opts = dict(preset=model, level=level, target=target, seed=seed, device=device, cache_dir=cache_dir,
                 progress=progress)
     model_dir = Path(model) if is_dir else build_model(man, role="target", **opts)
     reference_dir = Path(reference) if reference else None if is_dir else build_model(man, role="base", **opts)
-    retrain_dir = build_model(man, role="retrain", **opts) if retrain and not is_dir else None
+    retrain_dir = (Path(retrained) if retrained else build_model(man, role="retrain", **opts) if retrain and not is_dir
+                   else None)
     return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
                size=KIND.size_for("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
                method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, device=device, progress=progress)

@@ -46,7 +46,6 @@ FAMILY = "qwen2_audio_llama"
 STAMP = "assembly_source.json"
 #: Bumped when the assembly's output changes, so cached folders are redone.
 ASSEMBLY_VERSION = 1
-TRAIN_SPLITS = ("train",)
 TEST_SPLITS = ("spk_retain_test", "spk_forget_test")
 
 
@@ -90,10 +89,13 @@ class PresetTraining:
     window_seconds: int = 3
     seed: int = 0
     checkpoint_every: int = 20
+    #: manifest splits whose clips train the model: ``train`` the original; ``spk_retain_train`` (or
+    #: ``sample_retain``) the retrained reference of speaker (sample) forgetting, which never hears the forgotten clips
+    train_splits: tuple[str, ...] = ("train",)
 
     def __post_init__(self) -> None:
-        if not self.tasks:
-            raise ValueError("train at least one task")
+        if not self.tasks or not self.train_splits:
+            raise ValueError("train at least one task on at least one split")
         for name in ("epochs", "batch_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -119,6 +121,11 @@ def _draw(rows: list[dict], n: int, seed: int) -> list[dict]:
     return order[:n]
 
 
+def clips(manifests: str | os.PathLike, splits: Sequence[str], n: int = 0, seed: int = 0) -> list[dict]:
+    """The rows of ``splits`` (``n`` of them drawn evenly over speakers by ``seed``; 0: all)."""
+    return _draw([r for sp in splits for r in split_rows(manifests, sp)], n, seed)
+
+
 def evaluate_tasks(adapter: Any, test: Sequence[dict], tasks: Sequence[str], *, batch_size: int = 16
                    ) -> list[dict[str, Any]]:
     """One row per task: greedy answers on ``test`` through the full forward; exact match after normalising
@@ -140,6 +147,15 @@ def evaluate_tasks(adapter: Any, test: Sequence[dict], tasks: Sequence[str], *, 
     return rows
 
 
+def _same_settings(saved: dict | None, now: dict) -> bool:
+    """Whether a folder trained with ``saved`` settings is what ``now`` asks for (a setting added since it was
+    trained counts at its default)."""
+    if saved is None:
+        return False
+    defaults = json.loads(json.dumps(asdict(PresetTraining())))
+    return {**defaults, **saved} == now
+
+
 def _stage(log: Callable[[str], None], n: int, text: str) -> float:
     log(f"[{PRESET}] stage {n}/5: {text}")
     return time.perf_counter()
@@ -156,8 +172,8 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
     t = _stage(log, 1, "assemble Whisper-tiny.en + SmolLM2-135M-Instruct")
     source = assembled_dir(root, window_seconds=s.window_seconds, seed=s.seed)
     adapter = SpeechLLMAdapter.load(source, device="cpu")
-    train_rows = _draw([r for sp in TRAIN_SPLITS for r in split_rows(manifests, sp)], s.max_train_clips, s.seed)
-    test_rows = _draw([r for sp in TEST_SPLITS for r in split_rows(manifests, sp)], s.max_test_clips, s.seed)
+    train_rows, test_rows = clips(manifests, s.train_splits, s.max_train_clips, s.seed), clips(
+        manifests, TEST_SPLITS, s.max_test_clips, s.seed)
     train_ex, test_ex = spoken_qa(train_rows, s.tasks), spoken_qa(test_rows, s.tasks)
     times["assemble"] = time.perf_counter() - t
     t = _stage(log, 2, f"tower outputs of {len(train_rows)} training clips (cached)")
@@ -166,8 +182,8 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
     times["tower_cache"] = time.perf_counter() - t
     model_dir = out / "model"
     settings_json = json.dumps(asdict(s), sort_keys=True)
-    done = (model_dir / "training.json").is_file() and json.loads(
-        (model_dir / "training.json").read_text()).get("settings") == json.loads(settings_json)
+    done = (model_dir / "training.json").is_file() and _same_settings(
+        json.loads((model_dir / "training.json").read_text()).get("settings"), json.loads(settings_json))
     if not done:
         t = _stage(log, 3, f"train the projector (+{s.last_blocks} LM blocks) on {len(train_ex)} examples")
         losses: list[float] = []
@@ -191,7 +207,7 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
                    train_examples=trained["train_examples"], last_blocks=s.last_blocks)
     result = {"preset": PRESET, "command": command, "settings": asdict(s), "model": str(model_dir),
               "stage_seconds": times, "rows": rows, "machine": machine_facts(),
-              "context": {"manifests": str(manifests), "train_splits": TRAIN_SPLITS, "test_splits": TEST_SPLITS,
+              "context": {"manifests": str(manifests), "train_splits": s.train_splits, "test_splits": TEST_SPLITS,
                           "train_clips": len(train_rows), "test_clips": len(test_rows)}}
     write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str))
     log(f"[{PRESET}] done: " + ", ".join(f"{r['task']} {100 * r['accuracy']:.1f} %" for r in rows))

@@ -37,10 +37,14 @@ def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tm
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["voxceleb2", "sample", "--model", "speech-llm", "--llm", str(llm_dir),
                                       "--manifests", str(speaker_manifests), "--methods", "grad_ascent",
-                                      "--out", str(out), "--device", "cpu", "--threads", "1"])
+                                      "--out", str(out), "--device", "cpu", "--threads", "1",
+                                      f"retrained={llm_dir}"])  # a stand-in: the reference row of a given folder
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "sample" / "results.json").read_text())
-    assert saved["level"] == "sample" and [r["method"] for r in saved["rows"]] == ["original", "grad_ascent"]
+    assert saved["level"] == "sample"
+    assert [r["method"] for r in saved["rows"]] == ["original", "retrain", "grad_ascent"]
+    original, retrain = saved["rows"][:2]
+    assert {k: v for k, v in retrain.items() if k != "method"} == {k: v for k, v in original.items() if k != "method"}
     assert 0.0 <= saved["rows"][0]["mia_auc"] <= 1.0
     assert "running grad_ascent (1/1)" in result.output and "[stage 1/1] grad_ascent:" in result.output  # one loop
     bad = CliRunner().invoke(app, ["voxceleb2", "speaker", "--model", "speech-llm", "--where", "vision",
