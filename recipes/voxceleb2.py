@@ -2,7 +2,7 @@
 
 Read top to bottom: ``prepare`` (VoxCeleb2 manifests), ``prepare-corpus`` (FSDD or any corpus with one
 folder or file-name pattern per speaker, :mod:`data_prep.fsdd`) and ``synth`` (the built-in espeak-ng corpus)
-are the data; ``train`` builds the original classifier or the retrained reference; ``speaker`` and
+are the data (``subset``: the same clips, fewer per split); ``train`` builds the original classifier or the retrained reference; ``speaker`` and
 ``sample`` unlearn with one or more methods and write one table (Markdown, CSV, JSON) and a plot
 of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
 (synthesise, prepare, train, unlearn, report), reusing whatever an earlier run built. Their settings are one
@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from data_prep.fsdd import prepare_corpus_command
+from data_prep.manifest_subset import subset_command
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare_command
 from mmunlearn.adapters.base import resolve_device
@@ -44,6 +45,7 @@ app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a sp
                   no_args_is_help=True)
 app.command("prepare")(prepare_command)
 app.command("prepare-corpus")(prepare_corpus_command)
+app.command("subset")(subset_command)
 console = Console()
 
 

@@ -14,6 +14,7 @@ Without ``crop_seconds`` an item is the whole row (full utterance or manifest se
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,21 @@ def rows_by_speaker(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping
     for row in rows:
         out.setdefault(str(row["spk_id"]), []).append(row)
     return dict(sorted(out.items()))
+
+
+def draw_balanced(rows: Sequence[Mapping[str, Any]], n: int, seed: int = 0) -> list[Mapping[str, Any]]:
+    """``n`` of ``rows`` drawn evenly over speakers by ``seed`` (each speaker's rows shuffled, then taken round
+    robin in the order speakers first appear); all of them, in order, when ``n`` is 0 or at least their number."""
+    if not n or n >= len(rows):
+        return list(rows)
+    rng = random.Random(seed)
+    by_spk: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_spk.setdefault(str(row["spk_id"]), []).append(row)
+    for group in by_spk.values():
+        rng.shuffle(group)
+    order = [g[i] for i in range(max(map(len, by_spk.values()))) for g in by_spk.values() if i < len(g)]
+    return order[:n]
 
 
 def durations(rows: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ import torch
 from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm_assemble import assemble
 from mmunlearn.atomic import write_text_atomic
-from mmunlearn.data.utterances import split_rows
+from mmunlearn.data.utterances import draw_balanced, split_rows
 from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.gguf import smollm2_dir
 from mmunlearn.presets.whisper_ct2 import whisper_tiny_en_dir
@@ -107,23 +106,9 @@ class PresetTraining:
                            weight_decay=0.0, seed=self.seed)
 
 
-def _draw(rows: list[dict], n: int, seed: int) -> list[dict]:
-    """``n`` rows drawn by ``seed`` in a balanced way (round robin over speakers), all when ``n`` is 0."""
-    if not n or n >= len(rows):
-        return rows
-    rng = random.Random(seed)
-    by_spk: dict[str, list[dict]] = {}
-    for r in rows:
-        by_spk.setdefault(str(r["spk_id"]), []).append(r)
-    for group in by_spk.values():
-        rng.shuffle(group)
-    order = [g[i] for i in range(max(map(len, by_spk.values()))) for g in by_spk.values() if i < len(g)]
-    return order[:n]
-
-
 def clips(manifests: str | os.PathLike, splits: Sequence[str], n: int = 0, seed: int = 0) -> list[dict]:
     """The rows of ``splits`` (``n`` of them drawn evenly over speakers by ``seed``; 0: all)."""
-    return _draw([r for sp in splits for r in split_rows(manifests, sp)], n, seed)
+    return list(draw_balanced([r for sp in splits for r in split_rows(manifests, sp)], n, seed))
 
 
 def evaluate_tasks(adapter: Any, test: Sequence[dict], tasks: Sequence[str], *, batch_size: int = 16
