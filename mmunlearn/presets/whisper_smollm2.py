@@ -11,9 +11,10 @@ and, on FSDD, "What does the speaker say?" answered with the digit's word), stag
 
 1. the assembly (cached); 2. the frozen tower's outputs of every clip (:class:`~mmunlearn.speech.tower_cache.
 TowerCache`, keyed by clip and tower); 3. the projector (and ``last_blocks`` of the LM) trained from the cache with
-the shared loop, checkpointed; 4. the trained folder ``out/model`` (an ordinary ``save_pretrained`` folder);
-5. greedy-answer accuracy per task on held-out clips, through the folder as loaded (the full forward, tower
-included), into ``out/results.json`` (the rows ``mmunlearn report record`` takes).
+the shared loop, checkpointed; 4. the trained folder ``out/model`` (an ordinary ``save_pretrained`` folder;
+``out/base`` is the untrained one, the erasure methods' task-vector reference); 5. greedy-answer accuracy per task
+on held-out clips, through the folder as loaded (the full forward, tower included), into ``out/results.json`` (the
+rows ``mmunlearn report record`` takes; kept while the model and settings are unchanged).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
     t = _stage(log, 1, "assemble Whisper-tiny.en + SmolLM2-135M-Instruct")
     source = assembled_dir(root, window_seconds=s.window_seconds, seed=s.seed)
     adapter = SpeechLLMAdapter.load(source, device="cpu")
+    _keep_base(adapter, source, out / "base")
     train_rows, test_rows = clips(manifests, s.train_splits, s.max_train_clips, s.seed), clips(
         manifests, TEST_SPLITS, s.max_test_clips, s.seed)
     train_ex, test_ex = spoken_qa(train_rows, s.tasks), spoken_qa(test_rows, s.tasks)
@@ -184,6 +186,10 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
     else:
         log(f"[{PRESET}] stages 3-4: {model_dir} already trained with these settings")
     trained = json.loads((model_dir / "training.json").read_text())
+    earlier = _earlier_result(out / "results.json", trained, json.loads(settings_json), len(test_rows))
+    if earlier is not None:
+        log(f"[{PRESET}] stage 5: {out / 'results.json'} already holds this model's evaluation")
+        return earlier
     t = _stage(log, 5, f"evaluate on {len(test_rows)} held-out clips x {len(s.tasks)} tasks")
     rows = evaluate_tasks(SpeechLLMAdapter.load(model_dir, device="cpu"), test_ex, s.tasks)
     times["evaluate"] = time.perf_counter() - t
@@ -191,12 +197,31 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
         row.update(train_seconds=trained["seconds"], final_loss=trained["final_loss"],
                    train_examples=trained["train_examples"], last_blocks=s.last_blocks)
     result = {"preset": PRESET, "command": command, "settings": asdict(s), "model": str(model_dir),
+              "base": str(out / "base"), "trained": trained["final_loss"],
               "stage_seconds": times, "rows": rows, "machine": machine_facts(),
               "context": {"manifests": str(manifests), "train_splits": s.train_splits, "test_splits": TEST_SPLITS,
                           "train_clips": len(train_rows), "test_clips": len(test_rows)}}
     write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str))
     log(f"[{PRESET}] done: " + ", ".join(f"{r['task']} {100 * r['accuracy']:.1f} %" for r in rows))
     return result
+
+
+def _earlier_result(path: Path, trained: dict, settings: dict, test_clips: int) -> dict[str, Any] | None:
+    """An earlier ``results.json`` of this very model (its final loss), settings and held-out clips, else None."""
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    same = (earlier.get("trained") == trained["final_loss"] and _same_settings(earlier.get("settings"), settings)
+            and earlier.get("context", {}).get("test_clips") == test_clips)
+    return earlier if same else None
+
+
+def _keep_base(adapter: SpeechLLMAdapter, source: Path, base: Path) -> None:
+    """``base``: the untrained assembly beside the trained model (the task-vector reference of the erasure
+    methods: ``reference=<out>/base``), written once per assembly."""
+    stamp = (source / STAMP).read_text()
+    if (base / STAMP).is_file() and (base / STAMP).read_text() == stamp:
+        return
+    adapter.save(base, overwrite=base.exists())
+    write_text_atomic(base / STAMP, stamp)
 
 
 def _progress(log: Callable[[str], None], losses: list[float], every: int = 10) -> Callable[[int, float], bool]:
