@@ -17,7 +17,8 @@ from tests.tiny import FAST_OPTIONS
 
 
 def test_edited_blocks_names_what_changed_and_refuses_other_tensors():
-    original = {"model.audio_tower.layers.1.fc1.weight": torch.zeros(2), "model.language_model.layers.0.x": torch.ones(2)}
+    original = {"model.audio_tower.layers.1.fc1.weight": torch.zeros(2),
+                "model.language_model.layers.0.x": torch.ones(2)}
     assert checks.edited_blocks(original, dict(original)) == {}
     edited = {**original, "model.audio_tower.layers.1.fc1.weight": torch.tensor([0.0, 1e-8])}
     assert checks.edited_blocks(original, edited) == {"audio.layers.1": 1}
