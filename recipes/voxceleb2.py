@@ -160,7 +160,8 @@ def _unlearn_speech_llm(level: str, cfg: VoxCelebConfig) -> None:
         rows = speech_llm.run_level(level, manifests=str(cfg.manifests) if cfg.manifests else None,
                                     corpus=str(cfg.workdir / "speech_llm_corpus"), model=cfg.llm, out=str(out),
                                     methods=cfg.chosen(), where=cfg.where, target=cfg.keep_task,
-                                    reference=cfg.reference, retrained=cfg.retrained, rank=cfg.rank, scale=cfg.scale,
+                                    reference=cfg.reference, retrained=cfg.retrained, sweep=cfg.sweep,
+                                    rank=cfg.rank, scale=cfg.scale,
                                     method_options=cfg.method_options, seed=cfg.seed, device=device,
                                     cache_dir=str(cfg.cache_dir) if cfg.cache_dir else None)
     except ValueError as exc:

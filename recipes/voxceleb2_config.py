@@ -49,8 +49,9 @@ class SpeakerBenchmarkSettings:
     forget_fraction: float = opt(0.1, "Built-in corpus: fraction (0 to 0.5) of each kept speaker's training "
                                       "utterances to forget (sample level); as many become the never-trained holdout.")
     sweep: bool = opt(True, "Choose erasure rank/scale/scope and baseline epochs by the training-partition rule (see "
-                            "recipes/voxceleb2_settings.py); on by default, since the presets alone do not forget "
-                            "(--no-sweep: the presets as they are, e.g. to time one setting).")
+                            "recipes/voxceleb2_settings.py; the speech LLM: the forget answers' NLL up to the "
+                            "retrained model's, the retain NLL up by <= 0.1 nat); on by default, since the presets "
+                            "alone do not forget (--no-sweep: the presets as they are, e.g. to time one setting).")
     strict: bool = opt(False, "With --sweep: exit with status 1 when a method's sweep did not meet its rule (the "
                               "tables are written first).")
     retain_bound: float = opt(settings.DEFAULT_RETAIN_BOUND, "Sweep rule: largest allowed rise of the retain set's "

@@ -55,6 +55,7 @@ from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, text
 from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
                                         texts_of, train_speech_llm, warm_up_audio_tower)
 from mmunlearn.train import TrainConfig
+from mmunlearn.unlearn_rules import nll_rule
 from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
@@ -191,6 +192,7 @@ COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
                ("target test %", "target_acc", True), ("MIA AUC", "mia_auc", False)),
 }
 COMMON = (("forget NLL", "forget_nll", False), ("retain NLL", "retain_nll", False),
+          ("rule met", "target_reached", False),
           ("unlearn s", "unlearn_seconds", False), ("+ extraction s", "total_seconds", False),
           ("params changed", "changed_fraction", False))
 
@@ -265,13 +267,16 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
         size: str = "model_dir", options: Mapping[str, Any] | None = None,
         method_options: Mapping[str, Mapping[str, Any]] | None = None,
         retrain_dir: str | os.PathLike | None = None, reference_dir: str | os.PathLike | None = None,
-        device: str = "auto", batch_size: int = 32, progress: bool = True) -> list[dict[str, Any]]:
+        sweep: bool = False, device: str = "auto", batch_size: int = 32, progress: bool = True
+        ) -> list[dict[str, Any]]:
     """Evaluate the original (and the retrained model), run every method on a fresh copy through
     :func:`recipes.runner.run_method` (``out/<method>/model``: the model, its reports and undo patch;
     ``out/<method>/run.json``), write the table.
 
     ``reference_dir``: the model the erasure methods take task vectors from (the base the original was
-    fine-tuned from; None: the original itself). ``options``: overrides of the methods' configs
+    fine-tuned from; None: the original itself). ``sweep``: each method swept by the NLL rule on the training
+    partitions (:func:`mmunlearn.unlearn_rules.nll_rule`: the forget answers' NLL up to the retrained model's, else up
+    by a stated rise; the retain NLL rising by at most 0.1 nat). ``options``: overrides of the methods' configs
     (each method takes those its config has); ``method_options``: per method, settings of its own config (over
     ``options``).
     """
@@ -288,18 +293,21 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     if retrain_dir is not None:
         refs.append({"method": "retrain", **setup.score(setup.adapter(retrain_dir, device))})
     shared = {k: v for k, v in dict(options or {}).items() if v is not None}
+    rule, rule_source = _rule(setup, model_dir, retrain_dir, device) if sweep else (None, None)
 
     def method_rows(method: str) -> list[dict]:
         own = dict((method_options or {}).get(method, {}))
         overrides = {**applicable_overrides(get(method).config, shared), **own}
-        return run_method(method, setup, out / method, options=shared, overrides=overrides, rule=None,
+        return run_method(method, setup, out / method, options=shared, overrides=overrides, rule=rule,
                           base="target" if reference_dir is None else str(reference_dir), device=device,
                           resume=False, size=size, method_options=own, kind=KIND.name,
                           unlearn=setup.unlearn(out / method, device), progress=progress)
 
     def write(so_far: list[dict]) -> None:
-        write_text_atomic(out / "results.json", json.dumps({"level": level, "where": where, "target": target,
-                                                             "rows": refs + so_far}, indent=2, default=str))
+        write_text_atomic(out / "results.json", json.dumps({
+            "level": level, "where": where, "target": target, "rows": refs + so_far,
+            "rule": None if rule is None else {**rule.describe(), "target_source": rule_source}}, indent=2,
+            default=str))
 
     stages = Stages(len(methods), start, say=print if progress else (lambda _line: None))
     rows = refs + run_comparison(Comparison(list(methods), method_rows, write), stages)[0]
@@ -307,11 +315,20 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     return rows
 
 
+def _rule(setup: SpeechLLMSetup, model_dir: str | os.PathLike, retrain_dir: str | os.PathLike | None,
+          device: str) -> tuple[Any, str]:
+    """The sweep rule of a speech-LLM run and where its forget target comes from (the retrained model's NLL on the
+    forget answers when there is one)."""
+    reference = None if retrain_dir is None else setup.adapter(retrain_dir, device)
+    rule, source = nll_rule(setup.adapter(model_dir, device), setup.forget, reference=reference)
+    return rule, source.replace("the reference model", "the retrained model") if reference is not None else source
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
               model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
               where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
-              retrained: str | None = None,
+              retrained: str | None = None, sweep: bool = False,
               rank: int | None = None, scale: float | None = None,
               method_options: Mapping[str, Mapping[str, Any]] | None = None, seed: int = 0, device: str = "auto",
               cache_dir: str | None = None, progress: bool = True) -> list[dict]:
@@ -329,4 +346,5 @@ def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech
                    else None)
     return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
                size=KIND.size_for("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
-               method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, device=device, progress=progress)
+               method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, sweep=sweep,
+               device=device, progress=progress)

@@ -50,3 +50,29 @@ def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tm
     bad = CliRunner().invoke(app, ["voxceleb2", "speaker", "--model", "speech-llm", "--where", "vision",
                                    "--manifests", str(speaker_manifests)])
     assert bad.exit_code != 0 and "--where" in bad.output
+
+
+def test_a_swept_run_aims_at_the_retrained_models_forget_nll(llm_dir, speaker_manifests, tmp_path):
+    """With ``sweep`` the rule's forget target is the retrained model's NLL on the forget answers, the verdict is in
+    the row, and a row said to meet the rule has its forget NLL at the target with the retain rise in bound."""
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.methods import mean_nll
+    from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
+
+    texts = texts_of(spoken_qa(speech_llm.split_rows(speaker_manifests, "train"), ("speaker", "gender")))
+    retrained = SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=1).save(tmp_path / "retrained")
+    rows = speech_llm.run(speaker_manifests, llm_dir, tmp_path / "run", level="speaker", methods=["qr-erase"],
+                          where="text", options=FAST_OPTIONS, retrain_dir=retrained, sweep=True, device="cpu",
+                          progress=False)
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    forget, _ = speech_llm.partitions(speaker_manifests, "speaker", "gender")
+    want = mean_nll(SpeechLLMAdapter.load(retrained, device="cpu"), forget)
+    assert saved["rule"]["forget_target"] == pytest.approx(want, rel=1e-5)
+    assert "retrained model" in saved["rule"]["target_source"] and saved["rule"]["retain_bound"] == 0.1
+    original, retrain, erased = rows
+    assert retrain["method"] == "retrain" and erased["target_reached"] in (True, False)
+    run = json.loads((tmp_path / "run" / "qr-erase" / "run.json").read_text())
+    assert run["rule"] is not None
+    if erased["target_reached"]:
+        assert erased["forget_nll"] >= want - 1e-4 and erased["retain_nll"] - original["retain_nll"] <= 0.1 + 1e-4
+    assert " rule met |" in (tmp_path / "run" / "results.md").read_text().splitlines()[0]
