@@ -3,7 +3,8 @@
 An edit is W' = W - D with D = A @ B (A: m x k, B: k x n, the scale folded into A). In floating
 point (W - D) + D differs from W wherever W - D lands in a coarser binade than W (its spacing
 is twice W's, so W is not reachable from any neighbour either): a few percent of entries for
-realistic updates. ``apply_exact`` records those entries (int32/int64 index + original value);
+realistic updates, and wherever the sum has W's value but not its bits (a -0.0 in W comes back as 0.0).
+``apply_exact`` records those entries, compared bit by bit (int32/int64 index + original value);
 ``revert_exact`` recomputes D the same way (float64 on the CPU, so the result does not depend on
 the device or BLAS threading), adds it and writes the recorded entries back: the original
 weights return bit for bit, at a fraction of the size of a dense copy.
@@ -28,6 +29,16 @@ FORMAT = "mmunlearn-undo-1"
 def delta(A: torch.Tensor, B: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """D = A @ B computed in float64 on the CPU, cast to the weight dtype (deterministic)."""
     return (A.detach().to("cpu", torch.float64) @ B.detach().to("cpu", torch.float64)).to(dtype)
+
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise, whether ``a`` and ``b`` (same dtype and shape) differ in their bits, not only in value: -0.0 and
+    0.0 compare equal as numbers but not here (real checkpoints hold negative zeros: Whisper-tiny.en's float16 file)."""
+    width = _SAME_WIDTH_INT[a.element_size()]
+    return a.contiguous().view(width) != b.contiguous().view(width)
 
 
 def digest(t: torch.Tensor) -> str:
@@ -113,7 +124,7 @@ def apply_exact(view: torch.Tensor, A: torch.Tensor, B: torch.Tensor, label: str
     W = view.detach().to("cpu").clone()
     D = delta(A, B, W.dtype)
     new = W - D
-    bad = ((new + D) != W).reshape(-1).nonzero().squeeze(1)
+    bad = bits_differ(new + D, W).reshape(-1).nonzero().squeeze(1)
     if W.numel() < 2**31:
         bad = bad.to(torch.int32)
     entry = PatchEntry(label=label, A=A.detach().to("cpu", torch.float64), B=B.detach().to("cpu", torch.float64),
