@@ -1,6 +1,7 @@
 """What a speech-LLM forgetting run hands over, checked with plain tools: every method's output folder loaded by plain
 transformers and asked "Who is speaking?" through its own processor, the edited parameters named by tower and block
-(output against the original, tensor by tensor), and the undo patch restoring the original bit for bit.
+(output against the original, tensor by tensor, bit by bit), and the undo patch restoring the original bit for bit
+(byte digests: -0.0 and 0.0 differ here, as they do in a checkpoint's file).
 
 Read top to bottom; one line per method; the rows go to ``mmunlearn report record``:
 
@@ -27,6 +28,7 @@ from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 from mmunlearn.adapters.speech_llm_families import tower_block
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
+from mmunlearn.erase.patch import bits_differ, digest
 from mmunlearn.report import git_commit, machine_facts
 from mmunlearn.undo import restore_folder
 
@@ -47,7 +49,7 @@ def edited_blocks(original: dict[str, torch.Tensor], edited: dict[str, torch.Ten
         raise ValueError(f"the output's tensors differ from the original's: {sorted(set(original) ^ set(edited))[:5]}")
     blocks: dict[str, int] = {}
     for name, value in original.items():
-        if not torch.equal(value, edited[name]):
+        if value.shape != edited[name].shape or bool(bits_differ(value, edited[name]).any()):
             block = tower_block(name) or "other"
             blocks[block] = blocks.get(block, 0) + 1
     return dict(sorted(blocks.items()))
@@ -79,7 +81,8 @@ def check(method_dir: Path, original: dict[str, torch.Tensor], clips: dict[str, 
         restored = restore_folder(folder, Path(tmp) / "restored", progress=False)
         back = tensors(restored)
         row["restored_bit_for_bit"] = set(back) == set(original) and all(
-            torch.equal(v, back[k]) for k, v in original.items())
+            digest(v) == digest(back[k]) and v.dtype == back[k].dtype and v.shape == back[k].shape
+            for k, v in original.items())
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
 

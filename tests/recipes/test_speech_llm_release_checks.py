@@ -22,6 +22,9 @@ def test_edited_blocks_names_what_changed_and_refuses_other_tensors():
     assert checks.edited_blocks(original, dict(original)) == {}
     edited = {**original, "model.audio_tower.layers.1.fc1.weight": torch.tensor([0.0, 1e-8])}
     assert checks.edited_blocks(original, edited) == {"audio.layers.1": 1}
+    signed = {**original, "model.language_model.layers.0.x": torch.tensor([1.0, 1.0]),
+              "model.audio_tower.layers.1.fc1.weight": torch.tensor([-0.0, 0.0])}
+    assert checks.edited_blocks(original, signed) == {"audio.layers.1": 1}  # -0.0 is not 0.0 bit for bit
     with pytest.raises(ValueError, match="differ"):
         checks.edited_blocks(original, {"other": torch.zeros(2)})
 
