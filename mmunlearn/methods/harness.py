@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from mmunlearn.checkpoint import atomic_dir, check_output_dir
-from mmunlearn.erase.patch import UndoPatch, dense_entry
+from mmunlearn.erase.patch import UndoPatch, bits_differ, dense_entry
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.layout import PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
@@ -94,8 +94,9 @@ def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> t
     changed, rel = [], {}
     for name, t in unique_tensors(model).items():
         old = before.get(name)
-        if old is None or torch.equal(old, t.detach()):
-            continue
+        if old is None or (old.shape == t.shape and old.dtype == t.dtype
+                           and not bool(bits_differ(old, t.detach().to(old.device)).any())):
+            continue  # unchanged bit for bit (a -0.0 turned 0.0 is a change: the undo patch must hold it)
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"the edit left NaN or Inf values in {name!r}; nothing was written "
                              "(lower the scale or the learning rate)")

@@ -41,3 +41,18 @@ def test_erase_and_restore_keep_a_models_negative_zeros():
     rep = erase(model, tf, rank=2, scale=1.0, localize=False)
     restore(model, rep)
     assert {n: digest(p) for n, p in model.named_parameters()} == before
+
+
+def test_the_harness_counts_a_zero_that_changed_sign_as_an_edit():
+    """A trained tensor whose only change is -0.0 -> 0.0 (AdamW's decay of a -0.0 weight with no gradient gives
+    0.0) must be in the undo patch, or the restore is not bit for bit."""
+    from mmunlearn.methods.harness import _check_edit
+
+    model = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[-0.0, 1.0], [2.0, 3.0]]))
+    before = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    assert _check_edit(before, model)[0] == []
+    with torch.no_grad():
+        model.weight[0, 0] = 0.0
+    assert _check_edit(before, model)[0] == ["weight"]
