@@ -60,6 +60,9 @@ class ModalityAdapter(Protocol):
     def groups(self) -> dict[str, str] | None:
         """Parameter name -> layer group (the unit of QR-Erase's per-layer energy rule); None: by block prefix."""
 
+    def trainable_parameters(self) -> list[torch.nn.Parameter] | None:
+        """The parameters a training method may change (a speech LLM's chosen tower); None: every parameter."""
+
     def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None,
                    batch_size: int = 16) -> torch.Tensor:
         """Length-normalised NLL of each example's target (float, CPU, one value per example): what the sweep rule
@@ -176,6 +179,10 @@ class AdapterDefaults:
 
     def groups(self) -> dict[str, str] | None:
         """None: erasure groups parameters by their block prefix (:func:`mmunlearn.naming.group_of`)."""
+        return None
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter] | None:
+        """None: a training method may change every parameter of the model."""
         return None
 
 

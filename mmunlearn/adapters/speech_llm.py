@@ -161,6 +161,14 @@ class SpeechLLMAdapter(TokenScoring):
                 seen.add(id(p))
                 yield LayerWeight(name, block, p)
 
+    def trainable_parameters(self) -> list[nn.Parameter] | None:
+        """With ``where`` audio or text: every parameter of that tower (biases and norms included; the vision tower
+        and talker never), so the training methods keep to it as erasure does; with ``both``: None (all)."""
+        if self.where == "both":
+            return None
+        return [p for name, p in self.model.named_parameters()
+                if (block := tower_block(name)) is not None and tower_of(block) == self.where]
+
     def groups(self, where: str | None = None) -> dict[str, str]:
         """Parameter name -> layer group, for ``erase(..., groups=...)`` (the towers stay apart)."""
         return {lw.name: lw.block for lw in self.layers(where)}

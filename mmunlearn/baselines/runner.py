@@ -33,6 +33,7 @@ def unlearn(adapter, method: str, forget: Sequence[Any], retain: Sequence[Any] |
     ctx = LossContext(adapter, reference, cfg)
     tcfg = TrainConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
                        weight_decay=cfg.weight_decay, schedule="linear", warmup=0.0, seed=cfg.seed)
+    train_kwargs.setdefault("params", adapter.trainable_parameters())  # a speech LLM's --where tower only
     if spec.needs_retain:
         return train(adapter.model, lambda m, f, r: spec.loss(ctx, m, f, r), forget, adapter.collate, tcfg,
                      data2=retain, progress=progress, desc=method, **train_kwargs)
