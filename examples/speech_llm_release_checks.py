@@ -1,5 +1,6 @@
 """What a speech-LLM forgetting run hands over, checked with plain tools: every method's output folder loaded by plain
-transformers and asked "Who is speaking?" through its own processor, the edited parameters named by tower and block
+transformers and asked "Who is speaking?" through its own processor (T3's folder: its frozen base checked instead,
+since it answers through its tilt head), the edited parameters named by tower and block
 (output against the original, tensor by tensor, bit by bit), and the undo patch restoring the original bit for bit
 (byte digests: -0.0 and 0.0 differ here, as they do in a checkpoint's file).
 
@@ -72,11 +73,18 @@ def check(method_dir: Path, original: dict[str, torch.Tensor], clips: dict[str, 
     """One method's row (see the module notes)."""
     folder = method_dir / "model"
     start = time.perf_counter()
-    row: dict = {"method": method_dir.name, "edited_blocks": edited_blocks(original, tensors(folder))}
+    tilted = not any(folder.glob("*.safetensors")) and (folder / "base").is_dir()  # T3: base + tilt head
+    weights = folder / "base" if tilted else folder
+    row: dict = {"method": method_dir.name, "edited_blocks": edited_blocks(original, tensors(weights))}
     row["towers_touched"] = ",".join(sorted({b.split(".")[0] for b in row["edited_blocks"]})) or "none"
     row["parameters_edited"] = sum(row["edited_blocks"].values())
-    for role, clip in clips.items():
-        row[f"{role}_speaker"], row[f"{role}_answer"] = clip["spk_id"], plain_answer(folder, clip["wav"])
+    for role, clip in clips.items():  # a tilted model answers through mmunlearn's decoding, not plain generate
+        row[f"{role}_speaker"] = clip["spk_id"]
+        row[f"{role}_answer"] = None if tilted else plain_answer(folder, clip["wav"])
+    if tilted:  # nothing to undo: the base is the original, checked bit for bit above
+        row["restored_bit_for_bit"] = None
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        return row
     with tempfile.TemporaryDirectory() as tmp:
         restored = restore_folder(folder, Path(tmp) / "restored", progress=False)
         back = tensors(restored)

@@ -31,14 +31,17 @@ def test_edited_blocks_names_what_changed_and_refuses_other_tensors():
 
 def test_a_runs_outputs_load_in_transformers_and_restore_bit_for_bit(speaker_manifests, tmp_path):
     model = assemble(*_parts(), window_seconds=3, seed=0).save(tmp_path / "model")
-    speech_llm.run(speaker_manifests, model, tmp_path / "run", level="speaker", methods=["qr-erase"], where="audio",
+    speech_llm.run(speaker_manifests, model, tmp_path / "run", level="speaker", methods=["qr-erase", "t3"],
+                   where="audio",
                    options=FAST_OPTIONS, device="cpu", progress=False)
     out = tmp_path / "checks.json"
     checks.main(["--run", str(tmp_path / "run"), "--original", str(model), "--manifests", str(speaker_manifests),
                  "--out", str(out)])
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"original", "qr-erase"}
+    assert set(rows) == {"original", "qr-erase", "t3"}
+    assert rows["t3"]["parameters_edited"] == 0 and rows["t3"]["restored_bit_for_bit"] is None  # a frozen base
     edit = rows["qr-erase"]
     assert edit["restored_bit_for_bit"] is True and edit["parameters_edited"] > 0
     assert edit["towers_touched"] == "audio" and all(b.startswith("audio.") for b in edit["edited_blocks"])
-    assert all(isinstance(r["forgotten_answer"], str) and r["kept_speaker"] for r in rows.values())
+    assert all(isinstance(rows[m]["forgotten_answer"], str) and rows[m]["kept_speaker"]
+               for m in ("original", "qr-erase"))
