@@ -37,12 +37,13 @@ def subset_manifests(manifests: str | os.PathLike, out: str | os.PathLike, rows:
         raise FileNotFoundError(f"no manifest for split(s) {unknown or 'any'} in {src} (found: {sorted(paths)})")
     if out.resolve() == src.resolve():
         raise ValueError("--out must not be the source folder: its manifests would be overwritten")
+    drawn = {name: draw_balanced(split_rows(src, name), rows, seed) for name in chosen}
+    empty = [name for name, kept in drawn.items() if not kept]
+    if empty:  # before anything is written: no half-made folder
+        raise ValueError(f"split(s) {empty} of {src} are empty")
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
-    for name in chosen:
-        kept = draw_balanced(split_rows(src, name), rows, seed)
-        if not kept:
-            raise ValueError(f"split {name!r} of {src} is empty")
+    for name, kept in drawn.items():
         write_manifest(out / f"{name}.csv", kept)
         counts[name] = {"rows": len(kept), "speakers": len({str(r["spk_id"]) for r in kept})}
     write_text_atomic(out / REPORT, json.dumps({"source": str(src), "rows": rows, "seed": seed, "counts": counts},

@@ -56,17 +56,22 @@ def edited_blocks(original: dict[str, torch.Tensor], edited: dict[str, torch.Ten
     return dict(sorted(blocks.items()))
 
 
-def plain_answer(folder: Path, wav: str, question: str = "Who is speaking?") -> str:
-    """The folder's greedy answer through transformers alone: its processor, chat template and generate."""
+def plain_answers(folder: Path, wavs: list[str], question: str = "Who is speaking?") -> list[str]:
+    """The folder's greedy answer on each clip through transformers alone: its processor, chat template and generate
+    (the folder loaded once)."""
     processor = AutoProcessor.from_pretrained(str(folder))
     model = Qwen2AudioForConditionalGeneration.from_pretrained(str(folder)).eval()
-    audio, rate = sf.read(wav, dtype="float32")
-    messages = [{"role": "user", "content": [{"type": "audio", "audio": wav}, {"type": "text", "text": question}]}]
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    inputs = processor(text=text, audio=[audio], sampling_rate=rate, return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
-    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    answers = []
+    for wav in wavs:
+        audio, rate = sf.read(wav, dtype="float32")
+        messages = [{"role": "user", "content": [{"type": "audio", "audio": wav}, {"type": "text", "text": question}]}]
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        inputs = processor(text=text, audio=[audio], sampling_rate=rate, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+        new_tokens = out[0, inputs["input_ids"].shape[1]:]
+        answers.append(processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip())
+    return answers
 
 
 def check(method_dir: Path, original: dict[str, torch.Tensor], clips: dict[str, dict]) -> dict:
@@ -78,9 +83,9 @@ def check(method_dir: Path, original: dict[str, torch.Tensor], clips: dict[str, 
     row: dict = {"method": method_dir.name, "edited_blocks": edited_blocks(original, tensors(weights))}
     row["towers_touched"] = ",".join(sorted({b.split(".")[0] for b in row["edited_blocks"]})) or "none"
     row["parameters_edited"] = sum(row["edited_blocks"].values())
-    for role, clip in clips.items():  # a tilted model answers through mmunlearn's decoding, not plain generate
-        row[f"{role}_speaker"] = clip["spk_id"]
-        row[f"{role}_answer"] = None if tilted else plain_answer(folder, clip["wav"])
+    answers = [None] * len(clips) if tilted else plain_answers(folder, [c["wav"] for c in clips.values()])
+    for (role, clip), answer in zip(clips.items(), answers):  # a tilted model answers through mmunlearn's decoding
+        row[f"{role}_speaker"], row[f"{role}_answer"] = clip["spk_id"], answer
     if tilted:  # nothing to undo: the base is the original, checked bit for bit above
         row["restored_bit_for_bit"] = None
         row["seconds"] = round(time.perf_counter() - start, 1)
@@ -109,9 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     methods = sorted(p for p in args.run.iterdir() if (p / "model").is_dir())
     if not methods:
         raise SystemExit(f"{args.run}: no <method>/model folders")
+    answers = dict(zip(clips, plain_answers(args.original, [c["wav"] for c in clips.values()])))
     rows = [{"method": "original", "edited_blocks": {}, "towers_touched": "none", "parameters_edited": 0,
-             **{f"{r}_{k}": v for r, c in clips.items()
-                for k, v in (("speaker", c["spk_id"]), ("answer", plain_answer(args.original, c["wav"])))},
+             **{f"{r}_{k}": v for r, c in clips.items() for k, v in (("speaker", c["spk_id"]), ("answer", answers[r]))},
              "restored_bit_for_bit": None, "seconds": None}]
     for i, method_dir in enumerate(methods, 1):
         rows.append(check(method_dir, original, clips))

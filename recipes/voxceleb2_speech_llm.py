@@ -289,11 +289,14 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
                             retain=Path(retrain_dir) if retrain_dir else None)
     setup = SpeechLLMSetup(manifests, level, target, where, built, forget, retain, batch_size, progress)
     start = time.perf_counter()
-    refs = [{"method": "original", **setup.score(setup.adapter(model_dir, device))}]
-    if retrain_dir is not None:
-        refs.append({"method": "retrain", **setup.score(setup.adapter(retrain_dir, device))})
+    original = setup.adapter(model_dir, device)
+    retrained = None if retrain_dir is None else setup.adapter(retrain_dir, device)
+    refs = [{"method": "original", **setup.score(original)}]
+    if retrained is not None:
+        refs.append({"method": "retrain", **setup.score(retrained)})
     shared = {k: v for k, v in dict(options or {}).items() if v is not None}
-    rule, rule_source = _rule(setup, model_dir, retrain_dir, device) if sweep else (None, None)
+    rule, rule_source = _rule(original, forget, retrained) if sweep else (None, None)
+    del original, retrained  # every method loads the original afresh
 
     def method_rows(method: str) -> list[dict]:
         own = dict((method_options or {}).get(method, {}))
@@ -315,13 +318,11 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     return rows
 
 
-def _rule(setup: SpeechLLMSetup, model_dir: str | os.PathLike, retrain_dir: str | os.PathLike | None,
-          device: str) -> tuple[Any, str]:
+def _rule(original: Any, forget: Sequence[Any], retrained: Any | None) -> tuple[Any, str]:
     """The sweep rule of a speech-LLM run and where its forget target comes from (the retrained model's NLL on the
     forget answers when there is one)."""
-    reference = None if retrain_dir is None else setup.adapter(retrain_dir, device)
-    rule, source = nll_rule(setup.adapter(model_dir, device), setup.forget, reference=reference)
-    return rule, source.replace("the reference model", "the retrained model") if reference is not None else source
+    rule, source = nll_rule(original, forget, reference=retrained)
+    return rule, source.replace("the reference model", "the retrained model") if retrained is not None else source
 
 
 # ---------------------------------------------------------------------------------------------- CLI

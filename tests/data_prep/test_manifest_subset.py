@@ -58,3 +58,15 @@ def test_the_voxceleb2_command_writes_the_subset(speaker_manifests, tmp_path):
                                    "--out", str(tmp_path / "z")])
     text = " ".join(bad.output.replace("│", " ").split())  # rich's box and wrapping undone
     assert bad.exit_code == 2 and "manifest directory not found" in text and not (tmp_path / "z").exists()
+
+
+def test_an_empty_split_is_refused_before_anything_is_written(speaker_manifests, tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(speaker_manifests, src)
+    header = (src / "train.csv").read_text().splitlines()[0]
+    (src / "zz_empty.csv").write_text(header + "\n")  # sorted last: every other split would be drawn first
+    with pytest.raises(ValueError, match="zz_empty"):
+        subset_manifests(src, tmp_path / "out", 5)
+    assert not (tmp_path / "out").exists()
