@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+import torch
+
 from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.kinds import get_kind
@@ -75,6 +77,9 @@ class EraseConfig(PresetConfig):
                                "directions outside the retained speakers' span from the layer that outputs the "
                                "embeddings, W <- (I - a U U^T) W (0: off, 1: remove, 2: reflect; "
                                "mmunlearn.methods.embedding_step).")
+    trained_only: bool = opt(True, "With a reference model: take task vectors only in the layers whose weights differ "
+                                   "between the reference and the target (the layers its training changed); "
+                                   "a layer training left frozen learned nothing to erase. False: every layer.")
     sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
                                           "the first rank (e.g. the one an earlier deletion request chose); the sweep "
                                           "ends there when that edit meets the rule.")
@@ -98,10 +103,32 @@ class EraseConfig(PresetConfig):
     }
 
 
-def task_vectors(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: ExtractConfig, progress: bool = True):
-    """Forget and retain task matrices from the same recipe and settings."""
-    return (extract_task_matrices(adapter, forget, cfg, progress=progress),
-            extract_task_matrices(adapter, retain, cfg, progress=progress))
+def task_vectors(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: ExtractConfig, progress: bool = True,
+                 layers: Sequence[str] | None = None):
+    """Forget and retain task matrices from the same recipe and settings (``layers``: only those, default all)."""
+    return (extract_task_matrices(adapter, forget, cfg, layers=layers, progress=progress),
+            extract_task_matrices(adapter, retain, cfg, layers=layers, progress=progress))
+
+
+def trained_layers(reference, target) -> list[str] | None:
+    """The layers of ``target`` whose weights differ from ``reference``'s (bit for bit): the ones the target's training
+    changed. None when every layer differs or none does (the reference is the target itself, or a copy of it):
+    then every layer is used. A speech LLM trained with its towers frozen (whisper-smollm2: the projector alone)
+    gives the projector; the paper's fine-tuning task vectors taken in every layer would move the frozen encoder
+    as much and erase there what it never learned (docs/speakers.md, "Forgetting on whisper-smollm2")."""
+    theirs = {lw.name: lw.weight for lw in reference.layers()}
+    ours = {lw.name: lw.weight for lw in target.layers()}
+    if set(theirs) != set(ours):
+        raise ValueError(f"the reference's layers are not the target's ({len(theirs)} against {len(ours)}): "
+                         "task vectors need the model the target was trained from")
+    changed = []
+    for name, w in ours.items():
+        r = theirs[name]
+        if r.shape != w.shape:
+            raise ValueError(f"layer {name}: reference shape {tuple(r.shape)}, target {tuple(w.shape)}")
+        if not torch.equal(r.detach().cpu(), w.detach().cpu()):
+            changed.append(name)
+    return changed if 0 < len(changed) < len(ours) else None
 
 
 def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
@@ -233,10 +260,12 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         extract = batchnorm_safe(extract, len(forget), *(() if cached else (len(retain),)))
         reference = reference or adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
     t0 = time.perf_counter()
+    layers = trained_layers(reference, adapter) if cfg.trained_only and ctx.reference is not None else None
     if cached:
-        tf, tr = extract_task_matrices(reference or adapter, forget, extract, progress=ctx.progress), ctx.retain_task
+        tf = extract_task_matrices(reference or adapter, forget, extract, layers=layers, progress=ctx.progress)
+        tr = ctx.retain_task
     else:
-        tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress)
+        tf, tr = task_vectors(reference or adapter, forget, retain, extract, ctx.progress, layers=layers)
     if kind.is_classifier:
         # the speakers earlier deletion requests forgot, with stand-ins for their directions (requests/service.py)
         tf = forgotten_rows(reference or adapter, forget, tf, extract, earlier=ctx.earlier_forgotten or {})
@@ -252,6 +281,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         info["relative"] = best.relative
         info["sweep_seconds"] = time.perf_counter() - t1  # of the unlearn time: every candidate edit, scored
     info["chosen"] = {"rank": rank, "scale": scale}
+    if layers is not None:
+        info["trained_layers"] = layers
     report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups)
     info.update(selected_layers=report.selected, energies=report.energies)
     if cfg.centroid:

@@ -109,3 +109,44 @@ def test_past_bound_looks_beyond_a_stretch_over_the_retain_bound(past_bound):
         assert best.forget_nll < 8.0  # narrowed from below, not the largest edit tried
     else:
         assert max(p.forget_nll for p in points) < 4.0  # stopped at the bump
+
+
+def test_task_vectors_only_in_the_layers_training_changed():
+    import torch
+
+    from mmunlearn.methods.erasure import trained_layers
+
+    src = "synthetic:n_authors=10"
+    forget, retain = load_split(src, "forget10")[:10], load_split(src, "retain90")[:20]
+    reference = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
+    target = reference.clone()
+    assert trained_layers(reference, target) is None  # a copy: nothing tells the layers apart, every one is used
+    names = [lw.name for lw in target.layers()]
+    trained = names[1]
+    with torch.no_grad():  # "training" changed one layer alone (a frozen-tower model's projector)
+        dict(target.model.named_parameters())[trained].add_(0.01)
+    assert trained_layers(reference, target) == [trained]
+    cfg = EraseConfig(rank=2, retain_rank=4, scale=1.0, localize=False,
+                      extract=ExtractConfig(kind="gradient", lr=1.0))
+    before = {n: p.detach().clone() for n, p in target.model.named_parameters()}
+    res = run(target, forget, retain, cfg, RunContext("text", reference=reference, progress=False))
+    assert res.info["trained_layers"] == [trained]
+    edited = [n for n, p in target.model.named_parameters() if not torch.equal(p, before[n])]
+    assert edited == [trained]
+    # the paper's protocol (every layer's task vector) edits the frozen layers too
+    other = reference.clone()
+    with torch.no_grad():
+        dict(other.model.named_parameters())[trained].add_(0.01)
+    wide = run(other, forget, retain, EraseConfig(**{**vars(cfg), "trained_only": False}),
+               RunContext("text", reference=reference, progress=False))
+    assert "trained_layers" not in wide.info
+    assert len([n for n, p in other.model.named_parameters() if not torch.equal(p, before[n])]) > 1
+
+
+def test_trained_layers_refuses_a_reference_of_another_architecture():
+    from mmunlearn.methods.erasure import trained_layers
+
+    a = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
+    b = TextLLMAdapter(tiny_causal_lm(layers=3), tiny_tokenizer())
+    with pytest.raises(ValueError, match="reference's layers"):
+        trained_layers(a, b)
