@@ -149,6 +149,9 @@ def choose(points: list[SweepPoint], base_forget: float, base_retain: float, for
 def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: SweepRule, steps_per_epoch: int):
     """``(on_step, trajectory, scorer)`` for a training loop: a few times an epoch score the training
     partitions and stop once the forget measure reaches the target or the retain measure passes the bound.
+    Before the first of those checks the steps 1, 2, 4, ... are scored too: on a real model a few steps can already
+    pass the bound (whisper-smollm2's GradDiff and NPO did at their first check, step 3, with no in-bound state
+    scored before it), and the early checks leave an in-bound state to return.
 
     The best state scored within the retain bound (highest forget measure) is kept (trainable parameters, on
     the CPU); ``on_step.restore_in_bound()`` puts it back when the run ended over the bound, so an early stop
@@ -161,7 +164,7 @@ def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: Swee
     best: dict[str, Any] = {"point": None, "state": None}
 
     def on_step(step: int, _loss: float) -> bool:
-        if step % every:
+        if step % every and not (step < every and step & (step - 1) == 0):  # multiples of every, and 1, 2, 4, ...
             return False
         was_training = adapter.model.training
         adapter.model.eval()

@@ -57,3 +57,34 @@ def test_the_baselines_step_budget_grows_with_the_forget_set():
     assert budget_epochs(cfg, 21) * 2 >= RULE_MIN_STEPS
     assert budget_epochs(cfg, 4000) == 5  # a large set keeps its epochs (250 steps each)
     assert budget_epochs(cfg, 161) == 10  # 11 steps an epoch: 10 epochs reach 110 steps
+
+
+def test_early_stop_scores_steps_1_2_4_before_its_first_regular_check():
+    adapter = _Adapter()
+    w = lambda a: a.model.weight.item()  # noqa: E731
+    # a run that passes the retain bound at step 3, before the first regular check (every 8 steps)
+    rule = SweepRule(forget_target=100.0, retain_bound=0.5, forget_measure=lambda a, _: w(a),
+                     retain_measure=lambda a, _: max(0.0, w(a) - 2.0), checks_per_epoch=1)
+    on_step, trajectory, scorer = early_stop(adapter, [0], [0], rule, steps_per_epoch=8)
+    scored = []
+    for step in range(1, 20):
+        with torch.no_grad():
+            adapter.model.weight.add_(1.0)
+        n = len(trajectory)
+        stopped = on_step(step, 0.0)
+        if len(trajectory) > n:
+            scored.append(step)
+        if stopped:
+            break
+    assert scored == [1, 2, 4]  # 4 is over the bound: the run stops there
+    assert on_step.restore_in_bound() == 2 and w(adapter) == 2.0  # the in-bound state of step 2, not the start
+
+
+def test_early_stop_checks_only_the_regular_steps_once_past_the_first():
+    adapter = _Adapter()
+    rule = SweepRule(forget_target=1e9, retain_bound=1e9, forget_measure=lambda a, _: 0.0,
+                     retain_measure=lambda a, _: 0.0, checks_per_epoch=2)
+    on_step, trajectory, _ = early_stop(adapter, [0], [0], rule, steps_per_epoch=16)
+    for step in range(1, 33):
+        on_step(step, 0.0)
+    assert [t["step"] for t in trajectory] == [1, 2, 4, 8, 16, 24, 32]
