@@ -77,9 +77,10 @@ class EraseConfig(PresetConfig):
                                "directions outside the retained speakers' span from the layer that outputs the "
                                "embeddings, W <- (I - a U U^T) W (0: off, 1: remove, 2: reflect; "
                                "mmunlearn.methods.embedding_step).")
-    trained_only: bool = opt(True, "With a reference model: take task vectors only in the layers whose weights differ "
-                                   "between the reference and the target (the layers its training changed); "
-                                   "a layer training left frozen learned nothing to erase. False: every layer.")
+    trained_only: bool = opt(False, "With a reference model: take task vectors only in the layers whose weights differ "
+                                    "between the reference and the target (the layers its training changed). Off by "
+                                    "default: on whisper-smollm2 it made the audio-side edit more selective, but the "
+                                    "edit that forgets is in the language model, which training left frozen.")
     sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
                                           "the first rank (e.g. the one an earlier deletion request chose); the sweep "
                                           "ends there when that edit meets the rule.")
@@ -114,8 +115,8 @@ def trained_layers(reference, target) -> list[str] | None:
     """The layers of ``target`` whose weights differ from ``reference``'s (bit for bit): the ones the target's training
     changed. None when every layer differs or none does (the reference is the target itself, or a copy of it):
     then every layer is used. A speech LLM trained with its towers frozen (whisper-smollm2: the projector alone)
-    gives the projector; the paper's fine-tuning task vectors taken in every layer would move the frozen encoder
-    as much and erase there what it never learned (docs/speakers.md, "Forgetting on whisper-smollm2")."""
+    gives the projector, where the paper's fine-tuning task vectors would also move the frozen encoder
+    (docs/speakers.md, "Forgetting on whisper-smollm2")."""
     theirs = {lw.name: lw.weight for lw in reference.layers()}
     ours = {lw.name: lw.weight for lw in target.layers()}
     if set(theirs) != set(ours):

@@ -126,14 +126,15 @@ def test_task_vectors_only_in_the_layers_training_changed():
     with torch.no_grad():  # "training" changed one layer alone (a frozen-tower model's projector)
         dict(target.model.named_parameters())[trained].add_(0.01)
     assert trained_layers(reference, target) == [trained]
-    cfg = EraseConfig(rank=2, retain_rank=4, scale=1.0, localize=False,
+    cfg = EraseConfig(rank=2, retain_rank=4, scale=1.0, localize=False, trained_only=True,
                       extract=ExtractConfig(kind="gradient", lr=1.0))
     before = {n: p.detach().clone() for n, p in target.model.named_parameters()}
     res = run(target, forget, retain, cfg, RunContext("text", reference=reference, progress=False))
     assert res.info["trained_layers"] == [trained]
     edited = [n for n, p in target.model.named_parameters() if not torch.equal(p, before[n])]
     assert edited == [trained]
-    # the paper's protocol (every layer's task vector) edits the frozen layers too
+    # the paper's protocol (every layer's task vector, the default) edits the frozen layers too
+    assert EraseConfig().trained_only is False
     other = reference.clone()
     with torch.no_grad():
         dict(other.model.named_parameters())[trained].add_(0.01)
