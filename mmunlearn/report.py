@@ -65,14 +65,37 @@ def cell(text: str, where: str = "a cell") -> str:
     return "<br>".join(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
 
 
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def names(items: Sequence[str]) -> str:
+    """Names (layers, mostly) as one short cell: consecutive numbered names with the same stem as a range
+    (``text.layers.0`` ... ``text.layers.29`` -> ``text.layers.0-29``), in their given order, comma-separated."""
+    parts: list[list] = []  # [stem, first, last] of a numbered run, or [name] of any other
+    for item in items:
+        m = _NUMBERED.match(item)
+        if m is None or (len(m.group(2)) > 1 and m.group(2).startswith("0")):  # "07" is kept as written
+            parts.append([item])
+            continue
+        stem, number = m.group(1), int(m.group(2))
+        if parts and len(parts[-1]) == 3 and parts[-1][0] == stem and parts[-1][2] + 1 == number:
+            parts[-1][2] = number
+        else:
+            parts.append([stem, number, number])
+    return ", ".join(p[0] if len(p) == 1 else f"{p[0]}{p[1]}" if p[1] == p[2] else f"{p[0]}{p[1]}-{p[2]}"
+                     for p in parts)
+
+
 def fmt(value: Any, percent: bool = False) -> str:
-    """A table cell (the one formatter of every table the toolkit writes): n/a for None, yes/NO for booleans, a pair
-    as ``[low, high]``, a fraction in % with one decimal when ``percent``, otherwise 4 decimals (scientific when tiny
+    """A table cell (the one formatter of every table the toolkit writes): n/a for None, yes/NO for booleans, a list
+    of names as :func:`names` (numbered runs as ranges), a pair as ``[low, high]``, a fraction in % with one decimal when ``percent``, otherwise 4 decimals (scientific when tiny
     or huge, one decimal from 10 up)."""
     if value is None:
         return "n/a"
     if isinstance(value, bool):
         return "yes" if value else "NO"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return names(value)
     if isinstance(value, (list, tuple)) and len(value) == 2:
         return f"[{fmt(value[0], percent)}, {fmt(value[1], percent)}]"
     if isinstance(value, float):

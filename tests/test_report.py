@@ -100,3 +100,16 @@ def test_every_table_is_written_by_the_one_writer():
     assert len(files) > 100
     writers = sorted(str(f.relative_to(root)) for f in files if "|---" in f.read_text())
     assert writers == ["mmunlearn/report.py"]
+
+
+@pytest.mark.parametrize("items, cell", [
+    ([f"text.layers.{i}" for i in range(20, 30)], "text.layers.20-29"),
+    (["audio.conv", "audio.layers.0", "audio.layers.1", "audio.proj", "text.layers.5"],
+     "audio.conv, audio.layers.0-1, audio.proj, text.layers.5"),
+    (["blocks.1", "blocks.3", "blocks.4", "head.2", "head.3"], "blocks.1, blocks.3-4, head.2-3"),
+    (["id00004", "id00005"], "id00004, id00005"),  # zero-padded numbers stay as written
+    (["layers.2", "layers.1"], "layers.2, layers.1"),  # order kept: only ascending runs merge
+])
+def test_a_list_of_names_is_one_short_cell_with_numbered_runs_as_ranges(items, cell):
+    assert report.fmt(items) == cell
+    assert report.fmt([0.1, 0.25]) == "[0.1000, 0.2500]"  # a numeric pair is still an interval
