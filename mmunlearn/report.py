@@ -88,8 +88,8 @@ def names(items: Sequence[str]) -> str:
 
 def fmt(value: Any, percent: bool = False) -> str:
     """A table cell (the one formatter of every table the toolkit writes): n/a for None, yes/NO for booleans, a list
-    of names as :func:`names` (numbered runs as ranges), a pair as ``[low, high]``, a fraction in % with one decimal when ``percent``, otherwise 4 decimals (scientific when tiny
-    or huge, one decimal from 10 up)."""
+    of names as :func:`names` (numbered runs as ranges), a pair as ``[low, high]``, a fraction in % with one decimal
+    when ``percent``, otherwise 4 decimals (scientific when tiny or huge, one decimal from 10 up)."""
     if value is None:
         return "n/a"
     if isinstance(value, bool):
