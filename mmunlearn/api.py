@@ -30,8 +30,10 @@ from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome
 from mmunlearn.methods.optimisation import budget_epochs
+from mmunlearn.paths import check_apart, check_holds_none
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
+from mmunlearn.undo_store import default_undo_dir
 from mmunlearn.unlearn_inputs import batch_of, check_labels, read_inputs, read_rows, spoken
 from mmunlearn.unlearn_rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, nll_rule,
                                      speaker_rule, swept_overrides)
@@ -125,6 +127,10 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     kind = _kind(model_dir)
     get(method, kind.name)  # an unknown or inapplicable method fails before any model is loaded
     history = read_history(model_dir)  # its undo records are checked (no link out, no hard link) before any work
+    inputs = input_paths(model_dir, reference, forget, retain, history.undo)
+    if out is not None:  # every input of every role, before anything is read or written
+        check_apart(out, *inputs)
+        check_apart(undo if undo is not None else default_undo_dir(out), *inputs)
     if reference is not None and model_kind(reference) != kind.name:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind.name} model")
     batch = batch_of(forget) if batch is None else batch
@@ -136,8 +142,12 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     if not kind.takes_audio and (forget_tasks, retain_tasks) != (("speaker",), ("speaker",)):
         raise ValueError("forget_tasks / retain_tasks apply to speech LLMs (spoken questions about the clips)")
     scopes = scopes_to_try(scope, method, kind.is_classifier, swept=rule is not None and config is None)
-    inputs = [model_dir] + ([reference] if reference is not None else [])
     out = Path(out) if out is not None else None
+    if out is not None and kind.takes_audio:  # the clips the rows name: writing --out or its undo must not delete them
+        clips = [r["wav"] for r in [*data.forget_rows, *data.retain, *data.held_retain] if r.get("wav")]
+        check_holds_none(out, clips, "audio clips of the forget/retain sets")
+        check_holds_none(undo if undo is not None else default_undo_dir(out), clips,
+                         "audio clips of the forget/retain sets")
 
     def load(s: str):
         return load_model(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=s)
@@ -174,6 +184,18 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     if progress and outcome.report["target_reached"] is not False:  # a missed rule is logged as a warning already
         print(outcome.report["verdict"], file=sys.stderr)
     return UnlearnResult(outcome.adapter, outcome.out, outcome.report)
+
+
+def input_paths(model_dir: Any, reference: Any, forget: Any, retain: Any, own_undo: Any = None) -> list[Any]:
+    """Every path an :func:`unlearn` call reads that ``out`` and the undo folder may not be, lie in or contain: the
+    model, the reference, the forget and retain set files (a batch's too) and the model's own undo folder."""
+    found = [model_dir, reference, own_undo]
+    for given in (forget, retain):
+        if isinstance(given, (str, os.PathLike)):
+            found.append(given)
+        elif isinstance(given, (list, tuple)):
+            found.extend(g for g in given if isinstance(g, (str, os.PathLike)))
+    return [f for f in found if f is not None]
 
 
 def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base, method: str, scope: str,

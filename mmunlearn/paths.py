@@ -30,6 +30,7 @@ import secrets
 import shutil
 import socket
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from mmunlearn.atomic import dir_mode
@@ -106,16 +107,11 @@ def _check_entry(p: Path, root: Path, roots: list[Path], outside_files: bool = F
                               "refusing to read or copy it")
 
 
-def check_output_dir(out: str | os.PathLike, *inputs: str | os.PathLike | None, overwrite: bool = False) -> Path:
-    """Check that ``out`` may be written as a new (or replacing) output folder; returns it as a Path.
-
-    Raises :class:`UnsafePathError` when ``out`` is one of ``inputs``, inside one, or holds one
-    (compared as resolved paths; None inputs are skipped), or when ``overwrite`` would replace
-    something mmunlearn did not write (a file, or a non-empty folder without :data:`MARKER`);
-    ``FileExistsError`` when ``out`` exists and ``overwrite`` is False. Nothing is created.
-    """
-    out = Path(out)
-    real = _resolve(out)
+def check_apart(out: str | os.PathLike, *inputs: str | os.PathLike | None) -> None:
+    """Refuse (:class:`UnsafePathError`) an output folder ``out`` that is one of ``inputs`` (folders or files of any
+    role: model, reference, forget and retain sets, undo folders), lies inside one or contains one (resolved paths;
+    None inputs are skipped). Nothing on disk is looked at but the paths."""
+    real = _resolve(Path(out))
     for given in inputs:
         if given is None:
             continue
@@ -128,6 +124,35 @@ def check_output_dir(out: str | os.PathLike, *inputs: str | os.PathLike | None, 
         if real in inp.parents:
             raise UnsafePathError(f"output folder {out} contains the input {given}: replacing it would delete "
                                   "the input; choose another folder")
+
+
+def check_holds_none(out: str | os.PathLike, files: Iterable[str | os.PathLike], role: str) -> None:
+    """Refuse an output folder ``out`` that contains one of ``files`` (e.g. the audio clips a manifest names: writing
+    or replacing ``out`` would delete them); compared through the files' distinct folders, so a million rows cost one
+    check per folder. ``role`` names the files in the error."""
+    real = _resolve(Path(out))
+    seen: set[str] = set()
+    for f in files:
+        parent = os.path.dirname(os.path.abspath(os.fspath(f)))
+        if parent in seen:
+            continue
+        seen.add(parent)
+        folder = _resolve(Path(parent))
+        if folder == real or real in folder.parents:
+            raise UnsafePathError(f"output folder {out} holds {role} ({f}): writing it would delete them; choose "
+                                  "a folder outside it")
+
+
+def check_output_dir(out: str | os.PathLike, *inputs: str | os.PathLike | None, overwrite: bool = False) -> Path:
+    """Check that ``out`` may be written as a new (or replacing) output folder; returns it as a Path.
+
+    Raises :class:`UnsafePathError` when ``out`` is one of ``inputs``, inside one, or holds one
+    (compared as resolved paths; None inputs are skipped), or when ``overwrite`` would replace
+    something mmunlearn did not write (a file, or a non-empty folder without :data:`MARKER`);
+    ``FileExistsError`` when ``out`` exists and ``overwrite`` is False. Nothing is created.
+    """
+    out = Path(out)
+    check_apart(out, *inputs)
     if os.path.lexists(out):
         if not overwrite:
             raise FileExistsError(f"output directory already exists: {out} (use --overwrite to replace a "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.atomic import write_json_atomic
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.checkpoint import atomic_dir, check_output_dir
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, UNLEARN_REPORT
 
@@ -152,13 +152,13 @@ def release_problems(folder: str | os.PathLike) -> list[str]:
 
 
 def move_undo(src_undo: Path, dst_out: Path, overwrite: bool, report: dict[str, Any],
-              undo: str | os.PathLike | None = None) -> None:
+              undo: str | os.PathLike | None = None, inputs: tuple = ()) -> None:
     """Rename an undo folder to ``undo`` (default :func:`default_undo_dir` of ``dst_out``: an output renamed there)
-    and point ``report`` at it."""
+    and point ``report`` at it; ``undo`` may not be, lie in or contain one of ``inputs`` or ``dst_out``, and replaces
+    only a folder mmunlearn wrote (with ``overwrite``)."""
     target = Path(undo) if undo is not None else default_undo_dir(dst_out)
+    check_output_dir(target, *inputs, dst_out, overwrite=overwrite)
     if os.path.lexists(target):
-        if not overwrite:
-            raise FileExistsError(f"undo folder already exists: {target} (use overwrite to replace it)")
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(src_undo, target)

@@ -58,7 +58,7 @@ def _promote(staged: Path, out: Path, inputs: Sequence[Any], overwrite: bool, re
     folder to ``undo`` (default ``<out>.undo``), its report's paths made ``out``'s."""
     final = out.resolve()
     if UNDO_KEY in report:
-        move_undo(default_undo_dir(staged), final, overwrite, report, undo)
+        move_undo(default_undo_dir(staged), final, overwrite, report, undo, inputs=tuple(inputs))
     text = json.dumps(report, indent=2).replace(json.dumps(str(staged.resolve()))[1:-1], json.dumps(str(final))[1:-1])
     (staged / UNLEARN_REPORT).write_text(text)
     check_output_dir(out, *inputs, overwrite=overwrite)

@@ -1,0 +1,83 @@
+"""--out and the undo folder may not be, hold or lie inside an input of any role: the forget and retain set files, the
+model's own undo folder and the audio clips a manifest names are inputs like the model. Each refusal comes before
+anything is read or written: the inputs stay byte-identical and nothing appears outside --out."""
+
+import json
+import shutil
+
+import pytest
+
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.api import unlearn
+from mmunlearn.layout import MARKER
+from mmunlearn.paths import check_holds_none
+from mmunlearn.errors import UnsafePathError
+from tests.reliability.untrusted import digest_tree
+from tests.tiny import tiny_causal_lm, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("apart") / "model"
+    TextLLMAdapter(tiny_causal_lm(layers=1, seed=1), tiny_tokenizer()).save(root)
+    return root
+
+
+def _earlier_output(folder):
+    """A folder mmunlearn wrote earlier (its marker) that now also holds the user's forget and retain files."""
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"tool": "mmunlearn"}))
+    for name, n in (("forget.jsonl", 2), ("retain.jsonl", 4)):
+        (folder / name).write_text("".join(json.dumps({"question": f"q{name}{i}?", "answer": f"a{i}"}) + "\n"
+                                           for i in range(n)))
+    return folder
+
+
+def _snapshot(root):
+    return {p.name: digest_tree(p) for p in root.iterdir() if p.is_dir()}, sorted(p.name for p in root.iterdir())
+
+
+@pytest.mark.parametrize("role", ["out", "undo"])
+def test_an_output_holding_the_forget_and_retain_files_is_refused(model, tmp_path, role):
+    data = _earlier_output(tmp_path / "D")
+    before = _snapshot(tmp_path)
+    model_before = digest_tree(model)
+    target = {"out": data} if role == "out" else {"out": tmp_path / "new", "undo": data}
+    with pytest.raises(UnsafePathError, match=r"contains the input .*forget\.jsonl"):
+        unlearn(model, forget=data / "forget.jsonl", retain=data / "retain.jsonl", method="grad_diff",
+                overwrite=True, progress=False, **target)
+    assert _snapshot(tmp_path) == before  # the files are still there, nothing new beside them
+    assert digest_tree(model) == model_before
+
+
+def test_the_inputs_own_undo_folder_is_not_replaced(model, tmp_path):
+    own_undo = tmp_path / "model_out.undo"
+    own_undo.mkdir()
+    (own_undo / MARKER).write_text("{}")
+    (own_undo / "undo.json").write_text(json.dumps({"id": "abc", "output": "model_out"}))
+    (own_undo / "undo_patch.safetensors").write_bytes(b"original weights")
+    edited = tmp_path / "model_out"
+    shutil.copytree(model, edited)
+    (edited / "unlearn_report.json").write_text(json.dumps({"method": "grad_diff", "undo": {"folder": own_undo.name,
+                                                                                           "id": "abc"}}))
+    forget = tmp_path / "forget.jsonl"
+    forget.write_text(json.dumps({"question": "q?", "answer": "a"}) + "\n")
+    retain = tmp_path / "retain.jsonl"
+    retain.write_text(json.dumps({"question": "r?", "answer": "b"}) + "\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(UnsafePathError, match=f"is the input .*{own_undo.name}"):
+        unlearn(edited, forget=forget, retain=retain, out=tmp_path / "again", undo=own_undo, overwrite=True,
+                progress=False)
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_output_holding_audio_clips_of_the_sets_is_refused(tmp_path):
+    clips = tmp_path / "clips"
+    (clips / "spk1").mkdir(parents=True)
+    wav = clips / "spk1" / "a.wav"
+    wav.write_bytes(b"RIFF")
+    for out in (clips, tmp_path):  # the clip's folder, and a folder above it
+        with pytest.raises(UnsafePathError, match="audio clips"):
+            check_holds_none(out, [wav], "audio clips of the forget/retain sets")
+    check_holds_none(clips / "spk1" / "out", [wav], "audio clips")  # inside their folder: nothing is deleted
+    assert wav.read_bytes() == b"RIFF"
