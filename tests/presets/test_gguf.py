@@ -55,3 +55,19 @@ def test_preset_name_resolves_to_the_cached_folder(smollm2, monkeypatch):
     preset = get_preset("smollm2-135m")
     assert preset.is_model_dir and preset.model_dir == smollm2.resolve() and preset.finetune.lr == 3e-4
     assert (preset.finetune.epochs, preset.finetune.batch_size, preset.finetune.mixed_precision) == (6, 16, "auto")
+
+
+def test_two_processes_converting_at_once_see_one_folder(tmp_path):
+    """A target and a retain build started together both ask for the conversion: one converts, the other waits
+    and reuses it, so both key their models to the same fingerprint of the folder (before the lock each converted
+    and renamed its own copy, and the two builds landed in two cache groups)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mmunlearn.presets.gguf import smollm2_dir; from mmunlearn.presets.models import "
+            "_dir_fingerprint; print(_dir_fingerprint(smollm2_dir(sys.argv[1]))['files'])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0].strip().splitlines()[-1] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0] == outs[1]
