@@ -32,7 +32,7 @@ from mmunlearn.methods.embedding_step import erase_centroids
 from mmunlearn.methods.head_rows import forgotten_rows
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
-from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
+from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices, update_task_matrices
 
 #: ``sweep_scales="auto"``: relative edit sizes ||scale * T_f|| / ||W|| tried, doubling from 0.001 to 1.024.
 AUTO_RELATIVE = tuple(0.001 * 2**i for i in range(11))
@@ -48,6 +48,11 @@ def auto_grid(largest: float) -> tuple[float, ...]:
         raise ValueError(f"sweep_max_relative must be >= {AUTO_RELATIVE[0]}, got {largest}")
     return tuple(0.001 * 2**i for i in range(64) if 0.001 * 2**i <= largest * (1 + 1e-9))
 _SPK_SCALES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+
+#: Where task matrices come from (EraseConfig.task_matrix) and how large the edit is (EraseConfig.subtract).
+TASK_MATRICES = ("extract", "update")
+SUBTRACTIONS = ("swept", "own")
 
 
 def _ex(kind: str = "finetune", **kw: Any) -> ExtractConfig:
@@ -84,6 +89,28 @@ class EraseConfig(PresetConfig):
     sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
                                           "the first rank (e.g. the one an earlier deletion request chose); the sweep "
                                           "ends there when that edit meets the rule.")
+    task_matrix: str = opt("extract", "Where the task matrices come from: 'extract' (the extract recipe run on the "
+                                      "reference model when one is given, else on the model itself: what a user "
+                                      "without a reference model gets) or 'update' (the training update: T_f = the "
+                                      "model minus the reference it was fine-tuned from; T_r = retain_model minus the "
+                                      "reference, else the extract recipe run on the reference with the retain data; "
+                                      "needs a reference).")
+    retain_model: str | None = opt(None, "With task_matrix 'update': a model folder holding the reference fine-tuned on "
+                                         "the retain data alone (T_r = it minus the reference).")
+    subtract: str = opt("swept", "'swept': the rule sweeps the edit's size (scale x T~); 'own': QR-Erase's W' = W - T~ "
+                                 "at the task matrix's own size (scale 1, no sweep; the rule's measures of that one "
+                                 "edit are recorded).")
+    top: int | None = opt(None, "With layer_rule 'top': how many of the most energetic layer groups are edited.")
+
+    def __post_init__(self) -> None:
+        if self.task_matrix not in TASK_MATRICES:
+            raise ValueError(f"task_matrix: choose from {', '.join(TASK_MATRICES)}, got {self.task_matrix!r}")
+        if self.subtract not in SUBTRACTIONS:
+            raise ValueError(f"subtract: choose from {', '.join(SUBTRACTIONS)}, got {self.subtract!r}")
+        if self.layer_rule == "top" and not (isinstance(self.top, int) and self.top >= 1):
+            raise ValueError(f"layer_rule 'top' needs top >= 1, got {self.top!r}")
+        if self.retain_model is not None and self.task_matrix != "update":
+            raise ValueError("retain_model is read with task_matrix 'update' only")
 
     PRESETS: ClassVar[dict] = {
         ("text", "micro"): dict(rank=8, retain_rank=32, scale=2.0, extract=_ex(steps=20, lr=1e-3, batch_size=8)),
@@ -109,6 +136,24 @@ def task_vectors(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: Ext
     """Forget and retain task matrices from the same recipe and settings (``layers``: only those, default all)."""
     return (extract_task_matrices(adapter, forget, cfg, layers=layers, progress=progress),
             extract_task_matrices(adapter, retain, cfg, layers=layers, progress=progress))
+
+
+def training_update(adapter, reference, retain: Sequence[Any], cfg: EraseConfig, extract: ExtractConfig, kind: str, *,
+                    layers: Sequence[str] | None = None, retain_task: Any = None, progress: bool = True):
+    """``task_matrix='update'``: T_f = the model minus ``reference`` (the model it was fine-tuned from); T_r =
+    ``cfg.retain_model`` minus the reference, else ``extract`` run on the reference with ``retain`` (a retain state's
+    matrices, ``retain_task``, when given)."""
+    if reference is None:
+        raise ValueError("task_matrix 'update' erases the model's training update (the model minus the model it was "
+                         "fine-tuned from): name that model (reference=, --reference, tofu --base DIR)")
+    tf = update_task_matrices(adapter, reference, layers=layers)
+    if retain_task is not None:
+        return tf, retain_task
+    if cfg.retain_model is not None:
+        device = str(next(adapter.model.parameters()).device)
+        retained = get_kind(kind).load(cfg.retain_model, device=device)
+        return tf, update_task_matrices(retained, reference, layers=list(tf), what="retain model")
+    return tf, extract_task_matrices(reference, retain, extract, layers=list(tf), progress=progress)
 
 
 def trained_layers(reference, target) -> list[str] | None:
@@ -149,7 +194,7 @@ def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
 
 def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups):
     common = dict(method=cfg.subspace, localize=cfg.localize, rule=cfg.layer_rule, scale=scale, rows=cfg.rows,
-                  groups=groups)
+                  groups=groups, top=cfg.top if cfg.layer_rule == "top" else None)
     if rank is None:
         return erase(model, tf, tr, energy=cfg.energy or 0.9, retain_energy=cfg.energy or 0.9, **common)
     retain = tr if cfg.retain_rank else None
@@ -262,7 +307,10 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         reference = reference or adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
     t0 = time.perf_counter()
     layers = trained_layers(reference, adapter) if cfg.trained_only and ctx.reference is not None else None
-    if cached:
+    if cfg.task_matrix == "update":
+        tf, tr = training_update(adapter, ctx.reference, retain, cfg, extract, ctx.kind, layers=layers,
+                                 retain_task=ctx.retain_task, progress=ctx.progress)
+    elif cached:
         tf = extract_task_matrices(reference or adapter, forget, extract, layers=layers, progress=ctx.progress)
         tr = ctx.retain_task
     else:
@@ -273,7 +321,11 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}
-    if ctx.rule is not None:
+    if cfg.subtract == "own":  # the task matrix's own size: one edit, judged by the harness's rule measures
+        scale = 1.0
+        info["subtract"] = "own"
+        info["relative"] = relative_unit(adapter.model, tf)
+    elif ctx.rule is not None:
         head_only = kind.is_classifier and set(tf) == {adapter.head_weight} and "forgotten_rows" in tf.meta
         points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress,
                               past_bound=head_only)

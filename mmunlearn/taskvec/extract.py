@@ -1,4 +1,5 @@
-"""Task matrices from a partition: fine-tune delta, LoRA delta, or accumulated gradient.
+"""Task matrices from a partition (fine-tune delta, layer-wise fine-tune delta, LoRA delta, accumulated gradient),
+or from two models (a training update).
 
 Common to every adapter (text, speech, speaker): it only uses ``adapter.model``,
 ``adapter.layers()``, ``adapter.collate`` and ``adapter.loss``. Forget and retain matrices must
@@ -11,6 +12,12 @@ come from the same kind and settings. The model is left exactly as it was (bit f
   never forms the m x n matrix; ``.dense()`` does when something needs it).
 - ``gradient``: T = -lr * sum of the partition's loss gradients over one pass (no optimiser
   state): the cheapest, a linearised SGD step.
+- ``layerwise``: UNLEARN's protocol (Lizzo & Heck, arXiv 2408.04140, Figure 1): one layer group (block) at a
+  time is unfrozen and fine-tuned alone for N steps with every other weight frozen, then put back; its change
+  is that block's task matrix (blocks x N steps in all).
+
+:func:`update_task_matrices` gives the training update ``T = target - reference`` (the model the target was
+fine-tuned from), the task matrix of whatever that training taught.
 """
 
 from __future__ import annotations
@@ -28,15 +35,15 @@ from mmunlearn.taskvec.lowrank import LowRank
 from mmunlearn.taskvec.store import TaskMatrices
 from mmunlearn.train import TrainConfig, train
 
-KINDS = ("finetune", "lora", "gradient")
+KINDS = ("finetune", "lora", "gradient", "layerwise")
 
 
 @dataclass(frozen=True)
 class ExtractConfig:
     """How task matrices are extracted from a partition."""
 
-    kind: str = "finetune"  # finetune | lora | gradient
-    steps: int = 20  # optimizer steps (finetune, lora); gradient: ignored (one pass)
+    kind: str = "finetune"  # finetune | lora | gradient | layerwise
+    steps: int = 20  # optimizer steps (finetune, lora; layerwise: per block); gradient: ignored (one pass)
     lr: float = 1e-3  # learning rate (finetune, lora) or gradient step size (gradient)
     batch_size: int = 16
     lora_rank: int = 8
@@ -85,6 +92,15 @@ def _finetune(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> 
             for n, b in adapter.model.named_buffers():
                 if n in buffers:
                     b.copy_(buffers[n])
+
+
+def _layerwise(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict[str, torch.Tensor]:
+    """Each layer group fine-tuned alone (the others frozen, then restored): its own change is its task matrix."""
+    block = {lw.name: lw.block for lw in adapter.layers()}
+    out: dict[str, torch.Tensor] = {}
+    for group in dict.fromkeys(block[n] for n in params):
+        out.update(_finetune(adapter, examples, {n: p for n, p in params.items() if block[n] == group}, cfg, progress))
+    return out
 
 
 def _gradient(adapter, examples, params, cfg: ExtractConfig) -> dict[str, torch.Tensor]:
@@ -176,8 +192,33 @@ def extract_task_matrices(adapter, examples: Sequence[Any], config: ExtractConfi
         tensors = _finetune(adapter, examples, params, cfg, progress)
     elif cfg.kind == "gradient":
         tensors = _gradient(adapter, examples, params, cfg)
+    elif cfg.kind == "layerwise":
+        tensors = _layerwise(adapter, examples, params, cfg, progress)
     else:
         tensors = _lora(adapter, examples, params, cfg, progress)
     meta = {**asdict(cfg), "data_hash": data_hash(examples), "examples": len(examples),
             "seconds": time.perf_counter() - start}
     return TaskMatrices(tensors, json.loads(json.dumps(meta)))
+
+
+def update_task_matrices(target, reference, *, layers: Sequence[str] | None = None,
+                         what: str = "target") -> TaskMatrices:
+    """The training update ``T = W_target - W_reference`` per layer of ``target.layers()`` (``layers``: only those):
+    the task matrix of the training that made ``target`` from ``reference`` (the model it was fine-tuned from).
+    ``what`` names ``target`` in the errors. Raises when the two are not the same architecture."""
+    ours = _selected(target, layers)
+    theirs = {lw.name: lw.weight for lw in reference.layers()}
+    missing = [n for n in ours if n not in theirs]
+    if missing:
+        raise ValueError(f"the reference model has no layer {missing[0]!r} of the {what}: a training update needs the "
+                         "model it was fine-tuned from (same architecture)")
+    tensors = {}
+    for name, w in ours.items():
+        r = theirs[name]
+        if r.shape != w.shape:
+            raise ValueError(f"layer {name}: {what} shape {tuple(w.shape)}, reference {tuple(r.shape)}: a training "
+                             "update needs the model it was fine-tuned from")
+        tensors[name] = (w.detach().float().cpu() - r.detach().float().cpu())
+    if not any(bool(t.any()) for t in tensors.values()):
+        raise ValueError(f"the {what} and the reference model have the same weights: no training update to erase")
+    return TaskMatrices(tensors, {"kind": "update", "of": what})
