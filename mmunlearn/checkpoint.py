@@ -11,6 +11,7 @@ Only safetensors files are read; pickled ``.bin`` / ``.pt`` weights are never lo
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -40,6 +41,8 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 __all__ = ["INDEX", "MARKER", "SINGLE", "Checkpoint", "atomic_dir", "check_finite", "check_output_dir",
            "copy_extra_files", "load_checkpoint", "save_shard", "shard_files", "write_checkpoint"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -175,10 +178,13 @@ def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str,
                                  "written (a --scale too large for the weights' dtype, or corrupt inputs)")
 
 
-def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = ()) -> None:
+def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *,
+                     weights: bool = False) -> list[str]:
     """Copy everything in ``root`` but the names in ``skip`` and those outputs use for their own files
     (:data:`mmunlearn.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would be
-    read back as ours) into ``dst``.
+    read back as ours) into ``dst``. Unless ``weights``, whatever may hold weights (:mod:`mmunlearn.held_weights`:
+    ``pytorch_model.bin`` beside the safetensors, ``original/*.pth``, ``.git/``, backups) is left out, with a warning
+    naming it: an edited model must not carry the weights it was edited from. Returns what was left out.
 
     One walk that opens every entry without following links and copies from what it opened
     (:func:`mmunlearn.safecopy.copy_side_files`): a link leaving the folder, a hard link or an entry
@@ -187,7 +193,11 @@ def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iter
     (:func:`mmunlearn.paths.check_tree`), so a folder that was bad from the start writes nothing.
     """
     check_tree(root)
-    copy_side_files(root, dst, skip=set(skip) | RESERVED)
+    dropped = copy_side_files(root, dst, skip=set(skip) | RESERVED, drop_weights=not weights)
+    if dropped:
+        log.warning("%s: left out of the output, as they may hold the original weights: %s", root,
+                    ", ".join(dropped[:10]) + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""))
+    return dropped
 
 
 def save_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict | None,

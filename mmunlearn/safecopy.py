@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mmunlearn.errors import UnsafePathError, writing
+from mmunlearn.held_weights import weight_bytes, weight_like
 from mmunlearn.layout import MARKER
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -97,8 +98,10 @@ def _write_copy(fd: int, st: os.stat_result, dst: Path) -> None:
 class _Walk:
     """One walk of ``root``: the folder's descriptor, its real path and where its links may point."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, drop_weights: bool = False):
         self.root = Path(root)
+        self.drop_weights = drop_weights  # leave out what may hold weights (mmunlearn.held_weights), listed in dropped
+        self.dropped: list[str] = []
         try:
             self.real = os.path.realpath(self.root, strict=True)
         except (OSError, RuntimeError) as exc:
@@ -119,6 +122,9 @@ class _Walk:
             if not rel and (name in skip or (select is not None and not select(name))):
                 continue
             path = self.root / rel / name
+            if self.drop_weights and weight_like(os.path.join(rel, name)):
+                self.dropped.append(os.path.join(rel, name))
+                continue
             target = dst / name if dst is not None else None
             if before_open is not None:
                 before_open(path)
@@ -149,6 +155,9 @@ class _Walk:
         fd = _open(dir_fd, name, path, folder=False)
         try:
             st = _checked_file(fd, path, hard_links=False)
+            if self.drop_weights and weight_bytes(os.pread(fd, 64, 0)):  # stored tensors under another name
+                self.dropped.append(str(path.relative_to(self.root)))
+                return
             if target is not None:
                 with writing(target):
                     _write_copy(fd, st, target)
@@ -221,24 +230,28 @@ class _Walk:
 
 
 def _walk(root: str | os.PathLike, dst: str | os.PathLike | None, skip: Iterable[str],
-          select: Callable[[str], bool] | None, folders: bool) -> None:
-    walk = _Walk(root)
+          select: Callable[[str], bool] | None, folders: bool, drop_weights: bool = False) -> list[str]:
+    walk = _Walk(root, drop_weights)
     try:
         walk.entries(walk.fd, "", set(skip) | {MARKER}, select, folders, Path(dst) if dst is not None else None)
     finally:
         walk.close()
+    return walk.dropped
 
 
 def copy_side_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *,
-                    select: Callable[[str], bool] | None = None, folders: bool = True) -> None:
+                    select: Callable[[str], bool] | None = None, folders: bool = True,
+                    drop_weights: bool = False) -> list[str]:
     """Copy the entries of ``root`` into the existing folder ``dst`` in one no-follow walk (module notes).
 
     ``skip``: top-level names not copied (the weight files a caller writes itself; :data:`MARKER` always);
     ``select``: when given, a top-level name is copied only if it returns True; ``folders=False`` copies
-    only the top-level files (and file links). Raises :class:`~mmunlearn.errors.UnsafePathError` naming the
+    only the top-level files (and file links); ``drop_weights``: entries at any depth that may hold weights
+    (:mod:`mmunlearn.held_weights`: by name, or a file by its first bytes) are left out. Returns what was left out
+    (paths relative to ``root``). Raises :class:`~mmunlearn.errors.UnsafePathError` naming the
     entry for a link leaving the folder, a hard link, a special file or an entry replaced while read.
     """
-    _walk(root, dst, skip, select, folders)
+    return _walk(root, dst, skip, select, folders, drop_weights)
 
 
 def check_side_files(root: str | os.PathLike, skip: Iterable[str] = (), *,

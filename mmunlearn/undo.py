@@ -43,7 +43,7 @@ def _restore_files(model_dir: Path, out: Path, undo: UndoPatch, kind: Kind, over
     flat = {f"{f.rsplit('.', 1)[0]}.{k}": t for f, s in states.items() for k, t in s.items()}
     restore(flat, undo)  # writes into the loaded tensors
     with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
-        copy_extra_files(model_dir, tmp, set(restore_leftovers()) | set(states))
+        copy_extra_files(model_dir, tmp, set(restore_leftovers()) | set(states), weights=True)  # its own .ckpt
         for f, state in states.items():
             kind.write_weights(state, tmp / f)  # the kind's own format
 
@@ -113,7 +113,7 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
             raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: nested too deeply") from None
     if not patch_path.is_file() and report and _no_weight_edited(report):
         with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:  # nothing was edited (T3): no head
-            copy_extra_files(model_folder(model_dir), tmp, set(restore_leftovers()))  # T3: the files in base/
+            copy_extra_files(model_folder(model_dir), tmp, set(restore_leftovers()), weights=True)  # T3: base/
         return out
     if not patch_path.is_file():
         raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch)")

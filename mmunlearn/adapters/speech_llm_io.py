@@ -93,9 +93,15 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
 def _copy_side_files(source: Path, out: Path) -> None:
     """Top-level files of the source directory that ``save_pretrained`` does not write (e.g. Qwen2.5-Omni's
     ``spk_dict.pt`` voice table, a README), so the written directory loads like the one read. One walk that
-    never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.safecopy`)."""
-    copy_side_files(source, out, select=lambda name: (_side_file(name) and not os.path.lexists(out / name)
-                                                      and name not in RESERVED), folders=False)  # ours: not copied
+    never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.safecopy`). What may hold the
+    original weights (:mod:`mmunlearn.held_weights`: ``consolidated.pth``, ``model.safetensors.orig``, any file
+    whose bytes are stored tensors) is left out, with a warning naming it."""
+    dropped = copy_side_files(source, out, select=lambda name: (_side_file(name) and not os.path.lexists(out / name)
+                                                                and name not in RESERVED),  # ours: not copied
+                              folders=False, drop_weights=True)
+    if dropped:
+        log.warning("%s: left out of the output, as they may hold the original weights: %s", source,
+                    ", ".join(dropped[:10]))
 
 
 def save_dir(adapter, path: str | os.PathLike, overwrite: bool = False) -> Path:
