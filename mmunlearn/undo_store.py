@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.atomic import write_json_atomic
-from mmunlearn.checkpoint import atomic_dir, check_output_dir
+from mmunlearn.checkpoint import INDEX, SINGLE, atomic_dir, check_output_dir
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, UNLEARN_REPORT
+from mmunlearn.held_weights import stray_weights
+from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
+from mmunlearn.safecopy import read_inside
 
 #: The default undo folder of ``out``: ``<out>.undo`` beside it.
 UNDO_SUFFIX = ".undo"
@@ -136,18 +138,75 @@ def patch_of(folder: str | os.PathLike) -> Path:
     return (undo if undo is not None else Path(folder)) / PATCH_NAME
 
 
+#: The largest ``unlearn_report.json`` check-release reads (a report is kilobytes).
+REPORT_LIMIT = 64 << 20
+#: Why a T3 output is never ready to release (its weights are the target's).
+SERVING_FILTER = ("a T3 output: its weights (base/) are the unchanged model, which still holds the forget set; the "
+                  "forgetting is a decoding-time filter (tilt/) that only mmunlearn.load applies, and anyone loading "
+                  "base/ with transformers gets the original model. Serve it through mmunlearn.load; release weights "
+                  "only from a method that edits them")
+
+
+def read_release_report(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """``folder``'s ``unlearn_report.json`` (None when it has none), read without following a link and at most
+    :data:`REPORT_LIMIT` bytes; a report that is not a JSON object is an error naming it."""
+    path = Path(folder) / UNLEARN_REPORT
+    if not os.path.lexists(path):
+        return None
+    try:
+        report = json.loads(read_inside(folder, UNLEARN_REPORT, REPORT_LIMIT))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be an unlearning report") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"{path} is not an unlearning report (not a JSON object)")
+    return report
+
+
+def _live_weights(folder: Path) -> set[str]:
+    """The weight files the folder's model loads: ``model.safetensors`` or the shards its index names (also under a
+    T3 output's ``base/`` and its ``tilt/`` head), a SpeechBrain folder's top-level checkpoints."""
+    live: set[str] = set()
+    for sub in ("", TILT_BASE_DIR):
+        root = folder / sub
+        if (root / INDEX).is_file():
+            try:
+                shards = set(json.loads(read_inside(root, INDEX, REPORT_LIMIT))["weight_map"].values())
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                shards = set()  # an unreadable index names no live shard: every shard is reported
+            live |= {os.path.join(sub, s) for s in shards if isinstance(s, str)}
+        live.add(os.path.join(sub, SINGLE))
+    if (folder / "hyperparams.yaml").is_file():
+        live |= {p.name for p in folder.glob("*.ckpt") if p.is_file() and not p.is_symlink()}
+    live |= {os.path.join(TILT_DIR, p.name) for p in (folder / TILT_DIR).glob("*.safetensors")}
+    return live
+
+
 def release_problems(folder: str | os.PathLike) -> list[str]:
-    """Why ``folder`` is not ready to release (empty: ready): undo records inside it hold the original weights."""
+    """Why ``folder`` is not ready to release (empty: ready): a T3 output (the unchanged weights under a decoding
+    filter), a report saying the rule was missed, undo records, or any other file that may hold the original weights
+    (:func:`mmunlearn.held_weights.stray_weights`, the whole folder walked)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder not found: {folder}")
     problems = []
+    report = read_release_report(folder)
+    if os.path.lexists(folder / TILT_DIR) or (report is not None and str(report.get("method", "")).startswith("t3")):
+        problems.append(SERVING_FILTER)
+    if report is not None and report.get("target_reached") is False:
+        verdict = str(report.get("verdict"))[:300]
+        problems.append(f"{UNLEARN_REPORT}: its own report says the rule was missed ({verdict})")
     if os.path.lexists(folder / PATCH_NAME):
         problems.append(f"{PATCH_NAME}: the original values of every edited tensor (what was forgotten)")
     if os.path.lexists(folder / HISTORY_DIR):
         problems.append(f"{HISTORY_DIR}/: earlier requests' undo patches (the weights before each)")
     for path in sorted(folder.rglob(f"*{UNDO_SUFFIX}")):
         problems.append(f"{path.relative_to(folder)}: an undo folder inside the model folder")
+    named = {PATCH_NAME, HISTORY_DIR + "/"} | {f"{p.relative_to(folder)}/" for p in folder.rglob(f"*{UNDO_SUFFIX}")}
+    for rel in stray_weights(folder, _live_weights(folder)):
+        if rel not in named:
+            problems.append(f"{rel}: a weight file the model does not load (it may hold the original weights)")
     return problems
 
 
@@ -166,5 +225,5 @@ def move_undo(src_undo: Path, dst_out: Path, overwrite: bool, report: dict[str, 
     report["undo_patch"] = str(Path(os.path.abspath(target)) / PATCH_NAME)
 
 
-__all__ = ["UNDO_INFO", "UNDO_KEY", "UNDO_SUFFIX", "default_undo_dir", "move_undo", "patch_of", "release_problems",
-           "split_undo", "undo_dir_of", "undo_dir_path"]
+__all__ = ["REPORT_LIMIT", "SERVING_FILTER", "UNDO_INFO", "UNDO_KEY", "UNDO_SUFFIX", "default_undo_dir", "move_undo",
+           "patch_of", "read_release_report", "release_problems", "split_undo", "undo_dir_of", "undo_dir_path"]
