@@ -14,12 +14,15 @@ import pytest
 from typer.testing import CliRunner
 
 from mmunlearn.adapters.speech_llm_io import _copy_side_files
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.api import unlearn
 from mmunlearn.cli import app
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.held_weights import stray_weights, weight_bytes, weight_like
 from mmunlearn.layout import UNLEARN_REPORT
 from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget
+from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
 runner = CliRunner()
 SHARD = "model-00001-of-00003.safetensors"
@@ -84,19 +87,22 @@ def test_check_release_names_every_file_that_may_hold_the_original_weights(tmp_p
     assert digest_tree(out) == before
 
 
-def test_a_t3_output_is_never_ready_to_release(tmp_path):
-    """A T3 output's base/ is the unchanged target (from_pretrained of base/ gives it back): refused, saying why."""
-    out = tmp_path / "t3_out"
-    make_checkpoint(out / "base", sharded=False)
-    (out / "tilt").mkdir()
-    (out / "tilt" / "tilt_config.json").write_text(json.dumps({"base_model": "base"}))
-    (out / UNLEARN_REPORT).write_text(json.dumps({"method": "t3", "target_reached": True,
-                                                  "verdict": "rule met by t3"}))
+def test_a_t3_output_is_never_ready_to_release(tmp_path, capsys):
+    """A T3 output's base/ is the unchanged target (byte for byte): the run says it is not for release and
+    check-release refuses it, saying why."""
+    model = tmp_path / "model"
+    TextLLMAdapter(tiny_causal_lm(layers=1, seed=2), tiny_tokenizer()).save(model)
+    rows = [{"question": f"Who is person {i}?", "answer": f"Person {i} lives at {i} Elm Street."} for i in range(8)]
+    unlearn(model, forget=rows[:2], retain=rows[2:], method="t3", out=tmp_path / "out", rule=None, device="cpu",
+            size="micro", **fast("t3"))
+    assert "not for release" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert (out / "base" / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
     before = digest_tree(out)
     done = _release(out)
     assert done.exit_code == 1 and "T3 output" in done.output and "decoding-time filter" in done.output, done.output
     assert "base/model.safetensors" not in done.output  # the base is named by the T3 reason, not as a stray file
-    assert digest_tree(out) == before
+    assert digest_tree(out) == before and listing(tmp_path) == {"model", "out"}
 
 
 def test_a_folder_whose_report_says_the_rule_was_missed_is_not_ready(tmp_path):
