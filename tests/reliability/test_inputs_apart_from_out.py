@@ -12,7 +12,7 @@ from mmunlearn.api import unlearn
 from mmunlearn.layout import MARKER
 from mmunlearn.paths import check_holds_none
 from mmunlearn.errors import UnsafePathError
-from tests.reliability.untrusted import digest_tree
+from tests.reliability.untrusted import digest_tree, run_cli_here
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 
@@ -81,3 +81,13 @@ def test_an_output_holding_audio_clips_of_the_sets_is_refused(tmp_path):
             check_holds_none(out, [wav], "audio clips of the forget/retain sets")
     check_holds_none(clips / "spk1" / "out", [wav], "audio clips")  # inside their folder: nothing is deleted
     assert wav.read_bytes() == b"RIFF"
+
+
+def test_the_command_says_it_in_one_line_and_exits_2(model, tmp_path):
+    data = _earlier_output(tmp_path / "D")
+    before = _snapshot(tmp_path)
+    done = run_cli_here("unlearn", "--model", str(model), "--forget", str(data / "forget.jsonl"), "--retain",
+                        str(data / "retain.jsonl"), "--out", str(data), "--overwrite")
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and "forget.jsonl" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert _snapshot(tmp_path) == before
