@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
+import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,32 +42,76 @@ def _where(label: str, i: int) -> str:
     return f"{label} row {i}"
 
 
+#: The longest line (or CSV record) of a set file, in characters: a row is a question and its answer or one passage.
+MAX_LINE = 1 << 20
+#: The largest ``.json`` set file (read whole, as one JSON value); JSONL, CSV and ``.txt`` are read a line at a time.
+MAX_JSON_BYTES = 1 << 30
+
+
+def _open_regular(path: Path) -> io.TextIOWrapper:
+    """``path`` opened as UTF-8 text (a BOM dropped), refused unless it is a regular file: a FIFO, a device or a link
+    to one is never waited on or read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise DataFormatError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataFormatError(f"{path}: a folder, not a file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataFormatError(f"{path}: not a regular file (a FIFO, device or socket): refusing to read it")
+    os.set_blocking(fd, True)
+    return open(fd, encoding="utf-8-sig", newline="")
+
+
+def _lines(path: Path, fh: io.TextIOWrapper) -> Iterator[tuple[int, str]]:
+    """(line number, line) of an open text file, one at a time; a line over :data:`MAX_LINE` characters is refused."""
+    for n in itertools.count(1):
+        line = fh.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE and not line.endswith("\n"):
+            raise DataFormatError(f"{path}:{n}: a line over {MAX_LINE:,} characters (a row is a question and its "
+                                  "answer, or one passage)")
+        yield n, line.rstrip("\r\n")
+
+
+def _jsonl_items(path: Path, fh: io.TextIOWrapper) -> list[Item]:
+    items = []
+    for line, raw in _lines(path, fh):
+        if raw.strip():
+            try:
+                items.append((f"{path}:{line}", json.loads(raw)))
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path}:{line}: not a JSON value ({exc.msg})") from None
+            except RecursionError:
+                raise DataFormatError(f"{path}:{line}: a JSON value nested too deeply") from None
+            except ValueError as exc:  # e.g. an integer of 100,000 digits
+                raise DataFormatError(f"{path}:{line}: not a usable JSON value ({exc})") from None
+    return items
+
+
 def _file_items(path: Path, text: bool) -> list[Item]:
-    """The raw items of a file, by its suffix; JSON objects, CSV rows as dicts, ``.txt`` texts as strings."""
+    """The raw items of a file, by its suffix; JSON objects, CSV rows as dicts, ``.txt`` texts as strings. Read a
+    line at a time (JSONL, CSV, ``.txt``), so a bad first line is refused before the rest is read."""
     suffix = path.suffix.lower()
     accepted = TEXT_SUFFIXES if text else SPEECH_SUFFIXES
     if suffix not in accepted:
         raise DataFormatError(f"{path}: unknown file type {suffix or '(no suffix)'!r}; accepted: {', '.join(accepted)}")
-    if not path.is_file():
-        raise DataFormatError(f"{path}: file not found")
-    try:
-        content = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataFormatError(f"{path}: not UTF-8 text ({exc})") from None
-    if suffix == ".json":
-        return _json_items(path, content)
-    if suffix in (".jsonl", ".ndjson"):
-        items = []
-        for line, raw in enumerate(content.splitlines(), start=1):
-            if raw.strip():
-                try:
-                    items.append((f"{path}:{line}", json.loads(raw)))
-                except json.JSONDecodeError as exc:
-                    raise DataFormatError(f"{path}:{line}: not a JSON value ({exc.msg})") from None
-        return items
-    if suffix == ".txt":
-        return _txt_items(path, content)
-    return _csv_items(path, content, "\t" if suffix == ".tsv" else ",", text)
+    with _open_regular(path) as fh:
+        try:
+            if suffix == ".json":
+                if os.fstat(fh.fileno()).st_size > MAX_JSON_BYTES:
+                    raise DataFormatError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB; give a large set as JSONL "
+                                          "(read a line at a time)")
+                return _json_items(path, fh.read())
+            if suffix in (".jsonl", ".ndjson"):
+                return _jsonl_items(path, fh)
+            if suffix == ".txt":
+                return _txt_items(path, [line for _, line in _lines(path, fh)])
+            return _csv_items(path, fh, "\t" if suffix == ".tsv" else ",", text)
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(f"{path}: not UTF-8 text ({exc})") from None
 
 
 def _json_items(path: Path, content: str) -> list[Item]:
@@ -73,6 +119,10 @@ def _json_items(path: Path, content: str) -> list[Item]:
         data = json.loads(content)
     except json.JSONDecodeError as exc:
         raise DataFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise DataFormatError(f"{path}: JSON nested too deeply to be a list of rows") from None
+    except ValueError as exc:  # e.g. an integer of 100,000 digits
+        raise DataFormatError(f"{path}: not usable JSON ({exc})") from None
     if isinstance(data, Mapping):
         keys = [k for k in ("data", "rows") if isinstance(data.get(k), list)]
         if len(keys) != 1:
@@ -85,9 +135,8 @@ def _json_items(path: Path, content: str) -> list[Item]:
     return [(_where(str(path), i), item) for i, item in enumerate(data)]
 
 
-def _txt_items(path: Path, content: str) -> list[Item]:
+def _txt_items(path: Path, lines: list[str]) -> list[Item]:
     """One text per line, or paragraphs (lines joined by newlines) when a blank line separates texts."""
-    lines = content.splitlines()
     if any(not line.strip() for line in lines) and sum(1 for line in lines if line.strip()) > 1:
         items, start, block = [], 0, []
         for n, line in enumerate([*lines, ""], start=1):
@@ -100,8 +149,8 @@ def _txt_items(path: Path, content: str) -> list[Item]:
     return [(f"{path}:{n}", line) for n, line in enumerate(lines, start=1) if line.strip()]
 
 
-def _csv_items(path: Path, content: str, delimiter: str, text: bool) -> list[Item]:
-    reader = csv.reader(io.StringIO(content, newline=""), delimiter=delimiter)
+def _csv_items(path: Path, fh: Iterable[str], delimiter: str, text: bool) -> list[Item]:
+    reader = csv.reader(fh, delimiter=delimiter)  # a field over csv's limit (128 KiB) is a csv.Error
     try:  # line_num: the line a record ends on (a quoted field may span lines); blank records are skipped
         numbered = [(reader.line_num, r) for r in reader if any(cell.strip() for cell in r)]
     except csv.Error as exc:

@@ -50,9 +50,11 @@ def _label(value: Any, where: str) -> str:
     return value.strip()
 
 
-def _path(value: str | os.PathLike, base: Path | None) -> str:
+def _path(value: str | os.PathLike, base: Path | None, where: str = "") -> str:
     """An absolute path: a relative one joined to ``base`` (the folder of the file naming it), else the cwd."""
     text = os.fspath(value)
+    if "\0" in text:
+        raise DataFormatError(f"{where}: the audio path holds a NUL byte ({short(text)})")
     if not text.strip():
         return ""  # check_rows reports the empty path, naming the row
     path = Path(text)
@@ -95,12 +97,12 @@ def _audio(value: Any, where: str, base: Path | None, target: Path | None) -> An
     """The ``wav`` of a row: an absolute path, the path of the WAV file written for in-memory audio, or a waveform
     (an array or tensor, as the library's own rows hold)."""
     if isinstance(value, (str, os.PathLike)):
-        return _path(value, base)
+        return _path(value, base, where)
     if isinstance(value, Mapping):
         if value.get("array") is not None or value.get("bytes") is not None:
             return _write_audio(value, where, target)
         if isinstance(value.get("path"), str):
-            return _path(value["path"], base)
+            return _path(value["path"], base, where)
         raise DataFormatError(f"{where}: the audio holds none of 'array', 'bytes', 'path' (keys: {fields_found(value)})")
     if isinstance(value, np.ndarray) or hasattr(value, "dim"):
         return value
@@ -188,8 +190,8 @@ def read_speech_rows(source: Any, name: str, *, audio_dir: str | os.PathLike | N
         rows = _dataset_rows(source, name, target, module)
     elif isinstance(source, (str, os.PathLike)) and _is_manifest(Path(source)):
         rows = read_manifest(source)
-        for row in rows:
-            row["wav"] = _path(row["wav"], Path(source).absolute().parent)
+        for i, row in enumerate(rows):
+            row["wav"] = _path(row["wav"], Path(source).absolute().parent, f"{source} row {i + 1} ({row.get('ID')})")
     else:
         items, base = source_items(source, name, text=False)
         rows = [_row(item, where, i, name, base, target) for i, (where, item) in enumerate(items)]
