@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from math import gcd
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -49,7 +50,26 @@ def resample(wav: np.ndarray, orig_sr: int, sr: int) -> np.ndarray:
     return resample_poly(wav, int(sr) // g, int(orig_sr) // g).astype(np.float32)
 
 
+#: The longest audio a file may decode to, in seconds: its header (or the decoder, for formats without one) is read
+#: first, so a small file that decodes to hours is refused before the samples are allocated.
+MAX_AUDIO_SECONDS = 2 * 3600
+
+
+def _too_long(path: Path, seconds: float) -> AudioError:
+    return AudioError(path, f"decodes to {seconds / 3600:.1f} hours of audio, more than the "
+                      f"{MAX_AUDIO_SECONDS / 3600:g} a clip may have (cut it, or split it into segments)")
+
+
+def check_duration(path: str | os.PathLike, info: Any) -> None:
+    """Refuse audio whose soundfile header (``info``: frames, samplerate) says it is longer than
+    :data:`MAX_AUDIO_SECONDS`."""
+    rate = int(info.samplerate)
+    if rate > 0 and info.frames / rate > MAX_AUDIO_SECONDS:
+        raise _too_long(Path(path), info.frames / rate)
+
+
 def _read_soundfile(path: Path) -> tuple[np.ndarray, int]:
+    check_duration(path, sf.info(str(path)))
     data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     return data.mean(axis=1), int(rate)
 
@@ -62,7 +82,7 @@ def _read_av(path: Path) -> tuple[np.ndarray, int]:
             raise AudioError(path, "no audio stream")
         stream = container.streams.audio[0]
         rate = int(stream.codec_context.sample_rate or 0)
-        chunks = []
+        chunks, decoded = [], 0
         for frame in container.decode(stream):
             arr = frame.to_ndarray()
             if frame.format.is_planar:  # (channels, samples)
@@ -72,6 +92,9 @@ def _read_av(path: Path) -> tuple[np.ndarray, int]:
                 chunks.append(arr.reshape(-1, n_ch).astype(np.float32).mean(axis=1))
             rate = rate or int(frame.sample_rate)
             kind = frame.format.name.rstrip("p")
+            decoded += chunks[-1].size
+            if rate and decoded / rate > MAX_AUDIO_SECONDS:
+                raise _too_long(path, decoded / rate)
     if not chunks:
         return np.zeros(0, dtype=np.float32), rate
     wav = np.concatenate(chunks)
@@ -111,6 +134,8 @@ def read_audio(
     try:
         if path.suffix.lower() in SOUNDFILE_SUFFIXES:
             info = sf.info(str(path))
+            if stop is None:
+                check_duration(path, info)
             if int(info.samplerate) == sr and (start or stop is not None):
                 data, _ = sf.read(str(path), start=start, stop=stop, dtype="float32",
                                   always_2d=True)

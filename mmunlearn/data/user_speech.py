@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from mmunlearn.data.audio import save_wav
+from mmunlearn.data.audio import check_duration, save_wav
 from mmunlearn.data.manifest import MANIFEST_COLUMNS, check_rows, read_manifest
 from mmunlearn.data.user_files import DataFormatError, dataset_module, fields_found, fields_named, short, source_items
 
@@ -85,6 +85,11 @@ def _write_audio(value: Mapping[str, Any], where: str, target: Path | None) -> s
             raise DataFormatError(f"{where}: the audio array has no positive integer 'sampling_rate' (got {short(rate)})")
         wav = _mono(value["array"], where)
     else:
+        try:
+            info = sf.info(io.BytesIO(value["bytes"]))
+        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+            raise DataFormatError(f"{where}: the audio bytes are not a format soundfile reads ({exc})") from None
+        check_duration(where, info)  # before decoding: a small file may decode to hours
         try:
             data, rate = sf.read(io.BytesIO(value["bytes"]), dtype="float32", always_2d=True)
         except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
