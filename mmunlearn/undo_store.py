@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,19 @@ def undo_dir_path(final: str | os.PathLike, ref: dict[str, str]) -> Path:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in ``path`` (at most 1 MiB, no link followed), None when it is missing or not JSON; a FIFO, device
+    or socket is refused (never waited on)."""
     try:
-        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-            return json.loads(fh.read(1 << 20))
-    except (OSError, json.JSONDecodeError, RecursionError, UnicodeDecodeError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
         return None
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(f"{path} is not a regular file (a FIFO, device or socket): refusing to read it")
+        try:
+            return json.loads(fh.read(1 << 20))
+        except (OSError, json.JSONDecodeError, RecursionError, UnicodeDecodeError):
+            return None
 
 
 def _undo_reference(folder: Path) -> tuple[Path, dict] | None:

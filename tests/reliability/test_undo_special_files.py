@@ -1,0 +1,59 @@
+"""An undo folder's ``undo.json`` that is a FIFO (or any file that is not regular) is refused, naming it, by
+``restore`` and by ``unlearn --model OUT`` (the request history): never waited on. The folders are left as they
+were and nothing is written."""
+
+from __future__ import annotations
+
+import os
+
+from mmunlearn.erase.in_memory import erase_checkpoint
+from mmunlearn.errors import UnsafePathError
+from mmunlearn.requests import read_history
+from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget, run_cli
+
+import pytest
+
+
+@pytest.fixture
+def fifo_undo(tmp_path):
+    model = make_checkpoint(tmp_path / "model")
+    erase_checkpoint(model, make_forget(tmp_path / "forget.safetensors"), tmp_path / "out", rank=2)
+    info = tmp_path / "out.undo" / "undo.json"
+    info.unlink()
+    os.mkfifo(info)
+    return tmp_path / "out"
+
+
+def test_restore_refuses_a_fifo_undo_json(fifo_undo, tmp_path):
+    before = digest_tree(fifo_undo)
+    done = run_cli("restore", "--model", str(fifo_undo), "--out", str(tmp_path / "back"), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "undo.json is not a regular file" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert digest_tree(fifo_undo) == before and "back" not in listing(tmp_path)
+
+
+def test_the_request_history_refuses_it_too(fifo_undo, tmp_path):
+    (fifo_undo / "unlearn_report.json").write_text((fifo_undo / "erase_report.json").read_text())
+    with pytest.raises(UnsafePathError, match="undo.json is not a regular file"):
+        read_history(fifo_undo)
+
+
+@pytest.mark.parametrize("content", ["sparse", "deep"])
+def test_check_release_refuses_a_huge_or_deep_report_naming_it(tmp_path, content):
+    from typer.testing import CliRunner
+
+    from mmunlearn.cli import app
+
+    out = tmp_path / "out"
+    out.mkdir()
+    report = out / "unlearn_report.json"
+    if content == "sparse":
+        with open(report, "wb") as fh:
+            fh.truncate(3 << 30)  # 3 GiB of holes: nothing is allocated unless it is read
+    else:
+        report.write_text("[" * 200_000 + "]" * 200_000)
+    done = CliRunner().invoke(app, ["check-release", "--model", str(out)])
+    assert done.exit_code != 0 and isinstance(done.exception, ValueError)
+    assert "unlearn_report.json" in str(done.exception)
+    assert ("more than" in str(done.exception)) == (content == "sparse")
+    assert listing(out) == {"unlearn_report.json"}
