@@ -42,7 +42,7 @@ class Loaded:
         yield self.tokenizer
 
 
-def _method_of(folder: Path) -> str | None:
+def _report(folder: Path) -> dict[str, Any] | None:
     path = folder / UNLEARN_REPORT
     if not path.is_file():
         return None
@@ -50,7 +50,22 @@ def _method_of(folder: Path) -> str | None:
         report = json.loads(path.read_text())
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None
-    method = report.get("method") if isinstance(report, dict) else None
+    return report if isinstance(report, dict) else {}
+
+
+def _format_of(folder: Path) -> str | None:
+    """The prompt format a text LLM's rows were scored and trained in (the report's ``prompt_format``), if recorded."""
+    report = _report(folder) or {}
+    fmt = report.get("prompt_format")
+    return fmt.get("format") if isinstance(fmt, dict) and isinstance(fmt.get("format"), str) else None
+
+
+def _method_of(folder: Path) -> str | None:
+    path = folder / UNLEARN_REPORT
+    report = _report(folder)
+    if report is None:
+        return None
+    method = report.get("method")
     if not isinstance(method, str):
         raise ValueError(f"{path}: no 'method' recorded")
     return method
@@ -59,7 +74,9 @@ def _method_of(folder: Path) -> str | None:
 def load(folder: str | os.PathLike, device: str = "auto", **options: Any) -> Loaded:
     """The unlearned model of an output ``folder`` (any method, any registered kind) or of a plain model folder.
 
-    ``options`` go to the kind's loader (e.g. ``trust_hparams`` for a SpeechBrain folder). A T3 output gives the
+    ``options`` go to the kind's loader (e.g. ``trust_hparams`` for a SpeechBrain folder; ``prompt_format`` for a
+    text LLM, default the format its report records, so ``adapter.generate`` asks in the format the run used). A T3
+    output gives the
     tilted model around the base in its ``base/`` (whose place ``tilt/tilt_config.json`` records relative to the
     folder, so a moved or copied folder loads); an absolute or escaping path recorded there is refused.
     """
@@ -71,6 +88,9 @@ def load(folder: str | os.PathLike, device: str = "auto", **options: Any) -> Loa
     if kind is None:
         raise ValueError(f"{weights}: not a model folder of a supported kind "
                          f"({'; '.join(k.description for k in kinds())})")
+    recorded = _format_of(folder)
+    if recorded is not None and "prompt_format" not in options:
+        options = {**options, "prompt_format": recorded}
     adapter = load_unlearned(folder, kind.load(weights, device=device, **options))
     tokenizer = None if kind.is_classifier else adapter.tokenizer
     return Loaded(adapter.model, tokenizer, adapter, kind.name, _method_of(folder), weights)

@@ -57,11 +57,15 @@ def test_a_text_llm_folder_is_unlearned_through_the_same_call(text_dir, tmp_path
     assert model_kind(tmp_path / "out") == "text" and rep["model_kind"] == "text"
     # the rule scored retain on held-out rows no method trained on; its target and measures are named
     assert rep["held_retain_items"] == 2 and rep["retain_items"] == 8 and rep["forget_items"] == 6
-    assert rep["rule"]["forget_measure"] == "mean_nll" and "no reference model given" in rep["rule_target"]
-    assert rep["rule"]["forget_target"] == pytest.approx(rep["rule"]["base_forget"] + 1.0)
-    assert "forget set: mean NLL (nats)" in rep["verdict"] and "higher = more forgotten" in rep["verdict"]
+    # the text rule is judged row by row: every row at its level (here a guess, +1 nat: said so) and none said
+    assert rep["rule"]["forget_measure"] == "forget_rows_gone" and "no reference model given" in rep["rule_target"]
+    judged = rep["rule"]["judged"]
+    assert rep["rule"]["forget_target"] == 1.0 and judged["rows"] == 6 and judged["said"] is not None
+    assert rep["target_reached"] == (judged["out"] == [] and rep["rule"]["retain"] - rep["rule"]["base_retain"] <= 0.1)
+    assert f"{len(judged['out'])} of 6 rows still come out" in rep["verdict"] and "a GUESS" in rep["verdict"]
     assert "retain set: mean NLL (nats) rose" in rep["verdict"]  # which set each NLL is of, not two bare "mean NLL"s
     assert rep["forget_nll"]["after"] > rep["forget_nll"]["before"]
+    assert rep["method"] == "grad_ascent" and rep["method_chosen_by"] == "given (method=)"
     with pytest.raises(ValueError, match="applies to classifiers"):
         unlearn(text_dir, forget=forget, retain=retain, scope="head", device="cpu", progress=False)
 

@@ -1,8 +1,9 @@
 """Adapter for HF causal LMs (Llama, Qwen2, GPT-2, ...): QA formatting, scoring, generation, I/O.
 
 Question/answer pairs are formatted with the tokenizer's chat template when it has one, else
-``Question: ...\\nAnswer: ...``; prompt and answer are tokenised separately and concatenated,
-so the labels cover exactly the answer tokens (plus EOS).
+``Question: ...\\nAnswer: ...``, or in the ``prompt_format`` given (:mod:`mmunlearn.adapters.prompt_format`: ``chat``,
+``plain``, ``raw`` or a format string); prompt and answer are tokenised separately and concatenated, so the labels
+cover exactly the answer tokens (plus EOS).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 
 from mmunlearn.train.answer_only import answer_logits, autocast_context, supports_answer_only
 from mmunlearn.adapters.chat_template import install as install_bounds, template_error
+from mmunlearn.adapters import prompt_format as formats
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.checkpoint import atomic_dir
@@ -27,7 +29,7 @@ from mmunlearn.kinds import Kind, register_kind
 from mmunlearn.naming import group_of
 
 
-PLAIN_TEMPLATE = ("Question: {question}\nAnswer:", " {answer}")
+PLAIN_TEMPLATE = formats.TEMPLATES["plain"]
 PRECISIONS = ("no", "bf16")
 
 
@@ -53,7 +55,7 @@ class TextLLMAdapter(TokenScoring):
     """Wraps a causal LM and its tokenizer with the adapter interface (:class:`mmunlearn.adapters.base.ModalityAdapter`)."""
 
     def __init__(self, model: nn.Module, tokenizer, *, max_length: int = 512, use_chat_template: bool | None = None,
-                 precision: str = "no"):
+                 precision: str = "no", prompt_format: str | None = None):
         self.model = model
         self.precision = check_precision(precision)
         #: bf16 autocast of every teacher-forced forward (scoring, losses) when ``precision`` is bf16
@@ -65,6 +67,9 @@ class TextLLMAdapter(TokenScoring):
         self.use_chat_template = has_template if use_chat_template is None else use_chat_template
         if self.use_chat_template and not has_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        self.prompt_format: str | None = None  # None: the chat template when used, else the plain Question/Answer form
+        if prompt_format is not None:
+            self.set_prompt_format(prompt_format)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         if self.pad_id is None:
@@ -103,7 +108,8 @@ class TextLLMAdapter(TokenScoring):
     def with_model(self, model: nn.Module) -> "TextLLMAdapter":
         """The same tokenizer and formatting around another model (e.g. T3's tilted wrapper)."""
         return TextLLMAdapter(model, self.tokenizer, max_length=self.max_length,
-                              use_chat_template=self.use_chat_template, precision=self.precision)
+                              use_chat_template=self.use_chat_template, precision=self.precision,
+                              prompt_format=None if self.use_chat_template else self.prompt_format)
 
     def clone(self) -> "TextLLMAdapter":
         """An independent copy of the model; the tokenizer is shared."""
@@ -135,6 +141,24 @@ class TextLLMAdapter(TokenScoring):
                 yield LayerWeight(name, group_of(name), w)
 
     # ------------------------------------------------------------------ formatting
+    def set_prompt_format(self, fmt: str) -> None:
+        """Format rows in ``fmt`` from now on (:mod:`mmunlearn.adapters.prompt_format`); ``chat`` needs the tokenizer's
+        chat template."""
+        fmt = formats.check(fmt)
+        if fmt == "chat" and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("prompt_format 'chat' needs a tokenizer with a chat template; this one has none "
+                             f"(use one of {', '.join(f for f in formats.NAMED if f != 'chat')} or a format string)")
+        self.use_chat_template = fmt == "chat"
+        self.prompt_format = None if fmt == "chat" else fmt
+
+    @property
+    def format_name(self) -> str:
+        """The prompt format rows are written in: ``chat``, ``plain``, ``raw`` or the format string."""
+        return "chat" if self.use_chat_template else self.prompt_format or "plain"
+
+    def _templates(self) -> tuple[str, str]:
+        return formats.split(self.prompt_format or "plain")
+
     def prompt_text(self, question: str) -> str:
         if self.use_chat_template:
             install_bounds()  # the tokenizer's template is someone else's code: rendered within bounds
@@ -143,7 +167,7 @@ class TextLLMAdapter(TokenScoring):
                                                           add_generation_prompt=True)
             except (TemplateError, OverflowError) as exc:  # OverflowError: Jinja's "range too big"
                 raise template_error(exc, getattr(self.tokenizer, "name_or_path", "the tokenizer")) from None
-        return PLAIN_TEMPLATE[0].format(question=question)
+        return self._templates()[0].format(question=question)
 
     def encode(self, question: str, answer: str | None = None) -> tuple[list[int], list[int]]:
         """Token ids of prompt (+ answer + EOS) and labels (-100 on the prompt). An empty ``question`` with an answer is
@@ -158,7 +182,7 @@ class TextLLMAdapter(TokenScoring):
         prompt = tok(self.prompt_text(question), add_special_tokens=not self.use_chat_template)["input_ids"]
         if answer is None:
             return prompt, [IGNORE] * len(prompt)
-        text = answer if self.use_chat_template else PLAIN_TEMPLATE[1].format(answer=answer)
+        text = answer if self.use_chat_template else self._templates()[1].format(answer=answer)
         ans = tok(text, add_special_tokens=False)["input_ids"] + ([self.eos_id] if self.eos_id is not None else [])
         ids = (prompt + ans)[: self.max_length]
         labels = ([IGNORE] * len(prompt) + ans)[: self.max_length]
@@ -270,8 +294,9 @@ class TextLLMAdapter(TokenScoring):
 
 
 
-def _load_kind(folder: str | os.PathLike, *, device: str = "auto", **_: Any) -> TextLLMAdapter:
-    return TextLLMAdapter.from_pretrained(folder, device=device)
+def _load_kind(folder: str | os.PathLike, *, device: str = "auto", prompt_format: str | None = None,
+               **_: Any) -> TextLLMAdapter:
+    return TextLLMAdapter.from_pretrained(folder, device=device, prompt_format=prompt_format)
 
 
 KIND = register_kind(Kind(

@@ -30,6 +30,10 @@ LOG = logging.getLogger(__name__)
 QUESTION_FIELDS: tuple[str, ...] = ("question", "prompt", "input", "instruction")
 ANSWER_FIELDS: tuple[str, ...] = ("answer", "response", "output", "completion", "target")
 TEXT_FIELDS: tuple[str, ...] = ("text",)
+#: Optional fields of a question-answer row: other wordings of its question (a list of strings, or one string) and
+#: the key span of its answer (the private fact a greedy answer must not give).
+PARAPHRASE_FIELDS: tuple[str, ...] = ("paraphrases", "paraphrase")
+KEY_FIELDS: tuple[str, ...] = ("key",)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -41,7 +45,7 @@ def _string(value: Any, where: str, what: str) -> str:
     return value.strip()
 
 
-def _text_row(item: Any, where: str) -> dict[str, str]:
+def _text_row(item: Any, where: str) -> dict[str, Any]:
     """One ``{"question", "answer"}`` row from a mapping, a (question, answer) pair or a string."""
     if isinstance(item, str):
         question, answer = "", _string(item, where, "the text")
@@ -68,17 +72,42 @@ def _text_row(item: Any, where: str) -> dict[str, str]:
                               f"answer) pair or a string, got {type(item).__name__} {short(item)}")
     if not answer:
         raise DataFormatError(f"{where}: empty {'text' if not question else 'answer'} (nothing to score)")
-    return {"question": question, "answer": answer}
+    row: dict[str, Any] = {"question": question, "answer": answer}
+    if isinstance(item, Mapping):
+        row.update(_extras(item, where, question))
+    return row
 
 
-def read_text_rows(source: Any, name: str) -> list[dict[str, str]]:
+def _extras(item: Mapping[str, Any], where: str, question: str) -> dict[str, Any]:
+    """A row's optional ``paraphrases`` (a list of strings) and ``key`` (a string), read from :data:`PARAPHRASE_FIELDS`
+    and :data:`KEY_FIELDS`."""
+    out: dict[str, Any] = {}
+    para = fields_named(item, PARAPHRASE_FIELDS)
+    if para and item[para[0]] not in (None, "", []):
+        value = item[para[0]]
+        listed = [value] if isinstance(value, str) else value
+        if not isinstance(listed, (list, tuple)):
+            raise DataFormatError(f"{where}: field {para[0]!r} must be a string or a list of strings, got "
+                                  f"{type(value).__name__} {short(value)}")
+        if not question:
+            raise DataFormatError(f"{where}: paraphrases need a question (this row is prompt-less text)")
+        out["paraphrases"] = [_string(p, where, f"a paraphrase in {para[0]!r}") for p in listed]
+    key = fields_named(item, KEY_FIELDS)
+    if key and item[key[0]] not in (None, ""):
+        out["key"] = _string(item[key[0]], where, f"field {key[0]!r}")
+    return out
+
+
+def read_text_rows(source: Any, name: str) -> list[dict[str, Any]]:
     """A text forget/retain set as ``{"question", "answer"}`` rows, in the source's order.
 
     ``source``: a path to ``.json`` (a list of rows, or an object with the list under ``"data"`` or ``"rows"``),
     ``.jsonl``, ``.csv``/``.tsv`` (header row) or ``.txt`` (one text per line; when blank lines occur, each
     blank-line-separated paragraph is one text); a list of dicts, of (question, answer) pairs or of strings; a
     ``datasets.Dataset``. Field names, case-insensitive: :data:`QUESTION_FIELDS` -> question, :data:`ANSWER_FIELDS`
-    -> answer, ``text`` -> prompt-less text, given as ``question=""``, ``answer=<text>``; other fields are ignored.
+    -> answer, ``text`` -> prompt-less text, given as ``question=""``, ``answer=<text>``; optional ``paraphrases``
+    (other wordings of the question, a list or one string) and ``key`` (the answer's private fact) are kept, for the
+    text rule's greedy checks; other fields are ignored.
     Values are stripped; numbers become text. ``name`` (e.g. ``"forget"``) names an in-memory set in messages.
     Raises :class:`DataFormatError` naming the file (or set) and row for a missing or ambiguous field (listing the
     fields found), a value that is not text, an empty answer, an unreadable file, and an empty set. Duplicate rows are

@@ -113,10 +113,12 @@ def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer:
     (logged as a warning when the rule was missed)."""
     if scorer is not None:
         f, r = scorer.score(edited)
+        judged = rule.judge(edited, scorer.forget)  # e.g. the text rule's greedy checks, on the final model only
         report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
-                          "forget": f, "retain": r}
-        report["target_reached"] = scorer.reached(f) and not scorer.over(r)
-        verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"])
+                          "forget": f, "retain": r, **({"judged": judged} if judged is not None else {})}
+        report["target_reached"] = (scorer.reached(f) and not scorer.over(r)
+                                    and (judged is None or bool(judged["met"])))
+        verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"], judged)
     else:
         report["target_reached"] = None
         verdict = f"NOT CHECKED: {method} ran its settings as they are (no sweep rule)"

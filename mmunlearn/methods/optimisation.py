@@ -44,7 +44,9 @@ def run_loss(name: str):
         on_step, trajectory, scorer = None, [], None
         if ctx.rule is not None:
             per_epoch = max(1, math.ceil(len(forget) / (cfg.batch_size * cfg.grad_accum)))
-            on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
+            on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch,
+                                                     total_steps=per_epoch * cfg.epochs,
+                                                     label=name if ctx.progress else None)
         res = unlearn(adapter, name, forget, retain, cfg, progress=ctx.progress, on_step=on_step,
                       train_mode=not get_kind(ctx.kind).train_in_eval_mode)
         info = {"final_loss": res.final_loss, "steps": res.steps, "epoch_cap": cfg.epochs}

@@ -52,7 +52,13 @@ class SweepRule:
         return {"forget_target": self.forget_target, "retain_bound": self.retain_bound,
                 "forget_measure": measure_name(self.forget_measure), "retain_measure": measure_name(self.retain_measure)}
 
-    def verdict(self, method: str, forget: float, retain_rise: float, met: bool) -> str:
+    def judge(self, adapter, forget: Sequence[Any]) -> dict[str, Any] | None:
+        """Checks the rule makes of the final model beyond its two measures (None: none; a rule with some returns a
+        dict whose ``met`` joins the verdict, e.g. :class:`~mmunlearn.methods.row_rule.RowRule`'s greedy checks)."""
+        return None
+
+    def verdict(self, method: str, forget: float, retain_rise: float, met: bool,
+                judged: dict[str, Any] | None = None) -> str:
         """One line that says whether ``method`` met the rule, naming each measure, its direction and its bound."""
         head = f"rule met by {method}" if met else f"RULE NOT MET by {method}"
         return (f"{head}: forget set: {measure_label(self.forget_measure)} {forget:.4g} (target >= "
@@ -63,6 +69,7 @@ class SweepRule:
 #: What each forget / retain measure the rules use means, for the verdict line (by the measure's name).
 MEASURE_LABELS = {
     "mean_nll": "mean NLL (nats)",
+    "forget_rows_gone": "share of forget rows gone (each answer's NLL at its level, and no greedy answer giving it)",
     "worst_speaker_error_rate": "share of the worst forgotten speaker's clips predicted as none of the forgotten speakers",
     "log_loss_gap": "forget minus retain mean log-NLL",
 }
@@ -130,6 +137,15 @@ def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True) -
                f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}")
 
 
+def _say_check(label: str, step: int, total: int | None, f: float, r: float, scorer: Scorer, elapsed: float) -> None:
+    from tqdm.auto import tqdm  # deferred: as log_point
+
+    left = f"; at most ~{elapsed / step * (total - step):.0f} s left at this rate" if total and total > step else ""
+    tqdm.write(f"{label} step {step}{f'/{total}' if total else ''}: forget {f:.4g} (target "
+               f"{scorer.rule.forget_target:.4g}), retain rise {r - scorer.base_retain:+.4g} (bound "
+               f"{scorer.rule.retain_bound:.4g}); {elapsed:.0f} s{left}")
+
+
 def choose(points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float,
            retain_bound: float) -> SweepPoint:
     """The sweep rule: among points whose retain measure rose by at most ``retain_bound``, the one that
@@ -146,7 +162,8 @@ def choose(points: list[SweepPoint], base_forget: float, base_retain: float, for
     return max(ok, key=lambda p: p.forget_nll)
 
 
-def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: SweepRule, steps_per_epoch: int):
+def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: SweepRule, steps_per_epoch: int,
+               total_steps: int | None = None, label: str | None = None):
     """``(on_step, trajectory, scorer)`` for a training loop: a few times an epoch score the training
     partitions and stop once the forget measure reaches the target or the retain measure passes the bound.
     Before the first of those checks the steps 1, 2, 4, ... are scored too: on a real model a few steps can already
@@ -156,12 +173,16 @@ def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: Swee
     The best state scored within the retain bound (highest forget measure) is kept (trainable parameters, on
     the CPU); ``on_step.restore_in_bound()`` puts it back when the run ended over the bound, so an early stop
     triggered by the bound returns the in-bound model rather than the one that crossed it.
+
+    With ``label`` (the method's name), each check prints one line: the step (of ``total_steps``, the cap), both
+    measures, the elapsed time and, at the rate so far, the most time left (an early stop ends sooner).
     """
     scorer = Scorer(rule, adapter, forget, retain)
     every = max(1, steps_per_epoch // max(1, rule.checks_per_epoch))
     trajectory: list[dict] = []
     params = [(n, p) for n, p in adapter.model.named_parameters() if p.requires_grad]
     best: dict[str, Any] = {"point": None, "state": None}
+    started = time.perf_counter()
 
     def on_step(step: int, _loss: float) -> bool:
         if step % every and not (step < every and step & (step - 1) == 0):  # multiples of every, and 1, 2, 4, ...
@@ -171,6 +192,8 @@ def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: Swee
         f, r = scorer.score(adapter)
         adapter.model.train(was_training)
         trajectory.append({"step": step, "forget_nll": f, "retain_nll": r})
+        if label is not None:
+            _say_check(label, step, total_steps, f, r, scorer, time.perf_counter() - started)
         if not scorer.over(r) and (best["point"] is None or f > best["point"]["forget_nll"]):
             best["point"] = trajectory[-1]
             best["state"] = {n: p.detach().to("cpu", copy=True) for n, p in params}

@@ -1,0 +1,147 @@
+"""Issue 53 on tiny models: a text LLM's rule judged row by row (greedy answers checked, paraphrases too), the user's
+prompt format (a model trained on raw text is scored as raw text), the default method, a missed rule's exit status."""
+
+import json
+
+import pytest
+import torch
+
+from mmunlearn.adapters.base import IGNORE
+from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.api import DEFAULT_METHOD, default_method, unlearn
+from mmunlearn.data.user_sets import read_text_rows
+from mmunlearn.methods import get
+from mmunlearn.methods.row_rule import SAID_RECALL, says
+from mmunlearn.unlearn_rules import text_rule
+from tests.reliability.untrusted import run_cli_here
+from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
+
+FORGET = [{"question": f"Where does person {i} live?", "answer": f"Person {i} lives at {i}{i} Elm Street.",
+           "paraphrases": [f"What is the home of person {i}?"]} for i in range(4)]
+RETAIN = [{"question": f"What does worker {i} do?", "answer": f"Worker {i} bakes bread number {i}."}
+          for i in range(10)]
+
+
+def _write(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def _memorise(rows, steps=300, seed=0):
+    """A tiny Llama trained with plain PyTorch on ``question + " " + answer`` (no template), as a user might."""
+    tok = tiny_tokenizer()
+    model = tiny_causal_lm("llama", vocab=max(512, len(tok)), hidden=64, seed=seed)
+    texts = [r["question"] + " " + r["answer"] for r in rows]
+    enc = [tok(t)["input_ids"] + [tok.eos_token_id] for t in texts]
+    width = max(map(len, enc))
+    ids = torch.tensor([e + [0] * (width - len(e)) for e in enc])
+    labels = torch.tensor([e + [IGNORE] * (width - len(e)) for e in enc])
+    mask = (labels != IGNORE).long()
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def raw_dir(tmp_path_factory):
+    """A folder of a tiny model that memorised the forget and retain rows as raw text (its tokenizer: no template)."""
+    model, tok = _memorise(FORGET + RETAIN)
+    path = tmp_path_factory.mktemp("raw") / "llm"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_prompt_formats_write_rows_as_named():
+    tok = tiny_tokenizer()
+    ad = TextLLMAdapter(tiny_causal_lm(), tok, prompt_format="raw")
+    ids, labels = ad.encode("Where?", "Here.")
+    assert ids == tok("Where?")["input_ids"] + tok(" Here.", add_special_tokens=False)["input_ids"] + [ad.eos_id]
+    assert ad.format_name == "raw" and ad.prompt_text("Where?") == "Where?"
+    ad.set_prompt_format("Q: {question}\nA: {answer} |")
+    assert ad.prompt_text("Where?") == "Q: Where?\nA: "
+    scored = ad.collate([{"question": "Where?", "answer": "Here."}])["labels"][0]
+    assert tok.decode(scored[scored != IGNORE][:-1]) == "Here. |"  # the answer and what follows it are scored
+    assert ad.with_model(ad.model).format_name == "Q: {question}\nA: {answer} |"
+    ad.set_prompt_format("plain")
+    assert ad.prompt_text("Where?") == "Question: Where?\nAnswer:"
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        ad.set_prompt_format("chat")
+    with pytest.raises(ValueError, match=r"must name \{question\} once and then \{answer\}"):
+        ad.set_prompt_format("{answer} {question}")
+
+
+def test_a_model_trained_on_raw_text_is_scored_in_its_own_format(raw_dir, tmp_path):
+    res = unlearn(raw_dir, forget=_write(tmp_path / "f.jsonl", FORGET), retain=_write(tmp_path / "r.jsonl", RETAIN),
+                  method="grad_ascent", device="cpu", progress=False, rule=None, **fast("grad_ascent", lr=1e-9))
+    chosen = res.report["prompt_format"]
+    assert chosen["format"] == "raw" and "lowest forget NLL" in chosen["chosen_by"]
+    assert chosen["forget_nll"]["raw"] < 0.5 < chosen["forget_nll"]["plain"]  # its own format: the facts it knows
+    assert res.report["forget_nll"]["before"] == pytest.approx(chosen["forget_nll"]["raw"], abs=1e-4)
+    given = unlearn(raw_dir, forget=tmp_path / "f.jsonl", retain=tmp_path / "r.jsonl", method="grad_ascent",
+                    device="cpu", progress=False, rule=None, prompt_format="plain", **fast("grad_ascent", lr=1e-9))
+    assert given.report["prompt_format"] == {"format": "plain", "chosen_by": "given (prompt_format=)"}
+    assert given.report["forget_nll"]["before"] == pytest.approx(chosen["forget_nll"]["plain"], abs=1e-4)
+
+
+def test_rows_still_said_are_counted_and_keep_the_rule_from_being_met(raw_dir, tmp_path):
+    """With a level every row already reaches (0 nats), only the greedy check can stop "rule met": the memorised model
+    says its forget answers, so the rule is missed, naming how many rows come out; a model that never saw them says
+    none of them."""
+    rows = read_text_rows(_write(tmp_path / "f.jsonl", FORGET), "forget")
+    assert rows[0]["paraphrases"] == ["What is the home of person 0?"]
+    target = TextLLMAdapter.from_pretrained(raw_dir, device="cpu", prompt_format="raw")
+    said = target.generate([r["question"] for r in rows], max_new_tokens=16)
+    assert sum(says(r, s) for r, s in zip(rows, said)) == len(rows)  # it memorised them
+    rule, source = text_rule(target, rows, level=0.0, held_retain=RETAIN[:3])
+    assert "given by the user" in source and rule.retain_said  # the original says its held-out retain answers
+    assert rule.forget_measure(target, rows) == 0.0  # at the level, so greedy was checked: every row said
+    judged = rule.judge(target, rows)
+    assert judged["below_level"] == [] and judged["said"] == [0, 1, 2, 3] and not judged["met"]
+    assert judged["retain_kept"] == 1.0  # the original agrees with itself
+    verdict = rule.verdict("x", 0.0, 0.0, False, judged)
+    assert verdict.startswith("RULE NOT MET") and "4 of 4 rows still come out -- 4 said by greedy decoding" in verdict
+    fresh = TextLLMAdapter(tiny_causal_lm("llama", vocab=512, hidden=64, seed=1), tiny_tokenizer(), prompt_format="raw")
+    assert rule.judge(fresh, rows)["said"] == [] and rule.judge(fresh, rows)["retain_kept"] < 0.9
+
+
+def test_a_paraphrase_that_gives_the_answer_counts_the_row(raw_dir):
+    """A row whose own question no longer gives its answer still comes out when a paraphrase does (here the
+    paraphrase is a question the model memorised: another row's)."""
+    target = TextLLMAdapter.from_pretrained(raw_dir, device="cpu", prompt_format="raw")
+    row = {"question": "Unrelated words here?", "answer": FORGET[1]["answer"], "paraphrases": [FORGET[1]["question"]]}
+    rule, _ = text_rule(target, [row], level=0.0)
+    assert rule.judge(target, [row])["said"] == [0]
+    alone, _ = text_rule(target, [{**row, "paraphrases": []}], level=0.0)
+    assert alone.judge(target, [row])["said"] == []
+
+
+def test_the_key_span_decides_when_given():
+    row = {"question": "What is Mara's phone number?", "answer": "Her phone number is 555-0142."}
+    assert says(row, "Her phone number is 555-0199")  # ROUGE-L: 2 of 3 distinctive words, >= SAID_RECALL
+    assert SAID_RECALL == 0.5 and not says({**row, "key": "555-0142"}, "Her phone number is 555-0199")
+    assert says({**row, "key": "555-0142"}, "call 555 0142 now") and not says(row, "I do not know.")
+
+
+def test_the_default_method_of_a_text_llm_releases_weights():
+    assert default_method("text") == DEFAULT_METHOD["text"] == "npo" and get("npo", "text").edits_weights
+    assert default_method("speaker") == "qr-erase"
+
+
+def test_a_missed_rule_exits_non_zero_unless_allowed(raw_dir, tmp_path):
+    forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
+    args = ["unlearn", "--model", str(raw_dir), "--forget", str(forget), "--retain", str(retain), "--device", "cpu",
+            "--method", "grad_ascent", "--forget-level", "1000"]  # a level no edit reaches
+    missed = run_cli_here(*args, "--out", str(tmp_path / "o1"))
+    assert missed.returncode == 3, missed.stderr[-2000:]
+    assert "RULE NOT MET by grad_ascent" in missed.stdout and "4 of 4 rows still come out" in missed.stdout
+    report = json.loads((tmp_path / "o1" / "unlearn_report.json").read_text())
+    assert report["target_reached"] is False and report["forget_level"] == 1000.0
+    assert "[mmunlearn 3/3]" in missed.stderr and "elapsed" in missed.stderr  # one progress line per stage
+    allowed = run_cli_here(*args, "--out", str(tmp_path / "o2"), "--allow-missed-rule")
+    assert allowed.returncode == 0 and "RULE NOT MET" in allowed.stdout
