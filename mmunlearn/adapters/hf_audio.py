@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
-from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
+from mmunlearn.adapters.hf_checks import check_hf_folder, check_preprocessor, check_loaded, loading
 from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.checkpoint import atomic_dir
@@ -122,6 +122,7 @@ class HFAudioAdapter(ClassifierScores):
         if not Path(path).is_dir():
             raise FileNotFoundError(f"model directory not found: {path}")
         check_hf_folder(path)  # links, safetensors only, config.json sizes and kernels: before transformers reads it
+        check_preprocessor(path)  # feature sizes (n_fft, hop, mel bins) in bounds: before the extractor is built
         fe = AutoFeatureExtractor.from_pretrained(str(path), trust_remote_code=False)
         rate = getattr(fe, "sampling_rate", None)  # sizes every resampled waveform: checked before the model loads
         if type(rate) not in (int, float) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:

@@ -103,20 +103,77 @@ def check_sizes(config: dict[str, Any], path: str | os.PathLike) -> None:
                          f"{MAX_PARAMETERS:.0e} mmunlearn loads: refusing before building it")
 
 
-def check_hf_folder(folder: str | os.PathLike) -> dict[str, Any]:
-    """Everything about a local ``save_pretrained`` folder that can be refused before transformers reads it (see the
-    module docstring); returns its ``config.json``."""
-    folder = Path(folder)
-    path = folder / "config.json"
-    config = read_config(folder)
-    attn = config.get("attn_implementation", config.get("_attn_implementation"))
-    if attn is not None and (not isinstance(attn, str) or "/" in attn or ":" in attn):
-        raise ValueError(f"{path}: attn_implementation {attn!r:.80} names a Hub kernel or is not a name: kernels "
-                         "are code fetched from the Hub and are not run (use eager, sdpa or flash_attention_2)")
+#: The nested configs of a composite model (a speech LLM's text and audio parts): each must be a JSON object.
+SUB_CONFIGS = ("text_config", "audio_config", "vision_config", "thinker_config", "talker_config", "encoder_config",
+               "decoder_config", "llm_config")
+
+
+def _attn(config: dict[str, Any], path: Path, prefix: str = "") -> None:
+    """Refuse an ``attn_implementation`` naming a Hub kernel, at the top or in a nested config."""
+    for key in ("attn_implementation", "_attn_implementation"):
+        attn = config.get(key)
+        if attn is not None and (not isinstance(attn, str) or "/" in attn or ":" in attn):
+            raise ValueError(f"{path}: {prefix}{key} {attn!r:.80} names a Hub kernel or is not a name: kernels "
+                             "are code fetched from the Hub and are not run (use eager, sdpa or flash_attention_2)")
+    for name in SUB_CONFIGS:
+        sub = config.get(name)
+        if sub is not None and not isinstance(sub, dict):
+            raise ValueError(f"{path}: {prefix}{name} is a JSON {type(sub).__name__}, not an object (a nested config)")
+        if isinstance(sub, dict) and prefix.count(".") < 3:
+            _attn(sub, path, f"{prefix}{name}.")
+
+
+def check_config(folder: str | os.PathLike) -> dict[str, Any]:
+    """``folder/config.json`` checked before transformers sees it: a JSON object of at most 1 MiB, no Hub kernel
+    (also in nested configs, each an object), no quantisation, sizes in bounds (:func:`check_sizes`); returned."""
+    path = Path(folder) / "config.json"
+    config = read_config(Path(folder))
+    _attn(config, path)
     if config.get("quantization_config") is not None:
         raise ValueError(f"{path} asks for a quantised model (quantization_config): mmunlearn edits full-precision "
                          "weights; save the model unquantised")
     check_sizes(config, path)
+    return config
+
+
+#: Bounds of a feature extractor's sizes (``preprocessor_config.json``): (smallest, largest). Whisper's are n_fft 400,
+#: hop 160, 80 or 128 mel bins, 30 s chunks of 480,000 samples at 16 kHz.
+FEATURE_BOUNDS = {"n_fft": (1, 1 << 14), "hop_length": (1, 1 << 14), "win_length": (1, 1 << 14),
+                  "feature_size": (1, 1024), "num_mel_bins": (1, 1024), "chunk_length": (1, 3600),
+                  "n_samples": (1, 3600 * 192_000), "nb_max_frames": (1, 3600 * 192_000),
+                  "sampling_rate": (1000, 192_000)}
+
+
+def check_preprocessor(folder: str | os.PathLike) -> None:
+    """Refuse a ``preprocessor_config.json`` (when there is one) that is not a JSON object of at most 1 MiB or whose
+    sizes lie outside :data:`FEATURE_BOUNDS` (``n_fft: 2**31`` would allocate gigabytes of filters), naming the key."""
+    path = Path(folder) / "preprocessor_config.json"
+    if not os.path.lexists(path):
+        return
+    if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: not a regular file of at most {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path} is not a feature extractor config: nested too deeply") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a feature extractor config: not UTF-8 JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a feature extractor config: a JSON {type(config).__name__}, not an object")
+    for key, (low, high) in FEATURE_BOUNDS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ValueError(f"{path}: {key} is {value!r:.80}, outside {low}..{high}: refusing before the "
+                             "feature extractor is built")
+
+
+def check_hf_folder(folder: str | os.PathLike) -> dict[str, Any]:
+    """Everything about a local ``save_pretrained`` folder that can be refused before transformers reads it (see the
+    module docstring); returns its ``config.json``."""
+    folder = Path(folder)
+    config = check_config(folder)
     for shard in shard_files(folder):  # links, the safetensors-only rule, the index's names
         try:
             with safe_open(str(folder / shard), framework="pt") as f:
@@ -146,5 +203,7 @@ def check_loaded(model: torch.nn.Module, folder: str | os.PathLike) -> None:
                              "a damaged or hostile checkpoint")
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_PARAMETERS", "check_hf_folder", "check_loaded", "check_sizes",
+__all__ = ["FEATURE_BOUNDS", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_PARAMETERS", "SUB_CONFIGS", "check_config",
+           "check_hf_folder", "check_preprocessor",
+           "check_loaded", "check_sizes",
            "estimated_parameters", "loading", "read_config"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.base import resolve_device, resolve_dtype
+from mmunlearn.adapters.hf_checks import check_config, check_preprocessor
 from mmunlearn.adapters.speech_llm_families import family_of_dir
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.layout import RESERVED
@@ -36,7 +37,7 @@ def _processor(path: Path):
     from transformers import AutoProcessor
 
     try:
-        proc = AutoProcessor.from_pretrained(str(path))
+        proc = AutoProcessor.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - any failure means "use tokenizer + feature extractor"
         log.info("no usable processor in %s (%s: %s); reading tokenizer and feature extractor", path,
                  type(exc).__name__, exc)
@@ -61,6 +62,8 @@ def check_folder(root: Path) -> None:
         raise FileNotFoundError(f"speech-LLM directory not found: {root}")
     check_tree(root)
     check_side_files(root, select=_side_file, folders=False)
+    check_config(root)  # no Hub kernel, no quantisation, nested configs objects, sizes in bounds: before transformers
+    check_preprocessor(root)
     names = [p.name for p in root.iterdir()]
     if not any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
         pickled = sorted(n for n in names if n.endswith(_PICKLED))
@@ -86,7 +89,8 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
     else:
         if not (root / "preprocessor_config.json").is_file():
             raise FileNotFoundError(f"{root} has no preprocessor_config.json (the audio feature extractor)")
-        tokenizer, fe = AutoTokenizer.from_pretrained(str(root)), AutoFeatureExtractor.from_pretrained(str(root))
+        tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
+        fe = AutoFeatureExtractor.from_pretrained(str(root), trust_remote_code=False)
     return model, container, tokenizer, fe, processor, family
 
 

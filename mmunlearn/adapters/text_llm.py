@@ -91,9 +91,9 @@ class TextLLMAdapter(TokenScoring):
         dev = resolve_device(device)
         with loading(path):
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev),
-                                                         use_safetensors=True).to(dev).eval()
+                                                         use_safetensors=True, trust_remote_code=False).to(dev).eval()
         check_loaded(model, path)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never asks, never runs code
         return cls(model, tokenizer, **kwargs)
 
     load = from_pretrained
