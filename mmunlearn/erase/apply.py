@@ -10,6 +10,7 @@ lets ``restore`` give back the original weights bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -117,6 +118,7 @@ def erase(
     *,
     out: str | os.PathLike | None = None,
     groups: Mapping[str, str] | Callable[[str], str] | None = None,
+    factors: dict | None = None,
     **options: Any,
 ) -> EraseReport:
     """Erase the forget task's subspace from ``model`` in place.
@@ -127,6 +129,8 @@ def erase(
         retain: retain task matrices for the same names (None: no retain discrimination).
         out: directory for the undo patch and the JSON report (None: patch kept in memory).
         groups: parameter name -> layer group (mapping or function); default: block index.
+        factors: a dict the update's factors are kept in, per matrix and every setting but the scale, and taken
+            from on a later call with the same task matrices (a sweep over the scale computes each basis once).
         options: the fields of :class:`~mmunlearn.erase.options.EraseOptions` (rank or energy, method,
             localize, scale, rule / top / threshold, retain_rank / retain_energy, rows, seed, clamp_ranks).
     """
@@ -145,7 +149,7 @@ def erase(
     chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
 
     # Compute every update before touching any weight.
-    updates = [_matrix_update(name, label, view, t, r, o)
+    updates = [_matrix_update(name, label, view, t, r, o, factors)
                for name, items in plan.items() if key(name) in chosen for label, view, t, r in items]
     for _, label, view, A, B, _ in updates:
         _check_update_finite(label, view, A, B, scale)
@@ -167,8 +171,13 @@ _Update = tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, MatrixRow]  
 
 
 def _matrix_update(name: str, label: str, view: torch.Tensor, t: torch.Tensor, r: torch.Tensor | None,
-                   o: EraseOptions) -> _Update:
-    """One matrix's update factors (the scale folded into A) and its report row; no weight is touched."""
+                   o: EraseOptions, factors: dict | None = None) -> _Update:
+    """One matrix's update factors (the scale folded into A) and its report row; no weight is touched. ``factors``:
+    the unscaled factors of earlier calls (see :func:`erase`), read and filled."""
+    key = (label, o.rank, o.retain_rank, o.energy, o.retain_energy, o.method, o.seed, o.rows, o.clamp_ranks, r is None)
+    if factors is not None and key in factors:
+        A, B, row = factors[key]
+        return (name, label, view, float(o.scale) * A, B, dataclasses.replace(row, seconds=0.0))
     rank, retain_rank, method, seed = o.rank, o.retain_rank, o.method, o.seed
     energy, retain_energy = o.energy, o.retain_energy
     t0 = time.perf_counter()
@@ -185,7 +194,10 @@ def _matrix_update(name: str, label: str, view: torch.Tensor, t: torch.Tensor, r
     row = MatrixRow(name=label, shape=tuple(view.shape), rank_forget=bf.k, rank_retain=k_r,
                     captured=bf.captured, norm_removed=0.0, rel_norm_removed=0.0,
                     seconds=time.perf_counter() - t0)
-    return (name, label, view, float(o.scale) * A.double(), B.double(), row)
+    A, B = A.double(), B.double()
+    if factors is not None:
+        factors[key] = (A, B, dataclasses.replace(row))
+    return (name, label, view, float(o.scale) * A, B, row)
 
 
 def _apply_updates(updates: list[_Update],

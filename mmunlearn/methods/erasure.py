@@ -31,6 +31,7 @@ from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.embedding_step import erase_centroids
 from mmunlearn.methods.head_rows import forgotten_rows
 from mmunlearn.erase.norms import sq_norm
+from mmunlearn.methods.prefix_states import PrefixReuse
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices, update_task_matrices
 
@@ -192,9 +193,9 @@ def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
     return replace(extract, batch_size=size)
 
 
-def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups):
+def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups, factors: dict | None = None):
     common = dict(method=cfg.subspace, localize=cfg.localize, rule=cfg.layer_rule, scale=scale, rows=cfg.rows,
-                  groups=groups, top=cfg.top if cfg.layer_rule == "top" else None)
+                  groups=groups, top=cfg.top if cfg.layer_rule == "top" else None, factors=factors)
     if rank is None:
         return erase(model, tf, tr, energy=cfg.energy or 0.9, retain_energy=cfg.energy or 0.9, **common)
     retain = tr if cfg.retain_rank else None
@@ -249,10 +250,13 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: b
     points: list[SweepPoint] = []
     auto = cfg.sweep_scales == "auto"
     unit = relative_unit(target.model, tf)
+    factors: dict = {}  # each rank's bases, computed once: the scale only multiplies them
+    reuse = PrefixReuse(target)  # the blocks below the edited ones: their states computed once per batch
 
     def score(r, s) -> tuple[bool, bool]:
-        rep = _apply(target.model, tf, tr, cfg, r, s, groups)
-        points.append(SweepPoint(r, s, *scorer.score(target), relative=s * unit))
+        rep = _apply(target.model, tf, tr, cfg, r, s, groups, factors)
+        with reuse.during(rep):
+            points.append(SweepPoint(r, s, *scorer.score(target), relative=s * unit))
         restore(target.model, rep)
         p = points[-1]
         log_point("erase", {"rank": r, "scale": s, "relative": p.relative, "forget_nll": p.forget_nll,
