@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from mmunlearn.errors import run_main
 from mmunlearn.presets.whisper_check import compare_with_ctranslate2, fsdd_clips
 from mmunlearn.presets.whisper_ct2 import hf_from_ct2, whisper_ct2_dir, whisper_tiny_en_dir
 
@@ -54,4 +55,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run_main(main)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from mmunlearn.errors import run_main
 from mmunlearn.presets.whisper_smollm2 import PresetTraining, assembled_dir, train_preset
 
 
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be >= 1")
+    if not 1 <= args.window_seconds <= 30:
+        parser.error("--window-seconds must be 1..30 (Whisper's window is 30 s)")
     torch.set_num_threads(args.threads)
     if args.assemble_only:
         path = assembled_dir(window_seconds=args.window_seconds, seed=args.seed)
@@ -69,4 +72,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run_main(main)

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 DEBUG_ENV = "MMUNLEARN_DEBUG"
 
@@ -131,3 +132,17 @@ def run_app(app, argv: list[str] | None, prog_name: str) -> None:
         typer.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
 
+
+def run_main(main: Any, argv: list[str] | None = None) -> Any:
+    """Call an argparse entry point ``main(argv)``; an error a user caused prints as one ``error:`` line and exits 2
+    (``MMUNLEARN_DEBUG=1``: the traceback), as the ``mmunlearn`` command does. For ``python -m data_prep.*``."""
+    import sys
+
+    try:
+        return main(argv)
+    except (*USER_ERRORS, RecursionError) as exc:
+        if debug_enabled():
+            raise
+        text = "nested too deeply to be read" if isinstance(exc, RecursionError) else one_line(exc)
+        print(f"error: {text}", file=sys.stderr)
+        sys.exit(2)

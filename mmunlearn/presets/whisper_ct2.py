@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.paths import check_apart
 from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.ct2_format import Ct2Model, read_ct2_model
 
@@ -98,7 +99,30 @@ def whisper_dims(ct2: Ct2Model) -> Dims:
         if name in ct2.variables and ct2.scalar(name) != want:
             raise ValueError(f"CTranslate2 Whisper: {name} = {ct2.scalar(name)}, the Hugging Face model needs {want}")
     embed = ct2.get("decoder/embeddings/weight")
+    if embed.ndim != 2 or ct2.get("encoder/conv1/weight").ndim != 3:
+        raise ValueError(f"CTranslate2 Whisper: decoder/embeddings/weight of shape {list(embed.shape)} (or "
+                         "encoder/conv1/weight) is not the rank a Whisper has")
     tied = _projection(ct2) == "decoder/embeddings/weight"
+    dims = _dims(ct2, embed, tied)
+    for name, value in vars(dims).items():
+        bound = DIM_BOUNDS.get(name)
+        if bound is not None and not 1 <= value <= bound:
+            raise ValueError(f"CTranslate2 Whisper: {name} is {value}, outside 1..{bound}: refusing before anything "
+                             "is built from it")
+    if dims.d_model % dims.encoder_heads or dims.d_model % dims.decoder_heads:
+        raise ValueError(f"CTranslate2 Whisper: d_model {dims.d_model} is not a multiple of the head counts "
+                         f"({dims.encoder_heads}, {dims.decoder_heads})")
+    return dims
+
+
+#: The largest size of each Whisper dimension taken (large-v3: vocab 51866, d_model 1280, 32 layers, 20 heads, ffn
+#: 5120, 128 mel bins, 1500 / 448 positions).
+DIM_BOUNDS = {"vocab": 60_000, "n_mels": 512, "d_model": 8192, "encoder_layers": 128, "decoder_layers": 128,
+              "encoder_heads": 128, "decoder_heads": 128, "encoder_ffn": 32_768, "decoder_ffn": 32_768,
+              "source_positions": 16_384, "target_positions": 16_384}
+
+
+def _dims(ct2: Ct2Model, embed: np.ndarray, tied: bool) -> Dims:
     return Dims(vocab=embed.shape[0], n_mels=ct2.get("encoder/conv1/weight").shape[1], d_model=embed.shape[1],
                 encoder_layers=_count_layers(ct2, "encoder"), decoder_layers=_count_layers(ct2, "decoder"),
                 encoder_heads=ct2.scalar("encoder/num_heads"), decoder_heads=ct2.scalar("decoder/num_heads"),
@@ -242,20 +266,38 @@ def _source(ct2_dir: Path) -> dict:
             "dtype": "float32"}
 
 
+def _small_json(path: Path) -> object:
+    """The JSON in ``path`` (at most 1 MiB), or a ValueError naming it."""
+    if path.stat().st_size > 1 << 20:
+        raise ValueError(f"{path}: larger than 1 MiB, not a model's JSON file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a model's JSON file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not UTF-8 JSON ({exc})") from None
+
+
 def hf_from_ct2(ct2_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False) -> Path:
     """Write the CTranslate2 Whisper of ``ct2_dir`` as a ``save_pretrained`` folder ``out`` (reused if done)."""
     from transformers import WhisperForConditionalGeneration  # deferred: transformers is heavy
 
     ct2_dir, out = Path(ct2_dir), Path(out)
+    check_apart(out, ct2_dir)  # --out may not be, hold or lie in the source folder
     source = _source(ct2_dir)
     stamp = out / STAMP
-    if not force and stamp.is_file() and json.loads(stamp.read_text()) == source:
+    if not force and stamp.is_file() and _small_json(stamp) == source:
         return out
+    if os.path.lexists(out) and not force and not stamp.is_file():
+        raise FileExistsError(f"{out} exists and is not a Whisper converted here (no {STAMP}): pass --force to "
+                              "replace it, or choose another --out")
     ct2 = read_ct2_model(ct2_dir / "model.bin")
     dims = whisper_dims(ct2)
     state = whisper_state_dict(ct2)
     config_path = ct2_dir / "config.json"
-    ct2_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    ct2_config = _small_json(config_path) if config_path.is_file() else {}
+    if not isinstance(ct2_config, dict):
+        raise ValueError(f"{config_path}: not a JSON object")
     tokenizer = whisper_tokenizer(ct2_dir, dims.vocab)
     config, generation = whisper_configs(dims, tokenizer, ct2_config)
     model = WhisperForConditionalGeneration(config).eval()
@@ -264,7 +306,7 @@ def hf_from_ct2(ct2_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
         raise ValueError(f"CTranslate2 Whisper -> Hugging Face: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
     model.generation_config = generation
-    with atomic_dir(out, overwrite=out.exists()) as tmp:
+    with atomic_dir(out, overwrite=os.path.lexists(out), inputs=(ct2_dir,)) as tmp:
         model.save_pretrained(tmp)
         whisper_processor(dims, tokenizer).save_pretrained(tmp)
         (tmp / STAMP).write_text(json.dumps(source, indent=2))

@@ -152,15 +152,16 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """The five stages of the module notes; a stage already done (same settings) is skipped or resumed."""
     out, s = Path(out), settings
-    out.mkdir(parents=True, exist_ok=True)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     times: dict[str, float] = {}
     t = _stage(log, 1, "assemble Whisper-tiny.en + SmolLM2-135M-Instruct")
+    # the manifests first: a bad row is refused before anything is built or written
+    train_rows, test_rows = clips(manifests, s.train_splits, s.max_train_clips, s.seed), clips(
+        manifests, TEST_SPLITS, s.max_test_clips, s.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = assembled_dir(root, window_seconds=s.window_seconds, seed=s.seed)
     adapter = SpeechLLMAdapter.load(source, device="cpu")
     _keep_base(adapter, source, out / "base")
-    train_rows, test_rows = clips(manifests, s.train_splits, s.max_train_clips, s.seed), clips(
-        manifests, TEST_SPLITS, s.max_test_clips, s.seed)
     train_ex, test_ex = spoken_qa(train_rows, s.tasks), spoken_qa(test_rows, s.tasks)
     times["assemble"] = time.perf_counter() - t
     t = _stage(log, 2, f"tower outputs of {len(train_rows)} training clips (cached)")
