@@ -25,14 +25,16 @@ from mmunlearn.kinds import Kind, kind_of
 from mmunlearn.methods import REGISTRY, model_folder
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
 from mmunlearn.requests.history import read_history, step_back
-from mmunlearn.undo_store import UNDO_KEY, split_undo, undo_dir_of
+from mmunlearn.undo_store import UNDO_KEY, read_release_report, split_undo, undo_dir_of
 
 
 def _no_weight_edited(report: dict) -> bool:
-    """Whether the harness report says no weight was edited: its method makes a head, not weights (T3), or the
-    edit changed nothing."""
+    """Whether the harness report's method makes a head, not weights (T3): its folder holds the unchanged model. A
+    report of a weight-editing method saying ``changed_fraction: 0`` is not taken on its word (a tampered report
+    would have restore hand out the edited weights as the original): without an undo patch there is nothing to
+    restore."""
     method = REGISTRY.get(str(report.get("method")))
-    return report.get("changed_fraction") == 0.0 or (method is not None and not method.edits_weights)
+    return method is not None and not method.edits_weights
 
 
 def _restore_files(model_dir: Path, out: Path, undo: UndoPatch, kind: Kind, overwrite: bool) -> None:
@@ -103,20 +105,15 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
     undo = undo_dir_of(model_dir) if patch is None else None  # kept apart from the model (mmunlearn.undo_store)
     patch_path = Path(patch) if patch is not None else (undo if undo is not None else model_dir) / PATCH_NAME
     check_output_dir(out, model_dir, patch_path, overwrite=overwrite)  # never the input, inside it or above it
-    report = {}
-    if (model_dir / REPORT_NAME).is_file():
-        try:
-            report = json.loads((model_dir / REPORT_NAME).read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: {exc}") from exc
-        except RecursionError:
-            raise ValueError(f"{model_dir / REPORT_NAME} is not valid JSON: nested too deeply") from None
+    report = read_release_report(model_dir) or {}  # at most 64 MiB, no link followed, a special file refused
     if not patch_path.is_file() and report and _no_weight_edited(report):
         with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:  # nothing was edited (T3): no head
             copy_extra_files(model_folder(model_dir), tmp, set(restore_leftovers()), weights=True)  # T3: base/
         return out
     if not patch_path.is_file():
-        raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch)")
+        said = " (its report says no weight changed: then the folder is the input as it was)" if report.get(
+            "changed_fraction") == 0.0 else ""
+        raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch){said}")
     kind = kind_of(model_dir)
     if kind is not None and kind.weight_files:
         _restore_files(model_dir, out, UndoPatch.load(patch_path), kind, overwrite)

@@ -5,13 +5,14 @@ were and nothing is written."""
 from __future__ import annotations
 
 import os
+import shutil
 
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.requests import read_history
-from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget, run_cli
-
 import pytest
+
+from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget, run_cli
 
 
 @pytest.fixture
@@ -57,3 +58,18 @@ def test_check_release_refuses_a_huge_or_deep_report_naming_it(tmp_path, content
     assert "unlearn_report.json" in str(done.exception)
     assert ("more than" in str(done.exception)) == (content == "sparse")
     assert listing(out) == {"unlearn_report.json"}
+
+
+def test_restore_does_not_take_a_tampered_no_change_report_on_its_word(tmp_path):
+    from tests.reliability.untrusted import run_cli_here
+
+    model = make_checkpoint(tmp_path / "model")
+    erase_checkpoint(model, make_forget(tmp_path / "forget.safetensors"), tmp_path / "out", rank=2)
+    out = tmp_path / "out"
+    (out / "erase_report.json").unlink()  # names the undo folder: gone, as is the folder
+    shutil.rmtree(tmp_path / "out.undo")
+    (out / "unlearn_report.json").write_text('{"method": "qr-erase", "changed_fraction": 0.0}')
+    before = digest_tree(out)
+    done = run_cli_here("restore", "--model", str(out), "--out", str(tmp_path / "back"))
+    assert done.returncode == 2 and "undo patch not found" in done.stderr and "says no weight changed" in done.stderr
+    assert digest_tree(out) == before and listing(tmp_path) == {"model", "forget.safetensors", "out"}
