@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.requests import read_history
-import pytest
-
 from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget, run_cli
 
 
