@@ -6,13 +6,14 @@ import json
 import pytest
 import torch
 
+import mmunlearn
 from mmunlearn.adapters.base import IGNORE
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.api import DEFAULT_METHOD, default_method, unlearn
 from mmunlearn.data.user_sets import read_text_rows
 from mmunlearn.methods import get
 from mmunlearn.methods.row_rule import SAID_RECALL, says
-from mmunlearn.unlearn_rules import text_rule
+from mmunlearn.unlearn_rules import NothingToForget, text_rule
 from tests.reliability.untrusted import run_cli_here
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
@@ -145,3 +146,20 @@ def test_a_missed_rule_exits_non_zero_unless_allowed(raw_dir, tmp_path):
     assert "[mmunlearn 3/3]" in missed.stderr and "elapsed" in missed.stderr  # one progress line per stage
     allowed = run_cli_here(*args, "--out", str(tmp_path / "o2"), "--allow-missed-rule")
     assert allowed.returncode == 0 and "RULE NOT MET" in allowed.stdout
+    loaded = mmunlearn.load(tmp_path / "o2")  # asks in the format the run chose (raw), recorded in its report
+    assert report["prompt_format"]["format"] == "raw" and loaded.adapter.format_name == "raw"
+    assert loaded.adapter.prompt_text("Where?") == "Where?"
+
+
+def test_a_retrained_like_model_sets_the_levels(raw_dir, tmp_path):
+    """``forget_level`` as a model folder: its NLL on each row is the level; the target itself as that model knows the
+    rows no better than itself, so there is nothing to forget."""
+    forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
+    with pytest.raises(NothingToForget, match="nothing to forget"):
+        unlearn(raw_dir, forget=forget, retain=retain, method="grad_ascent", device="cpu", progress=False,
+                forget_level=raw_dir)
+    target = TextLLMAdapter.from_pretrained(raw_dir, device="cpu", prompt_format="raw")
+    rows = read_text_rows(forget, "forget")
+    rule, source = text_rule(target, rows, level=target)
+    assert source == "the retrained-like model's NLL on each row" and rule.forget_measure.reference_says == {0, 1, 2, 3}
+    assert rule.judge(target, rows)["out"] == []  # rows that model says too are not counted; every NLL at its level

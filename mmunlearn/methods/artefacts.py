@@ -19,9 +19,11 @@ from typing import Any
 from mmunlearn.layout import ERASE_REPORT, MARKER, PATCH_NAME, PLOT_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult
 
-#: The model type of the config.json at a T3 output's top level: transformers refuses it, naming it in its error.
-T3_MODEL_TYPE = ("mmunlearn-t3 (an unlearning output whose weights, in base/, are the unchanged target and whose "
-                 "unlearning is the head in tilt/: load the tilted model with mmunlearn.load(folder))")
+#: The model type of the config.json at a T3 output's top level: transformers refuses it, naming it in its error
+#: (which goes on to suggest upgrading transformers: the type says first that no upgrade helps).
+T3_MODEL_TYPE = ("mmunlearn-t3 (not a transformers version problem: no upgrade or package loads it. An unlearning "
+                 "output whose weights, in base/, are the unchanged target and whose unlearning is the head in tilt/: "
+                 "load the tilted model with mmunlearn.load(folder))")
 #: The name of that config.json.
 T3_STUB = "config.json"
 

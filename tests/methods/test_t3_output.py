@@ -46,8 +46,8 @@ def _logits(model, ids):
 
 def test_transformers_refuses_the_t3_output_and_names_the_loader(t3_run):
     _, out, _ = t3_run
-    with pytest.raises(ValueError, match=r"mmunlearn\.load"):
-        AutoModelForCausalLM.from_pretrained(out)
+    with pytest.raises(ValueError, match=r"not a transformers version problem.*mmunlearn\.load"):
+        AutoModelForCausalLM.from_pretrained(out)  # transformers' own advice to upgrade comes after it
     with pytest.raises((ValueError, OSError)):
         AutoTokenizer.from_pretrained(out)
     with pytest.raises(OSError):  # a concrete class reads the config but finds no weights at the top level
