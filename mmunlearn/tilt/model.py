@@ -23,7 +23,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.paths import check_entry, plain_name
+from mmunlearn.paths import check_entry, check_tree, plain_name
 from mmunlearn.tilt.head import POOLINGS, TiltHead, pool_states
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs
@@ -103,6 +103,7 @@ class TiltedCausalLM(nn.Module):
     def load(cls, path: str | os.PathLike, base: nn.Module | None = None, device: str = "auto") -> "TiltedCausalLM":
         """Load a saved tilt; the base model comes from ``base`` or the stored reference."""
         path = Path(path)
+        check_tree(path)  # the head and its settings are files of tilt/ itself: no link leaving it
         cfg = read_config(path)
         _base_name(cfg, path)  # refused even when ``base`` is given: a folder read back never points elsewhere
         if base is None:
@@ -113,7 +114,12 @@ class TiltedCausalLM(nn.Module):
         head = None
         if cfg.get("head"):
             head = TiltHead(**_head_sizes(cfg["head"], path))  # sizes checked; pooling one of POOLINGS
-            head.load_state_dict(load_file(str(path / HEAD_NAME)))
+            state = load_file(str(path / HEAD_NAME))
+            bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+            if bad:
+                raise ValueError(f"{path / HEAD_NAME}: {', '.join(bad)} hold(s) NaN/Inf values: a damaged head would "
+                                 "tilt every answer into garbage")
+            head.load_state_dict(state)
             head.to(next(base.parameters()).device)
         return cls(base, head, cfg["temperature"], base_path=_base_name(cfg, path), strength=cfg.get("strength", 1.0))
 
