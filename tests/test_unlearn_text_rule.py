@@ -105,6 +105,10 @@ def test_rows_still_said_are_counted_and_keep_the_rule_from_being_met(raw_dir, t
     judged = rule.judge(target, rows)
     assert judged["below_level"] == [] and judged["said"] == [0, 1, 2, 3] and not judged["met"]
     assert judged["retain_kept"] == 1.0  # the original agrees with itself
+    # a part of the set (a batch's one set, applied alone) is judged on its own rows, named by their own indices
+    assert rule.forget_measure(target, rows[2:]) == 0.0 and rule.forget_measure.last["said"] == [2, 3]
+    with pytest.raises(ValueError, match="not set up for the row"):
+        rule.forget_measure(target, [{"question": "New?", "answer": "Row."}])
     verdict = rule.verdict("x", 0.0, 0.0, False, judged)
     assert verdict.startswith("RULE NOT MET") and "4 of 4 rows still come out -- 4 said by greedy decoding" in verdict
     fresh = TextLLMAdapter(tiny_causal_lm("llama", vocab=512, hidden=64, seed=1), tiny_tokenizer(), prompt_format="raw")

@@ -121,23 +121,36 @@ class ForgetRows:
     def __name__(self) -> str:  # the name the rule reports (rule.measure_name)
         return "forget_rows_gone"
 
-    def details(self, adapter, *, greedy: bool) -> dict[str, Any]:
-        """Rows below their level and, when ``greedy`` (or none is below), rows a greedy answer still gives."""
-        nlls = row_nlls(adapter, self.rows)
-        below = sorted(i for i, (vs, ls) in enumerate(zip(nlls, self.levels)) if any(v < lv for v, lv in zip(vs, ls)))
+    def subset(self, items: Sequence[Any]) -> list[int]:
+        """The indices of ``items`` among the rows (all of them when ``items`` are the rows; a batch's single set when
+        a request is also applied one set at a time); a row the rule was not set up for is an error."""
+        if len(items) == len(self.rows):
+            return list(range(len(self.rows)))
+        where = {(r["question"], r["answer"]): i for i, r in enumerate(self.rows)}
+        keys = [(dict(it).get("question"), dict(it).get("answer")) for it in items]
+        missing = [k for k in keys if k not in where]
+        if missing:
+            raise ValueError(f"the forget measure was not set up for the row {missing[0]!r:.120}")
+        return [where[k] for k in keys]
+
+    def details(self, adapter, *, greedy: bool, items: Sequence[Any] | None = None) -> dict[str, Any]:
+        """Rows below their level and, when ``greedy`` (or none is below), rows a greedy answer still gives (of
+        ``items``, default every row; indices are the rows' own)."""
+        idx = self.subset(items) if items is not None else list(range(len(self.rows)))
+        rows, levels = [self.rows[i] for i in idx], [self.levels[i] for i in idx]
+        nlls = row_nlls(adapter, rows)
+        below = sorted(idx[j] for j, (vs, ls) in enumerate(zip(nlls, levels)) if any(v < lv for v, lv in zip(vs, ls)))
         said = None
         if greedy or not below:
-            said = sorted(said_rows(adapter, self.rows) - self.reference_says)
+            said = sorted({idx[j] for j in said_rows(adapter, rows)} - self.reference_says)
         out = sorted({*below, *(said or ())})
-        self.last = {"rows": len(self.rows), "below_level": below, "said": said, "out": out,
+        self.last = {"rows": len(rows), "below_level": below, "said": said, "out": out,
                      "reference_says": sorted(self.reference_says),
-                     "min_gap": min(v - lv for vs, ls in zip(nlls, self.levels) for v, lv in zip(vs, ls))}
+                     "min_gap": min(v - lv for vs, ls in zip(nlls, levels) for v, lv in zip(vs, ls))}
         return self.last
 
     def __call__(self, adapter, items: Sequence[Any]) -> float:
-        if len(items) != len(self.rows):
-            raise ValueError(f"the forget measure was set up for {len(self.rows)} rows, asked about {len(items)}")
-        return 1.0 - len(self.details(adapter, greedy=False)["out"]) / len(self.rows)
+        return 1.0 - len(self.details(adapter, greedy=False, items=items)["out"]) / len(items)
 
 
 @dataclass
@@ -152,7 +165,7 @@ class RowRule(SweepRule):
     def judge(self, adapter, forget: Sequence[Any]) -> dict[str, Any]:
         """Everything the verdict needs about ``adapter``: the forget rows still out (greedy checked always) and the
         share of the original's held-out retain answers it still says."""
-        rows = self.forget_measure.details(adapter, greedy=True)  # type: ignore[attr-defined]
+        rows = self.forget_measure.details(adapter, greedy=True, items=forget)  # type: ignore[attr-defined]
         kept = len(said_rows(adapter, self.retain_said)) / len(self.retain_said) if self.retain_said else None
         return {**rows, "check": check_rule(), "retain_checked": len(self.retain_said), "retain_kept": kept,
                 "retain_kept_bound": RETAIN_KEPT, "met": not rows["out"] and (kept is None or kept >= RETAIN_KEPT)}
