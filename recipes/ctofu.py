@@ -6,7 +6,8 @@ trained on the very question/answer text the metrics score (``alignment.md``; a 
 run unless ``--allow-text-mismatch``); ``run`` unlearns the forget rows of ``--forget-lang`` with
 one method and evaluates the TOFU metrics per language;
 ``compare`` does that for every method and writes the method x language tables, the forget-quality
-heatmap, the per-language forget ROUGE-L drop and the transfer summary (Markdown + JSON).
+heatmap, the per-language forget ROUGE-L drop, the forget-probability ratio after / before (the transfer matrix,
+``prob_ratio.png``) and the transfer summary (Markdown + JSON).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mmunlearn.presets.build import torch_threads
 
 from recipes import ctofu_pipeline, ctofu_report, tofu_report
 from recipes.ctofu_config import CTofuConfig
+from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.recipe_cli import config_command, configs_command, help_of, require
 from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
@@ -97,7 +99,8 @@ def _context(cfg: CTofuConfig):
     forget = parse_langs(cfg.forget_lang, world.languages)
     return ctofu_pipeline.prepare(cfg.preset, world, forget, parse_langs(cfg.eval_langs, world.languages),
                                   _langs(cfg.retain_langs, world, forget), cfg.seed, cfg.cache_dir, cfg.device,
-                                  cfg.max_new_tokens)
+                                  cfg.max_new_tokens, build_options=cfg.build_options(), score_batch=cfg.score_batch,
+                                  gen_batch=cfg.gen_batch)
 
 
 def _rows(cfg: CTofuConfig, name: str, ctx, rule) -> list[dict]:
@@ -156,7 +159,9 @@ def run(cfg: CTofuConfig) -> None:
                 options=("langs",))
 def compare(cfg: CTofuConfig) -> None:
     """Every method on the same target: method x language tables, heatmaps and the transfer summary (and, with
-    --audit, the robustness audit table AUDIT.md with the forgetting kept in every language)."""
+    --audit, the robustness audit table AUDIT.md with the forgetting kept in every language). With --rehearse the
+    config runs at the smallest size on the CPU first (recipes/rehearsal.py)."""
+    cfg = rehearsal_of(cfg, "ctofu", say=lambda line: console.print(line, markup=False, soft_wrap=True))
     chosen, out = cfg.chosen(), cfg.out
     audit_opts = cfg.audit_options() if cfg.audit else None
     start = time.perf_counter()
@@ -172,23 +177,30 @@ def compare(cfg: CTofuConfig) -> None:
             chosen, rows=lambda name: _rows(cfg, name, ctx, rule),
             write=lambda done: ctofu_report.write_report(
                 out, "compare", refs + done, ctofu_pipeline.transfer_summary(done, ctx.forget_langs), ctx.forget_langs,
-                {**ctx.describe(), "seconds": time.perf_counter() - start,
+                {**ctx.describe(), "seconds": time.perf_counter() - start, "host": host_precision(cfg.device, ctx),
                  "timing": stages.timing(ctx.built)}),
             audit=None if audit_opts is None else
             lambda name: ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache),
-            write_audit=lambda audits: tofu_report.write_audit_table(out, audits, ctx.describe())), stages)
+            write_audit=lambda audits: tofu_report.write_audit_table(out, audits, ctx.describe())), stages,
+            budget=cfg.budget_seconds(), keep_going=cfg.keep_going)
     everything = refs + rows
     ctofu_report.heatmap(out / "fq_heatmap.png", everything, "forget_quality",
                          f"Forget quality per language (forget data: {', '.join(ctx.forget_langs)})", log10=True)
     ctofu_report.heatmap(out / "rouge_drop.png", everything, "rouge_drop",
                          "Forget ROUGE-L drop vs the target model, per language", cmap="magma")
+    ctofu_report.heatmap(out / "prob_ratio.png", everything, "prob_ratio",
+                         f"Transfer: forget-set probability after / before, per language (forget data: "
+                         f"{', '.join(ctx.forget_langs)})", cmap="cividis")
     console.print(ctofu_report.matrix(everything, "forget_quality"))
     console.print(ctofu_report.transfer_table(ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)))
     if audit_opts is not None:
         console.print((out / "AUDIT.md").read_text(), markup=False, soft_wrap=True)
-    console.print(f"wrote {out}/compare.md, compare.json, fq_heatmap.png and rouge_drop.png"
+    console.print(f"wrote {out}/compare.md, compare.json, fq_heatmap.png, rouge_drop.png and prob_ratio.png"
                   + (" and AUDIT.md / AUDIT.json" if audit_opts is not None else "")
                   + f" in {time.perf_counter() - start:.0f} s")
 
 
 configs_command(app, "ctofu")  # `mmunlearn ctofu configs`: the shipped configs (recipes/configs/ctofu/)
+
+if __name__ == "__main__":  # `python -m recipes.ctofu ...` where the package is not installed (no entry points)
+    app()

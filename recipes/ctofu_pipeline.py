@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mmunlearn.data.ctofu import World
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
-from mmunlearn.presets.build import build_models
+from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import default_cache_dir
 from recipes.tofu_pipeline import audit_method as tofu_audit
 from recipes.tofu_pipeline import TofuSetup, base_forget_nll, cached_eval
@@ -30,6 +31,7 @@ COLUMNS = (
     ("ROUGE-L drop", "rouge_drop"),
     ("forget truth ratio", "forget_truth_ratio"),
     ("forget prob", "forget_Q_A_Prob"),
+    ("forget prob after / before", "prob_ratio"),
     ("model utility", "model_utility"),
     ("retain ROUGE-L", "retain_Q_A_ROUGE"),
 )
@@ -79,7 +81,8 @@ class CrossLingualSetup:
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target (float32)."""
-        return base_forget_nll(self.built, self.forget)
+        first = next(iter(self.by_lang.values()))
+        return base_forget_nll(self.built, self.forget, "no", first.device, first.score_batch)
 
     def adapter(self, path: Path, device: str):
         """A text adapter on ``path`` (float32 scoring, as every language's TOFU setup)."""
@@ -106,39 +109,46 @@ class CrossLingualSetup:
                 "max_new_tokens": next(iter(self.by_lang.values())).max_new_tokens}
 
 
-def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: str):
-    """Base, target (every language's retain + forget rows) and retain (every language's retain rows)."""
-    return build_models(preset, world.training_data, world.forget_split, None, seed, cache_dir, device)
+def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: str,
+          options: Mapping[str, Any] | None = None):
+    """Base, target (every language's retain + forget rows) and retain (every language's retain rows); ``options``:
+    :func:`mmunlearn.presets.parallel.build_models_parallel`'s (``overrides``, ``parallel``, ...)."""
+    return build_models_parallel(preset, world.training_data, world.forget_split, None, seed, cache_dir, device,
+                                 **{"parallel": False, **dict(options or {})})
 
 
 def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs: tuple[str, ...],
             retain_langs: tuple[str, ...], seed: int, cache_dir: Path | None, device: str,
-            max_new_tokens: int) -> CrossLingualSetup:
+            max_new_tokens: int, build_options: Mapping[str, Any] | None = None, score_batch: int = 16,
+            gen_batch: int | None = None) -> CrossLingualSetup:
     """Build (or reuse) the models and evaluate target and retain model in every evaluation language (each a TOFU
-    setup on that language's data)."""
+    setup on that language's data); ``build_options``: :func:`build`'s; ``score_batch`` / ``gen_batch``: the
+    evaluation's batches."""
     for what, langs in (("forget", forget_langs), ("eval", eval_langs), ("retain", retain_langs)):
         missing = [lang for lang in langs if lang not in world.languages]
         if missing or not langs:
             raise ValueError(f"{what} languages {missing or list(langs)} are not in the world's languages "
                              f"{', '.join(world.languages)}")
-    built = build(preset, world, seed, cache_dir, device)
+    built = build(preset, world, seed, cache_dir, device, build_options)
+    batches = dict(batch_size=score_batch, generation_batch_size=gen_batch)
     forget, retain = world.items("forget", forget_langs), world.items("retain", retain_langs)
     by_lang = {}
     for lang in eval_langs:
         data = world.eval_data[lang]
         retain_logs = cached_eval(built.retain, data, world.forget_split, None, max_new_tokens, device,
-                                  metrics=EVAL_GROUPS)
+                                  metrics=EVAL_GROUPS, **batches)
         target_logs = cached_eval(built.target, data, world.forget_split, None, max_new_tokens, device, retain_logs,
-                                  metrics=EVAL_GROUPS)
+                                  metrics=EVAL_GROUPS, **batches)
         by_lang[lang] = TofuSetup(preset, data, world.forget_split, None, max_new_tokens, built, retain_logs,
                                   target_logs, Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain,
-                                  EVAL_GROUPS)
+                                  EVAL_GROUPS, score_batch=score_batch, gen_batch=gen_batch, device=device)
     return CrossLingualSetup(preset, world, forget_langs, retain_langs, by_lang, forget, retain)
 
 
 def make_row(method: str, lang: str, summary: dict[str, float], target: dict[str, float]) -> dict:
     """One (method, language) row: the COLUMNS metrics, plus the forget ROUGE-L and prob drops against
-    the target model (absolute and relative to the target's value)."""
+    the target model (absolute and relative to the target's value) and ``prob_ratio``, the forget-set probability
+    after / before (this model's over the target's: Multilingual Amnesia's measure; 1 - ``prob_rel_drop``)."""
     row: dict[str, Any] = {"method": method, "lang": lang}
     row.update({key: summary.get(key) for _, key in COLUMNS if key in summary})
     for name, key in (("rouge", "forget_Q_A_ROUGE"), ("prob", "forget_Q_A_Prob")):
@@ -146,6 +156,8 @@ def make_row(method: str, lang: str, summary: dict[str, float], target: dict[str
         drop = None if before is None or after is None else before - after
         row[f"{name}_drop"] = drop
         row[f"{name}_rel_drop"] = drop / before if drop is not None and before > 0 else None
+    before, after = target.get("forget_Q_A_Prob"), summary.get("forget_Q_A_Prob")
+    row["prob_ratio"] = after / before if before is not None and after is not None and before > 0 else None
     return row
 
 

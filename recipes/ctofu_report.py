@@ -50,6 +50,9 @@ def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...
         matrix(rows, "forget_quality"),
         "### Forget ROUGE-L drop (target model minus this model, per language)",
         matrix(rows, "rouge_drop"),
+        "### Forget-set probability after / before (this model's over the target's, per language: the transfer "
+        "matrix)",
+        matrix(rows, "prob_ratio"),
         "### Cross-lingual transfer (relative drops: 1 - value / target's value)",
         transfer_table(summary),
         "### Every method x every language",

@@ -1,7 +1,8 @@
 """The one function a recipe runs a method with: the harness on a fresh copy of the setup's target, the recipe's
 evaluation, and ``<folder>/{model/, run.json}`` in one layout (``tofu``, ``ctofu`` and ``voxceleb2`` use it); and
 the one comparison loop their comparisons drive (:func:`run_comparison`: each method's rows, the tables written
-after each, a progress line per stage, the audit when asked).
+after each, a progress line per stage, the audit when asked, a wall-clock budget after which no method starts and,
+when asked, past a method that fails).
 
 ``run.json``: ``key`` (what identifies the stage: method, options, rule, base and the setup's description; a
 finished stage with the same key is reused), ``method``, ``rows`` (the recipe's rows, each with the cost columns;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -189,6 +191,20 @@ class Stages:
     def __init__(self, total: int, start: float, say: Callable[[str], Any] = print):
         self.total, self.start, self.finished, self.times, self.say = total, start, 0, [], say
         self.log: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []  # stages not run or not finished: {"stage", "why"}
+
+    def elapsed(self) -> float:
+        """Seconds since the comparison started (its models' setup included)."""
+        return time.perf_counter() - self.start
+
+    def skip(self, name: str, why: str, seconds: float | None = None) -> None:
+        """Say that stage ``name`` was not run (the budget) or failed after ``seconds`` (``why``: the error), and list
+        it in :meth:`timing`'s ``skipped``."""
+        self.skipped.append({"stage": name, "why": why, **({"seconds": seconds} if seconds is not None else {})})
+        self.finished += 1
+        self.say(f"[stage {self.finished}/{self.total}] {name}: "
+                 + (f"FAILED after {seconds:.0f} s: {why}" if seconds is not None else f"skipped: {why}")
+                 + f"; elapsed {self.elapsed():.0f} s")
 
     def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False,
              recorded: float | None = None) -> None:
@@ -209,10 +225,12 @@ class Stages:
 
     def timing(self, built: Any = None) -> dict[str, Any]:
         """What a comparison's record states of its time: this invocation's wall seconds and each stage's seconds
-        when it ran (a reused stage: the time its run recorded; None where it was not recorded), so a resumed run
+        when it ran (a reused stage: the time its run recorded; None where it was not recorded), the stages skipped
+        or failed with why (``skipped``), so a resumed run
         does not pass its own short wall time off as the whole run's; with ``built`` (BuiltModels) also the training
         seconds each of its model folders records (``train_log.json``), whenever they were built."""
-        out: dict[str, Any] = {"wall_seconds": time.perf_counter() - self.start, "stages": list(self.log)}
+        out: dict[str, Any] = {"wall_seconds": time.perf_counter() - self.start, "stages": list(self.log),
+                               "skipped": list(self.skipped)}
         if built is not None:
             out["model_builds"] = {role: took for role in ("base", "target", "retain")
                                    if (took := _train_seconds(getattr(built, role, None))) is not None}
@@ -242,15 +260,35 @@ class Comparison:
     write_audit: Callable[[list[dict]], Any] | None = None
 
 
-def run_comparison(comparison: Comparison, stages: Stages) -> tuple[list[dict], list[dict]]:
+def run_comparison(comparison: Comparison, stages: Stages, *, budget: float | None = None,
+                   keep_going: bool = False) -> tuple[list[dict], list[dict]]:
     """Run every method of ``comparison`` in order: a line as it starts, its rows, the tables so far, a progress line
-    (``stages``), its audit; the methods' rows and audits."""
+    (``stages``), its audit; the methods' rows and audits.
+
+    ``budget``: seconds of wall time (from ``stages.start``: the models' setup counts) after which no method starts:
+    one whose start plus the longest method stage run so far would pass it is skipped, and every skipped one is
+    listed (``stages.skipped``, in the timing the tables get). ``keep_going``: a method that raises is listed as
+    failed with its error and the next one runs (default: the error stops the comparison)."""
     rows: list[dict] = []
     audits: list[dict] = []
     for i, name in enumerate(comparison.methods, 1):
+        longest = max(stages.times, default=0.0)
+        if budget is not None and stages.elapsed() + longest > budget:
+            stages.skip(name, f"budget: {stages.elapsed():.0f} s elapsed + {longest:.0f} s (the longest method "
+                              f"stage so far) > {budget:.0f} s")
+            comparison.write(rows)
+            continue
         stages.say(f"running {name} ({i}/{len(comparison.methods)}) ...")
         t0 = time.perf_counter()
-        new = comparison.rows(name)
+        try:
+            new = comparison.rows(name)
+        except Exception as e:  # noqa: BLE001 - keep_going: one method's failure must not cost the others their row
+            if not keep_going:
+                raise
+            stages.say(traceback.format_exc().rstrip())
+            stages.skip(name, f"{type(e).__name__}: {e}"[:500], seconds=time.perf_counter() - t0)
+            comparison.write(rows)
+            continue
         rows += new
         reused = bool(new and new[-1].get("reused"))
         stages.done(name, time.perf_counter() - t0, reused=reused, recorded=new[-1].get("stage_seconds") if reused

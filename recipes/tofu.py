@@ -38,6 +38,7 @@ from mmunlearn.presets.cache import read_log
 from recipes import tofu_pipeline, tofu_report
 from recipes.recipe_cli import config_command, configs_command, help_of, option_flag, require
 from recipes.recipe_config import ConfigError
+from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
 from recipes.tofu_parallel import pending, run_jobs
@@ -131,12 +132,13 @@ def _given_models(cfg: TofuConfig, overrides: dict[str, Any]) -> tuple[Path | No
 def _prepare(cfg: TofuConfig):
     """The setup of ``run`` / ``compare`` (models built or given, evaluated, memorisation checked), after every
     check that needs no model work."""
-    overrides = cfg.train_overrides()
+    build = cfg.build_options()
+    overrides = build.pop("overrides")
     target, retain_model = _given_models(cfg, overrides)
     return tofu_pipeline.prepare(cfg.preset, cfg.data, cfg.forget_split, cfg.authors, cfg.seed, cfg.cache_dir,
                                  cfg.device, cfg.max_new_tokens, overrides=overrides, target=target,
                                  retain=retain_model, metrics=tofu_pipeline.parse_metrics(cfg.metrics),
-                                 **cfg.evaluation())
+                                 build=build, score_batch=cfg.score_batch, gen_batch=cfg.gen_batch, **cfg.evaluation())
 
 
 def _stage(cfg: TofuConfig, name: str, ctx, rule, folder: Path) -> dict:
@@ -281,7 +283,9 @@ def run(cfg: TofuConfig) -> None:
                 defaults=dict(out=Path("runs/tofu_compare"), preset="mini", sweep=True), benchmark="tofu")
 def compare(cfg: TofuConfig) -> None:
     """Run every method on the same target model and split; one table and a scatter plot (and, with
-    --audit, the robustness audit table AUDIT.md)."""
+    --audit, the robustness audit table AUDIT.md). With --rehearse the config runs at the smallest size on the CPU
+    first (recipes/rehearsal.py)."""
+    cfg = rehearsal_of(cfg, "tofu", say=lambda line: console.print(line, markup=False, soft_wrap=True))
     _threads(cfg.threads)
     chosen, out = cfg.chosen(), cfg.out
     audit_opts = cfg.audit_options() if cfg.audit else None
@@ -292,7 +296,8 @@ def compare(cfg: TofuConfig) -> None:
     _warn_memorisation(ctx)
     refs = [ctx.reference_row("target"), ctx.reference_row("retain")]
     # rows of methods not run now are kept from an earlier comparison of the same context
-    context = {**ctx.describe(), **cfg.knobs(), **({"method_options": cfg.method_options} if cfg.method_options else {})}
+    context = {**ctx.describe(), **cfg.knobs(), "host": host_precision(cfg.device, ctx),
+               **({"method_options": cfg.method_options} if cfg.method_options else {})}
     kept = tofu_report.earlier_rows(out, context, exclude=chosen)
     target_nll = ctx.forget_target() if cfg.sweep else None
     rule = sweep_rule(target_nll, cfg.retain_bound)
@@ -301,10 +306,12 @@ def compare(cfg: TofuConfig) -> None:
     audit_cache, earlier_audits = {}, tofu_pipeline.earlier_audits(out, [r["method"] for r in kept])
     got, _ = run_comparison(Comparison(
         chosen, rows=lambda name: [_stage(cfg, name, ctx, rule, out / name)],
-        write=lambda done: tofu_report.write_tables(out, tofu_report.ordered(refs + done + kept), context),
+        write=lambda done: tofu_report.write_tables(out, tofu_report.ordered(refs + done + kept),
+                                                    {**context, "timing": stages.timing(ctx.built)}),
         audit=None if audit_opts is None else
         lambda name: tofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache),
-        write_audit=lambda audits: tofu_report.write_audit_table(out, audits + earlier_audits, context)), stages)
+        write_audit=lambda audits: tofu_report.write_audit_table(out, audits + earlier_audits, context)), stages,
+        budget=cfg.budget_seconds(), keep_going=cfg.keep_going)
     rows = tofu_report.ordered(refs + got + kept)
     tofu_report.scatter(out / "fq_vs_mu.png", rows)
     if cfg.sweep:
@@ -352,3 +359,6 @@ def tilt(
 
 
 configs_command(app, "tofu")  # `mmunlearn tofu configs`: the shipped configs (recipes/configs/tofu/)
+
+if __name__ == "__main__":  # `python -m recipes.tofu ...` where the package is not installed (no entry points)
+    app()

@@ -24,7 +24,7 @@ from recipes.tofu_settings import audit_options, knobs_for
 
 #: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
 RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks",
-                "jobs")
+                "jobs", "budget_minutes", "keep_going", "rehearse")
 COMPARE_EXCLUDES = ("method",)
 #: The knobs a recipe passes to every method whose config has them (the field name in the method's config).
 SHARED_KNOBS = {"rank": "rank", "scale": "scale", "extract": "extract_kind", "extract_steps": "extract_steps",
@@ -79,6 +79,36 @@ class RecipeConfig:
                                              "retain data only ('retain', stricter).")
     audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, "
                                           "probe; default all).")
+    ft_epochs: int | None = opt(None, "Fine-tuning of the built target and retain models: epochs (default: the "
+                                      "preset's).")
+    ft_lr: float | None = opt(None, "Fine-tuning of the built target and retain models: learning rate.")
+    ft_batch_size: int | None = opt(None, "Fine-tuning of the built target and retain models: micro-batch size.")
+    ft_grad_accum: int | None = opt(None, "Fine-tuning of the built target and retain models: gradient accumulation "
+                                          "steps.")
+    ft_max_steps: int | None = opt(None, "Fine-tuning of the built target and retain models: at most N optimizer "
+                                         "steps (the schedule fitted to them).")
+    ft_precision: str | None = opt(None, "Fine-tuning of the built target and retain models: no, bf16 (autocast, "
+                                         "also on CPU) or auto (bf16 on a GPU that has it).")
+    ft_checkpoint_every: int | None = opt(None, "Fine-tuning of the built target and retain models: a resumable "
+                                                "training state every N optimizer steps (default: the preset's; 0: "
+                                                "none, e.g. on a GPU, where saving a 135M model's state every few "
+                                                "steps costs more than a lost run).")
+    pretrain_max_steps: int | None = opt(None, "A built preset's (micro, mini) pretraining of its base: at most N "
+                                               "optimizer steps (tests and rehearsals).")
+    parallel_builds: bool = opt(False, "Build the target and retain models at once, each in its own process with one "
+                                       "torch thread (on a 2-core CPU both cores; the base model is built first).")
+    score_batch: int = opt(16, "Evaluation: rows per teacher-forced scoring batch (a GPU takes 64 or more).")
+    gen_batch: int | None = opt(None, "Evaluation: rows per greedy-generation batch (ROUGE-L; default: the scoring "
+                                      "batch).")
+    budget_minutes: float | None = opt(None, "compare: wall-clock minutes (from the command's start, the models "
+                                             "included) after which no method starts; a method whose start plus the "
+                                             "longest method so far would pass it is skipped and listed (default: "
+                                             "no budget).")
+    keep_going: bool = opt(False, "compare: a method that fails is listed with its error and the next one runs "
+                                  "(default: the error stops the comparison).")
+    rehearse: bool = opt(False, "compare: rehearse this config on the CPU at the smallest size through the same code "
+                                "(preset micro, a few training steps, the same data folder and methods; output in "
+                                "OUT_rehearsal): it fails where the full run would, in minutes.")
     seed: int = opt(0, "Seed of data order and initialisation.")
     device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
     cache_dir: Path | None = opt(None, "Where built models are cached (default ~/.cache/mmunlearn).")
@@ -92,7 +122,14 @@ class RecipeConfig:
             raise ConfigError(str(e), "max_new_tokens") from None
         if self.extract is not None and self.extract not in KINDS:
             raise ConfigError(f"extract: choose from {', '.join(KINDS)}, got {self.extract!r}", "extract")
-        _positive(self, "authors", "extract_steps", "t3_rank", "rank", "epochs", "threads")
+        _positive(self, "authors", "extract_steps", "t3_rank", "rank", "epochs", "threads", "pretrain_max_steps",
+                  "score_batch", "gen_batch")
+        if self.ft_checkpoint_every is not None and self.ft_checkpoint_every < 0:
+            raise ConfigError(f"ft_checkpoint_every must be >= 0, got {self.ft_checkpoint_every}",
+                              "ft_checkpoint_every")
+        if self.budget_minutes is not None and not self.budget_minutes > 0:
+            raise ConfigError(f"budget_minutes must be positive, got {self.budget_minutes}", "budget_minutes")
+        self.train_overrides()
         if not self.retain_bound >= 0:
             raise ConfigError(f"retain_bound must be >= 0, got {self.retain_bound}", "retain_bound")
         known = names(TEXT.name)
@@ -115,6 +152,23 @@ class RecipeConfig:
     def method_overrides(self, method: str) -> dict[str, Any]:
         """The overrides of ``method``'s config: the shared knobs its config has, then its own ``method_options``."""
         return {**knobs_for(method, **self.knobs()), **self.method_options.get(method, {})}
+
+    def train_overrides(self) -> dict[str, Any]:
+        """The ``ft_*`` settings as ``build_models`` overrides (:func:`train_overrides`)."""
+        return train_overrides(epochs=self.ft_epochs, lr=self.ft_lr, batch_size=self.ft_batch_size,
+                               grad_accum=self.ft_grad_accum, max_steps=self.ft_max_steps, precision=self.ft_precision)
+
+    def build_options(self) -> dict[str, Any]:
+        """How the target and retain models are built, as :func:`mmunlearn.presets.parallel.build_models_parallel`
+        takes them (``overrides``: :meth:`train_overrides`)."""
+        every = "auto" if self.ft_checkpoint_every is None else (self.ft_checkpoint_every or None)
+        pretrain = {"max_steps": self.pretrain_max_steps} if self.pretrain_max_steps is not None else None
+        return {"overrides": self.train_overrides(), "pretrain_overrides": pretrain, "checkpoint_every": every,
+                "parallel": self.parallel_builds}
+
+    def budget_seconds(self) -> float | None:
+        """``budget_minutes`` in seconds (None: no budget)."""
+        return None if self.budget_minutes is None else self.budget_minutes * 60.0
 
     def audit_options(self):
         """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the preset; generations at most 64 tokens."""
@@ -146,16 +200,6 @@ class TofuConfig(RecipeConfig):
                                     "building the preset's target; its train_log.json names its base.")
     retain_model: Path | None = opt(None, "Retain model folder (never trained on the forget authors) to use instead "
                                           "of building the preset's retain model.")
-    ft_epochs: int | None = opt(None, "Fine-tuning of the built target and retain models: epochs (default: the "
-                                      "preset's).")
-    ft_lr: float | None = opt(None, "Fine-tuning of the built target and retain models: learning rate.")
-    ft_batch_size: int | None = opt(None, "Fine-tuning of the built target and retain models: micro-batch size.")
-    ft_grad_accum: int | None = opt(None, "Fine-tuning of the built target and retain models: gradient accumulation "
-                                          "steps.")
-    ft_max_steps: int | None = opt(None, "Fine-tuning of the built target and retain models: at most N optimizer "
-                                         "steps (the schedule fitted to them).")
-    ft_precision: str | None = opt(None, "Fine-tuning of the built target and retain models: no, bf16 (autocast, "
-                                         "also on CPU) or auto (bf16 on a GPU that has it).")
     jobs: int = opt(1, "compare: method stages run at once, each in its own process (`tofu run` with these "
                        "settings, `threads` torch threads each; logs in OUT/jobs/); 2 uses both cores of a 2-core CPU.")
 
@@ -168,12 +212,6 @@ class TofuConfig(RecipeConfig):
         except ValueError as e:
             raise ConfigError(str(e), "metrics") from None
         _positive(self, "utility_items", "rule_retain_items", "jobs")
-        self.train_overrides()
-
-    def train_overrides(self) -> dict[str, Any]:
-        """The ``ft_*`` settings as ``build_models`` overrides (:func:`train_overrides`)."""
-        return train_overrides(epochs=self.ft_epochs, lr=self.ft_lr, batch_size=self.ft_batch_size,
-                               grad_accum=self.ft_grad_accum, max_steps=self.ft_max_steps, precision=self.ft_precision)
 
     def evaluation(self) -> dict[str, Any]:
         """The evaluation-cost settings as :func:`recipes.tofu_pipeline.prepare` takes them."""

@@ -21,6 +21,7 @@ from mmunlearn.eval.tofu import METRIC_GROUPS
 from mmunlearn.metrics import forget_quality, privleak
 from mmunlearn.metrics.entries import per_item
 from mmunlearn.presets.build import BuiltModels, build_models
+from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import EVALS_DIR, default_cache_dir, read_log
 
 from recipes.tofu_report import COLUMNS
@@ -84,7 +85,8 @@ def reference_metrics(metrics: Collection[str] | None) -> tuple[str, ...] | None
 
 def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int | str,
                 device: str, retain_logs: Path | None = None, metrics: tuple[str, ...] | None = None,
-                fingerprint: str | None = None, precision: str = "no", utility_items: int | None = None) -> Path:
+                fingerprint: str | None = None, precision: str = "no", utility_items: int | None = None,
+                batch_size: int = 16, generation_batch_size: int | None = None) -> Path:
     """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs
     (in ``model_dir/evals/<key>``).
 
@@ -102,7 +104,7 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
         adapter = TextLLMAdapter.from_pretrained(model_dir, device=device, precision=precision)
         evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
                       max_new_tokens=max_new_tokens, model_name=Path(model_dir).name, metrics=metrics,
-                      utility_items=utility_items)
+                      utility_items=utility_items, batch_size=batch_size, generation_batch_size=generation_batch_size)
     return out / "TOFU_EVAL.json"
 
 
@@ -131,6 +133,9 @@ class TofuSetup:
     precision: str = "no"
     utility_items: int | None = None
     rule_retain: list | None = None  # the retain rows the sweep rule scores (None: all of ``retain``)
+    score_batch: int = 16  # rows per scoring batch (evaluation and the sweep's target)
+    gen_batch: int | None = None  # rows per generation batch (None: score_batch)
+    device: str = "cpu"  # where the sweep's target is scored
 
     def reference_row(self, which: str) -> dict:
         logs = json.loads((self.retain_logs if which == "retain" else self.target_logs).read_text())
@@ -147,7 +152,7 @@ class TofuSetup:
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (before it saw the forget authors): the sweep's target."""
-        return base_forget_nll(self.built, self.forget, self.precision)
+        return base_forget_nll(self.built, self.forget, self.precision, self.device, self.score_batch)
 
     def adapter(self, path: Path, device: str):
         """A text adapter on ``path`` at this run's scoring precision."""
@@ -158,7 +163,8 @@ class TofuSetup:
         (``folder/TOFU_EVAL.json`` and the summaries)."""
         return evaluate_tofu(adapter, self.data, self.forget_split, self.authors, retain_logs=self.retain_logs,
                              out_dir=folder, max_new_tokens=self.max_new_tokens, model_name=name,
-                             metrics=self.metrics, utility_items=self.utility_items)
+                             metrics=self.metrics, utility_items=self.utility_items, batch_size=self.score_batch,
+                             generation_batch_size=self.gen_batch)
 
     def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
         """The TOFU row of an unlearned model (:meth:`evaluate_logs`)."""
@@ -177,21 +183,22 @@ class TofuSetup:
                 "memorised": self.memorisation.get("memorised"), "memorisation": dict(self.memorisation)}
 
 
-def base_forget_nll(built: Any, forget: list, precision: str = "no") -> float:
+def base_forget_nll(built: Any, forget: list, precision: str = "no", device: str = "cpu",
+                    batch_size: int = 16) -> float:
     """The sweeps' target of a TOFU-style setup (TOFU, cTOFU): the forget rows' mean answer NLL under the base model
     ``built.base``, which never saw the forget authors; a ValueError when the setup names no base."""
     if built.base is None:
         raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
                          "base model (no train_log.json with an existing 'base')")
-    base = TextLLMAdapter.from_pretrained(built.base, device="cpu", precision=precision)
-    return float(base.answer_nll(forget).mean())
+    base = TextLLMAdapter.from_pretrained(built.base, device=device, precision=precision)
+    return float(base.answer_nll(forget, batch_size=batch_size).mean())
 
 
 def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
             device: str, max_new_tokens: int, *, overrides: Mapping[str, Any] | None = None,
-            target: Path | None = None, retain: Path | None = None,
-            metrics: Collection[str] | None = None, precision: str | None = None,
-            utility_items: int | None = None, rule_retain_items: int | None = None) -> TofuSetup:
+            target: Path | None = None, retain: Path | None = None, metrics: Collection[str] | None = None,
+            precision: str | None = None, utility_items: int | None = None, rule_retain_items: int | None = None,
+            build: Mapping[str, Any] | None = None, score_batch: int = 16, gen_batch: int | None = None) -> TofuSetup:
     """Build (or reuse) base/target/retain models, evaluate target and retain, check that the target
     memorised the forget answers (a warning is logged when not; the CLI prints it).
 
@@ -203,15 +210,16 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     them plus ``forget`` (:func:`reference_metrics`). ``precision``: scoring and generation precision
     (``no`` or ``bf16``; None: the preset's, :func:`recipes.tofu_settings.default_precision`);
     ``utility_items``: real-authors / world-facts items evaluated (None: all); ``rule_retain_items``: the
-    sweep rule scores this many retain rows, spread evenly over the retain partition (None: all).
-    """
+    sweep rule scores this many retain rows, spread evenly over the retain partition (None: all). ``build``: more
+    build options (``pretrain_overrides``, ``checkpoint_every``, ``parallel``: :func:`_build`); ``score_batch`` /
+    ``gen_batch``: the evaluation's batches."""
     precision = default_precision(preset, device) if precision is None else precision
     given = {"target": None if target is None else check_model_dir(target, "target"),
              "retain": None if retain is None else check_model_dir(retain, "retain model")}
     metrics = None if metrics is None else tuple(metrics)
     roles = [r for r, path in given.items() if path is None]
-    built = build_models(preset, data, forget_split, authors, seed, cache_dir, device, overrides=overrides,
-                         roles=roles) if roles else None
+    built = _build(preset, data, forget_split, authors, seed, cache_dir, device, overrides, roles, build or {}) \
+        if roles else None
     models = {r: path if path is not None else getattr(built, r) for r, path in given.items()}
     base = built.base if given["target"] is None else target_base(models["target"])
     logs = dict(built.logs) if built is not None else {}
@@ -224,7 +232,8 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
 
     ref = reference_metrics(metrics)
     fp = {r: model_fingerprint(path) if path is not None else None for r, path in given.items()}
-    lean = dict(precision=precision, utility_items=utility_items)
+    lean = dict(precision=precision, utility_items=utility_items, batch_size=score_batch,
+                generation_batch_size=gen_batch)
     retain_logs = cached_eval(models["retain"], data, forget_split, authors, max_new_tokens, device, metrics=ref,
                               fingerprint=fp["retain"], **lean)
     target_logs = cached_eval(models["target"], data, forget_split, authors, max_new_tokens, device, retain_logs,
@@ -240,13 +249,29 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     pct = split_info(forget_split).forget_pct
     forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
     retain_items = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
-    rule_retain = None
-    if rule_retain_items is not None and rule_retain_items < len(retain_items):
-        step = len(retain_items) / rule_retain_items
-        rule_retain = [retain_items[int(i * step)] for i in range(rule_retain_items)]
     return TofuSetup(preset, data, forget_split, authors, max_new_tokens, setup, retain_logs, target_logs,
                      Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain_items, metrics, check,
-                     precision, utility_items, rule_retain)
+                     precision, utility_items, _spread(retain_items, rule_retain_items), score_batch, gen_batch,
+                     device)
+
+
+def _spread(items: list, n: int | None) -> list | None:
+    """``n`` of ``items`` spread evenly over them (None: ``n`` is None or not fewer than all)."""
+    if n is None or n >= len(items):
+        return None
+    step = len(items) / n
+    return [items[int(i * step)] for i in range(n)]
+
+
+def _build(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
+           device: str, overrides: Mapping[str, Any] | None, roles: list[str], build: Mapping[str, Any]) -> BuiltModels:
+    """The models of ``roles`` built (both at once with ``build["parallel"]``)."""
+    options = {k: v for k, v in build.items() if k != "parallel"}
+    if build.get("parallel") and set(roles) == {"target", "retain"}:
+        return build_models_parallel(preset, data, forget_split, authors, seed, cache_dir, device,
+                                     overrides=overrides, **options)
+    return build_models(preset, data, forget_split, authors, seed, cache_dir, device, overrides=overrides, roles=roles,
+                        **options)
 
 
 def _agg(entry: Any) -> float | None:

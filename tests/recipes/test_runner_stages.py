@@ -87,3 +87,48 @@ def test_the_timing_names_the_training_seconds_each_built_model_records(tmp_path
     (tmp_path / "retain").mkdir()  # no log: not named
     built = SimpleNamespace(base=None, target=tmp_path / "target", retain=tmp_path / "retain")
     assert Stages(1, time.perf_counter()).timing(built)["model_builds"] == {"target": 1814.2}
+
+
+def test_no_method_starts_after_the_budget_and_the_skipped_ones_are_listed():
+    lines, written, ran = [], [], []
+
+    def rows(name):
+        ran.append(name)
+        time.sleep(0.05)
+        return [{"method": name}]
+
+    stages = Stages(4, time.perf_counter(), say=lines.append)
+    got, _ = run_comparison(Comparison(["a", "b", "c"], rows=rows, write=lambda done: written.append(
+        (list(done), [s["stage"] for s in stages.timing()["skipped"]]))), stages, budget=0.08)
+    # a runs (0.05 s); b would start at 0.05 s with 0.05 s (the longest stage so far) to go, past 0.08 s: skipped, c too
+    assert ran == ["a"] and got == [{"method": "a"}]
+    timing = stages.timing()
+    assert [s["stage"] for s in timing["skipped"]] == ["b", "c"] and "budget" in timing["skipped"][0]["why"]
+    assert [s["stage"] for s in timing["stages"]] == ["a"]
+    assert written[-1] == ([{"method": "a"}], ["b", "c"])  # the tables list the skipped stages as they are skipped
+    assert any(line.startswith("[stage 2/4] b: skipped: budget") for line in lines)
+    # without a budget every method runs
+    ran.clear()
+    run_comparison(Comparison(["a", "b"], rows=rows, write=lambda done: None), Stages(2, time.perf_counter(),
+                                                                                        say=lines.append))
+    assert ran == ["a", "b"]
+
+
+def test_keep_going_lists_a_failed_method_and_runs_the_next_one():
+    import pytest
+
+    def rows(name):
+        if name == "bad":
+            raise RuntimeError("out of memory")
+        return [{"method": name}]
+
+    lines: list[str] = []
+    stages = Stages(3, time.perf_counter(), say=lines.append)
+    got, _ = run_comparison(Comparison(["bad", "good"], rows=rows, write=lambda done: None), stages, keep_going=True)
+    assert got == [{"method": "good"}]
+    failed, = stages.timing()["skipped"]
+    assert failed["stage"] == "bad" and failed["why"] == "RuntimeError: out of memory" and failed["seconds"] >= 0
+    assert any("Traceback" in line for line in lines) and any("bad: FAILED after" in line for line in lines)
+    with pytest.raises(RuntimeError, match="out of memory"):  # by default the error stops the comparison
+        run_comparison(Comparison(["bad", "good"], rows=rows, write=lambda done: None),
+                       Stages(2, time.perf_counter(), say=lines.append))
