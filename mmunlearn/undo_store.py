@@ -133,11 +133,24 @@ def undo_dir_of(folder: str | os.PathLike) -> Path | None:
     if os.path.islink(path) or not path.is_dir():
         raise FileNotFoundError(f"{folder}: its undo records are kept apart, in {path}, which is missing or not a "
                                 "folder (pass the patch with --patch, or move the .undo folder back beside it)")
+    _check_private(path)
     info = _read_json(path / UNDO_INFO)
     if not isinstance(info, dict) or info.get("id") != ident:
         raise UnsafePathError(f"{path} is not the undo folder of {folder} (its {UNDO_INFO} does not carry the id "
                               "the report names)")
     return path
+
+
+def _check_private(path: Path) -> None:
+    """Refuse an undo folder owned by another user or writable by its group or others: its records steer restore and
+    later edits of the model, so one someone else could have written is not trusted."""
+    st = os.stat(path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise UnsafePathError(f"{path} is an undo folder owned by another user (uid {st.st_uid}, you are "
+                              f"{os.getuid()}): undo records you did not write are not trusted")
+    if st.st_mode & 0o022:
+        raise UnsafePathError(f"{path} is an undo folder writable by its group or others (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}): its records may not be yours; chmod 700 it if they are")
 
 
 def patch_of(folder: str | os.PathLike) -> Path:

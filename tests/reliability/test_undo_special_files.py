@@ -73,3 +73,17 @@ def test_restore_does_not_take_a_tampered_no_change_report_on_its_word(tmp_path)
     done = run_cli_here("restore", "--model", str(out), "--out", str(tmp_path / "back"))
     assert done.returncode == 2 and "undo patch not found" in done.stderr and "says no weight changed" in done.stderr
     assert digest_tree(out) == before and listing(tmp_path) == {"model", "forget.safetensors", "out"}
+
+
+def test_an_undo_folder_others_may_write_is_not_trusted(tmp_path):
+    from tests.reliability.untrusted import run_cli_here
+
+    model = make_checkpoint(tmp_path / "model")
+    erase_checkpoint(model, make_forget(tmp_path / "forget.safetensors"), tmp_path / "out", rank=2)
+    os.chmod(tmp_path / "out.undo", 0o777)
+    before = digest_tree(tmp_path / "out.undo")
+    done = run_cli_here("restore", "--model", str(tmp_path / "out"), "--out", str(tmp_path / "back"))
+    assert done.returncode == 2 and "writable by its group or others (mode 777)" in done.stderr, done.stderr
+    assert digest_tree(tmp_path / "out.undo") == before and "back" not in listing(tmp_path)
+    os.chmod(tmp_path / "out.undo", 0o700)
+    assert run_cli_here("restore", "--model", str(tmp_path / "out"), "--out", str(tmp_path / "back")).returncode == 0
