@@ -93,7 +93,8 @@ class TextLLMAdapter(TokenScoring):
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev),
                                                          use_safetensors=True, trust_remote_code=False).to(dev).eval()
         check_loaded(model, path)
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never asks, never runs code
+        with loading(path):  # a tokenizer.json nested 100,000 deep is one error naming the folder
+            tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never asks or runs code
         return cls(model, tokenizer, **kwargs)
 
     load = from_pretrained

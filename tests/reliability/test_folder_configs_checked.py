@@ -65,3 +65,15 @@ def test_custom_code_in_a_text_folder_is_never_asked_about_or_run(tmp_path, monk
         TextLLMAdapter.from_pretrained(folder, device="cpu")
     assert asked == [] and not marker.exists()
     assert digest_tree(folder) == before
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_tokenizer_file_nested_100000_deep_is_one_error_naming_the_folder(tmp_path, name):
+    folder = tmp_path / "model"
+    TextLLMAdapter(tiny_causal_lm(layers=1), tiny_tokenizer()).save(folder)
+    (folder / name).write_text("[" * 100_000 + "]" * 100_000)
+    before = digest_tree(folder)
+    with pytest.raises(ValueError, match=rf"{folder}: .*recursion") as err:
+        TextLLMAdapter.from_pretrained(folder, device="cpu")
+    assert not isinstance(err.value, RecursionError)
+    assert digest_tree(folder) == before
