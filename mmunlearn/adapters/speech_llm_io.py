@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.base import resolve_device, resolve_dtype
-from mmunlearn.adapters.hf_checks import check_config, check_preprocessor
+from mmunlearn.adapters.hf_checks import check_config, check_preprocessor, loading
 from mmunlearn.adapters.speech_llm_families import family_of_dir
 from mmunlearn.checkpoint import atomic_dir
 from mmunlearn.layout import RESERVED
@@ -89,8 +89,9 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
     else:
         if not (root / "preprocessor_config.json").is_file():
             raise FileNotFoundError(f"{root} has no preprocessor_config.json (the audio feature extractor)")
-        tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
-        fe = AutoFeatureExtractor.from_pretrained(str(root), trust_remote_code=False)
+        with loading(root):  # a tokenizer.json nested 100,000 deep is one error naming the folder
+            tokenizer = AutoTokenizer.from_pretrained(str(root), trust_remote_code=False)
+            fe = AutoFeatureExtractor.from_pretrained(str(root), trust_remote_code=False)
     return model, container, tokenizer, fe, processor, family
 
 
