@@ -37,6 +37,10 @@ def subset_manifests(manifests: str | os.PathLike, out: str | os.PathLike, rows:
         raise FileNotFoundError(f"no manifest for split(s) {unknown or 'any'} in {src} (found: {sorted(paths)})")
     if out.resolve() == src.resolve():
         raise ValueError("--out must not be the source folder: its manifests would be overwritten")
+    if out.exists() and (not out.is_dir() or out.is_symlink()
+                         or (any(out.iterdir()) and not (out / REPORT).is_file())):
+        raise ValueError(f"--out {out} holds files this command did not write (no {REPORT}): its .csv files would be "
+                         "overwritten; choose a new or empty folder")
     drawn = {name: draw_balanced(split_rows(src, name), rows, seed) for name in chosen}
     empty = [name for name, kept in drawn.items() if not kept]
     if empty:  # before anything is written: no half-made folder

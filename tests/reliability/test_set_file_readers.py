@@ -76,3 +76,17 @@ def test_an_audio_path_with_a_nul_byte_names_its_row(tmp_path):
     path.write_text(json.dumps({"audio": "clips/a\u0000.wav", "speaker": "s1"}) + "\n")
     with pytest.raises(DataFormatError, match=rf"{path.name}:1: the audio path holds a NUL byte"):
         read_speech_rows(path, "forget")
+
+
+def test_voxceleb2_subset_never_overwrites_a_folder_it_did_not_write(tmp_path):
+    from data_prep.manifest_subset import subset_manifests
+
+    src = tmp_path / "manifests"
+    src.mkdir()
+    (src / "train.csv").write_text("ID,duration,wav,start,stop,spk_id\n")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.csv").write_text("my own file\n")
+    with pytest.raises(ValueError, match=r"holds files this command did not write"):
+        subset_manifests(src, out, 5)
+    assert (out / "train.csv").read_text() == "my own file\n" and os.listdir(out) == ["train.csv"]
