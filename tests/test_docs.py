@@ -45,6 +45,35 @@ def test_the_site_builds_strictly(tmp_path):
                           "--config-file", str(ROOT / "mkdocs.yml")], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "site" / "tofu" / "index.html").is_file()
+    api = (tmp_path / "site" / "api" / "index.html").read_text()  # generated from the code (mmunlearn/apiref.py)
+    assert _api_page_misses(api) == []
+
+
+def _api_page_misses(page: str) -> list[str]:
+    """What the API reference page lacks: a public function's name or a parameter of it, a method, a kind."""
+    import importlib
+    import inspect
+
+    from mmunlearn.apiref import FUNCTIONS
+    from mmunlearn.kinds import kind_names
+    from mmunlearn.methods import names
+
+    missing = []
+    for _, entries in FUNCTIONS:
+        for title, module, name in entries:
+            params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+            missing += [f"{title}: {p}" for p in [title.split()[0], *params] if p not in page]
+    missing += [f"method {m}" for m in names() if f"<code>{m}</code>" not in page]
+    missing += [f"kind {k}" for k in kind_names() if f"<code>{k}</code>" not in page]
+    return missing
+
+
+def test_the_api_check_sees_a_missing_parameter():
+    from mmunlearn.apiref import render
+
+    page = render()  # the Markdown: its parameters are in it as in the built page
+    assert "forget_level" in page and "prompt_format" in page
+    assert any("forget_level" in m for m in _api_page_misses(page.replace("forget_level", "level")))
 
 
 def _tables_outside_blocks(text: str) -> list[int]:
