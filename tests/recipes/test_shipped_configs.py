@@ -187,8 +187,9 @@ TABLE = {("tofu", "compare"): "compare.json", ("ctofu", "compare"): "compare.jso
          ("voxceleb2", "speaker"): "speaker.json", ("voxceleb2", "sample"): "sample.json"}
 
 
-#: the cTOFU run builds its own world's models (40 s here): kept for `make test-all`
-SLOW_RUNS = {"ctofu/mini"}
+#: the cTOFU run builds its own world's models (40 s here), tofu/smollm2_gpu200 its own fine-tuning's: kept for
+#: `make test-all` (the SmolLM2 ones are rehearsed end to end in test_rehearsal.py)
+SLOW_RUNS = {"ctofu/mini", "ctofu/smollm2", "ctofu/smollm2_gpu", "ctofu/smollm2_gpu_ja", "tofu/smollm2_gpu200"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RUNS else n
