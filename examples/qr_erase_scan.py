@@ -14,7 +14,9 @@ Read top to bottom. On the training partitions only (the sweep rule's data, neve
    size, its choice) is scored with the rule's two measures and written to the JSON as it finishes; a rerun skips
    the points already there;
 4. the per-block scan: one block edited alone (``--block-protocol``, own size): forget vs retain NLL rise per block,
-   written to the JSON and drawn in ``<json stem>.blocks.png``.
+   written to the JSON and drawn in ``<json stem>.blocks.png``;
+5. the ``--best`` points within the bound edited again: their forget ROUGE-L (greedy answers) and probability,
+   beside the target's and the retain model's.
 
 Example (the SmolLM2 models ``tofu compare --config tofu/smollm2`` built; paths from the build cache)::
 
@@ -73,6 +75,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-protocol", default=None, help="Protocol of the per-block scan (default: the first).")
     p.add_argument("--block-rank", type=int, default=32, help="Per-block scan: forget rank.")
     p.add_argument("--block-retain-rank", type=int, default=128, help="Per-block scan: retain rank.")
+    p.add_argument("--best", type=int, default=3, help="Points (best within the bound) whose forget ROUGE-L and "
+                                                       "probability are measured (greedy answers; 0: none).")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     p.add_argument("--json", type=Path, required=True, help="Where the results go (resumed when it exists).")
     return p.parse_args(argv)
@@ -94,7 +98,8 @@ def layer_rule(text: str) -> tuple[str, int | None]:
 
 def task_matrices(name: str, args, models: dict, forget, retain_all, cache: Path):
     """(T_f, T_r, seconds) of a protocol, read from ``cache`` when a run already made them."""
-    files = cache / f"{name.replace('@', '-at-')}.forget.safetensors", cache / f"{name.replace('@', '-at-')}.retain.safetensors"
+    stem = name.replace("@", "-at-")
+    files = cache / f"{stem}.forget.safetensors", cache / f"{stem}.retain.safetensors"
     if all(f.is_file() for f in files):
         tf, tr = (load_task_matrices(f) for f in files)
         return tf, tr, float(tf.meta.get("scan_seconds", 0.0))
@@ -133,7 +138,7 @@ def measure(target, scorer: Scorer, rep, **extra) -> dict:
 
 def point(target, tf, tr, cfg: EraseConfig, subtraction: str, scorer: Scorer) -> dict:
     """One configuration: the own-size edit, or the sweep's choice (its measures and how many edits it scored)."""
-    t0 = time.perf_counter()
+    t0, scored = time.perf_counter(), scorer.seconds
     if subtraction == "own":
         rep = _apply(target.model, tf, tr, cfg, cfg.rank, 1.0, None)
         row = measure(target, scorer, rep, scale=1.0, relative=relative_unit(target.model, tf), points=1)
@@ -141,7 +146,7 @@ def point(target, tf, tr, cfg: EraseConfig, subtraction: str, scorer: Scorer) ->
         points, chosen = _sweep(target, tf, tr, cfg, scorer, None, progress=False)
         rep = _apply(target.model, tf, tr, cfg, chosen.rank, chosen.scale, None)
         row = measure(target, scorer, rep, scale=chosen.scale, relative=chosen.relative, points=len(points))
-    row["seconds"] = time.perf_counter() - t0
+    row["seconds"], row["scoring_seconds"] = time.perf_counter() - t0, scorer.seconds - scored
     return row
 
 
@@ -159,11 +164,49 @@ def block_scan(target, tf, tr, args, scorer: Scorer, results: dict, save) -> Non
         rep = _apply(target.model, sub_f, sub_r, cfg, cfg.rank, 1.0, None)
         row = measure(target, scorer, rep, block=g, energy=sum(float(t.float().norm()) for t in sub_f.values()) / total)
         results["blocks"].append(row)
-        print(f"block {g}: energy {row['energy']:.3f}, forget {row['forget_rise']:+.3f}, retain {row['retain_rise']:+.3f}")
+        print(f"block {g}: energy {row['energy']:.3f}, forget {row['forget_rise']:+.3f}, "
+              f"retain {row['retain_rise']:+.3f}")
         save()
 
 
-def plot_blocks(blocks: list[dict], path: Path, bound: float) -> None:
+def forget_outputs(adapter, forget) -> dict:
+    """What the model still says of the forget rows: greedy ROUGE-L recall of their answers and the mean per-token
+    probability of each answer (exp of its length-normalised NLL, averaged over rows)."""
+    from mmunlearn.eval.scoring import generate_answers
+    from mmunlearn.metrics.rouge import rouge_l_recall
+
+    gold = [row.answer for row in forget]
+    said = generate_answers(adapter, [row.question for row in forget], max_new_tokens="auto", gold=gold)
+    return {"forget_rouge_l": float(rouge_l_recall(said, gold).mean()),
+            "forget_prob": float(torch.exp(-adapter.answer_nll(forget)).mean())}
+
+
+def best_points(target, args, models, forget, retain_all, cache: Path, results: dict, save) -> None:
+    """The ``--best`` points within the retain bound (those that meet the rule first, then by forget rise), edited
+    again: their forget ROUGE-L and probability, beside the target's and the retain model's."""
+    if "reference_outputs" not in results:
+        results["reference_outputs"] = {"target": forget_outputs(target, forget)}
+        if models.get("retain") is not None:
+            results["reference_outputs"]["retain_model"] = forget_outputs(models["retain"], forget)
+        save()
+    within = [p for p in results["points"] if p["retain_rise"] <= args.bound]
+    for p in sorted(within, key=lambda p: (p["met"], p["forget_rise"]), reverse=True)[: args.best]:
+        if "forget_rouge_l" in p:
+            continue
+        tf, tr, _ = task_matrices(p["protocol"], args, models, forget, retain_all, cache)
+        rule_name, top = layer_rule(p["layer_rule"])
+        cfg = EraseConfig(rank=p["rank"], retain_rank=p["retain_rank"], layer_rule=rule_name, top=top,
+                          localize=rule_name != "all")
+        rep = _apply(target.model, tf, tr, cfg, cfg.rank, p["scale"], None)
+        try:
+            p.update(forget_outputs(target, forget))
+        finally:
+            restore(target.model, rep)
+        print(f"best {p['key']}: forget ROUGE-L {p['forget_rouge_l']:.3f}, probability {p['forget_prob']:.3f}")
+        save()
+
+
+def plot_blocks(blocks: list[dict], path: Path, bound: float, title: str) -> None:
     from mmunlearn.figures import figure
 
     with figure(path, figsize=(max(6, 0.3 * len(blocks)), 4)) as (_fig, ax):
@@ -174,6 +217,7 @@ def plot_blocks(blocks: list[dict], path: Path, bound: float) -> None:
         ax.set_xticks(list(x), [b["block"].rsplit(".", 1)[-1] for b in blocks], fontsize=7)
         ax.set_xlabel("block edited alone (own size)")
         ax.set_ylabel("NLL rise (nats)")
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
 
 
@@ -207,7 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "bound": args.bound, "base_forget_nll": scorer.base_forget, "base_retain_nll": scorer.base_retain,
                     "scoring_seconds_per_point": scorer.seconds})
     save = lambda: write_text_atomic(args.json, json.dumps(results, indent=2))  # noqa: E731
-    print(f"forget NLL: target {scorer.base_forget:.3f}, aim {rule.forget_target:.3f}; retain NLL {scorer.base_retain:.3f}")
+    print(f"forget NLL: target {scorer.base_forget:.3f}, aim {rule.forget_target:.3f}; "
+          f"retain NLL {scorer.base_retain:.3f}")
     cache = args.json.with_suffix(".taskvec")
     protocols = [x.strip() for x in args.protocols.split(",") if x.strip()]
     done = {p["key"] for p in results["points"]}
@@ -233,7 +278,11 @@ def main(argv: list[str] | None = None) -> dict:
     tf, tr, _ = task_matrices(args.block_protocol or protocols[0], args, models, forget, retain_all, cache)
     results["block_protocol"] = args.block_protocol or protocols[0]
     block_scan(target, tf, tr, args, scorer, results, save)
-    plot_blocks(results["blocks"], args.json.with_suffix(".blocks.png"), args.bound)
+    plot_blocks(results["blocks"], args.json.with_suffix(".blocks.png"), args.bound,
+                f"one block edited alone: {results['block_protocol']}, rank {args.block_rank}, "
+                f"retain rank {args.block_retain_rank}")
+    if args.best > 0:
+        best_points(target, args, models, forget, retain_all, cache, results, save)
     within = [p for p in results["points"] if p["retain_rise"] <= args.bound]
     results["best"] = max(within, key=lambda p: (p["met"], p["forget_rise"]))["key"] if within else None
     save()

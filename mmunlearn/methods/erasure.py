@@ -96,8 +96,8 @@ class EraseConfig(PresetConfig):
                                       "model minus the reference it was fine-tuned from; T_r = retain_model minus the "
                                       "reference, else the extract recipe run on the reference with the retain data; "
                                       "needs a reference).")
-    retain_model: str | None = opt(None, "With task_matrix 'update': a model folder holding the reference fine-tuned on "
-                                         "the retain data alone (T_r = it minus the reference).")
+    retain_model: str | None = opt(None, "With task_matrix 'update': a model folder holding the reference fine-tuned "
+                                         "on the retain data alone (T_r = it minus the reference).")
     subtract: str = opt("swept", "'swept': the rule sweeps the edit's size (scale x T~); 'own': QR-Erase's W' = W - T~ "
                                  "at the task matrix's own size (scale 1, no sweep; the rule's measures of that one "
                                  "edit are recorded).")

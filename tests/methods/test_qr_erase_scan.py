@@ -53,7 +53,7 @@ def test_scan_crosses_records_resumes_and_scans_blocks(folders):
             str(folders / "retain"), "--data", SRC, "--retain-items", "12", "--precision", "no",
             "--protocols", "update,layerwise,gradient", "--ranks", "4", "--retain-ranks", "0,8",
             "--layer-rules", "mean,top1", "--subtractions", "own,swept", "--steps", "2", "--layerwise-steps", "1",
-            "--lr", "1e-3", "--block-rank", "4", "--block-retain-rank", "8", "--json", str(out)]
+            "--lr", "1e-3", "--block-rank", "4", "--block-retain-rank", "8", "--best", "2", "--json", str(out)]
     results = scan.main(argv)
     on_disk = json.loads(out.read_text())
     assert on_disk["points"] == results["points"]
@@ -75,6 +75,14 @@ def test_scan_crosses_records_resumes_and_scans_blocks(folders):
     assert out.with_suffix(".blocks.png").stat().st_size > 1000
     assert sorted(f.name for f in out.with_suffix(".taskvec").iterdir()) == sorted(
         f"{p}.{side}.safetensors" for p in ("update", "layerwise", "gradient") for side in ("forget", "retain"))
+    # the best points within the bound, edited again: what the model still says of the forget rows
+    measured = [p for p in on_disk["points"] if "forget_rouge_l" in p]
+    within = sorted((p for p in on_disk["points"] if p["retain_rise"] <= on_disk["bound"]),
+                    key=lambda p: (p["met"], p["forget_rise"]), reverse=True)
+    assert [p["key"] for p in measured] == sorted([p["key"] for p in within[:2]], key=keys.index)
+    assert all(0 <= p["forget_rouge_l"] <= 1 and 0 < p["forget_prob"] < 1 for p in measured)
+    assert set(on_disk["reference_outputs"]) == {"target", "retain_model"}
+    assert all(0 <= p["scoring_seconds"] <= p["seconds"] for p in on_disk["points"])
     # a rerun resumes: nothing is scored again, the records stay as they were
     again = scan.main(argv)
     assert [p["key"] for p in again["points"]] == keys and again["blocks"] == blocks
@@ -84,7 +92,8 @@ def test_scan_crosses_records_resumes_and_scans_blocks(folders):
 def test_scan_refuses_an_unknown_protocol_or_rule(folders, tmp_path):
     scan = _script()
     base = ["--target", str(folders / "target"), "--base", str(folders / "base"), "--data", SRC,
-            "--retain-items", "4", "--precision", "no", "--ranks", "2", "--retain-ranks", "0", "--subtractions", "own"]
+            "--retain-items", "4", "--precision", "no", "--ranks", "2", "--retain-ranks", "0", "--subtractions", "own",
+            "--best", "0"]
     with pytest.raises(SystemExit, match="not one of"):
         scan.main(base + ["--protocols", "magic", "--json", str(tmp_path / "a.json")])
     with pytest.raises(SystemExit, match="topK"):
