@@ -9,7 +9,6 @@ comes back as :class:`~mmunlearn.tilt.TiltedCausalLM`, whose ``forward`` and ``g
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 from mmunlearn.kinds import kind_of, kinds
 from mmunlearn.layout import UNLEARN_REPORT
 from mmunlearn.methods import load_unlearned, model_folder
+from mmunlearn.undo_store import read_release_report
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,9 @@ class Loaded:
 
 
 def _report(folder: Path) -> dict[str, Any] | None:
-    path = folder / UNLEARN_REPORT
-    if not path.is_file():
-        return None
-    try:
-        report = json.loads(path.read_text())
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from None
-    return report if isinstance(report, dict) else {}
+    """The folder's ``unlearn_report.json`` (None without one): at most 64 MiB, no link followed, a special file or
+    a report that is not a JSON object refused naming it (:func:`mmunlearn.undo_store.read_release_report`)."""
+    return read_release_report(folder)
 
 
 def _format_of(folder: Path) -> str | None:

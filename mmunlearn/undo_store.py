@@ -175,6 +175,9 @@ def read_release_report(folder: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(folder) / UNLEARN_REPORT
     if not os.path.lexists(path):
         return None
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+        raise UnsafePathError(f"{path} is not a regular file (a FIFO, device or socket): refusing to read it")
     try:
         report = json.loads(read_inside(folder, UNLEARN_REPORT, REPORT_LIMIT))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -87,3 +87,21 @@ def test_an_undo_folder_others_may_write_is_not_trusted(tmp_path):
     assert digest_tree(tmp_path / "out.undo") == before and "back" not in listing(tmp_path)
     os.chmod(tmp_path / "out.undo", 0o700)
     assert run_cli_here("restore", "--model", str(tmp_path / "out"), "--out", str(tmp_path / "back")).returncode == 0
+
+
+@pytest.mark.parametrize("content", ["sparse", "fifo"])
+def test_load_refuses_a_huge_or_special_report_naming_it(tmp_path, content):
+    import mmunlearn
+
+    model = make_checkpoint(tmp_path / "model", sharded=False)
+    report = model / "unlearn_report.json"
+    if content == "sparse":
+        with open(report, "wb") as fh:
+            fh.truncate(3 << 30)
+    else:
+        os.mkfifo(report)
+    before = digest_tree(model)
+    needle = "more than the 67108864" if content == "sparse" else "not a regular file"
+    with pytest.raises((ValueError, UnsafePathError), match=rf"unlearn_report\.json (is|.*){needle}"):
+        mmunlearn.load(model, device="cpu")
+    assert digest_tree(model) == before
