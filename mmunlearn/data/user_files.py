@@ -177,8 +177,28 @@ def dataset_module(source: Any) -> Any:
     return module if module is not None and isinstance(source, (module.Dataset, module.DatasetDict)) else None
 
 
+def _check_text_size(items: list[Item]) -> list[Item]:
+    """Refuse a text row (a string, or a mapping's string values) over :data:`MAX_LINE` characters, naming it: a
+    10 MB answer would cost minutes and gigabytes to score."""
+    for where, item in items:
+        values = item.values() if isinstance(item, Mapping) else item if isinstance(item, (list, tuple)) else [item]
+        size = sum(len(v) for v in values if isinstance(v, str))
+        if size > MAX_LINE:
+            raise DataFormatError(f"{where}: a row of {size:,} characters, more than the {MAX_LINE:,} a row may have "
+                                  "(a question and its answer, or one passage)")
+    return items
+
+
 def source_items(source: Any, name: str, text: bool) -> tuple[list[Item], Path | None]:
-    """The raw items of any accepted source and the folder its relative paths resolve from."""
+    """The raw items of any accepted source and the folder its relative paths resolve from (a text row over
+    :data:`MAX_LINE` characters refused)."""
+    if text:
+        items, base = _source_items(source, name, text)
+        return _check_text_size(items), base
+    return _source_items(source, name, text)
+
+
+def _source_items(source: Any, name: str, text: bool) -> tuple[list[Item], Path | None]:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         return _file_items(path, text), path.absolute().parent

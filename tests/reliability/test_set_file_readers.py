@@ -90,3 +90,16 @@ def test_voxceleb2_subset_never_overwrites_a_folder_it_did_not_write(tmp_path):
     with pytest.raises(ValueError, match=r"holds files this command did not write"):
         subset_manifests(src, out, 5)
     assert (out / "train.csv").read_text() == "my own file\n" and os.listdir(out) == ["train.csv"]
+
+
+@pytest.mark.parametrize("given", ["json", "list"])
+def test_a_ten_megabyte_answer_is_refused_naming_its_row(tmp_path, given):
+    rows = [{"question": "q1?", "answer": "a"}, {"question": "q2?", "answer": "x" * 10_000_000}]
+    if given == "json":
+        source = tmp_path / "forget.json"
+        source.write_text(json.dumps(rows))
+        where = rf"{source.name} row 1"
+    else:
+        source, where = rows, r"forget\[1\]"
+    with pytest.raises(DataFormatError, match=rf"{where}: a row of 10,000,00\d characters"):
+        read_text_rows(source, "forget")
