@@ -31,7 +31,7 @@ from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.recipe_cli import config_command, configs_command, help_of, require
 from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
-from recipes.tofu_settings import sweep_rule
+from recipes.tofu_settings import memorisation_warning, sweep_rule
 
 app = typer.Typer(help="Cross-lingual TOFU: fine-tune on every language, forget in one, measure in all.",
                   no_args_is_help=True)
@@ -171,6 +171,11 @@ def compare(cfg: CTofuConfig) -> None:
         ctx = _context(cfg)
         refs = [*ctx.reference_rows("target"), *ctx.reference_rows("retain")]
         target_nll = ctx.forget_target() if cfg.sweep else None
+        memorised = ctx.memorisation()
+        for lang, check in memorised.items():
+            if check["memorised"] is False:
+                console.print(f"warning ({lang}): {memorisation_warning(check)}", style="bold yellow", markup=False,
+                              soft_wrap=True)
         stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
         rule = sweep_rule(target_nll, cfg.retain_bound)
         rows, _ = run_comparison(Comparison(
@@ -178,6 +183,7 @@ def compare(cfg: CTofuConfig) -> None:
             write=lambda done: ctofu_report.write_report(
                 out, "compare", refs + done, ctofu_pipeline.transfer_summary(done, ctx.forget_langs), ctx.forget_langs,
                 {**ctx.describe(), "seconds": time.perf_counter() - start, "host": host_precision(cfg.device, ctx),
+                 "memorisation_by_lang": memorised,
                  "timing": stages.timing(ctx.built)}),
             audit=None if audit_opts is None else
             lambda name: ctofu_pipeline.audit_method(name, ctx, out / name, audit_opts, cfg.device, audit_cache),

@@ -21,6 +21,7 @@ from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import default_cache_dir
 from recipes.tofu_pipeline import audit_method as tofu_audit
 from recipes.tofu_pipeline import TofuSetup, base_forget_nll, cached_eval
+from recipes.tofu_settings import memorisation
 
 # no MIA: the translations ship no holdout split (its non-members)
 EVAL_GROUPS = ("forget", "memorization", "utility")
@@ -78,6 +79,17 @@ class CrossLingualSetup:
                 logs["forget_quality"] = 1.0
             rows.append(make_row(f"{which} model", lang, logs, _summary(tofu.target_logs)))
         return rows
+
+    def memorisation(self) -> dict[str, dict[str, Any]]:
+        """Per evaluation language, whether the target memorised that language's forget rows
+        (:func:`recipes.tofu_settings.memorisation` on its forget probability and ROUGE-L against the retain model's
+        probability): a language it did not memorise is reported, not hidden."""
+        out = {}
+        for lang, tofu in self.by_lang.items():
+            target, retain = _summary(tofu.target_logs), _summary(tofu.retain_logs)
+            out[lang] = memorisation(self.preset, target.get("forget_Q_A_Prob"), target.get("forget_Q_A_ROUGE"),
+                                     retain_prob=retain.get("forget_Q_A_Prob"))
+        return out
 
     def forget_target(self) -> float:
         """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target (float32)."""

@@ -70,6 +70,12 @@ def _check_record(name: str, tmp_path: Path, methods: list[str]) -> dict:
             if r["method"] == "target model":
                 assert r["prob_ratio"] == pytest.approx(1.0)
         assert (out / "prob_ratio.png").stat().st_size > 0 and "after / before" in (out / "compare.md").read_text()
+        by_lang = context["memorisation_by_lang"]  # the target's memorisation per language, reported either way
+        assert set(by_lang) == set(langs)
+        for lang, check in by_lang.items():
+            target = next(r for r in rows if r["method"] == "target model" and r["lang"] == lang)
+            assert check["forget_prob"] == pytest.approx(target["forget_Q_A_Prob"])
+            assert check["memorised"] is (not check["failed"])
     for method in methods:
         assert (out / method / "run.json").is_file()  # every stage's JSON, written as it finished
     return saved
