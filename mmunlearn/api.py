@@ -302,11 +302,12 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
     settings = replace(cfg.extract, **{k: v for k, v in extract.items() if v is not None})
+    inputs = input_paths(model_dir, reference, None, retain)  # out may not hold the retain files either
+    check_apart(out, *inputs)  # before the model is loaded
     source = load_model(reference if reference is not None else model_dir, device=device, where=where,
                         trust_hparams=trust_hparams, scope=scope)
     items = spoken(kind_obj.takes_audio and not kind_obj.is_classifier, read_rows(kind_obj, retain, "retain"),
                    retain_tasks)
-    inputs = [model_dir] + ([reference] if reference is not None else [])
     return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,
                                inputs=inputs)
 

@@ -91,3 +91,16 @@ def test_the_command_says_it_in_one_line_and_exits_2(model, tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error: ") and "forget.jsonl" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert _snapshot(tmp_path) == before
+
+
+def test_prepare_retain_refuses_an_out_holding_the_retain_file(model, tmp_path):
+    from mmunlearn.api import prepare_retain
+
+    state = tmp_path / "state"
+    state.mkdir()
+    retain = state / "retain.jsonl"
+    retain.write_text(json.dumps({"question": "r?", "answer": "b"}) + "\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(UnsafePathError, match=r"contains the input .*retain\.jsonl"):
+        prepare_retain(model, retain, state, progress=False)
+    assert _snapshot(tmp_path) == before
