@@ -45,6 +45,9 @@ from mmunlearn.taskvec import load_task_matrices, save_task_matrices
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices, update_task_matrices
 
 PROTOCOLS = ("update", "layerwise", "finetune", "gradient", "lora")
+#: The options a resumed scan must share with the JSON's (what every point's figures depend on).
+SETUP = ("target", "base", "retain_model", "data", "authors", "forget_split", "retain_items", "bound", "forget_target",
+         "precision", "steps", "layerwise_steps", "lr", "batch_size", "block_rank", "block_retain_rank")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -234,6 +237,12 @@ def load_models(args) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    setup = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in SETUP}
+    results = json.loads(args.json.read_text()) if args.json.is_file() else {"points": [], "blocks": [], "setup": setup}
+    changed = sorted(k for k in SETUP if results.get("setup", {}).get(k) != setup[k])
+    if changed:
+        raise SystemExit(f"error: {args.json} was scanned with other {', '.join(changed)}: its points would not "
+                         "compare; give another --json")
     models = load_models(args)
     target = models["target"]
     pct = split_info(args.forget_split).forget_pct
@@ -245,7 +254,6 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("error: --forget-target retain needs --retain-model")
     rule = SweepRule(forget_target=float(aim.answer_nll(forget).mean()), retain_bound=args.bound)
     scorer = Scorer(rule, target, forget, retain)
-    results = json.loads(args.json.read_text()) if args.json.is_file() else {"points": [], "blocks": []}
     results.update({"target": str(args.target), "base": str(models["base_dir"]), "retain_model": str(args.retain_model),
                     "forget_items": len(forget), "retain_items": len(retain), "forget_target": rule.forget_target,
                     "bound": args.bound, "base_forget_nll": scorer.base_forget, "base_retain_nll": scorer.base_retain,

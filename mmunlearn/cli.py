@@ -175,7 +175,7 @@ def prepare_retain(
     where: Annotated[str, typer.Option(help="Speech LLMs: layers to cover: audio, text or both.")] = "both",
     retain_task: Annotated[Optional[list[str]], typer.Option(help="Speech LLMs: spoken question asked of the retain audio (speaker, gender); repeat for several (default: speaker).")] = None,
     size: Annotated[Optional[str], typer.Option(help="Preset of the method's config (default: the model kind's default preset).")] = None,
-    extract_kind: Annotated[Optional[str], typer.Option(help="Retain task-vector extraction: finetune, lora or gradient (default: the preset's).")] = None,
+    extract_kind: Annotated[Optional[str], typer.Option(help="Retain task-vector extraction: finetune, lora, gradient or layerwise (default: the preset's).")] = None,
     extract_steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps of finetune/lora extraction (default: the preset's).")] = None,
     extract_lr: Annotated[Optional[float], typer.Option(help="Learning rate (finetune, lora) or gradient step size (default: the preset's).")] = None,
     device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",

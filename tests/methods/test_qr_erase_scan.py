@@ -87,6 +87,9 @@ def test_scan_crosses_records_resumes_and_scans_blocks(folders):
     again = scan.main(argv)
     assert [p["key"] for p in again["points"]] == keys and again["blocks"] == blocks
     assert [p["seconds"] for p in again["points"]] == [p["seconds"] for p in on_disk["points"]]
+    # ... but not with other settings, whose points would not compare
+    with pytest.raises(SystemExit, match="retain_items"):
+        scan.main([a if a != "12" else "13" for a in argv])
 
 
 def test_scan_refuses_an_unknown_protocol_or_rule(folders, tmp_path):
