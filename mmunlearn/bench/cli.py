@@ -157,6 +157,27 @@ def stream(
         raise typer.Exit(1)
 
 
+def _print_precision(res: pb.PrecisionResult, new_tokens: int, repeats: int) -> None:
+    """The precision table, the ablation table and the roofline line on the console."""
+    table = Table(title=f"{res.model}: {res.parameters / 1e6:.1f}M parameters; {res.batch} QA of {res.split} "
+                        f"({res.batch_tokens} tokens, {res.answer_tokens} answer tokens); up to {new_tokens} new "
+                        f"tokens; median of {repeats}")
+    for i, col in enumerate(pb.COLUMNS):
+        table.add_column(col, justify="right" if 2 <= i <= 7 else "left")
+    for cells in pb.table_rows(res):
+        table.add_row(*cells)
+    console.print(table)
+    console.print("tokens: the batch's real tokens (padding excluded)")
+    if res.variants:
+        abl = Table(title="ablation: each speed-up alone (same rounds)")
+        for i, col in enumerate(pb.VARIANT_COLUMNS):
+            abl.add_column(col, justify="right" if i >= 3 else "left")
+        for cells in pb.variant_rows(res):
+            abl.add_row(*cells)
+        console.print(abl)
+    console.print(pb.roofline_line(res))
+
+
 @app.command()
 def precision(
     model: Annotated[str, typer.Option(help="A real checkpoint (smollm2-135m), a save_pretrained folder, or a random-init preset architecture (micro, mini; with a BPE trained on --data).")] = "smollm2-135m",
@@ -170,6 +191,8 @@ def precision(
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the table, goal lines and checks as Markdown to this file.")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads (1: measured best on a shared 2-core machine).")] = 1,
     strict: Annotated[bool, typer.Option(help="Exit with status 1 if a mmunlearn/plain ratio is below 0.9, bf16 scoring misses its NLL bound or the two implementations disagree (the greedy-answer bound, meant for a memorised model, is reported only).")] = False,
+    precision_: Annotated[Optional[list[str]], typer.Option("--precision", help="Precisions to run: float32, bf16 (repeat the option; default: both). On a CPU without native bf16, float32 alone keeps the run short.")] = None,
+    ablation: Annotated[bool, typer.Option(help="Also time, in the same rounds, each of the project's training and scoring speed-ups alone (packing, shared prompt prefix, fused AdamW) against its code without them.")] = False,
 ) -> None:
     """Tokens/s of the project's training step, scoring and greedy generation beside a plain PyTorch +
     transformers loop, in float32 and bf16, on the same real QA batch in one run; bf16's accuracy against
@@ -179,16 +202,14 @@ def precision(
     bad = [s for s in stages if s not in pb.STAGES]
     if bad:
         raise typer.BadParameter(f"unknown stage(s) {bad}; choose from {', '.join(pb.STAGES)}", param_hint="--stage")
+    precisions = tuple(p for p in pb.PRECISIONS if p in (precision_ or pb.PRECISIONS))
+    wrong = [p for p in precision_ or () if p not in pb.PRECISIONS]
+    if wrong:
+        raise typer.BadParameter(f"unknown precision(s) {wrong}; choose from {', '.join(pb.PRECISIONS)}",
+                                 param_hint="--precision")
     res = pb.run(model, data=data, split=split, batch=batch, new_tokens=new_tokens, repeats=repeats, stages=stages,
-                 progress=lambda m: console.print(f"[dim]{m}[/dim]"))
-    table = Table(title=f"{res.model}: {res.parameters / 1e6:.1f}M parameters; {res.batch} QA of {res.split} "
-                        f"({res.batch_tokens} tokens, {res.answer_tokens} answer tokens); up to {new_tokens} new "
-                        f"tokens; median of {repeats}")
-    for i, col in enumerate(pb.COLUMNS):
-        table.add_column(col, justify="right" if 2 <= i <= 5 else "left")
-    for cells in pb.table_rows(res):
-        table.add_row(*cells)
-    console.print(table)
+                 precisions=precisions, ablation=ablation, progress=lambda m: console.print(f"[dim]{m}[/dim]"))
+    _print_precision(res, new_tokens, repeats)
     for line in pb.goal_lines(res):
         console.print(line if "goal met" in line else f"[red]{line}[/red]")
     for c in res.checks:

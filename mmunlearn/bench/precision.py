@@ -46,17 +46,20 @@ from torch import nn
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.adapters.tokenizer import train_bpe
-from mmunlearn.bench.precision_report import (COLUMNS, GOAL_RATIO, Check, PrecisionResult, PrecisionRow, facts_line,
-                                              goal_lines, markdown, table_rows)
-from mmunlearn.bench.precision_stages import (GENERATE_SAME_GOAL, IMPLEMENTATIONS, PRECISIONS, SCORE_NLL_BOUND, STAGES,
-                                              TRAIN_LR, Timed, _generate_stage, _score_stage, _train_stage,
-                                              interleaved)
+from mmunlearn.bench.precision_report import (COLUMNS, GOAL_RATIO, VARIANT_COLUMNS, Check, PrecisionResult,
+                                              PrecisionRow, Variant, facts_line, goal_lines, markdown, roofline_line,
+                                              table_rows, variant_rows)
+from mmunlearn.bench.precision_roofline import generate_flops, matmul_roofline, stage_flops
+from mmunlearn.bench.precision_stages import (ABLATION, GENERATE_SAME_GOAL, IMPLEMENTATIONS, PRECISIONS,
+                                              SCORE_NLL_BOUND, STAGES, TRAIN_LR, Timed, _generate_stage, _score_stage,
+                                              _train_stage, interleaved)
 from mmunlearn.data.tofu import load_split
 from mmunlearn.presets.models import PRESETS, get_preset
 
-__all__ = ["COLUMNS", "GENERATE_SAME_GOAL", "GOAL_RATIO", "IMPLEMENTATIONS", "PRECISIONS", "SCORE_NLL_BOUND", "STAGES",
-           "TRAIN_LR", "Check", "PrecisionResult", "PrecisionRow", "Timed", "facts_line", "goal_lines", "interleaved",
-           "load_model", "machine_facts", "markdown", "run", "table_rows"]
+__all__ = ["ABLATION", "COLUMNS", "GENERATE_SAME_GOAL", "GOAL_RATIO", "IMPLEMENTATIONS", "PRECISIONS", "SCORE_NLL_BOUND",
+           "STAGES", "TRAIN_LR", "VARIANT_COLUMNS", "Check", "PrecisionResult", "PrecisionRow", "Timed", "Variant",
+           "facts_line", "goal_lines", "interleaved", "load_model", "machine_facts", "markdown", "roofline_line", "run",
+           "table_rows", "variant_rows"]
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -107,19 +110,16 @@ def load_model(model: str, data: str) -> tuple[nn.Module, Any, str, int]:
 # ---------------------------------------------------------------------------------------------- run
 def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "synthetic", split: str = "forget10",
         batch: int = 16, new_tokens: int = 32, repeats: int = 3, stages: Sequence[str] = STAGES,
-        precisions: Sequence[str] = PRECISIONS, max_length: int | None = None,
+        precisions: Sequence[str] = PRECISIONS, max_length: int | None = None, ablation: bool = False,
         progress: Callable[[str], None] | None = None) -> PrecisionResult:
     """Time every stage and precision for both implementations on the first ``batch`` QA rows of ``split``.
 
     ``model`` is a name (:func:`load_model`) or a ``(float32 causal LM, tokenizer)`` pair; the train stage
-    trains that model in place (scoring and generation use a copy of it taken before)."""
-    bad = [s for s in stages if s not in STAGES] + [p for p in precisions if p not in PRECISIONS]
-    if bad or not stages or not precisions:
-        raise ValueError(f"stages must come from {STAGES} and precisions from {PRECISIONS}; got {bad or 'none'}")
-    if list(precisions) != [p for p in PRECISIONS if p in precisions]:
-        raise ValueError(f"precisions must be listed float32 first, without repeats: got {list(precisions)}")
-    if batch < 1 or new_tokens < 1 or repeats < 1:
-        raise ValueError(f"batch, new_tokens and repeats must be >= 1, got {batch}, {new_tokens}, {repeats}")
+    trains that model in place (scoring and generation use a copy of it taken before). ``ablation`` also times,
+    in the same rounds, each speed-up of the project's training and scoring alone (:data:`ABLATION`). A large
+    matmul at each precision is timed before and after the stages: each row's share of it is its model FLOPs
+    per second over the better of the two (:mod:`mmunlearn.bench.precision_roofline`)."""
+    _check_args(stages, precisions, batch, new_tokens, repeats)
     say = progress or (lambda _m: None)
     machine = machine_facts()
     if isinstance(model, str):
@@ -138,17 +138,21 @@ def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "syn
                              answer_tokens=int((qa["labels"][:, 1:] != -100).sum()), new_tokens=new_tokens,
                              repeats=repeats, threads=torch.get_num_threads(), machine=machine)
     ref = copy.deepcopy(net).eval()  # scoring and generation: the starting weights, whatever training does
+    say("roofline: a large matmul at each precision")
+    result.roofline += [matmul_roofline(p).to_dict() for p in precisions]
     if "train" in stages:
         say(f"train: forward + backward + AdamW step on {len(items)} QA, {', '.join(precisions)}, plain and mmunlearn")
-        rows, checks = _train_stage(net, tokenizer, qa, precisions, repeats, limit)
+        rows, checks, variants = _train_stage(net, tokenizer, qa, precisions, repeats, limit, ablation)
         result.rows += rows
         result.checks += checks
+        result.variants += variants
         result.weights_changed = any(not torch.equal(a, b) for a, b in zip(net.parameters(), ref.parameters()))
     if "score" in stages:
         say("score: teacher-forced answer NLL, plain (full logits) and mmunlearn (answer_nll)")
-        rows, checks = _score_stage(ref, tokenizer, items, qa, precisions, repeats, limit)
+        rows, checks, variants = _score_stage(ref, tokenizer, items, qa, precisions, repeats, limit, ablation)
         result.rows += rows
         result.checks += checks
+        result.variants += variants
     if "generate" in stages:
         say(f"generate: greedy decoding with the KV cache, up to {new_tokens} new tokens")
         rows, checks, result.bf16_copy_seconds = _generate_stage(ref, tokenizer, [i.question for i in items],
@@ -157,5 +161,32 @@ def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "syn
         result.checks += checks
     result.checks += [Check(f"{r.stage} {r.precision}: mmunlearn tokens/s >= {GOAL_RATIO}x the plain loop's",
                             r.goal_met, f"{r.ratio:.2f}x", "goal") for r in result.rows]
+    result.roofline += [matmul_roofline(p).to_dict() for p in precisions]
+    _shares(result, getattr(net, "config", None), qa, adapter.prompt_batch([i.question for i in items]))
     result.machine["load_1min_after"] = _load()
     return result
+
+
+def _check_args(stages: Sequence[str], precisions: Sequence[str], batch: int, new_tokens: int, repeats: int) -> None:
+    bad = [s for s in stages if s not in STAGES] + [p for p in precisions if p not in PRECISIONS]
+    if bad or not stages or not precisions:
+        raise ValueError(f"stages must come from {STAGES} and precisions from {PRECISIONS}; got {bad or 'none'}")
+    if list(precisions) != [p for p in PRECISIONS if p in precisions]:
+        raise ValueError(f"precisions must be listed float32 first, without repeats: got {list(precisions)}")
+    if batch < 1 or new_tokens < 1 or repeats < 1:
+        raise ValueError(f"batch, new_tokens and repeats must be >= 1, got {batch}, {new_tokens}, {repeats}")
+
+
+def _shares(result: PrecisionResult, config: Any, qa: dict[str, torch.Tensor], prompts: dict[str, torch.Tensor]) -> None:
+    """Each row's model FLOPs per call and its share of the better matmul measurement at its precision."""
+    lengths = [int(n) for n in qa["attention_mask"].sum(1)]
+    prompt_lengths = [int(n) for n in prompts["attention_mask"].sum(1)]
+    best = {}
+    for m in result.roofline:
+        best[m["precision"]] = max(best.get(m["precision"], 0.0), m["flops_per_s"])
+    for r in result.rows:
+        r.flops = (generate_flops(config, prompt_lengths, int(r.accuracy.get("decoding_steps", 0)))
+                   if r.stage == "generate" else stage_flops(r.stage, config, lengths, result.answer_tokens))
+        if r.flops is not None and best.get(r.precision):
+            r.plain_roofline_share = r.flops / r.plain_seconds / best[r.precision]
+            r.mmunlearn_roofline_share = r.flops / r.mmunlearn_seconds / best[r.precision]

@@ -9,7 +9,9 @@ the full forward would give at those positions (same weights, same inputs; teste
 
 Only plain Hugging Face causal LMs (``transformers.PreTrainedModel`` with an output projection) take
 this path; anything else (e.g. T3's tilted wrapper, whose forward mixes in a head) is asked for its
-full logits, which are then indexed the same way.
+full logits, which are then indexed the same way. For the Llama and Qwen2 models the forward itself is also
+laid out to skip padding and the rows' shared prompt prefix (:mod:`mmunlearn.train.packing`: rows packed without
+attention across them, the common prefix run once); the logits are the same.
 
 >>> import torch
 >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -28,6 +30,8 @@ from contextlib import nullcontext
 
 import torch
 from torch import nn
+
+from mmunlearn.train import packing
 
 IGNORE = -100
 
@@ -73,6 +77,9 @@ def answer_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     keep[:, :-1] = scored
     if supports_answer_only(model):
         head = _inner(model).get_output_embeddings()
+        layout = packing.plan(model, input_ids, attention_mask, labels)
+        if layout is not None:
+            return packing.packed_answer_logits(model, head, layout), targets, rows
 
         def only_scored(_module, args):
             (hidden, *rest) = args

@@ -11,7 +11,11 @@ from mmunlearn.train.config import TrainConfig
 
 
 def make_optimizer(params: Sequence[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW (decay on tensors of 2+ dimensions only) or plain SGD (no momentum) over ``params``."""
+    """AdamW (decay on tensors of 2+ dimensions only) or plain SGD (no momentum) over ``params``.
+
+    AdamW is torch's fused implementation where every parameter is a floating-point tensor on the CPU or a CUDA
+    device (the same update; on one CPU core a SmolLM2-135M step takes about a seventh of the default's time,
+    ``mmunlearn bench precision``), the default implementation otherwise."""
     if not params:
         raise ValueError("no parameters to train")
     if cfg.optimizer == "sgd":
@@ -20,7 +24,8 @@ def make_optimizer(params: Sequence[nn.Parameter], cfg: TrainConfig) -> torch.op
     rest = [p for p in params if p.dim() < 2]
     groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
                           {"params": rest, "weight_decay": 0.0}) if g["params"]]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused or None)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
