@@ -61,6 +61,15 @@ def weight_bytes(head: bytes) -> bool:
     return False
 
 
+def held_in(rel: str | os.PathLike, head: bytes) -> bool:
+    """Whether the file at ``rel`` whose first bytes are ``head`` may hold weights: by its name (:func:`weight_like`),
+    else by its bytes (:func:`weight_bytes`), unless its name is one of :data:`NOT_WEIGHTS` or an index."""
+    if weight_like(rel):
+        return True
+    name = Path(rel).name.lower()
+    return name not in NOT_WEIGHTS and not name.endswith(_INDEX_ENDINGS) and weight_bytes(head)
+
+
 def _head(path: Path) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -93,9 +102,10 @@ def stray_weights(folder: str | os.PathLike, live: Iterable[str] = ()) -> list[s
             if path.is_symlink():
                 if weight_like(rel) or weight_like(os.readlink(path)):
                     found.append(rel)
-            elif weight_like(rel) or weight_bytes(_head(path)):
+            elif weight_like(rel) or held_in(rel, _head(path)):
                 found.append(rel)
     return sorted(found)
 
 
-__all__ = ["NOT_WEIGHTS", "WEIGHT_EXTENSIONS", "WEIGHT_FOLDERS", "stray_weights", "weight_bytes", "weight_like"]
+__all__ = ["NOT_WEIGHTS", "WEIGHT_EXTENSIONS", "WEIGHT_FOLDERS", "held_in", "stray_weights", "weight_bytes",
+           "weight_like"]

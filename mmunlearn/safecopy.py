@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mmunlearn.errors import UnsafePathError, writing
-from mmunlearn.held_weights import weight_bytes, weight_like
+from mmunlearn.held_weights import held_in, weight_like
 from mmunlearn.layout import MARKER
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -155,8 +155,9 @@ class _Walk:
         fd = _open(dir_fd, name, path, folder=False)
         try:
             st = _checked_file(fd, path, hard_links=False)
-            if self.drop_weights and weight_bytes(os.pread(fd, 64, 0)):  # stored tensors under another name
-                self.dropped.append(str(path.relative_to(self.root)))
+            rel = str(path.relative_to(self.root))
+            if self.drop_weights and held_in(rel, os.pread(fd, 64, 0)):  # stored tensors under another name
+                self.dropped.append(rel)
                 return
             if target is not None:
                 with writing(target):

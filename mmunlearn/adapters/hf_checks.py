@@ -183,13 +183,21 @@ def check_hf_folder(folder: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
+try:  # transformers validates configs with huggingface_hub's strict dataclasses (layer_types of another length)
+    from huggingface_hub.errors import StrictDataclassError
+
+    _CONFIG_ERRORS: tuple[type[BaseException], ...] = (StrictDataclassError,)
+except ImportError:  # an older huggingface_hub: transformers raises ValueError, a user error already
+    _CONFIG_ERRORS = ()
+
+
 @contextmanager
 def loading(folder: str | os.PathLike) -> Iterator[None]:
     """Turn what transformers raises on a folder it cannot build (weights that do not fit the config, a library
     the config needs, a damaged file) into one ValueError naming the folder."""
     try:
         yield
-    except (RuntimeError, ImportError, OSError, SafetensorError, TypeError) as exc:
+    except (RuntimeError, ImportError, OSError, SafetensorError, TypeError, *_CONFIG_ERRORS) as exc:
         text = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ValueError(f"{folder}: transformers cannot build the model from this folder ({text})") from None
 

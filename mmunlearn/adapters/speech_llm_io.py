@@ -80,7 +80,15 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
     check_folder(root)
     family, full = family_of_dir(root)
     dev = resolve_device(device)
-    loaded = family.model_cls(full).from_pretrained(str(root), dtype=resolve_dtype(dtype, dev))
+    with loading(root):  # what transformers refuses in the config (layer_types of another length): one error
+        # a full Omni container's own from_pretrained cannot return the loading info (it loads its voices after)
+        loaded = family.model_cls(full).from_pretrained(str(root), dtype=resolve_dtype(dtype, dev),
+                                                        **({} if full else {"output_loading_info": True}))
+    loaded, info = (loaded, {}) if full else loaded
+    missing = sorted(info.get("missing_keys", ())) + sorted(str(k) for k in info.get("mismatched_keys", ()))
+    if missing:  # e.g. config.json asking for more layers than the weights hold: those would be random
+        raise ValueError(f"{root}: the weights do not fill the model config.json describes: {len(missing)} tensor(s) "
+                         f"missing or of another shape (e.g. {', '.join(missing[:3])}); they would be random")
     loaded = loaded.to(dev).eval()
     container, model = (loaded, loaded.thinker) if full else (None, loaded)
     processor = _processor(root)
