@@ -99,3 +99,14 @@ def test_adapter_scores_with_and_without_the_fast_path_agree():
     with packing.settings(pack=False, prefix=False):
         slow = adapter.answer_nll(items, batch_size=6)
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_checkpointing_packs_without_the_prefix_cache():
+    ids, mask, labels = _batch(3)
+    a, b = tiny_causal_lm("llama", seed=4), tiny_causal_lm("llama", seed=4)
+    a.gradient_checkpointing_enable()
+    a.train()
+    layout = packing.plan(a, ids, mask, labels)
+    assert layout is not None and layout.prefix.shape[1] == 0  # the cache is off under checkpointing
+    torch.testing.assert_close(_row_losses(a, ids, mask, labels), _plain_row_losses(b, ids, mask, labels),
+                               rtol=1e-5, atol=1e-5)
