@@ -66,6 +66,10 @@ class CrossLingualSetup:
         return next(iter(self.by_lang.values())).built
 
     @property
+    def precision(self) -> str:  # scoring precision, the same in every language
+        return next(iter(self.by_lang.values())).precision
+
+    @property
     def cache_dir(self) -> Path:
         return next(iter(self.by_lang.values())).cache_dir
 

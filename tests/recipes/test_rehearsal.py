@@ -53,7 +53,8 @@ def _check_record(name: str, tmp_path: Path, methods: list[str]) -> dict:
     context = saved["context"]
     assert context["preset"] == "micro"
     host = context["host"]
-    assert isinstance(host["cpu_native_bf16"], bool) and host["device"] == "cpu" and host["training_precision"]
+    assert isinstance(host["cpu_native_bf16"], bool) and host["device"] == "cpu"
+    assert host["scoring_precision"] == "no" and set(host["training_precision"].values()) == {"no"}  # micro: float32
     timing = context["timing"]
     assert [s["stage"] for s in timing["stages"] if not s.get("setup")] == methods
     assert all(s["seconds"] > 0 for s in timing["stages"]) and timing["skipped"] == []
