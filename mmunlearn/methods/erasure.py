@@ -240,7 +240,7 @@ def _bisect(score: Callable[[Any, float], tuple[bool, bool]], rank: Any, lo: flo
 
 
 def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: bool,
-           past_bound: bool = False) -> tuple[list[SweepPoint], SweepPoint]:
+           past_bound: bool = False, factors: dict | None = None) -> tuple[list[SweepPoint], SweepPoint]:
     """Score candidate (rank, scale) edits (each applied, measured and undone); the rule's choice.
 
     ``past_bound``: an edit over the retain bound that has not reached the forget target does not end the search;
@@ -250,7 +250,7 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: b
     points: list[SweepPoint] = []
     auto = cfg.sweep_scales == "auto"
     unit = relative_unit(target.model, tf)
-    factors: dict = {}  # each rank's bases, computed once: the scale only multiplies them
+    factors = {} if factors is None else factors  # each rank's bases, computed once: the scale only multiplies them
     reuse = PrefixReuse(target)  # the blocks below the edited ones: their states computed once per batch
 
     def score(r, s) -> tuple[bool, bool]:
@@ -325,6 +325,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     extract_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     rank, scale, info = cfg.rank, cfg.scale, {}
+    factors: dict = {}  # the sweep's bases, reused by the final edit
     if cfg.subtract == "own":  # the task matrix's own size: one edit, judged by the harness's rule measures
         scale = 1.0
         info["subtract"] = "own"
@@ -332,7 +333,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     elif ctx.rule is not None:
         head_only = kind.is_classifier and set(tf) == {adapter.head_weight} and "forgotten_rows" in tf.meta
         points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress,
-                              past_bound=head_only)
+                              past_bound=head_only, factors=factors)
         rank, scale = best.rank, best.scale
         info["sweep"] = [vars(p) for p in points]
         info["relative"] = best.relative
@@ -340,7 +341,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     info["chosen"] = {"rank": rank, "scale": scale}
     if layers is not None:
         info["trained_layers"] = layers
-    report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups)
+    report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups, factors)
     info.update(selected_layers=report.selected, energies=report.energies)
     if cfg.centroid:
         if not kind.is_classifier:
