@@ -201,3 +201,21 @@ def test_compare_with_audit_reports_every_language(ctx, folder, tmp_path):
     assert ar["target"]["forget_prob"] > ar["retain"]["forget_prob"]  # the target knows them in Arabic too
     assert "probe" not in result["attacks"]  # no holdout split in the translations
     assert "kept: ar" in (tmp_path / "AUDIT.md").read_text()
+
+
+def test_qr_erase_is_set_beside_svd_unlearn_per_language():
+    from recipes.ctofu_report import markdown, qr_vs_svd
+
+    def row(method, lang, mu, drop, ratio, seconds):
+        return {"method": method, "lang": lang, "forget_quality": 0.5, "model_utility": mu, "rouge_drop": drop,
+                "prob_ratio": ratio, "total_seconds": seconds}
+
+    rows = [row("qr-erase", "en", 0.50, 0.40, 0.10, 30.0), row("svd-unlearn", "en", 0.52, 0.40, 0.10, 120.0),
+            row("qr-erase", "fr", 0.50, 0.20, 0.30, 30.0), row("svd-unlearn", "fr", 0.50, 0.25, 0.30, 100.0),
+            row("t3", "en", 0.4, 0.1, 0.5, 5.0)]
+    en, fr = qr_vs_svd(rows)
+    assert en["lang"] == "en" and en["max_rel_diff"] == pytest.approx(0.02 / 0.52) and en["time_ratio"] == 0.25
+    assert fr["max_rel_diff"] == pytest.approx(0.2) and fr["time_ratio"] == pytest.approx(0.3)
+    assert qr_vs_svd([r for r in rows if r["method"] != "svd-unlearn"]) == []  # one of the two missing: no pair
+    assert "QR-Erase beside SVD-UNLEARN" in markdown(rows, [], ("en",))
+    assert "QR-Erase beside SVD-UNLEARN" not in markdown(rows[:1], [], ("en",))
