@@ -59,7 +59,8 @@ class RecipeConfig:
                                          "'auto' (lean: per batch, its longest gold answer in tokens + 16).")
     rank: int | None = opt(None, "Erasure: forget rank k (every method with a 'rank' setting).")
     scale: float | None = opt(None, "Erasure: W' = W - scale * T~.")
-    extract: str | None = opt(None, "Erasure task vectors: finetune, lora or gradient (default: the method's).")
+    extract: str | None = opt(None, "Erasure task vectors: finetune, lora, gradient or layerwise (default: the "
+                                    "method's).")
     extract_steps: int | None = opt(None, "Erasure: optimizer steps of the task-vector extraction (finetune, lora).")
     temperature: float | None = opt(None, "T3 temperature T >= 1.")
     t3_rank: int | None = opt(None, "T3 head rank h.")

@@ -72,7 +72,8 @@ class EraseConfig(PresetConfig):
     retain_rank: int | None = opt(128, "Rank of the retain basis that is protected (0/None: no retain projection).")
     rows: bool = opt(False, "Also remove the retain task's row space from the update.")
     scale: float = opt(1.0, "Edit strength: W' = W - scale * T~ (without a sweep).")
-    extract: ExtractConfig = opt(help="How task vectors are extracted (finetune | lora | gradient).",
+    extract: ExtractConfig = opt(help="How task vectors are extracted (finetune | lora | gradient | layerwise: each "
+                                      "block trained alone).",
                                  factory=ExtractConfig)
     sweep_ranks: tuple[int, ...] | None = opt(None, "With a sweep rule: ranks tried (default: rank alone).")
     sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (relative edit sizes doubling from "
@@ -108,10 +109,8 @@ class EraseConfig(PresetConfig):
             raise ValueError(f"task_matrix: choose from {', '.join(TASK_MATRICES)}, got {self.task_matrix!r}")
         if self.subtract not in SUBTRACTIONS:
             raise ValueError(f"subtract: choose from {', '.join(SUBTRACTIONS)}, got {self.subtract!r}")
-        if self.layer_rule == "top" and not (isinstance(self.top, int) and self.top >= 1):
-            raise ValueError(f"layer_rule 'top' needs top >= 1, got {self.top!r}")
-        if self.retain_model is not None and self.task_matrix != "update":
-            raise ValueError("retain_model is read with task_matrix 'update' only")
+        if self.top is not None and not (isinstance(self.top, int) and self.top >= 1):
+            raise ValueError(f"top must be >= 1, got {self.top!r}")
 
     PRESETS: ClassVar[dict] = {
         ("text", "micro"): dict(rank=8, retain_rank=32, scale=2.0, extract=_ex(steps=20, lr=1e-3, batch_size=8)),
@@ -309,6 +308,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     if kind.has_batchnorm:
         extract = batchnorm_safe(extract, len(forget), *(() if cached else (len(retain),)))
         reference = reference or adapter.clone()  # fine-tuning moves BatchNorm statistics: do it on a copy
+    if cfg.retain_model is not None and cfg.task_matrix != "update":
+        raise ValueError("retain_model is read with task_matrix 'update' only")
     t0 = time.perf_counter()
     layers = trained_layers(reference, adapter) if cfg.trained_only and ctx.reference is not None else None
     if cfg.task_matrix == "update":

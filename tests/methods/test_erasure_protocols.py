@@ -115,15 +115,20 @@ def test_update_takes_the_retain_side_from_a_retain_model_folder(data, tmp_path)
     assert mean_nll(target, forget) != pytest.approx(before)
 
 
-def test_settings_are_checked():
+def test_settings_are_checked(data):
     with pytest.raises(ValueError, match="task_matrix"):
         EraseConfig(task_matrix="diff")
     with pytest.raises(ValueError, match="subtract"):
         EraseConfig(subtract="half")
-    with pytest.raises(ValueError, match="top >= 1"):
-        EraseConfig(layer_rule="top")
-    with pytest.raises(ValueError, match="retain_model"):
-        EraseConfig(retain_model="x")
+    with pytest.raises(ValueError, match="top must be >= 1"):
+        EraseConfig(layer_rule="top", top=0)
+    forget, retain = data
+    ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
+    with pytest.raises(ValueError, match="retain_model is read with task_matrix 'update' only"):
+        run(ad, forget, retain, EraseConfig(retain_model="x"), RunContext("text", progress=False))
+    with pytest.raises(ValueError, match="needs top >= 1"):  # the layer rule's own check, before any edit
+        run(ad, forget, retain, EraseConfig(layer_rule="top", extract=ExtractConfig(kind="gradient")),
+            RunContext("text", progress=False))
 
 
 def test_layerwise_on_a_speech_llm_trains_each_tower_block_alone():
