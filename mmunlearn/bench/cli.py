@@ -163,7 +163,7 @@ def _print_precision(res: pb.PrecisionResult, new_tokens: int, repeats: int) -> 
                         f"({res.batch_tokens} tokens, {res.answer_tokens} answer tokens); up to {new_tokens} new "
                         f"tokens; median of {repeats}")
     for i, col in enumerate(pb.COLUMNS):
-        table.add_column(col, justify="right" if 2 <= i <= 7 else "left")
+        table.add_column(col, justify="right" if 2 <= i <= 8 else "left")
     for cells in pb.table_rows(res):
         table.add_row(*cells)
     console.print(table)

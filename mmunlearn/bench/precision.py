@@ -38,6 +38,7 @@ import contextlib
 import copy
 import os
 import platform
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,12 +182,17 @@ def _shares(result: PrecisionResult, config: Any, qa: dict[str, torch.Tensor], p
     """Each row's model FLOPs per call and its share of the better matmul measurement at its precision."""
     lengths = [int(n) for n in qa["attention_mask"].sum(1)]
     prompt_lengths = [int(n) for n in prompts["attention_mask"].sum(1)]
-    best = {}
+    best: dict[str, float] = {}
+    best_cpu: dict[str, float] = {}
     for m in result.roofline:
         best[m["precision"]] = max(best.get(m["precision"], 0.0), m["flops_per_s"])
+        best_cpu[m["precision"]] = max(best_cpu.get(m["precision"], 0.0), m["cpu_flops_per_s"])
     for r in result.rows:
         r.flops = (generate_flops(config, prompt_lengths, int(r.accuracy.get("decoding_steps", 0)))
                    if r.stage == "generate" else stage_flops(r.stage, config, lengths, result.answer_tokens))
         if r.flops is not None and best.get(r.precision):
             r.plain_roofline_share = r.flops / r.plain_seconds / best[r.precision]
             r.mmunlearn_roofline_share = r.flops / r.mmunlearn_seconds / best[r.precision]
+        if r.flops is not None and best_cpu.get(r.precision) and r.plain_cpu_runs and r.mmunlearn_cpu_runs:
+            r.plain_cpu_roofline_share = r.flops / statistics.median(r.plain_cpu_runs) / best_cpu[r.precision]
+            r.mmunlearn_cpu_roofline_share = r.flops / statistics.median(r.mmunlearn_cpu_runs) / best_cpu[r.precision]

@@ -33,6 +33,8 @@ class PrecisionRow:
     flops: float | None = None  # model FLOPs of one call (mmunlearn.bench.precision_roofline)
     plain_roofline_share: float | None = None  # achieved FLOP/s (wall clock) over the matmul's at this precision
     mmunlearn_roofline_share: float | None = None
+    plain_cpu_roofline_share: float | None = None  # the same on thread CPU seconds (stage and matmul alike)
+    mmunlearn_cpu_roofline_share: float | None = None
 
     @property
     def goal_met(self) -> bool:
@@ -133,6 +135,7 @@ class PrecisionResult:
 # ---------------------------------------------------------------------------------------------- report
 COLUMNS = ("stage", "precision", "plain tok/s", "mmunlearn tok/s", "mmunlearn/plain",
            "mmunlearn/plain (CPU time)", "share of matmul roofline (plain / mmunlearn)",
+           "share of matmul roofline, CPU time (plain / mmunlearn)",
            "speed-up vs float32 (plain / mmunlearn)", "accuracy")
 #: the ablation table's columns
 VARIANT_COLUMNS = ("stage", "precision", "implementation", "tok/s", "tok/CPU-s", "vs before", "vs before (CPU time)",
@@ -148,6 +151,7 @@ def table_rows(res: PrecisionResult) -> list[tuple[str, ...]]:
     return [(r.stage, r.precision, f"{r.plain_tokens_per_s:.1f}", f"{r.mmunlearn_tokens_per_s:.1f}",
              f"{r.ratio:.2f}x", "n/a" if r.cpu_ratio is None else f"{r.cpu_ratio:.2f}x",
              f"{_share(r.plain_roofline_share)} / {_share(r.mmunlearn_roofline_share)}",
+             f"{_share(r.plain_cpu_roofline_share)} / {_share(r.mmunlearn_cpu_roofline_share)}",
              f"{r.plain_speedup:.2f}x / {r.mmunlearn_speedup:.2f}x", r.agreement)
             for r in res.rows]
 
@@ -185,7 +189,7 @@ def facts_line(res: PrecisionResult) -> str:
 
 def markdown(res: PrecisionResult) -> str:
     """The table, the goal lines, the checks and the machine facts as Markdown."""
-    lines = _md(COLUMNS, table_rows(res), {2, 3, 4, 5, 6, 7})
+    lines = _md(COLUMNS, table_rows(res), {2, 3, 4, 5, 6, 7, 8})
     lines += ["", "Tokens are the batch's real tokens (padding excluded)."]
     if res.variants:
         lines += ["", *_md(VARIANT_COLUMNS, variant_rows(res), set(range(3, 8)))]

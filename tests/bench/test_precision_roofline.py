@@ -45,6 +45,7 @@ def test_the_ablation_times_each_speed_up_alone_and_keeps_the_numbers():
     assert [m["precision"] for m in res.roofline] == ["float32", "float32"]  # before and after the stages
     for r in res.rows:
         assert r.flops > 0 and 0 < r.mmunlearn_roofline_share and len(r.mmunlearn_cpu_runs) == 1
+        assert 0 < r.mmunlearn_cpu_roofline_share and 0 < r.plain_cpu_roofline_share
     before = next(v for v in res.variants if v.stage == "score" and v.name == "before").to_dict()
     assert before["speedup_vs_before"] == 1.0
     assert "implementation" in pb.markdown(res) and "padding excluded" in pb.markdown(res)
