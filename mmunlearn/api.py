@@ -33,7 +33,7 @@ from mmunlearn.methods.optimisation import budget_epochs
 from mmunlearn.paths import check_apart, check_holds_none
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
-from mmunlearn.undo_store import SERVING_FILTER, default_undo_dir
+from mmunlearn.undo_store import default_undo_dir
 from mmunlearn.unlearn_inputs import batch_of, check_labels, read_inputs, read_rows, spoken
 from mmunlearn.unlearn_rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, speaker_rule,
                                      swept_overrides, text_rule)
@@ -235,8 +235,8 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     clock.done(f"unlearned by {method}, judged" + (f" and written to {outcome.out}" if outcome.out else ""), "nothing")
     if progress and outcome.report["target_reached"] is not False:  # a missed rule is logged as a warning already
         print(outcome.report["verdict"], file=sys.stderr)
-    if progress and not get(method).edits_weights:  # T3: say where the user decides what to ship
-        print(f"not for release: {SERVING_FILTER}", file=sys.stderr)
+    if progress and "release" in outcome.report:  # T3: say where the user decides what to ship
+        print(outcome.report["release"], file=sys.stderr)
     return UnlearnResult(outcome.adapter, outcome.out, outcome.report)
 
 

@@ -36,7 +36,7 @@ from mmunlearn.layout import PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
 from mmunlearn.methods.ondisk import disk_names
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
-from mmunlearn.undo_store import UNDO_KEY, default_undo_dir, split_undo
+from mmunlearn.undo_store import SERVING_FILTER, UNDO_KEY, default_undo_dir, split_undo
 
 log = logging.getLogger(__name__)
 REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.layout (reserved: no input file may use them)
@@ -181,6 +181,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         "max_relative_update": max(rel.values(), default=0.0), "large_update_tensors": large,
         "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(dict(meta or {}))}
     report = _judged(report, method, rule, scorer, edited)
+    if not spec.edits_weights:  # T3: said in the report, beside the verdict, where a user decides what to ship
+        report = {"verdict": report["verdict"], "release": f"not for release: {SERVING_FILTER}", **report}
     if out is not None:
         out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra, undo_dir, inputs)
     return Outcome(edited, result, report, out)

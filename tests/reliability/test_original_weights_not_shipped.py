@@ -97,6 +97,9 @@ def test_a_t3_output_is_never_ready_to_release(tmp_path, capsys):
             size="micro", **fast("t3"))
     assert "not for release" in capsys.readouterr().err
     out = tmp_path / "out"
+    written = json.loads((out / UNLEARN_REPORT).read_text())
+    assert list(written)[:2] == ["verdict", "release"]  # beside the verdict, the first thing a reader sees
+    assert written["release"].startswith("not for release: a T3 output")
     assert (out / "base" / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
     before = digest_tree(out)
     done = _release(out)
