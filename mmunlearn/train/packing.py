@@ -123,8 +123,10 @@ def plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     scored[:, :-1] = labels[:, 1:] != IGNORE
     if bool((scored & (ar[None] >= lengths[:, None])).any()) or int(lengths.min()) < 1:
         return None  # a score read at a padding position (or an empty row): keep the plain forward's answer
-    # gradient checkpointing turns the key/value cache off: no prefix then
-    share = opts.prefix and rows > 1 and not getattr(model, "is_gradient_checkpointing", False)
+    # gradient checkpointing turns the key/value cache off: no prefix then (transformers 5 renamed the flag)
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    share = opts.prefix and rows > 1 and not getattr(model, name, False)
     p = _common_prefix(input_ids, lengths, scored) if share else 0
     lens = [int(n) - p for n in lengths.tolist()]
     bins, cap = _packed(lens, p, _attention_share(model.config)) if opts.pack else ([[r] for r in range(rows)],
