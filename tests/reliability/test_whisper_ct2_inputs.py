@@ -48,6 +48,7 @@ def test_a_huge_declared_embedding_is_refused_before_anything_is_built(tmp_path,
 
 @pytest.mark.parametrize("damage, needle", [
     ("truncate", "truncated CTranslate2 model"), ("dtype", "unknown data type id 9"),
+    ("rank", "truncated CTranslate2 model (reading shape of w"), ("unterminated", "is not a NUL-terminated string"),
     ("config", "nested too deeply"), ("same", "is the input"), ("existing", "pass --force")])
 def test_each_bad_input_is_one_error_line(tmp_path, tiny, capsys, damage, needle):
     src = write_folder(tmp_path / "ct2", tiny)
@@ -59,6 +60,15 @@ def test_each_bad_input_is_one_error_line(tmp_path, tiny, capsys, damage, needle
         data = bytearray((src / "model.bin").read_bytes())
         at = data.index(b"w\0") + 2 + 1 + 8  # after the name, the rank byte and two dimensions
         data[at] = 9
+        (src / "model.bin").write_bytes(bytes(data))
+    elif damage in ("rank", "unterminated"):
+        write_ct2(src / "model.bin", {"w": (np.ones((2, 2), np.float32), "float32")})
+        data = bytearray((src / "model.bin").read_bytes())
+        at = data.index(b"w\0")
+        if damage == "rank":
+            data[at + 2] = 100  # the rank byte after the name: 100 dimensions the file does not hold
+        else:
+            data[at + 1] = ord("x")  # the name's terminating NUL gone
         (src / "model.bin").write_bytes(bytes(data))
     elif damage == "config":
         (src / "config.json").write_text("[" * 100_000 + "]" * 100_000)
