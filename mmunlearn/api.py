@@ -160,8 +160,10 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     history = read_history(model_dir)  # its undo records are checked (no link out, no hard link) before any work
     inputs = input_paths(model_dir, reference, forget, retain, history.undo)
     if out is not None:  # every input of every role, before anything is read or written
-        check_apart(out, *inputs)
-        check_apart(undo if undo is not None else default_undo_dir(out), *inputs)
+        for target in (out, undo if undo is not None else default_undo_dir(out)):
+            check_apart(target, *inputs)
+            if audio_dir is not None:  # the WAV files written there are inputs of the run
+                check_holds_none(target, [Path(audio_dir) / "clip.wav"], f"audio_dir {audio_dir}")
     if reference is not None and model_kind(reference) != kind.name:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind.name} model")
     batch = batch_of(forget) if batch is None else batch

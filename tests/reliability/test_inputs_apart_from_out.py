@@ -104,3 +104,15 @@ def test_prepare_retain_refuses_an_out_holding_the_retain_file(model, tmp_path):
     with pytest.raises(UnsafePathError, match=r"contains the input .*retain\.jsonl"):
         prepare_retain(model, retain, state, progress=False)
     assert _snapshot(tmp_path) == before
+
+
+def test_an_audio_dir_inside_the_output_is_refused_before_any_wav_is_written(tmp_path):
+    from mmunlearn.adapters.speaker import SpeakerAdapter
+
+    model = tmp_path / "speaker"
+    SpeakerAdapter.build(["s1", "s2"], preset="tiny", device="cpu", seed=0).save(model)
+    out = tmp_path / "out"
+    rows = [{"audio": {"array": [0.1, -0.1] * 800, "sampling_rate": 16000}, "speaker": "s1"}]
+    with pytest.raises(UnsafePathError, match="audio_dir"):
+        unlearn(model, forget=rows, retain=rows, out=out, audio_dir=out / "wavs", progress=False)
+    assert not out.exists()
