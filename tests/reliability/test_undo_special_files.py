@@ -105,3 +105,14 @@ def test_load_refuses_a_huge_or_special_report_naming_it(tmp_path, content):
     with pytest.raises((ValueError, UnsafePathError), match=rf"unlearn_report\.json (is|.*){needle}"):
         mmunlearn.load(model, device="cpu")
     assert digest_tree(model) == before
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_an_undo_folder_owned_by_another_user_is_not_trusted(tmp_path):
+    from mmunlearn.undo_store import undo_dir_of
+
+    model = make_checkpoint(tmp_path / "model")
+    erase_checkpoint(model, make_forget(tmp_path / "forget.safetensors"), tmp_path / "out", rank=2)
+    os.chown(tmp_path / "out.undo", 54321, -1)
+    with pytest.raises(UnsafePathError, match=r"owned by another user \(uid 54321"):
+        undo_dir_of(tmp_path / "out")
