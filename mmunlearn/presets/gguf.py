@@ -71,13 +71,7 @@ def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
     stamp = out / STAMP
     if not force and stamp.is_file() and json.loads(stamp.read_text()) == source:
         return out
-    # Two processes started together (a target and a retain build) would both convert and the later rename would
-    # change the folder's file times, so each would key its models to a different fingerprint of the same folder:
-    # the second waits on the lock, then finds the finished conversion.
-    with build_lock(out):
-        if not force and stamp.is_file() and json.loads(stamp.read_text()) == source:
-            return out
-        _convert(gguf, out, dtype, source)
+    _convert(gguf, out, dtype, source)
     return out
 
 
@@ -101,4 +95,10 @@ def _convert(gguf: Path, out: Path, dtype: str, source: dict) -> None:
 def smollm2_dir(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
     """The SmolLM2-135M-Instruct folder in the model cache (converted from the package's GGUF on first use)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return hf_from_gguf(smollm2_gguf(), root / "real" / f"smollm2-135m-instruct-{dtype}", dtype=dtype)
+    out = root / "real" / f"smollm2-135m-instruct-{dtype}"
+    # Two processes started together (a target and a retain build) would both convert and the later rename would
+    # change the folder's file times, so each would key its models to a different fingerprint of the same folder:
+    # under the cache's lock the second waits, then finds the finished conversion (the lock file lies in the cache,
+    # never beside a folder a user names for hf_from_gguf).
+    with build_lock(out):
+        return hf_from_gguf(smollm2_gguf(), out, dtype=dtype)
