@@ -15,12 +15,16 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmunlearn.adapters.base import resolve_device
 from mmunlearn.presets.gguf import smollm2_gguf
 from mmunlearn.presets.models import PRESETS, REAL_MODELS
 from mmunlearn.train.config import cpu_has_native_bf16
+
+if TYPE_CHECKING:
+    from recipes.ctofu_pipeline import CrossLingualSetup
+    from recipes.tofu_pipeline import TofuSetup
 
 #: What a rehearsal sets, per benchmark (every other setting is the config's own).
 SMALLEST: dict[str, dict[str, Any]] = {
@@ -73,17 +77,16 @@ def rehearsal_of(cfg: Any, bench: str, say: Callable[[str], Any] = print) -> Any
     return dataclasses.replace(cfg, **changes)
 
 
-def host_precision(device: str, setup: Any) -> dict[str, Any]:
+def host_precision(device: str, setup: TofuSetup | CrossLingualSetup) -> dict[str, Any]:
     """What a record says of the host and the precisions a run used: whether the CPU computes bf16 natively
     (AVX512_BF16 or AMX; without it float32 is the fast path on a CPU), the device, the scoring precision and each
     built model's fine-tuning precision (its train_log.json)."""
     dev = resolve_device(device).type
-    built = getattr(setup, "built", None)
-    logs = getattr(built, "logs", None) or {}
+    logs = setup.built.logs or {}
     training = {role: (log.get("config") or {}).get("mixed_precision") for role, log in logs.items()
                 if role in ("target", "retain") and isinstance(log, dict) and log.get("config")}
     return {"cpu_native_bf16": cpu_has_native_bf16(), "device": dev,
-            "scoring_precision": getattr(setup, "precision", None), "training_precision": training,
+            "scoring_precision": setup.precision, "training_precision": training,
             "note": "float32 is the fast path on a CPU without native bf16"}
 
 
