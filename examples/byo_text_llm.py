@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import mmunlearn
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.methods import mean_nll
 from mmunlearn.methods.row_rule import says
+from mmunlearn.report import git_commit, machine_facts
 
 FIRST = ["Mara", "Tobias", "Ilse", "Ravi", "Odile", "Joren"]
 LAST = ["Lindqvist", "Achterberg", "Novak", "Halvorsen", "Quintero", "Szabo"]
@@ -206,13 +208,20 @@ def main(argv: list[str] | None = None) -> dict:
     base = tiny_base(args.out / "base", forget + retain) if args.tiny else args.base
     lr = args.lr or (3e-3 if args.tiny else 1e-4)
     fmt = "chat" if AutoTokenizer.from_pretrained(base).chat_template else "raw"  # as fine_tune writes the rows
-    start = time.perf_counter()
+    start = wall_start = time.perf_counter()
     target = fine_tune(base, forget + retain, args.out / "target", args.epochs, lr)
     retrained = fine_tune(base, retain, args.out / "retrained", args.epochs, lr)
-    results = {"command": " ".join(["python", "examples/byo_text_llm.py", *(argv or [])]), "rows": [],
+    results = {"command": " ".join(["python", "examples/byo_text_llm.py", *(sys.argv[1:] if argv is None else argv)]),
+               "commit": git_commit(), "machine": machine_facts(), "rows": [],
                "fine_tune_seconds": time.perf_counter() - start}
+
+    def save() -> None:  # after every row: a run cut short keeps what it measured
+        results["wall_s"] = time.perf_counter() - wall_start
+        write_text_atomic(args.out / "results.json", json.dumps(results, indent=2))
+
     for label, folder in (("base", base), ("retrained on the retain facts only", retrained), ("target", target)):
         results["rows"].append({"output": label, **measure(folder, fmt, forget, retain, general)})
+        save()
     for method in args.methods.split(","):
         t0 = time.perf_counter()
         res = mmunlearn.unlearn(target, forget=args.out / "forget.jsonl", retain=args.out / "retain.jsonl",
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 "rule_met": res.report["target_reached"], "wall_s": time.perf_counter() - t0,
                                 "run_format": res.report["prompt_format"]["format"],
                                 **measure(args.out / method, fmt, forget, retain, general)})
-    write_text_atomic(args.out / "results.json", json.dumps(results, indent=2))
+        save()
     print("| output | rule met | forget said | paraphrases said | retain said | general said | forget / retain NLL "
           "| wall s |\n|---|---|---:|---:|---:|---:|---:|---:|")
     for r in results["rows"]:
