@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.unlearn_rules import chance, speaker_rule
+from mmunlearn.unlearn_rules import chance_error_rate, speaker_rule
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, score_rows
 from mmunlearn.requests import History, read_history, run_request
@@ -36,7 +36,7 @@ model = SpeakerAdapter.load(models[0], device="cpu")
 model.scope = "head"
 scored = [retain[round(i * (len(retain) - 1) / 31)] for i in range(32)]  # the bench's --score-retain default
 n_classes = len(model.speakers)
-rule = replace(speaker_rule(n_classes, 0.05, chance(n_classes)), retain_items=scored, checks_per_epoch=1)  # as the bench
+rule = replace(speaker_rule(n_classes, 0.05, chance_error_rate(n_classes)), retain_items=scored, checks_per_epoch=1)  # as the bench
 history, rows = History(work), []
 for i, spk in enumerate(speakers, 1):
     ask = [r for r in forget if r["spk_id"] == spk]

@@ -48,7 +48,7 @@ class NothingToForget(UserError, ValueError):
     """The model does not know the forget set (at chance, or no better than a model that never saw it)."""
 
 
-def chance(n_classes: int) -> float:
+def chance_error_rate(n_classes: int) -> float:
     """The share of a speaker's clips a classifier of ``n_classes`` classes names as another class at chance."""
     if n_classes < 2:
         raise ValueError(f"a speaker rule needs >= 2 classes, got {n_classes}")
@@ -59,10 +59,10 @@ def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND,
                  forget_target: float | None = None) -> SweepRule:
     """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
     of the forget utterances predicted as none of the forget speakers, target ``forget_target`` (default
-    :data:`SPEAKER_FORGET_TARGET`; :func:`chance` for the looser level the benchmarks record), retain measure the
+    :data:`SPEAKER_FORGET_TARGET`; :func:`chance_error_rate` for the looser level the benchmarks record), retain measure the
     mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the speakers earlier
     requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
-    floor = chance(n_classes)
+    floor = chance_error_rate(n_classes)
     target = SPEAKER_FORGET_TARGET if forget_target is None else float(forget_target)
     if not floor <= target <= 1.0:
         raise ValueError(f"a speaker rule's forget target must lie between chance ({floor:.4g}) and 1, got {target!r}")
@@ -132,12 +132,12 @@ def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
 def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool,
                               reference_given: bool) -> dict[str, Any]:
     """What the model knows of ``forget`` before any edit (for the report); :class:`NothingToForget` when it knows
-    nothing: a classifier whose forget clips are already named as other classes at :func:`chance` or more (or at
+    nothing: a classifier whose forget clips are already named as other classes at :func:`chance_error_rate` or more (or at
     ``rule``'s own target, when that is lower), or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
     rows = isinstance(rule, RowRule)  # a text rule: the mean answer NLL against its rows' mean level
     value = mean_nll(adapter, forget) if rows else rule.forget_measure(adapter, forget)
     target = rule.mean_level if rows else rule.forget_target
-    floor = chance(len(adapter.speakers)) if classifier else None
+    floor = chance_error_rate(len(adapter.speakers)) if classifier else None
     if classifier and value >= min(floor, rule.forget_target):  # at chance, or already meeting a rule of one's own
         raise NothingToForget(
             f"nothing to forget: before any edit {value:.3g} of the worst forget speaker's clips are already predicted "
@@ -153,5 +153,5 @@ def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *
 
 
 __all__ = ["KNOWN_MARGIN", "NLL_RETAIN_BOUND", "NLL_RISE", "NothingToForget", "SPEAKER_FORGET_TARGET",
-           "SPEAKER_RETAIN_BOUND", "chance", "check_something_to_forget", "nll_rule", "speaker_rule", "swept_overrides",
+           "SPEAKER_RETAIN_BOUND", "chance_error_rate", "check_something_to_forget", "nll_rule", "speaker_rule", "swept_overrides",
            "text_rule"]

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from mmunlearn.adapters.speaker import KIND as SPEAKER, SpeakerAdapter
-from mmunlearn.unlearn_rules import chance, speaker_rule
+from mmunlearn.unlearn_rules import chance_error_rate, speaker_rule
 from mmunlearn.atomic import write_text_atomic
 from mmunlearn.report import table
 from mmunlearn.data.utterances import split_rows
@@ -243,7 +243,7 @@ def run_speaker(workdir: str | os.PathLike, *, preset: str = "tiny", speakers: i
     n_classes = len(original.speakers)
     scored = retain if not score_retain or score_retain >= len(retain) else \
         [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    rule = replace(speaker_rule(n_classes, retain_bound, chance(n_classes)), retain_items=scored, checks_per_epoch=1)
+    rule = replace(speaker_rule(n_classes, retain_bound, chance_error_rate(n_classes)), retain_items=scored, checks_per_epoch=1)
     size = SPEAKER.size_for(preset)
     accuracy(original, heldout + retain + forget_rows + forget_test, desc=None)  # decode the audio once, untimed
     retrained_row = _retrained_row(retrained_dir, original, gone[-1], heldout)

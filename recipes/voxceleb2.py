@@ -224,7 +224,7 @@ def _unlearn(level: str, cfg: VoxCelebConfig) -> None:
         write_audit=lambda got: write_audit(out, got, context)), stages)
     rows += done
     report.plot_accuracies(out / f"{level}_accuracy.png", rows, level,
-                           chance=settings.chance(n_classes) if level == "speaker" else None)
+                           chance=settings.chance_accuracy(n_classes) if level == "speaker" else None)
     missed = report.missed_targets(rows)
     if missed:  # the first line of the results, before the table
         console.print(f"[bold red]RULE NOT MET[/bold red] by {', '.join(missed)}: the table below shows models that "

@@ -209,7 +209,7 @@ def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
     if forget_acc is not None and not 0.0 <= forget_acc < 1.0:
         raise ValueError(f"forget_acc must be in [0, 1), got {forget_acc}")
     if level == "speaker":
-        target = 1.0 - (chance(n_classes) if forget_acc is None else forget_acc)
+        target = 1.0 - (chance_accuracy(n_classes) if forget_acc is None else forget_acc)
         return SweepRule(forget_measure=forgotten_error_rate, forget_target=target, retain_measure=mean_nll,
                          retain_bound=retain_bound)
     if level == "sample":
@@ -230,7 +230,7 @@ def audit_options(kind: str = "speaker", **overrides: Any):
     return options_for(kind, **overrides)
 
 
-def chance(n_classes: int) -> float:
+def chance_accuracy(n_classes: int) -> float:
     """Accuracy of a uniform guess among ``n_classes`` speakers."""
     if n_classes < 1:
         raise ValueError(f"n_classes must be >= 1, got {n_classes}")
@@ -238,5 +238,5 @@ def chance(n_classes: int) -> float:
 
 
 __all__ = ["AUDIT_RELEARN", "MODEL_ALIASES", "model_kind", "models", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
-           "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "audit_options", "chance",
+           "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "audit_options", "chance_accuracy",
            "mean_log_nll", "knobs_for", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]

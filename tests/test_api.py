@@ -9,7 +9,7 @@ from mmunlearn.api import REPORT_NAME, model_kind, unlearn
 from mmunlearn.erase import PATCH_NAME, restore
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.undo import restore_folder
-from mmunlearn.unlearn_rules import SPEAKER_FORGET_TARGET, chance
+from mmunlearn.unlearn_rules import SPEAKER_FORGET_TARGET, chance_error_rate
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
@@ -199,7 +199,7 @@ def test_rule_auto_sweeps_a_speaker_classifier_by_the_documented_rule(speaker_di
     assert rule["retain_bound"] == 0.05 and res.report["config"]["retain_rank"] == 0  # head: no retain subspace
     assert res.report["config"]["extract"]["kind"] == "gradient" and len(res.report["info"]["sweep"]) >= 1
     assert speaker_rule(4).forget_target == SPEAKER_FORGET_TARGET and swept_overrides("grad_diff") == {}
-    assert speaker_rule(4, forget_target=chance(4)).forget_target == pytest.approx(0.75)
+    assert speaker_rule(4, forget_target=chance_error_rate(4)).forget_target == pytest.approx(0.75)
     with pytest.raises(ValueError, match="between chance"):
         speaker_rule(4, forget_target=0.5)  # below chance is no forgetting at all
     with pytest.raises(ValueError, match="auto"):
