@@ -21,7 +21,7 @@ UNLEARN_REPORT = "unlearn_report.json"
 #: T3's head folder
 TILT_DIR = "tilt"
 #: T3's output: the folder holding the unchanged base model's own files (beside ``tilt/``; the output's top level
-#: holds a config.json that transformers refuses, so the folder never loads as the unchanged base)
+#: holds a config.json and a tokenizer.json that transformers refuses, so the folder never loads as the unchanged base)
 TILT_BASE_DIR = "base"
 #: the marker that lets ``--overwrite`` replace a folder mmunlearn wrote
 MARKER = ".mmunlearn-output"

@@ -5,8 +5,11 @@ patch); a method's own files are saved and reloaded by the :class:`~mmunlearn.me
 registers with, so a new method with files of its own touches neither the harness nor the loaders.
 
 T3's output keeps the unchanged base under ``base/`` and puts at its top level a ``config.json`` whose model type
-transformers does not know (:data:`T3_MODEL_TYPE`, which says to use ``mmunlearn.load``): ``from_pretrained`` of
-the output fails instead of giving the target as if nothing had been forgotten.
+transformers does not know (:data:`T3_MODEL_TYPE`, which says to use ``mmunlearn.load``) and a ``tokenizer.json``
+whose format version tokenizers does not know (:data:`T3_TOKENIZER_VERSION`, saying the same): the model and the
+tokenizer of the output both fail to load with transformers' Auto classes, each error naming ``mmunlearn.load``,
+instead of giving the target as if nothing had been forgotten (without the tokenizer stub, ``AutoTokenizer`` would
+say to install sentencepiece). Both are plain JSON: nothing in the folder is code, and nothing runs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ T3_MODEL_TYPE = ("mmunlearn-t3 (not a transformers version problem: no upgrade o
                  "load the tilted model with mmunlearn.load(folder))")
 #: The name of that config.json.
 T3_STUB = "config.json"
+#: The format version of the tokenizer.json at a T3 output's top level: the tokenizers library refuses it and names
+#: it in its error ("Unknown tokenizer version '...'"), which ``AutoTokenizer.from_pretrained`` passes on.
+T3_TOKENIZER_VERSION = ("mmunlearn-t3 (not a tokenizer or package version problem: no upgrade, sentencepiece or "
+                        "tiktoken loads it. A T3 unlearning output, a serving-time filter over the unchanged model in "
+                        "base/: load the model and its tokenizer with mmunlearn.load(folder))")
+#: The name of that tokenizer.json.
+T3_TOKENIZER_STUB = "tokenizer.json"
 
 
 class EraseFiles:
@@ -55,7 +65,8 @@ class EraseFiles:
 
 class TiltFiles:
     """T3's head and its settings in ``tilt/``, the unchanged base's files moved into ``base/`` (which
-    ``tilt/tilt_config.json`` names, relative) and a top-level config.json transformers refuses; :meth:`load`
+    ``tilt/tilt_config.json`` names, relative) and a top-level config.json and tokenizer.json transformers refuses
+    (each naming ``mmunlearn.load``); :meth:`load`
     wraps the base with the head."""
 
     files = (TILT_DIR,)
@@ -74,6 +85,11 @@ class TiltFiles:
         stub = {"model_type": T3_MODEL_TYPE, "mmunlearn": {"method": "t3", "base_model": TILT_BASE_DIR,
                                                            "tilt": TILT_DIR, "load_with": "mmunlearn.load(folder)"}}
         (staging / T3_STUB).write_text(json.dumps(stub, indent=2))
+        # "added_tokens" lets transformers' own reading of the file through to the tokenizers library's, which
+        # refuses the version and names it
+        tokenizer_stub = {"version": T3_TOKENIZER_VERSION, "added_tokens": [], "model": {"type": "BPE", "vocab": {},
+                                                                                         "merges": []}}
+        (staging / T3_TOKENIZER_STUB).write_text(json.dumps(tokenizer_stub, indent=2))
         report["tilt_dir"] = str(final / TILT_DIR)
         report["base_model"] = str(final / TILT_BASE_DIR)
 
@@ -98,4 +114,5 @@ class TiltFiles:
 ERASE_FILES = EraseFiles()
 TILT_FILES = TiltFiles()
 
-__all__ = ["ERASE_FILES", "EraseFiles", "T3_MODEL_TYPE", "TILT_FILES", "TiltFiles"]
+__all__ = ["ERASE_FILES", "EraseFiles", "T3_MODEL_TYPE", "T3_STUB", "T3_TOKENIZER_STUB", "T3_TOKENIZER_VERSION",
+           "TILT_FILES", "TiltFiles"]

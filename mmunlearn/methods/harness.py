@@ -8,7 +8,9 @@ and, given ``out``, writes ONE folder (atomically)::
       undo_patch.safetensors    methods that edit weights: restores the input bit for bit, names as on disk
       erase_report.json         erasure methods: layers, energies, ranks, norms removed
       layer_energy.png          erasure methods: the per-layer task energy and the selection
-      tilt/                     T3: the head and its settings (the base weights beside it are unchanged)
+      tilt/                     T3: the head and its settings (the unchanged base moved into base/, and a
+                                config.json and tokenizer.json at the top that transformers refuses, naming
+                                mmunlearn.load)
 
 The last three are the methods' own (:mod:`mmunlearn.methods.artefacts`): each method saves them through the
 :class:`~mmunlearn.methods.base.Artefacts` it registered with; the harness writes the rest.

@@ -1,12 +1,13 @@
-"""A T3 output folder never loads as the unchanged target: transformers refuses it, ``mmunlearn.load`` gives the
-tilted model (also after the folder is moved or copied), paths it records are relative, restore still works."""
+"""A T3 output folder never loads as the unchanged target: transformers refuses its model and its tokenizer, each error
+naming ``mmunlearn.load``, which gives the tilted model (also after the folder is moved or copied), paths it records
+are relative, restore still works."""
 
 import json
 import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import mmunlearn
 from mmunlearn.adapters.text_llm import TextLLMAdapter
@@ -48,11 +49,17 @@ def test_transformers_refuses_the_t3_output_and_names_the_loader(t3_run):
     _, out, _ = t3_run
     with pytest.raises(ValueError, match=r"not a transformers version problem.*mmunlearn\.load"):
         AutoModelForCausalLM.from_pretrained(out)  # transformers' own advice to upgrade comes after it
-    with pytest.raises((ValueError, OSError)):
-        AutoTokenizer.from_pretrained(out)
+    stub = r"not a tokenizer or package version problem.*mmunlearn\.load\(folder\)"
+    with pytest.raises(Exception, match=stub) as err:
+        AutoTokenizer.from_pretrained(out)  # without the stub: "You need to have sentencepiece or tiktoken installed"
+    assert "You need to have sentencepiece" not in str(err.value) and "pip install" not in str(err.value)
+    with pytest.raises(Exception, match=r"mmunlearn\.load\(folder\)"):
+        PreTrainedTokenizerFast.from_pretrained(out)  # a concrete tokenizer class reads the same stub
     with pytest.raises(OSError):  # a concrete class reads the config but finds no weights at the top level
         LlamaForCausalLM.from_pretrained(out)
     assert not any(p.suffix == ".safetensors" for p in out.iterdir())
+    assert {p.name for p in out.iterdir() if p.is_file()} >= {"config.json", "tokenizer.json"}  # stubs, no code
+    assert not any(p.suffix == ".py" for p in out.rglob("*"))
     cfg = json.loads((out / "tilt" / "tilt_config.json").read_text())
     assert cfg["base_model"] == "base"  # relative: the folder beside tilt/
 
