@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from tqdm import tqdm
+from mmunlearn.progress import StageBar
 
 from data_prep.voxceleb2 import (
     FORMAT_VERSION,
@@ -84,7 +84,7 @@ def scan_pattern(root: str | os.PathLike, pattern: str, *, video_of=None, exclud
     rx = compile_pattern(pattern)
     skip = Path(exclude).resolve() if exclude else None
     found: dict[str, Source] = {}
-    for dirpath, dirnames, filenames in tqdm(os.walk(root), unit="dir", desc="scanning", disable=not progress):
+    for dirpath, dirnames, filenames in StageBar(os.walk(root), unit="dir", desc="scanning", disable=not progress):
         here = Path(dirpath)
         if skip is not None and (here == skip or skip in here.parents):
             dirnames[:] = []

@@ -35,7 +35,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from tqdm import tqdm
+from mmunlearn.progress import StageBar
 
 ESPEAK_SR = 22050
 OUT_SR = 16000
@@ -283,7 +283,7 @@ def _build(root: Path, stamp: dict, jobs: int | None, progress: bool) -> None:
                          u["rand_seed"]) for u in p["utts"]]) for s, p in enumerate(plan)]
     jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(tasks)))
     transcripts, meta = [], []
-    bar = tqdm(total=sum(len(p["utts"]) for p in plan), unit="utt", desc="synthesising speakers",
+    bar = StageBar(total=sum(len(p["utts"]) for p in plan), unit="utt", desc="synthesising speakers",
                disable=not progress)
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on worker processes
         for s, (p, raws) in enumerate(zip(plan, pool.map(_synth_speaker, tasks))):

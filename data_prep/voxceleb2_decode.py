@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import soundfile as sf
-from tqdm import tqdm
+from mmunlearn.progress import StageBar
 
 from data_prep.voxceleb2_inputs import Source
 from mmunlearn.atomic import write_text_atomic
@@ -104,7 +104,7 @@ def _decode_all(todo: list[Source], out: Path, jobs: int, progress: bool, index:
     # and no worker has to re-import torch.
     with ThreadPoolExecutor(max_workers=workers) as pool:
         work = pool.map(lambda s: _convert_one(s, out / "wav", index.get(s.path)), todo)
-        entries = list(tqdm(work, total=len(todo), unit="file", desc="decoding audio",
+        entries = list(StageBar(work, total=len(todo), unit="file", desc="decoding audio",
                             disable=not progress))
     index.update({src.path: entry for src, entry in zip(todo, entries)})
     _write_json(index_path, index)

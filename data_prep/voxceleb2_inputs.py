@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
+from mmunlearn.progress import StageBar
 
 #: Audio suffixes looked for, in order of preference when one utterance exists in several.
 AUDIO_SUFFIXES = (".wav", ".flac", ".m4a", ".aac", ".mp4", ".ogg", ".opus", ".mp3")
@@ -53,7 +53,7 @@ def scan_voxceleb(
     skip = Path(exclude).resolve() if exclude else None
     found: dict[str, tuple[int, Source]] = {}
     dups = 0
-    walk = tqdm(os.walk(root), unit="dir", desc="scanning", disable=not progress)
+    walk = StageBar(os.walk(root), unit="dir", desc="scanning", disable=not progress)
     for dirpath, dirnames, filenames in walk:
         here = Path(dirpath)
         if skip is not None and (here == skip or skip in here.parents):

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from mmunlearn._version import __version__
+from mmunlearn.progress import is_terminal, quiet_library_bars
 from mmunlearn.api import prepare_retain as prepare
 from mmunlearn.audit import ATTACKS, markdown, write_audit
 from mmunlearn.audit.folder import audit_folder, folder_report
@@ -262,6 +263,8 @@ def audit(
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Console entry point: run the app; a user error is one line ``error: ...`` on stderr and exit 2."""
+    if not is_terminal(sys.stderr):  # a log file: no carriage-return bars from transformers / the Hub either
+        quiet_library_bars()
     try:
         app(args=argv, prog_name="mmunlearn")
     except USER_ERRORS as exc:

@@ -241,10 +241,10 @@ class TokenScoring(AdapterDefaults):
                    desc: str | None = None) -> torch.Tensor:
         """Mean answer-token NLL per example (length-normalised), float64 on the CPU; ``answers`` replace the
         examples' own (``collate(examples, answers)``)."""
-        from tqdm.auto import tqdm
+        from mmunlearn.progress import StageBar
 
         out = []
-        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
+        for i in StageBar(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
             sub = answers[i: i + batch_size] if answers is not None else None
             lp, mask = self.logprobs(self.collate(examples[i: i + batch_size], sub))
             out.append((-(lp.double().sum(1)) / mask.sum(1).clamp(min=1)).cpu())

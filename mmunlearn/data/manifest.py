@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import soundfile as sf
-from tqdm.auto import tqdm
+from mmunlearn.progress import StageBar
 
 from mmunlearn.atomic import atomic_path
 
@@ -142,7 +142,7 @@ def check_rows(
     """
     base = Path(root).resolve() if root is not None else None
     problems, bad_rows = [], 0
-    shown = tqdm(rows, desc=f"checking {len(rows)} rows of {source}", unit="row", leave=False,
+    shown = StageBar(rows, desc=f"checking {len(rows)} rows of {source}", unit="row", leave=False,
                  disable=len(rows) < PROGRESS_ROWS, dynamic_ncols=True)
     for i, raw in enumerate(shown):
         where = f"row {i}"
@@ -197,7 +197,7 @@ def read_manifest(
             seen: set[str] = set()
             line = 1
             big = path.stat().st_size >= PROGRESS_BYTES  # ~100,000 rows and more: show the rows read
-            for line, raw in enumerate(tqdm(reader, desc=f"reading {path}", unit="row", leave=False, disable=not big,
+            for line, raw in enumerate(StageBar(reader, desc=f"reading {path}", unit="row", leave=False, disable=not big,
                                             dynamic_ncols=True), start=2):
                 row: dict[str, Any] = {k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()}
                 found = _row_problems(row, seen, check_files, base)  # a bad row is never returned: it raises below

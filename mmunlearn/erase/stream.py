@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from tqdm.auto import tqdm
+from mmunlearn.progress import StageBar
 
 from mmunlearn.checkpoint import (
     INDEX,
@@ -181,7 +181,7 @@ class _WithProgress(Mapping):
         return self.inner[key]
 
     def __iter__(self) -> Iterator:
-        return iter(tqdm(list(self.inner), desc=self.desc, disable=not self.enabled, dynamic_ncols=True))
+        return iter(StageBar(list(self.inner), desc=self.desc, disable=not self.enabled, dynamic_ncols=True))
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -231,7 +231,7 @@ def stream_erase_checkpoint(
     linked = 0
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         copy_extra_files(model_dir, tmp, skip=set(ckpt.shards))  # the index too, through the same walk
-        for shard in tqdm(ckpt.shards, desc="erase shards", disable=not progress, dynamic_ncols=True):
+        for shard in StageBar(ckpt.shards, desc="erase shards", disable=not progress, dynamic_ncols=True):
             if shard not in by_shard:
                 linked += _link_or_copy(model_dir, shard, tmp / shard, hardlink, out / shard)
                 continue
@@ -348,7 +348,7 @@ def stream_restore_checkpoint(
         by_shard.setdefault(ckpt.shard_of[name], []).append(entry)
     with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         copy_extra_files(model_dir, tmp, skip=set(ckpt.shards) | set(LEFTOVERS))
-        for shard in tqdm(ckpt.shards, desc="restore shards", disable=not progress, dynamic_ncols=True):
+        for shard in StageBar(ckpt.shards, desc="restore shards", disable=not progress, dynamic_ncols=True):
             if shard not in by_shard:
                 _link_or_copy(model_dir, shard, tmp / shard, hardlink, out / shard)
                 continue

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from mmunlearn.progress import StageBar
 
 from mmunlearn.metrics.mia import vocab_logprob_moments
 
@@ -119,7 +119,7 @@ def score_answers(
     avg_nll = np.empty(n, dtype=np.float64)
     per_token: dict[str, list[Any]] = {k: [None] * n for k in ("lp", "mu", "sigma", "match", "text")}
 
-    bar = tqdm(total=n, desc=desc, disable=desc is None, leave=False, unit="item")
+    bar = StageBar(total=n, desc=desc, disable=desc is None, leave=False, unit="item")
     for start in range(0, n, batch_size):
         idx = order[start:start + batch_size]
         sub_answers = [answers[i] for i in idx] if answers is not None else None
@@ -217,7 +217,7 @@ def generate_answers(
         raise ValueError(f"max_new_tokens must be a positive integer or 'auto', got {max_new_tokens!r}")
     order = sorted(range(len(questions)), key=lambda i: -len(questions[i]))
     out: list[str] = [""] * len(questions)
-    bar = tqdm(total=len(questions), desc=desc, disable=desc is None, leave=False, unit="item")
+    bar = StageBar(total=len(questions), desc=desc, disable=desc is None, leave=False, unit="item")
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         texts = adapter.generate([questions[i] for i in idx], max_new_tokens=max(limits[i] for i in idx),

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from mmunlearn.progress import StageBar
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
 from mmunlearn.metrics.mia import mia_auc, mia_auc_ci, recording_of
@@ -75,7 +75,7 @@ def score_rows(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], *, ba
     logit_sum: dict[int, torch.Tensor] = {}
     emb_sum: dict[int, torch.Tensor] = {}
     count = np.zeros(len(rows), dtype=np.int64)
-    bar = tqdm(total=total, desc=desc, disable=desc is None, leave=False, unit="utt" if seg is None else "seg")
+    bar = StageBar(total=total, desc=desc, disable=desc is None, leave=False, unit="utt" if seg is None else "seg")
     try:
         pending: list[tuple[int, Any]] = []
         for item in itertools.chain(items, [None]):  # None flushes the last partial batch

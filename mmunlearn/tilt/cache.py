@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from mmunlearn.progress import StageBar
 
 from mmunlearn.adapters.text_llm import IGNORE, _qa
 from mmunlearn.atomic import atomic_path
@@ -77,7 +77,7 @@ def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc:
     tap = HiddenStateTap(adapter.model.base_model)
     try:
         states, tokens, seq = [], [], []
-        for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
+        for i in StageBar(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
             batch = adapter.collate(examples[i : i + batch_size])
             b = {k: v.to(adapter.device) for k, v in batch.items()}
             adapter.model(**{k: v for k, v in b.items() if k != "labels"})  # audio inputs too, if any

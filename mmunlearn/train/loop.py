@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
+from mmunlearn.progress import StageBar
 
 from mmunlearn.train.answer_only import answer_logits
 from mmunlearn.paths import make_private_dirs
@@ -287,7 +287,7 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
     if resume and ckroot is not None and _checkpoints(ckroot):
         _load_latest(acc, ckroot, run_info, (wrapped, optimizer, scheduler, prog))
     start_step, t0 = prog.step, time.perf_counter()
-    bar = tqdm(total=total, initial=prog.step, desc=desc, disable=not progress or not acc.is_local_main_process,
+    bar = StageBar(total=total, initial=prog.step, desc=desc, disable=not progress or not acc.is_local_main_process,
                dynamic_ncols=True)
     wrapped.train(train_mode)
     epoch, skip = divmod(prog.micro, len(loader))
