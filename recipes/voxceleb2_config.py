@@ -10,21 +10,35 @@ every run shares: data, the methods and their knobs, the sweep rule, evaluation,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from mmunlearn.audit import ATTACKS
 from mmunlearn.audit.options import parse_list
-from mmunlearn.config import opt
+from mmunlearn.config import applicable_overrides, opt
 from mmunlearn.kinds import Kind
-from mmunlearn.methods import names
+from mmunlearn.methods import get, names
+from mmunlearn.taskvec.extract import KINDS as EXTRACT_KINDS
+from mmunlearn.unlearn_rules import NLL_RETAIN_BOUND
 from recipes import voxceleb2_settings as settings
 from recipes.recipe_config import ConfigError
 from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
 
 WHERE = ("audio", "text", "both")
 TARGETS = ("gender", "transcript")
+#: Settings the speech-LLM path has no use for (a classifier's models, evaluation, scopes and audit; its rule is the
+#: NLL rule): refused there when set, with why.
+CLASSIFIER_ONLY = {
+    "preset": "the speech LLM is --llm", "train_epochs": "the speech LLM's training is its preset's",
+    "train_lr": "the speech LLM's training is its preset's", "crop_seconds": "the speech LLM hears whole utterances",
+    "scope": "the speech LLM's edits are chosen by --where", "forget_acc": "the speech LLM's rule is on the forget NLL",
+    "segment_seconds": "the speech LLM is scored on whole utterances",
+    "max_trials": "the speech LLM has no verification trials",
+    "audit_relearn_steps": "--audit runs on the classifier", "audit_relearn_lr": "--audit runs on the classifier",
+    "audit_relearn_on": "--audit runs on the classifier", "audit_attacks": "--audit runs on the classifier"}
+#: Settings of the speech LLM alone: refused on a classifier when set.
+SPEECH_LLM_ONLY = ("llm", "where", "keep_task", "reference", "retrained")
 DEFAULT_WORKDIR = Path("runs/voxceleb2")
 
 
@@ -50,12 +64,13 @@ class SpeakerBenchmarkSettings:
                                       "utterances to forget (sample level); as many become the never-trained holdout.")
     sweep: bool = opt(True, "Choose erasure rank/scale/scope and baseline epochs by the training-partition rule (see "
                             "recipes/voxceleb2_settings.py; the speech LLM: the forget answers' NLL up to the "
-                            "retrained model's, the retain NLL up by <= 0.1 nat); on by default, since the presets "
+                            "retrained model's, the retain NLL up by <= retain_bound); on by default, since the presets "
                             "alone do not forget (--no-sweep: the presets as they are, e.g. to time one setting).")
     strict: bool = opt(False, "With --sweep: exit with status 1 when a method's sweep did not meet its rule (the "
                               "tables are written first).")
-    retain_bound: float = opt(settings.DEFAULT_RETAIN_BOUND, "Sweep rule: largest allowed rise of the retain set's "
-                                                             "mean NLL (nats).")
+    retain_bound: float | None = opt(None, "Sweep rule: largest allowed rise of the retain set's mean NLL (nats; "
+                                           f"default {settings.DEFAULT_RETAIN_BOUND:g} on a classifier, "
+                                           f"{NLL_RETAIN_BOUND:g} on a speech LLM).")
     forget_acc: float | None = opt(None, "Sweep rule, speaker level: accuracy (0 to 0.99) on the forget speakers' "
                                          "training utterances to reach (default: chance, 1/classes).")
     rank: int | None = opt(None, "Erasure: forget rank k per matrix (with --sweep: the only rank tried).")
@@ -167,13 +182,18 @@ class VoxCelebConfig(SpeechLLMSettings):
         if wrong:
             raise ConfigError(f"method_options: {wrong} not applicable to --model {self.model}; choose from "
                               f"{known}", "method_options")
+        _choice(self, "layer_rule", settings.LAYER_RULES)
         if not self.kind.is_classifier:  # the speech LLM: its own steps (recipes.voxceleb2_speech_llm)
             if self.audit:
                 raise ConfigError("--audit runs on the classifier here; audit a speech-LLM method's output folder "
                                   "with `mmunlearn audit --model DIR ...`", "audit")
+            for key, why in CLASSIFIER_ONLY.items():
+                _unused(self, key, why)
+            _choice(self, "extract", EXTRACT_KINDS)
             return
+        for key in SPEECH_LLM_ONLY:
+            _unused(self, key, "a setting of --model speech-llm")
         _choice(self, "extract", settings.EXTRACT_KINDS, " does not work on the speaker classifier")
-        _choice(self, "layer_rule", settings.LAYER_RULES)
         try:
             for name in self.chosen():
                 settings.scopes_for(name, self.resolved_scope(), self.sweep)
@@ -206,14 +226,27 @@ class VoxCelebConfig(SpeechLLMSettings):
         :data:`recipes.voxceleb2_settings.SWEEP_SCOPES`), else all."""
         return self.scope or ("sweep" if self.sweep else "all")
 
+    def resolved_retain_bound(self) -> float:
+        """``retain_bound``, or its default for the model: a classifier's sweep rule
+        (:data:`recipes.voxceleb2_settings.DEFAULT_RETAIN_BOUND`) or a speech LLM's NLL rule
+        (:data:`mmunlearn.unlearn_rules.NLL_RETAIN_BOUND`)."""
+        if self.retain_bound is not None:
+            return self.retain_bound
+        return settings.DEFAULT_RETAIN_BOUND if self.kind.is_classifier else NLL_RETAIN_BOUND
+
+    def knobs(self) -> dict[str, Any]:
+        """The knobs above under the names methods' configs use (:func:`recipes.voxceleb2_settings.knobs`; unset
+        ones None), checked against the task-vector kinds the model takes."""
+        return settings.knobs(rank=self.rank, retain_rank=self.retain_rank, scale=self.scale,
+                              extract_kind=self.extract, extract_steps=self.extract_steps, extract_lr=self.extract_lr,
+                              lr=self.lr, epochs=self.epochs, layer_rule=self.layer_rule, sweep_ranks=self.sweep_ranks,
+                              seed=self.seed,
+                              extract_kinds=settings.EXTRACT_KINDS if self.kind.is_classifier else EXTRACT_KINDS)
+
     def method_overrides(self, method: str) -> dict[str, Any]:
         """The overrides of ``method``'s config: the knobs above that its config has, then its own ``method_options``
         (before the sweep's defaults and step budget, which fill only what is unset)."""
-        knobs = settings.knobs_for(method, rank=self.rank, retain_rank=self.retain_rank, scale=self.scale,
-                                        extract_kind=self.extract, extract_steps=self.extract_steps,
-                                        extract_lr=self.extract_lr, lr=self.lr, epochs=self.epochs,
-                                        layer_rule=self.layer_rule, sweep_ranks=self.sweep_ranks, seed=self.seed)
-        return {**knobs, **self.method_options.get(method, {})}
+        return {**applicable_overrides(get(method).config, self.knobs()), **self.method_options.get(method, {})}
 
     def audit_options(self) -> Any:
         """``audit_*`` as :class:`mmunlearn.audit.AuditOptions` for the classifier of ``--model``."""
@@ -234,6 +267,13 @@ def _bounded(cfg: VoxCelebConfig, key: str, low: float, high: float | None = Non
     if value < low or (high is not None and value > high):
         where = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ConfigError(f"{key} must be {where}, got {value}", key)
+
+
+def _unused(cfg: VoxCelebConfig, key: str, why: str) -> None:
+    """Refuse ``key`` set to other than its default: ``--model`` has no use for it (``why``)."""
+    default = next(f.default for f in fields(cfg) if f.name == key)
+    if getattr(cfg, key) != default:
+        raise ConfigError(f"{key} does not apply to --model {cfg.model} ({why}); leave it unset", key)
 
 
 def _choice(cfg: VoxCelebConfig, key: str, choices: tuple[str, ...], why: str = "") -> None:

@@ -126,28 +126,33 @@ def preset_kind(preset: str) -> str:
     return SPEAKER.size_for(preset)
 
 
-def knobs_for(method: str, *, rank: int | None = None, retain_rank: int | None = None,
-                   scale: float | None = None, extract_kind: str | None = None, extract_steps: int | None = None,
-                   extract_lr: float | None = None, lr: float | None = None, epochs: int | None = None,
-                   layer_rule: str | None = None, sweep_ranks: Sequence[int] | None = None,
-                   seed: int = 0) -> dict[str, Any]:
-    """The CLI's overrides that ``method``'s config has (its defaults per preset live in the config).
+def knobs_for(method: str, **values: Any) -> dict[str, Any]:
+    """The CLI's overrides that ``method``'s config has (:func:`knobs`; its defaults per preset live in the config)."""
+    return applicable_overrides(get(method).config, knobs(**values))
+
+
+def knobs(*, rank: int | None = None, retain_rank: int | None = None, scale: float | None = None,
+          extract_kind: str | None = None, extract_steps: int | None = None, extract_lr: float | None = None,
+          lr: float | None = None, epochs: int | None = None, layer_rule: str | None = None,
+          sweep_ranks: Sequence[int] | None = None, seed: int = 0,
+          extract_kinds: Sequence[str] = EXTRACT_KINDS) -> dict[str, Any]:
+    """The shared knobs of every method under their config names (a method takes those its config has).
 
     ``sweep_ranks``: the forget ranks a sweep tries (default: ``rank`` alone when given, else the
-    preset's); ``layer_rule``: which layers erasure edits (mean, top, threshold, all).
+    preset's); ``layer_rule``: which layers erasure edits (mean, top, threshold, all); ``extract_kinds``: the
+    task-vector kinds the model takes (default: the speaker classifier's, :data:`EXTRACT_KINDS`).
     """
-    if extract_kind is not None and extract_kind not in EXTRACT_KINDS:
-        raise ValueError(f"task-vector kind {extract_kind!r} does not work on the speaker classifier; "
-                         f"choose one of {EXTRACT_KINDS}")
+    if extract_kind is not None and extract_kind not in extract_kinds:
+        why = " does not work on the speaker classifier" if tuple(extract_kinds) == EXTRACT_KINDS else ""
+        raise ValueError(f"task-vector kind {extract_kind!r}{why}; choose one of {tuple(extract_kinds)}")
     if layer_rule is not None and layer_rule not in LAYER_RULES:
         raise ValueError(f"layer rule {layer_rule!r}: choose one of {LAYER_RULES}")
     if sweep_ranks is not None and (not sweep_ranks or any(r < 1 for r in sweep_ranks)):
         raise ValueError(f"sweep ranks must be positive integers, got {sweep_ranks!r}")
     ranks = tuple(sweep_ranks) if sweep_ranks else (rank,) if rank else None
-    return applicable_overrides(get(method).config, dict(
-        rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract_kind,
-        extract_steps=extract_steps, extract_lr=extract_lr, extract_seed=seed, lr=lr, epochs=epochs, seed=seed,
-        layer_rule=layer_rule, sweep_ranks=ranks))
+    return dict(rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract_kind,
+                extract_steps=extract_steps, extract_lr=extract_lr, extract_seed=seed, lr=lr, epochs=epochs, seed=seed,
+                layer_rule=layer_rule, sweep_ranks=ranks)
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:
@@ -239,4 +244,4 @@ def chance_accuracy(n_classes: int) -> float:
 
 __all__ = ["AUDIT_RELEARN", "MODEL_ALIASES", "model_kind", "models", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
            "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "audit_options", "chance_accuracy",
-           "mean_log_nll", "knobs_for", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]
+           "mean_log_nll", "knobs", "knobs_for", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]

@@ -55,7 +55,7 @@ from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, text
 from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
                                         texts_of, train_speech_llm, warm_up_audio_tower)
 from mmunlearn.train import TrainConfig
-from mmunlearn.unlearn_rules import nll_rule
+from mmunlearn.unlearn_rules import NLL_RETAIN_BOUND, nll_rule
 from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
@@ -267,8 +267,8 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
         size: str = "model_dir", options: Mapping[str, Any] | None = None,
         method_options: Mapping[str, Mapping[str, Any]] | None = None,
         retrain_dir: str | os.PathLike | None = None, reference_dir: str | os.PathLike | None = None,
-        sweep: bool = False, device: str = "auto", batch_size: int = 32, progress: bool = True
-        ) -> list[dict[str, Any]]:
+        sweep: bool = False, retain_bound: float = NLL_RETAIN_BOUND, resume: bool = False, device: str = "auto",
+        batch_size: int = 32, progress: bool = True) -> list[dict[str, Any]]:
     """Evaluate the original (and the retrained model), run every method on a fresh copy through
     :func:`recipes.runner.run_method` (``out/<method>/model``: the model, its reports and undo patch;
     ``out/<method>/run.json``), write the table.
@@ -276,9 +276,10 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     ``reference_dir``: the model the erasure methods take task vectors from (the base the original was
     fine-tuned from; None: the original itself). ``sweep``: each method swept by the NLL rule on the training
     partitions (:func:`mmunlearn.unlearn_rules.nll_rule`: the forget answers' NLL up to the retrained model's, else up
-    by a stated rise; the retain NLL rising by at most 0.1 nat). ``options``: overrides of the methods' configs
-    (each method takes those its config has); ``method_options``: per method, settings of its own config (over
-    ``options``).
+    by a stated rise; the retain NLL rising by at most ``retain_bound`` nats). ``options``: overrides of the methods'
+    configs (each method takes those its config has); ``method_options``: per method, settings of its own config (over
+    ``options``). ``resume``: a method's stage finished in ``out`` with the same key (method, options, rule, models and
+    their weights) is reused (:func:`recipes.runner.run_method`).
     """
     for m in methods:
         get(m, KIND.name)
@@ -295,7 +296,7 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     if retrained is not None:
         refs.append({"method": "retrain", **setup.score(retrained)})
     shared = {k: v for k, v in dict(options or {}).items() if v is not None}
-    rule, rule_source = _rule(original, forget, retrained) if sweep else (None, None)
+    rule, rule_source = _rule(original, forget, retrained, retain_bound) if sweep else (None, None)
     del original, retrained  # every method loads the original afresh
 
     def method_rows(method: str) -> list[dict]:
@@ -303,7 +304,7 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
         overrides = {**applicable_overrides(get(method).config, shared), **own}
         return run_method(method, setup, out / method, options=shared, overrides=overrides, rule=rule,
                           base="target" if reference_dir is None else str(reference_dir), device=device,
-                          resume=False, size=size, method_options=own, kind=KIND.name,
+                          resume=resume, size=size, method_options=own, kind=KIND.name,
                           unlearn=setup.unlearn(out / method, device), progress=progress)
 
     def write(so_far: list[dict]) -> None:
@@ -318,10 +319,10 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     return rows
 
 
-def _rule(original: Any, forget: Sequence[Any], retrained: Any | None) -> tuple[Any, str]:
+def _rule(original: Any, forget: Sequence[Any], retrained: Any | None, retain_bound: float) -> tuple[Any, str]:
     """The sweep rule of a speech-LLM run and where its forget target comes from (the retrained model's NLL on the
     forget answers when there is one)."""
-    rule, source = nll_rule(original, forget, reference=retrained)
+    rule, source = nll_rule(original, forget, reference=retrained, retain_bound=retain_bound)
     return rule, source.replace("the reference model", "the retrained model") if retrained is not None else source
 
 
@@ -329,15 +330,18 @@ def _rule(original: Any, forget: Sequence[Any], retrained: Any | None) -> tuple[
 def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
               model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
               where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
-              retrained: str | None = None, sweep: bool = False,
-              rank: int | None = None, scale: float | None = None,
+              retrained: str | None = None, sweep: bool = False, retain_bound: float = NLL_RETAIN_BOUND,
+              options: Mapping[str, Any] | None = None,
               method_options: Mapping[str, Mapping[str, Any]] | None = None, seed: int = 0, device: str = "auto",
-              cache_dir: str | None = None, progress: bool = True) -> list[dict]:
-    """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does: corpus (unless ``manifests``), models
-    (a preset's base, target and retrain, trained and cached; or a directory, with ``reference`` the model it
-    was fine-tuned from and ``retrained`` the model trained without the forgotten data, if any), every method,
-    the table in ``out/<level>``."""
-    man = Path(manifests) if manifests else make_corpus(corpus, seed=seed, progress=progress)
+              cache_dir: str | None = None, resume: bool = False, corpus_options: Mapping[str, Any] | None = None,
+              progress: bool = True) -> list[dict]:
+    """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does: corpus (unless ``manifests``; ``corpus_options``:
+    :func:`make_corpus`'s sizes), models (a preset's base, target and retrain, trained and cached; or a directory,
+    with ``reference`` the model it was fine-tuned from and ``retrained`` the model trained without the forgotten
+    data, if any), every method (``options``, ``method_options``, ``sweep``, ``retain_bound``, ``resume``:
+    :func:`run`'s), the table in ``out/<level>``."""
+    man = Path(manifests) if manifests else make_corpus(corpus, seed=seed, progress=progress,
+                                                        **dict(corpus_options or {}))
     is_dir = Path(model).is_dir()
     opts = dict(preset=model, level=level, target=target, seed=seed, device=device, cache_dir=cache_dir,
                 progress=progress)
@@ -346,6 +350,6 @@ def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech
     retrain_dir = (Path(retrained) if retrained else build_model(man, role="retrain", **opts) if retrain and not is_dir
                    else None)
     return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
-               size=KIND.size_for("model_dir" if is_dir else model), options={"rank": rank, "scale": scale},
+               size=KIND.size_for("model_dir" if is_dir else model), options=options,
                method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, sweep=sweep,
-               device=device, progress=progress)
+               retain_bound=retain_bound, resume=resume, device=device, progress=progress)

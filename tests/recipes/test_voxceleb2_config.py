@@ -40,8 +40,11 @@ def test_yaml_then_options_then_overrides_each_typed(tmp_path):
 
 def test_defaults_are_the_commands_and_all_follows_the_model():
     cfg = _build()
-    assert (cfg.methods, cfg.sweep, cfg.retain_bound, cfg.max_trials, cfg.preset) == (("qr-erase",), True, 0.05,
-                                                                                      20000, "small")
+    assert (cfg.methods, cfg.sweep, cfg.resolved_retain_bound(), cfg.max_trials, cfg.preset) == (
+        ("qr-erase",), True, 0.05, 20000, "small")
+    # retain_bound unset: each model's rule has its own default (a speech LLM's NLL rule: 0.1 nat); set, it is used
+    assert cfg.retain_bound is None and _build(overrides=["model=speech-llm"]).resolved_retain_bound() == 0.1
+    assert _build(overrides=["model=speech-llm", "retain_bound=0.3"]).resolved_retain_bound() == 0.3
     assert cfg.resolved_scope() == "sweep" and _build(overrides=["sweep=no"]).resolved_scope() == "all"
     assert "t3" not in _build(overrides=["methods=all"]).chosen()
     llm = _build(overrides=["methods=all", "model=speech-llm", "method.t3.temperature=2"])
@@ -88,6 +91,13 @@ def test_every_classifier_kind_takes_ecapas_scopes_and_default():
     (["method.grad_ascent.nope=1"], "method_options", "settings of grad_ascent: alpha"),
     (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'; choose from"),
     (["epochs=many"], "epochs", "expected int or none"),
+    (["model=speech-llm", "extract=sideways"], "extract", "finetune, lora, gradient, layerwise"),
+    (["model=speech-llm", "scope=head"], "scope", "scope does not apply to --model speech-llm (the speech LLM's "
+                                                  "edits are chosen by --where); leave it unset"),
+    (["model=speech-llm", "forget_acc=0.5"], "forget_acc", "does not apply to --model speech-llm"),
+    (["model=speech-llm", "preset=tiny"], "preset", "the speech LLM is --llm"),
+    (["where=audio"], "where", "where does not apply to --model classifier (a setting of --model speech-llm)"),
+    (["model=hf-audio", "retrained=runs/x"], "retrained", "does not apply to --model hf-audio"),
 ])
 def test_bad_settings_are_errors_naming_the_setting(overrides, key, message):
     with pytest.raises(ConfigError) as err:
@@ -104,3 +114,35 @@ def test_an_unknown_key_is_a_usage_error_before_any_work(tmp_path):
                                                                   "retain_bund=0.1")
     assert "write KEY=VALUE" in _refused("speaker", "--workdir", str(tmp_path / "w"), "--method-option", "kl.lr")
     assert not (tmp_path / "w").exists()  # refused before the corpus is built
+
+
+def test_the_speech_llm_path_is_given_every_setting_it_takes():
+    """retain_bound, lr, epochs, extract and resume (and the other knobs, the corpus sizes, strict) reach the
+    speech-LLM run's call (recipes.voxceleb2.speech_llm_arguments); the settings it has no use for are refused
+    (test_bad_settings_are_errors_naming_the_setting; every setting: tests/recipes/test_settings_reach.py)."""
+    from mmunlearn.config import applicable_overrides
+    from mmunlearn.methods import get
+    from recipes.voxceleb2 import speech_llm_arguments
+    from recipes.voxceleb2_config import CLASSIFIER_ONLY
+
+    default = speech_llm_arguments(_build(overrides=["model=speech-llm"]), "cpu")
+    assert (default["retain_bound"], default["resume"]) == (0.1, True)  # the NLL rule's bound; resume as documented
+    assert {k: v for k, v in default["options"].items() if v is not None} == {"seed": 0, "extract_seed": 0}
+    cfg = _build(overrides=["model=speech-llm", "retain_bound=0.3", "lr=0.002", "epochs=3", "extract=lora",
+                            "resume=no", "rank=2", "retain_rank=5", "scale=2", "extract_steps=4", "extract_lr=0.1",
+                            "layer_rule=top", "sweep_ranks=1,3", "seed=4", "speakers=6", "utterances=5", "videos=2",
+                            "forget_speakers=1", "forget_fraction=0.2"])
+    args = speech_llm_arguments(cfg, "cpu")
+    assert (args["retain_bound"], args["resume"], args["seed"]) == (0.3, False, 4)
+    assert args["corpus_options"] == dict(speakers=6, utterances=5, videos=2, forget_speakers=1, forget_fraction=0.2)
+    erase = get("qr-erase").config_for("speech-llm", "tiny", **applicable_overrides(get("qr-erase").config,
+                                                                                   args["options"]))
+    assert (erase.rank, erase.retain_rank, erase.scale, erase.sweep_ranks, erase.layer_rule) == (2, 5, 2.0, (1, 3),
+                                                                                                 "top")
+    assert (erase.extract.kind, erase.extract.steps, erase.extract.lr) == ("lora", 4, 0.1)
+    ascent = get("grad_ascent").config_for("speech-llm", "tiny", **applicable_overrides(get("grad_ascent").config,
+                                                                                       args["options"]))
+    assert (ascent.lr, ascent.epochs, ascent.seed) == (0.002, 3, 4)
+    assert set(CLASSIFIER_ONLY) == {"preset", "train_epochs", "train_lr", "crop_seconds", "scope", "forget_acc",
+                                    "segment_seconds", "max_trials", "audit_relearn_steps", "audit_relearn_lr",
+                                    "audit_relearn_on", "audit_attacks"}

@@ -76,3 +76,38 @@ def test_a_swept_run_aims_at_the_retrained_models_forget_nll(llm_dir, speaker_ma
     if erased["target_reached"]:
         assert erased["forget_nll"] >= want - 1e-4 and erased["retain_nll"] - original["retain_nll"] <= 0.1 + 1e-4
     assert " rule met |" in (tmp_path / "run" / "results.md").read_text().splitlines()[0]
+
+
+def test_the_cli_honours_the_rule_method_and_resume_settings_on_a_speech_llm(llm_dir, speaker_manifests, tmp_path):
+    """``retain_bound``, ``lr``, ``epochs``, ``extract`` and ``strict`` reach the run (the rule in results.json, the
+    methods' configs in run.json, exit status 1 on a missed rule); ``resume`` reuses a finished stage, ``resume=no``
+    redoes it (once all were ignored on this path: the rule's bound was 0.1 whatever was set, resume always off)."""
+    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.cli import app
+    from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
+
+    texts = texts_of(spoken_qa(speech_llm.split_rows(speaker_manifests, "train"), ("speaker", "gender")))
+    retrained = SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=1).save(tmp_path / "retrained")
+    out = tmp_path / "out"
+    command = ["voxceleb2", "speaker", "--model", "speech-llm", "--llm", str(llm_dir), "--manifests",
+               str(speaker_manifests), "--methods", "qr-erase,grad_ascent", "--out", str(out), "--device", "cpu",
+               "--threads", "1", f"retrained={retrained}", "where=text", "retain_bound=0", "lr=0.003", "epochs=1",
+               "extract=finetune", "extract_steps=2", "rank=2", "method.grad_ascent.batch_size=8"]
+    first = CliRunner().invoke(app, [*command, "strict=yes"])
+    saved = json.loads((out / "speaker" / "results.json").read_text())
+    assert saved["rule"]["retain_bound"] == 0.0  # the bound set, not the NLL rule's 0.1
+    runs = {m: json.loads((out / "speaker" / m / "run.json").read_text()) for m in ("qr-erase", "grad_ascent")}
+    assert (runs["grad_ascent"]["config"]["lr"], runs["grad_ascent"]["config"]["epochs"]) == (0.003, 1)
+    assert runs["qr-erase"]["config"]["extract"]["kind"] == "finetune"
+    assert runs["qr-erase"]["config"]["extract"]["steps"] == 2 and runs["qr-erase"]["config"]["sweep_ranks"] == [2]
+    missed = [r["method"] for r in saved["rows"] if r.get("target_reached") is False]
+    assert missed, "a bound of 0 nats should leave some method short of the retrained model's forget NLL"
+    assert first.exit_code == 1 and f"sweep rule not met by {', '.join(missed)}" in first.output  # strict
+    again = CliRunner().invoke(app, command)
+    assert again.exit_code == 0, again.output
+    rows = json.loads((out / "speaker" / "results.json").read_text())["rows"]
+    assert all(r.get("reused") for r in rows if r["method"] in runs)  # resume, on by default: nothing redone
+    redone = CliRunner().invoke(app, [*command, "resume=no"])
+    assert redone.exit_code == 0, redone.output
+    rows = json.loads((out / "speaker" / "results.json").read_text())["rows"]
+    assert not any(r.get("reused") for r in rows)
