@@ -30,6 +30,7 @@ from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome
 from mmunlearn.methods.optimisation import budget_epochs
+from mmunlearn.methods.rule import span
 from mmunlearn.paths import check_apart, check_holds_none
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
@@ -217,8 +218,9 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
                                 overrides, checked, level)
         if first:
             clock.done("rule set up" if the_rule is not None else "no rule",
-                       f"the {method} run (its progress lines below), then the final check and the write (about "
-                       f"{clock.since():.0f} s: the rule's scoring again)")
+                       f"the {method} run (its lines below say its elapsed time and, from its first sweep point or "
+                       f"step, the most time left), then the final check and the write (about "
+                       f"{span(clock.since())}: the rule's scoring again)")
         meta = {"model_dir": str(Path(model_dir).resolve()), "method_chosen_by": checked["method_chosen_by"],
                 "prompt_format": dict(fmt) or None,
                 "forget_level": forget_level if not isinstance(forget_level, (str, os.PathLike)) else str(

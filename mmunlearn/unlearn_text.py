@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mmunlearn.methods import mean_nll
+from mmunlearn.methods.rule import span
 
 #: The formats tried, in order, for a tokenizer without a chat template (mmunlearn.adapters.prompt_format).
 CANDIDATES: tuple[str, ...] = ("plain", "raw")
@@ -53,13 +54,14 @@ class Clock:
         return time.perf_counter() - self.last
 
     def done(self, name: str, left: str) -> float:
-        """Say that stage ``name`` finished; ``left``: the estimate of what remains, in words. Returns its seconds."""
+        """Say that stage ``name`` finished; ``left``: what remains, in words, with an estimate of its time where one
+        can be made. Returns the stage's seconds."""
         now = time.perf_counter()
         took, self.last = now - self.last, now
         self.done_count += 1
         if self.on:
-            self.say(f"[mmunlearn {self.done_count}/{self.total}] {name}: {took:.1f} s; elapsed "
-                     f"{now - self.start:.1f} s; left: {left}")
+            self.say(f"[mmunlearn {self.done_count}/{self.total}] {name}: {span(took)}; elapsed "
+                     f"{span(now - self.start)}; left: {left}")
         return took
 
 

@@ -2,6 +2,7 @@
 prompt format (a model trained on raw text is scored as raw text), the default method, a missed rule's exit status."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from mmunlearn.api import DEFAULT_METHOD, default_method, unlearn
 from mmunlearn.data.user_sets import read_text_rows
 from mmunlearn.methods import get
 from mmunlearn.methods.row_rule import SAID_RECALL, says
+from mmunlearn.methods.rule import span
 from mmunlearn.unlearn_rules import NothingToForget, text_rule
 from tests.reliability.untrusted import run_cli_here
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
@@ -167,3 +169,45 @@ def test_a_retrained_like_model_sets_the_levels(raw_dir, tmp_path):
     rule, source = text_rule(target, rows, level=target)
     assert source == "the retrained-like model's NLL on each row" and rule.forget_measure.reference_says == {0, 1, 2, 3}
     assert rule.judge(target, rows)["out"] == []  # rows that model says too are not counted; every NLL at its level
+
+
+DURATION = r"\d+(\.\d)? s|\d+ min \d\d s|\d+ h \d\d min"
+
+
+def _stage_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("[mmunlearn ")]
+
+
+def test_each_stage_line_says_elapsed_and_what_is_left(raw_dir, tmp_path, capsys):
+    """Issue 53 item 7: the call's stage lines carry the elapsed time and what remains (the final check's time from
+    the rule's set-up); each T3 sweep point its place of the most points, the sweep's time and the most time left."""
+    forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
+    unlearn(raw_dir, forget=forget, retain=retain, method="t3", device="cpu", head_epochs=20,
+            sweep_strengths=(0.25, 0.5, 1.0), sweep_temperatures=(1.5,))
+    out = capsys.readouterr()
+    stages = _stage_lines(out.err)
+    assert [s.split("]")[0] for s in stages] == ["[mmunlearn 1/3", "[mmunlearn 2/3", "[mmunlearn 3/3"], out.err
+    assert all(re.search(rf"\] .*: ({DURATION}); elapsed ({DURATION}); left: ", s) for s in stages), stages
+    assert re.search(rf"then the final check and the write \(about ({DURATION}): the rule's scoring", stages[1])
+    points = [line for line in (out.out + out.err).splitlines() if line.startswith("t3 sweep: ")]
+    assert points, out.out
+    for k, line in enumerate(points, 1):
+        assert f"; point {k} of at most 4, " in line and re.search(rf", ({DURATION}) into the sweep", line), line
+        if k < 4:  # the most time left at the seconds a point has taken so far
+            assert re.search(rf", at most ~({DURATION}) left at ({DURATION}) a point$", line), line
+
+
+def test_the_default_methods_checks_say_elapsed_and_time_left(raw_dir, tmp_path, capsys):
+    forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
+    unlearn(raw_dir, forget=forget, retain=retain, device="cpu")  # npo: a check at steps 1, 2, 4, ... of its cap
+    out = capsys.readouterr()
+    checks = [line for line in (out.out + out.err).splitlines() if line.startswith("npo step ")]
+    assert checks and all(re.search(rf"; ({DURATION}) elapsed", line) for line in checks), out.out
+    assert all(re.search(rf", at most ~({DURATION}) left at this rate$", line) for line in checks
+               if not re.match(r"npo step (\d+)/\1:", line)), checks
+    assert len(_stage_lines(out.err)) == 3
+
+
+def test_durations_read_as_people_say_them():
+    assert [span(s) for s in (0.04, 3.26, 42, 59.6, 200, 3599.6, 7265)] == [
+        "0.0 s", "3.3 s", "42 s", "1 min 00 s", "3 min 20 s", "1 h 00 min", "2 h 01 min"]

@@ -102,8 +102,10 @@ class Scorer:
     def __init__(self, rule: SweepRule, adapter, forget: Sequence[Any], retain: Sequence[Any]):
         self.rule, self.forget = rule, list(forget)
         self.retain = list(rule.retain_items or retain)
-        self.seconds = 0.0  # time spent scoring (the unedited model included): the rule's own cost
+        self.seconds, self.scored = 0.0, 0  # time spent scoring (the unedited model included): the rule's own cost
+        self.started = time.perf_counter()  # the progress lines' elapsed time counts from here
         self.base_forget, self.base_retain = self.score(adapter)
+        self.scored, self.points_from = 0, time.perf_counter()  # points scored after the unedited model, and since when
 
     def score(self, adapter) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -111,6 +113,12 @@ class Scorer:
             return self.rule.forget_measure(adapter, self.forget), self.rule.retain_measure(adapter, self.retain)
         finally:
             self.seconds += time.perf_counter() - t0
+            self.scored += 1
+
+    def per_point(self) -> float | None:
+        """Wall seconds per point scored since the unedited model (the edit, its scoring and undoing it), or None
+        before the first."""
+        return (time.perf_counter() - self.points_from) / self.scored if self.scored else None
 
     def reached(self, forget_value: float) -> bool:
         return forget_value >= self.rule.forget_target
@@ -122,8 +130,21 @@ class Scorer:
         return self.reached(p.forget_nll) and not self.over(p.retain_nll)
 
 
-def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True) -> None:
-    """One progress line per sweep point: the setting, both measures, and whether the rule is met."""
+def span(seconds: float) -> str:
+    """A duration as a progress line says it: ``42 s``, ``3 min 20 s``, ``1 h 05 min``."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 59.5:
+        return f"{seconds:.0f} s" if seconds >= 9.95 else f"{seconds:.1f} s"
+    minutes, sec = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True, total: int | None = None) -> None:
+    """One progress line per sweep point: the setting, both measures, whether the rule is met, the point's place
+    (of ``total``, the most points the sweep may score), the sweep's elapsed time and, given ``total``, the most time
+    left at the seconds a point has taken so far (a sweep that meets the rule stops sooner)."""
     if not progress:
         return
     from tqdm.auto import tqdm
@@ -133,17 +154,23 @@ def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True) -
     f, r = point["forget_nll"], point["retain_nll"]
     state = ("meets the rule" if scorer.reached(f) and not scorer.over(r) else
              "retain over the bound" if scorer.over(r) else "forget below the target")
+    n, rate = scorer.scored, scorer.per_point()
+    where = f"point {n} of at most {total}" if total else f"point {n}"
+    left = (f", at most ~{span(rate * (total - n))} left at {span(rate)} a point" if total and total > n and rate
+            else f" ({span(rate)} a point)" if not total and rate else "")
     tqdm.write(f"{method} sweep: {setting}: forget {f:.4g} (target {scorer.rule.forget_target:.4g}), retain rise "
-               f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}")
+               f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}; {where}, "
+               f"{span(time.perf_counter() - scorer.started)} into the sweep{left}")
 
 
 def _say_check(label: str, step: int, total: int | None, f: float, r: float, scorer: Scorer, elapsed: float) -> None:
     from tqdm.auto import tqdm  # deferred: as log_point
 
-    left = f"; at most ~{elapsed / step * (total - step):.0f} s left at this rate" if total and total > step else ""
+    left = (f", at most ~{span(elapsed / step * (total - step))} left at this rate" if total and total > step
+            else "")
     tqdm.write(f"{label} step {step}{f'/{total}' if total else ''}: forget {f:.4g} (target "
                f"{scorer.rule.forget_target:.4g}), retain rise {r - scorer.base_retain:+.4g} (bound "
-               f"{scorer.rule.retain_bound:.4g}); {elapsed:.0f} s{left}")
+               f"{scorer.rule.retain_bound:.4g}); {span(elapsed)} elapsed{left}")
 
 
 def choose(points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float,

@@ -77,7 +77,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
             tilted.model.tap.remove()
             tried.append({"temperature": t, "strength": lam, "forget_nll": points[-1].forget_nll,
                           "retain_nll": points[-1].retain_nll})
-            log_point("t3", tried[-1], scorer, ctx.progress)
+            log_point("t3", tried[-1], scorer, ctx.progress, total=len(candidates))
             if scorer.point_meets(points[-1]):
                 break  # the weakest intervention meeting the rule
         rule = ctx.rule
