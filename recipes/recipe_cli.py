@@ -32,6 +32,23 @@ EXTRA = ("ctx", "config", "method_option", "overrides")
 OPTIONS = ("out", "method", "methods", "preset", "data", "device")
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfigCommand:
+    """A command made by :func:`config_command`: its config class, the fields it takes (``keys``), the kind whose
+    methods ``--method-option`` may set and the body it runs (what ``tests/recipes/test_settings_reach.py`` walks:
+    every setting a command takes reaches its run or is refused)."""
+
+    cls: type
+    name: str
+    keys: tuple[str, ...]
+    kind: str | None
+    body: Callable[[Any], None]
+
+
+#: Every command :func:`config_command` made, in the order the recipe modules were imported.
+CONFIG_COMMANDS: list[ConfigCommand] = []
+
+
 def _cli_type(tp: Any) -> Any:
     """The type Typer parses a field's option as: the field's own for a scalar (optional or not), else text
     (converted by the config loader)."""
@@ -133,6 +150,7 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
                 finally:
                     mark_out(out)
 
+        CONFIG_COMMANDS.append(ConfigCommand(cls, name, tuple(keys), kind, body))
         del command.__wrapped__  # Typer reads the signature below, not the body's
         command.__signature__ = inspect.Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
