@@ -287,12 +287,16 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
                    reference: str | os.PathLike | None = None, where: str = "both",
                    retain_tasks: Sequence[str] = ("speaker",), size: str | None = None, device: str = "auto",
                    refresh: bool = False, progress: bool = True, trust_hparams: bool = False, scope: str = "all",
-                   **extract: Any) -> Any:
+                   prompt_format: str | None = None, **extract: Any) -> Any:
     """Compute the retain side of an erasure method once and store it in ``out`` (``mmunlearn prepare-retain``).
 
     ``retain`` as for :func:`unlearn`; the task vectors come from ``reference`` when given, else from the
     model (as :func:`unlearn` takes them). ``extract`` overrides the method preset's extraction settings
-    (``kind``, ``steps``, ``lr``, ``batch_size``, ...); ``scope`` as for :func:`unlearn`. A matching state already in ``out`` is kept
+    (``kind``, ``steps``, ``lr``, ``batch_size``, ...); ``scope`` as for :func:`unlearn`. ``prompt_format``: text
+    LLMs, the format the retain rows are written in, as for :func:`unlearn`; default the chat template when the
+    tokenizer has one, else the one of ``plain`` / ``raw`` under which the model's retain rows have the lowest NLL
+    (give the same format to both calls when it has no template: :func:`unlearn` chooses on the forget rows). The
+    state records its format, and a run in another format recomputes it. A matching state already in ``out`` is kept
     (``refresh=True`` recomputes). Returns the :class:`~mmunlearn.requests.state.RetainState`; its
     ``status`` says whether it was loaded, computed or recomputed, and ``reason`` why.
     """
@@ -305,15 +309,28 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
                          f"({', '.join(needing('task_vectors'))}), not to {method}")
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
+    texts = not kind_obj.takes_audio and not kind_obj.is_classifier
+    if not texts and prompt_format is not None:
+        raise ValueError(f"prompt_format applies to text LLMs; {model_dir} is a {kind} model")
     settings = replace(cfg.extract, **{k: v for k, v in extract.items() if v is not None})
     inputs = input_paths(model_dir, reference, None, retain)  # out may not hold the retain files either
     check_apart(out, *inputs)  # before the model is loaded
-    source = load_model(reference if reference is not None else model_dir, device=device, where=where,
+    rows = read_rows(kind_obj, retain, "retain")
+    chooses = reference is None or (texts and prompt_format is None)  # the format chosen on the model, as unlearn
+    source = load_model(model_dir if chooses else reference, device=device, where=where,
                         trust_hparams=trust_hparams, scope=scope)
-    items = spoken(kind_obj.takes_audio and not kind_obj.is_classifier, read_rows(kind_obj, retain, "retain"),
-                   retain_tasks)
+    note = None
+    if texts:
+        fmt = choose_format(source, rows, prompt_format, which="retain")
+        note = {"prompt_format_chosen_by": fmt["chosen_by"]}
+    if reference is not None and chooses:
+        del source  # one model in memory at a time
+        source = load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
+        if texts:
+            source.set_prompt_format(fmt["format"])
+    items = spoken(kind_obj.takes_audio and not kind_obj.is_classifier, rows, retain_tasks)
     return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,
-                               inputs=inputs)
+                               inputs=inputs, note=note)
 
 
 __all__ = ["DEFAULT_METHOD", "NothingToForget", "REPORT_NAME", "SPEAKER_RETAIN_BOUND", "UnlearnResult", "batch_of",

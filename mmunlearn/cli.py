@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from mmunlearn._version import __version__
 from mmunlearn.progress import is_terminal, quiet_library_bars
@@ -168,8 +169,8 @@ def restore(
 
 @app.command("prepare-retain")
 def prepare_retain(
-    model: Annotated[Path, typer.Option(help="Speech model folder (SpeechBrain speaker classifier or speech-LLM save_pretrained folder) that deletion requests will edit.")],
-    retain: Annotated[Path, typer.Option(help="Retain manifest CSV (ID,duration,wav,start,stop,spk_id[,gender,text]): the data every request must keep.")],
+    model: Annotated[Path, typer.Option(help="Model folder that deletion requests will edit (a text or speech LLM's save_pretrained folder, a SpeechBrain speaker classifier).")],
+    retain: Annotated[Path, typer.Option(help="The data every request must keep, as `mmunlearn unlearn --retain`: text LLMs a JSON/JSONL/CSV of question-answer rows, speech models a manifest CSV (ID,duration,wav,start,stop,spk_id[,gender,text]).")],
     out: Annotated[Path, typer.Option(help="Folder for the retain state (created or replaced; not inside --model). Pass it to mmunlearn.unlearn(retain_state=...).")],
     method: Annotated[str, typer.Option(help="Erasure method whose preset extraction settings are used: qr-erase, qr-erase-rows or svd-unlearn.")] = "qr-erase",
     reference: Annotated[Optional[Path], typer.Option(help="Model folder --model was fine-tuned from: task vectors are taken from it (default: --model).")] = None,
@@ -183,15 +184,20 @@ def prepare_retain(
     refresh: Annotated[bool, typer.Option(help="Recompute even if --out holds a state whose fingerprints match.")] = False,
     trust_hparams: Annotated[bool, typer.Option(help="Speaker classifiers: let hyperparams.yaml run the code it names (trusted folders only).")] = False,
     scope: Annotated[str, typer.Option(help="Speaker classifiers: weights the requests will edit: all, embedding or head (as unlearn(scope=...)).")] = "all",
+    prompt_format: Annotated[Optional[str], typer.Option(help="Text LLMs: how the retain rows are written, as `mmunlearn unlearn --prompt-format`: chat, plain, raw or a string with {question} and {answer}. Default: the chat template when the tokenizer has one, else the one of plain/raw with the lowest retain NLL (give unlearn the same). A run in another format recomputes the state.")] = None,
 ) -> None:
     """Compute the retain side of QR-Erase once (retain task matrices + fingerprints of the weights, the retain
-    data and the settings); later requests load it while the fingerprints match and recompute it when not."""
+    data and the settings; a text LLM's prompt format); later requests load it while the fingerprints match and
+    recompute it when not."""
     state = prepare(model, retain, out, method=method, reference=reference, where=where,
                     retain_tasks=tuple(retain_task or ("speaker",)), size=size, device=device, refresh=refresh,
-                    trust_hparams=trust_hparams, kind=extract_kind, steps=extract_steps, lr=extract_lr, scope=scope)
+                    trust_hparams=trust_hparams, kind=extract_kind, steps=extract_steps, lr=extract_lr, scope=scope,
+                    prompt_format=prompt_format)
     how = f" ({state.reason})" if state.reason else ""
-    console.print(f"retain state {state.status}{how}: {len(state.task)} task matrices from "
-                  f"{state.meta.get('retain_items')} retain items in {state.seconds:.1f} s -> [bold]{out}[/bold]")
+    fmt = f" in prompt format {state.meta['prompt_format']!r}" if state.meta.get("prompt_format") else ""
+    console.print(f"retain state {state.status}{escape(how)}: {len(state.task)} task matrices from "
+                  f"{state.meta.get('retain_items')} retain items{escape(fmt)} in {state.seconds:.1f} s -> "
+                  f"[bold]{escape(str(out))}[/bold]")
 
 
 def _audit_help(name: str, note: str = "") -> str:

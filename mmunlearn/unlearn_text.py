@@ -20,9 +20,11 @@ from mmunlearn.methods.rule import span
 CANDIDATES: tuple[str, ...] = ("plain", "raw")
 
 
-def choose_format(adapter, forget: Sequence[Any], given: str | None) -> dict[str, Any]:
+def choose_format(adapter, forget: Sequence[Any], given: str | None, which: str = "forget") -> dict[str, Any]:
     """Set ``adapter``'s prompt format and say which and why: ``{"format", "chosen_by", "forget_nll"}`` (the mean
-    forget NLL under each candidate tried, when none was given and the tokenizer has no chat template)."""
+    NLL of the rows under each candidate tried, when none was given and the tokenizer has no chat template).
+    ``which``: what the rows are, as the choice names them (``prepare_retain`` chooses on the retain rows: it has
+    no forget rows; the key is then ``retain_nll``)."""
     if given is not None:
         adapter.set_prompt_format(given)
         return {"format": adapter.format_name, "chosen_by": "given (prompt_format=)"}
@@ -37,8 +39,8 @@ def choose_format(adapter, forget: Sequence[Any], given: str | None) -> dict[str
         scores[fmt] = mean_nll(adapter, rows)
     best = min(scores, key=scores.get)
     adapter.set_prompt_format(best)
-    return {"format": best, "forget_nll": scores,
-            "chosen_by": f"no chat template: the lowest forget NLL of {', '.join(CANDIDATES)}"}
+    return {"format": best, f"{which}_nll": scores,
+            "chosen_by": f"no chat template: the lowest {which} NLL of {', '.join(CANDIDATES)}"}
 
 
 class Clock:

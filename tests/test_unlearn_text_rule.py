@@ -211,3 +211,41 @@ def test_the_default_methods_checks_say_elapsed_and_time_left(raw_dir, tmp_path,
 def test_durations_read_as_people_say_them():
     assert [span(s) for s in (0.04, 3.26, 42, 59.6, 200, 3599.6, 7265)] == [
         "0.0 s", "3.3 s", "42 s", "1 min 00 s", "3 min 20 s", "1 h 00 min", "2 h 01 min"]
+
+
+def test_prepare_retain_writes_the_rows_in_the_prompt_format(raw_dir, tmp_path):
+    """``prepare_retain(prompt_format=...)`` extracts the retain task matrices from the rows written in that format
+    (the same tensors as the extraction from an adapter set to it, other tensors than another format's); without it,
+    a tokenizer with no chat template gets the format the model's retain rows score best in (raw, as it was trained);
+    the state records its format and a call in another format recomputes it, saying why."""
+    from typer.testing import CliRunner
+
+    from mmunlearn.api import prepare_retain
+    from mmunlearn.cli import app
+    from mmunlearn.requests.state import compute_retain_state, load_retain_state
+    from mmunlearn.taskvec.extract import ExtractConfig
+
+    retain = _write(tmp_path / "r.jsonl", RETAIN)
+    opts = dict(method="qr-erase", device="cpu", progress=False, kind="gradient", lr=1.0)
+    plain = prepare_retain(raw_dir, retain, tmp_path / "plain", prompt_format="plain", **opts)
+    assert plain.status == "computed" and plain.meta["prompt_format"] == "plain"
+    assert load_retain_state(tmp_path / "plain").meta["prompt_format_chosen_by"] == "given (prompt_format=)"
+    chosen = prepare_retain(raw_dir, retain, tmp_path / "state", **opts)
+    assert chosen.meta["prompt_format"] == "raw" and "lowest retain NLL" in chosen.meta["prompt_format_chosen_by"]
+    adapter = TextLLMAdapter.from_pretrained(raw_dir, device="cpu", prompt_format="raw")
+    direct = compute_retain_state(adapter, read_text_rows(retain, "retain"), ExtractConfig(**chosen.meta["extract"]),
+                                  kind="text", progress=False)
+    assert direct.task.keys() == chosen.task.keys()
+    assert all(torch.allclose(direct.task[k], chosen.task[k], atol=1e-6) for k in direct.task)
+    assert any(not torch.allclose(plain.task[k], chosen.task[k], atol=1e-6) for k in chosen.task)
+    again = prepare_retain(raw_dir, retain, tmp_path / "state", prompt_format="raw", **opts)
+    assert again.status == "loaded"
+    other = prepare_retain(raw_dir, retain, tmp_path / "state", prompt_format="Q: {question}\nA: {answer}", **opts)
+    assert other.status == "recomputed" and "prompt format changed (the state's: raw" in other.reason
+    args = ["prepare-retain", "--model", str(raw_dir), "--retain", str(retain), "--out", str(tmp_path / "cli"),
+            "--extract-kind", "gradient", "--extract-lr", "1.0", "--device", "cpu", "--prompt-format", "plain"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0 and "in prompt format 'plain'" in done.output, done.output
+    assert load_retain_state(tmp_path / "cli").meta["prompt_format"] == "plain"
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        prepare_retain(raw_dir, retain, tmp_path / "chat", prompt_format="chat", **opts)

@@ -3,7 +3,8 @@
 A deletion service edits the same model again and again with the same retain data; only the forget side
 changes. ``obtain_retain_state(folder, adapter, retain, extract, kind=...)`` loads the retain task
 matrices from ``folder`` when its fingerprints match (the weights they were taken from, the retain data,
-the extraction settings and the layers), and otherwise computes them, writes ``folder`` (atomically) and
+the extraction settings, the layers and, for a text LLM, the prompt format its rows are written in), and otherwise
+computes them, writes ``folder`` (atomically) and
 says why. The erasure methods take them from :attr:`~mmunlearn.methods.base.RunContext.retain_task` and
 extract only the forget side.
 
@@ -100,14 +101,19 @@ class RetainState:
         return {"folder": str(self.folder) if self.folder else None, "status": self.status, "reason": self.reason,
                 "seconds": self.seconds, "model_fingerprint": self.meta.get("model_fingerprint"),
                 "retain_fingerprint": self.meta.get("retain_fingerprint"), "extract": self.meta.get("extract"),
-                "compute_seconds": self.meta.get("compute_seconds")}
+                "prompt_format": self.meta.get("prompt_format"), "compute_seconds": self.meta.get("compute_seconds")}
 
 
 def expected_meta(adapter, retain: Sequence[Any], extract: ExtractConfig, kind: str) -> dict[str, Any]:
-    """The fingerprints a state for these inputs must carry (the model's is computed here)."""
-    return {"format": FORMAT, "kind": kind, "model_fingerprint": model_fingerprint(adapter.model),
+    """The fingerprints a state for these inputs must carry (the model's is computed here); a text LLM's also the
+    prompt format its rows are written in (the task matrices are trained on the rows in it)."""
+    meta = {"format": FORMAT, "kind": kind, "model_fingerprint": model_fingerprint(adapter.model),
             "retain_fingerprint": data_fingerprint(retain), "retain_items": len(retain),
             "extract": asdict(extract), "layers": _layers(adapter)}
+    fmt = getattr(adapter, "format_name", None)
+    if fmt is not None:
+        meta["prompt_format"] = fmt
+    return meta
 
 
 def compute_retain_state(adapter, retain: Sequence[Any], extract: ExtractConfig, *, kind: str,
@@ -182,10 +188,13 @@ def load_retain_state(folder: str | os.PathLike) -> RetainState:
 def _mismatch(stored: Mapping[str, Any], want: Mapping[str, Any], lineage: Sequence[str]) -> tuple[str | None, str]:
     """Why ``stored`` does not fit (None: it fits) and, when it fits, how."""
     for key, what in (("kind", "model kind"), ("retain_fingerprint", "retain data"), ("extract", "extraction settings"),
-                      ("layers", "model layers")):
+                      ("layers", "model layers"), ("prompt_format", "prompt format")):
         if key == "extract" and want.get(key) is None:
             continue  # any extraction the stored state used
         if stored.get(key) != want.get(key):
+            if key == "prompt_format":  # a state written before formats were recorded has none
+                return (f"the prompt format changed (the state's: {stored.get(key) or 'not recorded'}, this run's: "
+                        f"{want.get(key)})"), ""
             return f"the {what} changed", ""
     if stored.get("model_fingerprint") == want["model_fingerprint"]:
         return None, "fingerprints match"
@@ -198,7 +207,7 @@ def _mismatch(stored: Mapping[str, Any], want: Mapping[str, Any], lineage: Seque
 def obtain_retain_state(folder: str | os.PathLike | None, adapter, retain: Sequence[Any],
                         extract: ExtractConfig | None, *, kind: str, default_extract: ExtractConfig | None = None,
                         lineage: Sequence[str] = (), refresh: bool = False, progress: bool = True,
-                        inputs: Sequence[str | os.PathLike] = ()) -> RetainState:
+                        inputs: Sequence[str | os.PathLike] = (), note: Mapping[str, Any] | None = None) -> RetainState:
     """The retain state of ``adapter`` and ``retain``: loaded from ``folder`` when it matches, else computed
     (and written to ``folder`` unless it is None); ``state.status`` / ``state.reason`` say which and why.
 
@@ -209,11 +218,12 @@ def obtain_retain_state(folder: str | os.PathLike | None, adapter, retain: Seque
             state computed on one of them is used as is.
         refresh: recompute even when the stored state matches.
         inputs: folders ``folder`` must not be, lie in or contain (the model's own folder).
+        note: more fields a computed state records (not compared; e.g. why its prompt format was chosen).
     """
     t0 = time.perf_counter()
     if extract is None and default_extract is None:
         raise ValueError("obtain_retain_state needs extract or default_extract")
-    want = expected_meta(adapter, retain, extract or default_extract, kind)
+    want = {**expected_meta(adapter, retain, extract or default_extract, kind), **(note or {})}
     check = want if extract is not None else {**want, "extract": None}
     status, reason = "computed", "no retain state stored yet"
     if folder is not None and Path(folder).exists():
