@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.data.user_sets import split_held_out
 from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome
@@ -296,7 +297,10 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     LLMs, the format the retain rows are written in, as for :func:`unlearn`; default the chat template when the
     tokenizer has one, else the one of ``plain`` / ``raw`` under which the model's retain rows have the lowest NLL
     (give the same format to both calls when it has no template: :func:`unlearn` chooses on the forget rows). The
-    state records its format, and a run in another format recomputes it. A matching state already in ``out`` is kept
+    state records its format, and a run in another format recomputes it. A text LLM's state covers the retain rows
+    :func:`unlearn`'s default rule trains on (it sets :data:`TEXT_HOLD_OUT` of them aside, the same ones, to score
+    on; a run with ``rule=None`` or a rule of your own trains on all of them and recomputes the state). A matching
+    state already in ``out`` is kept
     (``refresh=True`` recomputes). Returns the :class:`~mmunlearn.requests.state.RetainState`; its
     ``status`` says whether it was loaded, computed or recomputed, and ``reason`` why.
     """
@@ -328,6 +332,9 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
         source = load_model(reference, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
         if texts:
             source.set_prompt_format(fmt["format"])
+    if texts:  # the rows unlearn's default rule trains on: it sets TEXT_HOLD_OUT of them aside to score on
+        fit, held = split_held_out(rows, fraction=TEXT_HOLD_OUT)
+        rows = fit if held else rows
     items = spoken(kind_obj.takes_audio and not kind_obj.is_classifier, rows, retain_tasks)
     return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,
                                inputs=inputs, note=note)

@@ -10,8 +10,8 @@ import torch
 import mmunlearn
 from mmunlearn.adapters.base import IGNORE
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.api import DEFAULT_METHOD, default_method, unlearn
-from mmunlearn.data.user_sets import read_text_rows
+from mmunlearn.api import DEFAULT_METHOD, TEXT_HOLD_OUT, default_method, unlearn
+from mmunlearn.data.user_sets import read_text_rows, split_held_out
 from mmunlearn.methods import get
 from mmunlearn.methods.row_rule import SAID_RECALL, says
 from mmunlearn.methods.rule import span
@@ -233,13 +233,19 @@ def test_prepare_retain_writes_the_rows_in_the_prompt_format(raw_dir, tmp_path):
     chosen = prepare_retain(raw_dir, retain, tmp_path / "state", **opts)
     assert chosen.meta["prompt_format"] == "raw" and "lowest retain NLL" in chosen.meta["prompt_format_chosen_by"]
     adapter = TextLLMAdapter.from_pretrained(raw_dir, device="cpu", prompt_format="raw")
-    direct = compute_retain_state(adapter, read_text_rows(retain, "retain"), ExtractConfig(**chosen.meta["extract"]),
-                                  kind="text", progress=False)
+    fit, held = split_held_out(read_text_rows(retain, "retain"), fraction=TEXT_HOLD_OUT)  # as unlearn's rule
+    assert held and chosen.meta["retain_items"] == len(fit) < len(RETAIN)
+    direct = compute_retain_state(adapter, fit, ExtractConfig(**chosen.meta["extract"]), kind="text", progress=False)
     assert direct.task.keys() == chosen.task.keys()
     assert all(torch.allclose(direct.task[k], chosen.task[k], atol=1e-6) for k in direct.task)
     assert any(not torch.allclose(plain.task[k], chosen.task[k], atol=1e-6) for k in chosen.task)
     again = prepare_retain(raw_dir, retain, tmp_path / "state", prompt_format="raw", **opts)
     assert again.status == "loaded"
+    forget = _write(tmp_path / "f.jsonl", FORGET)
+    used = unlearn(raw_dir, forget=forget, retain=retain, method="qr-erase", device="cpu", progress=False,
+                   retain_state=tmp_path / "state")  # the same rows in the same format: the state is used
+    assert used.report["retain_state"]["status"] == "loaded", used.report["retain_state"]
+    assert used.report["retain_state"]["prompt_format"] == used.report["prompt_format"]["format"] == "raw"
     other = prepare_retain(raw_dir, retain, tmp_path / "state", prompt_format="Q: {question}\nA: {answer}", **opts)
     assert other.status == "recomputed" and "prompt format changed (the state's: raw" in other.reason
     args = ["prepare-retain", "--model", str(raw_dir), "--retain", str(retain), "--out", str(tmp_path / "cli"),
