@@ -28,6 +28,8 @@ from recipes.recipe_config import ConfigError, build_config, field_types
 
 for _entry in entry_points(group="mmunlearn.recipes"):  # the recipes register their commands as they are imported
     importlib.import_module(_entry.value.split(":")[0])
+#: The recipes' config commands (not those other tests make, which register too).
+COMMANDS = [c for c in CONFIG_COMMANDS if c.body.__module__.startswith("recipes.")]
 
 #: A command whose body branches on a setting: one variant per branch, each with the settings that choose it and
 #: the functions of the other branches (not followed). The variants of voxceleb2 are its two model paths.
@@ -141,7 +143,7 @@ def _variants(command: ConfigCommand) -> dict[str, tuple[tuple[str, ...], tuple[
     return VARIANTS.get(command.cls.__name__, {"": ((), ())})
 
 
-CASES = [(c, v) for c in CONFIG_COMMANDS for v in _variants(c)]
+CASES = [(c, v) for c in COMMANDS for v in _variants(c)]
 
 
 def _case_id(case: tuple[ConfigCommand, str]) -> str:
@@ -152,8 +154,8 @@ def _case_id(case: tuple[ConfigCommand, str]) -> str:
 def test_every_recipe_config_is_walked():
     """Each recipe's commands are here, and every config dataclass of ``recipes/`` is the config of a command or a
     layer of one."""
-    assert {_case_id((c, "")).split("-")[0] for c in CONFIG_COMMANDS} >= {"tofu", "ctofu", "voxceleb2"}
-    used = {k for c in CONFIG_COMMANDS for k in c.cls.__mro__}
+    assert {_case_id((c, "")).split("-")[0] for c in COMMANDS} >= {"tofu", "ctofu", "voxceleb2"}
+    used = {k for c in COMMANDS for k in c.cls.__mro__}
     root = Path(__file__).resolve().parents[2] / "recipes"
     for path in sorted(root.glob("*_config.py")):
         module = importlib.import_module(f"recipes.{path.stem}")
@@ -161,7 +163,7 @@ def test_every_recipe_config_is_walked():
             if dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__:
                 assert obj in used, f"{path.name}: {obj.__name__} is the config of no command"
     for name, variants in VARIANTS.items():  # a variant's blocked function is on the command's path
-        command = next(c for c in CONFIG_COMMANDS if c.cls.__name__ == name)
+        command = next(c for c in COMMANDS if c.cls.__name__ == name)
         _, followed = reads(command.cls, [command.body], set())
         for _, blocked in variants.values():
             assert {_resolve(b) for b in blocked} <= followed, blocked
@@ -216,10 +218,10 @@ def test_a_setting_that_nothing_reads_fails_the_walk():
     class Added(TofuConfig):
         forgotten_knob: int | None = opt(None, "A setting nothing reads.")
 
-    tofu_run = next(c for c in CONFIG_COMMANDS if c.cls is TofuConfig and c.name == "run")
+    tofu_run = next(c for c in COMMANDS if c.cls is TofuConfig and c.name == "run")
     added = ConfigCommand(Added, "run", (*tofu_run.keys, "forgotten_knob"), tofu_run.kind, tofu_run.body)
     assert _silent(added, "") == ["forgotten_knob"]
-    speaker = next(c for c in CONFIG_COMMANDS if c.cls is VoxCelebConfig and c.name == "speaker")
+    speaker = next(c for c in COMMANDS if c.cls is VoxCelebConfig and c.name == "speaker")
     found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2._unlearn")})
     assert {"retain_bound", "lr", "epochs", "extract", "resume"} <= found
     # without the function that maps the config to the speech-LLM run, they would reach nothing there
@@ -236,7 +238,7 @@ def test_each_sample_is_a_value_some_command_takes():
         found, _ = reads(command.cls, [command.body], {_resolve(b) for b in blocked})
         for key in found & set(command.keys):
             read_somewhere.setdefault(key, []).append((command, chooses))
-    for command in CONFIG_COMMANDS:
+    for command in COMMANDS:
         types_ = field_types(command.cls)
         defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                     for f in dataclasses.fields(command.cls)}
