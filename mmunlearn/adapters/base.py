@@ -10,6 +10,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from mmunlearn.progress import StageBar
+
 
 class LayerWeight(NamedTuple):
     """One 2-D (or Conv1d / fused-expert) weight an adapter exposes for task matrices and erasure."""
@@ -241,8 +243,6 @@ class TokenScoring(AdapterDefaults):
                    desc: str | None = None) -> torch.Tensor:
         """Mean answer-token NLL per example (length-normalised), float64 on the CPU; ``answers`` replace the
         examples' own (``collate(examples, answers)``)."""
-        from mmunlearn.progress import StageBar
-
         out = []
         for i in StageBar(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
             sub = answers[i: i + batch_size] if answers is not None else None
