@@ -77,7 +77,7 @@ class SpeakerBenchmarkSettings:
     retain_rank: int | None = opt(None, "Erasure: retain rank per matrix (capped at each matrix's size).")
     scale: float | None = opt(None, "Erasure: W' = W - scale * T~ (ignored with --sweep).")
     extract: str | None = opt(None, "Erasure task vectors: finetune or gradient (LoRA cannot wrap the cosine "
-                                    "classifier).")
+                                    "classifier); on a speech LLM also layerwise, or lora with where=text.")
     extract_steps: int | None = opt(None, "Erasure: fine-tuning steps per task vector.")
     extract_lr: float | None = opt(None, "Erasure: task-vector learning rate (gradient: step size).")
     lr: float | None = opt(None, "Baselines: learning rate.")
@@ -190,6 +190,9 @@ class VoxCelebConfig(SpeechLLMSettings):
             for key, why in CLASSIFIER_ONLY.items():
                 _unused(self, key, why)
             _choice(self, "extract", EXTRACT_KINDS)
+            if self.extract == "lora" and self.where != "text":
+                raise ConfigError(f"extract 'lora' cannot wrap the audio tower's convolutions (where={self.where}): "
+                                  "use where=text, or extract finetune, gradient or layerwise", "extract")
             return
         for key in SPEECH_LLM_ONLY:
             _unused(self, key, "a setting of --model speech-llm")

@@ -92,6 +92,7 @@ def test_every_classifier_kind_takes_ecapas_scopes_and_default():
     (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'; choose from"),
     (["epochs=many"], "epochs", "expected int or none"),
     (["model=speech-llm", "extract=sideways"], "extract", "finetune, lora, gradient, layerwise"),
+    (["model=speech-llm", "extract=lora"], "extract", "cannot wrap the audio tower's convolutions (where=both)"),
     (["model=speech-llm", "scope=head"], "scope", "scope does not apply to --model speech-llm (the speech LLM's "
                                                   "edits are chosen by --where); leave it unset"),
     (["model=speech-llm", "forget_acc=0.5"], "forget_acc", "does not apply to --model speech-llm"),
@@ -128,8 +129,8 @@ def test_the_speech_llm_path_is_given_every_setting_it_takes():
     default = speech_llm_arguments(_build(overrides=["model=speech-llm"]), "cpu")
     assert (default["retain_bound"], default["resume"]) == (0.1, True)  # the NLL rule's bound; resume as documented
     assert {k: v for k, v in default["options"].items() if v is not None} == {"seed": 0, "extract_seed": 0}
-    cfg = _build(overrides=["model=speech-llm", "retain_bound=0.3", "lr=0.002", "epochs=3", "extract=lora",
-                            "resume=no", "rank=2", "retain_rank=5", "scale=2", "extract_steps=4", "extract_lr=0.1",
+    cfg = _build(overrides=["model=speech-llm", "where=text", "retain_bound=0.3", "lr=0.002", "epochs=3",
+                            "extract=lora", "resume=no", "rank=2", "retain_rank=5", "scale=2", "extract_steps=4", "extract_lr=0.1",
                             "layer_rule=top", "sweep_ranks=1,3", "seed=4", "speakers=6", "utterances=5", "videos=2",
                             "forget_speakers=1", "forget_fraction=0.2"])
     args = speech_llm_arguments(cfg, "cpu")
