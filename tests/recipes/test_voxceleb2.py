@@ -78,9 +78,11 @@ def test_speaker_level_end_to_end(speaker_run):
     assert retrained["forget_acc"] <= cfg.chance_accuracy(4)  # ... the model that never heard it names it no better than chance
     for r in (qr, gd):
         assert 0.0 < r["changed_fraction"] <= 1.0 and r["unlearn_seconds"] > 0
-    # grad_diff raises the forget loss more than the retain loss; QR-Erase's unswept preset (fine-tuned task
-    # vectors, absolute scale) need not on a model this small: its selectivity is the sweep test's business
-    assert gd["forget_nll"] - original["forget_nll"] > gd["retain_nll"] - original["retain_nll"]
+    # grad_diff's retain term holds the retain loss where the original had it. Whether its ascent raises the forget
+    # loss is not asserted here: the tiny classifier is saturated on its forget clips (NLL ~1e-6, so the ascent's
+    # gradient vanishes) and the sign of a 1e-7 change flipped with the optimiser's rounding (fused AdamW); the
+    # forgetting of each method is the sweep tests' business, as is QR-Erase's unswept preset's selectivity
+    assert abs(gd["retain_nll"] - original["retain_nll"]) < 0.01
     assert qr["scope"] == gd["scope"] == "all"
     assert qr["total_seconds"] > qr["unlearn_seconds"]  # task-vector extraction counted
     assert table["context"]["classes"] == 4 and "| qr-erase |" in output
