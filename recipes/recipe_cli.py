@@ -109,12 +109,7 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
     shown = [k for k in keys if k != METHOD_OPTIONS]
-    clash = [k for k in shown if k in EXTRA]
-    if clash:
-        raise TypeError(f"{cls.__name__}: fields {clash} clash with the command's own parameters")
-    unknown = [k for k in options if k not in types_]
-    if unknown:
-        raise TypeError(f"{cls.__name__}: options {unknown} are not fields of the config")
+    _check_fields(cls, shown, options, types_)
     declared = [k for k in shown if k in OPTIONS or k in options]
     settings = [k for k in shown if k not in declared]
     base = {f.name: f.default if f.default is not dataclasses.MISSING else None
@@ -159,6 +154,16 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
                            context_settings={"ignore_unknown_options": True} if settings else None)(command)
 
     return decorate
+
+
+def _check_fields(cls: type, shown: Collection[str], options: Collection[str], types_: Mapping[str, Any]) -> None:
+    """A config class whose fields clash with a command's own parameters, or options naming no field: a TypeError."""
+    clash = [k for k in shown if k in EXTRA]
+    if clash:
+        raise TypeError(f"{cls.__name__}: fields {clash} clash with the command's own parameters")
+    unknown = [k for k in options if k not in types_]
+    if unknown:
+        raise TypeError(f"{cls.__name__}: options {unknown} are not fields of the config")
 
 
 def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> list[inspect.Parameter]:

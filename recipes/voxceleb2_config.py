@@ -190,7 +190,7 @@ class VoxCelebConfig(SpeechLLMSettings):
             for key, why in CLASSIFIER_ONLY.items():
                 _unused(self, key, why)
             _choice(self, "extract", EXTRACT_KINDS)
-            if self.extract == "lora" and self.where != "text":
+            if self.extract == "lora" and self.where in ("audio", "both"):
                 raise ConfigError(f"extract 'lora' cannot wrap the audio tower's convolutions (where={self.where}): "
                                   "use where=text, or extract finetune, gradient or layerwise", "extract")
             return

@@ -31,8 +31,10 @@ def run_main(capsys, *args: str) -> tuple[int, str]:
 
 
 def assert_one_line(err: str, *needles: str) -> str:
-    """The error is one line of its own (progress bars of the work done before it aside)."""
-    lines = [ln for ln in err.strip().splitlines() if ln.strip() and not re.search(r"\d+%\|.*\|", ln)]
+    """The error is one line of its own (progress of the work done before it aside: a live bar, or the line a stage
+    writes to a log, ``<stage>: 2/3 shards in 00:01``)."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip() and not re.search(r"\d+%\|.*\|", ln)
+             and not re.fullmatch(r"[^:]+: \d+(/\d+)? \w+ (in|\d).*", ln)]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
