@@ -133,14 +133,14 @@ def test_the_train_log_holds_the_answer_nll_of_the_forget_rows(src, tmp_path):
     forget = load_split(DATA, "forget10", authors=10, forget_pct=10)
     adapter = TextLLMAdapter.from_pretrained(full, device="cpu")
     assert log["forget_examples"] == len(forget) == 20 and log["n_examples"] == 200
-    # abs: a memorised row's NLL is ~0.004, where float32 log-softmax is good to ~1e-6 (the model in memory vs read back)
-    assert log["forget_answer_nll"] == pytest.approx(float(adapter.answer_nll(forget, batch_size=32).mean()), rel=1e-4,
-                                                     abs=2e-6)
+    assert log["forget_answer_nll"] == pytest.approx(float(adapter.answer_nll(forget, batch_size=32).mean()), rel=1e-4)
     # a model directory skips the all-rows NLL (minutes on a CPU for a real checkpoint); the forget rows'
     # probability and greedy ROUGE-L are measured before and after training
     assert log["answer_nll"] is None and log["final_loss"] == log["train_loss"]
+    # exp turns the NLL's absolute float32 difference (~1e-4 nats at NLL ~5.6: the model in memory vs read back)
+    # into the same relative difference of the probability
     assert log["forget_prob"] == pytest.approx(float(torch.exp(-adapter.answer_nll(forget, batch_size=32)).mean()),
-                                               rel=1e-4)
+                                               rel=5e-4)
     assert 0.0 <= log["forget_rouge"] <= 1.0 and log["pretrained_forget_prob"] < log["forget_prob"]
     retain = json.loads((finetune(str(src), DATA, "retain90", out=tmp_path / "r", **opts) / "train_log.json")
                         .read_text())
