@@ -13,6 +13,7 @@ from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.api import DEFAULT_METHOD, TEXT_HOLD_OUT, default_method, unlearn
 from mmunlearn.data.user_sets import read_text_rows, split_held_out
 from mmunlearn.methods import get
+from mmunlearn.methods.harness import FAVOURED
 from mmunlearn.methods.row_rule import SAID_RECALL, says
 from mmunlearn.methods.rule import span
 from mmunlearn.unlearn_rules import NothingToForget, text_rule
@@ -149,6 +150,8 @@ def test_a_missed_rule_exits_non_zero_unless_allowed(raw_dir, tmp_path):
     assert "RULE NOT MET by grad_ascent" in missed.stdout and "4 of 4 rows still come out" in missed.stdout
     report = json.loads((tmp_path / "o1" / "unlearn_report.json").read_text())
     assert report["target_reached"] is False and report["forget_level"] == 1000.0
+    assert report["verdict"].endswith(f"the measurements favour qr-erase-rows on this kind of model: "
+                                      f"{FAVOURED['text'][1]}")  # a missed rule names the method measured best
     assert "[mmunlearn 3/3]" in missed.stderr and "elapsed" in missed.stderr  # one progress line per stage
     allowed = run_cli_here(*args, "--out", str(tmp_path / "o2"), "--allow-missed-rule")
     assert allowed.returncode == 0 and "RULE NOT MET" in allowed.stdout

@@ -109,10 +109,20 @@ def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> t
     return changed, rel
 
 
+#: The method the measurements favour on a model kind, named by the verdict of a missed rule (kind -> (method, why)).
+#: Text LLMs: on a fine-tuned SmolLM2-135M-Instruct (examples/byo_text_llm.py, issue 53's scenario) qr-erase-rows
+#: left 0 of 20 private facts said where npo left 13, grad_diff 19 and qr-erase 20; on SmolLM2 TOFU it met the rule
+#: where qr-erase reached +1.9 of the +3.1 nats needed at the retain bound (docs/tofu.md, QR-Erase's protocols).
+FAVOURED: dict[str, tuple[str, str]] = {
+    "text": ("qr-erase-rows", "it said none of 20 private facts in the measured scenario (docs/usage.md); t3 too, "
+                              "but as a serving filter whose weights keep them"),
+}
+
+
 def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer: Scorer | None,
-            edited: Any) -> dict[str, Any]:
+            edited: Any, kind: str | None = None) -> dict[str, Any]:
     """``report`` with the rule's measures of the edited model, ``target_reached`` and, first, the verdict line
-    (logged as a warning when the rule was missed)."""
+    (logged as a warning when the rule was missed; naming the method :data:`FAVOURED` for the kind, when another)."""
     if scorer is not None:
         f, r = scorer.score(edited)
         judged = rule.judge(edited, scorer.forget)  # e.g. the text rule's greedy checks, on the final model only
@@ -121,6 +131,9 @@ def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer:
         report["target_reached"] = (scorer.reached(f) and not scorer.over(r)
                                     and (judged is None or bool(judged["met"])))
         verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"], judged)
+        favoured = FAVOURED.get(kind or "")
+        if not report["target_reached"] and favoured is not None and favoured[0] != method:
+            verdict += f"; the measurements favour {favoured[0]} on this kind of model: {favoured[1]}"
     else:
         report["target_reached"] = None
         verdict = f"NOT CHECKED: {method} ran its settings as they are (no sweep rule)"
@@ -182,7 +195,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         "retain_nll": {"before": nll_before["retain"], "after": nll_after["retain"]},
         "max_relative_update": max(rel.values(), default=0.0), "large_update_tensors": large,
         "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(dict(meta or {}))}
-    report = _judged(report, method, rule, scorer, edited)
+    report = _judged(report, method, rule, scorer, edited, kind)
     if not spec.edits_weights:  # T3: said in the report, beside the verdict, where a user decides what to ship
         report = {"verdict": report["verdict"], "release": f"not for release: {SERVING_FILTER}", **report}
     if out is not None:
