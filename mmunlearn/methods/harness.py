@@ -110,9 +110,9 @@ def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> t
 
 
 #: The method the measurements favour on a model kind, named by the verdict of a missed rule (kind -> (method, why)).
-#: Text LLMs: on a fine-tuned SmolLM2-135M-Instruct (examples/byo_text_llm.py, issue 53's scenario) qr-erase-rows
-#: left 0 of 20 private facts said where npo left 13, grad_diff 19 and qr-erase 20; on SmolLM2 TOFU it met the rule
-#: where qr-erase reached +1.9 of the +3.1 nats needed at the retain bound (docs/tofu.md, QR-Erase's protocols).
+#: Text LLMs: on a fine-tuned SmolLM2-135M-Instruct (record byo_text_llm, issue 53's scenario) qr-erase-rows's output
+#: said 0 of 20 private facts where npo's said 11, grad_diff's 17 and qr-erase's 18 (missing only the retain
+#: agreement bound); on SmolLM2 TOFU it met the rule where qr-erase did not (docs/tofu.md).
 FAVOURED: dict[str, tuple[str, str]] = {
     "text": ("qr-erase-rows", "it said none of 20 private facts in the measured scenario (docs/usage.md); t3 too, "
                               "but as a serving filter whose weights keep them"),
