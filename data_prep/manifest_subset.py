@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.manifest import write_manifest
 from mmunlearn.data.utterances import draw_balanced, manifest_paths, split_rows
 

@@ -13,7 +13,7 @@ import soundfile as sf
 from mmunlearn.progress import StageBar
 
 from data_prep.voxceleb2_inputs import Source
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.audio import AudioError, read_audio, save_wav
 
 log = logging.getLogger(__name__)

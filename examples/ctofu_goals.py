@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 
 MIN_FORGET_QUALITY = 0.05
 MIN_UTILITY_RATIO = 0.9

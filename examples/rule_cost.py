@@ -23,7 +23,7 @@ import torch
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.adapters.tokenizer import train_bpe
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.tofu import load_split
 from mmunlearn.methods import SweepRule, mean_nll
 from mmunlearn.methods import erasure

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
 from mmunlearn.adapters.speech_llm_families import tower_block
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.patch import bits_differ, digest
 from mmunlearn.report import git_commit, machine_facts

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 
 WALL_GOAL_MIN = 90.0
 MIN_FORGET_QUALITY = 0.05

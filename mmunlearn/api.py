@@ -32,10 +32,10 @@ from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome
 from mmunlearn.methods.optimisation import budget_epochs
 from mmunlearn.methods.rule import span
-from mmunlearn.paths import check_apart, check_holds_none
+from mmunlearn.files.paths import check_apart, check_holds_none
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
-from mmunlearn.undo_store import default_undo_dir
+from mmunlearn.files.undo_store import default_undo_dir
 from mmunlearn.unlearn_inputs import batch_of, check_labels, read_inputs, read_rows, spoken
 from mmunlearn.unlearn_rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, speaker_rule,
                                      swept_overrides, text_rule)

@@ -13,7 +13,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.kinds import kinds
 from mmunlearn.methods import REGISTRY
 
@@ -28,7 +28,7 @@ FUNCTIONS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("mmunlearn.api.load_model", "mmunlearn.api", "load_model"))),
     ("Restoring and releasing an output", (
         ("mmunlearn.undo.restore_folder (mmunlearn restore)", "mmunlearn.undo", "restore_folder"),
-        ("mmunlearn.undo_store.release_problems (mmunlearn check-release)", "mmunlearn.undo_store",
+        ("mmunlearn.files.undo_store.release_problems (mmunlearn check-release)", "mmunlearn.files.undo_store",
          "release_problems"))),
     ("Erasing task matrices from any module", (
         ("mmunlearn.erase", "mmunlearn.erase", "erase"),

@@ -33,11 +33,11 @@ from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line, set_threads
-from mmunlearn.layout import PATCH_NAME
+from mmunlearn.files.layout import PATCH_NAME
 from mmunlearn.methods import REGISTRY
 from mmunlearn.report_cli import app as report_app
 from mmunlearn.undo import restore_folder
-from mmunlearn.undo_store import default_undo_dir
+from mmunlearn.files.undo_store import default_undo_dir
 
 app = typer.Typer(
     name="mmunlearn",

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from mmunlearn.api import unlearn as run_unlearn
-from mmunlearn.undo_store import read_release_report, release_problems
+from mmunlearn.files.undo_store import read_release_report, release_problems
 from mmunlearn.unlearn_scopes import API_SCOPES
 
 console = Console()

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import atomic_path
+from mmunlearn.files.atomic import atomic_path
 
 #: resolution of every figure mmunlearn writes
 DPI = 120
@@ -18,7 +18,7 @@ DPI = 120
 @contextmanager
 def figure(path: str | os.PathLike, **subplots: Any) -> Iterator[tuple[Any, Any]]:
     """``(fig, axes)`` of ``plt.subplots(**subplots)`` to draw on; when the block ends cleanly the figure is laid
-    out tight and written to ``path`` (PNG, :data:`DPI`) through :func:`~mmunlearn.atomic.atomic_path`; when it
+    out tight and written to ``path`` (PNG, :data:`DPI`) through :func:`~mmunlearn.files.atomic.atomic_path`; when it
     raises nothing is written. The figure is closed in both cases."""
     import matplotlib
 

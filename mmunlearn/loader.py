@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.kinds import kind_of, kinds
-from mmunlearn.layout import UNLEARN_REPORT
+from mmunlearn.files.layout import UNLEARN_REPORT
 from mmunlearn.methods import load_unlearned, model_folder
-from mmunlearn.undo_store import read_release_report
+from mmunlearn.files.undo_store import read_release_report
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Loaded:
 
 def _report(folder: Path) -> dict[str, Any] | None:
     """The folder's ``unlearn_report.json`` (None without one): at most 64 MiB, no link followed, a special file or
-    a report that is not a JSON object refused naming it (:func:`mmunlearn.undo_store.read_release_report`)."""
+    a report that is not a JSON object refused naming it (:func:`mmunlearn.files.undo_store.read_release_report`)."""
     return read_release_report(folder)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 
 BLOCK = re.compile(r"(<!-- results: (?P<name>[A-Za-z0-9_.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 
-from mmunlearn.checkpoint import MARKER, atomic_dir, check_output_dir, copy_extra_files
+from mmunlearn.files.checkpoint import MARKER, atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
 from mmunlearn.erase.in_memory import restore_checkpoint
 from mmunlearn.erase.patch import UndoPatch
@@ -25,7 +25,7 @@ from mmunlearn.kinds import Kind, kind_of
 from mmunlearn.methods import REGISTRY, model_folder
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
 from mmunlearn.requests.history import read_history, step_back
-from mmunlearn.undo_store import UNDO_KEY, read_release_report, split_undo, undo_dir_of
+from mmunlearn.files.undo_store import UNDO_KEY, read_release_report, split_undo, undo_dir_of
 
 
 def _no_weight_edited(report: dict) -> bool:
@@ -102,7 +102,7 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
     """Undo one patch of ``model_dir`` into ``out`` (any kind, any method)."""
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder not found: {model_dir}")
-    undo = undo_dir_of(model_dir) if patch is None else None  # kept apart from the model (mmunlearn.undo_store)
+    undo = undo_dir_of(model_dir) if patch is None else None  # kept apart from the model (mmunlearn.files.undo_store)
     patch_path = Path(patch) if patch is not None else (undo if undo is not None else model_dir) / PATCH_NAME
     check_output_dir(out, model_dir, patch_path, overwrite=overwrite)  # never the input, inside it or above it
     report = read_release_report(model_dir) or {}  # at most 64 MiB, no link followed, a special file refused

@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.checkpoint import check_output_dir
-from mmunlearn.layout import UNLEARN_REPORT
+from mmunlearn.files.checkpoint import check_output_dir
+from mmunlearn.files.layout import UNLEARN_REPORT
 from mmunlearn.methods import get
 from mmunlearn.methods.harness import Outcome
 from mmunlearn.methods.rule import SweepPoint, choose
-from mmunlearn.undo_store import UNDO_KEY, default_undo_dir, move_undo
+from mmunlearn.files.undo_store import UNDO_KEY, default_undo_dir, move_undo
 
 #: The scopes ``sweep`` tries, in order (the embedding scope only when named: see the module doc).
 SWEEP_SCOPES: tuple[str, ...] = ("head", "all")

@@ -7,7 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.figures import figure
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.report import table

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from mmunlearn.atomic import terminate_raises, write_json_atomic
+from mmunlearn.files.atomic import terminate_raises, write_json_atomic
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.layout import MARKER
+from mmunlearn.files.layout import MARKER
 from recipes.configs import ROOT as CONFIGS_ROOT
 from recipes.configs import describe, resolve, shipped
 from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, field_types

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.errors import set_threads
 from recipes import requests_speaker as rb
 from recipes.requests_tofu import run_tofu

@@ -41,7 +41,7 @@ import torch
 
 from mmunlearn.adapters.speaker import KIND as SPEAKER, SpeakerAdapter
 from mmunlearn.unlearn_rules import chance_error_rate, speaker_rule
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import table
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows

@@ -28,7 +28,7 @@ import typer
 from rich.console import Console
 
 from mmunlearn.adapters.text_llm import PRECISIONS, TextLLMAdapter
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.user_sets import overlap, read_text_rows
 from mmunlearn.errors import set_threads
 from mmunlearn.eval import evaluate_tofu, summary_table

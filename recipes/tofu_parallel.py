@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.errors import UnsafePathError
 from recipes.runner import finished_rows, stage_key
 from recipes.tofu_config import RUN_EXCLUDES, TofuConfig

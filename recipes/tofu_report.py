@@ -10,7 +10,7 @@ import math
 import time
 from pathlib import Path
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.audit import write_audit
 from mmunlearn.figures import figure
 from mmunlearn.methods import names

@@ -25,7 +25,7 @@ from typing import Any
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
 from mmunlearn.adapters.speaker import SCORING_VERSION  # how batches are trained on and scored
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.manifest import SPLIT_NAMES
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.eval.speaker import evaluate_speaker_unlearning
@@ -34,7 +34,7 @@ from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import SweepPoint, choose
 from mmunlearn.speech.speaker_training import training_rows
 from mmunlearn.train import TrainConfig, TrainResult
-from mmunlearn.undo_store import default_undo_dir
+from mmunlearn.files.undo_store import default_undo_dir
 from recipes import voxceleb2_settings as settings
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
@@ -324,7 +324,7 @@ def scope_sweep(ctx: SpeakerSetup, out: Path, scopes: Sequence[str], scope_optio
 
 def _replace_tree(src: Path, dst: Path) -> None:
     """``dst`` becomes a copy of the folder ``src`` (staged beside ``dst``, then renamed into place), and so does its
-    undo folder beside it (``<dst>.undo``, which the copied report names as a sibling: mmunlearn.undo_store)."""
+    undo folder beside it (``<dst>.undo``, which the copied report names as a sibling: mmunlearn.files.undo_store)."""
     for a, b in ((default_undo_dir(src), default_undo_dir(dst)), (src, dst)):  # the undo folder first
         if not a.exists():
             continue

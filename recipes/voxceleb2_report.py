@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.figures import figure
 from mmunlearn.report import table
 

@@ -45,7 +45,7 @@ from data_prep.voxceleb2 import prepare
 from mmunlearn.adapters.base import resolve_device
 from mmunlearn.adapters.speech_llm import KIND, SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.config import applicable_overrides
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.methods import get, mean_nll, names

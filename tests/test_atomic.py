@@ -1,4 +1,4 @@
-"""mmunlearn.atomic: the temp-path context manager (suffix, permissions, cleanup) and its doctest."""
+"""mmunlearn.files.atomic: the temp-path context manager (suffix, permissions, cleanup) and its doctest."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-import mmunlearn.atomic as atomic
-from mmunlearn.atomic import atomic_path, write_bytes_atomic
+import mmunlearn.files.atomic as atomic
+from mmunlearn.files.atomic import atomic_path, write_bytes_atomic
 
 
 def _names(folder) -> set[str]:

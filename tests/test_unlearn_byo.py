@@ -15,7 +15,7 @@ from mmunlearn.methods import SweepRule, mean_nll
 from mmunlearn.unlearn_inputs import OverlapError
 from mmunlearn.unlearn_rules import NothingToForget, check_something_to_forget
 from mmunlearn.undo import restore_folder
-from mmunlearn.undo_store import release_problems
+from mmunlearn.files.undo_store import release_problems
 from mmunlearn.unlearn_scopes import SWEEP_SCOPES, scopes_to_try
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer

@@ -32,7 +32,7 @@ from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_preprocessor, check_loaded, loading
 from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
 from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.data.manifest import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind

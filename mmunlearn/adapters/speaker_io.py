@@ -41,8 +41,8 @@ from mmunlearn.adapters.speaker_hparams import HPARAMS, check_hparams_tags, pars
 from mmunlearn.adapters.speaker_model import (DEFAULT_MARGIN, DEFAULT_SCALE, ExtraModule, SpeakerNet, SpeakerSpec,
                                               build_modules)
 from mmunlearn.adapters.speaker_yaml import hparams_yaml
-from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.paths import check_tree
+from mmunlearn.files.checkpoint import atomic_dir
+from mmunlearn.files.paths import check_tree
 
 log = logging.getLogger(__name__)
 EMBEDDING_CKPT = "embedding_model.ckpt"

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.speech_llm_families import FAMILIES, Family
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.files.checkpoint import atomic_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2AudioForConditionalGeneration

@@ -10,7 +10,7 @@ or video parts cannot be built on this machine).
 The folder is untrusted: before anything is read, links leaving it, special files and hard-linked side
 files are refused (:func:`check_folder`), and only safetensors weights are loaded (a folder with pickled
 ``pytorch_model.bin`` only is refused with a hint). Side files are carried into a written folder by one
-walk that never follows a link (:func:`mmunlearn.safecopy.copy_side_files`).
+walk that never follows a link (:func:`mmunlearn.files.safecopy.copy_side_files`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 from mmunlearn.adapters.base import resolve_device, resolve_dtype
 from mmunlearn.adapters.hf_checks import check_config, check_preprocessor, loading
 from mmunlearn.adapters.speech_llm_families import family_of_dir
-from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.layout import RESERVED
-from mmunlearn.paths import check_tree
-from mmunlearn.safecopy import check_side_files, copy_side_files
+from mmunlearn.files.checkpoint import atomic_dir
+from mmunlearn.files.layout import RESERVED
+from mmunlearn.files.paths import check_tree
+from mmunlearn.files.safecopy import check_side_files, copy_side_files
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
 def _copy_side_files(source: Path, out: Path) -> None:
     """Top-level files of the source directory that ``save_pretrained`` does not write (e.g. Qwen2.5-Omni's
     ``spk_dict.pt`` voice table, a README), so the written directory loads like the one read. One walk that
-    never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.safecopy`). What may hold the
-    original weights (:mod:`mmunlearn.held_weights`: ``consolidated.pth``, ``model.safetensors.orig``, any file
+    never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.files.safecopy`). What may hold the
+    original weights (:mod:`mmunlearn.files.held_weights`: ``consolidated.pth``, ``model.safetensors.orig``, any file
     whose bytes are stored tensors) is left out, with a warning naming it."""
     dropped = copy_side_files(source, out, select=lambda name: (_side_file(name) and not os.path.lexists(out / name)
                                                                 and name not in RESERVED),  # ours: not copied

@@ -24,7 +24,7 @@ from mmunlearn.adapters.chat_template import install as install_bounds, template
 from mmunlearn.adapters import prompt_format as formats
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.kinds import Kind, register_kind
 from mmunlearn.naming import group_of
 

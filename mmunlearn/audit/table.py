@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import table
 
 AUDIT_JSON = "AUDIT.json"

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mmunlearn.atomic import write_json_atomic, write_text_atomic
+from mmunlearn.files.atomic import write_json_atomic, write_text_atomic
 from mmunlearn.bench import precision as pb, stream as stb, subspace as sb, tilt as tb
 from mmunlearn.errors import set_threads
 

@@ -31,9 +31,9 @@ from safetensors.torch import save_file
 
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
-from mmunlearn.layout import PATCH_NAME
+from mmunlearn.files.layout import PATCH_NAME
 from mmunlearn.report import table
-from mmunlearn.undo_store import default_undo_dir
+from mmunlearn.files.undo_store import default_undo_dir
 
 #: The issue's acceptance bar: streaming peak RSS < TARGET x (largest shard + one block's task matrices).
 TARGET = 1.5

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from scipy.linalg import lapack
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.erase.basis import column_basis
 from mmunlearn.erase.cpqr import lapack_available
 from mmunlearn.report import table

@@ -19,7 +19,7 @@ import soundfile as sf
 import torch
 from scipy.signal import resample_poly
 
-from mmunlearn.atomic import atomic_path
+from mmunlearn.files.atomic import atomic_path
 from mmunlearn.errors import UserError
 
 #: Peak absolute amplitude (on the [-1, 1] scale) below which audio counts as silent.

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.ctofu import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
 from mmunlearn.metrics.logs import write_json_atomic

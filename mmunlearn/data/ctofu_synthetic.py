@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.facts import real_author_items, world_fact_items
 from mmunlearn.data.synthetic import author_items, synthetic_authors
 from mmunlearn.data.qa import QAItem

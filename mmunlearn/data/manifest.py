@@ -29,7 +29,7 @@ from typing import Any
 import soundfile as sf
 from mmunlearn.progress import StageBar
 
-from mmunlearn.atomic import atomic_path
+from mmunlearn.files.atomic import atomic_path
 
 #: Columns every manifest carries, in this order.
 MANIFEST_COLUMNS: tuple[str, ...] = ("ID", "duration", "wav", "start", "stop", "spk_id")

@@ -30,13 +30,13 @@ from mmunlearn.erase.norms import all_finite
 from mmunlearn.erase.patch import PatchEntry, UndoPatch, apply_exact, delta, revert_exact
 from mmunlearn.erase.report import LARGE_UPDATE, EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
-from mmunlearn import layout
+from mmunlearn.files import layout
 from mmunlearn.errors import NonFiniteError
 from mmunlearn.taskvec.lowrank import LowRank
 
 log = logging.getLogger(__name__)
 
-PATCH_NAME = layout.PATCH_NAME  # output names live in mmunlearn.layout (reserved: no input file may use them)
+PATCH_NAME = layout.PATCH_NAME  # output names live in mmunlearn.files.layout (reserved: no input file may use them)
 REPORT_NAME = layout.ERASE_REPORT
 
 Model = nn.Module | Mapping[str, torch.Tensor]

@@ -6,15 +6,15 @@ import os
 import shutil
 from pathlib import Path
 
-from mmunlearn.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
+from mmunlearn.files.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
 from mmunlearn.erase.apply import REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
 from mmunlearn.erase.stream import LEFTOVERS, save_patch_apart
 from mmunlearn.errors import NonFiniteError, about
-from mmunlearn.layout import PLOT_NAME
+from mmunlearn.files.layout import PLOT_NAME
 from mmunlearn.taskvec.store import load_task_matrices
-from mmunlearn.undo_store import default_undo_dir, patch_of
+from mmunlearn.files.undo_store import default_undo_dir, patch_of
 
 
 def erase_checkpoint(
@@ -27,12 +27,12 @@ def erase_checkpoint(
     **options,
 ) -> EraseReport:
     """QR-Erase a checkpoint directory into ``out`` (edited weights + report + plot) and its undo patch into
-    ``<out>.undo/`` beside it (:mod:`mmunlearn.undo_store`: ``out`` holds no original weights; its report's ``undo``
+    ``<out>.undo/`` beside it (:mod:`mmunlearn.files.undo_store`: ``out`` holds no original weights; its report's ``undo``
     entry names the undo folder, which ``overwrite`` replaces too).
 
     ``options`` are those of :func:`mmunlearn.erase.erase`. Everything is validated before
     anything is written, and ``out`` appears only once complete. ``out`` may not overlap an input
-    (:func:`mmunlearn.checkpoint.check_output_dir`), and edited weights with NaN or Inf values are
+    (:func:`mmunlearn.files.checkpoint.check_output_dir`), and edited weights with NaN or Inf values are
     never written.
     """
     out = Path(out)
@@ -66,7 +66,7 @@ def restore_checkpoint(
 ) -> None:
     """Write the original checkpoint of an erased one into ``out`` (not an input, nor overlapping one); the undo
     patch is ``patch``, else the one in the undo folder ``model_dir``'s report names
-    (:func:`mmunlearn.undo_store.patch_of`)."""
+    (:func:`mmunlearn.files.undo_store.patch_of`)."""
     model_dir = Path(model_dir)
     patch_path = Path(patch) if patch is not None else patch_of(model_dir)
     inputs = (model_dir, patch_path)

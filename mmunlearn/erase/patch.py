@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmunlearn.atomic import atomic_path
+from mmunlearn.files.atomic import atomic_path
 
 FORMAT = "mmunlearn-undo-1"
 

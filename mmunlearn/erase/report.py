@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.figures import figure
 
 # An edit with ||dW||_F / ||W||_F above this in any matrix of a layer is flagged: it changes the

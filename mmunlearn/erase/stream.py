@@ -3,7 +3,7 @@
 ``stream_erase_checkpoint`` gives the weights, undo patch and report of
 :func:`mmunlearn.erase.in_memory.erase_checkpoint` bit for bit, without holding the model or the task
 matrices in memory (the undo patch, as there, goes to ``<out>.undo/`` beside ``out``, never into it:
-:mod:`mmunlearn.undo_store`):
+:mod:`mmunlearn.files.undo_store`):
 
 1. headers only: every forget (and retain) task matrix is matched with a checkpoint tensor and its
    shape and ranks are checked, as ``erase`` does before touching a weight;
@@ -41,7 +41,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from mmunlearn.progress import StageBar
 
-from mmunlearn.checkpoint import (
+from mmunlearn.files.checkpoint import (
     INDEX,
     atomic_dir,
     check_finite,
@@ -59,10 +59,10 @@ from mmunlearn.erase.patch import PatchEntry, UndoPatch
 from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
 from mmunlearn.erase.views import ParamTable, task_matrices_for
 from mmunlearn.errors import NonFiniteError, about, writing
-from mmunlearn.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
-from mmunlearn.safecopy import copy_from_fd, open_inside
+from mmunlearn.files.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
+from mmunlearn.files.safecopy import copy_from_fd, open_inside
 from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
-from mmunlearn.undo_store import default_undo_dir, patch_of, split_undo, undo_dir_path
+from mmunlearn.files.undo_store import default_undo_dir, patch_of, split_undo, undo_dir_path
 
 log = logging.getLogger(__name__)
 _EDITABLE = ("F16", "BF16", "F32", "F64")  # safetensors' names of erase.apply.EDITABLE
@@ -126,7 +126,7 @@ def _write_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict
 
 def _link_or_copy(root: Path, shard: str, dst: Path, hardlink: bool, shown: Path) -> bool:
     """Hard-link the shard ``root/shard`` to ``dst``, or copy it; True when linked. The shard is opened once,
-    without following a link out of ``root`` (:func:`mmunlearn.safecopy.open_inside`); the hard link is kept
+    without following a link out of ``root`` (:func:`mmunlearn.files.safecopy.open_inside`); the hard link is kept
     only if it is that very file (same device and inode), else the opened file is copied: replacing the
     shard by a link meanwhile never brings another file into the output."""
     fd = open_inside(root, shard)
@@ -251,7 +251,7 @@ def stream_erase_checkpoint(
 def save_patch_apart(report: EraseReport, staging: Path, out: Path, overwrite: bool,
                      inputs: tuple[str | os.PathLike | None, ...]) -> None:
     """Save ``report``'s undo patch into ``<out>.undo/`` beside the erase output ``out`` (whose ``staging`` folder
-    never ships it: :func:`mmunlearn.undo_store.split_undo`, replaced with ``overwrite``) and record where: the
+    never ships it: :func:`mmunlearn.files.undo_store.split_undo`, replaced with ``overwrite``) and record where: the
     reference (``report.undo``, the report's ``undo`` entry) and the patch's path."""
     report.patch.save(staging / PATCH_NAME)
     final = out.resolve()
@@ -332,7 +332,7 @@ def stream_restore_checkpoint(
     Only the shards holding patched tensors are read and rewritten; the others are hard-linked
     (or copied). Each shard's matrices are checked against the patch before any is written back.
     The undo patch is ``patch``, else the one in the undo folder ``model_dir``'s report names
-    (:func:`mmunlearn.undo_store.patch_of`).
+    (:func:`mmunlearn.files.undo_store.patch_of`).
     """
     model_dir, out = Path(model_dir), Path(out)
     patch = Path(patch) if patch is not None else patch_of(model_dir)

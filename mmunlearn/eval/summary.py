@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.metrics.logs import EVAL_FILENAME, SUMMARY_FILENAME
 from mmunlearn.report import table
 

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.layout import ERASE_REPORT, MARKER, PATCH_NAME, PLOT_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
+from mmunlearn.files.layout import ERASE_REPORT, MARKER, PATCH_NAME, PLOT_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult
 
 #: The model type of the config.json at a T3 output's top level: transformers refuses it, naming it in its error

@@ -68,7 +68,7 @@ class Artefacts(Protocol):
     """A method's own files in an output folder, beside the model, the undo patch and ``unlearn_report.json``
     (which the harness writes for every method)."""
 
-    #: the names it writes (declared in :mod:`mmunlearn.layout`)
+    #: the names it writes (declared in :mod:`mmunlearn.files.layout`)
     files: tuple[str, ...]
 
     def save(self, result: MethodResult, staging: Path, final: Path, report: dict) -> None:

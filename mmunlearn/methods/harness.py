@@ -31,17 +31,17 @@ from typing import Any
 
 import torch
 
-from mmunlearn.checkpoint import atomic_dir, check_output_dir
+from mmunlearn.files.checkpoint import atomic_dir, check_output_dir
 from mmunlearn.erase.patch import UndoPatch, bits_differ, dense_entry
 from mmunlearn.erase.report import LARGE_UPDATE
-from mmunlearn.layout import PATCH_NAME, UNLEARN_REPORT
+from mmunlearn.files.layout import PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
-from mmunlearn.methods.ondisk import disk_names
+from mmunlearn.files.ondisk import disk_names
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
-from mmunlearn.undo_store import SERVING_FILTER, UNDO_KEY, default_undo_dir, split_undo
+from mmunlearn.files.undo_store import SERVING_FILTER, UNDO_KEY, default_undo_dir, split_undo
 
 log = logging.getLogger(__name__)
-REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.layout (reserved: no input file may use them)
+REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.files.layout (reserved: no input file may use them)
 
 
 @dataclass
@@ -165,7 +165,7 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
             request history written beside the model); the folder is still renamed into ``out`` at once.
         earlier_forgotten: speakers earlier deletion requests forgot, each with a stand-in for its direction or
             None (:attr:`~mmunlearn.methods.base.RunContext.earlier_forgotten`).
-        undo_dir: where the undo records go (default ``<out>.undo`` beside ``out``, :mod:`mmunlearn.undo_store`): the
+        undo_dir: where the undo records go (default ``<out>.undo`` beside ``out``, :mod:`mmunlearn.files.undo_store`): the
             output itself never holds the original weights.
     """
     spec = get(method, kind)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.metrics.entries import per_item
 from mmunlearn.metrics.keys import ALL_KEYS, RETAIN_LOGS_PRIVLEAK_KEY, RETAIN_LOGS_TRUTH_RATIO_KEY
 
@@ -73,9 +73,9 @@ def _to_json(obj: Any) -> Any:
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as JSON indented by 4 to ``path`` atomically (:func:`mmunlearn.atomic.write_text_atomic`).
+    """Write ``obj`` as JSON indented by 4 to ``path`` atomically (:func:`mmunlearn.files.atomic.write_text_atomic`).
 
-    Unlike :func:`mmunlearn.atomic.write_json_atomic` it accepts numpy scalars and arrays and writes
+    Unlike :func:`mmunlearn.files.atomic.write_json_atomic` it accepts numpy scalars and arrays and writes
     NaN and infinities as ``NaN`` / ``Infinity`` (Python's ``json`` default), so a metric value that
     came out NaN is logged rather than refused.
     """

@@ -44,7 +44,7 @@ import torch
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.adapters.tokenizer import train_bpe
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.data.tofu import QAItem, split_info
 from mmunlearn.errors import check_threads
 from mmunlearn.eval.scoring import generate_answers

@@ -2,11 +2,11 @@
 
 A model's key hashes everything its weights depend on (preset, training data content, seed,
 hyperparameters, parent model), so a re-run with the same options finds it and any change builds a
-new one. Models are written atomically (:func:`mmunlearn.checkpoint.atomic_dir`), so a folder that
+new one. Models are written atomically (:func:`mmunlearn.files.checkpoint.atomic_dir`), so a folder that
 exists is complete, and built under a per-model file lock, so concurrent runs train each model once.
 
 What the cache is trusted with (docs/untrusted-input.md): a cache folder is reused only when it is this
-user's and no one else can write it (:func:`mmunlearn.paths.check_private`, from the cache root down to the
+user's and no one else can write it (:func:`mmunlearn.files.paths.check_private`, from the cache root down to the
 model and its files; folders the builder creates are 0700 and a finished model is made read-only to group and
 others), and a cached model only when its files still have the SHA-256 recorded in ``train_log.json`` when it
 was written (:func:`content_digest`). The digest catches a swapped or damaged file; it is no defence against
@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.qa import QAItem
-from mmunlearn.layout import MARKER
-from mmunlearn.paths import check_private, make_private_dirs
+from mmunlearn.files.layout import MARKER
+from mmunlearn.files.paths import check_private, make_private_dirs
 from mmunlearn.train.loop import is_main_process
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def write_log(model_dir: Path, log: Mapping[str, Any]) -> None:
 
 
 def check_cache_path(root: str | os.PathLike, path: str | os.PathLike) -> None:
-    """:func:`~mmunlearn.paths.check_private` on ``root``, every folder from it down to ``path``, and everything
+    """:func:`~mmunlearn.files.paths.check_private` on ``root``, every folder from it down to ``path``, and everything
     under ``path``: the cache's contents are reused only when no other user can have written them."""
     root, path = Path(root), Path(path)
     try:

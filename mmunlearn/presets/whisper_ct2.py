@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.paths import check_apart
+from mmunlearn.files.checkpoint import atomic_dir
+from mmunlearn.files.paths import check_apart
 from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.ct2_format import Ct2Model, read_ct2_model
 

@@ -31,7 +31,7 @@ import torch
 
 from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm_assemble import assemble
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.utterances import draw_balanced, split_rows
 from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.gguf import smollm2_dir

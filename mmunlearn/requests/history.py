@@ -9,8 +9,8 @@ lists every request (``requests``: oldest first, with fingerprints of the weight
 original model.
 
 Those files are copied from the input folder into outputs, so each is opened as a side file is
-(:func:`mmunlearn.safecopy.open_inside`: no link leaving the folder, no hard link, ``undo_history/`` no link
-at all) and copied from the descriptor that was checked (:func:`mmunlearn.safecopy.copy_inside`), never by path.
+(:func:`mmunlearn.files.safecopy.open_inside`: no link leaving the folder, no hard link, ``undo_history/`` no link
+at all) and copied from the descriptor that was checked (:func:`mmunlearn.files.safecopy.copy_inside`), never by path.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import torch
 
 from mmunlearn.erase.apply import PATCH_NAME
 from mmunlearn.erase.patch import UndoPatch, revert_exact
-from mmunlearn.layout import HISTORY_DIR  # output names live in mmunlearn.layout
+from mmunlearn.files.layout import HISTORY_DIR  # output names live in mmunlearn.files.layout
 from mmunlearn.methods.harness import REPORT_NAME
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.safecopy import copy_inside, open_inside, read_inside
-from mmunlearn.undo_store import undo_dir_of
+from mmunlearn.files.safecopy import copy_inside, open_inside, read_inside
+from mmunlearn.files.undo_store import undo_dir_of
 
 #: the largest ``unlearn_report.json`` read (a report lists its requests: kilobytes, not megabytes)
 REPORT_LIMIT = 64 << 20
@@ -64,7 +64,7 @@ class History:
 
     folder: Path
     requests: list[dict[str, Any]] = field(default_factory=list)
-    #: the folder that holds the undo patch and ``undo_history/`` (:mod:`mmunlearn.undo_store`: kept apart from the
+    #: the folder that holds the undo patch and ``undo_history/`` (:mod:`mmunlearn.files.undo_store`: kept apart from the
     #: model; None: the model folder itself, as older outputs hold them)
     undo: Path | None = None
 

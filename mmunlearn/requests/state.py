@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from mmunlearn.checkpoint import atomic_dir
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.erasure import batchnorm_safe
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mmunlearn.adapters.text_llm import IGNORE, _qa
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.train import TrainConfig, TrainResult, train
 
 FILE = "tower_outputs.safetensors"

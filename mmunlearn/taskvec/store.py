@@ -22,8 +22,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from mmunlearn.atomic import atomic_path
-from mmunlearn.paths import check_entry, check_tree, plain_name
+from mmunlearn.files.atomic import atomic_path
+from mmunlearn.files.paths import check_entry, check_tree, plain_name
 from mmunlearn.taskvec.lowrank import LowRank
 
 # safetensors header dtypes a task matrix may have (real floating point: float8 has no linear algebra in torch,

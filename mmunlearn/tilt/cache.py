@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from mmunlearn.progress import StageBar
 
 from mmunlearn.adapters.text_llm import IGNORE, _qa
-from mmunlearn.atomic import atomic_path
+from mmunlearn.files.atomic import atomic_path
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.head import pool_states
 

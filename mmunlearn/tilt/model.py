@@ -22,8 +22,8 @@ from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.checkpoint import atomic_dir
-from mmunlearn.paths import check_entry, check_tree, plain_name
+from mmunlearn.files.checkpoint import atomic_dir
+from mmunlearn.files.paths import check_entry, check_tree, plain_name
 from mmunlearn.tilt.head import POOLINGS, TiltHead, pool_states
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs

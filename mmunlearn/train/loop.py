@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from mmunlearn.progress import StageBar
 
 from mmunlearn.train.answer_only import answer_logits
-from mmunlearn.paths import make_private_dirs
+from mmunlearn.files.paths import make_private_dirs
 from mmunlearn.train import resume_state
 from mmunlearn.train.config import TrainConfig, resolve_mixed_precision
 from mmunlearn.train.sampling import EpochSampler, PairCollate, PairedDataset

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.paths import check_private
+from mmunlearn.files.paths import check_private
 
 MODEL = "model.safetensors"
 OPTIM, OPTIM_META = "optimizer.safetensors", "optimizer.json"
@@ -118,7 +118,7 @@ def _plain(value: Any) -> Any:
 def check_folder(folder: str | os.PathLike, extra: frozenset[str] = frozenset()) -> None:
     """Refuse a checkpoint folder holding a file this module does not write (a pickle above all), a link or a
     folder: only safetensors and JSON are read from it; the folder, its parent and its files must be this user's and
-    writable by no one else (:func:`mmunlearn.paths.check_private`)."""
+    writable by no one else (:func:`mmunlearn.files.paths.check_private`)."""
     folder = Path(folder)
     check_private(folder.parent, folder, *folder.iterdir())  # no one else could have written it
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from mmunlearn.checkpoint import MARKER
+from mmunlearn.files.checkpoint import MARKER
 from mmunlearn.cli import app
 from mmunlearn.erase import stream as st
 from mmunlearn.erase.energy import group_of

@@ -19,8 +19,8 @@ from mmunlearn.cli import app
 from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.layout import ERASE_REPORT, PATCH_NAME
-from mmunlearn.undo_store import UNDO_INFO, release_problems, undo_dir_of
+from mmunlearn.files.layout import ERASE_REPORT, PATCH_NAME
+from mmunlearn.files.undo_store import UNDO_INFO, release_problems, undo_dir_of
 from tests.reliability.untrusted import make_checkpoint, make_forget
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.checkpoint import load_checkpoint
+from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
 from mmunlearn.methods import (MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, model_folder, names,
                                run_unlearning)

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, 
 
 import mmunlearn
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.checkpoint import load_checkpoint
+from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.methods import run_unlearning

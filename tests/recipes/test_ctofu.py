@@ -95,7 +95,7 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
     assert "| method | en | ar |" in md and "| t3 |" in md
     assert (tmp_path / "fq_heatmap.png").stat().st_size > 0 and (tmp_path / "rouge_drop.png").stat().st_size > 0
     assert (tmp_path / "t3" / "model" / "tilt").is_dir() and (tmp_path / "grad_ascent" / "model").is_dir()
-    from mmunlearn.checkpoint import load_checkpoint
+    from mmunlearn.files.checkpoint import load_checkpoint
     from mmunlearn.undo import restore_folder
 
     original = load_checkpoint(ctx.built.target).tensors

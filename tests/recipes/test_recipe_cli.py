@@ -94,7 +94,7 @@ def test_a_run_stopped_by_sigterm_marks_its_folder_so_the_next_run_may_resume_th
     import sys
     import time
 
-    from mmunlearn.layout import MARKER
+    from mmunlearn.files.layout import MARKER
     from recipes.recipe_cli import check_out
 
     script = tmp_path / "slow.py"

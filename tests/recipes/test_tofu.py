@@ -44,7 +44,7 @@ def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
     t3 = next(r for r in rows if r["method"] == "t3")
     assert t3["changed_fraction"] == 0.0  # the base stays frozen
     # every method's output is in the harness's layout and restores to the target bit for bit
-    from mmunlearn.checkpoint import load_checkpoint
+    from mmunlearn.files.checkpoint import load_checkpoint
     from mmunlearn.undo import restore_folder
 
     original = load_checkpoint(ctx.built.target).tensors

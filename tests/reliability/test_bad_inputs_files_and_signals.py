@@ -21,14 +21,14 @@ import pytest
 import soundfile as sf
 import torch
 
-from mmunlearn import layout
+from mmunlearn.files import layout
 from mmunlearn.adapters.speaker_io import HPARAMS, read_speaker_dir
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, WriteError, one_line
 from mmunlearn.taskvec.store import open_task_matrices
-from mmunlearn.undo_store import default_undo_dir, undo_dir_of
+from mmunlearn.files.undo_store import default_undo_dir, undo_dir_of
 from tests.reliability.untrusted import INDEX, ROOT, digest_tree, listing, make_checkpoint, make_forget
 
 
@@ -73,7 +73,7 @@ def test_a_shard_named_like_an_output_file_is_refused_before_anything_is_written
 def test_the_writers_take_their_names_from_the_layout_module():
     from mmunlearn.erase import apply, in_memory, stream
     from mmunlearn.methods import artefacts, harness
-    from mmunlearn.paths import MARKER
+    from mmunlearn.files.paths import MARKER
     from mmunlearn.requests.history import HISTORY_DIR
 
     assert (apply.PATCH_NAME, apply.REPORT_NAME, in_memory.PLOT_NAME, harness.REPORT_NAME, artefacts.TILT_DIR,
@@ -269,7 +269,7 @@ def test_an_out_name_of_255_characters_works(tmp_path):
 def test_sigterm_while_an_output_is_written_leaves_no_temporary_folder(tmp_path):
     script = (
         "import sys, time\n"
-        "from mmunlearn.checkpoint import atomic_dir\n"
+        "from mmunlearn.files.checkpoint import atomic_dir\n"
         "with atomic_dir(sys.argv[1]) as tmp:\n"
         "    (tmp / 'big.bin').write_bytes(b'x' * 1_000_000)\n"
         "    print('ready', flush=True)\n"

@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mmunlearn.checkpoint import MARKER, copy_extra_files, load_checkpoint
+from mmunlearn.files.checkpoint import MARKER, copy_extra_files, load_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.paths import check_tree, plain_name
+from mmunlearn.files.paths import check_tree, plain_name
 from mmunlearn.taskvec.store import open_task_matrices
 from tests.reliability.untrusted import (INDEX, ROOT, digest_tree, listing, make_checkpoint, make_forget,
                                          weight_names, write_pickle_bomb)
@@ -214,7 +214,7 @@ def test_pickled_weights_are_never_unpickled(tmp_path):
 
 
 def test_no_torch_load_without_weights_only_in_the_checkpoint_code():
-    files = ["mmunlearn/checkpoint.py", "mmunlearn/erase/in_memory.py", "mmunlearn/paths.py", "mmunlearn/atomic.py",
+    files = ["mmunlearn/files/checkpoint.py", "mmunlearn/erase/in_memory.py", "mmunlearn/files/paths.py", "mmunlearn/files/atomic.py",
              "mmunlearn/errors.py", "mmunlearn/erase/stream.py", "mmunlearn/erase/apply.py",
              "mmunlearn/erase/patch.py", "mmunlearn/erase/report.py", "mmunlearn/taskvec/store.py", "mmunlearn/cli.py"]
     for f in files:

@@ -9,8 +9,8 @@ import pytest
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
 from mmunlearn.api import unlearn
-from mmunlearn.layout import MARKER
-from mmunlearn.paths import check_holds_none
+from mmunlearn.files.layout import MARKER
+from mmunlearn.files.paths import check_holds_none
 from mmunlearn.errors import UnsafePathError
 from tests.reliability.untrusted import digest_tree, run_cli_here
 from tests.tiny import tiny_causal_lm, tiny_tokenizer

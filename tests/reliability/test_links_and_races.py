@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import mmunlearn.safecopy as safecopy
+import mmunlearn.files.safecopy as safecopy
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, UnsafePathError, one_line

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from mmunlearn.checkpoint import check_finite
+from mmunlearn.files.checkpoint import check_finite
 from mmunlearn.erase.apply import _check_update_finite
 from mmunlearn.erase.patch import UndoPatch, dense_entry
 from mmunlearn.erase.report import LARGE_UPDATE

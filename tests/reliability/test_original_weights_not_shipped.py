@@ -19,8 +19,8 @@ from mmunlearn.api import unlearn
 from mmunlearn.cli import app
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
-from mmunlearn.held_weights import stray_weights, weight_bytes, weight_like
-from mmunlearn.layout import UNLEARN_REPORT
+from mmunlearn.files.held_weights import stray_weights, weight_bytes, weight_like
+from mmunlearn.files.layout import UNLEARN_REPORT
 from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 

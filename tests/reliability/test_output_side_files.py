@@ -11,7 +11,7 @@ import pytest
 
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
-from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, MARKER, PATCH_NAME, TILT_DIR, UNLEARN_REPORT
+from mmunlearn.files.layout import ERASE_REPORT, HISTORY_DIR, MARKER, PATCH_NAME, TILT_DIR, UNLEARN_REPORT
 from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget
 
 FORGED = {"method": "grad_ascent", "requests": [{"index": 1}, {"index": 2}]}

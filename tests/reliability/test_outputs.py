@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from mmunlearn.checkpoint import MARKER, atomic_dir, check_output_dir
+from mmunlearn.files.checkpoint import MARKER, atomic_dir, check_output_dir
 from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.paths import _HOST, clean_leftovers
+from mmunlearn.files.paths import _HOST, clean_leftovers
 from tests.reliability.untrusted import ROOT, digest_tree, listing, make_checkpoint, make_forget
 
 
@@ -178,7 +178,7 @@ def test_leftovers_of_dead_runs_are_removed_and_live_or_foreign_ones_kept(tmp_pa
     for n in names:
         (tmp_path / n).mkdir()
         (tmp_path / n / "shard.safetensors").write_bytes(b"partial")
-    with caplog.at_level(logging.WARNING, logger="mmunlearn.paths"):
+    with caplog.at_level(logging.WARNING, logger="mmunlearn.files.paths"):
         removed = clean_leftovers(out)
     assert {p.name for p in removed} == {n for n, stale in names.items() if stale}
     assert listing(tmp_path) == {n for n, stale in names.items() if not stale}
@@ -190,7 +190,7 @@ def test_a_run_killed_with_sigkill_leaves_a_temp_folder_the_next_run_removes(pro
     out = tmp_path / "out"
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
-         "from mmunlearn.checkpoint import atomic_dir\n"
+         "from mmunlearn.files.checkpoint import atomic_dir\n"
          f"with atomic_dir({str(out)!r}) as tmp:\n"
          "    (tmp / 'half.safetensors').write_bytes(b'x' * 100)\n"
          "    print('ready', flush=True)\n"
@@ -203,14 +203,14 @@ def test_a_run_killed_with_sigkill_leaves_a_temp_folder_the_next_run_removes(pro
         child.wait(timeout=30)
     left = [q for q in tmp_path.iterdir() if q.name.startswith(".out.tmp-")]
     assert len(left) == 1 and not out.exists()  # what kill -9 leaves
-    with caplog.at_level(logging.WARNING, logger="mmunlearn.paths"):
+    with caplog.at_level(logging.WARNING, logger="mmunlearn.files.paths"):
         erase_stream(model, forget, out)
     assert listing(tmp_path) == {"P", "out", "out.undo"} and "interrupted run" in caplog.text
     assert left[0].name in caplog.text
 
 
 def test_atomic_file_writes_have_ordinary_permissions_and_leave_no_temp_file(tmp_path):
-    from mmunlearn.atomic import write_json_atomic, write_text_atomic
+    from mmunlearn.files.atomic import write_json_atomic, write_text_atomic
 
     old = os.umask(0o022)
     try:

@@ -13,7 +13,7 @@ import torch
 
 from mmunlearn.errors import USER_ERRORS, one_line
 from mmunlearn.erase.patch import apply_exact, revert_exact
-from mmunlearn.layout import UNLEARN_REPORT
+from mmunlearn.files.layout import UNLEARN_REPORT
 from mmunlearn.requests.history import History
 from mmunlearn.requests.service import MAX_REUSED_EDIT, reusable_edit, run_request
 from tests.reliability.untrusted import listing

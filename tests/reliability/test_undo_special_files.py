@@ -109,7 +109,7 @@ def test_load_refuses_a_huge_or_special_report_naming_it(tmp_path, content):
 
 @pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
 def test_an_undo_folder_owned_by_another_user_is_not_trusted(tmp_path):
-    from mmunlearn.undo_store import undo_dir_of
+    from mmunlearn.files.undo_store import undo_dir_of
 
     model = make_checkpoint(tmp_path / "model")
     erase_checkpoint(model, make_forget(tmp_path / "forget.safetensors"), tmp_path / "out", rank=2)

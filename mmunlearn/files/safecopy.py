@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mmunlearn.errors import UnsafePathError, writing
-from mmunlearn.held_weights import held_in, weight_like
-from mmunlearn.layout import MARKER
+from mmunlearn.files.held_weights import held_in, weight_like
+from mmunlearn.files.layout import MARKER
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -100,7 +100,7 @@ class _Walk:
 
     def __init__(self, root: str | os.PathLike, drop_weights: bool = False):
         self.root = Path(root)
-        self.drop_weights = drop_weights  # leave out what may hold weights (mmunlearn.held_weights), listed in dropped
+        self.drop_weights = drop_weights  # leave out what may hold weights (mmunlearn.files.held_weights), listed in dropped
         self.dropped: list[str] = []
         try:
             self.real = os.path.realpath(self.root, strict=True)
@@ -248,7 +248,7 @@ def copy_side_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Itera
     ``skip``: top-level names not copied (the weight files a caller writes itself; :data:`MARKER` always);
     ``select``: when given, a top-level name is copied only if it returns True; ``folders=False`` copies
     only the top-level files (and file links); ``drop_weights``: entries at any depth that may hold weights
-    (:mod:`mmunlearn.held_weights`: by name, or a file by its first bytes) are left out. Returns what was left out
+    (:mod:`mmunlearn.files.held_weights`: by name, or a file by its first bytes) are left out. Returns what was left out
     (paths relative to ``root``). Raises :class:`~mmunlearn.errors.UnsafePathError` naming the
     entry for a link leaving the folder, a hard link, a special file or an entry replaced while read.
     """

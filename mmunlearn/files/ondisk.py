@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mmunlearn.checkpoint import shard_files
+from mmunlearn.files.checkpoint import shard_files
 from mmunlearn.kinds import Kind, kind_of
 
 

@@ -4,7 +4,7 @@ Editing tools (erase, restore) work on the tensors of a checkpoint without insta
 model, so they apply to any architecture. Outputs are written to a temporary sibling directory
 and renamed into place: an interrupted run leaves no partial output, and the input checkpoint
 is never modified. Model folders are untrusted: shard names must be plain names, symbolic links
-must stay inside the folder, and an output may not overlap an input (see :mod:`mmunlearn.paths`).
+must stay inside the folder, and an output may not overlap an input (see :mod:`mmunlearn.files.paths`).
 Only safetensors files are read; pickled ``.bin`` / ``.pt`` weights are never loaded.
 """
 
@@ -25,17 +25,17 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mmunlearn._version import __version__
-from mmunlearn.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
+from mmunlearn.files.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
 from mmunlearn.errors import NonFiniteError, writing
-from mmunlearn.layout import MARKER, RESERVED, check_not_reserved
-from mmunlearn.paths import (
+from mmunlearn.files.layout import MARKER, RESERVED, check_not_reserved
+from mmunlearn.files.paths import (
     check_output_dir,
     check_tree,
     clean_leftovers,
     make_temp_dir,
     plain_name,
 )
-from mmunlearn.safecopy import check_side_files, copy_side_files
+from mmunlearn.files.safecopy import check_side_files, copy_side_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -57,7 +57,7 @@ class Checkpoint:
 
 def _read_index(path: Path) -> dict[str, str]:
     """The ``weight_map`` of a safetensors index: tensor name -> plain shard file name, none of them a name
-    an output folder uses for its own files (:mod:`mmunlearn.layout`)."""
+    an output folder uses for its own files (:mod:`mmunlearn.files.layout`)."""
     try:
         weight_map = json.loads(path.read_text())["weight_map"]
     except RecursionError:
@@ -74,9 +74,9 @@ def _read_index(path: Path) -> dict[str, str]:
 def shard_files(root: Path) -> dict[str, list[str]]:
     """Shard file name -> tensor names, from the index file or the single safetensors file.
 
-    Checks the folder first (:func:`mmunlearn.paths.check_tree`: no link leaving it), every shard name of
+    Checks the folder first (:func:`mmunlearn.files.paths.check_tree`: no link leaving it), every shard name of
     the index (a plain name inside the folder, not a name outputs use), and the other files as they will
-    be copied (:func:`mmunlearn.safecopy.check_side_files`: no hard link), before any shard is opened.
+    be copied (:func:`mmunlearn.files.safecopy.check_side_files`: no hard link), before any shard is opened.
     """
     root = Path(root)
     if not root.is_dir():
@@ -134,7 +134,7 @@ def atomic_dir(out: str | os.PathLike, overwrite: bool = False, inputs: Iterable
     inside or above one; replaced only with ``overwrite`` and only if mmunlearn wrote it), and
     temporary folders that killed runs left next to it are removed. The finished folder holds the
     marker file :data:`MARKER` and has ordinary permissions (0o777 minus the umask). SIGTERM while the
-    block runs removes the temporary folder, as Ctrl-C does (:func:`mmunlearn.atomic.terminate_raises`).
+    block runs removes the temporary folder, as Ctrl-C does (:func:`mmunlearn.files.atomic.terminate_raises`).
     """
     inputs = tuple(inputs)
     out = check_output_dir(out, *inputs, overwrite=overwrite)
@@ -181,16 +181,16 @@ def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str,
 def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *,
                      weights: bool = False) -> list[str]:
     """Copy everything in ``root`` but the names in ``skip`` and those outputs use for their own files
-    (:data:`mmunlearn.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would be
-    read back as ours) into ``dst``. Unless ``weights``, whatever may hold weights (:mod:`mmunlearn.held_weights`:
+    (:data:`mmunlearn.files.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would be
+    read back as ours) into ``dst``. Unless ``weights``, whatever may hold weights (:mod:`mmunlearn.files.held_weights`:
     ``pytorch_model.bin`` beside the safetensors, ``original/*.pth``, ``.git/``, backups) is left out, with a warning
     naming it: an edited model must not carry the weights it was edited from. Returns what was left out.
 
     One walk that opens every entry without following links and copies from what it opened
-    (:func:`mmunlearn.safecopy.copy_side_files`): a link leaving the folder, a hard link or an entry
+    (:func:`mmunlearn.files.safecopy.copy_side_files`): a link leaving the folder, a hard link or an entry
     replaced while being copied is refused; a file link inside is copied as its file, a folder link
     inside ``root`` is kept as a relative link. The links are also checked before anything is copied
-    (:func:`mmunlearn.paths.check_tree`), so a folder that was bad from the start writes nothing.
+    (:func:`mmunlearn.files.paths.check_tree`), so a folder that was bad from the start writes nothing.
     """
     check_tree(root)
     dropped = copy_side_files(root, dst, skip=set(skip) | RESERVED, drop_weights=not weights)

@@ -17,7 +17,7 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from mmunlearn.layout import HISTORY_DIR
+from mmunlearn.files.layout import HISTORY_DIR
 
 #: File-name extensions (any dot-separated part after the first, so ``model.safetensors.orig`` counts) of formats
 #: that store tensors.

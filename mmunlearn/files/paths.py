@@ -33,9 +33,9 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from mmunlearn.atomic import dir_mode
+from mmunlearn.files.atomic import dir_mode
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.layout import MARKER  # JSON (tool, version) in every folder atomic_dir writes
+from mmunlearn.files.layout import MARKER  # JSON (tool, version) in every folder atomic_dir writes
 
 log = logging.getLogger(__name__)
 

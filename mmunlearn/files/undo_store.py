@@ -25,12 +25,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.atomic import write_json_atomic
-from mmunlearn.checkpoint import INDEX, SINGLE, atomic_dir, check_output_dir
+from mmunlearn.files.atomic import write_json_atomic
+from mmunlearn.files.checkpoint import INDEX, SINGLE, atomic_dir, check_output_dir
 from mmunlearn.errors import UnsafePathError
-from mmunlearn.held_weights import stray_weights
-from mmunlearn.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
-from mmunlearn.safecopy import read_inside
+from mmunlearn.files.held_weights import stray_weights
+from mmunlearn.files.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
+from mmunlearn.files.safecopy import read_inside
 
 #: The default undo folder of ``out``: ``<out>.undo`` beside it.
 UNDO_SUFFIX = ".undo"
@@ -211,7 +211,7 @@ def _live_weights(folder: Path) -> set[str]:
 def release_problems(folder: str | os.PathLike) -> list[str]:
     """Why ``folder`` is not ready to release (empty: ready): a T3 output (the unchanged weights under a decoding
     filter), a report saying the rule was missed, undo records, or any other file that may hold the original weights
-    (:func:`mmunlearn.held_weights.stray_weights`, the whole folder walked)."""
+    (:func:`mmunlearn.files.held_weights.stray_weights`, the whole folder walked)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder not found: {folder}")
