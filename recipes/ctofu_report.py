@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.figures import figure
+from mmunlearn.report.figures import figure
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.report import table
 from recipes.ctofu_pipeline import COLUMNS

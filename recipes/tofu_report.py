@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.audit import write_audit
-from mmunlearn.figures import figure
+from mmunlearn.report.figures import figure
 from mmunlearn.methods import names
 from mmunlearn.report import fmt as _fmt
 from mmunlearn.report import table

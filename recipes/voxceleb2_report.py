@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.figures import figure
+from mmunlearn.report.figures import figure
 from mmunlearn.report import table
 
 #: (header, row key, percent?) per level.

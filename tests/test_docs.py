@@ -45,7 +45,7 @@ def test_the_site_builds_strictly(tmp_path):
                           "--config-file", str(ROOT / "mkdocs.yml")], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "site" / "tofu" / "index.html").is_file()
-    api = (tmp_path / "site" / "api" / "index.html").read_text()  # generated from the code (mmunlearn/apiref.py)
+    api = (tmp_path / "site" / "api" / "index.html").read_text()  # generated from the code (mmunlearn/cli/apiref.py)
     assert _api_page_misses(api) == []
 
 
@@ -54,7 +54,7 @@ def _api_page_misses(page: str) -> list[str]:
     import importlib
     import inspect
 
-    from mmunlearn.apiref import FUNCTIONS
+    from mmunlearn.cli.apiref import FUNCTIONS
     from mmunlearn.kinds import kind_names
     from mmunlearn.methods import names
 
@@ -69,7 +69,7 @@ def _api_page_misses(page: str) -> list[str]:
 
 
 def test_the_api_check_sees_a_missing_parameter():
-    from mmunlearn.apiref import render
+    from mmunlearn.cli.apiref import render
 
     page = render()  # the Markdown: its parameters are in it as in the built page
     assert "forget_level" in page and "prompt_format" in page

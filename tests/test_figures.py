@@ -6,7 +6,7 @@ import json
 import matplotlib.pyplot as plt
 import pytest
 
-from mmunlearn.figures import figure
+from mmunlearn.report.figures import figure
 from recipes.tofu_report import selectivity_plot
 
 

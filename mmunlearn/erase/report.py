@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.figures import figure
+from mmunlearn.report.figures import figure
 
 # An edit with ||dW||_F / ||W||_F above this in any matrix of a layer is flagged: it changes the
 # weights by more than half their size, which usually means a --scale far too large or task

@@ -2,7 +2,9 @@
 
 The console script runs :func:`main`, which shows a user error (a bad file, folder or option:
 :data:`mmunlearn.errors.USER_ERRORS`) as one line ``error: <message>`` with exit status 2; ``--debug``
-or ``MMUNLEARN_DEBUG=1`` shows the traceback instead.
+or ``MMUNLEARN_DEBUG=1`` shows the traceback instead. Beside it: ``unlearn.py`` (``unlearn``, ``check-release``),
+``report.py`` (``report``), ``apiref.py`` (the docs' API reference page, a mkdocs hook) and ``__main__.py``
+(``python -m mmunlearn.cli``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mmunlearn.audit.folder import audit_folder, folder_report
 from mmunlearn.audit.options import BITS, CAPABILITY_DEFAULTS, AuditOptions, options_for, parse_list
 from mmunlearn.audit.table import reference_rows
 from mmunlearn.bench.cli import app as bench_app
-from mmunlearn.cli_unlearn import mount as mount_unlearn
+from mmunlearn.cli.unlearn import mount as mount_unlearn
 from mmunlearn.erase.basis import METHODS
 from mmunlearn.erase.energy import RULES
 from mmunlearn.erase.in_memory import erase_checkpoint
@@ -35,7 +37,7 @@ from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line, set_threads
 from mmunlearn.files.layout import PATCH_NAME
 from mmunlearn.methods import REGISTRY
-from mmunlearn.report_cli import app as report_app
+from mmunlearn.cli.report import app as report_app
 from mmunlearn.undo import restore_folder
 from mmunlearn.files.undo_store import default_undo_dir
 
@@ -279,6 +281,3 @@ def main(argv: Optional[list[str]] = None) -> None:
         typer.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,7 @@ where they came from. A docs page marks each generated table::
 
 :func:`update_pages` rewrites every marked block from its record; :func:`stale_blocks` lists the blocks
 whose text differs from what their record gives (a test runs it over ``docs/``, so a page and its JSON
-cannot disagree).
+cannot disagree). Every table is written by :func:`table`; every figure by :mod:`mmunlearn.report.figures`.
 
 >>> rec = {"columns": [["method", "method"], ["forget quality", "fq"]], "rows": [{"method": "t3", "fq": 0.081}]}
 >>> print(render(rec))
@@ -167,7 +167,7 @@ def machine_facts() -> dict[str, Any]:
 
 
 #: the checkout this package runs from (the commit a record names is the code's, not the working directory's)
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 #: git run with no file-system monitor (``core.fsmonitor`` names a program git would run) and no optional locks
 GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false")
 

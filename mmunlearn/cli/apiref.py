@@ -1,7 +1,7 @@
 """The API reference page of the docs site, written from the public functions' signatures and docstrings and from
 the method and kind registries at every build, so it cannot drift from the code: mkdocs.yml names this module as a
 hook (:func:`on_files` adds the page ``api.md``; tests/test_docs.py builds the site and reads it back), and
-``python -m mmunlearn.apiref --out FILE`` writes the same Markdown to a file.
+``python -m mmunlearn.cli.apiref --out FILE`` writes the same Markdown to a file.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _kinds() -> list[str]:
 def render() -> str:
     """The page's Markdown."""
     lines = ["# API reference", "",
-             "Generated from the code at each build of this site (`mmunlearn/apiref.py`): each public function's "
+             "Generated from the code at each build of this site (`mmunlearn/cli/apiref.py`): each public function's "
              "signature and docstring, then the registered methods and model kinds.", ""]
     for section, entries in FUNCTIONS:
         lines += [f"## {section}", ""]
