@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.unlearn_rules import chance_error_rate, speaker_rule
+from mmunlearn.api.rules import chance_error_rate, speaker_rule
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, score_rows
 from mmunlearn.requests import History, read_history, run_request

@@ -31,7 +31,7 @@ from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.patch import bits_differ, digest
 from mmunlearn.report import git_commit, machine_facts
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 
 
 def tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -33,15 +33,15 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``mmunlearn.unlearn``: the voice-pipeline entry point (:func:`mmunlearn.api.unlearn`), and
-    ``mmunlearn.load``: the unlearned model of an output folder (:func:`mmunlearn.loader.load`), imported on
+    """``mmunlearn.unlearn``: the voice-pipeline entry point (:func:`mmunlearn.api.unlearn.unlearn`), and
+    ``mmunlearn.load``: the unlearned model of an output folder (:func:`mmunlearn.api.load.load`), imported on
     first use so that ``import mmunlearn`` stays light."""
     if name == "unlearn":
-        from mmunlearn.api import unlearn  # deferred: keeps `import mmunlearn` light (the package face)
+        from mmunlearn.api.unlearn import unlearn  # deferred: keeps `import mmunlearn` light (the package face)
 
         return unlearn
     if name == "load":
-        from mmunlearn.loader import load  # deferred: keeps `import mmunlearn` light (the package face)
+        from mmunlearn.api.load import load  # deferred: keeps `import mmunlearn` light (the package face)
 
         return load
     raise AttributeError(f"module 'mmunlearn' has no attribute {name!r}")

@@ -9,7 +9,7 @@ with the same rule, trained until it meets the forget criterion (or runs out of 
 scale in units of the task vectors' size (``sweep_scales="auto"``), so gradient and fine-tuning extractions
 of very different magnitudes are searched alike. Both use the
 speaker rule of ``mmunlearn.unlearn`` at the chance target these records were measured with
-(:func:`mmunlearn.unlearn_rules.speaker_rule` with :func:`~mmunlearn.unlearn_rules.chance`: the request's speaker's utterances
+(:func:`mmunlearn.api.rules.speaker_rule` with :func:`~mmunlearn.api.rules.chance`: the request's speaker's utterances
 predicted as none of the speakers forgotten so far, this request's and the earlier ones' --
 :class:`mmunlearn.eval.speaker.WorstSpeakerErrorRate`, the worst speaker's share -- at or above ``1 - 1/C``,
 retain NLL rising by at most ``retain_bound`` nats), scored once an
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from mmunlearn.adapters.speaker import KIND as SPEAKER, SpeakerAdapter
-from mmunlearn.unlearn_rules import chance_error_rate, speaker_rule
+from mmunlearn.api.rules import chance_error_rate, speaker_rule
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import table
 from mmunlearn.data.utterances import split_rows

@@ -20,7 +20,7 @@ from mmunlearn.config import applicable_overrides, opt
 from mmunlearn.kinds import Kind
 from mmunlearn.methods import get, names
 from mmunlearn.taskvec.extract import KINDS as EXTRACT_KINDS
-from mmunlearn.unlearn_rules import NLL_RETAIN_BOUND
+from mmunlearn.api.rules import NLL_RETAIN_BOUND
 from recipes import voxceleb2_settings as settings
 from recipes.recipe_config import ConfigError
 from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
@@ -232,7 +232,7 @@ class VoxCelebConfig(SpeechLLMSettings):
     def resolved_retain_bound(self) -> float:
         """``retain_bound``, or its default for the model: a classifier's sweep rule
         (:data:`recipes.voxceleb2_settings.DEFAULT_RETAIN_BOUND`) or a speech LLM's NLL rule
-        (:data:`mmunlearn.unlearn_rules.NLL_RETAIN_BOUND`)."""
+        (:data:`mmunlearn.api.rules.NLL_RETAIN_BOUND`)."""
         if self.retain_bound is not None:
             return self.retain_bound
         return settings.DEFAULT_RETAIN_BOUND if self.kind.is_classifier else NLL_RETAIN_BOUND

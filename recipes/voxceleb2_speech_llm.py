@@ -55,7 +55,7 @@ from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, text
 from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
                                         texts_of, train_speech_llm, warm_up_audio_tower)
 from mmunlearn.train import TrainConfig
-from mmunlearn.unlearn_rules import NLL_RETAIN_BOUND, nll_rule
+from mmunlearn.api.rules import NLL_RETAIN_BOUND, nll_rule
 from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
@@ -275,7 +275,7 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
 
     ``reference_dir``: the model the erasure methods take task vectors from (the base the original was
     fine-tuned from; None: the original itself). ``sweep``: each method swept by the NLL rule on the training
-    partitions (:func:`mmunlearn.unlearn_rules.nll_rule`: the forget answers' NLL up to the retrained model's, else up
+    partitions (:func:`mmunlearn.api.rules.nll_rule`: the forget answers' NLL up to the retrained model's, else up
     by a stated rise; the retain NLL rising by at most ``retain_bound`` nats). ``options``: overrides of the methods'
     configs (each method takes those its config has); ``method_options``: per method, settings of its own config (over
     ``options``). ``resume``: a method's stage finished in ``out`` with the same key (method, options, rule, models and

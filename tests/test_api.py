@@ -1,15 +1,16 @@
-"""Tests of the voice-pipeline API ``mmunlearn.api.unlearn`` on a tiny speaker classifier and a tiny speech LLM."""
+"""Tests of the voice-pipeline API ``mmunlearn.unlearn`` (mmunlearn/api/unlearn.py) on a tiny speaker classifier
+and a tiny speech LLM."""
 
 import hashlib
 
 import pytest
 import torch
 
-from mmunlearn.api import REPORT_NAME, model_kind, unlearn
+from mmunlearn.api.unlearn import REPORT_NAME, model_kind, unlearn
 from mmunlearn.erase import PATCH_NAME, restore
 from mmunlearn.data.utterances import split_rows
-from mmunlearn.undo import restore_folder
-from mmunlearn.unlearn_rules import SPEAKER_FORGET_TARGET, chance_error_rate
+from mmunlearn.api.restore import restore_folder
+from mmunlearn.api.rules import SPEAKER_FORGET_TARGET, chance_error_rate
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
@@ -182,7 +183,7 @@ def test_head_scope_edits_only_the_class_weights(speaker_dir, llm_dir, speaker_m
 
 
 def test_rule_auto_sweeps_a_speaker_classifier_by_the_documented_rule(speaker_dir, speaker_manifests, tmp_path):
-    from mmunlearn.api import speaker_rule, swept_overrides
+    from mmunlearn.api.unlearn import speaker_rule, swept_overrides
 
     forget, retain = (speaker_manifests / f"{n}.csv" for n in ("spk_forget_train", "spk_retain_train"))
     res = unlearn(speaker_dir, forget=forget, retain=retain, method="qr-erase", scope="head",

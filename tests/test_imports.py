@@ -50,7 +50,7 @@ from mmunlearn.errors import UserError
 
 
 def f():
-    from mmunlearn.api import unlearn
+    from mmunlearn.api.unlearn import unlearn
     from .sibling import x
     import recipes.tofu
     import json

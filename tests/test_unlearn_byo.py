@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
-from mmunlearn.api import model_kind, unlearn
+from mmunlearn.api.unlearn import model_kind, unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_error_rate
 from mmunlearn.methods import SweepRule, mean_nll
-from mmunlearn.unlearn_inputs import OverlapError
-from mmunlearn.unlearn_rules import NothingToForget, check_something_to_forget
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.inputs import OverlapError
+from mmunlearn.api.rules import NothingToForget, check_something_to_forget
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.files.undo_store import release_problems
-from mmunlearn.unlearn_scopes import SWEEP_SCOPES, scopes_to_try
+from mmunlearn.api.scopes import SWEEP_SCOPES, scopes_to_try
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 

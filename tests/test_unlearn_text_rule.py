@@ -10,13 +10,13 @@ import torch
 import mmunlearn
 from mmunlearn.adapters.base import IGNORE
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.api import DEFAULT_METHOD, TEXT_HOLD_OUT, default_method, unlearn
+from mmunlearn.api.unlearn import DEFAULT_METHOD, TEXT_HOLD_OUT, default_method, unlearn
 from mmunlearn.data.user_sets import read_text_rows, split_held_out
 from mmunlearn.methods import get
 from mmunlearn.methods.harness import FAVOURED
-from mmunlearn.methods.row_rule import SAID_RECALL, says
+from mmunlearn.api.row_rule import SAID_RECALL, says
 from mmunlearn.methods.rule import span
-from mmunlearn.unlearn_rules import NothingToForget, text_rule
+from mmunlearn.api.rules import NothingToForget, text_rule
 from tests.reliability.untrusted import run_cli_here
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
@@ -223,7 +223,7 @@ def test_prepare_retain_writes_the_rows_in_the_prompt_format(raw_dir, tmp_path):
     the state records its format and a call in another format recomputes it, saying why."""
     from typer.testing import CliRunner
 
-    from mmunlearn.api import prepare_retain
+    from mmunlearn.api.unlearn import prepare_retain
     from mmunlearn.cli import app
     from mmunlearn.requests.state import compute_retain_state, load_retain_state
     from mmunlearn.taskvec.extract import ExtractConfig

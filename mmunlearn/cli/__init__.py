@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from mmunlearn._version import __version__
 from mmunlearn.progress import is_terminal, quiet_library_bars
-from mmunlearn.api import prepare_retain as prepare
+from mmunlearn.api.unlearn import prepare_retain as prepare
 from mmunlearn.audit import ATTACKS, markdown, write_audit
 from mmunlearn.audit.folder import audit_folder, folder_report
 from mmunlearn.audit.options import BITS, CAPABILITY_DEFAULTS, AuditOptions, options_for, parse_list
@@ -38,7 +38,7 @@ from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line, set_threads
 from mmunlearn.files.layout import PATCH_NAME
 from mmunlearn.methods import REGISTRY
 from mmunlearn.cli.report import app as report_app
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.files.undo_store import default_undo_dir
 
 app = typer.Typer(

@@ -20,22 +20,22 @@ from mmunlearn.methods import REGISTRY
 #: (section, [(the name users call it by, module, attribute)]) of the public functions, in page order.
 FUNCTIONS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     ("Unlearning a model you bring", (
-        ("mmunlearn.unlearn", "mmunlearn.api", "unlearn"),
-        ("mmunlearn.load", "mmunlearn.loader", "load"),
-        ("mmunlearn.api.prepare_retain", "mmunlearn.api", "prepare_retain"),
-        ("mmunlearn.api.model_kind", "mmunlearn.api", "model_kind"),
-        ("mmunlearn.api.default_method", "mmunlearn.api", "default_method"),
-        ("mmunlearn.api.load_model", "mmunlearn.api", "load_model"))),
+        ("mmunlearn.unlearn", "mmunlearn.api.unlearn", "unlearn"),
+        ("mmunlearn.load", "mmunlearn.api.load", "load"),
+        ("mmunlearn.api.unlearn.prepare_retain", "mmunlearn.api.unlearn", "prepare_retain"),
+        ("mmunlearn.api.unlearn.model_kind", "mmunlearn.api.unlearn", "model_kind"),
+        ("mmunlearn.api.unlearn.default_method", "mmunlearn.api.unlearn", "default_method"),
+        ("mmunlearn.api.unlearn.load_model", "mmunlearn.api.unlearn", "load_model"))),
     ("Restoring and releasing an output", (
-        ("mmunlearn.undo.restore_folder (mmunlearn restore)", "mmunlearn.undo", "restore_folder"),
+        ("mmunlearn.api.restore.restore_folder (mmunlearn restore)", "mmunlearn.api.restore", "restore_folder"),
         ("mmunlearn.files.undo_store.release_problems (mmunlearn check-release)", "mmunlearn.files.undo_store",
          "release_problems"))),
     ("Erasing task matrices from any module", (
         ("mmunlearn.erase", "mmunlearn.erase", "erase"),
         ("mmunlearn.restore", "mmunlearn.erase", "restore"))),
     ("The default rules", (
-        ("mmunlearn.unlearn_rules.text_rule", "mmunlearn.unlearn_rules", "text_rule"),
-        ("mmunlearn.unlearn_rules.speaker_rule", "mmunlearn.unlearn_rules", "speaker_rule"))),
+        ("mmunlearn.api.rules.text_rule", "mmunlearn.api.rules", "text_rule"),
+        ("mmunlearn.api.rules.speaker_rule", "mmunlearn.api.rules", "speaker_rule"))),
     ("The registries", (
         ("mmunlearn.methods.names", "mmunlearn.methods", "names"),
         ("mmunlearn.methods.get", "mmunlearn.methods", "get"),

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from mmunlearn.api import unlearn as run_unlearn
+from mmunlearn.api.unlearn import unlearn as run_unlearn
 from mmunlearn.files.undo_store import read_release_report, release_problems
-from mmunlearn.unlearn_scopes import API_SCOPES
+from mmunlearn.api.scopes import API_SCOPES
 
 console = Console()
 #: `mmunlearn unlearn`'s exit status when the rule was missed (the output is written all the same).

@@ -54,7 +54,7 @@ class SweepRule:
 
     def judge(self, adapter, forget: Sequence[Any]) -> dict[str, Any] | None:
         """Checks the rule makes of the final model beyond its two measures (None: none; a rule with some returns a
-        dict whose ``met`` joins the verdict, e.g. :class:`~mmunlearn.methods.row_rule.RowRule`'s greedy checks)."""
+        dict whose ``met`` joins the verdict, e.g. :class:`~mmunlearn.api.row_rule.RowRule`'s greedy checks)."""
         return None
 
     def verdict(self, method: str, forget: float, retain_rise: float, met: bool,

@@ -8,13 +8,13 @@ import torch
 from safetensors.torch import load_file
 
 from mmunlearn.adapters.hf_audio import HFAudioAdapter, block_of
-from mmunlearn.api import load_model, model_kind, unlearn
+from mmunlearn.api.unlearn import load_model, model_kind, unlearn
 from mmunlearn.audit.folder import detect_kind
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import score_rows
 from mmunlearn.kinds import get_kind, kind_of
 from mmunlearn.methods import get, names
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from mmunlearn.adapters.speaker import SpeakerAdapter
 from mmunlearn.methods import run_unlearning
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from tests.adapters.test_speaker import SB_YAML
 
 SPEAKERS = ["id10001", "id10002", "id10003"]

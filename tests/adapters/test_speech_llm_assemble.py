@@ -9,7 +9,7 @@ import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2AudioForConditionalGeneration, WhisperConfig,
                           WhisperModel)
 
-import mmunlearn.api as api
+import mmunlearn.api.unlearn as api
 from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm_assemble import assemble
 from mmunlearn.adapters.speech_llm_families import FAMILIES, family_of_dir

@@ -15,7 +15,7 @@ from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
 from mmunlearn.methods import (MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, model_folder, names,
                                run_unlearning)
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
 SRC = "synthetic:n_authors=10"

@@ -16,7 +16,7 @@ from mmunlearn.data.tofu import load_split
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.methods import run_unlearning
 from mmunlearn.tilt import TiltedCausalLM
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
 SRC = "synthetic:n_authors=10"

@@ -96,7 +96,7 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
     assert (tmp_path / "fq_heatmap.png").stat().st_size > 0 and (tmp_path / "rouge_drop.png").stat().st_size > 0
     assert (tmp_path / "t3" / "model" / "tilt").is_dir() and (tmp_path / "grad_ascent" / "model").is_dir()
     from mmunlearn.files.checkpoint import load_checkpoint
-    from mmunlearn.undo import restore_folder
+    from mmunlearn.api.restore import restore_folder
 
     original = load_checkpoint(ctx.built.target).tensors
     for method in ("grad_ascent", "t3"):  # cTOFU outputs restore to the target bit for bit

@@ -45,7 +45,7 @@ def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
     assert t3["changed_fraction"] == 0.0  # the base stays frozen
     # every method's output is in the harness's layout and restores to the target bit for bit
     from mmunlearn.files.checkpoint import load_checkpoint
-    from mmunlearn.undo import restore_folder
+    from mmunlearn.api.restore import restore_folder
 
     original = load_checkpoint(ctx.built.target).tensors
     for r in rows[2:]:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
 from mmunlearn.erase import restore
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.methods.erasure import EraseConfig, batchnorm_safe
 from mmunlearn.methods.rule import SweepPoint, choose
 from recipes import voxceleb2_pipeline as pipe

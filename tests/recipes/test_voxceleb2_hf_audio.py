@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from mmunlearn.kinds import kind_of
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.adapters import hf_audio_train as hf
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_settings as cfg

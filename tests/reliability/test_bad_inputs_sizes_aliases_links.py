@@ -45,7 +45,7 @@ def hf_master(tmp_path_factory) -> Path:
 def test_an_hf_audio_sampling_rate_outside_audio_rates_is_one_error_naming_the_file(hf_master, tmp_path, rate):
     import shutil
 
-    from mmunlearn.api import unlearn
+    from mmunlearn.api.unlearn import unlearn
 
     import numpy as np
     import soundfile as sf

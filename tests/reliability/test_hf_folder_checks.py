@@ -106,7 +106,7 @@ def _wavs(root: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_spoiled_hf_audio_folder_is_one_error_naming_the_file_and_writes_nothing(hf_master, tmp_path, case):
-    from mmunlearn.api import unlearn
+    from mmunlearn.api.unlearn import unlearn
 
     spoil, needle, file = CASES[case]
     a, b = _wavs(tmp_path)
@@ -133,7 +133,7 @@ def test_weights_that_do_not_fit_the_config_are_one_error_naming_the_folder(hf_m
 @pytest.mark.parametrize("case", ["pickle only", "weights linked out", "NaN weights", "Hub kernel", "100000 layers",
                                   "bitsandbytes", "negative size"])
 def test_a_spoiled_text_folder_is_one_error_naming_the_file(text_master, tmp_path, case):
-    from mmunlearn.api import load_model
+    from mmunlearn.api.unlearn import load_model
 
     spoil, needle, file = CASES[case]
     folder = Path(shutil.copytree(text_master, tmp_path / "model"))
@@ -147,7 +147,7 @@ def test_a_spoiled_text_folder_is_one_error_naming_the_file(text_master, tmp_pat
 
 def test_ordinary_folders_still_load(hf_master, text_master):
     from mmunlearn.adapters.hf_audio import HFAudioAdapter
-    from mmunlearn.api import load_model
+    from mmunlearn.api.unlearn import load_model
 
     assert HFAudioAdapter.load(hf_master, device="cpu").sample_rate == 16000  # the controls
     assert load_model(text_master, device="cpu").model.config.num_hidden_layers == 1

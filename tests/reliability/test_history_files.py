@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import mmunlearn.files.safecopy as safecopy
-from mmunlearn.api import unlearn
+from mmunlearn.api.unlearn import unlearn
 from mmunlearn.errors import USER_ERRORS, UnsafePathError, one_line
 from mmunlearn.files.layout import HISTORY_DIR, PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.requests.history import carry_history, read_history, step_back
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from tests.reliability.untrusted import digest_tree, listing
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- not for you"

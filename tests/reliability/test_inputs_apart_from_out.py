@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.api import unlearn
+from mmunlearn.api.unlearn import unlearn
 from mmunlearn.files.layout import MARKER
 from mmunlearn.files.paths import check_holds_none
 from mmunlearn.errors import UnsafePathError
@@ -94,7 +94,7 @@ def test_the_command_says_it_in_one_line_and_exits_2(model, tmp_path):
 
 
 def test_prepare_retain_refuses_an_out_holding_the_retain_file(model, tmp_path):
-    from mmunlearn.api import prepare_retain
+    from mmunlearn.api.unlearn import prepare_retain
 
     state = tmp_path / "state"
     state.mkdir()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.speech_llm_io import _copy_side_files
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.api import unlearn
+from mmunlearn.api.unlearn import unlearn
 from mmunlearn.cli import app
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint

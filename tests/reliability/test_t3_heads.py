@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import mmunlearn
 from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.api import unlearn
+from mmunlearn.api.unlearn import unlearn
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.tilt.model import HEAD_NAME
 from tests.reliability.untrusted import digest_tree

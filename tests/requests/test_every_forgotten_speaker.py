@@ -4,7 +4,7 @@ speakers, 3 forgotten, unlearned by ``mmunlearn.unlearn``'s default rule, as one
 import pytest
 import torch
 
-from mmunlearn.api import unlearn
+from mmunlearn.api.unlearn import unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, forgotten_error_rate, forgotten_rates, score_rows
 from tests.speech_corpus import one_thread, three_forgotten_manifests  # noqa: F401  (fixtures)

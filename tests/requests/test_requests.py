@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from mmunlearn.api import prepare_retain, unlearn
+from mmunlearn.api.unlearn import prepare_retain, unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.requests import HISTORY_DIR, load_retain_state, model_fingerprint, read_history
 from mmunlearn.requests.state import META_NAME
-from mmunlearn.undo import restore_folder
+from mmunlearn.api.restore import restore_folder
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
@@ -249,7 +249,7 @@ def test_a_history_record_linking_out_of_the_folder_is_refused(speaker_dir, part
 
 @pytest.mark.parametrize("method", ["grad_diff", "npo"])
 def test_a_retain_state_is_refused_for_a_method_without_task_vectors(method, speaker_dir, speaker_manifests, tmp_path):
-    from mmunlearn.api import prepare_retain
+    from mmunlearn.api.unlearn import prepare_retain
     from mmunlearn.methods import needing
 
     assert method not in needing("task_vectors") and "qr-erase" in needing("task_vectors")

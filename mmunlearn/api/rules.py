@@ -3,7 +3,7 @@
 * Classifiers (:func:`speaker_rule`): every forgotten speaker's clips predicted as none of the forget speakers on at
   least :data:`SPEAKER_FORGET_TARGET` of them (the level of a model retrained without them), the retain NLL rising by
   at most :data:`SPEAKER_RETAIN_BOUND` nats.
-* Text LLMs (:func:`text_rule`, a :class:`~mmunlearn.methods.row_rule.RowRule`): judged row by row -- every forget
+* Text LLMs (:func:`text_rule`, a :class:`~mmunlearn.api.row_rule.RowRule`): judged row by row -- every forget
   row's answer NLL at least its level (the ``reference`` model's NLL on that row, the level of a model that never saw
   it; a level the user gives, in nats or as a retrained-like model; with neither, the row's NLL before the edit +
   :data:`NLL_RISE` nats, a guess the verdict names), and no greedy answer to a forget question (or a paraphrase)
@@ -24,7 +24,7 @@ from typing import Any
 from mmunlearn.errors import UserError
 from mmunlearn.eval.speaker import forgotten_error_rate
 from mmunlearn.methods import SweepRule, get, mean_nll
-from mmunlearn.methods.row_rule import ForgetRows, RowRule, row_nlls, said_rows
+from mmunlearn.api.row_rule import ForgetRows, RowRule, row_nlls, said_rows
 
 #: The speaker rule's bound on the retain set's mean NLL rise (nats), as the VoxCeleb2 recipe's default.
 SPEAKER_RETAIN_BOUND = 0.05
@@ -85,7 +85,7 @@ def nll_rule(adapter, forget: Sequence[Any], *, reference=None, held_retain: Seq
 
 def text_rule(adapter, forget: Sequence[Any], *, reference=None, level: Any = None, held_retain: Sequence[Any] = (),
               retain_bound: float = NLL_RETAIN_BOUND, rise: float = NLL_RISE) -> tuple[RowRule, str]:
-    """(rule, how its levels were set) for a text LLM, judged row by row (:mod:`mmunlearn.methods.row_rule`).
+    """(rule, how its levels were set) for a text LLM, judged row by row (:mod:`mmunlearn.api.row_rule`).
 
     ``level``: what each forget row's answer NLL must reach -- a number of nats (every row), or the adapter of a
     retrained-like model (a model trained without the forget rows: its NLL on each row); default ``reference``'s NLL on

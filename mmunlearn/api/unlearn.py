@@ -2,9 +2,9 @@
 
 ``unlearn(model_dir, forget=..., retain=..., method="qr-erase", out=...)`` loads the folder by its kind
 (:mod:`mmunlearn.kinds`: a text LLM or a speech LLM in ``save_pretrained`` layout, a SpeechBrain speaker classifier,
-a Hugging Face audio classifier), reads the two sets in the formats users have (:mod:`mmunlearn.unlearn_inputs`),
-sweeps the method by the kind's rule (:mod:`mmunlearn.unlearn_rules`; for a classifier also the scope,
-:mod:`mmunlearn.unlearn_scopes`), runs it through the harness (:mod:`mmunlearn.methods.harness`) and writes the edited
+a Hugging Face audio classifier), reads the two sets in the formats users have (:mod:`mmunlearn.api.inputs`),
+sweeps the method by the kind's rule (:mod:`mmunlearn.api.rules`; for a classifier also the scope,
+:mod:`mmunlearn.api.scopes`), runs it through the harness (:mod:`mmunlearn.methods.harness`) and writes the edited
 model to ``out`` in the format it was read from, plus ``unlearn_report.json`` and, for the methods that edit weights,
 the undo patch (``mmunlearn restore`` gives the input back bit for bit). The input directory is never modified.
 
@@ -36,11 +36,11 @@ from mmunlearn.files.paths import check_apart, check_holds_none
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
 from mmunlearn.files.undo_store import default_undo_dir
-from mmunlearn.unlearn_inputs import batch_of, check_labels, read_inputs, read_rows, spoken
-from mmunlearn.unlearn_rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, speaker_rule,
+from mmunlearn.api.inputs import batch_of, check_labels, read_inputs, read_rows, spoken
+from mmunlearn.api.rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, speaker_rule,
                                      swept_overrides, text_rule)
-from mmunlearn.unlearn_text import Clock, choose_format
-from mmunlearn.unlearn_scopes import run_scopes, scopes_to_try
+from mmunlearn.api.text import Clock, choose_format
+from mmunlearn.api.scopes import run_scopes, scopes_to_try
 
 #: Share of a text LLM's retain rows set aside for the rule's retain measure (rows no method trains on).
 TEXT_HOLD_OUT = 0.2
@@ -122,13 +122,13 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         forget_tasks / retain_tasks: speech LLMs: the spoken questions asked of each set.
         config / size / overrides: the method's config; default its preset ``size`` for the model kind with
             ``overrides`` (e.g. ``rank=4, scale=16``).
-        rule: ``"auto"`` (default): the kind's rule (:mod:`mmunlearn.unlearn_rules`): classifiers, every forgotten
+        rule: ``"auto"`` (default): the kind's rule (:mod:`mmunlearn.api.rules`): classifiers, every forgotten
             speaker's clips predicted as none of the forget speakers on 98 % of them (near a retrained model's level;
             ``unlearn_rules.SPEAKER_FORGET_TARGET``) with the retain NLL up at most 0.05 nats; text LLMs, row by row:
             every forget row's answer NLL at its level (``forget_level``, else the reference's NLL on the row, else
             its own + 1 nat, a guess) and no greedy answer to a forget question or paraphrase giving its answer, the
             retain NLL on held-out retain rows up at most 0.1 and 90 % of the original's held-out retain answers
-            still said (:mod:`mmunlearn.methods.row_rule`). A forget set the model never knew is refused
+            still said (:mod:`mmunlearn.api.row_rule`). A forget set the model never knew is refused
             (``NothingToForget``).
             A :class:`~mmunlearn.methods.rule.SweepRule` of your own, or None: the config as it is. The report's first
             field, ``verdict``, says "rule met", "RULE NOT MET" or "NOT CHECKED", naming each measure.
@@ -260,7 +260,7 @@ def input_paths(model_dir: Any, reference: Any, forget: Any, retain: Any, own_un
 def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base, method: str, scope: str,
           config: Any, size: str | None, overrides: dict[str, Any], checked: dict[str, Any], level: Any = None):
     """(the rule, the method's overrides) of one run. ``rule="auto"``: a classifier gets the speaker rule, the sweep
-    settings and a step budget; a text LLM the row rule (:func:`~mmunlearn.unlearn_rules.text_rule`); a speech LLM
+    settings and a step budget; a text LLM the row rule (:func:`~mmunlearn.api.rules.text_rule`); a speech LLM
     none (pass a SweepRule); the first run checks that the model knows the forget set (:class:`NothingToForget`)."""
     if not isinstance(rule, str):
         return rule, dict(overrides)

@@ -1,7 +1,7 @@
 """The text-LLM rule judged row by row: "rule met" means no forget answer still comes out.
 
 :class:`RowRule` is the :class:`~mmunlearn.methods.rule.SweepRule` ``mmunlearn.unlearn`` gives a text LLM
-(:func:`mmunlearn.unlearn_rules.text_rule`). Its forget measure, :class:`ForgetRows`, is the share of forget rows gone:
+(:func:`mmunlearn.api.rules.text_rule`). Its forget measure, :class:`ForgetRows`, is the share of forget rows gone:
 
 * every forget row's answer NLL at least its level (the reference model's NLL on that row; without a reference the
   row's own NLL before the edit + a rise, a guess the verdict names; or a level the user gives);
