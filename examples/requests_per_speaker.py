@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.api.rules import chance_error_rate, speaker_rule
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, score_rows

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.adapters.tokenizer import train_bpe
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
+from mmunlearn.adapters.text.tokenizer import train_bpe
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.tofu import load_split
 from mmunlearn.methods import SweepRule, mean_nll

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import mmunlearn  # noqa: F401  (torchaudio stand-in before SpeechBrain)
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.centroid import centroid_subspace, class_centroids, project_output
 from mmunlearn.eval.speaker import evaluate_speaker_unlearning, score_rows

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
-from mmunlearn.adapters.speech_llm_families import tower_block
+from mmunlearn.adapters.speech_llm.families import tower_block
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.patch import bits_differ, digest

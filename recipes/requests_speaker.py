@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from mmunlearn.adapters.speaker import KIND as SPEAKER, SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import KIND as SPEAKER, SpeakerAdapter
 from mmunlearn.api.rules import chance_error_rate, speaker_rule
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import table
@@ -48,7 +48,7 @@ from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, 
 from mmunlearn.methods import get, run_unlearning
 from mmunlearn.methods.rule import SweepRule
 from mmunlearn.requests import History, obtain_retain_state, read_history, run_request, widened_rule
-from mmunlearn.speech.speaker_training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
+from mmunlearn.adapters.speaker.training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
 from mmunlearn.train import TrainConfig
 
 from data_prep.synth_speakers import synthesize_corpus

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from mmunlearn.adapters.text_llm import KIND as TEXT, TextLLMAdapter
+from mmunlearn.adapters.text.adapter import KIND as TEXT, TextLLMAdapter
 from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.methods import SweepRule, get, run_unlearning
 from mmunlearn.presets.build import build_models

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from mmunlearn.adapters.text_llm import PRECISIONS, TextLLMAdapter
+from mmunlearn.adapters.text.adapter import PRECISIONS, TextLLMAdapter
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.user_sets import overlap, read_text_rows
 from mmunlearn.errors import set_threads

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.text_llm import KIND as TEXT, PRECISIONS
+from mmunlearn.adapters.text.adapter import KIND as TEXT, PRECISIONS
 from mmunlearn.audit import ATTACKS
 from mmunlearn.audit.options import parse_list
 from mmunlearn.config import opt

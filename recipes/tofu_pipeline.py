@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.audit import AUDIT_JSON, audit_text, write_audit
 from mmunlearn.audit.folder import load_text_unlearned, text_data
 from mmunlearn.data.tofu import load_split, split_info

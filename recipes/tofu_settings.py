@@ -26,7 +26,7 @@ import math
 from typing import Any
 
 from mmunlearn.adapters.base import resolve_device
-from mmunlearn.adapters.text_llm import KIND as TEXT
+from mmunlearn.adapters.text.adapter import KIND as TEXT
 from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
 from mmunlearn.methods import SweepRule, get

@@ -121,7 +121,7 @@ class ClassifierSettings(SpeakerBenchmarkSettings):
 
     preset: str = opt("small", "Classifier size: tiny (tests), small (CPU demo), base or large (ECAPA sizes of "
                                "SpeechBrain); with --model hf-audio: tiny, small or large wav2vec2 configs "
-                               "(mmunlearn/adapters/hf_audio_train.py).")
+                               "(mmunlearn/adapters/hf_audio/training.py).")
     train_epochs: int | None = opt(None, "Classifier training epochs (default: the preset's).")
     train_lr: float | None = opt(None, "Classifier training peak learning rate (default: the preset's).")
     crop_seconds: float = opt(2.0, "Classifier training: random crops of this many seconds (0: whole utterances).")

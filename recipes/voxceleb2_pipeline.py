@@ -24,7 +24,7 @@ from typing import Any
 
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
-from mmunlearn.adapters.speaker import SCORING_VERSION  # how batches are trained on and scored
+from mmunlearn.adapters.speaker.adapter import SCORING_VERSION  # how batches are trained on and scored
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.manifest import SPLIT_NAMES
 from mmunlearn.data.utterances import LEVELS, split_rows
@@ -32,7 +32,7 @@ from mmunlearn.eval.speaker import evaluate_speaker_unlearning
 from mmunlearn.kinds import kind_of
 from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import SweepPoint, choose
-from mmunlearn.speech.speaker_training import training_rows
+from mmunlearn.adapters.speaker.training import training_rows
 from mmunlearn.train import TrainConfig, TrainResult
 from mmunlearn.files.undo_store import default_undo_dir
 from recipes import voxceleb2_settings as settings
@@ -268,7 +268,7 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
     (``out/model``: the classifier's own layout -- SpeechBrain's, or ``save_pretrained`` for ``hf-audio`` -- plus the
     harness's reports and undo patch), evaluate it; the row (also ``out/run.json``).
 
-    ``scopes``: the weights the method may edit (:attr:`~mmunlearn.adapters.speaker.SpeakerAdapter.scope`);
+    ``scopes``: the weights the method may edit (:attr:`~mmunlearn.adapters.speaker.adapter.SpeakerAdapter.scope`);
     with several (and a sweep ``rule``), the method runs once per scope (``out/scopes/<scope>/model``,
     ``scope_options[scope]`` added to ``options``) and the rule chooses among them on the training partitions
     alone -- the reached target with the smallest retain loss, else the closest -- before anything is

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mmunlearn.adapters.speaker import KIND as SPEAKER
+from mmunlearn.adapters.speaker.adapter import KIND as SPEAKER
 from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
 from mmunlearn.config import applicable_overrides
 from mmunlearn.eval.speaker import forgotten_error_rate, score_rows
@@ -80,7 +80,7 @@ def is_erasure(method: str) -> bool:
 #: every weight by about lr per step whatever the data, so forget and retain vectors had the same layer
 #: energies and erasing them left the forget speaker at 98-100 % up to edits of 40 % of the weights' norm.
 SWEEP_ERASURE: dict[str, Any] = dict(sweep_scales="auto", sweep_ranks=(1, 2, 4), extract_kind="gradient")
-#: ``--scope``: which weights erasure edits (:attr:`mmunlearn.adapters.speaker.SpeakerAdapter.scope`);
+#: ``--scope``: which weights erasure edits (:attr:`mmunlearn.adapters.speaker.adapter.SpeakerAdapter.scope`);
 #: ``sweep`` lets the rule choose among these on the training partitions.
 SCOPES = ("all", "head", "embedding", "sweep")
 SWEEP_SCOPES = ("head", "embedding", "all")

@@ -43,8 +43,8 @@ from typing import Any
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
 from mmunlearn.adapters.base import resolve_device
-from mmunlearn.adapters.speech_llm import KIND, SpeechLLMAdapter
-from mmunlearn.adapters.speech_llm_build import arch_for, arch_summary
+from mmunlearn.adapters.speech_llm.adapter import KIND, SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm.build import arch_for, arch_summary
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.config import applicable_overrides
 from mmunlearn.data.utterances import LEVELS, split_rows

@@ -58,7 +58,7 @@ def one_thread():
 def llm_dir(speaker_manifests, tmp_path_factory) -> Path:
     """A tiny random-init Qwen2.5-Omni-thinker-shaped speech LLM saved to a folder, with a tokenizer
     trained on the corpus's spoken-QA texts. Tests must not modify it."""
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
 

@@ -25,7 +25,7 @@ def _changed(a, b):
 
 @pytest.fixture(scope="module")
 def speaker_dir(speaker_manifests, tmp_path_factory):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     speakers = sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")})
     path = tmp_path_factory.mktemp("api") / "speaker"
@@ -34,7 +34,7 @@ def speaker_dir(speaker_manifests, tmp_path_factory):
 
 
 def test_speaker_classifier_is_unlearned_into_the_same_format(speaker_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     import mmunlearn
 
@@ -83,7 +83,7 @@ def test_audio_label_pairs_and_errors(speaker_dir, llm_dir, speaker_manifests, t
 
 
 def test_speech_llm_is_unlearned_into_the_same_format(llm_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     before = _digest(llm_dir)
     result = unlearn(llm_dir, forget=speaker_manifests / "spk_forget_train.csv",
@@ -106,7 +106,7 @@ def test_speech_llm_is_unlearned_into_the_same_format(llm_dir, speaker_manifests
 
 
 def test_speech_llm_where_audio_and_t3(llm_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     forget, retain = speaker_manifests / "spk_forget_train.csv", speaker_manifests / "spk_retain_train.csv"
     audio = unlearn(llm_dir, forget=forget, retain=retain, method="svd-unlearn", out=tmp_path / "audio",
@@ -125,7 +125,7 @@ def test_speech_llm_where_audio_and_t3(llm_dir, speaker_manifests, tmp_path):
 
 
 def test_rmu_on_a_speech_llm_restores_from_its_folder(llm_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     forget, retain = speaker_manifests / "spk_forget_train.csv", speaker_manifests / "spk_retain_train.csv"
     res = unlearn(llm_dir, forget=forget, retain=retain, method="rmu", out=tmp_path / "rmu", device="cpu",
@@ -165,7 +165,7 @@ def test_the_output_may_not_be_the_input_or_inside_it(speaker_dir, speaker_manif
 
 
 def test_head_scope_edits_only_the_class_weights(speaker_dir, llm_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.methods import SweepRule, mean_nll
 
     forget = speaker_manifests / "spk_forget_train.csv"

@@ -182,7 +182,7 @@ def test_the_default_answer_nll_of_a_classifier_is_its_per_utterance_nll(speaker
     """AdapterDefaults.answer_nll (what mean_nll and the sweep rule read) equals the classifier's own NLL."""
     import torch
 
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.methods import mean_nll
     from mmunlearn.data.utterances import split_rows
 

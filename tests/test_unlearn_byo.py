@@ -99,7 +99,7 @@ def test_scopes_to_try():
 
 @pytest.fixture(scope="module")
 def speaker_dir(speaker_manifests, tmp_path_factory):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     speakers = sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")})
     path = tmp_path_factory.mktemp("byo_spk") / "speaker"
@@ -127,7 +127,7 @@ def test_the_default_scope_is_swept_head_first(speaker_dir, speaker_manifests, t
 
 
 def test_speaker_overlap_and_a_classifier_that_knows_nothing(speaker_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     forget = split_rows(speaker_manifests, "spk_forget_train")
     retain = split_rows(speaker_manifests, "spk_retain_train")
@@ -154,7 +154,7 @@ def test_speaker_overlap_and_a_classifier_that_knows_nothing(speaker_dir, speake
 def test_prompt_less_text_is_scored_from_its_own_tokens(text_dir, tmp_path):
     """A passage (a .txt line) is encoded as it is, no chat or QA template, every token after the first scored."""
     from mmunlearn.adapters.base import IGNORE
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.adapters.text.adapter import TextLLMAdapter
 
     adapter = TextLLMAdapter.from_pretrained(text_dir, device="cpu")
     text = "Author 3 was born in city number 3."

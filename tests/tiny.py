@@ -45,7 +45,7 @@ def tiny_tokenizer():
     global _TOKENIZER
     if _TOKENIZER is None:
         from mmunlearn.data.tofu import load_split
-        from mmunlearn.adapters.tokenizer import train_bpe
+        from mmunlearn.adapters.text.tokenizer import train_bpe
 
         items = load_split("synthetic", "full")[:200]
         _TOKENIZER = train_bpe([f"{i.question} {i.answer}" for i in items], vocab_size=512)

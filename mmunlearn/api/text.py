@@ -16,7 +16,7 @@ from typing import Any
 from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import span
 
-#: The formats tried, in order, for a tokenizer without a chat template (mmunlearn.adapters.prompt_format).
+#: The formats tried, in order, for a tokenizer without a chat template (mmunlearn.adapters.text.prompt_format).
 CANDIDATES: tuple[str, ...] = ("plain", "raw")
 
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.adapters.speech_llm import KIND as SPEECH_LLM, SpeechLLMAdapter
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.speech_llm.adapter import KIND as SPEECH_LLM, SpeechLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.audit.options import AuditOptions
 from mmunlearn.audit.runner import audit_nll, audit_speaker, audit_text
 from mmunlearn.data.tofu import load_split, split_info

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.adapters.speaker import KIND as SPEAKER
-from mmunlearn.adapters.text_llm import KIND as TEXT
+from mmunlearn.adapters.speaker.adapter import KIND as SPEAKER
+from mmunlearn.adapters.text.adapter import KIND as TEXT
 from mmunlearn.audit.measures import (NLL_KEYS, SPEAKER_KEYS, TEXT_KEYS, kept, nll_measures, recovered,
                                       speaker_measures, text_measures)
 from mmunlearn.audit.options import AuditOptions
@@ -86,7 +86,7 @@ def audit_text(unlearned: Any, target: Any, retain: Any, forget: Sequence[Any], 
                method: str, options: AuditOptions | None = None, retain_items: Sequence[Any] | None = None,
                languages: Mapping[str, Sequence[Any]] | None = None, cache: dict | None = None,
                progress: bool = True) -> dict[str, Any]:
-    """Audit a text LLM (``unlearned``, a :class:`~mmunlearn.adapters.text_llm.TextLLMAdapter`, T3's tilted one
+    """Audit a text LLM (``unlearned``, a :class:`~mmunlearn.adapters.text.adapter.TextLLMAdapter`, T3's tilted one
     included) against ``target`` and ``retain`` adapters on the ``forget`` QA items.
 
     holdout: never-seen QA items for the probe (TOFU's ``holdoutPP``; None skips the probe).
@@ -227,7 +227,7 @@ def audit_speaker(unlearned: Any, target: Any, retain: Any, forget_rows: Sequenc
                   probe_rows: Sequence[Mapping[str, Any]] | None = None, forget_speakers: Sequence[str] | None = None,
                   retain_rows: Sequence[Mapping[str, Any]] | None = None, options: AuditOptions | None = None,
                   cache: dict | None = None, progress: bool = True, model_kind: str = SPEAKER.name) -> dict[str, Any]:
-    """Audit a speaker classifier (:class:`~mmunlearn.adapters.speaker.SpeakerAdapter`): forget-speaker accuracy
+    """Audit a speaker classifier (:class:`~mmunlearn.adapters.speaker.adapter.SpeakerAdapter`): forget-speaker accuracy
     on ``forget_rows`` plain, on ``heldout_forget`` (other recordings of the forget speakers: the paraphrase
     analogue), after 8/4-bit round trips and after relearning on part of ``forget_rows``; the probe identifies
     the ``forget_speakers`` among all speakers of ``probe_rows`` (held-out recordings) by nearest centroid.

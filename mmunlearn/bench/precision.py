@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.adapters.tokenizer import train_bpe
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
+from mmunlearn.adapters.text.tokenizer import train_bpe
 from mmunlearn.bench.precision_report import (COLUMNS, GOAL_RATIO, VARIANT_COLUMNS, Check, PrecisionResult,
                                               PrecisionRow, Variant, facts_line, goal_lines, markdown, roofline_line,
                                               table_rows, variant_rows)

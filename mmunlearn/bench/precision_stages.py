@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.bench.precision_report import Check, PrecisionRow, Variant
 from mmunlearn.train import packing
 from mmunlearn.train.config import TrainConfig

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from mmunlearn.progress import StageBar
 
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.metrics.mia import mia_auc, mia_auc_ci, recording_of
 from mmunlearn.data.waveforms import example_waveform, segments
 from mmunlearn.data.utterances import LEVELS, Manifests, durations, split_rows

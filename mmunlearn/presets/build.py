@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.adapters.tokenizer import train_bpe
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
+from mmunlearn.adapters.text.tokenizer import train_bpe
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.data.tofu import QAItem, split_info
 from mmunlearn.errors import check_threads

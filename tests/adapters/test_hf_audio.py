@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmunlearn.adapters.hf_audio import HFAudioAdapter, block_of
+from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter, block_of
 from mmunlearn.api.unlearn import load_model, model_kind, unlearn
 from mmunlearn.audit.folder import detect_kind
 from mmunlearn.data.utterances import split_rows

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-import mmunlearn.adapters.speaker
+import mmunlearn.adapters.speaker.adapter
 from mmunlearn.adapters.base import ModalityAdapter
-from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
-from mmunlearn.adapters.speaker_model import PRESETS, SpeakerConfig
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter, block_of
+from mmunlearn.adapters.speaker.model import PRESETS, SpeakerConfig
 from mmunlearn.erase import erase, restore
 from mmunlearn.eval.speaker import accuracy
-from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 SPEAKERS = ["id00001", "id00002", "id00003"]
@@ -30,10 +30,10 @@ def _examples(lengths=(8000, 6000, 7000), speakers=("id00002", "id00001", "id000
 
 
 def test_doctests():
-    import mmunlearn.adapters.speaker_batches
-    import mmunlearn.adapters.speaker_cache
+    import mmunlearn.adapters.speaker.batches
+    import mmunlearn.adapters.speaker.cache
 
-    for module in (mmunlearn.adapters.speaker, mmunlearn.adapters.speaker_batches, mmunlearn.adapters.speaker_cache):
+    for module in (mmunlearn.adapters.speaker.adapter, mmunlearn.adapters.speaker.batches, mmunlearn.adapters.speaker.cache):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
@@ -185,7 +185,7 @@ def test_an_utterance_scores_the_same_alone_and_in_any_batch(adapter):
 
 
 def test_training_mode_fills_padding_with_the_utterance(adapter):
-    from mmunlearn.adapters.speaker import repeat_pad
+    from mmunlearn.adapters.speaker.adapter import repeat_pad
 
     twin = adapter.clone()
     twin.model.train()

@@ -5,7 +5,7 @@ run on it (real SpeechBrain modules, a tiny ECAPA built here)."""
 import pytest
 import torch
 
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.methods import run_unlearning
 from mmunlearn.api.restore import restore_folder
 from tests.adapters.test_speaker import SB_YAML

@@ -5,11 +5,11 @@ import doctest
 import pytest
 import torch
 
-import mmunlearn.adapters.speech_llm_families as families_module
+import mmunlearn.adapters.speech_llm.families as families_module
 from mmunlearn.adapters.base import ModalityAdapter
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-from mmunlearn.adapters.speech_llm_families import FAMILIES, tower_block
-from mmunlearn.adapters.text_llm import IGNORE
+from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm.families import FAMILIES, tower_block
+from mmunlearn.adapters.text.adapter import IGNORE
 from mmunlearn.erase import erase, restore
 from mmunlearn.tilt import TiltedCausalLM, TiltHead
 

@@ -10,10 +10,10 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2AudioForConditiona
                           WhisperModel)
 
 import mmunlearn.api.unlearn as api
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-from mmunlearn.adapters.speech_llm_assemble import assemble
-from mmunlearn.adapters.speech_llm_families import FAMILIES, family_of_dir
-from mmunlearn.adapters.tokenizer import train_bpe
+from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm.assemble import assemble
+from mmunlearn.adapters.speech_llm.families import FAMILIES, family_of_dir
+from mmunlearn.adapters.text.tokenizer import train_bpe
 from mmunlearn.kinds import kind_of
 from mmunlearn.speech.tower_cache import (TowerCache, cached_collate, cached_logits, clip_key, tower_digest,
                                           tower_outputs, train_from_cache)

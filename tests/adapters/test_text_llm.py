@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import IGNORE, TextLLMAdapter
+from mmunlearn.adapters.text.adapter import IGNORE, TextLLMAdapter
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 ARCHS = ["llama", "qwen2", "gpt2"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.audit import AuditOptions, audit_text, write_audit
 from mmunlearn.audit.measures import kept, recovered, text_measures
 from mmunlearn.audit.paraphrase import paraphrased

@@ -14,7 +14,7 @@ FAST = AuditOptions(relearn_steps=3, relearn_batch_size=4, bits=(4,))
 
 @pytest.fixture(scope="module")
 def classifiers(speaker_manifests, tmp_path_factory):
-    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+    from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 
     root = tmp_path_factory.mktemp("audit_speaker")
     for name, retain_only in (("original", False), ("retrained", True)):
@@ -43,7 +43,7 @@ def test_retrained_classifier_audited_against_itself_keeps_everything(classifier
 
 
 def test_audit_folder_reads_a_speaker_harness_output(classifiers, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.methods import run_unlearning
 

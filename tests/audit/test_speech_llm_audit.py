@@ -8,7 +8,7 @@ from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: 
 
 
 def test_speech_llm_audit_of_a_harness_folder_and_of_the_retain_model_itself(llm_dir, speaker_manifests, tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from mmunlearn.audit.folder import audit_speech_llm_folder
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.methods import run_unlearning

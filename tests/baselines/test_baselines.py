@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.baselines import REGISTRY, BaselineConfig, unlearn
 from mmunlearn.baselines.base import LossContext
 from mmunlearn.data.tofu import load_split

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-from mmunlearn.adapters.speech_llm_families import tower_block, tower_of
+from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
+from mmunlearn.adapters.speech_llm.families import tower_block, tower_of
 from mmunlearn.baselines.base import BaselineConfig
 from mmunlearn.baselines.runner import unlearn
 from mmunlearn.data.utterances import split_rows

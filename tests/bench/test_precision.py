@@ -74,7 +74,7 @@ def test_training_is_not_undone_inside_the_timed_steps(measured):
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, start[k])]
     assert len(changed) == len(start)  # every tensor moved (tied head counted with the embedding)
     # the starting losses were measured at the starting weights: recompute one
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.adapters.text.adapter import TextLLMAdapter
     from mmunlearn.data.tofu import load_split
 
     fresh = tiny_causal_lm("llama", vocab=len(tiny_tokenizer()), hidden=32, layers=2)

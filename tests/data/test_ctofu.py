@@ -329,7 +329,7 @@ def test_shipped_forget_splits_are_aligned():
 # ------------------------------------------------------------------ tokenizer
 def test_tokenizer_trained_on_a_world_covers_every_script(standin):
     from mmunlearn.presets.items import source_texts
-    from mmunlearn.adapters.tokenizer import train_bpe
+    from mmunlearn.adapters.text.tokenizer import train_bpe
 
     world = build_world(open_ctofu(standin), "en,ar,hi,ja,ko", authors=1, facts=5)
     texts = source_texts(world.training_data)

@@ -11,7 +11,7 @@ import mmunlearn.data.utterances
 from mmunlearn.data.manifest import read_manifest
 from mmunlearn.data.utterances import UtteranceDataset, split_rows
 from mmunlearn.data.waveforms import AudioCache, crop, example_waveform, segments
-from mmunlearn.speech.speaker_training import training_rows
+from mmunlearn.adapters.speaker.training import training_rows
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 

@@ -60,7 +60,7 @@ def test_shortfalls_stop_unless_allowed(tmp_path):
 def test_a_classifier_trained_on_real_speech_scores_alike_alone_in_batches_and_in_speechbrain(fsdd_slice, tmp_path):
     from speechbrain.inference.speaker import EncoderClassifier
 
-    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+    from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 
     torch.set_num_threads(1)
     rows, speakers = training_rows(fsdd_slice.out)

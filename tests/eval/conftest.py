@@ -2,7 +2,7 @@
 
 import pytest
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.eval import evaluate_tofu
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.eval import score_answers, score_candidates
 from tests.eval.conftest import SOURCE

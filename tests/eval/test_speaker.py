@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mmunlearn.eval.speaker
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.eval.speaker import (SpeakerScores, accuracy, accuracy_of, cosine_trial_scores, eer_of,
                                     equal_error_rate, evaluate_speaker_unlearning, mia_loss_auc, score_rows,
                                     verification_eer, verification_trials)

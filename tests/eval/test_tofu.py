@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.eval import METRIC_GROUPS, MissingSplitError, evaluate_tofu, load_eval_splits
 from mmunlearn.report import fmt

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from mmunlearn.adapters.speaker import SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.centroid import centroid_subspace, class_centroids
 from mmunlearn.eval.speaker import score_rows
-from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 from mmunlearn.api.restore import restore_folder
 from tests.speech_corpus import one_thread, three_forgotten_manifests  # noqa: F401  (fixtures)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.methods import RunContext, SweepRule, mean_nll

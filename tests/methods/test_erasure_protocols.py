@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.erase.energy import group_of
 from mmunlearn.methods import RunContext, SweepRule, mean_nll
@@ -132,7 +132,7 @@ def test_settings_are_checked(data):
 
 
 def test_layerwise_on_a_speech_llm_trains_each_tower_block_alone():
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from tests.adapters.test_speech_llm import TEXTS, _examples
 
     ad = SpeechLLMAdapter.build("tiny", texts=TEXTS, family="qwen2_audio", seed=0)

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
 from mmunlearn.methods import (MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, model_folder, names,

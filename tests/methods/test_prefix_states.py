@@ -3,7 +3,7 @@ an erasure's bases computed once per rank across the sweep's scales."""
 
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.erase import erase, restore
 from mmunlearn.methods import mean_nll

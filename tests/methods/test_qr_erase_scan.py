@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 from tests.tiny import tiny_causal_lm, tiny_tokenizer

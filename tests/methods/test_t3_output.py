@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import mmunlearn
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
 from mmunlearn.errors import UnsafePathError

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.synthetic import synthetic_authors
 from mmunlearn.data.tofu import load_split
 from mmunlearn.presets.build import build_models, finetune

@@ -32,7 +32,7 @@ def test_conversion_is_a_plain_hf_folder_and_is_reused(smollm2):
 
 
 def test_chat_template_and_answer_masking(smollm2):
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.adapters.text.adapter import TextLLMAdapter
 
     adapter = TextLLMAdapter.from_pretrained(smollm2, device="cpu")
     assert adapter.use_chat_template  # the instruct model's own template, not the plain Q/A format

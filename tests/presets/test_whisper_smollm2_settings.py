@@ -62,7 +62,7 @@ def test_the_untrained_base_is_kept_once_per_assembly(llm_dir, tmp_path):
 
     import torch
 
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from mmunlearn.presets.whisper_smollm2 import STAMP, _keep_base
 
     source = Path(shutil.copytree(llm_dir, tmp_path / "assembly"))

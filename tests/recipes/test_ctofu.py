@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.ctofu import build_world, open_ctofu
 from mmunlearn.data.ctofu_synthetic import synthetic_ctofu, write_language_files
 from mmunlearn.methods import get, mean_nll, names, run_unlearning

@@ -22,7 +22,7 @@ MODULE = "toy_hubert_family"
 #: The whole new family: what a user's package would ship (and name in its ``mmunlearn.kinds`` entry point).
 ADAPTER_MODULE = textwrap.dedent('''
     """A HuBERT speaker classifier family: detection by a mark in config.json, loading, and its trainer."""
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
     from mmunlearn.data.utterances import UtteranceDataset
     from mmunlearn.kinds import Kind, read_small_json, register_kind
     from mmunlearn.train import TrainConfig, train as train_loop

@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.erase import column_basis, restore
 from mmunlearn.methods import get, names, run_unlearning
 from recipes.tofu import app

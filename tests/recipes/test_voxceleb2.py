@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mmunlearn.adapters.speaker import SpeakerAdapter, block_of
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter, block_of
 from mmunlearn.erase import restore
 from mmunlearn.api.restore import restore_folder
 from mmunlearn.methods.erasure import EraseConfig, batchnorm_safe

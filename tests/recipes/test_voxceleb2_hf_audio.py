@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.kinds import kind_of
 from mmunlearn.api.restore import restore_folder
-from mmunlearn.adapters import hf_audio_train as hf
+from mmunlearn.adapters.hf_audio import training as hf
 from recipes import voxceleb2_pipeline as pipe
 from recipes import voxceleb2_settings as cfg
 from recipes.voxceleb2 import app
@@ -88,7 +88,7 @@ def test_each_method_folder_restores_bit_for_bit_and_runs_in_the_transformers_pi
 
 
 def test_ecapa_cache_keys_are_unchanged_and_hf_audio_models_get_their_own(speaker_manifests):  # noqa: F811
-    from mmunlearn.adapters.speaker import SCORING_VERSION
+    from mmunlearn.adapters.speaker.adapter import SCORING_VERSION
 
     rows = pipe.split_rows(speaker_manifests, "train")
     speakers = sorted({r["spk_id"] for r in rows})
@@ -157,7 +157,7 @@ def test_an_unknown_model_is_refused_before_any_work(tmp_path):
 
 
 def test_the_model_config_is_built_locally_and_scores_do_not_depend_on_the_batch(speaker_manifests):  # noqa: F811
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     rows = pipe.split_rows(speaker_manifests, "spk_retain_test")[:5]
     adapter = HFAudioAdapter.build(hf.model_config("tiny"), ["a", "b", "c"], hf.feature_extractor(), device="cpu")

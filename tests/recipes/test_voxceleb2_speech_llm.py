@@ -55,7 +55,7 @@ def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tm
 def test_a_swept_run_aims_at_the_retrained_models_forget_nll(llm_dir, speaker_manifests, tmp_path):
     """With ``sweep`` the rule's forget target is the retrained model's NLL on the forget answers, the verdict is in
     the row, and a row said to meet the rule has its forget NLL at the target with the retain rise in bound."""
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from mmunlearn.methods import mean_nll
     from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
 
@@ -82,7 +82,7 @@ def test_the_cli_honours_the_rule_method_and_resume_settings_on_a_speech_llm(llm
     """``retain_bound``, ``lr``, ``epochs``, ``extract`` and ``strict`` reach the run (the rule in results.json, the
     methods' configs in run.json, exit status 1 on a missed rule); ``resume`` reuses a finished stage, ``resume=no``
     redoes it (once all were ignored on this path: the rule's bound was 0.1 whatever was set, resume always off)."""
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from mmunlearn.cli import app
     from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
 

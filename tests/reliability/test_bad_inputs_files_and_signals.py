@@ -22,7 +22,7 @@ import soundfile as sf
 import torch
 
 from mmunlearn.files import layout
-from mmunlearn.adapters.speaker_io import HPARAMS, read_speaker_dir
+from mmunlearn.adapters.speaker.io import HPARAMS, read_speaker_dir
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.stream import stream_erase_checkpoint
@@ -87,7 +87,7 @@ def test_the_writers_take_their_names_from_the_layout_module():
 # ----------------------------------------------------------------- M2: hyperparams.yaml sizes out of range
 @pytest.fixture(scope="module")
 def speaker_master(tmp_path_factory):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     return SpeakerAdapter.build(["a", "b", "c"], preset="tiny", device="cpu", seed=0).save(
         tmp_path_factory.mktemp("spk") / "model")
@@ -289,7 +289,7 @@ def test_sigterm_while_an_output_is_written_leaves_no_temporary_folder(tmp_path)
 
 # ------------------------------------------------------------------ L7: speech LLM with pickled weights only
 def test_speech_llm_folder_with_only_pytorch_model_bin_gets_the_safetensors_hint(tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from tests.reliability.untrusted import write_pickle_bomb
 
     folder = tmp_path / "LLM"

@@ -32,7 +32,7 @@ def user_error(exc: BaseException, *needles: str) -> str:
 def hf_master(tmp_path_factory) -> Path:
     from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor
 
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
                          conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
@@ -66,7 +66,7 @@ def test_an_hf_audio_sampling_rate_outside_audio_rates_is_one_error_naming_the_f
 
 
 def test_an_hf_audio_folder_at_an_ordinary_rate_loads(hf_master):
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     assert HFAudioAdapter.load(hf_master, device="cpu").sample_rate == 16000  # the control
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.errors import USER_ERRORS, UnsafePathError, one_line
 from mmunlearn.presets.cache import LOG_FILE, content_digest, is_built, write_log
 from mmunlearn.train import TrainConfig, causal_lm_loss, train

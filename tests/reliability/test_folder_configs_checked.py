@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from tests.reliability.untrusted import digest_tree
 from tests.speech_corpus import llm_dir, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import tiny_causal_lm, tiny_tokenizer

@@ -25,7 +25,7 @@ SPEAKERS = ["id00001", "id00002"]
 def hf_master(tmp_path_factory) -> Path:
     from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor
 
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
                          conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
@@ -121,7 +121,7 @@ def test_a_spoiled_hf_audio_folder_is_one_error_naming_the_file_and_writes_nothi
 
 
 def test_weights_that_do_not_fit_the_config_are_one_error_naming_the_folder(hf_master, tmp_path):
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     folder = Path(shutil.copytree(hf_master, tmp_path / "model"))
     _config(folder, id2label={"0": "a", "1": "b", "2": "c"}, label2id={"a": 0, "b": 1, "c": 2})
@@ -146,7 +146,7 @@ def test_a_spoiled_text_folder_is_one_error_naming_the_file(text_master, tmp_pat
 
 
 def test_ordinary_folders_still_load(hf_master, text_master):
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
     from mmunlearn.api.unlearn import load_model
 
     assert HFAudioAdapter.load(hf_master, device="cpu").sample_rate == 16000  # the controls
@@ -154,7 +154,7 @@ def test_ordinary_folders_still_load(hf_master, text_master):
 
 
 def test_an_id2label_that_skips_a_class_is_one_error_naming_the_folder(hf_master, tmp_path):
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     folder = Path(shutil.copytree(hf_master, tmp_path / "model"))
     _config(folder, id2label={"0": "a", "5": "b"}, label2id={"a": 0, "b": 5})  # was "error: 5" (a KeyError)

@@ -27,7 +27,7 @@ RECORD = f"{HISTORY_DIR}/request-0001.safetensors"
 
 
 def _speaker(path: Path) -> None:
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     SpeakerAdapter.build(SPEAKERS, preset="tiny", device="cpu", seed=0).save(path)
 
@@ -35,7 +35,7 @@ def _speaker(path: Path) -> None:
 def _hf_audio(path: Path) -> None:
     from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor
 
-    from mmunlearn.adapters.hf_audio import HFAudioAdapter
+    from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
     cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
                          conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
@@ -45,7 +45,7 @@ def _hf_audio(path: Path) -> None:
 
 
 def _speech_llm(path: Path) -> None:
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     SpeechLLMAdapter.build("tiny", texts=["Who is speaking?", *SPEAKERS] * 4, family="qwen2_audio", seed=0).save(path)
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.files.layout import MARKER
 from mmunlearn.files.paths import check_holds_none
@@ -107,7 +107,7 @@ def test_prepare_retain_refuses_an_out_holding_the_retain_file(model, tmp_path):
 
 
 def test_an_audio_dir_inside_the_output_is_refused_before_any_wav_is_written(tmp_path):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     model = tmp_path / "speaker"
     SpeakerAdapter.build(["s1", "s2"], preset="tiny", device="cpu", seed=0).save(model)

@@ -62,7 +62,7 @@ def assert_one_line_user_error(exc: BaseException, *needles: str) -> None:
 # ------------------------------------------------------------------------------------- speech-LLM folders (H1)
 @pytest.fixture(scope="module")
 def llm_master(tmp_path_factory) -> Path:
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     adapter = SpeechLLMAdapter.build("tiny", texts=TEXTS, family="qwen2_audio", seed=0)
     return adapter.save(tmp_path_factory.mktemp("llm") / "LLM")
@@ -75,7 +75,7 @@ def llm_dir(llm_master, tmp_path) -> Path:
 
 @pytest.mark.parametrize("kind", ["symbolic", "hard"])
 def test_speech_llm_folder_with_a_link_to_an_outside_file_is_refused_when_loaded(llm_dir, secret, tmp_path, kind):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     link(kind, secret, llm_dir / "README.md")
     before, parent = digest_tree(tmp_path), listing(tmp_path)
@@ -90,7 +90,7 @@ def test_speech_llm_folder_with_a_link_to_an_outside_file_is_refused_when_loaded
 @pytest.mark.parametrize("kind", ["symbolic", "hard"])
 def test_speech_llm_side_file_linked_after_loading_is_not_copied_into_out(llm_dir, secret, tmp_path, kind):
     """The copy checks again, by itself: a link planted between load and save is refused, no output appears."""
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     adapter = SpeechLLMAdapter.load(llm_dir, device="cpu")
     (llm_dir / "spk_dict.txt").write_text("a side file that is copied")
@@ -103,7 +103,7 @@ def test_speech_llm_side_file_linked_after_loading_is_not_copied_into_out(llm_di
 
 
 def test_speech_llm_side_files_are_still_carried_over(llm_dir, tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     (llm_dir / "NOTES.md").write_text("model card")
     (llm_dir / "card.md").symlink_to("NOTES.md")  # a link inside the folder: copied as its file
@@ -217,7 +217,7 @@ def test_speaker_folder_links_to_special_files_are_refused_and_savedir_links_are
     """A speaker folder is only read as data, never copied: links to outside regular files are followed on
     purpose (SpeechBrain's savedir links every file to its source); a link to a FIFO or device (which would
     block or never end) or to an outside folder is refused before anything is opened."""
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     folder = SpeakerAdapter.build(["a", "b", "c"], preset="tiny", device="cpu", seed=0).save(tmp_path / "spk")
     outside = tmp_path / "elsewhere.ckpt"

@@ -8,7 +8,7 @@ import soundfile as sf
 
 from mmunlearn.data.manifest import MANIFEST_COLUMNS, ManifestError, check_rows, read_manifest, write_manifest
 from mmunlearn.data.utterances import split_rows
-from mmunlearn.speech.speaker_training import training_rows
+from mmunlearn.adapters.speaker.training import training_rows
 from tests.reliability.untrusted import digest_tree
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mmunlearn.adapters.speech_llm_io import _copy_side_files
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.speech_llm.io import _copy_side_files
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.cli import app
 from mmunlearn.erase.in_memory import erase_checkpoint

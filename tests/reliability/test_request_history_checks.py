@@ -38,7 +38,7 @@ def test_a_sane_relative_edit_is_reused(tmp_path, caplog, value):
 
 @pytest.fixture(scope="module")
 def speaker_adapter():
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     return SpeakerAdapter.build(SPEAKERS, preset="tiny", device="cpu", seed=0)
 

@@ -49,7 +49,7 @@ def test_a_gguf_asking_for_a_million_blocks_is_refused_before_building(tmp_path,
 
 @pytest.fixture(scope="module")
 def text_adapter():
-    from mmunlearn.adapters.text_llm import TextLLMAdapter
+    from mmunlearn.adapters.text.adapter import TextLLMAdapter
     from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
     return TextLLMAdapter(tiny_causal_lm(layers=1), tiny_tokenizer(), use_chat_template=False)

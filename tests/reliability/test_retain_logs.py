@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.eval import evaluate_tofu
 from tests.reliability.untrusted import digest_tree
 from tests.tiny import tiny_causal_lm, tiny_tokenizer

@@ -7,16 +7,16 @@ import shutil
 import pytest
 import torch
 
-from mmunlearn.adapters.speaker import SpeakerAdapter
-from mmunlearn.adapters.speaker_io import (
+from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
+from mmunlearn.adapters.speaker.io import (
     HPARAMS,
     check_hparams_tags,
     parse_hparams,
     read_speaker_dir,
     spec_from_hparams,
 )
-from mmunlearn.adapters.speaker_model import SpeakerConfig
-from mmunlearn.adapters.speaker_yaml import hparams_yaml
+from mmunlearn.adapters.speaker.model import SpeakerConfig
+from mmunlearn.adapters.speaker.write_hparams import hparams_yaml
 from tests.reliability.untrusted import digest_tree
 
 SPEAKERS = ["id00001", "id00002", "id00003"]

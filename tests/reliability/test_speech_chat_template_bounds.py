@@ -10,7 +10,7 @@ from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: 
 
 
 def test_a_speech_llm_chat_template_bomb_is_one_error(llm_dir):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     adapter = SpeechLLMAdapter.load(llm_dir, device="cpu")
     assert adapter._prompt_ids("Who is speaking?")  # the folder's own template renders (the control)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mmunlearn
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.tilt.model import HEAD_NAME

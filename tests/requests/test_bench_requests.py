@@ -41,7 +41,7 @@ def test_peak_memory_sees_an_allocation_that_is_freed_inside_the_block():
 
 
 def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(speaker_manifests, tmp_path):  # noqa: F811
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from recipes.requests_speaker import run_speaker
 
     res = run_speaker(tmp_path, preset="tiny", manifests=speaker_manifests, extracts=("gradient",), train_epochs=2,

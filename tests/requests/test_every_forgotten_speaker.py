@@ -14,7 +14,7 @@ HEAD_WEIGHT = "classifier.weight"  # the SpeakerAdapter's head_weight
 
 @pytest.fixture(scope="module")
 def trained(three_forgotten_manifests, tmp_path_factory):
-    from mmunlearn.speech.speaker_training import train_speaker_classifier, training_rows
+    from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 
     rows, speakers = training_rows(three_forgotten_manifests, "speaker")
     adapter, _ = train_speaker_classifier(rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3, batch_size=8,
@@ -51,7 +51,7 @@ def _judged_per_speaker(report, adapter, forget):
 
 
 def test_the_measure_is_the_worst_speakers(trained, parts):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     forget, _ = parts
     original = SpeakerAdapter.load(trained, device="cpu")
@@ -63,7 +63,7 @@ def test_the_measure_is_the_worst_speakers(trained, parts):
 
 
 def test_every_forgotten_row_is_turned_away_from_every_forgotten_speaker(trained, parts):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.methods.head_rows import forgotten_rows, speaker_directions
     from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 
@@ -118,7 +118,7 @@ def test_one_request_and_a_batch_are_judged_speaker_by_speaker(trained, parts):
 def test_speakers_forgotten_earlier_count_as_forgotten(trained, parts):
     import numpy as np
 
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     forget, _ = parts
     original = SpeakerAdapter.load(trained, device="cpu")
@@ -155,7 +155,7 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
     assert second.report["earlier_directions"] == [a, c]  # their original rows, from r1's undo patch
     history = read_history(tmp_path / "r2")
     assert [r["forget_speakers"] for r in history.requests] == [[a, c], [b]]
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.requests.history import original_tensor
 
     now = second.adapter.model.classifier.weight.detach()
@@ -174,7 +174,7 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
 
 
 def test_rows_of_speakers_forgotten_earlier_are_turned_away_from_this_requests_audio(trained, parts):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.methods.head_rows import forgotten_rows, speaker_directions
     from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices
 

@@ -23,7 +23,7 @@ def _digest(folder):
 
 
 def _weights(folder):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     return SpeakerAdapter.load(folder, device="cpu").model.state_dict()
 
@@ -43,7 +43,7 @@ def parts(speaker_manifests):
 
 @pytest.fixture(scope="module")
 def speaker_dir(speaker_manifests, tmp_path_factory):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     speakers = sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")})
     path = tmp_path_factory.mktemp("requests") / "speaker"
@@ -79,7 +79,7 @@ def test_retain_state_is_reused_when_it_matches_and_recomputed_when_not(speaker_
     assert load_retain_state(tmp_path / "state").meta["retain_items"] == len(other)
 
     # weights that differ (another seed) with no recorded lineage: recomputed, and it says why
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     speakers = SpeakerAdapter.load(speaker_dir, device="cpu").speakers
     SpeakerAdapter.build(speakers, preset="tiny", device="cpu", seed=1).save(tmp_path / "other_model")
@@ -93,7 +93,7 @@ def test_retain_state_is_reused_when_it_matches_and_recomputed_when_not(speaker_
 
 
 def _model(folder):
-    from mmunlearn.adapters.speaker import SpeakerAdapter
+    from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     return SpeakerAdapter.load(folder, device="cpu").model
 
@@ -207,7 +207,7 @@ def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_e
 
 
 def test_a_speech_llm_request_chain_restores_through_safetensors(llm_dir, parts, tmp_path):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     first, second, retain = parts
     opts = dict(device="cpu", progress=False, **fast("qr-erase"))  # a speech LLM: "auto" is no rule

@@ -80,7 +80,7 @@ def test_task_accuracy_is_normalised_exact_match():
 
 
 def test_training_fits_the_answers_of_a_tiny_model(speaker_manifests):
-    from mmunlearn.adapters.speech_llm import SpeechLLMAdapter
+    from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 
     exs = spoken_qa(split_rows(speaker_manifests, "spk_retain_train")[:4], ("speaker", "gender"))
     adapter = SpeechLLMAdapter.build("tiny", texts=texts_of(exs), family="qwen2_5_omni", seed=0)

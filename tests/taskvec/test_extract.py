@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.taskvec import LowRank, load_task_matrices, save_task_matrices

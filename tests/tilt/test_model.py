@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.tilt import TiltedCausalLM, TiltHead
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 

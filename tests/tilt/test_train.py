@@ -2,7 +2,7 @@
 
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.tilt import TiltedCausalLM
 from mmunlearn.tilt.cache import build_cache

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.train import TrainConfig, causal_lm_loss, train
 from tests.tiny import tiny_causal_lm, tiny_tokenizer

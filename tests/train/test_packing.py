@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.train import packing
 from mmunlearn.train.answer_only import answer_logits

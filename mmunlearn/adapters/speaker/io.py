@@ -14,14 +14,14 @@ its ``<name>.ckpt`` (checked to be a weights-only checkpoint) and written back u
 loads with ``EncoderClassifier.from_hparams`` with all the modules its input had.
 
 **Reading runs nothing the folder names**: ``hyperparams.yaml`` is parsed and checked by
-:mod:`mmunlearn.adapters.speaker_hparams` (tags inert, an allow-list, ``!ref`` resolved there) and the modules
+:mod:`mmunlearn.adapters.speaker.hparams` (tags inert, an allow-list, ``!ref`` resolved there) and the modules
 are built from the resulting plain data. Checkpoints are read with ``torch.load(weights_only=True)``, which
 refuses pickled code, and are checked against the module shapes on PyTorch's ``meta`` device before any weight
 memory is allocated.
 
 ``trust_hparams=True`` loads ``hyperparams.yaml`` with HyperPyYAML as SpeechBrain does, i.e. **runs
 the code the file names**: only for folders you trust. Either way :func:`write_speaker_dir` writes a
-``hyperparams.yaml`` generated from the model's :class:`SpeakerSpec` (:mod:`mmunlearn.adapters.speaker_yaml`),
+``hyperparams.yaml`` generated from the model's :class:`SpeakerSpec` (:mod:`mmunlearn.adapters.speaker.write_hparams`),
 never a copy of the input.
 """
 
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from mmunlearn.adapters.speaker_hparams import HPARAMS, check_hparams_tags, parse_hparams, spec_from_hparams
-from mmunlearn.adapters.speaker_model import (DEFAULT_MARGIN, DEFAULT_SCALE, ExtraModule, SpeakerNet, SpeakerSpec,
+from mmunlearn.adapters.speaker.hparams import HPARAMS, check_hparams_tags, parse_hparams, spec_from_hparams
+from mmunlearn.adapters.speaker.model import (DEFAULT_MARGIN, DEFAULT_SCALE, ExtraModule, SpeakerNet, SpeakerSpec,
                                               build_modules)
-from mmunlearn.adapters.speaker_yaml import hparams_yaml
+from mmunlearn.adapters.speaker.write_hparams import hparams_yaml
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.paths import check_tree
 

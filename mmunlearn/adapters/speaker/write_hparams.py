@@ -1,8 +1,8 @@
-"""hyperparams.yaml of a speaker folder written from its :class:`~mmunlearn.adapters.speaker_model.SpeakerSpec`.
+"""hyperparams.yaml of a speaker folder written from its :class:`~mmunlearn.adapters.speaker.model.SpeakerSpec`.
 
 The file is generated from the spec alone (every value written as plain data), never copied from an input, in the
 layout of SpeechBrain's pretrained ``EncoderClassifier`` models: the four modules, then every other module the
-input's file named (:class:`~mmunlearn.adapters.speaker_model.ExtraModule`, e.g. spkrec's ``mean_var_norm_emb``) in
+input's file named (:class:`~mmunlearn.adapters.speaker.model.ExtraModule`, e.g. spkrec's ``mean_var_norm_emb``) in
 ``modules`` and, when it has a checkpoint, in the pretrainer's ``loadables``, so SpeechBrain loads it from
 ``<name>.ckpt`` beside the file.
 """
@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from mmunlearn.adapters.speaker_model import (LABEL_ENCODER, PRETRAINER, ModuleSpec, NameRef, SpeakerConfig,
+from mmunlearn.adapters.speaker.model import (LABEL_ENCODER, PRETRAINER, ModuleSpec, NameRef, SpeakerConfig,
                                               SpeakerSpec)
 
 

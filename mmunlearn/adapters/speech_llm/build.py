@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from mmunlearn.adapters.speech_llm_families import FAMILIES, Family
-from mmunlearn.adapters.tokenizer import train_bpe
+from mmunlearn.adapters.speech_llm.families import FAMILIES, Family
+from mmunlearn.adapters.text.tokenizer import train_bpe
 
 SAMPLE_RATE = 16000
 HOP = 160  # Whisper: 10 ms frames

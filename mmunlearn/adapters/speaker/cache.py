@@ -11,7 +11,7 @@ digest, so a stale embedding is never served; nothing is trusted to a version co
 Hand-written because no library caches module outputs keyed by the module's weights.
 
 >>> import torch
->>> from mmunlearn.adapters.speaker import SpeakerAdapter
+>>> from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 >>> adapter = SpeakerAdapter.build(["a", "b"], preset="tiny", device="cpu")
 >>> adapter.scope = "head"  # turns the cache on
 >>> batch = adapter.collate([{"wav": torch.randn(8000), "spk_id": "a"}, {"wav": torch.randn(6000), "spk_id": "b"}])

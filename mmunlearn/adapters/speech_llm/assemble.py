@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from mmunlearn.adapters.speech_llm_families import FAMILIES, Family
+from mmunlearn.adapters.speech_llm.families import FAMILIES, Family
 from mmunlearn.files.checkpoint import atomic_dir
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.adapters.hf_audio import KIND, HFAudioAdapter
+from mmunlearn.adapters.hf_audio.adapter import KIND, HFAudioAdapter
 from mmunlearn.data.utterances import UtteranceDataset
 from mmunlearn.train import TrainConfig, TrainResult
 from mmunlearn.train import train as train_loop

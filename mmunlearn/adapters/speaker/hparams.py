@@ -4,12 +4,12 @@ the allow-list, ``!ref`` resolved here, and the modules described as plain data 
 **Reading runs nothing the folder names.** HyperPyYAML, which SpeechBrain uses, imports and calls
 whatever a ``!new:``/``!apply:``/``!name:`` tag names (``pwn: !apply:os.system [...]`` runs a shell
 command), reads ``!include:`` files and even evaluates ``(...)`` tuples with PyYAML's unsafe loader.
-So by default :func:`~mmunlearn.adapters.speaker_io.read_speaker_dir` never hands the file to HyperPyYAML:
+So by default :func:`~mmunlearn.adapters.speaker.io.read_speaker_dir` never hands the file to HyperPyYAML:
 it parses it with PyYAML's ``SafeLoader``, under which every tag becomes inert data (:class:`Tagged`); refuses the
 file, before anything is constructed, if any tag anywhere in it is not ``!ref``/``!copy``/
 ``!tuple`` or a ``!new:``/``!name:`` of the allow-list (:data:`ALLOWED_NEW`, :data:`ALLOWED_NAME`);
 resolves the ``!ref`` s itself; and builds the four modules from the resulting plain data through an
-explicit table of imported classes (:class:`~mmunlearn.adapters.speaker_model.SpeakerSpec`).
+explicit table of imported classes (:class:`~mmunlearn.adapters.speaker.model.SpeakerSpec`).
 Checking tags and then letting HyperPyYAML build the modules would not be enough: its tuple
 resolver runs PyYAML's unsafe loader on plain strings, which no tag check sees.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from mmunlearn.adapters.speaker_model import (
+from mmunlearn.adapters.speaker.model import (
     ACTIVATIONS,
     DEFAULT_MARGIN,
     DEFAULT_SCALE,

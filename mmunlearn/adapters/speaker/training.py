@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mmunlearn.adapters.speaker import KIND, SpeakerAdapter
+from mmunlearn.adapters.speaker.adapter import KIND, SpeakerAdapter
 from mmunlearn.data.waveforms import AudioCache
 from mmunlearn.data.utterances import LEVELS, Manifests, UtteranceDataset, split_rows
 from mmunlearn.train import TrainConfig, TrainResult
@@ -56,11 +56,11 @@ def train_speaker_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Seq
       ignored when ``adapter`` (a model to keep training) is given.
     - Every read of an utterance is a fresh random crop of ``crop_seconds`` (seeded, see
       :class:`UtteranceDataset`); shorter utterances come whole; in the batch their padding is filled by repeating them
-      (:func:`~mmunlearn.adapters.speaker.repeat_pad`), so training never sees zero padding.
+      (:func:`~mmunlearn.adapters.speaker.adapter.repeat_pad`), so training never sees zero padding.
       None trains on whole utterances (slower; memorises the exact samples more).
     - ``cache``: True decodes each file once into the adapter's ``audio_cache`` (shared with
       evaluation), an :class:`AudioCache` to use that one, False to decode on every read.
-    - ``model_options``: :class:`~mmunlearn.adapters.speaker_model.SpeakerConfig` overrides for a
+    - ``model_options``: :class:`~mmunlearn.adapters.speaker.model.SpeakerConfig` overrides for a
       new model (``channels``, ``margin``, ...).
     - ``config`` (default :data:`DEFAULT_TRAIN`) with ``overrides`` (e.g. ``epochs=5, lr=1e-3``)
       goes to :func:`mmunlearn.train.train`; its seed is ``seed``, which also seeds the model

@@ -23,7 +23,7 @@ import torch
 
 from mmunlearn.adapters.base import resolve_device, resolve_dtype
 from mmunlearn.adapters.hf_checks import check_config, check_preprocessor, loading
-from mmunlearn.adapters.speech_llm_families import family_of_dir
+from mmunlearn.adapters.speech_llm.families import family_of_dir
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.layout import RESERVED
 from mmunlearn.files.paths import check_tree

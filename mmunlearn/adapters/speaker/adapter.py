@@ -2,7 +2,7 @@
 
 Built from a size preset (:meth:`SpeakerAdapter.build`) or read from a directory in SpeechBrain's
 pretrained ``EncoderClassifier`` layout (:meth:`SpeakerAdapter.load`, see
-:mod:`mmunlearn.adapters.speaker_io`), e.g. a local copy of speechbrain/spkrec-ecapa-voxceleb.
+:mod:`mmunlearn.adapters.speaker.io`), e.g. a local copy of speechbrain/spkrec-ecapa-voxceleb.
 
 Scores, for one utterance x with speaker class y, cosine similarities c_k = cos(emb(x), w_k) and the
 AAM scale s:
@@ -42,14 +42,14 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.base import IGNORE, LayerWeight, resolve_device  # noqa: F401  (IGNORE: re-exported)
-from mmunlearn.adapters.speaker_batches import (SCOPES, SCORING_VERSION, ClassifierScores, by_length,  # noqa: F401
+from mmunlearn.adapters.speaker.batches import (SCOPES, SCORING_VERSION, ClassifierScores, by_length,  # noqa: F401
                                                 labels_of, length_groups, repeat_pad,
                                                 sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
-from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
-from mmunlearn.adapters.speaker_io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
+from mmunlearn.adapters.speaker.cache import EmbeddingCache, embedding_needs_grad
+from mmunlearn.adapters.speaker.io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
                                           read_speaker_dir, read_state, write_speaker_dir, write_state)
-from mmunlearn.adapters.speaker_model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net
-from mmunlearn.adapters.speaker_yaml import hparams_yaml
+from mmunlearn.adapters.speaker.model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net
+from mmunlearn.adapters.speaker.write_hparams import hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, register_kind
 
@@ -107,7 +107,7 @@ class SpeakerAdapter(ClassifierScores):
         self._aam = LogSoftmaxWrapper(AdditiveAngularMargin(margin=self.margin, scale=self.scale))
         self._scope = "all"
         #: Embeddings reused while the embedding model is unchanged (on in the ``head`` scope, where edits
-        #: leave it alone); see :mod:`mmunlearn.adapters.speaker_cache`.
+        #: leave it alone); see :mod:`mmunlearn.adapters.speaker.cache`.
         self.embedding_cache: EmbeddingCache | None = None
 
     # ------------------------------------------------------------------ building, loading, saving
@@ -116,7 +116,7 @@ class SpeakerAdapter(ClassifierScores):
               device: str | torch.device = "auto", **overrides: Any) -> "SpeakerAdapter":
         """A fresh model for ``n_speakers`` classes (or these speaker IDs, in this class order).
 
-        ``preset``: a size in :data:`~mmunlearn.adapters.speaker_model.PRESETS`; ``overrides``:
+        ``preset``: a size in :data:`~mmunlearn.adapters.speaker.model.PRESETS`; ``overrides``:
         any :class:`SpeakerConfig` field (``channels``, ``lin_neurons``, ``margin``, ``scale``, ...).
         Initialisation is seeded by ``seed`` without touching the global RNG.
         """
@@ -137,7 +137,7 @@ class SpeakerAdapter(ClassifierScores):
 
         Safe by default: ``hyperparams.yaml`` is parsed as data and may only name the allow-listed
         SpeechBrain classes; checkpoints are read with ``torch.load(weights_only=True)`` (see
-        :mod:`mmunlearn.adapters.speaker_io`). ``trust_hparams=True`` instantiates the YAML with
+        :mod:`mmunlearn.adapters.speaker.io`). ``trust_hparams=True`` instantiates the YAML with
         HyperPyYAML as SpeechBrain does, which **runs the code the file names**: only for trusted folders.
         """
         found = read_speaker_dir(path, trust_hparams=trust_hparams)
@@ -344,4 +344,4 @@ KIND = register_kind(Kind(
     weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, write_weights=write_state,
     check_folder=_check_folder,
     has_batchnorm=True, train_in_eval_mode=True, is_classifier=True, takes_audio=True, request_extract="gradient",
-    priority=10, trainer="mmunlearn.speech.speaker_training"))
+    priority=10, trainer="mmunlearn.adapters.speaker.training"))

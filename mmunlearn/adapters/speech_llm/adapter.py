@@ -27,12 +27,12 @@ from jinja2 import TemplateError
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.adapters.chat_template import install as install_bounds, template_error
+from mmunlearn.adapters.text.chat_template import install as install_bounds, template_error
 from mmunlearn.adapters.base import IGNORE, HiddenStateTap, LayerWeight, TokenScoring
-from mmunlearn.adapters.speech_llm_build import arch_for, build_feature_extractor, build_model, build_tokenizer
-from mmunlearn.adapters.speech_llm_families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
-from mmunlearn.adapters.speech_llm_io import load_dir, save_dir
-from mmunlearn.adapters.text_llm import _qa
+from mmunlearn.adapters.speech_llm.build import arch_for, build_feature_extractor, build_model, build_tokenizer
+from mmunlearn.adapters.speech_llm.families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
+from mmunlearn.adapters.speech_llm.io import load_dir, save_dir
+from mmunlearn.adapters.text.adapter import _qa
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
 

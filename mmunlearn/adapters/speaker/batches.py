@@ -1,7 +1,7 @@
 """How batches of utterances reach a speaker classifier and what every classifier adapter scores from its logits:
 labels, one pass per length for scoring, repeat padding for training, and the per-utterance scores
-(:class:`ClassifierScores`) shared by the SpeechBrain (:mod:`~mmunlearn.adapters.speaker`) and Hugging Face
-(:mod:`~mmunlearn.adapters.hf_audio`) adapters.
+(:class:`ClassifierScores`) shared by the SpeechBrain (:mod:`~mmunlearn.adapters.speaker.adapter`) and Hugging Face
+(:mod:`~mmunlearn.adapters.hf_audio.adapter`) adapters.
 
 >>> wavs = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0]])
 >>> [(idx.tolist(), n) for idx, n in length_groups(torch.tensor([1.0, 0.5]), 4)]

@@ -6,8 +6,8 @@ the speakers, safetensors weights) and its feature extractor (``preprocessor_con
 writes both with ``save_pretrained``, so ``transformers.pipeline("audio-classification", model=OUT)`` runs an
 unlearned folder as it ran the input.
 
-Scores are the speaker classifiers' (:class:`~mmunlearn.adapters.speaker_batches.ClassifierScores`, shared with
-:mod:`mmunlearn.adapters.speaker`): ``logits`` (B x C) are the model's, ``loss`` is their cross-entropy, each utterance
+Scores are the speaker classifiers' (:class:`~mmunlearn.adapters.speaker.batches.ClassifierScores`, shared with
+:mod:`mmunlearn.adapters.speaker.adapter`): ``logits`` (B x C) are the model's, ``loss`` is their cross-entropy, each utterance
 a one-"token" sequence for ``logprobs`` / ``sequence_logprob``; ``embeddings`` are the pooled vectors the
 classification head reads (what verification scores by cosine).
 ``layers()`` exposes the 2-D Linear weights (feature projection, each encoder layer's attention and feed-forward,
@@ -30,8 +30,8 @@ from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_preprocessor, check_loaded, loading
-from mmunlearn.adapters.speaker_batches import SCOPES, ClassifierScores, labels_of, per_length
-from mmunlearn.adapters.speaker_cache import EmbeddingCache, embedding_needs_grad
+from mmunlearn.adapters.speaker.batches import SCOPES, ClassifierScores, labels_of, per_length
+from mmunlearn.adapters.speaker.cache import EmbeddingCache, embedding_needs_grad
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.data.manifest import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from mmunlearn.data.waveforms import AudioCache, example_waveform
@@ -86,7 +86,7 @@ class HFAudioAdapter(ClassifierScores):
         self._scope = "all"
         #: pooled vectors kept while the weights below the head stay the same (on with the head scope, where an edit
         #: leaves them as they were: a sweep's points score only the head again; keyed by those weights' bytes,
-        #: :mod:`mmunlearn.adapters.speaker_cache`)
+        #: :mod:`mmunlearn.adapters.speaker.cache`)
         self.embedding_cache: EmbeddingCache | None = None
 
     @property
@@ -316,4 +316,4 @@ KIND = register_kind(Kind(
     description="Hugging Face audio classifier in save_pretrained layout (AutoModelForAudioClassification: "
                 "wav2vec2, HuBERT, WavLM)",
     presets_from="speaker", train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=20,
-    trainer="mmunlearn.adapters.hf_audio_train"))
+    trainer="mmunlearn.adapters.hf_audio.training"))

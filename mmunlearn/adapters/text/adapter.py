@@ -1,7 +1,7 @@
 """Adapter for HF causal LMs (Llama, Qwen2, GPT-2, ...): QA formatting, scoring, generation, I/O.
 
 Question/answer pairs are formatted with the tokenizer's chat template when it has one, else
-``Question: ...\\nAnswer: ...``, or in the ``prompt_format`` given (:mod:`mmunlearn.adapters.prompt_format`: ``chat``,
+``Question: ...\\nAnswer: ...``, or in the ``prompt_format`` given (:mod:`mmunlearn.adapters.text.prompt_format`: ``chat``,
 ``plain``, ``raw`` or a format string); prompt and answer are tokenised separately and concatenated, so the labels
 cover exactly the answer tokens (plus EOS).
 """
@@ -20,8 +20,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mmunlearn.train.answer_only import answer_logits, autocast_context, supports_answer_only
-from mmunlearn.adapters.chat_template import install as install_bounds, template_error
-from mmunlearn.adapters import prompt_format as formats
+from mmunlearn.adapters.text.chat_template import install as install_bounds, template_error
+from mmunlearn.adapters.text import prompt_format as formats
 from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
 from mmunlearn.files.checkpoint import atomic_dir
@@ -143,7 +143,7 @@ class TextLLMAdapter(TokenScoring):
 
     # ------------------------------------------------------------------ formatting
     def set_prompt_format(self, fmt: str) -> None:
-        """Format rows in ``fmt`` from now on (:mod:`mmunlearn.adapters.prompt_format`); ``chat`` needs the tokenizer's
+        """Format rows in ``fmt`` from now on (:mod:`mmunlearn.adapters.text.prompt_format`); ``chat`` needs the tokenizer's
         chat template."""
         fmt = formats.check(fmt)
         if fmt == "chat" and not getattr(self.tokenizer, "chat_template", None):
