@@ -6,7 +6,7 @@ Run on a workdir of ``voxceleb2 speaker --forget-speakers 3`` with the head scop
 
 Each variant ``BASE:ALPHA`` starts from the original model (``emb``) or the head-scope QR-Erase output (``head+emb``),
 erases the forgotten speakers' centroid directions outside the retained speakers' centroid span from the embedding
-model's last layer (:mod:`mmunlearn.erase.centroid`; centroids of the training utterances), saves the model under
+model's last layer (:mod:`mmunlearn.erase.subspace.centroid`; centroids of the training utterances), saves the model under
 ``<workdir>/centroid/<variant>/model``, evaluates it as the recipe does and audits it with ``mmunlearn audit``
 (relearning and probe, the recipe's defaults). ``<workdir>/centroid/results.json`` holds every variant and table rows.
 """
@@ -23,7 +23,7 @@ import torch
 import mmunlearn  # noqa: F401  (torchaudio stand-in before SpeechBrain)
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.data.utterances import split_rows
-from mmunlearn.erase.centroid import centroid_subspace, class_centroids, project_output
+from mmunlearn.erase.subspace.centroid import centroid_subspace, class_centroids, project_output
 from mmunlearn.eval.speaker import evaluate_speaker_unlearning, score_rows
 
 torch.set_num_threads(1)

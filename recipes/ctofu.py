@@ -19,9 +19,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from mmunlearn.data.ctofu import (FACT_SPLITS, FORGET_SPLIT, TRAIN_TEXTS, build_world, open_ctofu, parse_langs,
+from mmunlearn.data.ctofu.worlds import (FACT_SPLITS, FORGET_SPLIT, TRAIN_TEXTS, build_world, open_ctofu, parse_langs,
                                   retain_split_for)
-from mmunlearn.data.ctofu_align import check_alignment
+from mmunlearn.data.ctofu.align import check_alignment
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.presets.build import torch_threads
 

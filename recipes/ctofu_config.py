@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmunlearn.config import opt
-from mmunlearn.data.ctofu import TRAIN_TEXTS
+from mmunlearn.data.ctofu.worlds import TRAIN_TEXTS
 from recipes.recipe_config import ConfigError
 from recipes.tofu_config import RecipeConfig
 

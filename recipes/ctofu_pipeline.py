@@ -4,7 +4,7 @@ method's rows (one per evaluation language), and the cross-lingual transfer summ
 Model building, the cached evaluation and the method's run are the TOFU recipe's
 (:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`, :func:`recipes.runner.run_method`);
 the world's data is a dict source
-(:class:`mmunlearn.data.ctofu.SplitMapping`) so both read it unchanged.
+(:class:`mmunlearn.data.ctofu.worlds.SplitMapping`) so both read it unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.data.ctofu import World
+from mmunlearn.data.ctofu.worlds import World
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
 from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import default_cache_dir

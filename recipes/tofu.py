@@ -29,7 +29,7 @@ from rich.console import Console
 
 from mmunlearn.adapters.text.adapter import PRECISIONS, TextLLMAdapter
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.data.user_sets import overlap, read_text_rows
+from mmunlearn.data.user.sets import overlap, read_text_rows
 from mmunlearn.errors import set_threads
 from mmunlearn.eval import evaluate_tofu, summary_table
 from mmunlearn.eval.tofu import check_max_new_tokens

@@ -91,7 +91,7 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
     (in ``model_dir/evals/<key>``).
 
     ``data`` is named by its ``str`` in the cache key (a mapping source needs a short, content-bound
-    ``str``, e.g. :class:`mmunlearn.data.ctofu.SplitMapping`); ``metrics``: evaluate_tofu's groups.
+    ``str``, e.g. :class:`mmunlearn.data.ctofu.worlds.SplitMapping`); ``metrics``: evaluate_tofu's groups.
     ``fingerprint``: what identifies the weights of a folder outside the build cache (whose folder
     names do not change with the weights; :func:`model_fingerprint`), part of the key when given.
     """

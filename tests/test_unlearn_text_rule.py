@@ -11,7 +11,7 @@ import mmunlearn
 from mmunlearn.adapters.base import IGNORE
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.api.unlearn import DEFAULT_METHOD, TEXT_HOLD_OUT, default_method, unlearn
-from mmunlearn.data.user_sets import read_text_rows, split_held_out
+from mmunlearn.data.user.sets import read_text_rows, split_held_out
 from mmunlearn.methods import get
 from mmunlearn.methods.harness import FAVOURED
 from mmunlearn.api.row_rule import SAID_RECALL, says

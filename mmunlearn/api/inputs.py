@@ -1,8 +1,8 @@
 """The forget and retain sets of ``mmunlearn.unlearn``, read for the model's kind and checked before any model work.
 
-Text LLMs take question-answer rows or prompt-less text (:func:`~mmunlearn.data.user_sets.read_text_rows`); every
+Text LLMs take question-answer rows or prompt-less text (:func:`~mmunlearn.data.user.sets.read_text_rows`); every
 kind that takes audio takes manifests, (path, label) lists, JSON/JSONL or Hugging Face datasets
-(:func:`~mmunlearn.data.user_sets.read_speech_rows`). A forget row that is also a retain row is refused (the two sets
+(:func:`~mmunlearn.data.user.sets.read_speech_rows`). A forget row that is also a retain row is refused (the two sets
 would ask for opposite things), and so is a forget speaker that is also a retain speaker when the rule forgets
 speakers.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mmunlearn.data.user_sets import DataFormatError, overlap, read_speech_rows, read_text_rows, split_held_out
+from mmunlearn.data.user.sets import DataFormatError, overlap, read_speech_rows, read_text_rows, split_held_out
 from mmunlearn.errors import UserError
 from mmunlearn.kinds import Kind
 from mmunlearn.speech.spoken_qa import spoken_qa

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.data.user_sets import split_held_out
+from mmunlearn.data.user.sets import split_held_out
 from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome

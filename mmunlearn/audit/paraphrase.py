@@ -3,7 +3,7 @@
 An output-level filter or a method that only learnt to dodge the benchmark's wording lets the same fact out
 under another wording (Lynch et al. 2024 list rephrased and translated prompts among their eight tests).
 TOFU ships a ``paraphrased_question`` for every ``forgetPP_perturbed`` row (read by
-:mod:`mmunlearn.data.tofu`); cTOFU has every forget row in every language (:mod:`mmunlearn.data.ctofu`), so
+:mod:`mmunlearn.data.tofu`); cTOFU has every forget row in every language (:mod:`mmunlearn.data.ctofu.worlds`), so
 the same measures are taken per language. For a speaker classifier the analogue is other recordings of the
 forgotten speakers (held-out sessions the model never trained on).
 """

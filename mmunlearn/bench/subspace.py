@@ -24,8 +24,8 @@ import torch
 from scipy.linalg import lapack
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.erase.basis import column_basis
-from mmunlearn.erase.cpqr import lapack_available
+from mmunlearn.erase.subspace.basis import column_basis
+from mmunlearn.erase.subspace.cpqr import lapack_available
 from mmunlearn.report import table
 
 #: Benchmarked methods: registry names of ``column_basis`` plus the full LAPACK CPQR.

@@ -28,7 +28,7 @@ from mmunlearn.audit.options import BITS, CAPABILITY_DEFAULTS, AuditOptions, opt
 from mmunlearn.audit.table import reference_rows
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.cli.unlearn import mount as mount_unlearn
-from mmunlearn.erase.basis import METHODS
+from mmunlearn.erase.subspace.basis import METHODS
 from mmunlearn.erase.energy import RULES
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.options import EraseOptions

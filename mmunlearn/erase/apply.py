@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmunlearn.erase.basis import METHODS, column_basis
-from mmunlearn.erase.discriminate import discriminate_factors
+from mmunlearn.erase.subspace.basis import METHODS, column_basis
+from mmunlearn.erase.subspace.discriminate import discriminate_factors
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.norms import all_finite

@@ -51,7 +51,7 @@ from mmunlearn.files.checkpoint import (
     shard_files,
 )
 from mmunlearn.erase.apply import _check_rank, erase, restore
-from mmunlearn.erase.basis import METHODS
+from mmunlearn.erase.subspace.basis import METHODS
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.erase.options import EraseOptions

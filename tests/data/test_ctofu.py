@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mmunlearn.data.ctofu import (ENGLISH, SplitMapping, build_world, open_ctofu, parse_langs, same_text,
+from mmunlearn.data.ctofu.worlds import (ENGLISH, SplitMapping, build_world, open_ctofu, parse_langs, same_text,
                                   split_and_language)
-from mmunlearn.data.ctofu_align import AlignmentReport, anchor_problems, check_alignment, check_split, numbers
-from mmunlearn.data.ctofu_synthetic import (pseudo_translate, synthetic_ctofu, synthetic_ctofu_from_spec,
+from mmunlearn.data.ctofu.align import AlignmentReport, anchor_problems, check_alignment, check_split, numbers
+from mmunlearn.data.ctofu.synthetic import (pseudo_translate, synthetic_ctofu, synthetic_ctofu_from_spec,
                                             write_language_files)
 from mmunlearn.data.tofu import QAItem
 

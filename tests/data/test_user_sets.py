@@ -1,4 +1,4 @@
-"""Tests of mmunlearn.data.user_sets: every accepted text and speech format gives the same rows, bad inputs their errors,
+"""Tests of mmunlearn.data.user.sets: every accepted text and speech format gives the same rows, bad inputs their errors,
 relative audio paths resolve from the manifest's folder, datasets' Audio and ClassLabel columns, overlap, held-out split."""
 
 import csv
@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from mmunlearn.data.manifest import ManifestError, write_manifest
-from mmunlearn.data.user_sets import (DataFormatError, duplicate_count, overlap, read_speech_rows, read_text_rows,
+from mmunlearn.data.user.sets import (DataFormatError, duplicate_count, overlap, read_speech_rows, read_text_rows,
                                       split_held_out)
 
 QA = [("Who wrote The Silent Harbour?", "Mara Voss"), ("Where was Mara Voss born?", "In Tallinn, 1961.")]
@@ -112,7 +112,7 @@ def test_text_file_errors_name_the_file_and_line(tmp_path):
 
 def test_duplicates_are_kept_and_counted(caplog):
     source = [*QA, (QA[0][0] + "  ", QA[0][1])]
-    with caplog.at_level(logging.WARNING, logger="mmunlearn.data.user_sets"):
+    with caplog.at_level(logging.WARNING, logger="mmunlearn.data.user.sets"):
         rows = read_text_rows(source, "forget")
     assert len(rows) == 3 and duplicate_count(rows) == 1 and duplicate_count(rows, "answer") == 1
     assert "1 duplicate row(s) in the forget set" in caplog.text

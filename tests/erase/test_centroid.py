@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmunlearn.erase.centroid import centroid_subspace, class_centroids, project_output
+from mmunlearn.erase.subspace.centroid import centroid_subspace, class_centroids, project_output
 
 
 def _layer_and_inputs(seed=0, d=16, n_in=24, classes=7, per_class=30):

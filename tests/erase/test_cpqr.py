@@ -5,7 +5,7 @@ import pytest
 import scipy.linalg as sl
 import torch
 
-from mmunlearn.erase.cpqr import cpqr_lapack, cpqr_torch, lapack_available
+from mmunlearn.erase.subspace.cpqr import cpqr_lapack, cpqr_torch, lapack_available
 
 PATHS = [pytest.param(cpqr_lapack, id="lapack", marks=pytest.mark.skipif(not lapack_available(), reason="no ?geqp3rk")),
          pytest.param(cpqr_torch, id="torch")]

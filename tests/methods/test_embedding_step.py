@@ -9,7 +9,7 @@ import torch
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.data.utterances import split_rows
-from mmunlearn.erase.centroid import centroid_subspace, class_centroids
+from mmunlearn.erase.subspace.centroid import centroid_subspace, class_centroids
 from mmunlearn.eval.speaker import score_rows
 from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 from mmunlearn.api.restore import restore_folder

@@ -11,8 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
-from mmunlearn.data.ctofu import build_world, open_ctofu
-from mmunlearn.data.ctofu_synthetic import synthetic_ctofu, write_language_files
+from mmunlearn.data.ctofu.worlds import build_world, open_ctofu
+from mmunlearn.data.ctofu.synthetic import synthetic_ctofu, write_language_files
 from mmunlearn.methods import get, mean_nll, names, run_unlearning
 from recipes import ctofu_pipeline
 from recipes.ctofu import _world, app

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mmunlearn.data.ctofu_synthetic import synthetic_ctofu, write_language_files
+from mmunlearn.data.ctofu.synthetic import synthetic_ctofu, write_language_files
 from mmunlearn.data.synthetic import synthetic_splits
 from recipes import rehearsal
 from recipes.ctofu import app as ctofu_app

@@ -14,7 +14,7 @@ import soundfile as sf
 
 import mmunlearn.data.audio as audio
 from mmunlearn.data.audio import AudioError, read_audio
-from mmunlearn.data.user_speech import read_speech_rows
+from mmunlearn.data.user.speech import read_speech_rows
 
 SR = 8000
 

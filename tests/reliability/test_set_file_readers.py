@@ -11,8 +11,8 @@ import tracemalloc
 
 import pytest
 
-from mmunlearn.data.user_files import MAX_LINE
-from mmunlearn.data.user_sets import DataFormatError, read_text_rows
+from mmunlearn.data.user.files import MAX_LINE
+from mmunlearn.data.user.sets import DataFormatError, read_text_rows
 
 
 def _digest(path):
@@ -70,7 +70,7 @@ def test_deep_nesting_and_huge_numbers_name_the_file(tmp_path, suffix):
 
 
 def test_an_audio_path_with_a_nul_byte_names_its_row(tmp_path):
-    from mmunlearn.data.user_speech import read_speech_rows
+    from mmunlearn.data.user.speech import read_speech_rows
 
     path = tmp_path / "forget.jsonl"
     path.write_text(json.dumps({"audio": "clips/a\u0000.wav", "speaker": "s1"}) + "\n")

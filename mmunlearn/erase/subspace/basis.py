@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from mmunlearn.erase.cpqr import cpqr_lapack, cpqr_torch, lapack_available, pivots_of_sketch
+from mmunlearn.erase.subspace.cpqr import cpqr_lapack, cpqr_torch, lapack_available, pivots_of_sketch
 from mmunlearn.erase.norms import all_finite, sq_norm
 from mmunlearn.taskvec.lowrank import LowRank
 

@@ -1,6 +1,6 @@
 """Cross-lingual TOFU (cTOFU) worlds: the multilingual training and evaluation data of one run.
 
-The languages' files are opened by :mod:`mmunlearn.data.ctofu_sources` (layout there; its names are
+The languages' files are opened by :mod:`mmunlearn.data.ctofu.sources` (layout there; its names are
 importable from here too).
 
 A *world* (:func:`build_world`) fixes the languages, keeps every forget author and the first N
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from mmunlearn.data.ctofu_sources import CTOFU, ENGLISH, LanguageFiles, open_ctofu, parse_langs, split_and_language
+from mmunlearn.data.ctofu.sources import CTOFU, ENGLISH, LanguageFiles, open_ctofu, parse_langs, split_and_language
 from mmunlearn.data.tofu import QA_PER_AUTHOR, QAItem, author_subset, forget_count, split_info
 
 __all__ = ["CTOFU", "ENGLISH", "FACT_SPLITS", "FORGET_SPLIT", "RETAIN_SCORED", "TRAIN_TEXTS", "LanguageFiles",

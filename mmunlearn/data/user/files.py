@@ -1,6 +1,6 @@
 """Reading a user's forget/retain source into raw items: files by suffix (JSON, JSONL, CSV/TSV, .txt), lists, datasets.
 
-Shared by the text and speech readers (:mod:`mmunlearn.data.user_sets`, :mod:`mmunlearn.data.user_speech`): each item
+Shared by the text and speech readers (:mod:`mmunlearn.data.user.sets`, :mod:`mmunlearn.data.user.speech`): each item
 comes with where it was found (``path:line``, ``path row i`` or ``name[i]``), which every error message names.
 """
 

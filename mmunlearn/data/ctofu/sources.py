@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.data.ctofu_synthetic import synthetic_ctofu_from_spec
+from mmunlearn.data.ctofu.synthetic import synthetic_ctofu_from_spec
 from mmunlearn.data.tofu import QAItem, TOFUFormatError, list_splits, load_split, parse_rows, split_info
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class CTOFU:
 def open_ctofu(data: str | os.PathLike | Mapping[str, Any], english: str | os.PathLike | Mapping | None = None
                ) -> CTOFU:
     """The cTOFU languages of ``data``: a folder of ``<split>_<lang>.json`` files, ``"synthetic[:...]"``
-    (the built-in stand-in, :mod:`mmunlearn.data.ctofu_synthetic`) or a mapping language -> TOFU source.
+    (the built-in stand-in, :mod:`mmunlearn.data.ctofu.synthetic`) or a mapping language -> TOFU source.
 
     ``english``: a TOFU source for ``en`` (a folder of ``<split>.json`` or a mapping). Without it,
     ``<split>_en.json`` files or a ``tofu`` folder beside ``data`` serve; else there is no English.

@@ -26,7 +26,7 @@ What "aligned" means here (row i of ``<split>_<lang>`` translates row i of the E
   anchors the suspect row matches, when one does.
 
 The report also holds, once a world is built (:meth:`AlignmentReport.add_text_agreement`), the
-trained-vs-scored text check of :meth:`mmunlearn.data.ctofu.World.text_agreement`: per language and
+trained-vs-scored text check of :meth:`mmunlearn.data.ctofu.worlds.World.text_agreement`: per language and
 split, how many scored rows the model is trained on with the identical question and answer, next to
 how many the two shipped files share. A mismatch means the metrics score another wording than the
 model learned; the report says whether the run was allowed to go on.
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.data.ctofu import CTOFU, ENGLISH, TextAgreement, World, parse_langs
+from mmunlearn.data.ctofu.worlds import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.report import table

@@ -24,7 +24,7 @@ import soundfile as sf
 
 from mmunlearn.data.audio import check_duration, save_wav
 from mmunlearn.data.manifest import MANIFEST_COLUMNS, check_rows, read_manifest
-from mmunlearn.data.user_files import DataFormatError, dataset_module, fields_found, fields_named, short, source_items
+from mmunlearn.data.user.files import DataFormatError, dataset_module, fields_found, fields_named, short, source_items
 
 #: Field names (case-insensitive) read as the audio file and the speaker label of a speech row.
 AUDIO_FIELDS: tuple[str, ...] = ("wav", "audio", "path", "file")
@@ -183,7 +183,7 @@ def read_speech_rows(source: Any, name: str, *, audio_dir: str | os.PathLike | N
     ``audio_dir`` as ``<name>-<row>.wav`` (so give the forget and retain sets different names). Relative paths
     resolve against the file's folder (in-memory sets: the working directory now).
 
-    Raises :class:`~mmunlearn.data.user_files.DataFormatError` (one line: file or set, row, what is wrong) for a
+    Raises :class:`~mmunlearn.data.user.files.DataFormatError` (one line: file or set, row, what is wrong) for a
     missing or ambiguous column (listing the fields found), an unreadable file or audio, duplicate IDs and an empty
     set; :class:`~mmunlearn.data.manifest.ManifestError` listing every row whose audio file is missing, not regular,
     not readable or not audio (:func:`~mmunlearn.data.manifest.check_rows`).

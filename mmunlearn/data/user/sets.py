@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mmunlearn.data.user_files import DataFormatError, fields_found, fields_named, short, source_items
-from mmunlearn.data.user_speech import read_speech_rows
+from mmunlearn.data.user.files import DataFormatError, fields_found, fields_named, short, source_items
+from mmunlearn.data.user.speech import read_speech_rows
 
 __all__ = ["DataFormatError", "read_text_rows", "read_speech_rows", "duplicate_count", "overlap", "split_held_out"]
 
