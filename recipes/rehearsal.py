@@ -23,8 +23,8 @@ from mmunlearn.presets.models import PRESETS, REAL_MODELS
 from mmunlearn.train.config import cpu_has_native_bf16
 
 if TYPE_CHECKING:
-    from recipes.ctofu_pipeline import CrossLingualSetup
-    from recipes.tofu_pipeline import TofuSetup
+    from recipes.ctofu.pipeline import CrossLingualSetup
+    from recipes.tofu.pipeline import TofuSetup
 
 #: What a rehearsal sets, per benchmark (every other setting is the config's own).
 SMALLEST: dict[str, dict[str, Any]] = {

@@ -31,8 +31,8 @@ RUN_JSON = "run.json"
 
 
 class Setup(Protocol):
-    """What a recipe's setup gives the runner (:class:`recipes.tofu_pipeline.TofuSetup`,
-    :class:`recipes.ctofu_pipeline.CrossLingualSetup`)."""
+    """What a recipe's setup gives the runner (:class:`recipes.tofu.pipeline.TofuSetup`,
+    :class:`recipes.ctofu.pipeline.CrossLingualSetup`)."""
 
     preset: str  # read only when run_method is given no ``size``
     built: Any  # BuiltModels: base, target, retain folders

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from mmunlearn.report.figures import figure
-from recipes.tofu_report import selectivity_plot
+from recipes.tofu.report import selectivity_plot
 
 
 def test_a_figure_is_written_as_png_when_drawn_and_not_at_all_when_drawing_fails(tmp_path):

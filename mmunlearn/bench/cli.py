@@ -229,7 +229,7 @@ def precision(
 
 
 def _mount_flows() -> None:
-    """Add the benchmark commands of :data:`BENCH_GROUP` (e.g. ``requests``, from ``recipes.requests_cli``)."""
+    """Add the benchmark commands of :data:`BENCH_GROUP` (e.g. ``requests``, from ``recipes.requests.cli``)."""
     from importlib.metadata import entry_points
 
     for ep in sorted(entry_points(group=BENCH_GROUP), key=lambda e: e.name):

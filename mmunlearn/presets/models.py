@@ -130,7 +130,7 @@ def _dir_fingerprint(path: Path) -> dict[str, Any]:
 #: bench_precision_smollm2_avx2_table; :func:`mmunlearn.train.config.cpu_has_native_bf16`.)
 #: lr 1e-4 (the earlier preset) reached ROUGE-L 0.39 in 5 epochs, and TOFU's reference (1e-5 x 5 epochs x
 #: batch 32) barely moves the answer NLL. `tofu finetune --epochs/--lr/...` override them; every recipe
-#: checks memorisation (recipes/tofu_settings.py) and warns when it failed.
+#: checks memorisation (recipes/tofu/settings.py) and warns when it failed.
 REAL_MODELS: dict[str, tuple[str, TrainConfig]] = {
     "smollm2-135m": ("smollm2", TrainConfig(epochs=6, batch_size=16, lr=3e-4, schedule="linear", warmup=0.1,
                                             weight_decay=0.01, mixed_precision="auto")),
@@ -138,7 +138,7 @@ REAL_MODELS: dict[str, tuple[str, TrainConfig]] = {
 #: Scoring / generation precision of the recipes per real checkpoint (``--precision`` overrides): bf16
 #: autocast scoring and bf16 generation weights measured 2-3x faster on this CPU (AVX512_BF16) with mean
 #: answer NLL within 0.02 of float32 (``mmunlearn bench precision``); the built presets stay float32. Where bf16 is
-#: not native (a CPU without AVX512_BF16/AMX) the recipes score in float32 instead (``recipes.tofu_settings``).
+#: not native (a CPU without AVX512_BF16/AMX) the recipes score in float32 instead (``recipes.tofu.settings``).
 REAL_MODEL_PRECISION: dict[str, str] = {"smollm2-135m": "bf16"}
 
 

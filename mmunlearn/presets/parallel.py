@@ -1,6 +1,6 @@
 """The target and retain models built at once: the base first, then the retain model in a process of its own while
 this one builds the target, each with one torch thread (on a 2-core CPU, both cores; two threads in one process
-were measured slower than one, ``recipes.tofu_config``'s ``threads``).
+were measured slower than one, ``recipes.tofu.config``'s ``threads``).
 
 Both builds go through :func:`mmunlearn.presets.build.build_models` with the same options, so each lands in the
 cache under the key it would have had built in one process; a stopped parallel build resumes like any other, and

@@ -1,7 +1,7 @@
 """Shipped recipe configs: ``recipes/configs/<benchmark>/<name>.yaml``, the documented presets as YAML files.
 
-Each file holds a config dataclass's fields (:class:`recipes.tofu_config.TofuConfig`,
-:class:`recipes.ctofu_config.CTofuConfig`, :class:`recipes.voxceleb2_config.VoxCelebConfig`) with the values of a
+Each file holds a config dataclass's fields (:class:`recipes.tofu.config.TofuConfig`,
+:class:`recipes.ctofu.config.CTofuConfig`, :class:`recipes.voxceleb2.config.VoxCelebConfig`) with the values of a
 documented command; its first comment line says what it runs and which doc section it reproduces. A recipe's
 ``--config`` takes a file path or a shipped name (``tofu/smollm2``; :func:`resolve`), and
 ``mmunlearn <benchmark> configs`` lists them (:func:`shipped`, :func:`describe`). The files are package data

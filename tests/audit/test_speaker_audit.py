@@ -69,7 +69,7 @@ def test_mmunlearn_audit_takes_a_plain_model_folder_with_the_speaker_defaults(cl
     from mmunlearn.audit.folder import NO_HISTORY, detect_kind, folder_report
     from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
     from mmunlearn.cli import app
-    from recipes import voxceleb2_settings as cfg
+    from recipes.voxceleb2 import settings as cfg
 
     assert detect_kind(classifiers / "original") == "speaker" and detect_kind(tmp_path) is None
     assert folder_report(classifiers / "original") == {"method": NO_HISTORY, "model_kind": "speaker"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes import tofu_pipeline
+from recipes.tofu import pipeline as tofu_pipeline
 
 #: the synthetic TOFU data of the micro-preset tests (10 authors)
 TOFU_DATA = "synthetic:n_authors=10"

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from recipes import recipe_cli
 from recipes.configs import describe, shipped
-from recipes.ctofu import app as ctofu_app
-from recipes.tofu import app as tofu_app
-from recipes.voxceleb2 import app as voxceleb2_app
+from recipes.ctofu.cli import app as ctofu_app
+from recipes.tofu.cli import app as tofu_app
+from recipes.voxceleb2.cli import app as voxceleb2_app
 
 REPO = Path(__file__).resolve().parents[2]
 APPS = {"tofu": tofu_app, "ctofu": ctofu_app, "voxceleb2": voxceleb2_app}

@@ -14,8 +14,8 @@ from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.ctofu.worlds import build_world, open_ctofu
 from mmunlearn.data.ctofu.synthetic import synthetic_ctofu, write_language_files
 from mmunlearn.methods import get, mean_nll, names, run_unlearning
-from recipes import ctofu_pipeline
-from recipes.ctofu import _world, app
+from recipes.ctofu import pipeline as ctofu_pipeline
+from recipes.ctofu.cli import _world, app
 
 WORLD = dict(authors=2, facts=5)
 OPTS = ["--authors", "2", "--facts", "5", "--preset", "micro", "--device", "cpu", "--threads", "1"]
@@ -204,7 +204,7 @@ def test_compare_with_audit_reports_every_language(ctx, folder, tmp_path):
 
 
 def test_qr_erase_is_set_beside_svd_unlearn_per_language():
-    from recipes.ctofu_report import markdown, qr_vs_svd
+    from recipes.ctofu.report import markdown, qr_vs_svd
 
     def row(method, lang, mu, drop, ratio, seconds):
         return {"method": method, "lang": lang, "forget_quality": 0.5, "model_utility": mu, "rouge_drop": drop,

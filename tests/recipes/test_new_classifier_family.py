@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from mmunlearn import kinds
 from mmunlearn.kinds import TRAINER_API, kind_of
-from recipes.voxceleb2 import app
-from recipes.voxceleb2_settings import models
+from recipes.voxceleb2.cli import app
+from recipes.voxceleb2.settings import models
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 MODULE = "toy_hubert_family"

@@ -9,11 +9,11 @@ import typer
 from typer.testing import CliRunner
 
 from mmunlearn.cli import app as root_app
-from recipes.ctofu_config import CTofuConfig
+from recipes.ctofu.config import CTofuConfig
 from recipes.recipe_cli import OPTIONS, config_command, settings_from_args
 from recipes.recipe_config import ConfigError, field_types
-from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
-from recipes.voxceleb2_config import VoxCelebConfig
+from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
+from recipes.voxceleb2.config import VoxCelebConfig
 
 #: the benchmark commands: path under `mmunlearn`, options declared beyond OPTIONS, config, fields not taken
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def test_a_run_stopped_by_sigterm_marks_its_folder_so_the_next_run_may_resume_th
     script.write_text(
         "import time, typer\n"
         "from recipes.recipe_cli import config_command\n"
-        "from recipes.tofu_config import COMPARE_EXCLUDES, TofuConfig\n"
+        "from recipes.tofu.config import COMPARE_EXCLUDES, TofuConfig\n"
         "app = typer.Typer()\n"
         "@config_command(app, TofuConfig, name='go', exclude=COMPARE_EXCLUDES)\n"
         "def go(cfg):\n"

@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from mmunlearn.methods import get, names
-from recipes.ctofu import app as ctofu_app
-from recipes.ctofu_config import CTofuConfig
+from recipes.ctofu.cli import app as ctofu_app
+from recipes.ctofu.config import CTofuConfig
 from recipes.recipe_config import ConfigError, _method_fields, build_config
-from recipes.tofu import app as tofu_app
-from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
+from recipes.tofu.cli import app as tofu_app
+from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
 
 RUN_KEYS = [f.name for f in dataclasses.fields(TofuConfig) if f.name not in RUN_EXCLUDES]
 #: valid text values for the methods' text settings, two each (a test picks one that differs from the default)

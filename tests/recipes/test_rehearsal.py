@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from mmunlearn.data.ctofu.synthetic import synthetic_ctofu, write_language_files
 from mmunlearn.data.synthetic import synthetic_splits
 from recipes import rehearsal
-from recipes.ctofu import app as ctofu_app
-from recipes.tofu import app as tofu_app
+from recipes.ctofu.cli import app as ctofu_app
+from recipes.tofu.cli import app as tofu_app
 
 APPS = {"tofu": tofu_app, "ctofu": ctofu_app}
 #: the configs a rehearsal test runs, with the languages of the cTOFU ones

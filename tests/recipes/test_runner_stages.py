@@ -57,7 +57,7 @@ def test_a_reused_stage_brings_the_time_it_took_when_it_ran_into_the_record(tmp_
     import json
 
     from recipes.runner import RUN_JSON, run_method, stage_key
-    from recipes.tofu_report import time_line
+    from recipes.tofu.report import time_line
 
     setup, folder = _Setup(), tmp_path / "npo"
     (folder / "model").mkdir(parents=True)

@@ -26,8 +26,8 @@ import pytest
 from recipes.recipe_cli import CONFIG_COMMANDS, ConfigCommand
 from recipes.recipe_config import ConfigError, build_config, field_types
 
-for _entry in entry_points(group="mmunlearn.recipes"):  # the recipes register their commands as they are imported
-    importlib.import_module(_entry.value.split(":")[0])
+for _entry in entry_points(group="mmunlearn.recipes"):  # the recipes register their commands as their apps are read
+    _entry.load()
 #: The recipes' config commands (not those other tests make, which register too).
 COMMANDS = [c for c in CONFIG_COMMANDS if c.body.__module__.startswith("recipes.")]
 
@@ -35,8 +35,8 @@ COMMANDS = [c for c in CONFIG_COMMANDS if c.body.__module__.startswith("recipes.
 #: the functions of the other branches (not followed). The variants of voxceleb2 are its two model paths.
 VARIANTS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "VoxCelebConfig": {
-        "classifier": ((), ("recipes.voxceleb2._unlearn_speech_llm",)),
-        "speech-llm": (("model=speech-llm",), ("recipes.voxceleb2._unlearn",)),
+        "classifier": ((), ("recipes.voxceleb2.cli._unlearn_speech_llm",)),
+        "speech-llm": (("model=speech-llm",), ("recipes.voxceleb2.cli._unlearn",)),
     },
 }
 #: Values other than the default for fields whose type alone does not say what is valid.
@@ -148,7 +148,7 @@ CASES = [(c, v) for c in COMMANDS for v in _variants(c)]
 
 def _case_id(case: tuple[ConfigCommand, str]) -> str:
     command, variant = case
-    return f"{command.body.__module__.rpartition('.')[2]}-{command.name}" + (f"-{variant}" if variant else "")
+    return f"{command.body.__module__.split('.')[1]}-{command.name}" + (f"-{variant}" if variant else "")
 
 
 def test_every_recipe_config_is_walked():
@@ -157,11 +157,11 @@ def test_every_recipe_config_is_walked():
     assert {_case_id((c, "")).split("-")[0] for c in COMMANDS} >= {"tofu", "ctofu", "voxceleb2"}
     used = {k for c in COMMANDS for k in c.cls.__mro__}
     root = Path(__file__).resolve().parents[2] / "recipes"
-    for path in sorted(root.glob("*_config.py")):
-        module = importlib.import_module(f"recipes.{path.stem}")
+    for path in sorted([*root.glob("*/config.py"), *root.glob("*_config.py")]):
+        module = importlib.import_module(".".join(path.relative_to(root.parent).with_suffix("").parts))
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__:
-                assert obj in used, f"{path.name}: {obj.__name__} is the config of no command"
+                assert obj in used, f"{path.relative_to(root)}: {obj.__name__} is the config of no command"
     for name, variants in VARIANTS.items():  # a variant's blocked function is on the command's path
         command = next(c for c in COMMANDS if c.cls.__name__ == name)
         _, followed = reads(command.cls, [command.body], set())
@@ -170,7 +170,7 @@ def test_every_recipe_config_is_walked():
 
 
 def test_the_voxceleb2_variants_cover_every_model():
-    from recipes.voxceleb2_settings import model_kind, models
+    from recipes.voxceleb2.settings import model_kind, models
 
     for model in models():
         assert ("classifier" if model_kind(model).is_classifier else "speech-llm") in VARIANTS["VoxCelebConfig"]
@@ -211,8 +211,8 @@ def test_a_setting_that_nothing_reads_fails_the_walk():
     """The walk itself: a field added to a config that no function on the path reads is caught, on every command of
     that config; the five settings the speech-LLM path once ignored are read on it."""
     from mmunlearn.config import opt
-    from recipes.tofu_config import TofuConfig
-    from recipes.voxceleb2_config import VoxCelebConfig
+    from recipes.tofu.config import TofuConfig
+    from recipes.voxceleb2.config import VoxCelebConfig
 
     @dataclasses.dataclass(frozen=True)
     class Added(TofuConfig):
@@ -222,11 +222,11 @@ def test_a_setting_that_nothing_reads_fails_the_walk():
     added = ConfigCommand(Added, "run", (*tofu_run.keys, "forgotten_knob"), tofu_run.kind, tofu_run.body)
     assert _silent(added, "") == ["forgotten_knob"]
     speaker = next(c for c in COMMANDS if c.cls is VoxCelebConfig and c.name == "speaker")
-    found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2._unlearn")})
+    found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn")})
     assert {"retain_bound", "lr", "epochs", "extract", "resume"} <= found
     # without the function that maps the config to the speech-LLM run, they would reach nothing there
-    found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2._unlearn"),
-                                                      _resolve("recipes.voxceleb2.speech_llm_arguments")})
+    found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn"),
+                                                      _resolve("recipes.voxceleb2.cli.speech_llm_arguments")})
     assert not {"retain_bound", "lr", "epochs", "extract", "resume"} & found
 
 

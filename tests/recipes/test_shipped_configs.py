@@ -17,14 +17,14 @@ import typer
 from typer.testing import CliRunner
 
 from recipes.configs import ROOT, describe, resolve, shipped
-from recipes.ctofu import app as ctofu_app
-from recipes.ctofu_config import CTofuConfig
+from recipes.ctofu.cli import app as ctofu_app
+from recipes.ctofu.config import CTofuConfig
 from recipes.recipe_cli import config_command
 from recipes.recipe_config import ConfigError, build_config, read_yaml
-from recipes.tofu import app as tofu_app
-from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
-from recipes.voxceleb2 import app as voxceleb2_app
-from recipes.voxceleb2_config import CLASSIFIER_ONLY, VoxCelebConfig
+from recipes.tofu.cli import app as tofu_app
+from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
+from recipes.voxceleb2.cli import app as voxceleb2_app
+from recipes.voxceleb2.config import CLASSIFIER_ONLY, VoxCelebConfig
 from tests.recipes.conftest import TOFU_DATA
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 

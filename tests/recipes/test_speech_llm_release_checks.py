@@ -10,7 +10,7 @@ import torch
 
 from examples import speech_llm_release_checks as checks
 from mmunlearn.adapters.speech_llm.assemble import assemble
-from recipes import voxceleb2_speech_llm as speech_llm
+from recipes.voxceleb2 import speech_llm
 from tests.adapters.test_speech_llm_assemble import _parts
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import FAST_OPTIONS

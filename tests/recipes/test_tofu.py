@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.erase import column_basis, restore
 from mmunlearn.methods import get, names, run_unlearning
-from recipes.tofu import app
+from recipes.tofu.cli import app
 
 METHODS = names("text")
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mmunlearn.eval.tofu import METRIC_GROUPS
-from recipes import tofu_pipeline
-from recipes.tofu import app
+from recipes.tofu import pipeline as tofu_pipeline
+from recipes.tofu.cli import app
 
 DATA = "synthetic:n_authors=10"
 COMMON = ["--preset", "micro", "--data", DATA, "--device", "cpu", "--threads", "1"]
@@ -140,7 +140,7 @@ def test_bad_folders_metrics_and_a_missing_base_are_clear_errors(ctx, tmp_path):
 
 
 def test_the_memorisation_rule_per_preset_size():
-    from recipes.tofu_settings import memorisation, memorisation_warning
+    from recipes.tofu.settings import memorisation, memorisation_warning
 
     assert memorisation("mini", 0.95, 0.95, retain_prob=0.1)["memorised"] is True
     close = memorisation("mini", 0.95, 0.95, retain_prob=0.8)  # indistinguishable from the retain model

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from recipes import tofu_pipeline
+from recipes.tofu import pipeline as tofu_pipeline
 from recipes.recipe_config import build_config
-from recipes.tofu import app
-from recipes.tofu_config import RUN_EXCLUDES, TofuConfig
-from recipes.tofu_parallel import run_settings
+from recipes.tofu.cli import app
+from recipes.tofu.config import RUN_EXCLUDES, TofuConfig
+from recipes.tofu.parallel import run_settings
 
 DATA = "synthetic:n_authors=10"
 

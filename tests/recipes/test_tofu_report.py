@@ -2,7 +2,7 @@
 
 import json
 
-from recipes.tofu_report import earlier_rows, memorisation_line
+from recipes.tofu.report import earlier_rows, memorisation_line
 
 
 def test_earlier_rows_ignore_the_last_calls_wall_time_but_not_the_context(tmp_path):

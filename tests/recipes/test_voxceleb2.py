@@ -14,10 +14,10 @@ from mmunlearn.erase import restore
 from mmunlearn.api.restore import restore_folder
 from mmunlearn.methods.erasure import EraseConfig, batchnorm_safe
 from mmunlearn.methods.rule import SweepPoint, choose
-from recipes import voxceleb2_pipeline as pipe
-from recipes import voxceleb2_report as report
-from recipes import voxceleb2_settings as cfg
-from recipes.voxceleb2 import app
+from recipes.voxceleb2 import pipeline as pipe
+from recipes.voxceleb2 import report
+from recipes.voxceleb2 import settings as cfg
+from recipes.voxceleb2.cli import app
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 SPEAKER_METRICS = {"forget_acc", "forget_test_acc", "retain_acc", "test_acc", "eer"}

@@ -4,11 +4,11 @@ method knobs and per-method settings a method gets, and bad settings refused by 
 import pytest
 from typer.testing import CliRunner
 
-from recipes import voxceleb2_pipeline as pipe
+from recipes.voxceleb2 import pipeline as pipe
 from recipes.recipe_config import ConfigError, build_config
-from recipes.voxceleb2 import app
-from recipes.voxceleb2_config import VoxCelebConfig
-from recipes.voxceleb2_settings import MODEL_ALIASES, SWEEP_SCOPES, models, scopes_for
+from recipes.voxceleb2.cli import app
+from recipes.voxceleb2.config import VoxCelebConfig
+from recipes.voxceleb2.settings import MODEL_ALIASES, SWEEP_SCOPES, models, scopes_for
 
 
 def _build(**layers):
@@ -119,12 +119,12 @@ def test_an_unknown_key_is_a_usage_error_before_any_work(tmp_path):
 
 def test_the_speech_llm_path_is_given_every_setting_it_takes():
     """retain_bound, lr, epochs, extract and resume (and the other knobs, the corpus sizes, strict) reach the
-    speech-LLM run's call (recipes.voxceleb2.speech_llm_arguments); the settings it has no use for are refused
+    speech-LLM run's call (recipes.voxceleb2.cli.speech_llm_arguments); the settings it has no use for are refused
     (test_bad_settings_are_errors_naming_the_setting; every setting: tests/recipes/test_settings_reach.py)."""
     from mmunlearn.config import applicable_overrides
     from mmunlearn.methods import get
-    from recipes.voxceleb2 import speech_llm_arguments
-    from recipes.voxceleb2_config import CLASSIFIER_ONLY
+    from recipes.voxceleb2.cli import speech_llm_arguments
+    from recipes.voxceleb2.config import CLASSIFIER_ONLY
 
     default = speech_llm_arguments(_build(overrides=["model=speech-llm"]), "cpu")
     assert (default["retain_bound"], default["resume"]) == (0.1, True)  # the NLL rule's bound; resume as documented

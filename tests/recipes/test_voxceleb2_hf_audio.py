@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from mmunlearn.kinds import kind_of
 from mmunlearn.api.restore import restore_folder
 from mmunlearn.adapters.hf_audio import training as hf
-from recipes import voxceleb2_pipeline as pipe
-from recipes import voxceleb2_settings as cfg
-from recipes.voxceleb2 import app
+from recipes.voxceleb2 import pipeline as pipe
+from recipes.voxceleb2 import settings as cfg
+from recipes.voxceleb2.cli import app
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 METRICS = {"forget_acc", "forget_test_acc", "retain_acc", "test_acc", "eer", "forget_any_acc"}

@@ -1,8 +1,8 @@
 """The VoxCeleb2 tables tell the truth: the sweep's time over every scope, the "closest within the bound" note only
 for models within the bound, and run.json naming the rule's forget measure (old files still read)."""
 
-from recipes import voxceleb2_pipeline as pipe
-from recipes import voxceleb2_report as report
+from recipes.voxceleb2 import pipeline as pipe
+from recipes.voxceleb2 import report
 
 
 def _row(method, reached, within, **extra):

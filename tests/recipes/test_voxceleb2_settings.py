@@ -4,7 +4,7 @@ import pytest
 
 from mmunlearn.methods import REGISTRY, register
 from mmunlearn.methods.erasure import EraseConfig, run
-from recipes import voxceleb2_settings as cfg
+from recipes.voxceleb2 import settings as cfg
 
 
 @pytest.fixture()

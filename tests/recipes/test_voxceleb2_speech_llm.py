@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from recipes import voxceleb2_speech_llm as speech_llm
+from recipes.voxceleb2 import speech_llm
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import FAST_OPTIONS
 

@@ -78,7 +78,7 @@ LAUGHS = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x, x]"]
 
 def _tofu_config(path: Path, *overrides: str):
     from recipes.recipe_config import build_config
-    from recipes.tofu_config import TofuConfig
+    from recipes.tofu.config import TofuConfig
 
     return build_config(TofuConfig, file=path, overrides=overrides)
 
@@ -88,7 +88,7 @@ def test_a_yaml_alias_bomb_in_config_is_refused_before_it_expands(tmp_path, wher
     import time
 
     from recipes.recipe_config import ConfigError
-    from recipes.tofu_config import TofuConfig  # noqa: F401  (imported before the clock starts)
+    from recipes.tofu.config import TofuConfig  # noqa: F401  (imported before the clock starts)
 
     path = tmp_path / "bomb.yaml"
     body = LAUGHS if where == "top level" else "method_options:\n  grad_ascent:\n    extra:\n" + "\n".join(
@@ -138,8 +138,8 @@ def test_numbers_written_with_an_exponent_are_floats(tmp_path):
 # ------------------------------------------------------------------------ M7: tofu compare --jobs
 def test_jobs_write_their_configs_and_logs_through_no_planted_link(tmp_path):
     from recipes.recipe_config import build_config
-    from recipes.tofu_config import TofuConfig
-    from recipes.tofu_parallel import JOBS_DIR, run_jobs
+    from recipes.tofu.config import TofuConfig
+    from recipes.tofu.parallel import JOBS_DIR, run_jobs
 
     out = tmp_path / "out"
     jobs = out / JOBS_DIR
@@ -163,8 +163,8 @@ def test_jobs_write_their_configs_and_logs_through_no_planted_link(tmp_path):
 def test_a_jobs_folder_that_is_a_link_is_refused(tmp_path):
     from mmunlearn.errors import UnsafePathError
     from recipes.recipe_config import build_config
-    from recipes.tofu_config import TofuConfig
-    from recipes.tofu_parallel import JOBS_DIR, run_jobs
+    from recipes.tofu.config import TofuConfig
+    from recipes.tofu.parallel import JOBS_DIR, run_jobs
 
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "out").mkdir()

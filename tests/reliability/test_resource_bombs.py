@@ -131,7 +131,7 @@ def test_segment_seconds_that_is_no_length_is_one_error_line(tmp_path, value):
 @pytest.mark.parametrize("value", [".inf", "nan", "1e400"])
 def test_crop_seconds_that_is_not_finite_is_a_config_error_naming_it(value):
     from recipes.recipe_config import ConfigError, build_config
-    from recipes.voxceleb2_config import VoxCelebConfig
+    from recipes.voxceleb2.config import VoxCelebConfig
 
     with pytest.raises(ConfigError) as err:
         build_config(VoxCelebConfig, overrides=[f"crop_seconds={value}"])

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from recipes.requests_speaker import BenchResult, PeakMemory, RequestRow, markdown
+from recipes.requests.speaker import BenchResult, PeakMemory, RequestRow, markdown
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
@@ -42,7 +42,7 @@ def test_peak_memory_sees_an_allocation_that_is_freed_inside_the_block():
 
 def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(speaker_manifests, tmp_path):  # noqa: F811
     from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
-    from recipes.requests_speaker import run_speaker
+    from recipes.requests.speaker import run_speaker
 
     res = run_speaker(tmp_path, preset="tiny", manifests=speaker_manifests, extracts=("gradient",), train_epochs=2,
                       gd_epochs=1, with_batch=False, scope="head")
@@ -57,7 +57,7 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
     qr = next(r for r in res.rows if r.method == "qr-erase")
     assert qr.reached == (qr.forget_after >= qr.forget_target) and qr.detail["sweep_points"] >= 1
     # forgetting counted as "any forgotten speaker": with one forgotten speaker, its accuracy on train + held-out
-    from recipes.requests_speaker import forgotten_share
+    from recipes.requests.speaker import forgotten_share
     from mmunlearn.data.utterances import split_rows
     from mmunlearn.eval.speaker import accuracy
 
@@ -80,7 +80,7 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
 
 @pytest.mark.slow
 def test_the_tofu_benchmark_runs_one_request_per_forget_author(tmp_path):
-    from recipes.requests_tofu import run_tofu
+    from recipes.requests.tofu import run_tofu
 
     res = run_tofu("synthetic", preset="micro", extracts=("gradient",), authors=None, workdir=tmp_path / "work",
                    cache_dir=tmp_path / "cache")

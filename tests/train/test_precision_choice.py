@@ -9,7 +9,7 @@ import pytest
 
 from mmunlearn.presets.models import REAL_MODELS
 from mmunlearn.train import config as train_config
-from recipes.tofu_settings import default_precision
+from recipes.tofu.settings import default_precision
 
 
 @pytest.fixture(params=[True, False], ids=["native-bf16-cpu", "avx2-only-cpu"])

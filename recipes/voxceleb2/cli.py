@@ -6,11 +6,11 @@ are the data (``subset``: the same clips, fewer per split); ``train`` builds the
 ``sample`` unlearn with one or more methods and write one table (Markdown, CSV, JSON) and a plot
 of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
 (synthesise, prepare, train, unlearn, report), reusing whatever an earlier run built. Their settings are one
-:class:`recipes.voxceleb2_config.VoxCelebConfig` (options, ``--config FILE.yaml``, ``key=value``,
+:class:`recipes.voxceleb2.config.VoxCelebConfig` (options, ``--config FILE.yaml``, ``key=value``,
 ``--method-option METHOD.SETTING=VALUE``: :mod:`recipes.recipe_cli`), and each method runs through
 :func:`recipes.runner.run_method` (``<out>/<method>/{model/, run.json}``).
 ``--model speech-llm`` runs the same levels with a Qwen-Omni-style speech LLM instead of the classifier
-(:mod:`recipes.voxceleb2_speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep);
+(:mod:`recipes.voxceleb2.speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep);
 ``--model hf-audio`` with a small wav2vec2-style Hugging Face audio classifier (:mod:`mmunlearn.adapters.hf_audio.training`)
 through the same steps, metrics and tables as the ECAPA classifier.
 """
@@ -32,13 +32,13 @@ from mmunlearn.adapters.base import resolve_device
 from mmunlearn.audit import write_audit
 from mmunlearn.audit.folder import audit_speaker_models
 from mmunlearn.errors import set_threads
-from recipes import voxceleb2_pipeline as pipe
-from recipes import voxceleb2_report as report
-from recipes import voxceleb2_settings as settings
-from recipes import voxceleb2_speech_llm as speech_llm
+from recipes.voxceleb2 import pipeline as pipe
+from recipes.voxceleb2 import report
+from recipes.voxceleb2 import settings
+from recipes.voxceleb2 import speech_llm
 from recipes.recipe_cli import config_command, configs_command, help_of
 from recipes.runner import Comparison, Stages, run_comparison
-from recipes.voxceleb2_config import DEFAULT_WORKDIR, VoxCelebConfig
+from recipes.voxceleb2.config import DEFAULT_WORKDIR, VoxCelebConfig
 
 app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a speaker classifier (ECAPA-TDNN) or a "
                        "speech LLM (--model speech-llm).",
@@ -152,8 +152,8 @@ def train(
 
 
 def speech_llm_arguments(cfg: VoxCelebConfig, device: str) -> dict:
-    """The keywords of :func:`recipes.voxceleb2_speech_llm.run_level` for ``cfg``: every setting the speech-LLM path
-    takes (the config refuses the others, :data:`recipes.voxceleb2_config.CLASSIFIER_ONLY`)."""
+    """The keywords of :func:`recipes.voxceleb2.speech_llm.run_level` for ``cfg``: every setting the speech-LLM path
+    takes (the config refuses the others, :data:`recipes.voxceleb2.config.CLASSIFIER_ONLY`)."""
     return dict(manifests=str(cfg.manifests) if cfg.manifests else None,
                 corpus=str(cfg.workdir / "speech_llm_corpus"),
                 corpus_options=dict(speakers=cfg.speakers, utterances=cfg.utterances, videos=cfg.videos,
@@ -183,7 +183,7 @@ def _unlearn_speech_llm(level: str, cfg: VoxCelebConfig) -> None:
 
 def _method_row(name: str, cfg: VoxCelebConfig, ctx: pipe.SpeakerSetup, n_classes: int, out: Path) -> dict:
     """One method's row (``out/{model/, run.json}``): its overrides, the sweep's defaults and step budget, the rule,
-    the scopes it runs with (:func:`recipes.voxceleb2_pipeline.run_method_row`)."""
+    the scopes it runs with (:func:`recipes.voxceleb2.pipeline.run_method_row`)."""
     options = cfg.method_overrides(name)
     rule = settings.sweep_rule(ctx.level, n_classes, ctx.retain, cfg.resolved_retain_bound(), cfg.forget_acc) \
         if cfg.sweep else None

@@ -25,13 +25,15 @@ from mmunlearn.data.ctofu.align import check_alignment
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.presets.build import torch_threads
 
-from recipes import ctofu_pipeline, ctofu_report, tofu_report
-from recipes.ctofu_config import CTofuConfig
+from recipes.ctofu import pipeline as ctofu_pipeline, report as ctofu_report
+
+from recipes.tofu import report as tofu_report
+from recipes.ctofu.config import CTofuConfig
 from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.recipe_cli import config_command, configs_command, help_of, require
 from recipes.runner import Comparison, Stages, run_comparison, run_method
-from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES
-from recipes.tofu_settings import memorisation_warning, sweep_rule
+from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES
+from recipes.tofu.settings import memorisation_warning, sweep_rule
 
 app = typer.Typer(help="Cross-lingual TOFU: fine-tune on every language, forget in one, measure in all.",
                   no_args_is_help=True)
@@ -207,6 +209,3 @@ def compare(cfg: CTofuConfig) -> None:
 
 
 configs_command(app, "ctofu")  # `mmunlearn ctofu configs`: the shipped configs (recipes/configs/ctofu/)
-
-if __name__ == "__main__":  # `python -m recipes.ctofu ...` where the package is not installed (no entry points)
-    app()

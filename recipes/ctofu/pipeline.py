@@ -2,7 +2,7 @@
 method's rows (one per evaluation language), and the cross-lingual transfer summary.
 
 Model building, the cached evaluation and the method's run are the TOFU recipe's
-(:mod:`recipes.tofu_pipeline`, :func:`mmunlearn.presets.build.build_models`, :func:`recipes.runner.run_method`);
+(:mod:`recipes.tofu.pipeline`, :func:`mmunlearn.presets.build.build_models`, :func:`recipes.runner.run_method`);
 the world's data is a dict source
 (:class:`mmunlearn.data.ctofu.worlds.SplitMapping`) so both read it unchanged.
 """
@@ -19,9 +19,9 @@ from mmunlearn.data.ctofu.worlds import World
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
 from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import default_cache_dir
-from recipes.tofu_pipeline import audit_method as tofu_audit
-from recipes.tofu_pipeline import TofuSetup, base_forget_nll, cached_eval
-from recipes.tofu_settings import memorisation
+from recipes.tofu.pipeline import audit_method as tofu_audit
+from recipes.tofu.pipeline import TofuSetup, base_forget_nll, cached_eval
+from recipes.tofu.settings import memorisation
 
 # no MIA: the translations ship no holdout split (its non-members)
 EVAL_GROUPS = ("forget", "memorization", "utility")
@@ -45,7 +45,7 @@ def _summary(logs_path: Path) -> dict[str, float]:
 
 @dataclass
 class CrossLingualSetup:
-    """A cTOFU run composed of TOFU: one :class:`~recipes.tofu_pipeline.TofuSetup` per evaluation language (that
+    """A cTOFU run composed of TOFU: one :class:`~recipes.tofu.pipeline.TofuSetup` per evaluation language (that
     language's data and reference logs, the world's shared models), the forget rows of the forget languages and the
     retain rows of the retain languages; a method's rows are one TOFU evaluation per language."""
 
@@ -86,7 +86,7 @@ class CrossLingualSetup:
 
     def memorisation(self) -> dict[str, dict[str, Any]]:
         """Per evaluation language, whether the target memorised that language's forget rows
-        (:func:`recipes.tofu_settings.memorisation` on its forget probability and ROUGE-L against the retain model's
+        (:func:`recipes.tofu.settings.memorisation` on its forget probability and ROUGE-L against the retain model's
         probability): a language it did not memorise is reported, not hidden."""
         out = {}
         for lang, tofu in self.by_lang.items():
@@ -212,7 +212,7 @@ def transfer_summary(rows: list[dict], forget_langs: tuple[str, ...]) -> list[di
 
 
 def audit_method(method: str, ctx: CrossLingualSetup, out: Path, options, device: str, cache: dict) -> dict:
-    """Robustness audit (:func:`recipes.tofu_pipeline.audit_method`) of ``out/model`` against the world's target and
+    """Robustness audit (:func:`recipes.tofu.pipeline.audit_method`) of ``out/model`` against the world's target and
     retain models: the attacks on the forget languages' scored forget rows, and the plain measures in every other
     evaluation language (``language_<lang>``); no probe (the translations ship no holdout split)."""
     scored = f"{ctx.world.forget_split}_perturbed"

@@ -12,8 +12,8 @@ from rich.console import Console
 
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.errors import set_threads
-from recipes import requests_speaker as rb
-from recipes.requests_tofu import run_tofu
+from recipes.requests import speaker as rb
+from recipes.requests.tofu import run_tofu
 
 console = Console()
 

@@ -1,6 +1,6 @@
 """The steps the TOFU recipes share: build/reuse models (or take given model folders), cached evaluations,
 the target's memorisation check, the evaluation of an unlearned model (the method itself: :mod:`recipes.runner`;
-tables and plots: :mod:`recipes.tofu_report`)."""
+tables and plots: :mod:`recipes.tofu.report`)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from mmunlearn.presets.build import BuiltModels, build_models
 from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import EVALS_DIR, default_cache_dir, read_log
 
-from recipes.tofu_report import COLUMNS
-from recipes.tofu_settings import default_precision, memorisation, memorisation_warning
+from recipes.tofu.report import COLUMNS
+from recipes.tofu.settings import default_precision, memorisation, memorisation_warning
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class TofuSetup:
 
     ``built.base`` is None when a given target names no base model (``--target``); ``metrics``: the
     metric groups methods are evaluated with (None: all); ``memorisation``: the target's check
-    (:func:`recipes.tofu_settings.memorisation`).
+    (:func:`recipes.tofu.settings.memorisation`).
     """
 
     preset: str
@@ -208,7 +208,7 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     target the base is the one its ``train_log.json`` names (:func:`target_base`; None when it names
     none). ``metrics``: the groups methods are evaluated with (None: all); the reference models get
     them plus ``forget`` (:func:`reference_metrics`). ``precision``: scoring and generation precision
-    (``no`` or ``bf16``; None: the preset's, :func:`recipes.tofu_settings.default_precision`);
+    (``no`` or ``bf16``; None: the preset's, :func:`recipes.tofu.settings.default_precision`);
     ``utility_items``: real-authors / world-facts items evaluated (None: all); ``rule_retain_items``: the
     sweep rule scores this many retain rows, spread evenly over the retain partition (None: all). ``build``: more
     build options (``pretrain_overrides``, ``checkpoint_every``, ``parallel``: :func:`_build`); ``score_batch`` /

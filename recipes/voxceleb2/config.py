@@ -21,9 +21,9 @@ from mmunlearn.kinds import Kind
 from mmunlearn.methods import get, names
 from mmunlearn.taskvec.extract import KINDS as EXTRACT_KINDS
 from mmunlearn.api.rules import NLL_RETAIN_BOUND
-from recipes import voxceleb2_settings as settings
+from recipes.voxceleb2 import settings
 from recipes.recipe_config import ConfigError
-from recipes.voxceleb2_speech_llm import DEFAULT_METHODS
+from recipes.voxceleb2.speech_llm import DEFAULT_METHODS
 
 WHERE = ("audio", "text", "both")
 TARGETS = ("gender", "transcript")
@@ -63,7 +63,7 @@ class SpeakerBenchmarkSettings:
     forget_fraction: float = opt(0.1, "Built-in corpus: fraction (0 to 0.5) of each kept speaker's training "
                                       "utterances to forget (sample level); as many become the never-trained holdout.")
     sweep: bool = opt(True, "Choose erasure rank/scale/scope and baseline epochs by the training-partition rule (see "
-                            "recipes/voxceleb2_settings.py; the speech LLM: the forget answers' NLL up to the "
+                            "recipes/voxceleb2/settings.py; the speech LLM: the forget answers' NLL up to the "
                             "retrained model's, the retain NLL up by <= retain_bound); on by default, since the presets "
                             "alone do not forget (--no-sweep: the presets as they are, e.g. to time one setting).")
     strict: bool = opt(False, "With --sweep: exit with status 1 when a method's sweep did not meet its rule (the "
@@ -183,7 +183,7 @@ class VoxCelebConfig(SpeechLLMSettings):
             raise ConfigError(f"method_options: {wrong} not applicable to --model {self.model}; choose from "
                               f"{known}", "method_options")
         _choice(self, "layer_rule", settings.LAYER_RULES)
-        if not self.kind.is_classifier:  # the speech LLM: its own steps (recipes.voxceleb2_speech_llm)
+        if not self.kind.is_classifier:  # the speech LLM: its own steps (recipes.voxceleb2.speech_llm)
             if self.audit:
                 raise ConfigError("--audit runs on the classifier here; audit a speech-LLM method's output folder "
                                   "with `mmunlearn audit --model DIR ...`", "audit")
@@ -207,7 +207,7 @@ class VoxCelebConfig(SpeechLLMSettings):
 
     @property
     def kind(self) -> Kind:
-        """The registered model kind ``--model`` names (:func:`~recipes.voxceleb2_settings.model_kind`): the methods
+        """The registered model kind ``--model`` names (:func:`~recipes.voxceleb2.settings.model_kind`): the methods
         that apply to it, and its capabilities choose the path (a classifier's: ECAPA's steps and scopes, its models
         built by the kind's trainer; otherwise the speech LLM's)."""
         return settings.model_kind(self.model)
@@ -226,19 +226,19 @@ class VoxCelebConfig(SpeechLLMSettings):
 
     def resolved_scope(self) -> str:
         """``scope``, or its default for every classifier: sweep with ``--sweep`` (the head tried first,
-        :data:`recipes.voxceleb2_settings.SWEEP_SCOPES`), else all."""
+        :data:`recipes.voxceleb2.settings.SWEEP_SCOPES`), else all."""
         return self.scope or ("sweep" if self.sweep else "all")
 
     def resolved_retain_bound(self) -> float:
         """``retain_bound``, or its default for the model: a classifier's sweep rule
-        (:data:`recipes.voxceleb2_settings.DEFAULT_RETAIN_BOUND`) or a speech LLM's NLL rule
+        (:data:`recipes.voxceleb2.settings.DEFAULT_RETAIN_BOUND`) or a speech LLM's NLL rule
         (:data:`mmunlearn.api.rules.NLL_RETAIN_BOUND`)."""
         if self.retain_bound is not None:
             return self.retain_bound
         return settings.DEFAULT_RETAIN_BOUND if self.kind.is_classifier else NLL_RETAIN_BOUND
 
     def knobs(self) -> dict[str, Any]:
-        """The knobs above under the names methods' configs use (:func:`recipes.voxceleb2_settings.knobs`; unset
+        """The knobs above under the names methods' configs use (:func:`recipes.voxceleb2.settings.knobs`; unset
         ones None), checked against the task-vector kinds the model takes."""
         return settings.knobs(rank=self.rank, retain_rank=self.retain_rank, scale=self.scale,
                               extract_kind=self.extract, extract_steps=self.extract_steps, extract_lr=self.extract_lr,

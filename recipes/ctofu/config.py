@@ -1,5 +1,5 @@
 """The cTOFU recipes' settings: :class:`CTofuConfig`, the settings every TOFU recipe shares
-(:class:`recipes.tofu_config.RecipeConfig`) plus the multilingual world's (files, languages, alignment, which
+(:class:`recipes.tofu.config.RecipeConfig`) plus the multilingual world's (files, languages, alignment, which
 languages are forgotten, evaluated and retained). ``ctofu run|compare`` take one whole, like ``tofu``.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from mmunlearn.config import opt
 from mmunlearn.data.ctofu.worlds import TRAIN_TEXTS
 from recipes.recipe_config import ConfigError
-from recipes.tofu_config import RecipeConfig
+from recipes.tofu.config import RecipeConfig
 
 
 @dataclass(frozen=True)

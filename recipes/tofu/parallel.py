@@ -25,7 +25,7 @@ import yaml
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.errors import UnsafePathError
 from recipes.runner import finished_rows, stage_key
-from recipes.tofu_config import RUN_EXCLUDES, TofuConfig
+from recipes.tofu.config import RUN_EXCLUDES, TofuConfig
 
 #: ``<out>/JOBS_DIR``: the jobs' configs and logs.
 JOBS_DIR = "jobs"

@@ -1,5 +1,5 @@
 """Deletion requests on TOFU for ``mmunlearn bench requests --dataset tofu``: one request per forget author, QR-Erase
-with the retain state cached against GradDiff (the bookkeeping, rows and table are :mod:`recipes.requests_speaker`)."""
+with the retain state cached against GradDiff (the bookkeeping, rows and table are :mod:`recipes.requests.speaker`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mmunlearn.methods import SweepRule, get, run_unlearning
 from mmunlearn.presets.build import build_models
 from mmunlearn.requests import History, run_request
 
-from recipes.requests_speaker import BenchResult, PeakMemory, RequestRow, request_row, timed_retain_state
+from recipes.requests.speaker import BenchResult, PeakMemory, RequestRow, request_row, timed_retain_state
 
 
 def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,

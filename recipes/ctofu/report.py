@@ -11,7 +11,7 @@ from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report.figures import figure
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.report import table
-from recipes.ctofu_pipeline import COLUMNS
+from recipes.ctofu.pipeline import COLUMNS
 
 
 def _order(rows: list[dict], field: str) -> list[str]:
@@ -27,7 +27,7 @@ def matrix(rows: list[dict], key: str) -> str:
     return table(list(pivot.values()), [("method", "method"), *((lang, lang) for lang in langs)])
 
 
-#: the transfer summary's columns (:func:`recipes.ctofu_pipeline.transfer_summary`)
+#: the transfer summary's columns (:func:`recipes.ctofu.pipeline.transfer_summary`)
 TRANSFER_COLUMNS = (("method", "method"), ("rel. ROUGE-L drop, forget lang", "rouge_drop_forget_lang"),
                     ("rel. ROUGE-L drop, other langs", "rouge_drop_other_langs"),
                     ("transfer (ROUGE-L)", "rouge_transfer"), ("transfer (prob)", "prob_transfer"),

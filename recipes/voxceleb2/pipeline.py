@@ -5,7 +5,7 @@ Trained classifiers are cached under ``<cache>/models/<name>-<key>``, the key ha
 rows (IDs, files and their size/mtime), the label space, the preset, the training settings and the
 seed, so ``train``, ``speaker`` and ``sample`` share them; evaluations of the original and retrained
 models are cached beside them (``evals/<key>.json``). Tables and plots live in
-:mod:`recipes.voxceleb2_report`.
+:mod:`recipes.voxceleb2.report`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from mmunlearn.methods.rule import SweepPoint, choose
 from mmunlearn.adapters.speaker.training import training_rows
 from mmunlearn.train import TrainConfig, TrainResult
 from mmunlearn.files.undo_store import default_undo_dir
-from recipes import voxceleb2_settings as settings
+from recipes.voxceleb2 import settings
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.

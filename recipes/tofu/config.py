@@ -19,8 +19,8 @@ from mmunlearn.methods import names
 from mmunlearn.taskvec.extract import KINDS
 from mmunlearn.train import TrainConfig
 from recipes.recipe_config import ConfigError
-from recipes.tofu_pipeline import parse_metrics
-from recipes.tofu_settings import audit_options, knobs_for
+from recipes.tofu.pipeline import parse_metrics
+from recipes.tofu.settings import audit_options, knobs_for
 
 #: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
 RUN_EXCLUDES = ("methods", "audit", "audit_relearn_steps", "audit_relearn_lr", "audit_relearn_on", "audit_attacks",
@@ -215,7 +215,7 @@ class TofuConfig(RecipeConfig):
         _positive(self, "utility_items", "rule_retain_items", "jobs")
 
     def evaluation(self) -> dict[str, Any]:
-        """The evaluation-cost settings as :func:`recipes.tofu_pipeline.prepare` takes them."""
+        """The evaluation-cost settings as :func:`recipes.tofu.pipeline.prepare` takes them."""
         return {"precision": self.precision, "utility_items": self.utility_items,
                 "rule_retain_items": self.rule_retain_items}
 

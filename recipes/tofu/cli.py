@@ -9,10 +9,10 @@ the same as ``--ft-*`` on ``run`` and ``compare``, where ``--lr``/``--epochs`` a
 change the preset's settings for the models built (part of their cache key). ``run``, ``compare``
 and ``eval`` take ``--target DIR`` / ``--retain-model DIR`` (e.g. made by ``finetune --out DIR``)
 instead of building those models. After building, the target is checked for having memorised the
-forget answers (:mod:`recipes.tofu_settings`); a warning is printed and ``memorised: false`` recorded
+forget answers (:mod:`recipes.tofu.settings`); a warning is printed and ``memorised: false`` recorded
 in compare.json / run.json when it did not.
 
-``run`` and ``compare`` take their settings as one :class:`recipes.tofu_config.TofuConfig`: the options (one per
+``run`` and ``compare`` take their settings as one :class:`recipes.tofu.config.TofuConfig`: the options (one per
 field, declared once there), ``--config FILE.yaml``, ``--method-option METHOD.SETTING=VALUE`` and ``KEY=VALUE``
 arguments (:mod:`recipes.recipe_cli`); each method runs through :func:`recipes.runner.run_method`.
 """
@@ -35,14 +35,14 @@ from mmunlearn.eval import evaluate_tofu, summary_table
 from mmunlearn.eval.tofu import check_max_new_tokens
 from mmunlearn.presets.build import finetune as build_one
 from mmunlearn.presets.cache import read_log
-from recipes import tofu_pipeline, tofu_report
+from recipes.tofu import pipeline as tofu_pipeline, report as tofu_report
 from recipes.recipe_cli import config_command, configs_command, help_of, option_flag, require
 from recipes.recipe_config import ConfigError
 from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.runner import Comparison, Stages, run_comparison, run_method
-from recipes.tofu_config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
-from recipes.tofu_parallel import pending, run_jobs
-from recipes.tofu_settings import default_precision, memorisation, memorisation_warning, preset_size, sweep_rule
+from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
+from recipes.tofu.parallel import pending, run_jobs
+from recipes.tofu.settings import default_precision, memorisation, memorisation_warning, preset_size, sweep_rule
 
 app = typer.Typer(help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True)
 console = Console()
@@ -359,6 +359,3 @@ def tilt(
 
 
 configs_command(app, "tofu")  # `mmunlearn tofu configs`: the shipped configs (recipes/configs/tofu/)
-
-if __name__ == "__main__":  # `python -m recipes.tofu ...` where the package is not installed (no entry points)
-    app()

@@ -54,7 +54,7 @@ def model_kind(model: str) -> Kind:
 def models() -> tuple[str, ...]:
     """Every ``--model`` value: the aliases (in place of their kinds' names), then each registered kind (plug-ins included) that takes audio and that
     the recipe can build: a classifier kind with a trainer (:attr:`~mmunlearn.kinds.Kind.trainer`) or a speech LLM
-    (its own path, :mod:`recipes.voxceleb2_speech_llm`)."""
+    (its own path, :mod:`recipes.voxceleb2.speech_llm`)."""
     built = [k.name for k in kinds() if k.takes_audio and (k.trainer is not None or not k.is_classifier)
              and k.name not in MODEL_ALIASES.values()]
     return (*MODEL_ALIASES, *built)
