@@ -106,7 +106,7 @@ class ClassifierAdapter(ModalityAdapter, Protocol):
     embedding_output: tuple[str, str | None] | None
     # the parameter name of the class-weight matrix (one row per speaker): the ``head`` scope, QR-Erase's head rows
     head_weight: str
-    # which weights erasure extracts from and edits: ``all``, ``head`` or ``embedding`` (speaker_batches.SCOPES)
+    # which weights erasure extracts from and edits: ``all``, ``head`` or ``embedding`` (speaker/batches.py: SCOPES)
     scope: str
 
     def logits_and_embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None

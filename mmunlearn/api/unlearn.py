@@ -124,7 +124,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             ``overrides`` (e.g. ``rank=4, scale=16``).
         rule: ``"auto"`` (default): the kind's rule (:mod:`mmunlearn.api.rules`): classifiers, every forgotten
             speaker's clips predicted as none of the forget speakers on 98 % of them (near a retrained model's level;
-            ``unlearn_rules.SPEAKER_FORGET_TARGET``) with the retain NLL up at most 0.05 nats; text LLMs, row by row:
+            ``api.rules.SPEAKER_FORGET_TARGET``) with the retain NLL up at most 0.05 nats; text LLMs, row by row:
             every forget row's answer NLL at its level (``forget_level``, else the reference's NLL on the row, else
             its own + 1 nat, a guess) and no greedy answer to a forget question or paraphrase giving its answer, the
             retain NLL on held-out retain rows up at most 0.1 and 90 % of the original's held-out retain answers
@@ -184,7 +184,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         check_holds_none(undo if undo is not None else default_undo_dir(out), clips,
                          "audio clips of the forget/retain sets")
 
-    fmt: dict[str, Any] = {}  # a text LLM's prompt format, chosen on the first load (unlearn_text.choose_format)
+    fmt: dict[str, Any] = {}  # a text LLM's prompt format, chosen on the first load (api.text.choose_format)
 
     def load(s: str, folder: Any = model_dir):
         adapter = load_model(folder, device=device, where=where, trust_hparams=trust_hparams, scope=s)

@@ -5,7 +5,7 @@ An edit of the classifier head (``SpeakerAdapter.scope == "head"``: the sweep of
 harness's before/after scoring) leaves every embedding as it was, so only the cosine head needs computing
 again. :class:`EmbeddingCache` keys an embedding by a digest of the exact bytes of everything the embedding
 depends on -- every parameter and buffer outside the head, in order -- and of the utterance's samples cut
-to its own length (how the adapter scores it, see ``speaker_batches.by_length``). A changed weight changes the
+to its own length (how the adapter scores it, see ``batches.by_length``). A changed weight changes the
 digest, so a stale embedding is never served; nothing is trusted to a version counter or a flag.
 
 Hand-written because no library caches module outputs keyed by the module's weights.
