@@ -6,7 +6,8 @@ Run on a workdir of ``voxceleb2 speaker --forget-speakers 3`` with the head scop
 
 Each variant ``BASE:ALPHA`` starts from the original model (``emb``) or the head-scope QR-Erase output (``head+emb``),
 erases the forgotten speakers' centroid directions outside the retained speakers' centroid span from the embedding
-model's last layer (:mod:`mmunlearn.erase.subspace.centroid`; centroids of the training utterances), saves the model under
+model's last layer (:mod:`mmunlearn.erase.subspace.centroid`; centroids of the training utterances), saves the model
+under
 ``<workdir>/centroid/<variant>/model``, evaluates it as the recipe does and audits it with ``mmunlearn audit``
 (relearning and probe, the recipe's defaults). ``<workdir>/centroid/results.json`` holds every variant and table rows.
 """

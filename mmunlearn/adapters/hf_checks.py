@@ -2,7 +2,8 @@
 it built: each refusal is one error naming the file and what is wrong (issue 33, low items).
 
 Before loading (:func:`check_hf_folder`): the folder's links stay inside it and its weights are safetensors whose
-headers read (:func:`mmunlearn.files.checkpoint.shard_files`: a folder with only ``pytorch_model.bin`` is refused with the
+headers read (:func:`mmunlearn.files.checkpoint.shard_files`: a folder with only ``pytorch_model.bin`` is refused with
+the
 convert hint, nothing is unpickled); ``config.json`` is a JSON object of at most 1 MiB; its ``attn_implementation``
 names no Hub kernel (``"kernels-community/..."``: transformers would fetch and run code); it asks for no quantisation
 (``quantization_config``: bitsandbytes and friends are not part of mmunlearn); no size in it is negative, it asks

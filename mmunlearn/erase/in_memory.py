@@ -27,7 +27,8 @@ def erase_checkpoint(
     **options,
 ) -> EraseReport:
     """QR-Erase a checkpoint directory into ``out`` (edited weights + report + plot) and its undo patch into
-    ``<out>.undo/`` beside it (:mod:`mmunlearn.files.undo_store`: ``out`` holds no original weights; its report's ``undo``
+    ``<out>.undo/`` beside it (:mod:`mmunlearn.files.undo_store`: ``out`` holds no original weights; its report's
+    ``undo``
     entry names the undo folder, which ``overwrite`` replaces too).
 
     ``options`` are those of :func:`mmunlearn.erase.erase`. Everything is validated before

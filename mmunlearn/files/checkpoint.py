@@ -181,7 +181,8 @@ def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str,
 def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *,
                      weights: bool = False) -> list[str]:
     """Copy everything in ``root`` but the names in ``skip`` and those outputs use for their own files
-    (:data:`mmunlearn.files.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would be
+    (:data:`mmunlearn.files.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would
+    be
     read back as ours) into ``dst``. Unless ``weights``, whatever may hold weights (:mod:`mmunlearn.files.held_weights`:
     ``pytorch_model.bin`` beside the safetensors, ``original/*.pth``, ``.git/``, backups) is left out, with a warning
     naming it: an edited model must not carry the weights it was edited from. Returns what was left out.

@@ -100,7 +100,8 @@ class _Walk:
 
     def __init__(self, root: str | os.PathLike, drop_weights: bool = False):
         self.root = Path(root)
-        self.drop_weights = drop_weights  # leave out what may hold weights (mmunlearn.files.held_weights), listed in dropped
+        # leave out what may hold weights (mmunlearn.files.held_weights), listed in dropped
+        self.drop_weights = drop_weights
         self.dropped: list[str] = []
         try:
             self.real = os.path.realpath(self.root, strict=True)

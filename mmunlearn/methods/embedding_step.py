@@ -1,7 +1,8 @@
 """QR-Erase's optional embedding step for speaker classifiers (``EraseConfig.centroid``): the forgotten speakers'
 centroid directions outside the retained speakers' span, erased from the layer whose outputs are the embeddings.
 
-The edit is :func:`mmunlearn.erase.subspace.centroid.project_output` (``W <- (I - a U U^T) W``, the bias likewise) on the layer
+The edit is :func:`mmunlearn.erase.subspace.centroid.project_output` (``W <- (I - a U U^T) W``, the bias likewise) on
+the layer
 the adapter names in ``embedding_output`` (ECAPA's last 1x1 convolution, a Hugging Face classifier's projector: the
 head reads a time average of its outputs, which the edit commits with). Retained speakers' mean embeddings do not move;
 ``a = 1`` leaves the forgotten ones no component along ``U``, ``a = 2`` reflects it. On its own it does not make a

@@ -165,8 +165,8 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
             request history written beside the model); the folder is still renamed into ``out`` at once.
         earlier_forgotten: speakers earlier deletion requests forgot, each with a stand-in for its direction or
             None (:attr:`~mmunlearn.methods.base.RunContext.earlier_forgotten`).
-        undo_dir: where the undo records go (default ``<out>.undo`` beside ``out``, :mod:`mmunlearn.files.undo_store`): the
-            output itself never holds the original weights.
+        undo_dir: where the undo records go (default ``<out>.undo`` beside ``out``,
+            :mod:`mmunlearn.files.undo_store`): the output itself never holds the original weights.
     """
     spec = get(method, kind)
     if not forget or not retain:

@@ -64,8 +64,8 @@ class History:
 
     folder: Path
     requests: list[dict[str, Any]] = field(default_factory=list)
-    #: the folder that holds the undo patch and ``undo_history/`` (:mod:`mmunlearn.files.undo_store`: kept apart from the
-    #: model; None: the model folder itself, as older outputs hold them)
+    #: the folder that holds the undo patch and ``undo_history/`` (:mod:`mmunlearn.files.undo_store`: kept apart
+    #: from the model; None: the model folder itself, as older outputs hold them)
     undo: Path | None = None
 
     @property

@@ -8,7 +8,7 @@ importing one of its modules (``recipes.ctofu.config``) does not build the comma
 
 def __getattr__(name: str):
     if name == "app":
-        from recipes.ctofu.cli import app  # deferred: the entry point's app; its modules import the shared recipe core
+        from recipes.ctofu.cli import app  # deferred: built when read, not when a submodule is imported
 
         return app
     raise AttributeError(f"module 'recipes.ctofu' has no attribute {name!r}")

@@ -9,7 +9,7 @@ importing one of its modules (``recipes.tofu.config``) does not build the comman
 
 def __getattr__(name: str):
     if name == "app":
-        from recipes.tofu.cli import app  # deferred: the entry point's app; its modules import the shared recipe core
+        from recipes.tofu.cli import app  # deferred: built when read, not when a submodule is imported
 
         return app
     raise AttributeError(f"module 'recipes.tofu' has no attribute {name!r}")

@@ -9,7 +9,7 @@ importing one of its modules (``recipes.voxceleb2.config``) does not build the c
 
 def __getattr__(name: str):
     if name == "app":
-        from recipes.voxceleb2.cli import app  # deferred: the entry point's app; its modules import the shared recipe core
+        from recipes.voxceleb2.cli import app  # deferred: built when read, not when a submodule is imported
 
         return app
     raise AttributeError(f"module 'recipes.voxceleb2' has no attribute {name!r}")

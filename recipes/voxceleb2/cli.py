@@ -11,7 +11,8 @@ of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in co
 :func:`recipes.runner.run_method` (``<out>/<method>/{model/, run.json}``).
 ``--model speech-llm`` runs the same levels with a Qwen-Omni-style speech LLM instead of the classifier
 (:mod:`recipes.voxceleb2.speech_llm`: spoken "who is speaking?" answers to forget, a target task to keep);
-``--model hf-audio`` with a small wav2vec2-style Hugging Face audio classifier (:mod:`mmunlearn.adapters.hf_audio.training`)
+``--model hf-audio`` with a small wav2vec2-style Hugging Face audio classifier
+(:mod:`mmunlearn.adapters.hf_audio.training`)
 through the same steps, metrics and tables as the ECAPA classifier.
 """
 

@@ -33,7 +33,8 @@ def test_doctests():
     import mmunlearn.adapters.speaker.batches
     import mmunlearn.adapters.speaker.cache
 
-    for module in (mmunlearn.adapters.speaker.adapter, mmunlearn.adapters.speaker.batches, mmunlearn.adapters.speaker.cache):
+    for module in (mmunlearn.adapters.speaker.adapter, mmunlearn.adapters.speaker.batches,
+                   mmunlearn.adapters.speaker.cache):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

@@ -215,7 +215,8 @@ def test_pickled_weights_are_never_unpickled(tmp_path):
 
 def test_no_torch_load_without_weights_only_in_the_checkpoint_code():
     files = ["mmunlearn/files/checkpoint.py", "mmunlearn/erase/in_memory.py", "mmunlearn/files/paths.py",
-             "mmunlearn/files/atomic.py", "mmunlearn/errors.py", "mmunlearn/erase/stream.py", "mmunlearn/erase/apply.py",
+             "mmunlearn/files/atomic.py", "mmunlearn/errors.py", "mmunlearn/erase/stream.py",
+             "mmunlearn/erase/apply.py",
              "mmunlearn/erase/patch.py", "mmunlearn/erase/report.py", "mmunlearn/taskvec/store.py",
              "mmunlearn/cli/__init__.py"]
     for f in files:

@@ -7,7 +7,8 @@ writes both with ``save_pretrained``, so ``transformers.pipeline("audio-classifi
 unlearned folder as it ran the input.
 
 Scores are the speaker classifiers' (:class:`~mmunlearn.adapters.speaker.batches.ClassifierScores`, shared with
-:mod:`mmunlearn.adapters.speaker.adapter`): ``logits`` (B x C) are the model's, ``loss`` is their cross-entropy, each utterance
+:mod:`mmunlearn.adapters.speaker.adapter`): ``logits`` (B x C) are the model's, ``loss`` is their cross-entropy, each
+utterance
 a one-"token" sequence for ``logprobs`` / ``sequence_logprob``; ``embeddings`` are the pooled vectors the
 classification head reads (what verification scores by cosine).
 ``layers()`` exposes the 2-D Linear weights (feature projection, each encoder layer's attention and feed-forward,

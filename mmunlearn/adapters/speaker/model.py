@@ -8,7 +8,8 @@ parameter names are those of SpeechBrain checkpoints prefixed by the module name
 A :class:`SpeakerSpec` describes the four modules as data: an allow-listed class name
 (:data:`MODULE_CLASSES`) and plain keyword arguments for each. :func:`build_modules` builds a
 network from it through an explicit table of imported classes (never by importing a name read from
-a file), and :func:`~mmunlearn.adapters.speaker.write_hparams.hparams_yaml` writes the ``hyperparams.yaml`` of a SpeechBrain
+a file), and :func:`~mmunlearn.adapters.speaker.write_hparams.hparams_yaml` writes the ``hyperparams.yaml`` of a
+SpeechBrain
 pretrained-model directory from it, so a saved directory's YAML is always generated, never copied from an input.
 Other modules an input's file names (spkrec's ``mean_var_norm_emb``) ride along as :class:`ExtraModule`: described
 as data the same way, with their checkpoint's bytes, written back unchanged and never built here.

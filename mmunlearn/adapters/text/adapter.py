@@ -1,7 +1,8 @@
 """Adapter for HF causal LMs (Llama, Qwen2, GPT-2, ...): QA formatting, scoring, generation, I/O.
 
 Question/answer pairs are formatted with the tokenizer's chat template when it has one, else
-``Question: ...\\nAnswer: ...``, or in the ``prompt_format`` given (:mod:`mmunlearn.adapters.text.prompt_format`: ``chat``,
+``Question: ...\\nAnswer: ...``, or in the ``prompt_format`` given (:mod:`mmunlearn.adapters.text.prompt_format`:
+``chat``,
 ``plain``, ``raw`` or a format string); prompt and answer are tokenised separately and concatenated, so the labels
 cover exactly the answer tokens (plus EOS).
 """
@@ -143,7 +144,8 @@ class TextLLMAdapter(TokenScoring):
 
     # ------------------------------------------------------------------ formatting
     def set_prompt_format(self, fmt: str) -> None:
-        """Format rows in ``fmt`` from now on (:mod:`mmunlearn.adapters.text.prompt_format`); ``chat`` needs the tokenizer's
+        """Format rows in ``fmt`` from now on (:mod:`mmunlearn.adapters.text.prompt_format`); ``chat`` needs the
+        tokenizer's
         chat template."""
         fmt = formats.check(fmt)
         if fmt == "chat" and not getattr(self.tokenizer, "chat_template", None):

@@ -1,6 +1,7 @@
 """Forget and retain sets in the formats users have, read into the rows the adapters take (text QA rows, speech manifest rows).
 
-:func:`read_text_rows` gives ``{"question", "answer"}`` rows (the schema :class:`~mmunlearn.adapters.text.adapter.TextLLMAdapter`
+:func:`read_text_rows` gives ``{"question", "answer"}`` rows (the schema
+:class:`~mmunlearn.adapters.text.adapter.TextLLMAdapter`
 reads) from JSON, JSONL, CSV or ``.txt`` files, lists of dicts, (question, answer) pairs or strings, and Hugging Face
 ``datasets.Dataset`` objects. Prompt-less text becomes ``question=""``, ``answer=<text>``.
 :func:`read_speech_rows` gives manifest rows (``ID``, ``wav``, ``spk_id``, ...) from SpeechBrain manifests, 2-column
