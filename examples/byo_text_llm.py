@@ -25,9 +25,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mmunlearn
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.methods import mean_nll
-from mmunlearn.methods.row_rule import says
+from mmunlearn.api.row_rule import says
 from mmunlearn.report import git_commit, machine_facts
 
 FIRST = ["Mara", "Tobias", "Ilse", "Ravi", "Odile", "Joren"]
@@ -118,7 +118,7 @@ def tiny_base(folder: Path, rows: list[dict]) -> Path:
     """A tiny Llama (random weights) and a BPE tokenizer trained on the rows: the rehearsal's base."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mmunlearn.adapters.tokenizer import train_bpe
+    from mmunlearn.adapters.text.tokenizer import train_bpe
 
     tok = train_bpe([r["question"] + " " + r["answer"] for r in rows] + [f"{q} {a}" for q, a in GENERAL],
                     vocab_size=600)

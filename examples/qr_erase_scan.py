@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from mmunlearn.adapters.text_llm import TextLLMAdapter
-from mmunlearn.atomic import write_text_atomic
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.erase.energy import group_of
 from mmunlearn.methods.erasure import EraseConfig, _apply, _sweep, relative_unit
@@ -210,7 +210,7 @@ def best_points(target, args, models, forget, retain_all, cache: Path, results: 
 
 
 def plot_blocks(blocks: list[dict], path: Path, bound: float, title: str) -> None:
-    from mmunlearn.figures import figure
+    from mmunlearn.report.figures import figure
 
     with figure(path, figsize=(max(6, 0.3 * len(blocks)), 4)) as (_fig, ax):
         x = range(len(blocks))
