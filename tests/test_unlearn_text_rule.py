@@ -137,7 +137,7 @@ def test_the_key_span_decides_when_given():
 
 
 def test_the_default_method_of_a_text_llm_releases_weights():
-    assert default_method("text") == DEFAULT_METHOD["text"] == "npo" and get("npo", "text").edits_weights
+    assert default_method("text") == DEFAULT_METHOD["text"] == "qr-erase-rows" and get("qr-erase-rows", "text").edits_weights
     assert default_method("speaker") == "qr-erase"
 
 
@@ -200,9 +200,9 @@ def test_each_stage_line_says_elapsed_and_what_is_left(raw_dir, tmp_path, capsys
             assert re.search(rf", at most ~({DURATION}) left at ({DURATION}) a point$", line), line
 
 
-def test_the_default_methods_checks_say_elapsed_and_time_left(raw_dir, tmp_path, capsys):
+def test_a_training_methods_checks_say_elapsed_and_time_left(raw_dir, tmp_path, capsys):
     forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
-    unlearn(raw_dir, forget=forget, retain=retain, device="cpu")  # npo: a check at steps 1, 2, 4, ... of its cap
+    unlearn(raw_dir, forget=forget, retain=retain, method="npo", device="cpu")  # a check at steps 1, 2, 4, ... of its cap
     out = capsys.readouterr()
     checks = [line for line in (out.out + out.err).splitlines() if line.startswith("npo step ")]
     assert checks and all(re.search(rf"; ({DURATION}) elapsed", line) for line in checks), out.out

@@ -22,7 +22,7 @@ def unlearn(
     forget: Annotated[Path, typer.Option(help="What to forget: text LLMs a JSON/JSONL/CSV of question-answer rows or a .txt of texts; audio models a manifest CSV, a path,label CSV or JSON/JSONL (docs/usage.md, 'Accepted data formats').")],
     retain: Annotated[Path, typer.Option(help="What to keep, in the same formats as --forget; a row (or, for speaker forgetting, a speaker) in both sets is refused.")],
     out: Annotated[Path, typer.Option(help="Output folder: the unlearned model in its input's format plus unlearn_report.json (created; must not exist unless --overwrite).")],
-    method: Annotated[Optional[str], typer.Option(help="Registered method (`mmunlearn methods` lists them and the kinds each applies to). Default: the kind's (npo for a text LLM, a method that releases edited weights; qr-erase otherwise); the report names it.")] = None,
+    method: Annotated[Optional[str], typer.Option(help="Registered method (`mmunlearn methods` lists them and the kinds each applies to). Default: the kind's (qr-erase-rows for a text LLM, a method that releases edited weights; qr-erase otherwise); the report names it.")] = None,
     reference: Annotated[Optional[Path], typer.Option(help="Model folder --model was fine-tuned from (same kind): erasure takes task vectors from it and an LLM's rule aims the forget NLL at its level. Never built for you.")] = None,
     scope: Annotated[str, typer.Option(help=f"Classifiers: weights erasure edits, one of {', '.join(API_SCOPES)} (sweep: the class rows first, every weight when they miss the rule).")] = "sweep",
     undo: Annotated[Optional[Path], typer.Option(help="Folder for the undo records (the original weights; default OUT.undo beside --out, private to you). --out never holds them.")] = None,
