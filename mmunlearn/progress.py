@@ -10,6 +10,7 @@ line, a long stage as a few. A bar without a description is disabled by its call
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -69,8 +70,6 @@ class StageBar(tqdm):
 
 def quiet_library_bars() -> None:
     """Turn off the Hub's and transformers' own bars ("Loading weights", downloads): for output that is a log file."""
-    import os
-
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by huggingface_hub when first imported
     if "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import disable_progress_bars
