@@ -3,9 +3,11 @@ estimates P(retain | x, y) and decoding samples from softmax(log p(y|x) / T + la
 the paper's T3, a smaller tilt strength lambda weakens the tilt.
 
 With a sweep rule, candidates are tried from the weakest intervention up: tilt strengths ascending at T = 1,
-then temperatures ascending at full strength; the sweep stops at the first candidate that meets the rule
-(forget measure at the target, retain within the bound), so it lands near the target instead of overshooting
-it. If none meets it, the rule's choice among the tried ones is taken and the report says so. The returned adapter wraps the base with the head
+then temperatures ascending at full strength. By default (``sweep_pick="utility"``) every candidate is scored and,
+among those that meet the rule (forget measure at the target, retain within the bound), the one with the lowest
+held-out retain NLL is applied: the setting that keeps the most utility; ``sweep_pick="first"`` stops at the first
+candidate meeting the rule (fewer scoring passes). If none meets it, the rule's choice among the tried ones is
+taken and the report says so. The returned adapter wraps the base with the head
 (:class:`mmunlearn.tilt.TiltedCausalLM`); the harness writes the head beside the unchanged base.
 """
 
@@ -37,6 +39,9 @@ class T3Config(PresetConfig):
                                              "With a sweep rule: tilt strengths tried at T = 1, weakest first.")
     sweep_temperatures: tuple[float, ...] = opt((1.25, 1.5, 2.0),
                                                 "With a sweep rule: temperatures tried next, at full strength.")
+    sweep_pick: str = opt("utility", "With a sweep rule: 'utility' scores every candidate and applies, among those "
+                                     "meeting the rule, the one with the lowest held-out retain NLL (the most "
+                                     "utility kept); 'first' stops at the first candidate meeting it (faster).")
     pooling: str = opt("last", "What the head reads: 'last' (the final hidden state of the position being extended, "
                                "the T3 paper's head) or 'cummean' (the mean of the final states up to it, as "
                                "open-unlearning's T3 port).")
@@ -45,6 +50,8 @@ class T3Config(PresetConfig):
         from mmunlearn.tilt.head import check_pooling  # deferred: tilt imports transformers, kept out of CLI start
 
         check_pooling(self.pooling)
+        if self.sweep_pick not in ("utility", "first"):
+            raise ValueError(f"t3: sweep_pick must be 'utility' or 'first', not {self.sweep_pick!r}")
 
     PRESETS: ClassVar[dict] = {("text", "micro"): _SMALL, ("speech-llm", "tiny"): _SMALL,
                                ("speech-llm", "mini"): _SMALL}
@@ -78,9 +85,10 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
             tried.append({"temperature": t, "strength": lam, "forget_nll": points[-1].forget_nll,
                           "retain_nll": points[-1].retain_nll})
             log_point("t3", tried[-1], scorer, ctx.progress, total=len(candidates))
-            if scorer.point_meets(points[-1]):
+            if cfg.sweep_pick == "first" and scorer.point_meets(points[-1]):
                 break  # the weakest intervention meeting the rule
         rule = ctx.rule
+        # among the points meeting the rule, the lowest retain NLL (rule.choose): the most utility kept
         best = choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
         temperature, strength = next((c for c, p in zip(candidates, points) if p is best))
         info["sweep"] = tried

@@ -91,8 +91,8 @@ def test_t3_sweep_tries_the_weakest_tilt_first_and_stops_at_the_rule(model_dir):
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
-    out = run_unlearning("t3", target, forget, retain, kind="text", size="micro", overrides=fast("t3"), rule=rule,
-                         progress=False)
+    out = run_unlearning("t3", target, forget, retain, kind="text", size="micro",
+                         overrides={**fast("t3"), "sweep_pick": "first"}, rule=rule, progress=False)
     sweep, info = out.report["info"]["sweep"], out.report["info"]
     strengths = [p["strength"] for p in sweep if p["temperature"] == 1.0]
     assert strengths == sorted(strengths)  # weakest intervention first
@@ -103,3 +103,25 @@ def test_t3_sweep_tries_the_weakest_tilt_first_and_stops_at_the_rule(model_dir):
         assert (info["temperature"], info["strength"]) == (sweep[-1]["temperature"], sweep[-1]["strength"])
         assert out.report["target_reached"] is True
     out.adapter.model.tap.remove()
+
+
+def test_t3_sweep_by_default_applies_the_setting_meeting_the_rule_that_keeps_most_retain(model_dir):
+    """The default sweep scores every candidate; of those meeting the rule it applies the lowest retain NLL."""
+    from mmunlearn.methods import SweepRule, mean_nll
+
+    forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
+    target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
+    rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
+    out = run_unlearning("t3", target, forget, retain, kind="text", size="micro", overrides=fast("t3"), rule=rule,
+                         progress=False)
+    info = out.report["info"]
+    sweep, base_retain = info["sweep"], out.report["rule"]["base_retain"]
+    assert len(sweep) == 5 + 3  # every strength and every temperature above 1 scored
+    meeting = [p for p in sweep if p["forget_nll"] >= rule.forget_target and p["retain_nll"] - base_retain <= 2.0]
+    if meeting:
+        best = min(meeting, key=lambda p: p["retain_nll"])
+        assert (info["temperature"], info["strength"]) == (best["temperature"], best["strength"])
+    out.adapter.model.tap.remove()
+    with pytest.raises(ValueError, match="sweep_pick"):
+        run_unlearning("t3", target, forget, retain, kind="text", size="micro",
+                       overrides={**fast("t3"), "sweep_pick": "best"}, rule=rule, progress=False)
