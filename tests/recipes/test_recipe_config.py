@@ -18,7 +18,7 @@ RUN_KEYS = [f.name for f in dataclasses.fields(TofuConfig) if f.name not in RUN_
 #: valid text values for the methods' text settings, two each (a test picks one that differs from the default)
 TEXT_VALUES = {"subspace": ("svd", "cpqr"), "layer_rule": ("top", "all"), "extract_kind": ("lora", "gradient"),
                "pooling": ("last", "cummean"), "task_matrix": ("update", "extract"), "subtract": ("own", "swept"),
-               "retain_model": ("models/retain", "models/other")}
+               "retain_model": ("models/retain", "models/other"), "sweep_pick": ("utility", "first")}
 
 
 def _yaml(tmp_path, text, name="cfg.yaml"):
