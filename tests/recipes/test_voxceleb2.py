@@ -78,11 +78,12 @@ def test_speaker_level_end_to_end(speaker_run):
     assert retrained["forget_acc"] <= cfg.chance_accuracy(4)  # ... the model that never heard it names it no better than chance
     for r in (qr, gd):
         assert 0.0 < r["changed_fraction"] <= 1.0 and r["unlearn_seconds"] > 0
-    # grad_diff's retain term holds the retain loss where the original had it. Whether its ascent raises the forget
-    # loss is not asserted here: the tiny classifier is saturated on its forget clips (NLL ~1e-6, so the ascent's
-    # gradient vanishes) and the sign of a 1e-7 change flipped with the optimiser's rounding (fused AdamW); the
-    # forgetting of each method is the sweep tests' business, as is QR-Erase's unswept preset's selectivity
-    assert abs(gd["retain_nll"] - original["retain_nll"]) < 0.01
+    # grad_diff's retain term keeps the retain loss from rising (where the tiny classifier is not converged it even
+    # lowers it: on an AVX512 host 0.277 -> 0.005). Whether its ascent raises the forget loss is not asserted here:
+    # on some hosts the tiny classifier is saturated on its forget clips (NLL ~1e-6, so the ascent's gradient
+    # vanishes) and the sign of a 1e-7 change flipped with the optimiser's rounding (fused AdamW); the forgetting of
+    # each method is the sweep tests' business, as is QR-Erase's unswept preset's selectivity
+    assert gd["retain_nll"] <= original["retain_nll"] + 0.01
     assert qr["scope"] == gd["scope"] == "all"
     assert qr["total_seconds"] > qr["unlearn_seconds"]  # task-vector extraction counted
     assert table["context"]["classes"] == 4 and "| qr-erase |" in output
