@@ -1,0 +1,1 @@
+"""The TOFU benchmark (recipes/tofu/) end to end on the micro preset: options, parallel stages, tables."""
