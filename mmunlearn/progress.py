@@ -35,6 +35,7 @@ class StageBar(tqdm):
 
     def __init__(self, *args: Any, log_every: float = LOG_EVERY, **kwargs: Any) -> None:
         self._live = is_terminal(kwargs.get("file"))
+        kwargs.setdefault("disable", False)  # explicit: TQDM_DISABLE (set by quiet_library_bars) is for other bars
         self._log_every, self._last_line = float(log_every), time.monotonic()
         super().__init__(*args, **kwargs)
 
@@ -69,8 +70,13 @@ class StageBar(tqdm):
 
 
 def quiet_library_bars() -> None:
-    """Turn off the Hub's and transformers' own bars ("Loading weights", downloads): for output that is a log file."""
+    """Turn off the Hub's and transformers' own bars ("Loading weights", downloads): for output that is a log file.
+
+    ``TQDM_DISABLE`` reaches the bars libraries make with plain tqdm (transformers' GGUF conversion) in the worker
+    processes this one starts (tqdm reads it when first imported); StageBar passes ``disable`` itself, so ours stay.
+    """
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by huggingface_hub when first imported
+    os.environ["TQDM_DISABLE"] = "1"
     if "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import disable_progress_bars
 

@@ -62,3 +62,25 @@ def test_the_cli_turns_off_the_libraries_bars_when_stderr_is_a_file(tmp_path):
     with open(tmp_path / "err.log", "w") as err:
         out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True, check=True)
     assert out.stdout.split()[-2:] == ["False", "True"]
+
+
+def test_worker_processes_after_quiet_library_bars_draw_no_plain_tqdm_bars_but_keep_stage_lines(tmp_path):
+    """A worker started after quiet_library_bars() (as the parallel builds and method stages are) imports tqdm with
+    TQDM_DISABLE set: a library's plain tqdm bar writes nothing, a StageBar still writes its stage line."""
+    code = ("import sys\nfrom tqdm import tqdm\nfrom mmunlearn.progress import StageBar\n"
+            "for _ in tqdm(range(3), desc='library bar', file=sys.stderr):\n    pass\n"
+            "for _ in StageBar(range(3), desc='our stage', file=sys.stderr):\n    pass\n")
+    import os
+
+    from mmunlearn.progress import quiet_library_bars
+
+    before = dict(os.environ)
+    try:
+        quiet_library_bars()
+        env = dict(os.environ)
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    err = subprocess.run([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, check=True).stderr
+    assert "library bar" not in err and "\r" not in err
+    assert "our stage: 3/3 items in" in err
