@@ -1,1 +1,2 @@
-"""The TOFU benchmark (recipes/tofu/) end to end on the micro preset: options, parallel stages, tables."""
+"""The TOFU benchmark (recipes/tofu/) end to end on the micro preset: options, parallel stages, tables; and
+examples/tofu_goals.py."""
