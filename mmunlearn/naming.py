@@ -1,7 +1,7 @@
 """Parameter-name conventions shared by the adapters and erasure: a parameter's default layer group (block prefix).
 
 Adapters group their weights with it (``layers()``) and erasure falls back on it when an adapter's ``groups()`` is
-None; it lives here, beside neither, so that ``adapters/`` never imports ``erase/`` (tests/test_layers.py).
+None; it lives here, beside neither, so that ``adapters/`` never imports ``erase/`` (tests/codebase/test_layers.py).
 
 >>> group_of("model.layers.3.mlp.up_proj.weight"), group_of("lm_head.weight"), group_of("bias")
 ('model.layers.3', 'lm_head', 'bias')

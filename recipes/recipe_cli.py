@@ -35,7 +35,7 @@ OPTIONS = ("out", "method", "methods", "preset", "data", "device")
 @dataclasses.dataclass(frozen=True)
 class ConfigCommand:
     """A command made by :func:`config_command`: its config class, the fields it takes (``keys``), the kind whose
-    methods ``--method-option`` may set and the body it runs (what ``tests/recipes/test_settings_reach.py`` walks:
+    methods ``--method-option`` may set and the body it runs (what ``tests/recipes/core/test_settings_reach.py`` walks:
     every setting a command takes reaches its run or is refused)."""
 
     cls: type

@@ -1,6 +1,6 @@
 """The API reference page of the docs site, written from the public functions' signatures and docstrings and from
 the method and kind registries at every build, so it cannot drift from the code: mkdocs.yml names this module as a
-hook (:func:`on_files` adds the page ``api.md``; tests/test_docs.py builds the site and reads it back), and
+hook (:func:`on_files` adds the page ``api.md``; tests/docs/test_docs.py builds the site and reads it back), and
 ``python -m mmunlearn.cli.apiref --out FILE`` writes the same Markdown to a file.
 """
 

@@ -95,7 +95,7 @@ def test_a_record_names_no_absolute_path_of_the_machine_it_was_made_on(tmp_path,
 def test_every_table_is_written_by_the_one_writer():
     """No module but mmunlearn/report/__init__.py writes a Markdown table's separator row: every table goes through
     report.table (one formatter, one escaping)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     files = [f for d in ("mmunlearn", "recipes", "data_prep") for f in (root / d).rglob("*.py")]
     assert len(files) > 100
     writers = sorted(str(f.relative_to(root)) for f in files if "|---" in f.read_text())

@@ -6,7 +6,7 @@ CLI's start, the corpus workers), never by habit."""
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("mmunlearn", "recipes", "data_prep")
 
 

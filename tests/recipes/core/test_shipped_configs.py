@@ -28,7 +28,7 @@ from recipes.voxceleb2.config import CLASSIFIER_ONLY, VoxCelebConfig
 from tests.recipes.conftest import TOFU_DATA
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMPARE_DEFAULTS = {"out": Path("runs/x"), "preset": "mini", "sweep": True}
 #: (benchmark, command) -> the command's config class, excluded fields, own defaults and --method-option kind
 COMMANDS: dict[tuple[str, str], tuple[type, tuple[str, ...], dict[str, Any], str | None]] = {

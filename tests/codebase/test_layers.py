@@ -6,7 +6,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "mmunlearn"
+ROOT = Path(__file__).resolve().parents[2] / "mmunlearn"
 DATA_PREP = ROOT.parent / "data_prep"
 
 

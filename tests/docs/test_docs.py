@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mmunlearn import report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "ARCHITECTURE.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 

@@ -20,7 +20,7 @@ from recipes.ctofu.cli import app as ctofu_app
 from recipes.tofu.cli import app as tofu_app
 from recipes.voxceleb2.cli import app as voxceleb2_app
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 APPS = {"tofu": tofu_app, "ctofu": ctofu_app, "voxceleb2": voxceleb2_app}
 #: config -> the settings it deliberately sets otherwise than its record's command, and why (said in its header)
 DIFFERS = {"voxceleb2/hf_audio_fsdd": {"scope"}}  # the record ran when scope all was the kind's only scope

@@ -156,7 +156,7 @@ def test_every_recipe_config_is_walked():
     layer of one."""
     assert {_case_id((c, "")).split("-")[0] for c in COMMANDS} >= {"tofu", "ctofu", "voxceleb2"}
     used = {k for c in COMMANDS for k in c.cls.__mro__}
-    root = Path(__file__).resolve().parents[2] / "recipes"
+    root = Path(__file__).resolve().parents[3] / "recipes"
     for path in sorted([*root.glob("*/config.py"), *root.glob("*_config.py")]):
         module = importlib.import_module(".".join(path.relative_to(root.parent).with_suffix("").parts))
         for _, obj in inspect.getmembers(module, inspect.isclass):

@@ -4,7 +4,7 @@ is at most 400 lines and a function at most 60, unless a comment line right abov
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAX_FILE, MAX_FUNCTION = 400, 60
 
 

@@ -120,7 +120,7 @@ def test_an_unknown_key_is_a_usage_error_before_any_work(tmp_path):
 def test_the_speech_llm_path_is_given_every_setting_it_takes():
     """retain_bound, lr, epochs, extract and resume (and the other knobs, the corpus sizes, strict) reach the
     speech-LLM run's call (recipes.voxceleb2.cli.speech_llm_arguments); the settings it has no use for are refused
-    (test_bad_settings_are_errors_naming_the_setting; every setting: tests/recipes/test_settings_reach.py)."""
+    (test_bad_settings_are_errors_naming_the_setting; every setting: tests/recipes/core/test_settings_reach.py)."""
     from mmunlearn.config import applicable_overrides
     from mmunlearn.methods import get
     from recipes.voxceleb2.cli import speech_llm_arguments

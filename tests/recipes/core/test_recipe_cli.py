@@ -16,7 +16,7 @@ from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
 from recipes.voxceleb2.config import VoxCelebConfig
 
 #: the benchmark commands: path under `mmunlearn`, options declared beyond OPTIONS, config, fields not taken
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BENCHMARKS = [(("tofu", "run"), (), TofuConfig, RUN_EXCLUDES),
               (("tofu", "compare"), (), TofuConfig, COMPARE_EXCLUDES),
               (("ctofu", "run"), ("langs",), CTofuConfig, RUN_EXCLUDES),

@@ -1,0 +1,1 @@
+"""The docs hold together: links, tables generated from records, the mkdocs site, docstring examples."""

@@ -1,0 +1,1 @@
+"""File safety helpers (mmunlearn/files/): atomic writes."""

@@ -1,0 +1,1 @@
+"""The cross-lingual TOFU benchmark (recipes/ctofu/) and examples/ctofu_goals.py."""

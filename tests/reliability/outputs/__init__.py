@@ -1,0 +1,1 @@
+"""What mmunlearn writes: never into an input, no original weights shipped, no non-finite weights, side files."""

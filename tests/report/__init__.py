@@ -1,0 +1,1 @@
+"""Records, regenerated docs tables and figures (mmunlearn/report/, mmunlearn report)."""
