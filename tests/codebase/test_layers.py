@@ -180,3 +180,45 @@ def test_no_import_cycle_between_modules():
     assert "mmunlearn.files.atomic" in graph["mmunlearn.files.checkpoint"]
     cycles = sorted(m for m in graph if m in _reach(graph, m))
     assert cycles == [], f"modules on an import cycle: {cycles}"
+
+
+def _drawn_layers(text: str) -> list[list[str]]:
+    """The rows of the first code block under ARCHITECTURE.md's ``## Layers``, top first, as graph nodes
+    (``cli/`` -> ``mmunlearn.cli``, ``config.py`` -> ``mmunlearn.config``, ``data_prep/`` -> ``data_prep``)."""
+    block = text.split("\n## Layers\n", 1)[1].split("```", 2)[1]
+    node = {"data_prep": "data_prep"}
+    return [[node.get(n, f"mmunlearn.{n}") for n in (w.removesuffix("/").removesuffix(".py") for w in line.split())]
+            for line in block.splitlines() if line.strip()]
+
+
+def _against_drawing(rows: list[list[str]], graph: dict[str, set[str]], nodes: set[str]) -> list[str]:
+    """Where the import graph and the drawn rows disagree: a node drawn twice or not at all, a drawn name that is no
+    node, an import of a node in the same row or a row above."""
+    level = {n: i for i, row in enumerate(rows) for n in row}
+    drawn = [n for row in rows for n in row]
+    problems = [f"{n} drawn twice" for n in sorted({n for n in drawn if drawn.count(n) > 1})]
+    problems += [f"{n} not drawn" for n in sorted(nodes - set(level))]
+    problems += [f"{n} drawn but not in the package" for n in sorted(set(level) - nodes)]
+    return problems + sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                             if m in level and t in level and level[t] <= level[m])
+
+
+def test_the_layers_are_as_architecture_md_draws_them():
+    """ARCHITECTURE.md's layer drawing is the import graph's: every package and root module of mmunlearn/ (and
+    data_prep/) sits in one row and imports only rows below it."""
+    rows = _drawn_layers((ROOT.parent / "ARCHITECTURE.md").read_text())
+    nodes = {f"mmunlearn.{p.stem}" for p in ROOT.glob("*.py") if p.stem != "__init__"}
+    nodes |= {f"mmunlearn.{p.parent.name}" for p in ROOT.glob("*/__init__.py")} | {"data_prep"}
+    graph = _layer_graph()
+    assert set(graph) <= nodes and len(rows) > 10
+    assert _against_drawing(rows, graph, nodes) == []
+
+
+def test_the_drawing_check_sees_an_upward_import_and_a_package_left_out():
+    rows = _drawn_layers("# x\n\n## Layers\n\ntext\n\n```\napi/  cli/\nfiles/\nkinds.py\n```\n\n## Map\n")
+    assert rows == [["mmunlearn.api", "mmunlearn.cli"], ["mmunlearn.files"], ["mmunlearn.kinds"]]
+    nodes = {"mmunlearn.api", "mmunlearn.cli", "mmunlearn.files", "mmunlearn.kinds", "mmunlearn.report"}
+    graph = {"mmunlearn.api": {"mmunlearn.files"}, "mmunlearn.files": {"mmunlearn.api"},
+             "mmunlearn.cli": {"mmunlearn.api"}}
+    assert _against_drawing(rows, graph, nodes) == [
+        "mmunlearn.report not drawn", "mmunlearn.cli -> mmunlearn.api", "mmunlearn.files -> mmunlearn.api"]

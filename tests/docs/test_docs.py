@@ -106,3 +106,48 @@ def test_the_table_finder_sees_a_hand_written_table():
     page = ("text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n<!-- results: x -->\n| c |\n<!-- /results -->\n```\n| d |\n```\n"
             "<!-- reference table: options -->\n| e |\n| f |\n\n| g |\n")
     assert _tables_outside_blocks(page) == [3, 4, 5, 17]
+
+
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
+#: Repository paths as ARCHITECTURE.md writes them: a folder or file, a test file with an optional ``::test_name``.
+REPO_PATH = re.compile(r"(?<![\w/.])((?:mmunlearn|recipes|data_prep|examples|tests|docs)/[\w./-]*(?:::\w+)?)(?![\w./:<-])")
+
+
+def _architecture_misses(text: str, root: Path) -> list[str]:
+    """What makes ARCHITECTURE.md a stale map of the repository at ``root``: over 150 lines, a path it names that
+    does not exist (a template such as ``recipes/<bench>/cli.py`` is skipped), a ``tests/...py::name`` whose file
+    defines no such test, a package (folder with ``__init__.py``) or root module of ``mmunlearn/`` it leaves out."""
+    misses = [f"{len(text.splitlines())} lines"] if len(text.splitlines()) > 150 else []
+    for found in REPO_PATH.findall(text):
+        path, _, name = found.rstrip(".").partition("::")
+        if not (root / path).exists():
+            misses.append(f"no {path}")
+        elif name and not re.search(rf"^(async )?def {name}\(", (root / path).read_text(), re.M):
+            misses.append(f"no {name} in {path}")
+    packages = [p.parent for d in ("mmunlearn", "recipes", "data_prep") for p in (root / d).rglob("__init__.py")]
+    named = [f"{p.relative_to(root).as_posix()}/" for p in packages if p != root / "mmunlearn"]
+    named += [p.relative_to(root).as_posix() for p in (root / "mmunlearn").glob("*.py")] + ["examples/"]
+    return misses + [f"leaves out {n}" for n in sorted(named) if f"`{n}`" not in text]
+
+
+def test_architecture_md_is_a_short_map_of_what_exists():
+    text = ARCHITECTURE.read_text()
+    assert _architecture_misses(text, ROOT) == []
+    found = REPO_PATH.findall(text)  # the check reads the map's paths, the layering tests' among them
+    assert len(found) > 80 and any(p.endswith("/test_layers.py") for p in found)
+
+
+def test_the_map_check_sees_a_stale_path_a_missing_test_and_a_package_left_out(tmp_path):
+    for folder in ("mmunlearn/api", "tests"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "mmunlearn" / "__init__.py").write_text("")
+    (tmp_path / "mmunlearn" / "api" / "__init__.py").write_text("")
+    (tmp_path / "mmunlearn" / "kinds.py").write_text("")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "tests" / "test_api.py").write_text("def test_one():\n    pass\n")
+    page = ("- `mmunlearn/__init__.py`, `mmunlearn/kinds.py`, `examples/`: `tests/test_api.py::test_one`, "
+            "`recipes/<bench>/cli.py`, `tests/test_<bench>.py`\n")
+    assert _architecture_misses(page, tmp_path) == ["leaves out mmunlearn/api/"]
+    stale = page + "- `mmunlearn/api/`: `tests/test_api.py::test_two`, `mmunlearn/gone/`, tests/test_gone.py.\n"
+    assert _architecture_misses(stale + "\n" * 150, tmp_path) == [
+        "152 lines", "no test_two in tests/test_api.py", "no mmunlearn/gone/", "no tests/test_gone.py"]
