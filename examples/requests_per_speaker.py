@@ -22,6 +22,7 @@ from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 from mmunlearn.api.rules import chance_error_rate, speaker_rule
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_counts, score_rows
+from mmunlearn.methods import UnlearnRequest
 from mmunlearn.requests import History, read_history, run_request
 
 man, work, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
@@ -41,9 +42,9 @@ history, rows = History(work), []
 for i, spk in enumerate(speakers, 1):
     ask = [r for r in forget if r["spk_id"] == spk]
     folder = work / "per_speaker" / f"request-{i}"  # each request's folder, as the bench writes it
-    result = run_request(model, ask, retain, kind="speaker", method="qr-erase", size="small", rule=rule,
-                         overrides={"extract_kind": "gradient", "sweep_scales": "auto", "retain_rank": 0},
-                         out=folder, overwrite=True, history=history, progress=False)
+    request = UnlearnRequest("qr-erase", "speaker", size="small", rule=rule, out=folder, overwrite=True, progress=False,
+                             overrides={"extract_kind": "gradient", "sweep_scales": "auto", "retain_rank": 0})
+    result = run_request(request, model, ask, retain, history=history)
     history = read_history(folder)
     gone = speakers[:i]
     scores = score_rows(model, [r for r in heard if r["spk_id"] in gone], desc=None)

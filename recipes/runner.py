@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.kinds import get_kind
-from mmunlearn.methods import run_unlearning
+from mmunlearn.methods import UnlearnRequest, run_unlearning
 
 
 RUN_JSON = "run.json"
@@ -156,12 +156,11 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
 
     def harness(target: Any, out: Path, overrides: Mapping[str, Any] | None = None,
                 meta: Mapping[str, Any] | None = None) -> Any:
-        return run_unlearning(method, target, setup.forget, setup.retain, kind=kind,
-                              size=size or get_kind(kind).size_for(setup.preset),
-                              overrides={**method_overrides, **dict(overrides or {})},
-                              reference=reference, rule=rule, out=out, inputs=[source], overwrite=True,
-                              cache_dir=None if setup.cache_dir is None else str(setup.cache_dir), progress=progress,
-                              meta={"model_dir": str(source), **dict(meta or {})})
+        request = UnlearnRequest(method, kind, size=size or get_kind(kind).size_for(setup.preset),
+                                 overrides={**method_overrides, **dict(overrides or {})}, rule=rule, out=out,
+                                 inputs=[source], overwrite=True, cache_dir=setup.cache_dir, progress=progress,
+                                 meta={"model_dir": str(source), **dict(meta or {})})
+        return run_unlearning(request, target, setup.forget, setup.retain, reference=reference)
 
     if unlearn is None:
         done = Unlearned(harness(setup.adapter(source, device), folder / "model"))

@@ -30,6 +30,7 @@ from mmunlearn.data.user.sets import split_held_out
 from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome
+from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.optimisation import budget_epochs
 from mmunlearn.methods.rule import span
 from mmunlearn.files.paths import check_apart, check_holds_none
@@ -94,7 +95,7 @@ def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str
     return _kind(model_dir).load(model_dir, device=device, where=where, trust_hparams=trust_hparams, scope=scope)
 
 
-# long: public API whose signature and Args docstring take 46 lines; its per-scope closure shares ~20 of the arguments
+# long: public API whose signature and Args docstring take 46 lines; its per-scope closure reads a dozen of them
 def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str | None = None,
             out: str | os.PathLike | None = None, *, reference: str | os.PathLike | None = None, where: str = "both",
             forget_tasks: Sequence[str] = ("speaker",), retain_tasks: Sequence[str] = ("speaker",),
@@ -146,8 +147,10 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
             under which the forget rows have the lowest NLL (the report's ``prompt_format`` says which and why).
         forget_level: text LLMs: the answer NLL every forget row must reach -- nats, or a model folder trained
             without the forget rows (a retrained-like model: its NLL on each row); default the reference's.
-        retain_state / refresh_retain / batch / compare_batch / trust_hparams: deletion-request settings as before
-            (``mmunlearn prepare-retain``; ``forget`` a list of set files is a batch edited once with their union).
+        retain_state / refresh_retain / batch / compare_batch / trust_hparams: deletion-request settings
+            (``mmunlearn prepare-retain``; ``forget`` a list of set files is a batch edited once with their union;
+            ``compare_batch`` needs a batch, ``refresh_retain`` a retain state, ``undo`` an ``out``).
+    The settings are checked together (:class:`~mmunlearn.methods.request.UnlearnRequest`) before any model is loaded.
     A ``model_dir`` that is itself an unlearning output keeps its history (``undo_history/``); ``mmunlearn restore``
     undoes the latest request.
     Returns:
@@ -174,6 +177,11 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     auto = isinstance(rule, str)
     if auto and rule != "auto":
         raise ValueError(f"rule must be a SweepRule, None or 'auto', got {rule!r}")
+    # every setting checked here, before any model is loaded; each run fills in its rule, folder and report fields
+    request = UnlearnRequest(method, kind.name, config=config, size=size, overrides=overrides,
+                             rule=None if auto else rule, out=out, inputs=inputs, overwrite=overwrite, undo_dir=undo,
+                             progress=progress, retain_state=retain_state, refresh_retain=refresh_retain, batch=batch,
+                             compare_batch=compare_batch)
     data = read_inputs(kind, forget, retain, batch=batch, by_speaker=auto and kind.is_classifier,
                        audio_dir=audio_dir, hold_out=TEXT_HOLD_OUT if auto and not kind.takes_audio else 0.0)
     if not kind.takes_audio and (forget_tasks, retain_tasks) != (("speaker",), ("speaker",)):
@@ -217,8 +225,7 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         items = [spoken(asks, f, forget_tasks) for f in data.forget] if batch else spoken(asks, data.forget,
                                                                                           forget_tasks)
         flat = [r for f in items for r in f] if batch else items
-        the_rule, extra = _rule(rule, kind, adapter, flat, data.held_retain, base, method, s, config, size,
-                                overrides, checked, level)
+        the_rule, extra = _rule(rule, kind, adapter, flat, data.held_retain, base, request, s, checked, level)
         if first:
             clock.done("rule set up" if the_rule is not None else "no rule",
                        f"the {method} run (its lines below say its elapsed time and, from its first sweep point or "
@@ -232,11 +239,10 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
                 "where": where if asks else None, "scope": s if kind.is_classifier else None,
                 "knowledge_check": checked.get("check"), "rule_target": checked.get("target_source"),
                 "held_retain_items": len(data.held_retain)}
-        return run_request(adapter, items, spoken(asks, data.retain, retain_tasks), kind=kind.name, method=method,
-                           config=config, size=size, overrides=extra, reference=base, rule=the_rule, out=folder,
-                           inputs=inputs, overwrite=overwrite, progress=progress, meta=meta,
-                           retain_state=retain_state, refresh_retain=refresh_retain, history=history, batch=batch,
-                           compare_batch=compare_batch, clone=lambda: load(s), undo_dir=None if staged else undo)
+        this = replace(request, overrides=extra, rule=the_rule, out=folder, meta=meta,
+                       undo_dir=None if staged else request.undo_dir)
+        return run_request(this, adapter, items, spoken(asks, data.retain, retain_tasks), reference=base,
+                           history=history, clone=lambda: load(s))
 
     outcome = run_scopes(run_one, scopes, out, inputs, overwrite, undo)
     clock.done(f"unlearned by {method}, judged" + (f" and written to {outcome.out}" if outcome.out else ""), "nothing")
@@ -259,11 +265,13 @@ def input_paths(model_dir: Any, reference: Any, forget: Any, retain: Any, own_un
     return [f for f in found if f is not None]
 
 
-def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base, method: str, scope: str,
-          config: Any, size: str | None, overrides: dict[str, Any], checked: dict[str, Any], level: Any = None):
-    """(the rule, the method's overrides) of one run. ``rule="auto"``: a classifier gets the speaker rule, the sweep
-    settings and a step budget; a text LLM the row rule (:func:`~mmunlearn.api.rules.text_rule`); a speech LLM
-    none (pass a SweepRule); the first run checks that the model knows the forget set (:class:`NothingToForget`)."""
+def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base, request: UnlearnRequest,
+          scope: str, checked: dict[str, Any], level: Any = None):
+    """(the rule, the method's overrides) of one run of ``request``. ``rule="auto"``: a classifier gets the speaker
+    rule, the sweep settings and a step budget; a text LLM the row rule (:func:`~mmunlearn.api.rules.text_rule`); a
+    speech LLM none (pass a SweepRule); the first run checks that the model knows the forget set
+    (:class:`NothingToForget`)."""
+    method, overrides = request.method, request.overrides
     if not isinstance(rule, str):
         return rule, dict(overrides)
     if kind.is_classifier:
@@ -279,10 +287,10 @@ def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base,
         checked["check"] = check_something_to_forget(adapter, forget, the_rule, classifier=kind.is_classifier,
                                                      reference_given=base is not None or level is not None)
     extra = dict(overrides)
-    if kind.is_classifier and config is None:
+    if kind.is_classifier and request.config is None:
         extra = {**swept_overrides(method, scope), **extra}
         if "epochs" not in extra and "epochs" in {f.name for f in fields(get(method).config)}:
-            extra["epochs"] = budget_epochs(get(method).config_for(kind.name, size, **extra), len(forget))
+            extra["epochs"] = budget_epochs(get(method).config_for(kind.name, request.size, **extra), len(forget))
     return the_rule, extra
 
 

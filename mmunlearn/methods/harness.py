@@ -1,7 +1,7 @@
 """The one unlearning step every entry point runs: method -> score -> save -> report, in one output layout.
 
-``run_unlearning(method, adapter, forget, retain, kind=...)`` runs any registered method on any adapter
-and, given ``out``, writes ONE folder (atomically)::
+``run_unlearning(UnlearnRequest(method, kind, ...), adapter, forget, retain)`` runs any registered method on
+any adapter and, given the request's ``out``, writes ONE folder (atomically)::
 
     out/                        the model in the format it was read in (save_pretrained / SpeechBrain layout)
       unlearn_report.json       method, settings, NLLs before/after, rule and whether it was met, costs
@@ -36,6 +36,7 @@ from mmunlearn.erase.patch import UndoPatch, bits_differ, dense_entry
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.files.layout import PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
+from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.files.ondisk import disk_names
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
 from mmunlearn.files.undo_store import SERVING_FILTER, UNDO_KEY, default_undo_dir, split_undo
@@ -143,42 +144,40 @@ def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer:
     return report
 
 
-def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence[Any], *, kind: str,
-                   config: Any = None, size: str | None = None, overrides: Mapping[str, Any] | None = None,
-                   reference=None, rule: SweepRule | None = None, out: str | os.PathLike | None = None,
-                   inputs: Sequence[str | os.PathLike] = (), overwrite: bool = False, cache_dir: str | None = None,
-                   progress: bool = True, meta: Mapping[str, Any] | None = None, retain_task: Any = None,
-                   extra: Callable[[Path, dict[str, Any]], None] | None = None,
-                   earlier_forgotten: Mapping[str, Any] | None = None,
-                   undo_dir: str | os.PathLike | None = None) -> Outcome:
-    """Unlearn ``forget`` from ``adapter`` (in place, except T3) with ``method``; write ``out`` if given.
+def run_unlearning(request: UnlearnRequest, adapter, forget: Sequence[Any], retain: Sequence[Any], *, reference=None,
+                   retain_task: Any = None, extra: Callable[[Path, dict[str, Any]], None] | None = None,
+                   earlier_forgotten: Mapping[str, Any] | None = None) -> Outcome:
+    """Unlearn ``forget`` from ``adapter`` (in place, except T3) as ``request`` says; write ``request.out`` if given.
 
     Args:
-        kind: ``text``, ``speech-llm`` or ``speaker`` (the method must apply to it).
-        config: the method's config (default: its preset ``size`` for ``kind`` with ``overrides``).
+        request: the method, its config (or preset size and overrides), the rule, the output folder and what the
+            report carries (:class:`~mmunlearn.methods.request.UnlearnRequest`); a deletion request's own settings
+            (a retain state, a batch) are :func:`~mmunlearn.requests.run_request`'s, and refused here.
         reference: adapter the erasure methods take task vectors from (default: the target).
-        rule: the sweep rule on the training partitions (None: the config's settings as they are).
-        inputs: folders the output must not be, lie inside or contain (the model's own folder).
-        meta: extra JSON-able fields for the report (e.g. the source folder).
         retain_task: precomputed retain task matrices (a retain state, :mod:`mmunlearn.requests.state`).
         extra: called with the output's staging folder and the report before the report is written (e.g. a
             request history written beside the model); the folder is still renamed into ``out`` at once.
         earlier_forgotten: speakers earlier deletion requests forgot, each with a stand-in for its direction or
             None (:attr:`~mmunlearn.methods.base.RunContext.earlier_forgotten`).
-        undo_dir: where the undo records go (default ``<out>.undo`` beside ``out``,
-            :mod:`mmunlearn.files.undo_store`): the output itself never holds the original weights.
     """
+    if not isinstance(request, UnlearnRequest):
+        raise ValueError(f"run_unlearning takes an UnlearnRequest first, got {type(request).__name__}")
+    given = request.request_settings()
+    if given:
+        raise ValueError(f"{', '.join(given)} apply to a deletion request (mmunlearn.requests.run_request), "
+                         "not to run_unlearning")
+    method, kind, rule, out = request.method, request.kind, request.rule, request.out
     spec = get(method, kind)
     if not forget or not retain:
         raise ValueError(f"the forget and retain sets must not be empty (got {len(forget)} and {len(retain)} items)")
-    cfg = config if config is not None else spec.config_for(kind, size, **(overrides or {}))
+    cfg = request.config if request.config is not None else spec.config_for(kind, request.size, **request.overrides)
     if out is not None:
-        _check_out(Path(out), inputs, overwrite)
+        _check_out(out, request.inputs, request.overwrite)
     before = {n: t.detach().clone() for n, t in unique_tensors(adapter.model).items()} if spec.edits_weights else {}
     nll_before = {"forget": mean_nll(adapter, forget), "retain": mean_nll(adapter, retain)}
     scorer = Scorer(rule, adapter, forget, retain) if rule is not None else None
-    ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=cache_dir, progress=progress,
-                     retain_task=retain_task, earlier_forgotten=earlier_forgotten)
+    ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=request.cache_dir,
+                     progress=request.progress, retain_task=retain_task, earlier_forgotten=earlier_forgotten)
     result = spec.run(adapter, forget, retain, cfg, ctx)
     edited = result.adapter
     changed, rel = _check_edit(before, adapter.model) if spec.edits_weights else ([], {})
@@ -194,12 +193,13 @@ def run_unlearning(method: str, adapter, forget: Sequence[Any], retain: Sequence
         "forget_nll": {"before": nll_before["forget"], "after": nll_after["forget"]},
         "retain_nll": {"before": nll_before["retain"], "after": nll_after["retain"]},
         "max_relative_update": max(rel.values(), default=0.0), "large_update_tensors": large,
-        "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(dict(meta or {}))}
+        "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(request.meta)}
     report = _judged(report, method, rule, scorer, edited, kind)
     if not spec.edits_weights:  # T3: said in the report, beside the verdict, where a user decides what to ship
         report = {"verdict": report["verdict"], "release": f"not for release: {SERVING_FILTER}", **report}
     if out is not None:
-        out = _write(Path(out), spec, adapter, result, report, before, changed, overwrite, extra, undo_dir, inputs)
+        out = _write(out, spec, adapter, result, report, before, changed, request.overwrite, extra,
+                     request.undo_dir, request.inputs)
     return Outcome(edited, result, report, out)
 
 

@@ -1,17 +1,16 @@
 """One deletion request (or a batch of them) through the harness, with a cached retain state and a history.
 
-``run_request(adapter, forget, retain, kind=..., retain_state=folder, history=read_history(model_dir))``
-is :func:`~mmunlearn.methods.harness.run_unlearning` plus what a service needs: the retain side of the
-erasure methods loaded from ``folder`` when its fingerprints match (else computed, stored and reported),
-and the output folder carrying the earlier requests' undo records. ``forget`` may be several sets (a
-batch): they are edited once with their union, and ``compare_batch=True`` also applies them one by one
-to a copy and reports how far the two results lie apart.
+``run_request(UnlearnRequest(method, kind, retain_state=folder), adapter, forget, retain,
+history=read_history(model_dir))`` is :func:`~mmunlearn.methods.harness.run_unlearning` plus what a service needs:
+the retain side of the erasure methods loaded from ``folder`` when its fingerprints match (else computed, stored and
+reported), and the output folder carrying the earlier requests' undo records. ``forget`` may be several sets (a
+batch, ``batch=True``): they are edited once with their union, and ``compare_batch=True`` also applies them one by
+one to a copy and reports how far the two results lie apart.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,11 +19,11 @@ from typing import Any
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome, run_unlearning
+from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.head_rows import forgotten_speakers
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, original_tensor, record
 from mmunlearn.requests.state import RetainState, data_fingerprint, model_fingerprint, obtain_retain_state
-from mmunlearn.taskvec.extract import ExtractConfig
 
 
 #: Largest relative edit size ||scale * T_f|| / ||W|| a history's last request may hand the next sweep as its start:
@@ -122,70 +121,54 @@ def _is_erasure(method: str) -> bool:
     return "task_vectors" in get(method).needs
 
 
-def _config(method: str, kind: str, config: Any, size: str | None, overrides: Mapping[str, Any] | None):
-    spec = get(method, kind)
-    cfg = config if config is not None else spec.config_for(kind, size, **dict(overrides or {}))
-    return spec, cfg
-
-
-def run_request(adapter, forget: Sequence[Any] | Sequence[Sequence[Any]], retain: Sequence[Any], *, kind: str,
-                method: str = "qr-erase", config: Any = None, size: str | None = None,
-                overrides: Mapping[str, Any] | None = None, reference=None, rule: SweepRule | None = None,
-                out: str | os.PathLike | None = None, inputs: Sequence[str | os.PathLike] = (),
-                overwrite: bool = False, progress: bool = True, meta: Mapping[str, Any] | None = None,
-                retain_state: str | os.PathLike | None = None, use_retain_state: bool | None = None,
-                refresh_retain: bool = False, retain_extract: ExtractConfig | None = None,
-                history: History | None = None, batch: bool = False, compare_batch: bool = False,
-                clone=None, reuse_edit_size: bool = True, undo_dir: str | os.PathLike | None = None) -> Outcome:
-    """Unlearn one request (``batch=True``: ``forget`` is a list of forget sets, edited once with their union).
+def run_request(request: UnlearnRequest, adapter, forget: Sequence[Any] | Sequence[Sequence[Any]],
+                retain: Sequence[Any], *, reference=None, history: History | None = None, clone=None) -> Outcome:
+    """Unlearn one request (``request.batch``: ``forget`` is a list of forget sets, edited once with their union).
 
     Args:
-        retain_state: folder of the retain state (erasure methods): loaded when its fingerprints match,
-            else computed and written there. ``use_retain_state=True`` with no folder computes it in memory.
-        refresh_retain: recompute the retain state even when it matches.
-        overrides: the method's settings; with a retain state and a rule, a kind with a
-            ``request_extract`` (:class:`~mmunlearn.kinds.Kind`) and no ``extract_*`` / ``sweep_scales`` given, the
-            forget side uses that extraction and auto sweep scales (relative edit sizes: the extraction's scale
-            does not matter).
-        retain_extract: how the retain state must be extracted (default: as the stored state was; a state
-            computed now uses the method preset's extraction: ``overrides`` only change the forget side).
+        request: the method and its settings, the rule, the output, and the deletion request's own settings
+            (:class:`~mmunlearn.methods.request.UnlearnRequest`): ``retain_state`` (erasure methods: loaded when
+            its fingerprints match, else computed and written there); ``overrides`` (with a retain state and a rule,
+            a kind with a ``request_extract`` (:class:`~mmunlearn.kinds.Kind`) and no ``extract_*`` /
+            ``sweep_scales`` given, the forget side uses that extraction and auto sweep scales: relative edit sizes,
+            the extraction's scale does not matter); ``retain_extract`` (a state computed now uses the method
+            preset's extraction: ``overrides`` only change the forget side); ``reuse_edit_size`` (with a rule, an
+            erasure method first tries the relative edit size the previous request of the same method chose,
+            ``sweep_first``; the sweep ends there when it meets the rule).
+        reference: adapter the erasure methods take task vectors from (default: the target).
         history: the requests already applied to the model (``read_history(model_dir)``); the output carries
             their undo records and the report lists them all.
-        compare_batch: with ``batch``, also apply the sets one by one to ``clone()`` (a fresh copy of the
-            input model) and report the difference (``report["batch"]["one_by_one"]``).
-        reuse_edit_size: with a rule, an erasure method first tries the relative edit size the previous
-            request of the same method chose (``sweep_first``); the sweep ends there when it meets the rule.
-    The rest as :func:`~mmunlearn.methods.harness.run_unlearning`.
+        clone: with ``request.compare_batch``, a function returning a fresh copy of the input model: the sets are
+            also applied one by one to it and the difference reported (``report["batch"]["one_by_one"]``).
     """
     t_start = time.perf_counter()
-    sets, items = _forget_sets(forget, batch)
-    want_state = use_retain_state if use_retain_state is not None else retain_state is not None
-    overrides = _request_overrides(overrides, want_state=want_state, rule=rule, config=config, kind=kind,
-                                   method=method)
-    spec, cfg = _config(method, kind, config, size, overrides)
-    if want_state and "task_vectors" not in spec.needs:
+    method, kind = request.method, request.kind
+    sets, items = _forget_sets(forget, request.batch)
+    spec = get(method, kind)
+    cfg = request.config if request.config is not None else spec.config_for(kind, request.size,
+                                                                             **_request_overrides(request))
+    if request.wants_state and "task_vectors" not in spec.needs:
         raise ValueError(f"a retain state applies to the methods that work from task vectors "
                          f"({', '.join(needing('task_vectors'))}), not to {method}")
     before = model_fingerprint(adapter.model)
-    state = (_obtain_state(retain_state, adapter, retain, retain_extract, reference=reference, history=history,
-                           before=before, kind=kind, spec=spec, size=size, refresh=refresh_retain,
-                           progress=progress, inputs=inputs) if want_state else None)
-    report_meta = _request_meta(meta, state, sets, items, batch)
+    state = (_obtain_state(request, adapter, retain, reference=reference, history=history, before=before)
+             if request.wants_state else None)
+    report_meta = _request_meta(request.meta, state, sets, items, request.batch)
     previous = history if history is not None and history.requests else None
-    rule, stand_ins = _earlier_requests(adapter, previous, retain, report_meta, kind=kind, method=method, rule=rule)
-    cfg = _first_edit_size(cfg, previous, method=method, rule=rule) if reuse_edit_size else cfg
+    rule, stand_ins = _earlier_requests(adapter, previous, retain, report_meta, kind=kind, method=method,
+                                        rule=request.rule)
+    cfg = _first_edit_size(cfg, previous, method=method, rule=rule) if request.reuse_edit_size else cfg
     add_history, extra = _history_hooks(adapter, previous, items, before=before, t_start=t_start,
-                                        batch_sets=len(sets) if batch else None)
-    outcome = run_unlearning(method, adapter, items, retain, kind=kind, config=cfg, reference=reference, rule=rule,
-                             out=out, inputs=inputs, overwrite=overwrite, progress=progress, meta=report_meta,
+                                        batch_sets=len(sets) if request.batch else None)
+    run = request.for_harness(cfg, rule=rule, meta=report_meta)
+    outcome = run_unlearning(run, adapter, items, retain, reference=reference,
                              retain_task=state.task if state is not None else None, extra=extra,
-                             earlier_forgotten=stand_ins, undo_dir=undo_dir)
-    if out is None:
+                             earlier_forgotten=stand_ins)
+    if request.out is None:
         add_history(outcome.report)
-    if batch and compare_batch:
-        outcome.report["batch"]["one_by_one"] = _compare_batch(
-            outcome.adapter, clone, sets, retain, kind=kind, method=method, cfg=cfg, reference=reference, rule=rule,
-            state=state)
+    if request.compare_batch:  # only with batch (the request refuses it alone)
+        outcome.report["batch"]["one_by_one"] = _compare_batch(outcome.adapter, clone, sets, retain, run,
+                                                               reference=reference, state=state)
     return outcome
 
 
@@ -197,27 +180,26 @@ def _forget_sets(forget: Sequence[Any] | Sequence[Sequence[Any]], batch: bool) -
     return sets, (union(sets) if batch else sets[0])
 
 
-def _request_overrides(overrides: Mapping[str, Any] | None, *, want_state: bool, rule: SweepRule | None,
-                       config: Any, kind: str, method: str) -> dict[str, Any]:
-    """``overrides`` with the kind's ``request_extract`` and auto sweep scales put first when they apply."""
-    overrides = dict(overrides or {})
-    extract = get_kind(kind).request_extract
-    if (want_state and rule is not None and config is None and extract is not None and _is_erasure(method)
-            and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
+def _request_overrides(request: UnlearnRequest) -> dict[str, Any]:
+    """The request's overrides with the kind's ``request_extract`` and auto sweep scales put first when they apply."""
+    overrides = dict(request.overrides)
+    extract = get_kind(request.kind).request_extract
+    if (request.wants_state and request.rule is not None and request.config is None and extract is not None
+            and _is_erasure(request.method) and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
         overrides = {"extract_kind": extract, "sweep_scales": "auto", **overrides}
     return overrides
 
 
-def _obtain_state(retain_state: str | os.PathLike | None, adapter, retain: Sequence[Any],
-                  retain_extract: ExtractConfig | None, *, reference, history: History | None, before: str, kind: str,
-                  spec: Any, size: str | None, refresh: bool, progress: bool,
-                  inputs: Sequence[str | os.PathLike]) -> RetainState:
+def _obtain_state(request: UnlearnRequest, adapter, retain: Sequence[Any], *, reference, history: History | None,
+                  before: str) -> RetainState:
     """The retain state, from ``reference`` when given, else from the model (with the history's lineage)."""
     source = reference if reference is not None else adapter
     lineage = history.lineage(before) if (history is not None and reference is None) else []
-    return obtain_retain_state(retain_state, source, retain, retain_extract, kind=kind,
-                               default_extract=spec.config_for(kind, size).extract, lineage=lineage,
-                               refresh=refresh, progress=progress, inputs=inputs)
+    kind = request.kind
+    return obtain_retain_state(request.retain_state, source, retain, request.retain_extract, kind=kind,
+                               default_extract=get(request.method).config_for(kind, request.size).extract,
+                               lineage=lineage, refresh=request.refresh_retain, progress=request.progress,
+                               inputs=request.inputs)
 
 
 def _request_meta(meta: Mapping[str, Any] | None, state: RetainState | None, sets: list[list[Any]], items: list[Any],
@@ -283,26 +265,27 @@ def _history_hooks(adapter, previous: History | None, items: list[Any], *, befor
     return add_history, extra
 
 
-def _compare_batch(edited, clone, sets: list[list[Any]], retain: Sequence[Any], *, kind: str, method: str, cfg: Any,
-                   reference, rule: SweepRule | None, state: RetainState | None) -> dict[str, Any]:
+def _compare_batch(edited, clone, sets: list[list[Any]], retain: Sequence[Any], request: UnlearnRequest, *,
+                   reference, state: RetainState | None) -> dict[str, Any]:
     """:func:`compare_one_by_one` for a batch, refused without ``clone``."""
     if clone is None:
         raise ValueError("compare_batch needs clone: a function returning a fresh copy of the input model")
-    return compare_one_by_one(edited, clone, sets, retain, kind=kind, method=method, cfg=cfg, reference=reference,
-                              rule=rule, retain_task=state.task if state is not None else None)
+    return compare_one_by_one(edited, clone, sets, retain, request, reference=reference,
+                              retain_task=state.task if state is not None else None)
 
 
-def compare_one_by_one(edited, clone, sets: Sequence[Sequence[Any]], retain: Sequence[Any], *, kind: str,
-                       method: str, cfg: Any, reference=None, rule: SweepRule | None = None,
-                       retain_task: Any = None) -> dict[str, Any]:
-    """Apply ``sets`` one after another to ``clone()`` and compare with ``edited`` (the union's edit): the
-    largest relative difference of a weight tensor, and each set's forget NLL under both."""
+def compare_one_by_one(edited, clone, sets: Sequence[Sequence[Any]], retain: Sequence[Any], request: UnlearnRequest,
+                       *, reference=None, retain_task: Any = None) -> dict[str, Any]:
+    """Apply ``sets`` one after another to ``clone()`` with ``request``'s method, config and rule (nothing written,
+    no progress) and compare with ``edited`` (the union's edit): the largest relative difference of a weight
+    tensor, and each set's forget NLL under both."""
     import torch
 
     seq = clone()
+    each = UnlearnRequest(request.method, request.kind, config=request.config, size=request.size,
+                          overrides=request.overrides, rule=request.rule, progress=False)
     for s in sets:
-        run_unlearning(method, seq, list(s), retain, kind=kind, config=cfg, reference=reference, rule=rule,
-                       progress=False, retain_task=retain_task)
+        run_unlearning(each, seq, list(s), retain, reference=reference, retain_task=retain_task)
     a, b = edited.model.state_dict(), seq.model.state_dict()
     rel = 0.0
     for name, t in a.items():

@@ -45,7 +45,7 @@ from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import table
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import accuracy, forgotten_counts, forgotten_rates, score_rows
-from mmunlearn.methods import get, run_unlearning
+from mmunlearn.methods import UnlearnRequest, get, run_unlearning
 from mmunlearn.methods.rule import SweepRule
 from mmunlearn.requests import History, obtain_retain_state, read_history, run_request, widened_rule
 from mmunlearn.adapters.speaker.training import DEFAULT_TRAIN, train_speaker_classifier, training_rows
@@ -297,9 +297,9 @@ def _sequential_requests(workdir: Path, scoped: SpeakerAdapter, asks: list[list[
                 gd.scope = "all"  # GradDiff trains every weight; its own adapter, no shared embedding cache
                 with PeakMemory() as mem:
                     t = time.perf_counter()
-                    out = run_unlearning("grad_diff", gd, forget, retain, kind=SPEAKER.name, size=size,
-                                         overrides=gd_over, rule=widened_rule(rule, ids[:i - 1]),
-                                         progress=progress)
+                    out = run_unlearning(UnlearnRequest("grad_diff", SPEAKER.name, size=size, overrides=gd_over,
+                                                        rule=widened_rule(rule, ids[:i - 1]), progress=progress),
+                                         gd, forget, retain)
                     wall = time.perf_counter() - t
                 add(request_row("grad_diff", None, i, forget, out.report, wall, mem, gd, heldout), gd)
             with PeakMemory() as mem:
@@ -307,10 +307,10 @@ def _sequential_requests(workdir: Path, scoped: SpeakerAdapter, asks: list[list[
                 # each request writes its folder, as a service would: the next one reads its history from there
                 # (the undo patches give the earlier speakers' original class rows: head_rows.py)
                 folder = workdir / "requests" / f"qr-erase-{extract}-{i}"
-                out = run_request(model, forget, retain, kind=SPEAKER.name, method="qr-erase", size=size,
-                                  overrides={"extract_kind": extract, **qr_over}, rule=rule,
-                                  retain_state=state_dir, out=folder, overwrite=True,
-                                  history=history, progress=progress)
+                out = run_request(UnlearnRequest("qr-erase", SPEAKER.name, size=size,
+                                                 overrides={"extract_kind": extract, **qr_over}, rule=rule,
+                                                 retain_state=state_dir, out=folder, overwrite=True,
+                                                 progress=progress), model, forget, retain, history=history)
                 wall = time.perf_counter() - t
             history = read_history(folder)
             row = request_row("qr-erase", extract, i, forget, out.report, wall, mem, model, heldout)
@@ -325,10 +325,10 @@ def _batch_comparison(scoped: SpeakerAdapter, asks: list[list[dict]], retain: li
     """Every request at once (one QR-Erase edit with the union) against them one by one."""
     model = scoped.clone()
     t = time.perf_counter()
-    out = run_request(model, asks, retain, kind=SPEAKER.name, method="qr-erase", size=size,
-                      overrides={"extract_kind": extract, **qr_over}, rule=rule,
-                      retain_state=state_dir, batch=True, compare_batch=True, clone=scoped.clone,
-                      progress=progress)
+    out = run_request(UnlearnRequest("qr-erase", SPEAKER.name, size=size,
+                                     overrides={"extract_kind": extract, **qr_over}, rule=rule,
+                                     retain_state=state_dir, batch=True, compare_batch=True, progress=progress),
+                      model, asks, retain, clone=scoped.clone)
     one = out.report["batch"]["one_by_one"]
     return {"extract": extract, "seconds_with_comparison": time.perf_counter() - t,
             "union_method_seconds": out.report["extract_seconds"] + out.report["unlearn_seconds"],

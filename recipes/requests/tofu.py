@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mmunlearn.adapters.text.adapter import KIND as TEXT, TextLLMAdapter
 from mmunlearn.data.tofu import load_split, split_info
-from mmunlearn.methods import SweepRule, get, run_unlearning
+from mmunlearn.methods import SweepRule, UnlearnRequest, get, run_unlearning
 from mmunlearn.presets.build import build_models
 from mmunlearn.requests import History, run_request
 
@@ -57,15 +57,16 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
                 gd = model.clone()
                 with PeakMemory() as mem:
                     t = time.perf_counter()
-                    out = run_unlearning("grad_diff", gd, ask, retain, kind=TEXT.name, size=size, overrides=gd_over,
-                                         rule=rule, progress=progress)
+                    out = run_unlearning(UnlearnRequest("grad_diff", TEXT.name, size=size, overrides=gd_over,
+                                                        rule=rule, progress=progress), gd, ask, retain)
                     wall = time.perf_counter() - t
                 add(request_row("grad_diff", None, i, ask, out.report, wall, mem, gd, [], dataset="tofu"))
             with PeakMemory() as mem:
                 t = time.perf_counter()
-                out = run_request(model, ask, retain, kind=TEXT.name, method="qr-erase", size=size,
-                                  overrides={"extract_kind": extract, "sweep_scales": "auto"}, rule=rule,
-                                  retain_state=state_dir, history=history, progress=progress)
+                out = run_request(UnlearnRequest("qr-erase", TEXT.name, size=size,
+                                                 overrides={"extract_kind": extract, "sweep_scales": "auto"},
+                                                 rule=rule, retain_state=state_dir, progress=progress),
+                                  model, ask, retain, history=history)
                 wall = time.perf_counter() - t
             history = History(Path(workdir), out.report["requests"])
             row = request_row("qr-erase", extract, i, ask, out.report, wall, mem, model, [], dataset="tofu")

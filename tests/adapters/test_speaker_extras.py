@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
-from mmunlearn.methods import run_unlearning
+from mmunlearn.methods import UnlearnRequest, run_unlearning
 from mmunlearn.api.restore import restore_folder
 from tests.adapters.test_speaker import SB_YAML
 
@@ -56,8 +56,8 @@ def test_the_output_keeps_every_module_and_its_checkpoint(spkrec_dir, tmp_path):
     assert [e.name for e in adapter.spec.extras] == ["mean_var_norm_emb"]
     forget = [c for c in _clips(12, 1) if c["spk_id"] == SPEAKERS[0]]
     retain = [c for c in _clips(12, 2) if c["spk_id"] != SPEAKERS[0]]
-    run_unlearning("grad_ascent", adapter, forget, retain, kind="speaker", size="tiny", overrides={"epochs": 1},
-                   out=tmp_path / "out", inputs=[spkrec_dir], progress=False)
+    run_unlearning(UnlearnRequest("grad_ascent", "speaker", size="tiny", overrides={"epochs": 1}, out=tmp_path / "out",
+                                  inputs=[spkrec_dir], progress=False), adapter, forget, retain)
     out = tmp_path / "out"
     original = (spkrec_dir / "mean_var_norm_emb.ckpt").read_bytes()
     assert (out / "mean_var_norm_emb.ckpt").read_bytes() == original  # copied unchanged

@@ -188,15 +188,16 @@ def test_options_are_validated():
 
 @pytest.fixture(scope="module")
 def t3_folder(world, tmp_path_factory):
-    from mmunlearn.methods import run_unlearning
+    from mmunlearn.methods import UnlearnRequest, run_unlearning
     from tests.tiny import fast
 
     root = tmp_path_factory.mktemp("audit_t3")
     world["target"].save(root / "target")
     world["retain"].save(root / "retain")
     target = TextLLMAdapter.from_pretrained(root / "target", device="cpu")
-    run_unlearning("t3", target, world["forget"], world["retain_rows"], kind="text", size="micro",
-                   overrides=fast("t3"), out=root / "t3" / "model", inputs=[root / "target"], progress=False)
+    request = UnlearnRequest("t3", "text", size="micro", overrides=fast("t3"), out=root / "t3" / "model",
+                             inputs=[root / "target"], progress=False)
+    run_unlearning(request, target, world["forget"], world["retain_rows"])
     return root
 
 

@@ -45,12 +45,13 @@ def test_retrained_classifier_audited_against_itself_keeps_everything(classifier
 def test_audit_folder_reads_a_speaker_harness_output(classifiers, speaker_manifests, tmp_path):
     from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
     from mmunlearn.data.utterances import split_rows
-    from mmunlearn.methods import run_unlearning
+    from mmunlearn.methods import UnlearnRequest, run_unlearning
 
     original = SpeakerAdapter.load(classifiers / "original", device="cpu")
-    run_unlearning("grad_ascent", original, split_rows(speaker_manifests, "spk_forget_train"),
-                   split_rows(speaker_manifests, "spk_retain_train"), kind="speaker", size="tiny",
-                   overrides={"epochs": 1}, out=tmp_path / "ga", progress=False, meta={"level": "speaker"})
+    run_unlearning(UnlearnRequest("grad_ascent", "speaker", size="tiny", overrides={"epochs": 1}, out=tmp_path / "ga",
+                                  progress=False, meta={"level": "speaker"}),
+                   original, split_rows(speaker_manifests, "spk_forget_train"),
+                   split_rows(speaker_manifests, "spk_retain_train"))
     res = audit_folder(tmp_path / "ga", classifiers / "original", classifiers / "retrained", speaker_manifests,
                        options=AuditOptions(attacks=("quantise",), bits=(8,)), device="cpu", progress=False)
     assert res["model_kind"] == "speaker" and res["method"] == "grad_ascent" and res["level"] == "speaker"

@@ -11,7 +11,7 @@ def test_speech_llm_audit_of_a_harness_folder_and_of_the_retain_model_itself(llm
     from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
     from mmunlearn.audit.folder import audit_speech_llm_folder
     from mmunlearn.data.utterances import split_rows
-    from mmunlearn.methods import run_unlearning
+    from mmunlearn.methods import UnlearnRequest, run_unlearning
     from mmunlearn.speech.spoken_qa import spoken_qa, texts_of
 
     texts = texts_of(spoken_qa(split_rows(speaker_manifests, "train"), ("speaker", "gender")))
@@ -20,8 +20,8 @@ def test_speech_llm_audit_of_a_harness_folder_and_of_the_retain_model_itself(llm
     target = SpeechLLMAdapter.from_pretrained(llm_dir, device="cpu")
     forget = spoken_qa(split_rows(speaker_manifests, "spk_forget_train"), ("speaker",))
     retain = spoken_qa(split_rows(speaker_manifests, "spk_retain_train"), ("speaker",))[:8]
-    run_unlearning("grad_ascent", target, forget, retain, kind="speech-llm", size="tiny", overrides={"epochs": 1},
-                   out=tmp_path / "ga", inputs=[llm_dir], progress=False)
+    run_unlearning(UnlearnRequest("grad_ascent", "speech-llm", size="tiny", overrides={"epochs": 1},
+                                  out=tmp_path / "ga", inputs=[llm_dir], progress=False), target, forget, retain)
     opts = AuditOptions(relearn_steps=2, relearn_batch_size=4, bits=(4,))
     ga = audit_speech_llm_folder(tmp_path / "ga", llm_dir, tmp_path / "retain", speaker_manifests,
                                  method="grad_ascent", options=opts, device="cpu", progress=False)

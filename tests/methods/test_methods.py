@@ -13,8 +13,8 @@ import torch
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.data.tofu import load_split
-from mmunlearn.methods import (MAKES, NEEDS, artefact_files, get, load_unlearned, mean_nll, model_folder, names,
-                               run_unlearning)
+from mmunlearn.methods import (MAKES, NEEDS, UnlearnRequest, artefact_files, get, load_unlearned, mean_nll,
+                               model_folder, names, run_unlearning)
 from mmunlearn.api.restore import restore_folder
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
@@ -43,8 +43,9 @@ def test_method_through_the_harness(method, model_dir, tmp_path):
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     options = fast(method, epochs=3, lr=2e-3, scale=4.0, steering=8.0)
-    outcome = run_unlearning(method, target, forget, retain, kind="text", size="micro", overrides=options,
-                             out=tmp_path / "out", inputs=[model_dir], progress=False)
+    request = UnlearnRequest(method, "text", size="micro", overrides=options, out=tmp_path / "out",
+                             inputs=[model_dir], progress=False)
+    outcome = run_unlearning(request, target, forget, retain)
     rep = outcome.report
     rise_f = rep["forget_nll"]["after"] - rep["forget_nll"]["before"]
     rise_r = rep["retain_nll"]["after"] - rep["retain_nll"]["before"]
@@ -91,8 +92,8 @@ def test_t3_sweep_tries_the_weakest_tilt_first_and_stops_at_the_rule(model_dir):
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
-    out = run_unlearning("t3", target, forget, retain, kind="text", size="micro",
-                         overrides={**fast("t3"), "sweep_pick": "first"}, rule=rule, progress=False)
+    out = run_unlearning(UnlearnRequest("t3", "text", size="micro", overrides={**fast("t3"), "sweep_pick": "first"},
+                                        rule=rule, progress=False), target, forget, retain)
     sweep, info = out.report["info"]["sweep"], out.report["info"]
     strengths = [p["strength"] for p in sweep if p["temperature"] == 1.0]
     assert strengths == sorted(strengths)  # weakest intervention first
@@ -127,8 +128,9 @@ def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_k
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
     for tolerance in (0.0, 1e6):
-        out = run_unlearning("t3", target, forget, retain, kind="text", size="micro", rule=rule, progress=False,
-                             overrides={**fast("t3"), "sweep_retain_tolerance": tolerance})
+        out = run_unlearning(UnlearnRequest("t3", "text", size="micro", rule=rule, progress=False,
+                                            overrides={**fast("t3"), "sweep_retain_tolerance": tolerance}),
+                             target, forget, retain)
         info = out.report["info"]
         sweep, base_retain = info["sweep"], out.report["rule"]["base_retain"]
         assert len(sweep) == 5 + 3  # every strength and every temperature above 1 scored
@@ -140,5 +142,5 @@ def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_k
         assert (info["temperature"], info["strength"]) == (best["temperature"], best["strength"])
         out.adapter.model.tap.remove()
     with pytest.raises(ValueError, match="sweep_pick"):
-        run_unlearning("t3", target, forget, retain, kind="text", size="micro",
-                       overrides={**fast("t3"), "sweep_pick": "best"}, rule=rule, progress=False)
+        run_unlearning(UnlearnRequest("t3", "text", size="micro", overrides={**fast("t3"), "sweep_pick": "best"},
+                                      rule=rule, progress=False), target, forget, retain)

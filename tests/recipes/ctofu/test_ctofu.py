@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.ctofu.worlds import build_world, open_ctofu
 from mmunlearn.data.ctofu.synthetic import synthetic_ctofu, write_language_files
-from mmunlearn.methods import get, mean_nll, names, run_unlearning
+from mmunlearn.methods import UnlearnRequest, get, mean_nll, names, run_unlearning
 from recipes.ctofu import pipeline as ctofu_pipeline
 from recipes.ctofu.cli import _world, app
 
@@ -52,7 +52,8 @@ def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
     before = {lang: mean_nll(fresh, items) for lang, items in probes.items()}
     for method in names("text"):
         target = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
-        res = run_unlearning(method, target, ctx.forget, ctx.retain, kind="text", size="micro", progress=False)
+        res = run_unlearning(UnlearnRequest(method, "text", size="micro", progress=False), target, ctx.forget,
+                             ctx.retain)
         after = {lang: mean_nll(res.adapter, items) for lang, items in probes.items()}
         assert after["en"] > before["en"], (method, before, after)  # micro defaults, no sweep: some rise
         assert all(math.isfinite(v) for v in after.values())  # also in the languages it was not given

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.erase import column_basis, restore
-from mmunlearn.methods import get, names, run_unlearning
+from mmunlearn.methods import UnlearnRequest, get, names, run_unlearning
 from recipes.tofu.cli import app
 
 METHODS = names("text")
@@ -60,7 +60,8 @@ def test_qr_erase_properties_on_micro(ctx):
     before = {k: v.clone() for k, v in target.model.state_dict().items()}
     cfg = get("qr-erase").config_for("text", "micro")
     p_f, p_r = target.answer_nll(ctx.forget).neg().exp().mean(), target.answer_nll(ctx.retain).neg().exp().mean()
-    res = run_unlearning("qr-erase", target, ctx.forget, ctx.retain, kind="text", config=cfg, progress=False).result
+    request = UnlearnRequest("qr-erase", "text", config=cfg, progress=False)
+    res = run_unlearning(request, target, ctx.forget, ctx.retain).result
     report = res.erase_report
     after = target.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}

@@ -15,6 +15,7 @@ from mmunlearn.errors import USER_ERRORS, one_line
 from mmunlearn.erase.patch import apply_exact, revert_exact
 from mmunlearn.files.layout import UNLEARN_REPORT
 from mmunlearn.requests.history import History
+from mmunlearn.methods import UnlearnRequest
 from mmunlearn.requests.service import MAX_REUSED_EDIT, reusable_edit, run_request
 from tests.reliability.untrusted import listing
 
@@ -52,8 +53,8 @@ def test_history_forget_speakers_that_are_not_classes_or_cover_the_retain_set_ar
     forget = [{"wav": str(tmp_path / "a.wav"), "spk_id": "id00001"}]
     retain = [{"wav": str(tmp_path / "b.wav"), "spk_id": s} for s in ("id00002", "id00003")]
     with pytest.raises(USER_ERRORS) as err:
-        run_request(speaker_adapter, forget, retain, kind="speaker", method="grad_ascent", history=history,
-                    out=tmp_path / "out", progress=False)
+        run_request(UnlearnRequest("grad_ascent", "speaker", out=tmp_path / "out", progress=False), speaker_adapter,
+                    forget, retain, history=history)
     text = one_line(err.value)
     assert str(tmp_path / "model" / UNLEARN_REPORT) in text and needle in text, text
     assert listing(tmp_path) == set()  # no output, no temporary folder
