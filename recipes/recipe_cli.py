@@ -23,6 +23,8 @@ from mmunlearn.errors import UnsafePathError
 from mmunlearn.files.layout import MARKER
 from recipes.configs import ROOT as CONFIGS_ROOT
 from recipes.configs import describe, resolve, shipped
+# option_flag and settings_from_args are also imported from here by the recipes and tests
+from mmunlearn.config.settings import is_flag, option_flag, settings_from_args, settings_help  # noqa: F401
 from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, field_types
 
 _SCALARS = (str, int, float, bool, Path)
@@ -66,11 +68,6 @@ def _cli_default(value: Any, cli_type: Any) -> Any:
     if cli_type is Optional[str] and value is not None and not isinstance(value, str):
         return str(value)
     return value
-
-
-def option_flag(key: str) -> str:
-    """The command-line option of a config field (``ft_epochs`` -> ``--ft-epochs``)."""
-    return "--" + key.replace("_", "-")
 
 
 #: what a recipe folder written before recipes marked their --out holds (any one of them: the folder is ours)
@@ -194,68 +191,6 @@ def _option(key: str, tp: Any, default: Any, help: str) -> inspect.Parameter:
     flags = f"{flag}/--no-{flag[2:]}" if cli_type is bool else flag
     return inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=_cli_default(default, cli_type),
                              annotation=Annotated[cli_type, typer.Option(flags, help=help)])
-
-
-def _is_flag(tp: Any) -> bool:
-    """Whether a field is a switch (``--audit`` / ``--no-audit`` take no value)."""
-    return tp is bool or set(typing.get_args(tp)) == {bool, type(None)}
-
-
-def settings_from_args(args: Sequence[str], types_: Mapping[str, Any], settings: Collection[str]) -> list[str]:
-    """The ``key=value`` texts of a command's settings arguments: ``key=value`` as given, ``--key VALUE`` /
-    ``--key=VALUE`` for a setting (``--flag`` / ``--no-flag`` for a switch), in their order; a ConfigError for a
-    ``--name`` that is no setting, or one missing its value."""
-    out, i = [], 0
-    while i < len(args):
-        arg = str(args[i])
-        i += 1
-        if not arg.startswith("--") or len(arg) == 2:
-            out.append(arg)
-            continue
-        flag, eq, value = arg[2:].partition("=")
-        key = flag.replace("-", "_")
-        if key.startswith("no_") and key[3:] in settings and _is_flag(types_[key[3:]]) and not eq:
-            out.append(f"{key[3:]}=false")
-        elif key in settings and _is_flag(types_[key]) and not eq:
-            out.append(f"{key}=true")
-        elif key in settings:
-            if not eq:
-                if i >= len(args):
-                    raise ConfigError(f"{arg} needs a value ({key}=VALUE)", key)
-                value, i = str(args[i]), i + 1
-            out.append(f"{key}={value}")
-        else:
-            raise ConfigError(f"no option or setting {arg.split('=')[0]}; settings: {', '.join(sorted(settings))} "
-                              "(see --help)", None)
-    return out
-
-
-def settings_help(cls: type, settings: Collection[str], defaults: Mapping[str, Any], types_: Mapping[str, Any]) -> str:
-    """The settings of a command for its ``--help``: one paragraph per part of the config (the class in ``cls``'s
-    bases that last declares them: shared settings first, then the benchmark's own), each ``key=DEFAULT  help``."""
-    owner: dict[str, type] = {}
-    for klass in cls.__mro__:  # most derived first: a field a benchmark re-declares is its own
-        for key in vars(klass).get("__annotations__", {}):
-            owner.setdefault(key, klass)
-    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-    parts: list[str] = []
-    for klass in reversed(cls.__mro__):
-        keys = [k for k in settings if owner.get(k) is klass]
-        if not keys:
-            continue
-        first = (inspect.getdoc(klass) or klass.__name__).split("\n\n")[0]  # the docstring's first paragraph
-        title = " ".join(first.split()).rstrip(".").replace("``", "")
-        lines = [f"{k}={_shown_default(defaults.get(k))}"
-                 + (f"  (switch: --{k.replace('_', '-')})" if _is_flag(types_[k]) else "")
-                 + "  " + helps[k].replace("[", "\\[") for k in keys]
-        parts.append(f"[bold]{title}[/bold] (KEY=VALUE)\n\n" + "\n\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def _shown_default(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return ",".join(map(str, value)) or "none"
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _config_help(benchmark: str | None) -> str:
