@@ -97,12 +97,14 @@ def mark_out(out: str | Path | None) -> None:
 
 def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
                    defaults: Mapping[str, Any] | None = None, kind: str | None = "text",
-                   benchmark: str | None = None, options: Collection[str] = ()) -> Callable:
+                   benchmark: str | None = None, options: Collection[str] = (), listed: bool = True) -> Callable:
     """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` taking the fields of ``cls`` but
     ``exclude``: those in :data:`OPTIONS` or ``options`` (a benchmark's own) as ``--options``, the others as
     settings (``key=value`` or ``--key VALUE``; ``method_options`` by ``--method-option``), with ``defaults`` over
     the fields' defaults; ``kind``: the kind whose methods ``--method-option`` may set (None: any); ``benchmark``:
-    whose shipped configs ``--config NAME`` names; a config error is a usage error naming the option or setting."""
+    whose shipped configs ``--config NAME`` names (``listed``: by ``mmunlearn <benchmark> configs``); a config error is
+    a usage error naming the option or setting. The command function carries what Typer is told about it
+    (``typer_kwargs``), so that another app mounts it the same (:func:`mmunlearn.config.command.mount`)."""
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
     shown = [k for k in keys if k != METHOD_OPTIONS]
@@ -115,7 +117,7 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
     helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
     def decorate(body: Callable[[Any], None]) -> Callable:
-        params = _parameters(benchmark, METHOD_OPTIONS in keys, bool(settings))
+        params = _parameters(benchmark, METHOD_OPTIONS in keys, bool(settings), listed)
         params += [_option(key, types_[key], base.get(key), helps.get(key, "")) for key in declared]
 
         @functools.wraps(body)
@@ -147,8 +149,9 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
         command.__signature__ = inspect.Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
         # unknown --key tokens reach `overrides`, where settings_from_args reads them as settings
-        return app.command(name, epilog=settings_help(cls, settings, base, types_) or None,
-                           context_settings={"ignore_unknown_options": True} if settings else None)(command)
+        command.typer_kwargs = dict(epilog=settings_help(cls, settings, base, types_) or None,
+                                    context_settings={"ignore_unknown_options": True} if settings else None)
+        return app.command(name, **command.typer_kwargs)(command)
 
     return decorate
 
@@ -163,7 +166,8 @@ def _check_fields(cls: type, shown: Collection[str], options: Collection[str], t
         raise TypeError(f"{cls.__name__}: options {unknown} are not fields of the config")
 
 
-def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> list[inspect.Parameter]:
+def _parameters(benchmark: str | None, method_options: bool, settings: bool,
+                listed: bool = True) -> list[inspect.Parameter]:
     """The parameters every config command has before its declared options: the settings argument, --config and
     (when the config has method settings) --method-option."""
     what = ("Settings as KEY=VALUE (or --key VALUE), over --config and the options; the settings are listed below"
@@ -174,7 +178,7 @@ def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> 
                                     help=what + "; method_options.METHOD.SETTING=VALUE for a method's own settings.",
                                     show_default=False)]),
               inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                annotation=Annotated[Optional[Path], typer.Option(help=_config_help(benchmark))])]
+                                annotation=Annotated[Optional[Path], typer.Option(help=_config_help(benchmark, listed))])]
     if method_options:
         params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation=Annotated[Optional[list[str]], typer.Option(
@@ -193,9 +197,11 @@ def _option(key: str, tp: Any, default: Any, help: str) -> inspect.Parameter:
                              annotation=Annotated[cli_type, typer.Option(flags, help=help)])
 
 
-def _config_help(benchmark: str | None) -> str:
+def _config_help(benchmark: str | None, listed: bool = True) -> str:
     names = list(shipped(benchmark)) if benchmark is not None else []
-    shipped_names = f" ({', '.join(names)}; `mmunlearn {benchmark} configs` says what each runs)" if names else ""
+    says = f"`mmunlearn {benchmark} configs` says what each runs" if listed else \
+        f"the first comment line of recipes/configs/{benchmark}/NAME.yaml says what it runs"
+    shipped_names = f" ({', '.join(names)}; {says})" if names else ""
     return ("YAML file of settings, or the name of a shipped config" + shipped_names + " (keys: the options' names "
             "with '_'; read with yaml.safe_load; a file path wins over a name); options and KEY=VALUE arguments "
             "override it.")

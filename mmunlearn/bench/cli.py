@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mmunlearn.config import opt
-from mmunlearn.config.command import settings_command
+from mmunlearn.config.command import mount, settings_command
 from mmunlearn.files.atomic import write_json_atomic, write_text_atomic
 from mmunlearn.bench import precision as pb, stream as stb, subspace as sb, tilt as tb
 from mmunlearn.errors import set_threads
@@ -247,7 +247,7 @@ def _mount_flows() -> None:
     from importlib.metadata import entry_points
 
     for ep in sorted(entry_points(group=BENCH_GROUP), key=lambda e: e.name):
-        app.command(ep.name)(ep.load())
+        mount(app, ep.name, ep.load())
 
 
 _mount_flows()

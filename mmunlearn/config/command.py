@@ -92,3 +92,9 @@ def _added() -> list[inspect.Parameter]:
                               annotation=Annotated[Optional[Path], typer.Option(
                                   help="YAML file of settings (the keys listed below; read with a safe loader); "
                                        "KEY=VALUE arguments override it.")])]
+
+
+def mount(app: typer.Typer, name: str, command: Callable[..., Any]) -> None:
+    """Add a command function to another app under ``name``, with what :func:`settings_command` (or a recipe's
+    config command) told Typer about it (its settings listing; ``--key VALUE`` reaching the settings)."""
+    app.command(name, **getattr(command, "typer_kwargs", {}))(command)

@@ -104,6 +104,13 @@ def _text(value: str) -> Any:
         return value
 
 
+def _float(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _describe(tp: Any) -> str:
     if tp is type(None):
         return "none"
@@ -152,8 +159,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
-        if isinstance(value, str):
-            value = _text(value)
+        if isinstance(value, str):  # "inf" and "nan" too, as a float option read them: the checks refuse them
+            value = _float(value) if isinstance(_float(value), float) else _text(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     elif tp is str:
@@ -198,11 +205,19 @@ def is_flag(tp: Any) -> bool:
     return tp is bool or set(typing.get_args(tp)) == {bool, type(None)}
 
 
+def _is_list(tp: Any) -> bool:
+    """Whether a field holds a list or tuple (optional or not)."""
+    return any(typing.get_origin(t) in (tuple, list) for t in (tp, *typing.get_args(tp)))
+
+
 def settings_from_args(args: Sequence[str], types_: Mapping[str, Any], settings: Collection[str]) -> list[str]:
     """The ``key=value`` texts of a command's settings arguments: ``key=value`` as given, ``--key VALUE`` /
-    ``--key=VALUE`` for a setting (``--flag`` / ``--no-flag`` for a switch), in their order; a ConfigError for a
-    ``--name`` that is no setting, or one missing its value."""
-    out, i = [], 0
+    ``--key=VALUE`` for a setting (``--flag`` / ``--no-flag`` for a switch), in their order; a list setting given as
+    ``--key A --key B`` (a repeated option) is ``key=A,B``. A ConfigError for a ``--name`` that is no setting, or one
+    missing its value."""
+    out: list[str] = []
+    repeated: dict[str, int] = {}  # a list setting given as --key: where its key=value is in out
+    i = 0
     while i < len(args):
         arg = str(args[i])
         i += 1
@@ -220,6 +235,11 @@ def settings_from_args(args: Sequence[str], types_: Mapping[str, Any], settings:
                 if i >= len(args):
                     raise ConfigError(f"{arg} needs a value ({key}=VALUE)", key)
                 value, i = str(args[i]), i + 1
+            if key in repeated:
+                out[repeated[key]] += f",{value}"
+                continue
+            if _is_list(types_[key]):
+                repeated[key] = len(out)
             out.append(f"{key}={value}")
         else:
             raise ConfigError(f"no option or setting {arg.split('=')[0]}; settings: {', '.join(sorted(settings))} "
