@@ -10,6 +10,9 @@ Method knobs: ``method_options`` maps a registered method's name to fields of it
 (``method_options: {rmu: {steering: 8, layer: 2}}`` in YAML, ``method_options.rmu.steering=8`` or
 ``method.rmu.steering=8`` as an override, ``--method-option rmu.steering=8`` on the command line); each value
 is converted to that field's type and reaches only that method (:func:`parse_method_options`).
+
+:class:`BenchmarkSettings` declares, once, the settings every benchmark's config shares (the methods and their knobs,
+the sweep, the audit, resuming, the machine); a benchmark gives one another default with :func:`with_default`.
 """
 
 from __future__ import annotations
@@ -19,16 +22,68 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.config import opt
 from mmunlearn.config.settings import (MAX_CONFIG_BYTES, ConfigError, coerce, field_types, parse_assignments,
                                        read_yaml)
 from mmunlearn.methods import get, names
 
-__all__ = ["MAX_CONFIG_BYTES", "METHOD_OPTIONS", "ConfigError", "build_config", "coerce", "field_types",
-           "parse_assignments", "parse_method_options", "read_yaml"]
+__all__ = ["MAX_CONFIG_BYTES", "METHOD_OPTIONS", "BenchmarkSettings", "ConfigError", "build_config", "coerce",
+           "field_types", "parse_assignments", "parse_method_options", "read_yaml", "with_default"]
 
 #: The config field holding per-method settings, and the override prefixes that address it.
 METHOD_OPTIONS = "method_options"
 _PREFIXES = ("method_options.", "method.")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    """Settings every benchmark shares: output, methods, the sweep, the methods' knobs, resuming, the audit and the
+    machine."""
+
+    out: Path | None = opt(None, "Output folder: the tables and one folder per method (model/, run.json; tofu run: the "
+                                 "method's model/, run.json and evaluation; voxceleb2 default: --workdir/<level>).")
+    methods: tuple[str, ...] = opt(("all",), "Comma-separated methods (`mmunlearn methods` lists those of each model "
+                                             "kind), or 'all'.")
+    sweep: bool = opt(False, "Pick each method's settings by the rule on the training partitions: erasure rank/scale "
+                             "(and a classifier's scope), T3's temperature, the baselines' epochs (the speech LLM: the "
+                             "forget answers' NLL up to the retrained model's, the retain NLL up by <= retain_bound).")
+    rank: int | None = opt(None, "Erasure: forget rank k per matrix (with the sweep on a classifier: the only rank "
+                                 "tried).")
+    scale: float | None = opt(None, "Erasure: W' = W - scale * T~ (a classifier's sweep chooses it instead).")
+    extract: str | None = opt(None, "Erasure task vectors: finetune, lora, gradient or layerwise (default: the "
+                                    "method's); a speaker classifier takes finetune or gradient, lora on a speech LLM "
+                                    "needs where=text.")
+    extract_steps: int | None = opt(None, "Erasure: optimizer steps of the task-vector extraction (finetune, lora).")
+    lr: float | None = opt(None, "Baselines and RMU: learning rate.")
+    epochs: int | None = opt(None, "Baselines and RMU: epochs over the forget set (with the sweep: the most).")
+    method_options: dict[str, dict[str, Any]] = opt(
+        help="Per method, settings of its config: {rmu: {steering: 8, layer: 2}} (over the knobs above).",
+        factory=dict)
+    resume: bool = opt(True, "Reuse a method's finished stage (same method, options, rule and models: its run.json "
+                             "key) instead of redoing it; resume=false redoes it.")
+    audit: bool = opt(False, "Also run the robustness audits (paraphrase or held-out recordings, 8/4-bit quantisation, "
+                             "relearning, probe) on every method's model: <out>/AUDIT.json and AUDIT.md, "
+                             "<out>/<method>/AUDIT.json.")
+    audit_relearn_steps: int | None = opt(None, "--audit: relearning optimizer steps (default: the model kind's, "
+                                                "mmunlearn.audit.options).")
+    audit_relearn_lr: float | None = opt(None, "--audit: relearning learning rate (default: the model kind's and "
+                                               "preset's).")
+    audit_relearn_on: str | None = opt(None, "--audit: relearn on part of the forget set ('forget', default) or on "
+                                             "retain data only ('retain', stricter).")
+    audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, "
+                                          "probe; default all).")
+    seed: int = opt(0, "Seed of the data, model initialisation and unlearning.")
+    device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
+    threads: int | None = opt(None, "torch CPU threads (default without CUDA: 1, measured several times faster in wall "
+                                    "time than 2 on this project's shared 2-core CPU; with CUDA: torch's choice).")
+    cache_dir: Path | None = opt(None, "Where built or trained models are cached (default: ~/.cache/mmunlearn; "
+                                       "voxceleb2: --workdir).")
+
+
+def with_default(cls: type, name: str, default: Any) -> Any:
+    """The field ``name`` of the config dataclass ``cls`` with another ``default``, its help kept (declared once, in
+    ``cls``): a benchmark's own default for a shared setting."""
+    return opt(default, cls.__dataclass_fields__[name].metadata["help"])
 
 
 def _method_fields(name: str, kind: str | None) -> dict[str, Any]:
