@@ -57,9 +57,9 @@ from mmunlearn.errors import run_app
 
 __all__ = [
     "CATEGORY_NAME", "FEW_SPEAKERS", "FORMAT_VERSION", "MAX_OPTION_SECONDS", "MAX_SOURCE_BYTES", "MAX_SOURCE_SECONDS",
-    "MIN_DURATION", "SR", "PREPARE_SETTINGS", "PrepareResult", "PrepareSettings", "ShortfallError", "Source", "app", "check_options", "echo_report", "main",
-    "parse_forget_speakers", "prepare", "prepare_command", "prepare_sources", "read_audio_index", "read_transcripts",
-    "read_vox_meta", "scan_voxceleb", "speaker_warnings",
+    "MIN_DURATION", "SR", "PREPARE_SETTINGS", "PrepareResult", "PrepareSettings", "ShortfallError", "Source", "app",
+    "check_options", "echo_report", "main", "parse_forget_speakers", "prepare", "prepare_command", "prepare_sources",
+    "read_audio_index", "read_transcripts", "read_vox_meta", "scan_voxceleb", "speaker_warnings",
 ]
 
 FORMAT_VERSION = 1

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -178,7 +178,8 @@ def _parameters(benchmark: str | None, method_options: bool, settings: bool,
                                     help=what + "; method_options.METHOD.SETTING=VALUE for a method's own settings.",
                                     show_default=False)]),
               inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                annotation=Annotated[Optional[Path], typer.Option(help=_config_help(benchmark, listed))])]
+                                annotation=Annotated[Optional[Path],
+                                                     typer.Option(help=_config_help(benchmark, listed))])]
     if method_options:
         params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation=Annotated[Optional[list[str]], typer.Option(

@@ -18,7 +18,8 @@ from recipes.recipe_config import ConfigError
 DATASETS = ("speaker", "tofu")
 #: the settings of one dataset, refused on the other when set (with why)
 SPEAKER_ONLY = {"speakers": "the built-in speaker corpus", "utterances": "the built-in speaker corpus",
-                "videos": "the built-in speaker corpus", "requests": "the speaker requests (TOFU: one per forget author)",
+                "videos": "the built-in speaker corpus",
+                "requests": "the speaker requests (TOFU: one per forget author)",
                 "train_epochs": "the speaker classifier's training", "gd_lr": "GradDiff on the speaker classifier",
                 "manifests": "a prepared speaker corpus", "scope": "QR-Erase's scope on the speaker classifier",
                 "batch": "the speaker requests' union edit"}
