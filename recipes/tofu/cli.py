@@ -111,13 +111,8 @@ def _given_models(cfg: TofuConfig, overrides: dict[str, Any]) -> tuple[Path | No
 def _prepare(cfg: TofuConfig):
     """The setup of ``run`` / ``compare`` (models built or given, evaluated, memorisation checked), after every
     check that needs no model work."""
-    build = cfg.build_options()
-    overrides = build.pop("overrides")
-    target, retain_model = _given_models(cfg, overrides)
-    return tofu_pipeline.prepare(cfg.preset, cfg.data, cfg.forget_split, cfg.authors, cfg.seed, cfg.cache_dir,
-                                 cfg.device, cfg.max_new_tokens, overrides=overrides, target=target,
-                                 retain=retain_model, metrics=tofu_pipeline.parse_metrics(cfg.metrics),
-                                 build=build, score_batch=cfg.score_batch, gen_batch=cfg.gen_batch, **cfg.evaluation())
+    _given_models(cfg, cfg.train_overrides())
+    return tofu_pipeline.prepare(cfg)
 
 
 def _stage(cfg: TofuConfig, name: str, ctx, rule, folder: Path) -> dict:

@@ -184,11 +184,6 @@ class TofuConfig(RecipeConfig):
             raise ConfigError(str(e), "metrics") from None
         _positive(self, "utility_items", "rule_retain_items", "jobs")
 
-    def evaluation(self) -> dict[str, Any]:
-        """The evaluation-cost settings as :func:`recipes.tofu.pipeline.prepare` takes them."""
-        return {"precision": self.precision, "utility_items": self.utility_items,
-                "rule_retain_items": self.rule_retain_items}
-
 
 def train_overrides(prefix: str = "ft_", **values: Any) -> dict[str, Any]:
     """Fine-tuning settings (``epochs``, ``lr``, ``batch_size``, ``grad_accum``, ``max_steps``, ``precision``; None:

@@ -143,31 +143,16 @@ def train(
     console.print(report.markdown([{"method": name, **metrics}], level))
 
 
-def speech_llm_arguments(cfg: VoxCelebConfig, device: str) -> dict:
-    """The keywords of :func:`recipes.voxceleb2.speech_llm.run_level` for ``cfg``: every setting the speech-LLM path
-    takes (the config refuses the others, :data:`recipes.voxceleb2.config.CLASSIFIER_ONLY`)."""
-    return dict(manifests=str(cfg.manifests) if cfg.manifests else None,
-                corpus=str(cfg.workdir / "speech_llm_corpus"),
-                corpus_options=dict(speakers=cfg.speakers, utterances=cfg.utterances, videos=cfg.videos,
-                                    forget_speakers=cfg.forget_speakers, forget_fraction=cfg.forget_fraction),
-                model=cfg.llm, out=str(cfg.out or cfg.workdir / "speech_llm"), methods=cfg.chosen(), where=cfg.where,
-                target=cfg.keep_task, reference=cfg.reference, retrained=cfg.retrained, sweep=cfg.sweep,
-                retain_bound=cfg.resolved_retain_bound(), options=cfg.knobs(), method_options=cfg.method_options,
-                seed=cfg.seed, device=device, cache_dir=str(cfg.cache_dir) if cfg.cache_dir else None,
-                resume=cfg.resume)
-
-
 def _unlearn_speech_llm(level: str, cfg: VoxCelebConfig) -> None:
     """The ``--model speech-llm`` path: corpus (unless --manifests), models, every method, one table."""
     device = _setup(cfg.device, cfg.threads)
     start = time.perf_counter()
-    arguments = speech_llm_arguments(cfg, device)
     try:
-        rows = speech_llm.run_level(level, **arguments)
+        rows = speech_llm.run_level(level, cfg, device)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     console.print(speech_llm.table_markdown(rows, level))
-    out = Path(arguments["out"]) / level
+    out = speech_llm.level_out(cfg) / level
     console.print(f"wrote {out}/results.md, results.json, one folder per method (model/, run.json) and the "
                   f"energy plots in {time.perf_counter() - start:.0f} s")
     _missed(report.missed_targets(rows), cfg.strict)

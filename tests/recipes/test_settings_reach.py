@@ -230,9 +230,9 @@ def test_a_setting_that_nothing_reads_fails_the_walk():
     speaker = next(c for c in COMMANDS if c.cls is VoxCelebConfig and c.name == "speaker")
     found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn")})
     assert {"retain_bound", "lr", "epochs", "extract", "resume"} <= found
-    # without the function that maps the config to the speech-LLM run, they would reach nothing there
+    # without the function that runs the speech-LLM level from the config, they would reach nothing there
     found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn"),
-                                                      _resolve("recipes.voxceleb2.cli.speech_llm_arguments")})
+                                                      _resolve("recipes.voxceleb2.speech_llm.run_level")})
     assert not {"retain_bound", "lr", "epochs", "extract", "resume"} & found
 
 
