@@ -37,13 +37,16 @@ from mmunlearn.progress import StageBar
 
 from data_prep.voxceleb2 import (
     FORMAT_VERSION,
+    PREPARE_SETTINGS,
     PrepareResult,
+    PrepareSettings,
     check_options,
     echo_report,
     parse_forget_speakers,
     prepare_sources,
 )
 from data_prep.voxceleb2_inputs import AUDIO_SUFFIXES, Source
+from mmunlearn.config.command import settings_command
 from mmunlearn.errors import run_app
 
 #: FSDD file names: ``{digit}_{speaker}_{take}.wav`` (under ``recordings/``).
@@ -210,26 +213,17 @@ def prepare_corpus_command(
     forget_fraction: Annotated[float, _Opt(min=0.0, max=0.5, help="Sample level: fraction of each retained "
                                            "speaker's training utterances to forget; as many more become the "
                                            "never-trained holdout.")] = 0.1,
-    test_video_fraction: Annotated[float, _Opt(min=0.0, max=1.0, help="Per speaker, fraction of videos held "
-                                               "out for the *_test splits (at least one).")] = 0.2,
-    max_utterances: Annotated[int, _Opt(min=0, help="Per speaker, at most this many files, drawn by --seed "
-                                        "(0: all).")] = 0,
-    min_duration: Annotated[float | None, _Opt(min=0.0, help="Leave out files shorter than this (seconds; "
-                                               "default: 0.1 for fsdd, 0 for a pattern corpus).")] = None,
-    segment_seconds: Annotated[float, _Opt(min=0.0, help="Cut each file into fixed segments of this many seconds "
-                                           "(e.g. 3 for long telephone utterances; 0: whole files). The audio after "
-                                           "the last full segment is dropped and reported.")] = 0.0,
     seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
-    jobs: Annotated[int, _Opt(min=0, help="Decoding threads (0: up to 4).")] = 0,
     force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date.")] = False,
-    allow_fewer: Annotated[bool, _Opt("--allow-fewer", help="Write the manifests even when fewer speakers or "
-                                      "utterances than asked survive (listed in prepare_report.json).")] = False,
+    settings: dict | None = None,
 ) -> None:
     """Manifests (VoxCeleb2 layout) for FSDD or any corpus with one folder or file-name pattern per speaker."""
+    given = PrepareSettings(**(settings or {}))
+    min_duration = given.min_duration
     common = dict(speakers=speakers, forget_speakers=parse_forget_speakers(forget_speakers),
-                  forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
-                  max_utterances=max_utterances, seed=seed, jobs=jobs, force=force, allow_fewer=allow_fewer,
-                  segment_seconds=segment_seconds)
+                  forget_fraction=forget_fraction, test_video_fraction=given.test_video_fraction,
+                  max_utterances=given.max_utterances, seed=seed, jobs=given.jobs, force=force,
+                  allow_fewer=given.allow_fewer, segment_seconds=given.segment_seconds)
     if corpus == "fsdd":
         if pattern is not None:
             raise typer.BadParameter("--pattern is for --corpus pattern (FSDD's is built in)")
@@ -244,7 +238,9 @@ def prepare_corpus_command(
 
 
 app = typer.Typer(add_completion=False, help="Manifests for FSDD or a one-folder-per-speaker corpus.")
-app.command("prepare")(prepare_corpus_command)
+prepare_corpus_command = settings_command(app, PrepareSettings, [k for k in PREPARE_SETTINGS if k != "allow_no_gender"],
+                                          name="prepare")(prepare_corpus_command)
+
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: errors a user caused print as one ``error:`` line and exit 2 (as ``mmunlearn`` does)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated
 
@@ -50,13 +51,15 @@ from data_prep.voxceleb2_inputs import (
     scan_voxceleb,
 )
 from data_prep.voxceleb2_manifests import PrepareResult, prepare_sources
+from mmunlearn.config import opt
+from mmunlearn.config.command import settings_command
 from mmunlearn.errors import run_app
 
 __all__ = [
     "CATEGORY_NAME", "FEW_SPEAKERS", "FORMAT_VERSION", "MAX_OPTION_SECONDS", "MAX_SOURCE_BYTES", "MAX_SOURCE_SECONDS",
-    "MIN_DURATION", "SR", "PrepareResult", "ShortfallError", "Source", "app", "check_options", "echo_report", "main",
-    "parse_forget_speakers", "prepare", "prepare_command", "prepare_sources", "read_audio_index", "read_transcripts",
-    "read_vox_meta", "scan_voxceleb", "speaker_warnings",
+    "MIN_DURATION", "SR", "PREPARE_SETTINGS", "PrepareResult", "PrepareSettings", "ShortfallError", "Source", "app",
+    "check_options", "echo_report", "main", "parse_forget_speakers", "prepare", "prepare_command", "prepare_sources",
+    "read_audio_index", "read_transcripts", "read_vox_meta", "scan_voxceleb", "speaker_warnings",
 ]
 
 FORMAT_VERSION = 1
@@ -148,7 +151,40 @@ def _root() -> None:
 _Opt = typer.Option
 
 
-@app.command("prepare")
+@dataclass(frozen=True)
+class PrepareSettings:
+    """Settings of `prepare` and `prepare-corpus` beside their options: held-out videos, caps, segments, decoding
+    threads and what to accept."""
+
+    test_video_fraction: float = opt(0.2, "Per speaker, fraction of videos held out for the *_test splits (at least "
+                                          "one, at most all but one).")
+    max_utterances: int = opt(0, "Per speaker, at most this many files, drawn by --seed before decoding (0: all).")
+    segment_seconds: float = opt(0.0, "Cut each file into fixed segments of this many seconds with start/stop (e.g. 3 "
+                                      "for long telephone utterances; 0: whole files); the audio after the last full "
+                                      "segment is dropped and reported.")
+    min_duration: float | None = opt(None, f"Leave out files shorter than this (seconds; default: {MIN_DURATION} for "
+                                           "VoxCeleb2, whose clips are >= 4 s, so only damaged ones; 0.1 for fsdd; 0 "
+                                           "for a pattern corpus).")
+    jobs: int = opt(0, "Decoding threads (0: up to 4).")
+    allow_no_gender: bool = opt(False, "prepare: accept a meta file without a Gender column (no gender column in the "
+                                       "manifests).")
+    allow_fewer: bool = opt(False, "Write the manifests even when fewer speakers or utterances than asked survive "
+                                   "(listed in prepare_report.json).")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.test_video_fraction <= 1:
+            raise ValueError(f"test_video_fraction must be between 0 and 1, got {self.test_video_fraction}")
+        for name in ("max_utterances", "segment_seconds", "min_duration", "jobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be at least 0, got {value}")
+
+
+#: the settings of `prepare` (`prepare-corpus` takes them but allow_no_gender)
+PREPARE_SETTINGS = tuple(f.name for f in fields(PrepareSettings))
+
+
+@settings_command(app, PrepareSettings, PREPARE_SETTINGS, name="prepare")
 def prepare_command(
     root: Annotated[Path, _Opt("--root", help="VoxCeleb2 tree: dev/aac/idNNNNN/<video>/NNNNN.m4a "
                                "(and/or test/aac/...; .wav/.flac work too).")],
@@ -164,32 +200,20 @@ def prepare_command(
     forget_fraction: Annotated[float, _Opt(min=0.0, max=0.5, help="Sample level: fraction of each "
                                            "retained speaker's training utterances to forget; as "
                                            "many more become the never-trained holdout.")] = 0.1,
-    test_video_fraction: Annotated[float, _Opt(min=0.0, max=1.0, help="Per speaker, fraction of "
-                                               "videos held out for the *_test splits (at least "
-                                               "one, at most all but one).")] = 0.2,
-    max_utterances: Annotated[int, _Opt(min=0, help="Per speaker, at most this many files, drawn "
-                                        "by --seed before decoding (0: all).")] = 0,
-    segment_seconds: Annotated[float, _Opt(min=0.0, help="Cut files into fixed segments of this "
-                                           "many seconds with start/stop (0: whole files).")] = 0.0,
-    min_duration: Annotated[float, _Opt(min=0.0, help="Leave out files shorter than this (seconds; VoxCeleb2 "
-                                        "clips are >= 4 s, so 1.0 drops only damaged ones).")] = MIN_DURATION,
     seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
-    jobs: Annotated[int, _Opt(min=0, help="Decoding threads (0: up to 4).")] = 0,
     force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date; discard a corrupt "
                                 "audio_index.json (decode cache).")] = False,
-    allow_no_gender: Annotated[bool, _Opt("--allow-no-gender", help="Accept a meta file without a Gender "
-                                          "column (no gender column in the manifests).")] = False,
-    allow_fewer: Annotated[bool, _Opt("--allow-fewer", help="Write the manifests even when fewer speakers or "
-                                      "utterances than asked survive (listed in prepare_report.json).")] = False,
+    settings: dict | None = None,
 ) -> None:
     """Decode audio to 16 kHz wav and write speaker- and sample-level forget/retain manifests."""
     forget = parse_forget_speakers(forget_speakers)
+    given = PrepareSettings(**(settings or {}))
     res = prepare(root, out, meta=meta, transcripts=transcripts, speakers=speakers,
                   sets=[s.strip() for s in sets.split(",") if s.strip()], forget_speakers=forget,
-                  forget_fraction=forget_fraction, test_video_fraction=test_video_fraction,
-                  max_utterances=max_utterances, segment_seconds=segment_seconds,
-                  min_duration=min_duration, seed=seed, jobs=jobs, force=force,
-                  allow_no_gender=allow_no_gender, allow_fewer=allow_fewer)
+                  forget_fraction=forget_fraction, test_video_fraction=given.test_video_fraction,
+                  max_utterances=given.max_utterances, segment_seconds=given.segment_seconds,
+                  min_duration=MIN_DURATION if given.min_duration is None else given.min_duration, seed=seed,
+                  jobs=given.jobs, force=force, allow_no_gender=given.allow_no_gender, allow_fewer=given.allow_fewer)
     echo_report(res)
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -23,6 +23,8 @@ from mmunlearn.errors import UnsafePathError
 from mmunlearn.files.layout import MARKER
 from recipes.configs import ROOT as CONFIGS_ROOT
 from recipes.configs import describe, resolve, shipped
+# option_flag and settings_from_args are also imported from here by the recipes and tests
+from mmunlearn.config.settings import is_flag, option_flag, settings_from_args, settings_help  # noqa: F401
 from recipes.recipe_config import METHOD_OPTIONS, ConfigError, build_config, field_types
 
 _SCALARS = (str, int, float, bool, Path)
@@ -68,11 +70,6 @@ def _cli_default(value: Any, cli_type: Any) -> Any:
     return value
 
 
-def option_flag(key: str) -> str:
-    """The command-line option of a config field (``ft_epochs`` -> ``--ft-epochs``)."""
-    return "--" + key.replace("_", "-")
-
-
 #: what a recipe folder written before recipes marked their --out holds (any one of them: the folder is ours)
 RECIPE_FILES = ("compare.json", "run.json", "speaker.json", "sample.json", "models.json", "TOFU_EVAL.json")
 
@@ -100,12 +97,14 @@ def mark_out(out: str | Path | None) -> None:
 
 def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collection[str] = (),
                    defaults: Mapping[str, Any] | None = None, kind: str | None = "text",
-                   benchmark: str | None = None, options: Collection[str] = ()) -> Callable:
+                   benchmark: str | None = None, options: Collection[str] = (), listed: bool = True) -> Callable:
     """A decorator: ``body(cfg)`` becomes the command ``name`` of ``app`` taking the fields of ``cls`` but
     ``exclude``: those in :data:`OPTIONS` or ``options`` (a benchmark's own) as ``--options``, the others as
     settings (``key=value`` or ``--key VALUE``; ``method_options`` by ``--method-option``), with ``defaults`` over
     the fields' defaults; ``kind``: the kind whose methods ``--method-option`` may set (None: any); ``benchmark``:
-    whose shipped configs ``--config NAME`` names; a config error is a usage error naming the option or setting."""
+    whose shipped configs ``--config NAME`` names (``listed``: by ``mmunlearn <benchmark> configs``); a config error is
+    a usage error naming the option or setting. The command function carries what Typer is told about it
+    (``typer_kwargs``), so that another app mounts it the same (:func:`mmunlearn.config.command.mount`)."""
     types_ = field_types(cls)
     keys = [k for k in types_ if k not in exclude]
     shown = [k for k in keys if k != METHOD_OPTIONS]
@@ -118,7 +117,7 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
     helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
     def decorate(body: Callable[[Any], None]) -> Callable:
-        params = _parameters(benchmark, METHOD_OPTIONS in keys, bool(settings))
+        params = _parameters(benchmark, METHOD_OPTIONS in keys, bool(settings), listed)
         params += [_option(key, types_[key], base.get(key), helps.get(key, "")) for key in declared]
 
         @functools.wraps(body)
@@ -150,8 +149,9 @@ def config_command(app: typer.Typer, cls: type, *, name: str, exclude: Collectio
         command.__signature__ = inspect.Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
         # unknown --key tokens reach `overrides`, where settings_from_args reads them as settings
-        return app.command(name, epilog=settings_help(cls, settings, base, types_) or None,
-                           context_settings={"ignore_unknown_options": True} if settings else None)(command)
+        command.typer_kwargs = dict(epilog=settings_help(cls, settings, base, types_) or None,
+                                    context_settings={"ignore_unknown_options": True} if settings else None)
+        return app.command(name, **command.typer_kwargs)(command)
 
     return decorate
 
@@ -166,7 +166,8 @@ def _check_fields(cls: type, shown: Collection[str], options: Collection[str], t
         raise TypeError(f"{cls.__name__}: options {unknown} are not fields of the config")
 
 
-def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> list[inspect.Parameter]:
+def _parameters(benchmark: str | None, method_options: bool, settings: bool,
+                listed: bool = True) -> list[inspect.Parameter]:
     """The parameters every config command has before its declared options: the settings argument, --config and
     (when the config has method settings) --method-option."""
     what = ("Settings as KEY=VALUE (or --key VALUE), over --config and the options; the settings are listed below"
@@ -177,7 +178,8 @@ def _parameters(benchmark: str | None, method_options: bool, settings: bool) -> 
                                     help=what + "; method_options.METHOD.SETTING=VALUE for a method's own settings.",
                                     show_default=False)]),
               inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                annotation=Annotated[Optional[Path], typer.Option(help=_config_help(benchmark))])]
+                                annotation=Annotated[Optional[Path],
+                                                     typer.Option(help=_config_help(benchmark, listed))])]
     if method_options:
         params.append(inspect.Parameter("method_option", inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation=Annotated[Optional[list[str]], typer.Option(
@@ -196,71 +198,11 @@ def _option(key: str, tp: Any, default: Any, help: str) -> inspect.Parameter:
                              annotation=Annotated[cli_type, typer.Option(flags, help=help)])
 
 
-def _is_flag(tp: Any) -> bool:
-    """Whether a field is a switch (``--audit`` / ``--no-audit`` take no value)."""
-    return tp is bool or set(typing.get_args(tp)) == {bool, type(None)}
-
-
-def settings_from_args(args: Sequence[str], types_: Mapping[str, Any], settings: Collection[str]) -> list[str]:
-    """The ``key=value`` texts of a command's settings arguments: ``key=value`` as given, ``--key VALUE`` /
-    ``--key=VALUE`` for a setting (``--flag`` / ``--no-flag`` for a switch), in their order; a ConfigError for a
-    ``--name`` that is no setting, or one missing its value."""
-    out, i = [], 0
-    while i < len(args):
-        arg = str(args[i])
-        i += 1
-        if not arg.startswith("--") or len(arg) == 2:
-            out.append(arg)
-            continue
-        flag, eq, value = arg[2:].partition("=")
-        key = flag.replace("-", "_")
-        if key.startswith("no_") and key[3:] in settings and _is_flag(types_[key[3:]]) and not eq:
-            out.append(f"{key[3:]}=false")
-        elif key in settings and _is_flag(types_[key]) and not eq:
-            out.append(f"{key}=true")
-        elif key in settings:
-            if not eq:
-                if i >= len(args):
-                    raise ConfigError(f"{arg} needs a value ({key}=VALUE)", key)
-                value, i = str(args[i]), i + 1
-            out.append(f"{key}={value}")
-        else:
-            raise ConfigError(f"no option or setting {arg.split('=')[0]}; settings: {', '.join(sorted(settings))} "
-                              "(see --help)", None)
-    return out
-
-
-def settings_help(cls: type, settings: Collection[str], defaults: Mapping[str, Any], types_: Mapping[str, Any]) -> str:
-    """The settings of a command for its ``--help``: one paragraph per part of the config (the class in ``cls``'s
-    bases that last declares them: shared settings first, then the benchmark's own), each ``key=DEFAULT  help``."""
-    owner: dict[str, type] = {}
-    for klass in cls.__mro__:  # most derived first: a field a benchmark re-declares is its own
-        for key in vars(klass).get("__annotations__", {}):
-            owner.setdefault(key, klass)
-    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-    parts: list[str] = []
-    for klass in reversed(cls.__mro__):
-        keys = [k for k in settings if owner.get(k) is klass]
-        if not keys:
-            continue
-        first = (inspect.getdoc(klass) or klass.__name__).split("\n\n")[0]  # the docstring's first paragraph
-        title = " ".join(first.split()).rstrip(".").replace("``", "")
-        lines = [f"{k}={_shown_default(defaults.get(k))}"
-                 + (f"  (switch: --{k.replace('_', '-')})" if _is_flag(types_[k]) else "")
-                 + "  " + helps[k].replace("[", "\\[") for k in keys]
-        parts.append(f"[bold]{title}[/bold] (KEY=VALUE)\n\n" + "\n\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def _shown_default(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return ",".join(map(str, value)) or "none"
-    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _config_help(benchmark: str | None) -> str:
+def _config_help(benchmark: str | None, listed: bool = True) -> str:
     names = list(shipped(benchmark)) if benchmark is not None else []
-    shipped_names = f" ({', '.join(names)}; `mmunlearn {benchmark} configs` says what each runs)" if names else ""
+    says = f"`mmunlearn {benchmark} configs` says what each runs" if listed else \
+        f"the first comment line of recipes/configs/{benchmark}/NAME.yaml says what it runs"
+    shipped_names = f" ({', '.join(names)}; {says})" if names else ""
     return ("YAML file of settings, or the name of a shipped config" + shipped_names + " (keys: the options' names "
             "with '_'; read with yaml.safe_load; a file path wins over a name); options and KEY=VALUE arguments "
             "override it.")

@@ -10,192 +10,80 @@ Method knobs: ``method_options`` maps a registered method's name to fields of it
 (``method_options: {rmu: {steering: 8, layer: 2}}`` in YAML, ``method_options.rmu.steering=8`` or
 ``method.rmu.steering=8`` as an override, ``--method-option rmu.steering=8`` on the command line); each value
 is converted to that field's type and reaches only that method (:func:`parse_method_options`).
+
+:class:`BenchmarkSettings` declares, once, the settings every benchmark's config shares (the methods and their knobs,
+the sweep, the audit, resuming, the machine); a benchmark gives one another default with :func:`with_default`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import os
-import re
-import stat
-
-import yaml
-
+from mmunlearn.config import opt
+from mmunlearn.config.settings import (MAX_CONFIG_BYTES, ConfigError, coerce, field_types, parse_assignments,
+                                       read_yaml)
 from mmunlearn.methods import get, names
+
+__all__ = ["MAX_CONFIG_BYTES", "METHOD_OPTIONS", "BenchmarkSettings", "ConfigError", "build_config", "coerce",
+           "field_types", "parse_assignments", "parse_method_options", "read_yaml", "with_default"]
 
 #: The config field holding per-method settings, and the override prefixes that address it.
 METHOD_OPTIONS = "method_options"
 _PREFIXES = ("method_options.", "method.")
 
 
-class ConfigError(ValueError):
-    """A setting that cannot be used; ``key`` names it (None: the file or the config as a whole)."""
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    """Settings every benchmark shares: output, methods, the sweep, the methods' knobs, resuming, the audit and the
+    machine."""
 
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
-
-
-#: the largest config file read (settings are a few kilobytes)
-MAX_CONFIG_BYTES = 1 << 20
-
-
-class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of nested aliases expand to
-    billions of values) and reads numbers as people write them (``1e-3`` is a float, as in YAML 1.2)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.get_event()
-            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} refused (anchors and aliases are "
-                                              "not read in config files: write the values out)", event.start_mark)
-        return super().compose_node(parent, index)
-
-
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                              re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
-
-
-def _load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader: tags never build objects
-
-
-def _read_config_text(path: Path) -> str:
-    """The text of a regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO or device refused before reading)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"the config file {path} is not a regular file (a FIFO, device or folder)")
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"the config file {path} is {st.st_size} bytes, more than a config may have "
-                              f"({MAX_CONFIG_BYTES})")
-        data = os.read(fd, MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"the config file {path} grew past {MAX_CONFIG_BYTES} bytes while it was read")
-    finally:
-        os.close(fd)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"the config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    out: Path | None = opt(None, "Output folder: the tables and one folder per method (model/, run.json; tofu run: the "
+                                 "method's model/, run.json and evaluation; voxceleb2 default: --workdir/<level>).")
+    methods: tuple[str, ...] = opt(("all",), "Comma-separated methods (`mmunlearn methods` lists those of each model "
+                                             "kind), or 'all'.")
+    sweep: bool = opt(False, "Pick each method's settings by the rule on the training partitions: erasure rank/scale "
+                             "(and a classifier's scope), T3's temperature, the baselines' epochs (the speech LLM: the "
+                             "forget answers' NLL up to the retrained model's, the retain NLL up by <= retain_bound).")
+    rank: int | None = opt(None, "Erasure: forget rank k per matrix (with the sweep on a classifier: the only rank "
+                                 "tried).")
+    scale: float | None = opt(None, "Erasure: W' = W - scale * T~ (a classifier's sweep chooses it instead).")
+    extract: str | None = opt(None, "Erasure task vectors: finetune, lora, gradient or layerwise (default: the "
+                                    "method's); a speaker classifier takes finetune or gradient, lora on a speech LLM "
+                                    "needs where=text.")
+    extract_steps: int | None = opt(None, "Erasure: optimizer steps of the task-vector extraction (finetune, lora).")
+    lr: float | None = opt(None, "Baselines and RMU: learning rate.")
+    epochs: int | None = opt(None, "Baselines and RMU: epochs over the forget set (with the sweep: the most).")
+    method_options: dict[str, dict[str, Any]] = opt(
+        help="Per method, settings of its config: {rmu: {steering: 8, layer: 2}} (over the knobs above).",
+        factory=dict)
+    resume: bool = opt(True, "Reuse a method's finished stage (same method, options, rule and models: its run.json "
+                             "key) instead of redoing it; resume=false redoes it.")
+    audit: bool = opt(False, "Also run the robustness audits (paraphrase or held-out recordings, 8/4-bit quantisation, "
+                             "relearning, probe) on every method's model: <out>/AUDIT.json and AUDIT.md, "
+                             "<out>/<method>/AUDIT.json.")
+    audit_relearn_steps: int | None = opt(None, "--audit: relearning optimizer steps (default: the model kind's, "
+                                                "mmunlearn.audit.options).")
+    audit_relearn_lr: float | None = opt(None, "--audit: relearning learning rate (default: the model kind's and "
+                                               "preset's).")
+    audit_relearn_on: str | None = opt(None, "--audit: relearn on part of the forget set ('forget', default) or on "
+                                             "retain data only ('retain', stricter).")
+    audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, "
+                                          "probe; default all).")
+    seed: int = opt(0, "Seed of the data, model initialisation and unlearning.")
+    device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
+    threads: int | None = opt(None, "torch CPU threads (default without CUDA: 1, measured several times faster in wall "
+                                    "time than 2 on this project's shared 2-core CPU; with CUDA: torch's choice).")
+    cache_dir: Path | None = opt(None, "Where built or trained models are cached (default: ~/.cache/mmunlearn; "
+                                       "voxceleb2: --workdir).")
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML file, read with a safe loader (a tag such as ``!!python/object`` is refused, and so
-    are aliases); the file must be a regular file of at most :data:`MAX_CONFIG_BYTES`."""
-    path = Path(path)
-    try:
-        data = _load(_read_config_text(path))
-    except OSError as e:
-        raise ConfigError(f"cannot read the config file {path}: {e.strerror or e}") from None
-    except RecursionError:
-        raise ConfigError(f"the config file {path} is nested too deeply") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"the config file {path} is not plain YAML (only plain values are read; tags that "
-                          f"build objects and aliases are refused): {' '.join(str(e).split())}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"the config file {path} must hold a mapping of settings, not a {type(data).__name__}")
-    return data
-
-
-def _text(value: str) -> Any:
-    """A value typed on the command line, read as one plain YAML scalar, list or mapping."""
-    try:
-        return _load(value)
-    except (yaml.YAMLError, RecursionError):
-        return value
-
-
-def _describe(tp: Any) -> str:
-    if tp is type(None):
-        return "none"
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def coerce(value: Any, tp: Any, key: str) -> Any:
-    """``value`` as type ``tp`` (a field's resolved type); text is parsed (``"3"`` -> 3, ``"none"`` -> None for an
-    optional field, ``"a,b"`` -> a tuple); a :class:`ConfigError` naming ``key`` when it cannot be."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return _text(value) if isinstance(value, str) else value
-    if origin in (typing.Union, types.UnionType):
-        if (value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null"))) \
-                and type(None) in args:
-            return None
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: expected {' or '.join(_describe(a) for a in args)}, got {value!r}", key)
-    if origin in (tuple, list):
-        if isinstance(value, str):
-            value = _text(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",")
-                                                                            if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}", key)
-        item = args[0] if args else Any
-        items = [coerce(v, item, key) for v in value]
-        return tuple(items) if origin is tuple else items
-    if origin is dict or tp is dict:
-        value = _text(value) if isinstance(value, str) else value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}", key)
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, str):
-            value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(
-                value.strip().lower(), value)
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, str):
-            value = _text(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, str):
-            value = _text(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif tp is Path:
-        if isinstance(value, (str, Path)):
-            return Path(value)
-    elif dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-    elif isinstance(tp, type) and isinstance(value, tp):
-        return value
-    raise ConfigError(f"{key}: expected {_describe(tp)}, got {value!r}", key)
-
-
-def field_types(cls: type) -> dict[str, Any]:
-    """The resolved type of every init field of the dataclass ``cls``."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
-
-
-def parse_assignments(items: Iterable[str], what: str = "override") -> dict[str, str]:
-    """``["a=1", "b.c=x"]`` as ``{"a": "1", "b.c": "x"}`` (the value stays text; a ConfigError otherwise)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{what} {item!r}: write KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
+def with_default(cls: type, name: str, default: Any) -> Any:
+    """The field ``name`` of the config dataclass ``cls`` with another ``default``, its help kept (declared once, in
+    ``cls``): a benchmark's own default for a shared setting."""
+    return opt(default, cls.__dataclass_fields__[name].metadata["help"])
 
 
 def _method_fields(name: str, kind: str | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ corpora and models (``bench requests``) is a recipe and joins this app through t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mmunlearn.config import opt
+from mmunlearn.config.command import mount, settings_command
 from mmunlearn.files.atomic import write_json_atomic, write_text_atomic
 from mmunlearn.bench import precision as pb, stream as stb, subspace as sb, tilt as tb
 from mmunlearn.errors import set_threads
@@ -178,37 +181,48 @@ def _print_precision(res: pb.PrecisionResult, new_tokens: int, repeats: int) -> 
     console.print(pb.roofline_line(res))
 
 
-@app.command()
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """Settings of `bench precision` beside its options: the split, the stages and the ablation."""
+
+    split: str = opt("forget10", "The split whose first --batch rows make the batch.")
+    stage: tuple[str, ...] = opt(pb.STAGES, "Stages to run, comma-separated: train, score, generate.")
+    ablation: bool = opt(False, "Also time, in the same rounds, each of the project's training and scoring speed-ups "
+                                "alone (packing, shared prompt prefix, fused AdamW) against its code without them.")
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.stage if s not in pb.STAGES]
+        if bad or not self.stage:
+            raise ValueError(f"stage: unknown stage(s) {bad or '(none)'}; choose from {', '.join(pb.STAGES)}")
+
+
+@settings_command(app, PrecisionSettings, ("split", "stage", "ablation"))
 def precision(
     model: Annotated[str, typer.Option(help="A real checkpoint (smollm2-135m), a save_pretrained folder, or a random-init preset architecture (micro, mini; with a BPE trained on --data).")] = "smollm2-135m",
     data: Annotated[str, typer.Option(help="QA rows: a TOFU folder (e.g. ../shared/data/tofu) or the built-in synthetic[:...] data.")] = "synthetic",
-    split: Annotated[str, typer.Option(help="The split whose first --batch rows make the batch.")] = "forget10",
     batch: Annotated[int, typer.Option(min=1, help="QA rows per batch (one training step, one scoring call, prompts decoded together).")] = 16,
     new_tokens: Annotated[int, typer.Option(min=1, help="Greedy tokens generated at most per question (decoding stops when every row has met EOS).")] = 32,
     repeats: Annotated[int, typer.Option(min=1, help="Timed rounds over both implementations and precisions after one warm-up each (median reported).")] = 3,
-    stage: Annotated[Optional[list[str]], typer.Option(help="Stages to run: train, score, generate (repeat the option; default: all).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write rows, timings, checks and machine facts to this JSON file (atomic write).")] = None,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the table, goal lines and checks as Markdown to this file.")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads (1: measured best on a shared 2-core machine).")] = 1,
     strict: Annotated[bool, typer.Option(help="Exit with status 1 if a mmunlearn/plain ratio is below 0.9, bf16 scoring misses its NLL bound or the two implementations disagree (the greedy-answer bound, meant for a memorised model, is reported only).")] = False,
     precision_: Annotated[Optional[list[str]], typer.Option("--precision", help="Precisions to run: float32, bf16 (repeat the option; default: both). On a CPU without native bf16, float32 alone keeps the run short.")] = None,
-    ablation: Annotated[bool, typer.Option(help="Also time, in the same rounds, each of the project's training and scoring speed-ups alone (packing, shared prompt prefix, fused AdamW) against its code without them.")] = False,
+    settings: dict | None = None,
 ) -> None:
     """Tokens/s of the project's training step, scoring and greedy generation beside a plain PyTorch +
     transformers loop, in float32 and bf16, on the same real QA batch in one run; bf16's accuracy against
     float32 and whether the project reaches 0.9x the plain loop."""
     _set_threads(threads)
-    stages = tuple(stage or pb.STAGES)
-    bad = [s for s in stages if s not in pb.STAGES]
-    if bad:
-        raise typer.BadParameter(f"unknown stage(s) {bad}; choose from {', '.join(pb.STAGES)}", param_hint="--stage")
+    given = PrecisionSettings(**(settings or {}))
     precisions = tuple(p for p in pb.PRECISIONS if p in (precision_ or pb.PRECISIONS))
     wrong = [p for p in precision_ or () if p not in pb.PRECISIONS]
     if wrong:
         raise typer.BadParameter(f"unknown precision(s) {wrong}; choose from {', '.join(pb.PRECISIONS)}",
                                  param_hint="--precision")
-    res = pb.run(model, data=data, split=split, batch=batch, new_tokens=new_tokens, repeats=repeats, stages=stages,
-                 precisions=precisions, ablation=ablation, progress=lambda m: console.print(f"[dim]{m}[/dim]"))
+    res = pb.run(model, data=data, split=given.split, batch=batch, new_tokens=new_tokens, repeats=repeats,
+                 stages=given.stage, precisions=precisions, ablation=given.ablation,
+                 progress=lambda m: console.print(f"[dim]{m}[/dim]"))
     _print_precision(res, new_tokens, repeats)
     for line in pb.goal_lines(res):
         console.print(line if "goal met" in line else f"[red]{line}[/red]")
@@ -233,7 +247,7 @@ def _mount_flows() -> None:
     from importlib.metadata import entry_points
 
     for ep in sorted(entry_points(group=BENCH_GROUP), key=lambda e: e.name):
-        app.command(ep.name)(ep.load())
+        mount(app, ep.name, ep.load())
 
 
 _mount_flows()

@@ -9,8 +9,8 @@ or ``MMUNLEARN_DEBUG=1`` shows the traceback instead. Beside it: ``unlearn.py`` 
 
 from __future__ import annotations
 
-import math
 import sys
+from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,9 +29,10 @@ from mmunlearn.audit.table import reference_rows
 from mmunlearn.bench.cli import app as bench_app
 from mmunlearn.cli.unlearn import mount as mount_unlearn
 from mmunlearn.erase.subspace.basis import METHODS
-from mmunlearn.erase.energy import RULES
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.options import EraseOptions
+from mmunlearn.config import opt
+from mmunlearn.config.command import settings_command
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, debug_enabled, one_line, set_threads
@@ -78,7 +79,6 @@ def methods() -> None:
             console.print(f"    {f.name} = {m.defaults.get(f.name, default)!r}: {f.metadata.get('help', '')}")
 
 Method = Enum("Method", {m: m for m in METHODS}, type=str)  # type: ignore[misc]
-Rule = Enum("Rule", {r: r for r in RULES}, type=str)  # type: ignore[misc]
 STREAM_HELP = ("Work shard by shard, one task matrix at a time (memory: about one shard plus one matrix's task "
                "matrices); --no-stream loads the whole checkpoint and task matrices. Same weights bit for bit.")
 HARDLINK_HELP = ("With --stream: hard-link the shards that need no change into --out (copied when linking fails); "
@@ -98,12 +98,6 @@ def _fraction(value: Optional[float]) -> Optional[float]:
     return value
 
 
-def _finite(value: Optional[float]) -> Optional[float]:
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"must be a finite number, got {value}")
-    return value
-
-
 @app.command()
 def version() -> None:
     """Print the mmunlearn version."""
@@ -113,7 +107,11 @@ def version() -> None:
 _EH, _ED = EraseOptions.help, EraseOptions()  # every erase option's meaning and default, declared once
 
 
-@app.command()
+#: erase's settings (KEY=VALUE or --config; the fields of EraseOptions); its options are the common ones
+ERASE_SETTINGS = ("retain_rank", "retain_energy", "scale", "localize", "rule", "top", "threshold", "rows", "seed")
+
+
+@settings_command(app, EraseOptions, ERASE_SETTINGS)
 def erase(
     model: Annotated[Path, typer.Option(help="Model directory in HF save_pretrained layout (safetensors, sharded or not).")],
     forget: Annotated[Path, typer.Option(help="Forget task matrices: a .safetensors file (parameter name -> tensor) or a directory of them.")],
@@ -121,27 +119,18 @@ def erase(
     retain: Annotated[Optional[Path], typer.Option(help="Retain task matrices for the same parameters; their subspace is protected.")] = None,
     rank: Annotated[Optional[int], typer.Option(min=1, help=_EH("rank"))] = None,
     energy: Annotated[Optional[float], typer.Option(callback=_fraction, help=_EH("energy"))] = None,
-    retain_rank: Annotated[Optional[int], typer.Option(min=1, help=_EH("retain_rank"))] = None,
-    retain_energy: Annotated[Optional[float], typer.Option(callback=_fraction, help=_EH("retain_energy"))] = None,
     method: Annotated[Method, typer.Option(help=_EH("method"))] = _ED.method,  # type: ignore[assignment]
-    scale: Annotated[float, typer.Option(callback=_finite, help=_EH("scale"))] = _ED.scale,
-    localize: Annotated[bool, typer.Option(help=_EH("localize"))] = _ED.localize,
-    rule: Annotated[Rule, typer.Option(help=_EH("rule"))] = _ED.rule,  # type: ignore[assignment]
-    top: Annotated[Optional[int], typer.Option(min=1, help=_EH("top"))] = None,
-    threshold: Annotated[Optional[float], typer.Option(callback=_finite, help=_EH("threshold"))] = None,
-    rows: Annotated[bool, typer.Option(help=_EH("rows"))] = _ED.rows,
-    seed: Annotated[int, typer.Option(help=_EH("seed"))] = _ED.seed,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists and is a folder mmunlearn wrote.")] = False,
     stream: Annotated[bool, typer.Option(help=STREAM_HELP)] = True,
     hardlink: Annotated[bool, typer.Option(help=HARDLINK_HELP)] = True,
+    settings: dict | None = None,
 ) -> None:
     """Erase a forget task from a checkpoint (QR-Erase); the input checkpoint is never modified.
 
     --out may not be --model, inside it or above it; symbolic links leaving --model are refused.
     """
-    options = dict(retain=retain, rank=rank, energy=energy, retain_rank=retain_rank, retain_energy=retain_energy,
-                   method=Method(method).value, scale=scale, localize=localize, rule=Rule(rule).value, top=top,
-                   threshold=threshold, rows=rows, seed=seed, overwrite=overwrite)
+    options = dict(retain=retain, rank=rank, energy=energy, method=Method(method).value, overwrite=overwrite,
+                   **(settings or {}))
     if stream:
         report = stream_erase_checkpoint(model, forget, out, hardlink=hardlink, **options)
     else:
@@ -169,32 +158,56 @@ def restore(
     console.print(f"restored model written to [bold]{out}[/bold]")
 
 
-@app.command("prepare-retain")
+@dataclass(frozen=True)
+class RetainSettings:
+    """Settings of `mmunlearn prepare-retain` beside its options: a speech LLM's layers and retain questions, the
+    method's preset and its task-vector extraction, a text LLM's prompt format."""
+
+    where: str = opt("both", "Speech LLMs: layers to cover: audio, text or both.")
+    retain_task: tuple[str, ...] = opt(("speaker",), "Speech LLMs: spoken questions asked of the retain audio, "
+                                                     "comma-separated (speaker, gender).")
+    size: str | None = opt(None, "Preset of the method's config (default: the model kind's default preset).")
+    extract_kind: str | None = opt(None, "Retain task-vector extraction: finetune, lora, gradient or layerwise "
+                                         "(default: the preset's).")
+    extract_steps: int | None = opt(None, "Optimizer steps of finetune/lora extraction (default: the preset's).")
+    extract_lr: float | None = opt(None, "Learning rate (finetune, lora) or gradient step size (default: the "
+                                         "preset's).")
+    prompt_format: str | None = opt(None, "Text LLMs: how the retain rows are written, as `mmunlearn unlearn "
+                                          "prompt_format=...`: chat, plain, raw or a string with {question} and "
+                                          "{answer}. Default: the chat template when the tokenizer has one, else the "
+                                          "one of plain/raw with the lowest retain NLL (give unlearn the same). A run "
+                                          "in another format recomputes the state.")
+
+    def __post_init__(self) -> None:
+        if self.extract_steps is not None and self.extract_steps < 1:
+            raise ValueError(f"extract_steps must be at least 1, got {self.extract_steps}")
+
+
+#: prepare-retain's settings (KEY=VALUE or --config)
+RETAIN_SETTINGS = tuple(f.name for f in fields(RetainSettings))
+
+
+@settings_command(app, RetainSettings, RETAIN_SETTINGS, name="prepare-retain")
 def prepare_retain(
     model: Annotated[Path, typer.Option(help="Model folder that deletion requests will edit (a text or speech LLM's save_pretrained folder, a SpeechBrain speaker classifier).")],
     retain: Annotated[Path, typer.Option(help="The data every request must keep, as `mmunlearn unlearn --retain`: text LLMs a JSON/JSONL/CSV of question-answer rows, speech models a manifest CSV (ID,duration,wav,start,stop,spk_id[,gender,text]).")],
     out: Annotated[Path, typer.Option(help="Folder for the retain state (created or replaced; not inside --model). Pass it to mmunlearn.unlearn(retain_state=...).")],
     method: Annotated[str, typer.Option(help="Erasure method whose preset extraction settings are used: qr-erase, qr-erase-rows or svd-unlearn.")] = "qr-erase",
     reference: Annotated[Optional[Path], typer.Option(help="Model folder --model was fine-tuned from: task vectors are taken from it (default: --model).")] = None,
-    where: Annotated[str, typer.Option(help="Speech LLMs: layers to cover: audio, text or both.")] = "both",
-    retain_task: Annotated[Optional[list[str]], typer.Option(help="Speech LLMs: spoken question asked of the retain audio (speaker, gender); repeat for several (default: speaker).")] = None,
-    size: Annotated[Optional[str], typer.Option(help="Preset of the method's config (default: the model kind's default preset).")] = None,
-    extract_kind: Annotated[Optional[str], typer.Option(help="Retain task-vector extraction: finetune, lora, gradient or layerwise (default: the preset's).")] = None,
-    extract_steps: Annotated[Optional[int], typer.Option(min=1, help="Optimizer steps of finetune/lora extraction (default: the preset's).")] = None,
-    extract_lr: Annotated[Optional[float], typer.Option(help="Learning rate (finetune, lora) or gradient step size (default: the preset's).")] = None,
     device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",
     refresh: Annotated[bool, typer.Option(help="Recompute even if --out holds a state whose fingerprints match.")] = False,
     trust_hparams: Annotated[bool, typer.Option(help="Speaker classifiers: let hyperparams.yaml run the code it names (trusted folders only).")] = False,
     scope: Annotated[str, typer.Option(help="Speaker classifiers: weights the requests will edit: all, embedding or head (as unlearn(scope=...)).")] = "all",
-    prompt_format: Annotated[Optional[str], typer.Option(help="Text LLMs: how the retain rows are written, as `mmunlearn unlearn --prompt-format`: chat, plain, raw or a string with {question} and {answer}. Default: the chat template when the tokenizer has one, else the one of plain/raw with the lowest retain NLL (give unlearn the same). A run in another format recomputes the state.")] = None,
+    settings: dict | None = None,
 ) -> None:
     """Compute the retain side of QR-Erase once (retain task matrices + fingerprints of the weights, the retain
     data and the settings; a text LLM's prompt format); later requests load it while the fingerprints match and
     recompute it when not."""
-    state = prepare(model, retain, out, method=method, reference=reference, where=where,
-                    retain_tasks=tuple(retain_task or ("speaker",)), size=size, device=device, refresh=refresh,
-                    trust_hparams=trust_hparams, kind=extract_kind, steps=extract_steps, lr=extract_lr, scope=scope,
-                    prompt_format=prompt_format)
+    given = RetainSettings(**(settings or {}))
+    state = prepare(model, retain, out, method=method, reference=reference, where=given.where,
+                    retain_tasks=given.retain_task, size=given.size, device=device, refresh=refresh,
+                    trust_hparams=trust_hparams, kind=given.extract_kind, steps=given.extract_steps,
+                    lr=given.extract_lr, scope=scope, prompt_format=given.prompt_format)
     how = f" ({state.reason})" if state.reason else ""
     fmt = f" in prompt format {state.meta['prompt_format']!r}" if state.meta.get("prompt_format") else ""
     console.print(f"retain state {state.status}{escape(how)}: {len(state.task)} task matrices from "
@@ -202,10 +215,12 @@ def prepare_retain(
                   f"[bold]{escape(str(out))}[/bold]")
 
 
-def _audit_help(name: str, note: str = "") -> str:
-    """An audit option's help and default, as :class:`mmunlearn.audit.AuditOptions` declares them."""
-    kinds = "; ".join(f"{k.removeprefix('is_')}s: {v[name]}" for k, v in CAPABILITY_DEFAULTS.items() if name in v)
-    return f"{AuditOptions.help(name)}{note} \\[default: {getattr(AuditOptions(), name)}{'; ' + kinds if kinds else ''}]"
+#: audit's settings (KEY=VALUE or --config; fields of AuditOptions), shown with the defaults of classifier kinds
+AUDIT_SETTINGS = ("relearn_steps", "relearn_lr", "relearn_batch_size", "relearn_fraction", "relearn_on", "probe_folds",
+                  "max_new_tokens", "batch_size", "seed")
+_AUDIT_SHOWN = {name: f"{getattr(AuditOptions(), name)} ("
+                + "; ".join(f"{k.removeprefix('is_')}s: {v[name]}" for k, v in CAPABILITY_DEFAULTS.items() if name in v)
+                + ")" for name in AUDIT_SETTINGS if any(name in v for v in CAPABILITY_DEFAULTS.values())}
 
 
 def audit_destination(out: Optional[Path]) -> Path:
@@ -214,7 +229,7 @@ def audit_destination(out: Optional[Path]) -> Path:
     return out if out is not None else Path.cwd() / "audit"
 
 
-@app.command()
+@settings_command(app, AuditOptions, AUDIT_SETTINGS, shown=_AUDIT_SHOWN)
 def audit(
     model: Annotated[Path, typer.Option(help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind. Any other loadable model folder of a supported kind (e.g. the original model, another tool's output) is audited too, reported as 'not an mmunlearn output: no history'.")],
     target: Annotated[Path, typer.Option(help="Target model folder (trained on everything; the model that was unlearned).")],
@@ -226,17 +241,9 @@ def audit(
     level: Annotated[Optional[str], typer.Option(help="Speaker classifier: speaker or sample (default: the level recorded in the folder's report).")] = None,
     attacks: Annotated[str, typer.Option(help="Attacks to run, comma-separated: paraphrase, quantise, relearn, probe, or all.")] = "all",
     bits: Annotated[str, typer.Option(help="Quantisation round trips, comma-separated bit widths: 8, 4 (GGUF Q8_0 / Q4_0).")] = "8,4",
-    relearn_steps: Annotated[Optional[int], typer.Option(help=_audit_help("relearn_steps"))] = None,
-    relearn_lr: Annotated[Optional[float], typer.Option(help=_audit_help("relearn_lr", "; use the fine-tuning rate of real checkpoints, e.g. 1e-5"))] = None,
-    relearn_batch_size: Annotated[Optional[int], typer.Option(help=_audit_help("relearn_batch_size"))] = None,
-    relearn_fraction: Annotated[Optional[float], typer.Option(help=_audit_help("relearn_fraction"))] = None,
-    relearn_on: Annotated[Optional[str], typer.Option(help=_audit_help("relearn_on"))] = None,
-    probe_folds: Annotated[Optional[int], typer.Option(help=_audit_help("probe_folds"))] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help=_audit_help("max_new_tokens"))] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help=_audit_help("batch_size"))] = None,
-    seed: Annotated[Optional[int], typer.Option(help=_audit_help("seed"))] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice; 1 is faster on a busy 2-core machine).")] = None,
+    settings: dict | None = None,
 ) -> None:
     """Robustness audit of an unlearned model: does its forgetting survive paraphrase, 8/4-bit quantisation,
     relearning and a linear probe? Each attack is applied to the target, the retain model and the unlearned
@@ -252,11 +259,7 @@ def audit(
             raise typer.BadParameter(f"{path}: no such folder", param_hint=flag)
     try:
         kind = folder_report(model)["model_kind"]
-        options = options_for(kind, attacks=chosen, bits=widths, relearn_steps=relearn_steps,
-                              relearn_lr=relearn_lr, relearn_batch_size=relearn_batch_size,
-                              relearn_fraction=relearn_fraction, relearn_on=relearn_on,
-                              probe_folds=probe_folds, max_new_tokens=max_new_tokens,
-                              batch_size=batch_size, seed=seed)
+        options = options_for(kind, attacks=chosen, bits=widths, **(settings or {}))
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--model") from None
     result = audit_folder(model, target, retain_model, data, forget_split=forget_split, authors=authors,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mmunlearn.config import opt
+from mmunlearn.erase.energy import RULES
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,18 @@ class EraseOptions:
     def __post_init__(self) -> None:
         if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale)):
             raise ValueError(f"scale must be a finite number, got {self.scale!r}")
+        for name, low in (("rank", 1), ("top", 1), ("retain_rank", 0)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
+        for name in ("energy", "retain_energy"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        if self.rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number, got {self.threshold}")
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> "EraseOptions":

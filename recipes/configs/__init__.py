@@ -1,11 +1,11 @@
 """Shipped recipe configs: ``recipes/configs/<benchmark>/<name>.yaml``, the documented presets as YAML files.
 
 Each file holds a config dataclass's fields (:class:`recipes.tofu.config.TofuConfig`,
-:class:`recipes.ctofu.config.CTofuConfig`, :class:`recipes.voxceleb2.config.VoxCelebConfig`) with the values of a
-documented command; its first comment line says what it runs and which doc section it reproduces. A recipe's
-``--config`` takes a file path or a shipped name (``tofu/smollm2``; :func:`resolve`), and
-``mmunlearn <benchmark> configs`` lists them (:func:`shipped`, :func:`describe`). The files are package data
-(pyproject.toml), so an installed copy has them.
+:class:`recipes.ctofu.config.CTofuConfig`, :class:`recipes.voxceleb2.config.VoxCelebConfig`,
+:class:`recipes.requests.config.RequestsConfig` for ``bench requests``) with the values of a documented command; its
+first comment line says what it runs and which doc section it reproduces. A recipe's ``--config`` takes a file path
+or a shipped name (``tofu/smollm2``; :func:`resolve`), and ``mmunlearn <benchmark> configs`` lists them
+(:func:`shipped`, :func:`describe`). The files are package data (pyproject.toml), so an installed copy has them.
 """
 
 from __future__ import annotations

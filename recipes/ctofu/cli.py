@@ -21,6 +21,7 @@ from rich.console import Console
 
 from mmunlearn.data.ctofu.worlds import (FACT_SPLITS, FORGET_SPLIT, TRAIN_TEXTS, build_world, open_ctofu, parse_langs,
                                   retain_split_for)
+from mmunlearn.config.command import settings_command
 from mmunlearn.data.ctofu.align import check_alignment
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.presets.build import torch_threads
@@ -46,10 +47,10 @@ def _option(key: str, tp=str):
 
 
 Data, English, Langs = _option("data"), _option("english", Optional[Path]), _option("langs")
-Authors, Facts, Preset = _option("authors", Optional[int]), _option("facts", Optional[int]), _option("preset")
-SkipMisaligned, TrainText = _option("skip_misaligned", bool), _option("train_text")
-AllowTextMismatch, Seed, Device = _option("allow_text_mismatch", bool), _option("seed", int), _option("device")
-CacheDir, Threads = _option("cache_dir", Optional[Path]), _option("threads", Optional[int])
+Authors, Preset = _option("authors", Optional[int]), _option("preset")
+Seed, Device = _option("seed", int), _option("device")
+#: `finetune`'s settings (KEY=VALUE, --key VALUE or --config; fields of CTofuConfig)
+FINETUNE_SETTINGS = ("facts", "skip_misaligned", "train_text", "allow_text_mismatch", "cache_dir", "threads")
 
 def _world(data: str, english: Path | None, langs: str, authors: int | None, facts: int | None,
            skip_misaligned: bool, out: Path, train_text: str = "scored", allow_text_mismatch: bool = False):
@@ -111,27 +112,24 @@ def _rows(cfg: CTofuConfig, name: str, ctx, rule) -> list[dict]:
                       base=cfg.base, device=cfg.device, resume=cfg.resume, method_options=cfg.method_options.get(name))
 
 
-@app.command()
+@settings_command(app, CTofuConfig, FINETUNE_SETTINGS, name="finetune")
 def finetune(
     out: Annotated[Path, typer.Option(help="Directory for models.json (paths and train logs) and the alignment report.")] = Path("runs/ctofu_models"),
     data: Data = "synthetic",
     english: English = None,
     langs: Langs = "all",
     authors: Authors = None,
-    facts: Facts = None,
     preset: Preset = "micro",
-    skip_misaligned: SkipMisaligned = False,
-    train_text: TrainText = "scored",
-    allow_text_mismatch: AllowTextMismatch = False,
     seed: Seed = 0,
     device: Device = "auto",
-    cache_dir: CacheDir = None,
-    threads: Threads = None,
+    settings: dict | None = None,
 ) -> None:
     """Target model on retain + forget of every language, retain model on the retain rows (cached)."""
-    with torch_threads(threads):
-        world = _world(data, english, langs, authors, facts, skip_misaligned, out, train_text, allow_text_mismatch)
-        built = ctofu_pipeline.build(preset, world, seed, cache_dir, device)
+    given = CTofuConfig(**(settings or {}))
+    with torch_threads(given.threads):
+        world = _world(data, english, langs, authors, given.facts, given.skip_misaligned, out, given.train_text,
+                       given.allow_text_mismatch)
+        built = ctofu_pipeline.build(preset, world, seed, given.cache_dir, device)
     write_json_atomic(out / "models.json", {"world": world.describe(), "base": str(built.base),
                                             "target": str(built.target), "retain": str(built.retain),
                                             "logs": built.logs})

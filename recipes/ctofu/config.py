@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mmunlearn.config import opt
 from mmunlearn.data.ctofu.worlds import TRAIN_TEXTS
-from recipes.recipe_config import ConfigError
+from recipes.recipe_config import BenchmarkSettings, ConfigError, with_default
 from recipes.tofu.config import RecipeConfig
 
 
@@ -21,8 +21,7 @@ class CTofuConfig(RecipeConfig):
     data: str = opt("synthetic", "Folder of <split>_<lang>.json files (e.g. shared/data/ctofu), or "
                                  "'synthetic[:retain_authors=8,langs=en/fr/ar]' (built-in stand-in).")
     authors: int | None = opt(None, "Keep the first N retain authors of every language (all forget authors are kept).")
-    resume: bool = opt(False, "Reuse a method's finished stage (same method, options, rule and world: its run.json "
-                              "key) instead of redoing it.")
+    resume: bool = with_default(BenchmarkSettings, "resume", False)
     english: Path | None = opt(None, "TOFU folder for English (default: <split>_en.json files, or a 'tofu' folder "
                                      "beside --data).")
     langs: str = opt("all", "Languages the models are trained on: 'all' (discovered from the files) or e.g. en,fr,ar.")

@@ -1,18 +1,18 @@
 """``mmunlearn bench requests``: deletion requests at service speed, a benchmark flow (it builds a corpus or a TOFU
 world and trains models), so it lives with the recipes and joins ``mmunlearn bench`` through the entry-point group
-``mmunlearn.bench``."""
+``mmunlearn.bench``. Its settings are one :class:`recipes.requests.config.RequestsConfig` (a config command:
+options, ``--config FILE.yaml`` or a shipped ``requests/<name>``, ``KEY=VALUE``; :mod:`recipes.recipe_cli`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.errors import set_threads
+from recipes.recipe_cli import config_command
 from recipes.requests import speaker as rb
+from recipes.requests.config import RequestsConfig
 from recipes.requests.tofu import run_tofu
 
 console = Console()
@@ -65,57 +65,43 @@ def _print_requests_result(res: rb.BenchResult, preset: str) -> bool:
     return ok
 
 
-def requests(
-    dataset: Annotated[str, typer.Option(help="speaker (classifier on the built-in espeak corpus) or tofu (text LLM, one request per forget author).")] = "speaker",
-    workdir: Annotated[Path, typer.Option(help="Folder for the corpus, the trained classifier and the retain state (reused when present).")] = Path("runs/bench_requests"),
-    preset: Annotated[str, typer.Option(help="Model preset: speaker tiny or small; tofu micro or mini.")] = "tiny",
-    data: Annotated[str, typer.Option(help="tofu: a TOFU folder or synthetic[:...] (models built by the preset builder, cached).")] = "synthetic",
-    forget_split: Annotated[str, typer.Option(help="tofu: forget split (forget01, forget05, forget10).")] = "forget10",
-    authors: Annotated[Optional[int], typer.Option(min=2, help="tofu: world of N authors (default: all of them).")] = 20,
-    speakers: Annotated[int, typer.Option(min=3, help="Speakers of the built-in espeak corpus.")] = 10,
-    utterances: Annotated[int, typer.Option(min=2, help="Utterances per speaker and video.")] = 20,
-    videos: Annotated[int, typer.Option(min=2, help="Videos (sessions) per speaker; one is held out for testing.")] = 2,
-    requests: Annotated[int, typer.Option(min=1, help="Deletion requests, one forget speaker each, applied in order.")] = 3,
-    extract: Annotated[Optional[list[str]], typer.Option(help="QR-Erase forget extraction kinds to measure (gradient, finetune); repeat the option.")] = None,
-    train_epochs: Annotated[Optional[int], typer.Option(min=1, help="Epochs of the classifier's training (default: the preset's).")] = None,
-    retain_bound: Annotated[Optional[float], typer.Option(min=0, help="The rule's bound on the retain NLL's rise in nats (default: speaker 0.05, tofu 0.1, as their recipes).")] = None,
-    gd_epochs: Annotated[Optional[int], typer.Option(min=1, help="GradDiff's epoch budget; it stops as soon as it meets the forget criterion (default: speaker 20, tofu its preset's).")] = None,
-    gd_lr: Annotated[Optional[float], typer.Option(help="GradDiff's learning rate (default: its preset's).")] = None,
-    score_retain: Annotated[int, typer.Option(min=0, help="Retain utterances the rule scores (spread over the retain set; 0: all of them), for both methods.")] = 32,
-    manifests: Annotated[Optional[Path], typer.Option(help="speaker: a prepared corpus (voxceleb2 prepare / prepare-corpus output, e.g. FSDD with --forget-speakers 3) instead of the built-in one; one request per forget speaker.")] = None,
-    scope: Annotated[str, typer.Option(help="speaker: weights QR-Erase edits: all, embedding, or head (class weights only, retain rank 0; scoring reuses the embeddings). GradDiff always trains every weight.")] = "all",
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every request's row and the summary to this JSON file.")] = None,
-    markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the summary as Markdown to this file.")] = None,
-    strict: Annotated[bool, typer.Option(help="Exit with status 1 if QR-Erase is not 10x faster per request or misses the rule.")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
-    progress: Annotated[bool, typer.Option(help="Progress bars of training, task-vector extraction and sweeps.")] = True,
-) -> None:
+#: the command's own options beside OPTIONS' preset and data; every other setting is KEY=VALUE
+REQUESTS_OPTIONS = ("dataset", "workdir", "json", "markdown", "strict")
+#: a throwaway app the command is made in: ``mmunlearn bench`` mounts the function (entry point ``mmunlearn.bench``)
+_app = typer.Typer()
+
+
+def _tofu(cfg: RequestsConfig) -> rb.BenchResult:
+    """One request per forget author of the TOFU world (text LLM)."""
+    return run_tofu(cfg.data, preset=cfg.resolved_preset(), forget_split=cfg.forget_split, authors=cfg.authors,
+                    extracts=cfg.extracts(), retain_bound=cfg.resolved_retain_bound(), gd_epochs=cfg.gd_epochs,
+                    score_retain=cfg.score_retain or None, workdir=cfg.workdir, show=_show_request,
+                    progress=cfg.progress)
+
+
+def _speaker(cfg: RequestsConfig) -> rb.BenchResult:
+    """One request per forget speaker of the built-in or prepared corpus (speaker classifier)."""
+    return rb.run_speaker(cfg.workdir, preset=cfg.resolved_preset(), speakers=cfg.speakers, utterances=cfg.utterances,
+                          videos=cfg.videos, requests=cfg.requests, extracts=cfg.extracts(),
+                          train_epochs=cfg.train_epochs, retain_bound=cfg.resolved_retain_bound(),
+                          gd_epochs=cfg.gd_epochs or 20, gd_lr=cfg.gd_lr, score_retain=cfg.score_retain or None,
+                          scope=cfg.scope, manifests=cfg.manifests, with_batch=cfg.batch, show=_show_request,
+                          progress=cfg.progress)
+
+
+@config_command(_app, RequestsConfig, name="requests", benchmark="requests", options=REQUESTS_OPTIONS, kind=None,
+                listed=False)
+def requests(cfg: RequestsConfig) -> None:
     """Deletion requests at service speed: time per request after the first with the retain state cached
     (QR-Erase) against GradDiff reaching the same forget criterion, the rule's measures and peak memory."""
-    set_threads(threads)
-    kinds = list(extract or ["gradient", "finetune"])
-    if retain_bound is None:
-        retain_bound = 0.1 if dataset == "tofu" else 0.05
-    if dataset == "tofu":
-        if scope != "all" or manifests is not None:
-            raise typer.BadParameter("--scope and --manifests apply to --dataset speaker")
-        res = run_tofu(data, preset=preset, forget_split=forget_split, authors=authors,
-                       extracts=list(extract or ["gradient", "lora", "finetune"]), retain_bound=retain_bound,
-                       gd_epochs=gd_epochs, score_retain=score_retain or None, workdir=workdir, show=_show_request,
-                       progress=progress)
-    elif dataset == "speaker":
-        res = rb.run_speaker(workdir, preset=preset, speakers=speakers, utterances=utterances, videos=videos,
-                             requests=requests, extracts=kinds, train_epochs=train_epochs, retain_bound=retain_bound,
-                             gd_epochs=gd_epochs or 20, gd_lr=gd_lr, score_retain=score_retain or None, scope=scope,
-                             manifests=manifests, show=_show_request, progress=progress)
-    else:
-        raise typer.BadParameter(f"--dataset must be speaker or tofu, got {dataset!r}")
-    ok = _print_requests_result(res, preset)
-    if json_out is not None:
-        rb.write_json(json_out, res)
-        console.print(f"wrote {json_out}")
-    if markdown_out is not None:
-        markdown_out.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(markdown_out, rb.markdown(res) + "\n")
-    if strict and not ok:
+    set_threads(cfg.threads)
+    res = _tofu(cfg) if cfg.dataset == "tofu" else _speaker(cfg)
+    ok = _print_requests_result(res, cfg.resolved_preset())
+    if cfg.json is not None:
+        rb.write_json(cfg.json, res)
+        console.print(f"wrote {cfg.json}")
+    if cfg.markdown is not None:
+        cfg.markdown.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cfg.markdown, rb.markdown(res) + "\n")
+    if cfg.strict and not ok:
         raise typer.Exit(1)

@@ -4,9 +4,9 @@ Read top to bottom: ``finetune`` and ``eval`` are the harness; ``run`` unlearns 
 and evaluates; ``compare`` runs every method on the same target and split and writes one table
 (Markdown, CSV, JSON) and a scatter plot; ``tilt`` trains a T3 head for any model and data files.
 
-Fine-tuning options (``finetune --epochs/--lr/--batch-size/--grad-accum/--max-steps/--precision``;
-the same as ``--ft-*`` on ``run`` and ``compare``, where ``--lr``/``--epochs`` are the baselines')
-change the preset's settings for the models built (part of their cache key). ``run``, ``compare``
+Fine-tuning settings (``finetune epochs=/lr=/batch_size=/grad_accum=/max_steps=/precision=``, or
+``--epochs 1`` as they were once spelled; the same as ``ft_*`` on ``run`` and ``compare``, where ``lr``/``epochs``
+are the baselines') change the preset's settings for the models built (part of their cache key). ``run``, ``compare``
 and ``eval`` take ``--target DIR`` / ``--retain-model DIR`` (e.g. made by ``finetune --out DIR``)
 instead of building those models. After building, the target is checked for having memorised the
 forget answers (:mod:`recipes.tofu.settings`); a warning is printed and ``memorised: false`` recorded
@@ -21,23 +21,24 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
-from mmunlearn.adapters.text.adapter import PRECISIONS, TextLLMAdapter
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
+from mmunlearn.config import opt
+from mmunlearn.config.command import settings_command
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.user.sets import overlap, read_text_rows
 from mmunlearn.errors import set_threads
 from mmunlearn.eval import evaluate_tofu, summary_table
-from mmunlearn.eval.tofu import check_max_new_tokens
 from mmunlearn.presets.build import finetune as build_one
 from mmunlearn.presets.cache import read_log
 from recipes.tofu import pipeline as tofu_pipeline, report as tofu_report
-from recipes.recipe_cli import config_command, configs_command, help_of, option_flag, require
-from recipes.recipe_config import ConfigError
+from recipes.recipe_cli import config_command, configs_command, help_of, require
 from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
@@ -56,33 +57,11 @@ Device = Annotated[str, typer.Option(help=help_of(TofuConfig, "device"))]
 CacheDir = Annotated[Optional[Path], typer.Option(help=help_of(TofuConfig, "cache_dir"))]
 Threads = Annotated[Optional[int], typer.Option(help=help_of(TofuConfig, "threads"))]
 Metrics = Annotated[Optional[str], typer.Option(help=help_of(TofuConfig, "metrics"))]
-Precision = Annotated[Optional[str], typer.Option("--precision", help=help_of(TofuConfig, "precision"))]
-MaxNewTokens = Annotated[str, typer.Option(help=help_of(TofuConfig, "max_new_tokens"))]
-UtilityItems = Annotated[Optional[int], typer.Option(help=help_of(TofuConfig, "utility_items"))]
 
 def _threads(n: int | None) -> None:
     import torch
 
     set_threads(n if n is not None else None if torch.cuda.is_available() else 1)
-
-
-def _max_new_tokens(text: str) -> int | str:
-    try:
-        return check_max_new_tokens("auto" if text.strip() == "auto" else int(text))
-    except ValueError:
-        raise typer.BadParameter(f"a positive integer or 'auto', got {text!r}", param_hint="--max-new-tokens") from None
-
-
-def _precision(value: str | None) -> str | None:
-    if value is not None and value not in PRECISIONS:
-        raise typer.BadParameter(f"choose from {', '.join(PRECISIONS)}, got {value!r}", param_hint="--precision")
-    return value
-
-
-def _positive(value: int | None, flag: str) -> int | None:
-    if value is not None and value < 1:
-        raise typer.BadParameter(f"must be a positive integer, got {value}", param_hint=flag)
-    return value
 
 
 def _metrics(text: str | None) -> tuple[str, ...] | None:
@@ -132,13 +111,8 @@ def _given_models(cfg: TofuConfig, overrides: dict[str, Any]) -> tuple[Path | No
 def _prepare(cfg: TofuConfig):
     """The setup of ``run`` / ``compare`` (models built or given, evaluated, memorisation checked), after every
     check that needs no model work."""
-    build = cfg.build_options()
-    overrides = build.pop("overrides")
-    target, retain_model = _given_models(cfg, overrides)
-    return tofu_pipeline.prepare(cfg.preset, cfg.data, cfg.forget_split, cfg.authors, cfg.seed, cfg.cache_dir,
-                                 cfg.device, cfg.max_new_tokens, overrides=overrides, target=target,
-                                 retain=retain_model, metrics=tofu_pipeline.parse_metrics(cfg.metrics),
-                                 build=build, score_batch=cfg.score_batch, gen_batch=cfg.gen_batch, **cfg.evaluation())
+    _given_models(cfg, cfg.train_overrides())
+    return tofu_pipeline.prepare(cfg)
 
 
 def _stage(cfg: TofuConfig, name: str, ctx, rule, folder: Path) -> dict:
@@ -163,7 +137,32 @@ def _parallel(cfg: TofuConfig, ctx, chosen: list[str], rule) -> None:
         run_jobs(cfg, todo, cfg.jobs, say=lambda line: console.print(line, markup=False, soft_wrap=True))
 
 
-@app.command()
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """Settings of `tofu finetune` beside its options: the training's (None: the preset's; as ``ft_*`` on ``run`` and
+    ``compare``) and the forget share checked."""
+
+    epochs: int | None = opt(None, "Epochs over the split (default: the preset's).")
+    lr: float | None = opt(None, "Learning rate (default: the preset's).")
+    batch_size: int | None = opt(None, "Micro-batch size (default: the preset's).")
+    grad_accum: int | None = opt(None, "Gradient accumulation steps (default: the preset's).")
+    max_steps: int | None = opt(None, "At most N optimizer steps: a longer run becomes N steps, its schedule fitted "
+                                      "to them.")
+    precision: str | None = opt(None, "no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it; default: "
+                                      "the preset's).")
+    forget_pct: float = opt(10, "With --authors and --split full: the forget share (as forgetPP), whose rows' answer "
+                                "NLL is checked.")
+
+    def __post_init__(self) -> None:
+        self.overrides()
+
+    def overrides(self) -> dict[str, Any]:
+        """The training settings as ``finetune`` overrides (a :class:`ConfigError` names a bad one)."""
+        return train_overrides("", epochs=self.epochs, lr=self.lr, batch_size=self.batch_size,
+                               grad_accum=self.grad_accum, max_steps=self.max_steps, precision=self.precision)
+
+
+@settings_command(app, FinetuneSettings, [f.name for f in fields(FinetuneSettings)], name="finetune")
 def finetune(
     out: Annotated[Path, typer.Option(help="Directory for the fine-tuned model (save_pretrained layout).")],
     data: Data = "synthetic",
@@ -174,13 +173,7 @@ def finetune(
     device: Device = "auto",
     cache_dir: CacheDir = None,
     threads: Threads = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Epochs over the split (default: the preset's).")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate (default: the preset's).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Micro-batch size (default: the preset's).")] = None,
-    grad_accum: Annotated[Optional[int], typer.Option(help="Gradient accumulation steps (default: the preset's).")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="At most N optimizer steps: a longer run becomes N steps, its schedule fitted to them.")] = None,
-    precision: Annotated[Optional[str], typer.Option(help="no, bf16 (autocast, also on CPU) or auto (bf16 on a GPU that has it; default: the preset's).")] = None,
-    forget_pct: Annotated[float, typer.Option(help="With --authors and --split full: the forget share (as forgetPP), whose rows' answer NLL is checked.")] = 10,
+    settings: dict | None = None,
 ) -> None:
     """Fine-tune a model on one split (a preset first pretrains its base on a corpus disjoint from TOFU).
 
@@ -189,13 +182,9 @@ def finetune(
     (forget_answer_nll) and a warning printed when it is above the memorisation bound.
     """
     _threads(threads)
-    try:
-        overrides = train_overrides("", epochs=epochs, lr=lr, batch_size=batch_size, grad_accum=grad_accum,
-                                    max_steps=max_steps, precision=precision)
-    except ConfigError as e:
-        raise typer.BadParameter(str(e), param_hint=option_flag(e.key or "")) from None
-    path = build_one(preset, data, split, authors, out, forget_pct=forget_pct, seed=seed, cache_dir=cache_dir,
-                     device=device, overrides=overrides)
+    given = FinetuneSettings(**(settings or {}))
+    path = build_one(preset, data, split, authors, out, forget_pct=given.forget_pct, seed=seed, cache_dir=cache_dir,
+                     device=device, overrides=given.overrides())
     log = json.loads((path / "train_log.json").read_text())
     console.print(f"fine-tuned model in [bold]{path}[/bold]; final answer loss {log.get('final_loss', float('nan')):.4f}")
     forget_nll = log.get("forget_answer_nll")
@@ -214,7 +203,11 @@ def _num(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-@app.command("eval")
+#: `eval`'s settings (KEY=VALUE, --key VALUE or --config; fields of TofuConfig)
+EVAL_SETTINGS = ("max_new_tokens", "utility_items", "precision", "threads")
+
+
+@settings_command(app, TofuConfig, EVAL_SETTINGS, name="eval")
 def evaluate(
     model: Annotated[Path, typer.Option("--model", "--target", help="Model directory to evaluate (--target is the same option).")],
     out: Annotated[Path, typer.Option(help="Directory for TOFU_EVAL.json, TOFU_SUMMARY.json and TOFU_SUMMARY.md.")],
@@ -225,21 +218,18 @@ def evaluate(
     retain_model: Annotated[Optional[Path], typer.Option(help="The retain model's folder: evaluated first (cached in its evals/ folder) for forget quality and privleak; instead of --retain-logs.")] = None,
     metrics: Metrics = None,
     batch_size: Annotated[int, typer.Option(help="Scoring batch size.")] = 16,
-    max_new_tokens: MaxNewTokens = "200",
-    utility_items: UtilityItems = None,
-    precision: Precision = None,
     preset: Annotated[str, typer.Option(help="The preset the model was made with (its memorisation thresholds and default precision).")] = "model_dir",
     device: Device = "auto",
-    threads: Threads = None,
+    settings: dict | None = None,
 ) -> None:
     """Evaluate a model with the TOFU metric suite (reference definitions and log format); with a retain
     model, the memorisation check of the model too."""
-    _threads(threads)
+    given = TofuConfig(**(settings or {}))
+    _threads(given.threads)
     model = _model_dir(model, "--model")
     groups = _metrics(metrics)
-    max_new_tokens = _max_new_tokens(max_new_tokens)
-    utility_items = _positive(utility_items, "--utility-items")
-    precision = _precision(precision) or default_precision(preset, device)
+    max_new_tokens, utility_items = given.max_new_tokens, given.utility_items
+    precision = given.precision or default_precision(preset, device)
     lean = dict(precision=precision, utility_items=utility_items)
     if retain_model is not None:
         if retain_logs is not None:

@@ -1,5 +1,6 @@
-"""The TOFU recipes' settings as config dataclasses: :class:`RecipeConfig` (what ``tofu`` and ``ctofu`` share: the
-method(s), their knobs, the sweep, the audit, the machine) and :class:`TofuConfig` (TOFU's data, evaluation and
+"""The TOFU recipes' settings as config dataclasses: :class:`RecipeConfig` (what ``tofu`` and ``ctofu`` share beside
+every benchmark's settings, :class:`recipes.recipe_config.BenchmarkSettings`: the method, data, models, T3's knobs,
+fine-tuning, evaluation batches, the comparison's budget) and :class:`TofuConfig` (TOFU's data, evaluation and
 model options). ``tofu run|compare`` take one whole (:mod:`recipes.recipe_cli`: options, ``--config FILE.yaml``,
 ``key=value``); every check raises a ``ValueError`` naming the setting.
 """
@@ -18,7 +19,7 @@ from mmunlearn.eval.tofu import check_max_new_tokens
 from mmunlearn.methods import names
 from mmunlearn.taskvec.extract import KINDS
 from mmunlearn.train import TrainConfig
-from recipes.recipe_config import ConfigError
+from recipes.recipe_config import BenchmarkSettings, ConfigError
 from recipes.tofu.pipeline import parse_metrics
 from recipes.tofu.settings import audit_options, knobs_for
 
@@ -40,46 +41,20 @@ def _positive(cfg: Any, *keys: str) -> None:
 
 
 @dataclass(frozen=True)
-class RecipeConfig:
-    """Settings the TOFU and cTOFU recipes share."""
+class RecipeConfig(BenchmarkSettings):
+    """Settings the TOFU and cTOFU recipes share (beside every benchmark's, :class:`BenchmarkSettings`)."""
 
-    out: Path | None = opt(None, "Output directory (run: the method's model/, run.json and evaluation; compare: the "
-                                 "tables and one folder per method).")
     method: str | None = opt(None, "A method of `mmunlearn methods` (qr-erase, svd-unlearn, grad_diff, t3, rmu, ...).")
-    methods: tuple[str, ...] = opt(("all",), "Comma-separated methods, or 'all'.")
     data: str = opt("synthetic", "TOFU folder of JSON splits, a hub id, or 'synthetic[:n_authors=40,...]' (built in).")
     preset: str = opt("micro", "Model preset: micro (tests), mini (CPU demo), or a model directory to fine-tune.")
     authors: int | None = opt(None, "Keep N authors: the first retain authors plus forget authors in proportion.")
     base: str = opt("target", "Task-vector reference for erasure methods: target, base (the preset's pretrained "
                               "base) or a model directory.")
-    sweep: bool = opt(False, "Pick each method's rank/scale (erasure), temperature (T3) and epochs (baselines) on "
-                             "the training partitions.")
     retain_bound: float = opt(0.1, "Sweep rule: largest allowed rise of the retain NLL (nats).")
     max_new_tokens: int | str = opt(200, "Greedy generation length for ROUGE: a number (the reference uses 200) or "
                                          "'auto' (lean: per batch, its longest gold answer in tokens + 16).")
-    rank: int | None = opt(None, "Erasure: forget rank k (every method with a 'rank' setting).")
-    scale: float | None = opt(None, "Erasure: W' = W - scale * T~.")
-    extract: str | None = opt(None, "Erasure task vectors: finetune, lora, gradient or layerwise (default: the "
-                                    "method's).")
-    extract_steps: int | None = opt(None, "Erasure: optimizer steps of the task-vector extraction (finetune, lora).")
     temperature: float | None = opt(None, "T3 temperature T >= 1.")
     t3_rank: int | None = opt(None, "T3 head rank h.")
-    lr: float | None = opt(None, "Baselines and RMU: learning rate.")
-    epochs: int | None = opt(None, "Baselines and RMU: epochs over the forget set.")
-    method_options: dict[str, dict[str, Any]] = opt(
-        help="Per method, settings of its config: {rmu: {steering: 8, layer: 2}} (over the knobs above).",
-        factory=dict)
-    resume: bool = opt(True, "Reuse a method's finished stage (same method, options, rule and models: its run.json "
-                             "key) instead of redoing it.")
-    audit: bool = opt(False, "Also run the robustness audits (paraphrase, 8/4-bit quantisation, relearning, probe) "
-                             "on every method's model: <out>/AUDIT.json and AUDIT.md, <out>/<method>/AUDIT.json.")
-    audit_relearn_steps: int | None = opt(None, "--audit: relearning optimizer steps (default 20).")
-    audit_relearn_lr: float | None = opt(None, "--audit: relearning learning rate (default: 1e-3 for micro/mini, "
-                                               "1e-5 for a model directory).")
-    audit_relearn_on: str | None = opt(None, "--audit: relearn on part of the forget set ('forget', default) or on "
-                                             "retain data only ('retain', stricter).")
-    audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase, quantise, relearn, "
-                                          "probe; default all).")
     ft_epochs: int | None = opt(None, "Fine-tuning of the built target and retain models: epochs (default: the "
                                       "preset's).")
     ft_lr: float | None = opt(None, "Fine-tuning of the built target and retain models: learning rate.")
@@ -110,11 +85,6 @@ class RecipeConfig:
     rehearse: bool = opt(False, "compare: rehearse this config on the CPU at the smallest size through the same code "
                                 "(preset micro, a few training steps, the same data folder and methods; output in "
                                 "OUT_rehearsal): it fails where the full run would, in minutes.")
-    seed: int = opt(0, "Seed of data order and initialisation.")
-    device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
-    cache_dir: Path | None = opt(None, "Where built models are cached (default ~/.cache/mmunlearn).")
-    threads: int | None = opt(None, "torch CPU threads (default without CUDA: 1, measured 1.6-6.5x faster in wall "
-                                    "time than 2 on this project's shared 2-core CPU; with CUDA: torch's choice).")
 
     def __post_init__(self) -> None:
         try:
@@ -213,11 +183,6 @@ class TofuConfig(RecipeConfig):
         except ValueError as e:
             raise ConfigError(str(e), "metrics") from None
         _positive(self, "utility_items", "rule_retain_items", "jobs")
-
-    def evaluation(self) -> dict[str, Any]:
-        """The evaluation-cost settings as :func:`recipes.tofu.pipeline.prepare` takes them."""
-        return {"precision": self.precision, "utility_items": self.utility_items,
-                "rule_retain_items": self.rule_retain_items}
 
 
 def train_overrides(prefix: str = "ft_", **values: Any) -> dict[str, Any]:

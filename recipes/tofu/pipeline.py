@@ -10,7 +10,7 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.audit import AUDIT_JSON, audit_text, write_audit
@@ -26,6 +26,9 @@ from mmunlearn.presets.cache import EVALS_DIR, default_cache_dir, read_log
 
 from recipes.tofu.report import COLUMNS
 from recipes.tofu.settings import default_precision, memorisation, memorisation_warning
+
+if TYPE_CHECKING:  # the config imports this module (parse_metrics)
+    from recipes.tofu.config import TofuConfig
 
 log = logging.getLogger(__name__)
 
@@ -194,31 +197,32 @@ def base_forget_nll(built: Any, forget: list, precision: str = "no", device: str
     return float(base.answer_nll(forget, batch_size=batch_size).mean())
 
 
-def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
-            device: str, max_new_tokens: int, *, overrides: Mapping[str, Any] | None = None,
-            target: Path | None = None, retain: Path | None = None, metrics: Collection[str] | None = None,
-            precision: str | None = None, utility_items: int | None = None, rule_retain_items: int | None = None,
-            build: Mapping[str, Any] | None = None, score_batch: int = 16, gen_batch: int | None = None) -> TofuSetup:
+def prepare(cfg: TofuConfig) -> TofuSetup:
     """Build (or reuse) base/target/retain models, evaluate target and retain, check that the target
-    memorised the forget answers (a warning is logged when not; the CLI prints it).
+    memorised the forget answers (a warning is logged when not; the CLI prints it), for the run ``cfg`` says.
 
-    ``overrides``: fine-tuning options of the built target and retain models (TrainConfig fields and
-    ``max_steps``: :func:`mmunlearn.presets.build.build_models`). ``target`` / ``retain``: model folders
-    to use instead of building those models (their evaluations go to ``<folder>/evals``); with a given
-    target the base is the one its ``train_log.json`` names (:func:`target_base`; None when it names
-    none). ``metrics``: the groups methods are evaluated with (None: all); the reference models get
-    them plus ``forget`` (:func:`reference_metrics`). ``precision``: scoring and generation precision
-    (``no`` or ``bf16``; None: the preset's, :func:`recipes.tofu.settings.default_precision`);
-    ``utility_items``: real-authors / world-facts items evaluated (None: all); ``rule_retain_items``: the
-    sweep rule scores this many retain rows, spread evenly over the retain partition (None: all). ``build``: more
-    build options (``pretrain_overrides``, ``checkpoint_every``, ``parallel``: :func:`_build`); ``score_batch`` /
-    ``gen_batch``: the evaluation's batches."""
+    Read from ``cfg``: the world (``preset``, ``data``, ``forget_split``, ``authors``, ``seed``), where models are
+    cached and run (``cache_dir``, ``device``), how the built target and retain models are trained
+    (:meth:`~recipes.tofu.config.RecipeConfig.build_options`: the ``ft_*`` overrides, the base's pretraining, the
+    checkpoints, ``parallel_builds``); ``target`` / ``retain_model``: model folders to use instead of building those
+    models (their evaluations go to ``<folder>/evals``; with a given target the base is the one its
+    ``train_log.json`` names, :func:`target_base`, None when it names none); ``metrics``: the groups methods are
+    evaluated with (None: all; the reference models get them plus ``forget``, :func:`reference_metrics`);
+    ``precision`` (None: the preset's, :func:`recipes.tofu.settings.default_precision`), ``utility_items``,
+    ``max_new_tokens``, ``score_batch`` / ``gen_batch``: the evaluation; ``rule_retain_items``: the sweep rule scores
+    this many retain rows, spread evenly over the retain partition (None: all)."""
+    preset, data, forget_split, authors = cfg.preset, cfg.data, cfg.forget_split, cfg.authors
+    cache_dir, device, max_new_tokens = cfg.cache_dir, cfg.device, cfg.max_new_tokens
+    build = cfg.build_options()
+    overrides = build.pop("overrides")
+    metrics = parse_metrics(cfg.metrics)
+    precision, utility_items, score_batch, gen_batch = cfg.precision, cfg.utility_items, cfg.score_batch, cfg.gen_batch
+    target, retain = cfg.target, cfg.retain_model
     precision = default_precision(preset, device) if precision is None else precision
     given = {"target": None if target is None else check_model_dir(target, "target"),
              "retain": None if retain is None else check_model_dir(retain, "retain model")}
-    metrics = None if metrics is None else tuple(metrics)
     roles = [r for r, path in given.items() if path is None]
-    built = _build(preset, data, forget_split, authors, seed, cache_dir, device, overrides, roles, build or {}) \
+    built = _build(preset, data, forget_split, authors, cfg.seed, cache_dir, device, overrides, roles, build) \
         if roles else None
     models = {r: path if path is not None else getattr(built, r) for r, path in given.items()}
     base = built.base if given["target"] is None else target_base(models["target"])
@@ -251,7 +255,7 @@ def prepare(preset: str, data: str, forget_split: str, authors: int | None, seed
     retain_items = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
     return TofuSetup(preset, data, forget_split, authors, max_new_tokens, setup, retain_logs, target_logs,
                      Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain_items, metrics, check,
-                     precision, utility_items, _spread(retain_items, rule_retain_items), score_batch, gen_batch,
+                     precision, utility_items, _spread(retain_items, cfg.rule_retain_items), score_batch, gen_batch,
                      device)
 
 

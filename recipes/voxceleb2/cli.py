@@ -31,6 +31,7 @@ from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare_command
 from mmunlearn.adapters.base import resolve_device
 from mmunlearn.audit import write_audit
+from mmunlearn.config.command import mount, settings_command
 from mmunlearn.audit.folder import audit_speaker_models
 from mmunlearn.errors import set_threads
 from recipes.voxceleb2 import pipeline as pipe
@@ -44,8 +45,8 @@ from recipes.voxceleb2.config import DEFAULT_WORKDIR, VoxCelebConfig
 app = typer.Typer(help="VoxCeleb2: speaker- and sample-level forgetting for a speaker classifier (ECAPA-TDNN) or a "
                        "speech LLM (--model speech-llm).",
                   no_args_is_help=True)
-app.command("prepare")(prepare_command)
-app.command("prepare-corpus")(prepare_corpus_command)
+mount(app, "prepare", prepare_command)
+mount(app, "prepare-corpus", prepare_corpus_command)
 app.command("subset")(subset_command)
 console = Console()
 
@@ -54,22 +55,15 @@ def _help(key: str) -> str:
     return help_of(VoxCelebConfig, key)
 
 
-# ``train`` and ``synth`` take single options; their help is the config field's (declared once).
+# ``train`` and ``synth`` options; their help is the config field's (declared once; train's settings too).
 Manifests = Annotated[Optional[Path], typer.Option(help=_help("manifests"))]
 Workdir = Annotated[Path, typer.Option(help=_help("workdir"))]
 Speakers = Annotated[int, typer.Option(min=2, help=_help("speakers"))]
 Utterances = Annotated[int, typer.Option(min=2, help=_help("utterances"))]
 Videos = Annotated[int, typer.Option(min=2, help=_help("videos"))]
-ForgetSpeakers = Annotated[int, typer.Option(min=1, help=_help("forget_speakers"))]
-ForgetFraction = Annotated[float, typer.Option(min=0.0, max=0.5, help=_help("forget_fraction"))]
 Preset = Annotated[str, typer.Option(help=_help("preset"))]
-TrainEpochs = Annotated[Optional[int], typer.Option(help=_help("train_epochs"))]
-TrainLr = Annotated[Optional[float], typer.Option(help=_help("train_lr"))]
-Crop = Annotated[float, typer.Option(min=0.0, help=_help("crop_seconds"))]
 Seed = Annotated[int, typer.Option(help=_help("seed"))]
 Device = Annotated[str, typer.Option(help=_help("device"))]
-Threads = Annotated[Optional[int], typer.Option(min=1, help=_help("threads"))]
-CacheDir = Annotated[Optional[Path], typer.Option(help=_help("cache_dir"))]
 
 
 def _setup(device: str, threads: int | None) -> str:
@@ -115,68 +109,50 @@ def synth(
                   f"{time.perf_counter() - start:.0f} s)\nnext: mmunlearn voxceleb2 prepare --root {root} --out <manifests>")
 
 
-@app.command()
+#: `train`'s settings (KEY=VALUE, --key VALUE or --config; fields of VoxCelebConfig, help declared there)
+TRAIN_SETTINGS = ("speakers", "utterances", "videos", "forget_speakers", "forget_fraction", "train_epochs", "train_lr",
+                  "crop_seconds", "seed", "threads", "cache_dir")
+
+
+@settings_command(app, VoxCelebConfig, TRAIN_SETTINGS, name="train")
 def train(
     manifests: Manifests = None,
     retain_only: Annotated[bool, typer.Option(help="Train the retrained reference: without the forget speakers (--level speaker) or the forgotten utterances (--level sample).")] = False,
     level: Annotated[str, typer.Option(help="With --retain-only: speaker or sample; also the level the model is evaluated on.")] = "speaker",
     out: Annotated[Optional[Path], typer.Option(help="Also copy the trained model here (SpeechBrain EncoderClassifier layout; save_pretrained with --model hf-audio).")] = None,
     workdir: Workdir = DEFAULT_WORKDIR,
-    speakers: Speakers = 20,
-    utterances: Utterances = 30,
-    videos: Videos = 3,
-    forget_speakers: ForgetSpeakers = 2,
-    forget_fraction: ForgetFraction = 0.1,
     preset: Preset = "small",
-    train_epochs: TrainEpochs = None,
-    train_lr: TrainLr = None,
-    crop_seconds: Crop = 2.0,
-    seed: Seed = 0,
     device: Device = "auto",
-    threads: Threads = None,
-    cache_dir: CacheDir = None,
     model: Annotated[str, typer.Option(help="classifier (ECAPA-TDNN), hf-audio (wav2vec2-style Hugging Face audio classifier built from a local config) or any installed classifier kind with a trainer.")] = "classifier",
+    settings: dict | None = None,
 ) -> None:
     """Train the speaker classifier on retain + forget (or the retrained reference), cached by its options; evaluate it."""
     if level not in pipe.PARTITIONS:
         raise typer.BadParameter(f"--level must be speaker or sample, got {level!r}")
-    device = _setup(device, threads)
-    data = _manifests(manifests, workdir, speakers, utterances, videos, forget_speakers, forget_fraction, seed)
+    given = VoxCelebConfig(**(settings or {}))
+    device = _setup(device, given.threads)
+    data = _manifests(manifests, workdir, given.speakers, given.utterances, given.videos, given.forget_speakers,
+                      given.forget_fraction, given.seed)
     name = pipe.RETRAIN_NAME[level] if retain_only else "original"
-    path = pipe.trained_model(data, _spec(name, preset, train_epochs, train_lr, crop_seconds, seed, model),
-                              cache_dir or workdir, device=device)
-    metrics = pipe.cached_eval(path, data, level, pipe.EvalOptions(seed=seed), device)
+    spec = _spec(name, preset, given.train_epochs, given.train_lr, given.crop_seconds, given.seed, model)
+    path = pipe.trained_model(data, spec, given.cache_dir or workdir, device=device)
+    metrics = pipe.cached_eval(path, data, level, pipe.EvalOptions(seed=given.seed), device)
     if out is not None:
         pipe.load_classifier(path, "cpu").save(out, overwrite=True)
     console.print(f"{name} model in [bold]{out or path}[/bold]")
     console.print(report.markdown([{"method": name, **metrics}], level))
 
 
-def speech_llm_arguments(cfg: VoxCelebConfig, device: str) -> dict:
-    """The keywords of :func:`recipes.voxceleb2.speech_llm.run_level` for ``cfg``: every setting the speech-LLM path
-    takes (the config refuses the others, :data:`recipes.voxceleb2.config.CLASSIFIER_ONLY`)."""
-    return dict(manifests=str(cfg.manifests) if cfg.manifests else None,
-                corpus=str(cfg.workdir / "speech_llm_corpus"),
-                corpus_options=dict(speakers=cfg.speakers, utterances=cfg.utterances, videos=cfg.videos,
-                                    forget_speakers=cfg.forget_speakers, forget_fraction=cfg.forget_fraction),
-                model=cfg.llm, out=str(cfg.out or cfg.workdir / "speech_llm"), methods=cfg.chosen(), where=cfg.where,
-                target=cfg.keep_task, reference=cfg.reference, retrained=cfg.retrained, sweep=cfg.sweep,
-                retain_bound=cfg.resolved_retain_bound(), options=cfg.knobs(), method_options=cfg.method_options,
-                seed=cfg.seed, device=device, cache_dir=str(cfg.cache_dir) if cfg.cache_dir else None,
-                resume=cfg.resume)
-
-
 def _unlearn_speech_llm(level: str, cfg: VoxCelebConfig) -> None:
     """The ``--model speech-llm`` path: corpus (unless --manifests), models, every method, one table."""
     device = _setup(cfg.device, cfg.threads)
     start = time.perf_counter()
-    arguments = speech_llm_arguments(cfg, device)
     try:
-        rows = speech_llm.run_level(level, **arguments)
+        rows = speech_llm.run_level(level, cfg, device)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     console.print(speech_llm.table_markdown(rows, level))
-    out = Path(arguments["out"]) / level
+    out = speech_llm.level_out(cfg) / level
     console.print(f"wrote {out}/results.md, results.json, one folder per method (model/, run.json) and the "
                   f"energy plots in {time.perf_counter() - start:.0f} s")
     _missed(report.missed_targets(rows), cfg.strict)

@@ -1,5 +1,6 @@
-"""The VoxCeleb2 recipe's settings as one config dataclass in three layers: :class:`SpeakerBenchmarkSettings` (what
-every run shares: data, the methods and their knobs, the sweep rule, evaluation, the audit, the machine),
+"""The VoxCeleb2 recipe's settings as one config dataclass in three layers over every benchmark's
+(:class:`recipes.recipe_config.BenchmarkSettings`): :class:`SpeakerBenchmarkSettings` (what every run shares: data,
+the sweep rule, evaluation, the model kind),
 :class:`ClassifierSettings` (the classifier models' size, training and erasure scope) and
 :class:`SpeechLLMSettings` (the ``--model speech-llm`` options); :class:`VoxCelebConfig` is the whole config of
 ``voxceleb2 speaker|sample``, checked together. The commands take one whole (:mod:`recipes.recipe_cli`: options,
@@ -22,7 +23,7 @@ from mmunlearn.methods import get, names
 from mmunlearn.taskvec.extract import KINDS as EXTRACT_KINDS
 from mmunlearn.api.rules import NLL_RETAIN_BOUND
 from recipes.voxceleb2 import settings
-from recipes.recipe_config import ConfigError
+from recipes.recipe_config import BenchmarkSettings, ConfigError, with_default
 from recipes.voxceleb2.speech_llm import DEFAULT_METHODS
 
 WHERE = ("audio", "text", "both")
@@ -43,14 +44,11 @@ DEFAULT_WORKDIR = Path("runs/voxceleb2")
 
 
 @dataclass(frozen=True)
-class SpeakerBenchmarkSettings:
-    """Settings every speaker-forgetting run shares: output, methods, data, the sweep rule, the methods' knobs,
-    evaluation, the audit and the machine."""
+class SpeakerBenchmarkSettings(BenchmarkSettings):
+    """Settings every speaker-forgetting run shares beside every benchmark's (:class:`BenchmarkSettings`): data, the
+    sweep rule, erasure's retain side, evaluation and the model kind."""
 
-    out: Path | None = opt(None, "Output folder: <level>.md/.csv/.json, <level>_accuracy.png, one folder per method "
-                                 "(default: --workdir/<level>).")
-    methods: tuple[str, ...] = opt(("qr-erase",), "Comma list of qr-erase, qr-erase-rows, svd-unlearn, grad_ascent, "
-                                                  "grad_diff, kl, npo, simnpo; or 'all'.")
+    methods: tuple[str, ...] = with_default(BenchmarkSettings, "methods", ("qr-erase",))
     manifests: Path | None = opt(None, "Manifest folder written by `prepare`; default: the built-in corpus under "
                                        "--workdir (synthesised and prepared on first use).")
     workdir: Path = opt(DEFAULT_WORKDIR, "Built-in corpus (corpus/), its manifests (manifests/), trained models "
@@ -62,10 +60,7 @@ class SpeakerBenchmarkSettings:
     forget_speakers: int = opt(2, "Built-in corpus: speakers to forget (speaker level), drawn by --seed.")
     forget_fraction: float = opt(0.1, "Built-in corpus: fraction (0 to 0.5) of each kept speaker's training "
                                       "utterances to forget (sample level); as many become the never-trained holdout.")
-    sweep: bool = opt(True, "Choose erasure rank/scale/scope and baseline epochs by the training-partition rule (see "
-                            "recipes/voxceleb2/settings.py; the speech LLM: the forget answers' NLL up to the "
-                            "retrained model's, the retain NLL up by <= retain_bound); on by default, since the presets "
-                            "alone do not forget (--no-sweep: the presets as they are, e.g. to time one setting).")
+    sweep: bool = with_default(BenchmarkSettings, "sweep", True)  # the presets alone do not forget
     strict: bool = opt(False, "With --sweep: exit with status 1 when a method's sweep did not meet its rule (the "
                               "tables are written first).")
     retain_bound: float | None = opt(None, "Sweep rule: largest allowed rise of the retain set's mean NLL (nats; "
@@ -73,25 +68,11 @@ class SpeakerBenchmarkSettings:
                                            f"{NLL_RETAIN_BOUND:g} on a speech LLM).")
     forget_acc: float | None = opt(None, "Sweep rule, speaker level: accuracy (0 to 0.99) on the forget speakers' "
                                          "training utterances to reach (default: chance, 1/classes).")
-    rank: int | None = opt(None, "Erasure: forget rank k per matrix (with --sweep: the only rank tried).")
     retain_rank: int | None = opt(None, "Erasure: retain rank per matrix (capped at each matrix's size).")
-    scale: float | None = opt(None, "Erasure: W' = W - scale * T~ (ignored with --sweep).")
-    extract: str | None = opt(None, "Erasure task vectors: finetune or gradient (LoRA cannot wrap the cosine "
-                                    "classifier); on a speech LLM also layerwise, or lora with where=text.")
-    extract_steps: int | None = opt(None, "Erasure: fine-tuning steps per task vector.")
     extract_lr: float | None = opt(None, "Erasure: task-vector learning rate (gradient: step size).")
-    lr: float | None = opt(None, "Baselines: learning rate.")
-    epochs: int | None = opt(None, "Baselines: epochs over the forget set (with --sweep: the most).")
-    method_options: dict[str, dict[str, Any]] = opt(
-        help="Per method, settings of its config: {grad_ascent: {lr: 0.001}} (over the knobs above).", factory=dict)
     segment_seconds: float | None = opt(None, "Evaluation: average logits/embeddings over windows of this many "
                                               "seconds (default: whole utterances).")
     max_trials: int = opt(20000, "Evaluation: at most this many verification trials, drawn by --seed (0: all pairs).")
-    seed: int = opt(0, "Seed of the corpus, the splits, model initialisation, crops and unlearning.")
-    device: str = opt("auto", "auto (CUDA when present), cpu or cuda.")
-    threads: int | None = opt(None, "torch CPU threads (default on CPU: 1, which is several times faster than 2 for "
-                                    "ECAPA's small convolutions on a busy 2-core machine; on CUDA: torch's choice).")
-    cache_dir: Path | None = opt(None, "Where trained classifiers are cached (default: --workdir).")
     model: str = opt("classifier", "The model kind: classifier (ECAPA-TDNN speaker classifier), hf-audio (a small "
                                    "wav2vec2-style transformers AutoModelForAudioClassification built from a local "
                                    "config, never downloaded; --preset sizes it; --scope as for ECAPA; each method's "
@@ -100,19 +81,6 @@ class SpeakerBenchmarkSettings:
                                    "--workdir/hf-audio/<level>), speech-llm (Qwen-Omni-style model answering 'who is "
                                    "speaking?'; adds t3 and rmu to the methods), or any installed classifier kind "
                                    "whose adapter names a trainer (mmunlearn.kinds.Kind.trainer).")
-    resume: bool = opt(True, "Reuse a method's finished stage (same method, options, rule, scopes and models: its "
-                             "run.json key) instead of redoing it; --no-resume redoes it.")
-    audit: bool = opt(False, "Also run the robustness audits (held-out recordings, 8/4-bit quantisation, relearning, "
-                             "nearest-centroid probe) on every method's classifier: <out>/AUDIT.json and AUDIT.md "
-                             "beside the tables, and <out>/<method>/AUDIT.json.")
-    audit_relearn_steps: int | None = opt(None, "--audit: relearning optimizer steps (default "
-                                                f"{settings.AUDIT_RELEARN['relearn_steps']}).")
-    audit_relearn_lr: float | None = opt(None, "--audit: relearning learning rate (default "
-                                               f"{settings.AUDIT_RELEARN['relearn_lr']:g}).")
-    audit_relearn_on: str | None = opt(None, "--audit: relearn on part of the forget speakers' (utterances') training "
-                                             "audio ('forget', default) or on retain data only ('retain', stricter).")
-    audit_attacks: str | None = opt(None, "--audit: attacks to run, comma-separated (paraphrase = held-out "
-                                          "recordings, quantise, relearn, probe; default all).")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
@@ -56,6 +56,8 @@ from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_n
                                         texts_of, train_speech_llm, warm_up_audio_tower)
 from mmunlearn.train import TrainConfig
 from mmunlearn.api.rules import NLL_RETAIN_BOUND, nll_rule
+if TYPE_CHECKING:  # the config imports this module (DEFAULT_METHODS)
+    from recipes.voxceleb2.config import VoxCelebConfig
 from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
 
 #: Every method that applies to a speech LLM, in registry order.
@@ -327,29 +329,33 @@ def _rule(original: Any, forget: Sequence[Any], retrained: Any | None, retain_bo
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def run_level(level: str, *, manifests: str | None = None, corpus: str = "speech_llm_corpus",
-              model: str = "mini", out: str = "results/voxceleb2-speech-llm", methods: Sequence[str] = DEFAULT_METHODS,
-              where: str = "both", target: str = "gender", retrain: bool = True, reference: str | None = None,
-              retrained: str | None = None, sweep: bool = False, retain_bound: float = NLL_RETAIN_BOUND,
-              options: Mapping[str, Any] | None = None,
-              method_options: Mapping[str, Mapping[str, Any]] | None = None, seed: int = 0, device: str = "auto",
-              cache_dir: str | None = None, resume: bool = False, corpus_options: Mapping[str, Any] | None = None,
+def run_level(level: str, cfg: VoxCelebConfig, device: str, *, retrain: bool = True,
               progress: bool = True) -> list[dict]:
-    """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does: corpus (unless ``manifests``; ``corpus_options``:
-    :func:`make_corpus`'s sizes), models (a preset's base, target and retrain, trained and cached; or a directory,
-    with ``reference`` the model it was fine-tuned from and ``retrained`` the model trained without the forgotten
-    data, if any), every method (``options``, ``method_options``, ``sweep``, ``retain_bound``, ``resume``:
-    :func:`run`'s), the table in ``out/<level>``."""
-    man = Path(manifests) if manifests else make_corpus(corpus, seed=seed, progress=progress,
-                                                        **dict(corpus_options or {}))
-    is_dir = Path(model).is_dir()
-    opts = dict(preset=model, level=level, target=target, seed=seed, device=device, cache_dir=cache_dir,
-                progress=progress)
+    """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does for the config ``cfg`` (``device`` resolved):
+    the corpus (``manifests``, or the built-in one in ``workdir/speech_llm_corpus`` sized by the corpus settings,
+    :func:`make_corpus`), the models (``llm``: a preset's base, target and retrain, trained and cached in
+    ``cache_dir``; or a directory, with ``reference`` the model it was fine-tuned from and ``retrained`` the model
+    trained without the forgotten data, if any), every chosen method (the knobs, ``method_options``, ``sweep``, the
+    retain bound, ``resume``: :func:`run`'s; ``where``, ``keep_task``), the table in :func:`level_out`. The config
+    refuses the settings this path has no use for (:data:`recipes.voxceleb2.config.CLASSIFIER_ONLY`)."""
+    corpus = dict(speakers=cfg.speakers, utterances=cfg.utterances, videos=cfg.videos,
+                  forget_speakers=cfg.forget_speakers, forget_fraction=cfg.forget_fraction)
+    man = Path(cfg.manifests) if cfg.manifests else make_corpus(str(cfg.workdir / "speech_llm_corpus"),
+                                                                seed=cfg.seed, progress=progress, **corpus)
+    model, is_dir = cfg.llm, Path(cfg.llm).is_dir()
+    opts = dict(preset=model, level=level, target=cfg.keep_task, seed=cfg.seed, device=device,
+                cache_dir=str(cfg.cache_dir) if cfg.cache_dir else None, progress=progress)
     model_dir = Path(model) if is_dir else build_model(man, role="target", **opts)
-    reference_dir = Path(reference) if reference else None if is_dir else build_model(man, role="base", **opts)
-    retrain_dir = (Path(retrained) if retrained else build_model(man, role="retrain", **opts) if retrain and not is_dir
-                   else None)
-    return run(man, model_dir, Path(out) / level, level=level, methods=methods, where=where, target=target,
-               size=KIND.size_for("model_dir" if is_dir else model), options=options,
-               method_options=method_options, retrain_dir=retrain_dir, reference_dir=reference_dir, sweep=sweep,
-               retain_bound=retain_bound, resume=resume, device=device, progress=progress)
+    reference_dir = Path(cfg.reference) if cfg.reference else None if is_dir else build_model(man, role="base", **opts)
+    retrain_dir = (Path(cfg.retrained) if cfg.retrained else build_model(man, role="retrain", **opts)
+                   if retrain and not is_dir else None)
+    return run(man, model_dir, level_out(cfg) / level, level=level, methods=cfg.chosen(), where=cfg.where,
+               target=cfg.keep_task, size=KIND.size_for("model_dir" if is_dir else model), options=cfg.knobs(),
+               method_options=cfg.method_options, retrain_dir=retrain_dir, reference_dir=reference_dir,
+               sweep=cfg.sweep, retain_bound=cfg.resolved_retain_bound(), resume=cfg.resume, device=device,
+               progress=progress)
+
+
+def level_out(cfg: VoxCelebConfig) -> Path:
+    """The folder the speech-LLM levels' tables go in (``<it>/<level>``): ``out``, else ``workdir/speech_llm``."""
+    return Path(cfg.out) if cfg.out else cfg.workdir / "speech_llm"

@@ -26,17 +26,23 @@ import pytest
 from recipes.recipe_cli import CONFIG_COMMANDS, ConfigCommand
 from recipes.recipe_config import ConfigError, build_config, field_types
 
-for _entry in entry_points(group="mmunlearn.recipes"):  # the recipes register their commands as their apps are read
-    _entry.load()
+for _group in ("mmunlearn.recipes", "mmunlearn.bench"):  # the recipes register their commands as they are read
+    for _entry in entry_points(group=_group):
+        _entry.load()
 #: The recipes' config commands (not those other tests make, which register too).
 COMMANDS = [c for c in CONFIG_COMMANDS if c.body.__module__.startswith("recipes.")]
 
 #: A command whose body branches on a setting: one variant per branch, each with the settings that choose it and
-#: the functions of the other branches (not followed). The variants of voxceleb2 are its two model paths.
+#: the functions of the other branches (not followed). The variants of voxceleb2 are its two model paths, those of
+#: ``bench requests`` its two datasets.
 VARIANTS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "VoxCelebConfig": {
         "classifier": ((), ("recipes.voxceleb2.cli._unlearn_speech_llm",)),
         "speech-llm": (("model=speech-llm",), ("recipes.voxceleb2.cli._unlearn",)),
+    },
+    "RequestsConfig": {
+        "speaker": ((), ("recipes.requests.cli._tofu",)),
+        "tofu": (("dataset=tofu",), ("recipes.requests.cli._speaker",)),
     },
 }
 #: Values other than the default for fields whose type alone does not say what is valid.
@@ -47,7 +53,7 @@ SAMPLES: dict[str, Any] = {
     "metrics": "forget", "precision": "bf16", "langs": "en,fr", "forget_lang": "en,fr", "eval_langs": "en",
     "retain_langs": "all", "train_text": "files", "llm": "tiny", "where": "audio", "keep_task": "transcript",
     "reference": "runs/reference", "retrained": "runs/retrained", "layer_rule": "top", "scope": "head",
-    "sweep_ranks": (1, 3), "method_options": {"grad_ascent": {"lr": 0.5}}, "model": "hf-audio",
+    "sweep_ranks": (1, 3), "method_options": {"grad_ascent": {"lr": 0.5}}, "model": "hf-audio", "dataset": "tofu",
 }
 
 
@@ -154,7 +160,7 @@ def _case_id(case: tuple[ConfigCommand, str]) -> str:
 def test_every_recipe_config_is_walked():
     """Each recipe's commands are here, and every config dataclass of ``recipes/`` is the config of a command or a
     layer of one."""
-    assert {_case_id((c, "")).split("-")[0] for c in COMMANDS} >= {"tofu", "ctofu", "voxceleb2"}
+    assert {_case_id((c, "")).split("-")[0] for c in COMMANDS} >= {"tofu", "ctofu", "voxceleb2", "requests"}
     used = {k for c in COMMANDS for k in c.cls.__mro__}
     root = Path(__file__).resolve().parents[3] / "recipes"
     for path in sorted([*root.glob("*/config.py"), *root.glob("*_config.py")]):
@@ -224,9 +230,9 @@ def test_a_setting_that_nothing_reads_fails_the_walk():
     speaker = next(c for c in COMMANDS if c.cls is VoxCelebConfig and c.name == "speaker")
     found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn")})
     assert {"retain_bound", "lr", "epochs", "extract", "resume"} <= found
-    # without the function that maps the config to the speech-LLM run, they would reach nothing there
+    # without the function that runs the speech-LLM level from the config, they would reach nothing there
     found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn"),
-                                                      _resolve("recipes.voxceleb2.cli.speech_llm_arguments")})
+                                                      _resolve("recipes.voxceleb2.speech_llm.run_level")})
     assert not {"retain_bound", "lr", "epochs", "extract", "resume"} & found
 
 

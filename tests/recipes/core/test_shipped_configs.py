@@ -21,6 +21,7 @@ from recipes.ctofu.cli import app as ctofu_app
 from recipes.ctofu.config import CTofuConfig
 from recipes.recipe_cli import config_command
 from recipes.recipe_config import ConfigError, build_config, read_yaml
+from recipes.requests.config import BUILT_IN, RequestsConfig
 from recipes.tofu.cli import app as tofu_app
 from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
 from recipes.voxceleb2.cli import app as voxceleb2_app
@@ -38,15 +39,24 @@ COMMANDS: dict[tuple[str, str], tuple[type, tuple[str, ...], dict[str, Any], str
     ("ctofu", "compare"): (CTofuConfig, COMPARE_EXCLUDES, COMPARE_DEFAULTS, "text"),
     ("voxceleb2", "speaker"): (VoxCelebConfig, (), {}, None),
     ("voxceleb2", "sample"): (VoxCelebConfig, (), {}, None),
+    ("requests", "requests"): (RequestsConfig, (), {}, None),
 }
 APPS = {"tofu": tofu_app, "ctofu": ctofu_app, "voxceleb2": voxceleb2_app}
+#: a benchmark whose command is not ``mmunlearn <benchmark> <command>``: the command its configs' headers name
+PATHS = {"requests": ("bench", "requests")}
 SHIPPED = shipped()
 
 
 def _command(name: str) -> tuple[str, str]:
-    """(benchmark, command) of a shipped config: its folder, and the word after it in its first comment line."""
+    """(benchmark, command) of a shipped config: its folder, and the word after it in its first comment line (for a
+    benchmark of :data:`PATHS`, the line starts with its command's path)."""
     benchmark = name.partition("/")[0]
     words = describe(SHIPPED[name]).replace(":", " ").split()
+    if benchmark in PATHS:
+        if tuple(words[:2]) != PATHS[benchmark]:
+            pytest.fail(f"{name}: the first comment line must start with '{' '.join(PATHS[benchmark])}', got "
+                        f"{describe(SHIPPED[name])!r}")
+        return benchmark, PATHS[benchmark][1]
     if len(words) < 2 or words[0] != benchmark:
         pytest.fail(f"{name}: the first comment line must start with '{benchmark} <command>', got "
                     f"{describe(SHIPPED[name])!r}")
@@ -181,10 +191,12 @@ TINY = {
               "methods=grad_diff", "epochs=1", "sweep=false"],
     "voxceleb2": ["preset=tiny", "methods=grad_diff", "epochs=1", "sweep=false", "scope=all", "train_epochs=2",
                   "audit_attacks=quantise"],
+    "requests": ["preset=tiny", "extract=gradient", "train_epochs=2", "gd_epochs=1", "batch=false", "threads=1"],
 }
 #: the table each command writes in its --out
 TABLE = {("tofu", "compare"): "compare.json", ("ctofu", "compare"): "compare.json",
-         ("voxceleb2", "speaker"): "speaker.json", ("voxceleb2", "sample"): "sample.json"}
+         ("voxceleb2", "speaker"): "speaker.json", ("voxceleb2", "sample"): "sample.json",
+         ("requests", "requests"): "requests.json"}
 
 
 #: the cTOFU run builds its own world's models (40 s here), tofu/smollm2_gpu200 its own fine-tuning's: kept for
@@ -198,7 +210,9 @@ def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_pat
     """Each config as a user runs it (``--config NAME``), its own settings kept, only size, data and work made tiny
     by KEY=VALUE overrides (TOFU on the session's micro world, speakers on the tiny espeak corpus), one method."""
     monkeypatch.chdir(tmp_path)  # a config's relative out/workdir land here, never in the repository
-    benchmark, command = describe(SHIPPED[name]).replace(":", " ").split()[:2]
+    benchmark, command = _command(name)
+    if benchmark == "requests":  # no --out: its tables and work folder are settings; the tiny corpus or its own
+        return _run_requests(name, request, tmp_path)
     overrides = [*TINY[benchmark], f"out={tmp_path / 'out'}", "device=cpu", "threads=1"]
     if benchmark == "tofu":
         overrides.append(f"cache_dir={request.getfixturevalue('tofu_micro').cache_dir}")
@@ -216,4 +230,21 @@ def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_pat
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     rows = json.loads(table.read_text())["rows"]
     assert "grad_diff" in {r["method"] for r in rows}
+    assert not (tmp_path / "runs").exists()
+
+
+def _run_requests(name: str, request, tmp_path: Path) -> None:
+    """``bench requests --config NAME`` on the tiny manifests (a built-in corpus's config with its sizes set back to
+    the defaults, which a prepared corpus takes: the smallest built-in corpus takes minutes to synthesise)."""
+    from mmunlearn.cli import app as root_app
+
+    table = tmp_path / "out" / TABLE[("requests", "requests")]
+    overrides = [*TINY["requests"], f"json={table}", f"markdown={tmp_path / 'out' / 'requests.md'}",
+                 f"workdir={tmp_path / 'work'}", f"manifests={request.getfixturevalue('speaker_manifests')}"]
+    defaults = {f.name: f.default for f in dataclasses.fields(RequestsConfig)}
+    overrides += [f"{key}={defaults[key]}" for key in BUILT_IN if key in read_yaml(SHIPPED[name])]
+    res = CliRunner().invoke(root_app, ["bench", "requests", "--config", name, *overrides])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    rows = json.loads(table.read_text())["rows"]
+    assert {"grad_diff", "qr-erase"} <= {r["method"] for r in rows}
     assert not (tmp_path / "runs").exists()

@@ -35,7 +35,8 @@ def test_a_jobs_settings_are_the_comparisons_with_one_method(tmp_path):
 @pytest.mark.slow
 def test_compare_with_two_jobs_reuses_the_stages_its_processes_finished(tmp_path_factory, tmp_path):
     cache = tmp_path_factory.mktemp("cache")
-    tofu_pipeline.prepare("micro", DATA, "forget10", None, 0, cache, "cpu", max_new_tokens=24)  # models built once
+    tofu_pipeline.prepare(TofuConfig(preset="micro", data=DATA, cache_dir=cache, device="cpu",
+                                     max_new_tokens=24))  # models built once
     res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
                                    "--cache-dir", str(cache), "--max-new-tokens", "24", "--device", "cpu",
                                    "--methods", "t3,grad_ascent", "--jobs", "2", "--threads", "1"])

@@ -117,23 +117,44 @@ def test_an_unknown_key_is_a_usage_error_before_any_work(tmp_path):
     assert not (tmp_path / "w").exists()  # refused before the corpus is built
 
 
-def test_the_speech_llm_path_is_given_every_setting_it_takes():
+def _speech_llm_call(cfg, monkeypatch, tmp_path) -> dict:
+    """What the speech-LLM level run (recipes.voxceleb2.speech_llm.run_level) passes on for ``cfg``: the keywords of
+    its run, the corpus sizes and the models' seed (nothing built or run)."""
+    from recipes.voxceleb2 import speech_llm
+
+    seen: dict = {}
+
+    def corpus(path, seed, progress, **sizes):
+        seen["corpus_options"] = sizes
+        return tmp_path / "manifests"
+
+    def model(manifests, role, **opts):
+        seen["seed"] = opts["seed"]
+        return tmp_path / role
+
+    monkeypatch.setattr(speech_llm, "make_corpus", corpus)
+    monkeypatch.setattr(speech_llm, "build_model", model)
+    monkeypatch.setattr(speech_llm, "run", lambda manifests, model_dir, out, **kw: seen.update(kw) or [])
+    speech_llm.run_level("speaker", cfg, "cpu")
+    return seen
+
+
+def test_the_speech_llm_path_is_given_every_setting_it_takes(monkeypatch, tmp_path):
     """retain_bound, lr, epochs, extract and resume (and the other knobs, the corpus sizes, strict) reach the
-    speech-LLM run's call (recipes.voxceleb2.cli.speech_llm_arguments); the settings it has no use for are refused
+    speech-LLM run's call (recipes.voxceleb2.speech_llm.run_level); the settings it has no use for are refused
     (test_bad_settings_are_errors_naming_the_setting; every setting: tests/recipes/core/test_settings_reach.py)."""
     from mmunlearn.config import applicable_overrides
     from mmunlearn.methods import get
-    from recipes.voxceleb2.cli import speech_llm_arguments
     from recipes.voxceleb2.config import CLASSIFIER_ONLY
 
-    default = speech_llm_arguments(_build(overrides=["model=speech-llm"]), "cpu")
+    default = _speech_llm_call(_build(overrides=["model=speech-llm"]), monkeypatch, tmp_path)
     assert (default["retain_bound"], default["resume"]) == (0.1, True)  # the NLL rule's bound; resume as documented
     assert {k: v for k, v in default["options"].items() if v is not None} == {"seed": 0, "extract_seed": 0}
     cfg = _build(overrides=["model=speech-llm", "where=text", "retain_bound=0.3", "lr=0.002", "epochs=3",
                             "extract=lora", "resume=no", "rank=2", "retain_rank=5", "scale=2", "extract_steps=4", "extract_lr=0.1",
                             "layer_rule=top", "sweep_ranks=1,3", "seed=4", "speakers=6", "utterances=5", "videos=2",
                             "forget_speakers=1", "forget_fraction=0.2"])
-    args = speech_llm_arguments(cfg, "cpu")
+    args = _speech_llm_call(cfg, monkeypatch, tmp_path)
     assert (args["retain_bound"], args["resume"], args["seed"]) == (0.3, False, 4)
     assert args["corpus_options"] == dict(speakers=6, utterances=5, videos=2, forget_speakers=1, forget_fraction=0.2)
     erase = get("qr-erase").config_for("speech-llm", "tiny", **applicable_overrides(get("qr-erase").config,
