@@ -13,7 +13,7 @@ from mmunlearn.methods import SweepRule, UnlearnRequest, get, run_unlearning
 from mmunlearn.methods.request import REQUEST_ONLY
 from mmunlearn.requests import run_request
 from mmunlearn.taskvec.extract import ExtractConfig
-from tests.test_unlearn_text_rule import FORGET, RETAIN, _memorise, _write
+from tests.api.test_unlearn_text_rule import FORGET, RETAIN, _memorise, _write
 from tests.tiny import fast
 
 
