@@ -175,7 +175,8 @@ def _parameters(benchmark: str | None, method_options: bool, settings: bool,
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
               inspect.Parameter("overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                 annotation=Annotated[Optional[list[str]], typer.Argument(
-                                    help=what + "; method_options.METHOD.SETTING=VALUE for a method's own settings.",
+                                    help=what + ("; method_options.METHOD.SETTING=VALUE for a method's own settings."
+                                                 if method_options else "."),
                                     show_default=False)]),
               inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
                                 annotation=Annotated[Optional[Path],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import typing
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -26,13 +27,15 @@ ADDED = ("overrides", "config")
 
 def check_settings(cls: type, given: Mapping[str, Any]) -> None:
     """Build ``cls`` from the ``given`` settings (its other fields at their defaults), so that its checks refuse a
-    bad value before any work: a :class:`ConfigError` (naming the setting when the check does)."""
+    bad value before any work: a :class:`ConfigError` naming the setting (a ValueError's: the given setting its
+    message names as a word)."""
     try:
         cls(**given)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
-        raise ConfigError(str(e), next((k for k in given if k in str(e)), None)) from None
+        named = [k for k in given if re.search(rf"\b{re.escape(k)}\b", str(e))]
+        raise ConfigError(str(e), max(named, key=len) if named else None) from None
 
 
 def settings_command(app: typer.Typer, cls: type, keys: Collection[str], *, name: str | None = None,
