@@ -43,8 +43,9 @@ class T3Config(PresetConfig):
     sweep_temperatures: tuple[float, ...] = opt((1.25, 1.5, 2.0),
                                                 "With a sweep rule: temperatures tried next, at full strength.")
     sweep_pick: str = opt("utility", "With a sweep rule: 'utility' scores every candidate and applies, among those "
-                                     "meeting the rule, the one with the lowest held-out retain NLL (the most "
-                                     "utility kept); 'first' stops at the first candidate meeting it (faster).")
+                                     "meeting the rule, the weakest whose held-out retain NLL is within "
+                                     "sweep_retain_tolerance of the lowest (the most utility kept); 'first' stops "
+                                     "at the first candidate meeting it (faster).")
     sweep_retain_tolerance: float = opt(0.01, "With sweep_pick 'utility': retain NLLs (nats) within this of the "
                                                "lowest count as equal, and the weakest of them is applied.")
     pooling: str = opt("last", "What the head reads: 'last' (the final hidden state of the position being extended, "
