@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 #: Adapter modules that register the built-in kinds (imported on the registry's first use).
-BUILTIN = ("mmunlearn.adapters.speaker.adapter", "mmunlearn.adapters.hf_audio.adapter",
-           "mmunlearn.adapters.speech_llm.adapter", "mmunlearn.adapters.text.adapter")
+BUILTIN = (
+    "mmunlearn.adapters.speaker.adapter",
+    "mmunlearn.adapters.hf_audio.adapter",
+    "mmunlearn.adapters.speech_llm.adapter",
+    "mmunlearn.adapters.text.adapter",
+)
 #: Entry-point group through which another package adds a kind (its module calls :func:`register_kind`).
 ENTRY_POINTS = "mmunlearn.kinds"
 #: What a kind's trainer module defines: ``train(rows, *, speakers, preset, crop_seconds, config, seed, device,
@@ -166,5 +170,14 @@ def read_small_json(path: Path, limit: int = MAX_DETECT_JSON) -> dict[str, Any] 
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["BUILTIN", "ENTRY_POINTS", "Kind", "get_kind", "kind_names", "kind_of", "kinds", "read_small_json",
-           "register_kind"]
+__all__ = [
+    "BUILTIN",
+    "ENTRY_POINTS",
+    "Kind",
+    "get_kind",
+    "kind_names",
+    "kind_of",
+    "kinds",
+    "read_small_json",
+    "register_kind",
+]

@@ -36,8 +36,14 @@ class UtteranceDataset(Dataset):
     every read). The rows are not modified.
     """
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], crop_seconds: float | None = None, seed: int = 0,
-                 cache: AudioCache | bool | None = True, sr: int = DEFAULT_SR):
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        crop_seconds: float | None = None,
+        seed: int = 0,
+        cache: AudioCache | bool | None = True,
+        sr: int = DEFAULT_SR,
+    ):
         if len(rows) == 0:
             raise ValueError("UtteranceDataset: no rows given")
         for i, row in enumerate(rows):

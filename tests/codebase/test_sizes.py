@@ -39,6 +39,8 @@ def test_functions_are_at_most_60_lines_or_say_why():
 def test_the_length_check_counts_decorators_and_reads_the_reason(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(60))
     sample = tmp_path / "sample.py"
-    sample.write_text(f"def short():\n    return 1\n\n\n@staticmethod\ndef too_long():\n{body}\n\n"
-                      f"# long: a table of sixty settings\n@staticmethod\ndef explained():\n{body}")
+    sample.write_text(
+        f"def short():\n    return 1\n\n\n@staticmethod\ndef too_long():\n{body}\n\n"
+        f"# long: a table of sixty settings\n@staticmethod\ndef explained():\n{body}"
+    )
     assert _long_functions(sample, tmp_path) == ["sample.py:6 too_long (61 lines)"]
