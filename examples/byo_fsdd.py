@@ -1,4 +1,5 @@
-"""Bring your own classifier: mmunlearn.unlearn's defaults on two FSDD speaker classifiers, read back by their own tools.
+"""Bring your own classifier: mmunlearn.unlearn's defaults on two FSDD speaker classifiers,
+read back by their own tools.
 
 Read top to bottom; one progress line per stage; re-runnable (a stage whose output exists is reused, and says so):
 

@@ -131,22 +131,24 @@ def script_rows(comp: dict) -> list[dict]:
     others = [lang for lang in langs if lang not in forget_langs]
     latin = [lang for lang in others if SCRIPTS.get(lang) == "Latin"]
     non_latin = [lang for lang in others if SCRIPTS.get(lang) != "Latin"]
+
+    def drop(m: str, group: list[str]) -> float | None:
+        return _mean([_num((cell.get((m, lang)) or {}).get("rouge_rel_drop")) for lang in group])
+
+    def share(d: float | None, own: float | None) -> float | None:
+        return d / own if d is not None and own is not None and own > 0 else None
+
     out = []
     for m in methods:
-
-        def drop(group: list[str]) -> float | None:
-            return _mean([_num((cell.get((m, lang)) or {}).get("rouge_rel_drop")) for lang in group])
-
-        own, lat, non = drop(list(forget_langs)), drop(latin), drop(non_latin)
-        share = lambda d: d / own if d is not None and own is not None and own > 0 else None
+        own, lat, non = drop(m, list(forget_langs)), drop(m, latin), drop(m, non_latin)
         out.append(
             {
                 "method": m,
                 "drop_forget": own,
                 "drop_latin": lat,
                 "drop_non_latin": non,
-                "transfer_latin": share(lat),
-                "transfer_non_latin": share(non),
+                "transfer_latin": share(lat, own),
+                "transfer_non_latin": share(non, own),
                 "latin": ",".join(latin) or "none",
                 "non_latin": ",".join(non_latin) or "none",
             }

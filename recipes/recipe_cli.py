@@ -14,7 +14,7 @@ import inspect
 import typing
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -58,14 +58,14 @@ def _cli_type(tp: Any) -> Any:
         return tp
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if len(args) == 1 and args[0] in _SCALARS and type(None) in typing.get_args(tp):
-        return Optional[args[0]]
-    return Optional[str]
+        return args[0] | None
+    return str | None
 
 
 def _cli_default(value: Any, cli_type: Any) -> Any:
-    if cli_type is Optional[str] and isinstance(value, (tuple, list)):
+    if cli_type == (str | None) and isinstance(value, (tuple, list)):
         return ",".join(map(str, value))
-    if cli_type is Optional[str] and value is not None and not isinstance(value, str):
+    if cli_type == (str | None) and value is not None and not isinstance(value, str):
         return str(value)
     return value
 

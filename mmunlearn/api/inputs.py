@@ -28,7 +28,8 @@ class OverlapError(UserError, ValueError):
 @dataclass
 class Inputs:
     """What a method runs on: ``forget`` (a list of rows, or of forget sets for a batch), ``retain`` (the rows it may
-    train on) and ``held_retain`` (retain rows set aside for the sweep rule's retain measure; empty: score ``retain``)."""
+    train on) and ``held_retain`` (retain rows set aside for the sweep rule's retain measure; empty: score
+    ``retain``)."""
 
     forget: list[Any]
     retain: list[Any]
@@ -75,7 +76,8 @@ def _row_key(kind: Kind):
 def check_disjoint(
     kind: Kind, forget: list[Mapping[str, Any]], retain: list[Mapping[str, Any]], by_speaker: bool
 ) -> None:
-    """Refuse forget rows that are also retain rows, and with ``by_speaker`` forget speakers that are retain speakers."""
+    """Refuse forget rows that are also retain rows,
+    and with ``by_speaker`` forget speakers that are retain speakers."""
     shared = overlap(forget, retain, key=_row_key(kind))
     if shared:
         first = shared[0].get("wav") if kind.takes_audio else shared[0].get("question") or shared[0].get("answer")

@@ -1,4 +1,5 @@
-"""The sweep rule ``mmunlearn.unlearn`` applies by default to each kind, and the check that there is something to forget.
+"""The sweep rule ``mmunlearn.unlearn`` applies by default to each kind,
+and the check that there is something to forget.
 
 * Classifiers (:func:`speaker_rule`): every forgotten speaker's clips predicted as none of the forget speakers on at
   least :data:`SPEAKER_FORGET_TARGET` of them (the level of a model retrained without them), the retain NLL rising by
@@ -60,9 +61,9 @@ def speaker_rule(
 ) -> SweepRule:
     """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
     of the forget utterances predicted as none of the forget speakers, target ``forget_target`` (default
-    :data:`SPEAKER_FORGET_TARGET`; :func:`chance_error_rate` for the looser level the benchmarks record), retain measure the
-    mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the speakers earlier
-    requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
+    :data:`SPEAKER_FORGET_TARGET`; :func:`chance_error_rate` for the looser level the benchmarks record), retain measure
+    the mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the speakers
+    earlier requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
     floor = chance_error_rate(n_classes)
     target = SPEAKER_FORGET_TARGET if forget_target is None else float(forget_target)
     if not floor <= target <= 1.0:
@@ -161,8 +162,9 @@ def check_something_to_forget(
     adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool, reference_given: bool
 ) -> dict[str, Any]:
     """What the model knows of ``forget`` before any edit (for the report); :class:`NothingToForget` when it knows
-    nothing: a classifier whose forget clips are already named as other classes at :func:`chance_error_rate` or more (or at
-    ``rule``'s own target, when that is lower), or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
+    nothing: a classifier whose forget clips are already named as other classes at :func:`chance_error_rate` or more (or
+    at ``rule``'s own target, when that is lower), or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its
+    reference's."""
     rows = isinstance(rule, RowRule)  # a text rule: the mean answer NLL against its rows' mean level
     value = mean_nll(adapter, forget) if rows else rule.forget_measure(adapter, forget)
     target = rule.mean_level if rows else rule.forget_target

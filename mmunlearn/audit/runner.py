@@ -144,7 +144,7 @@ def audit_text(
         for bits in opts.bits:
             tag = f"quantise_{bits}bit"
             q = quantised(weights, bits)
-            models = _quantised_models(memo, target, retain, bits, lambda: rewrap(q) if rewrap else q)
+            models = _quantised_models(memo, target, retain, bits, lambda q=q: rewrap(q) if rewrap else q)
             attacks[tag] = measures.three(tag, forget, models)
             attacks[tag]["format"] = FORMATS[bits]
     if "relearn" in opts.attacks:
@@ -363,7 +363,7 @@ def audit_speaker(
     if "quantise" in opts.attacks:
         for bits in opts.bits:
             tag = f"quantise_{bits}bit"
-            models = _quantised_models(memo, target, retain, bits, lambda: quantised(unlearned, bits))
+            models = _quantised_models(memo, target, retain, bits, lambda bits=bits: quantised(unlearned, bits))
             attacks[tag] = three(tag, forget_rows, models)
             attacks[tag]["format"] = FORMATS[bits]
     if "relearn" in opts.attacks:
@@ -470,14 +470,8 @@ def audit_nll(
     if "quantise" in opts.attacks:
         for bits in opts.bits:
             q = quantised(weights, bits)
-            attacks[f"quantise_{bits}bit"] = three(
-                f"quantise_{bits}bit",
-                {
-                    "target": memo.get(("q_model", "target", bits), lambda: quantised(target, bits)),
-                    "retain": memo.get(("q_model", "retain", bits), lambda: quantised(retain, bits)),
-                    "unlearned": rewrap(q) if rewrap else q,
-                },
-            )
+            models = _quantised_models(memo, target, retain, bits, lambda q=q: rewrap(q) if rewrap else q)
+            attacks[f"quantise_{bits}bit"] = three(f"quantise_{bits}bit", models)
             attacks[f"quantise_{bits}bit"]["format"] = FORMATS[bits]
     if "relearn" in opts.attacks:
         attacks["relearn"] = _relearn(

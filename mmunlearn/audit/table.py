@@ -68,7 +68,7 @@ def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for role, value in (("target", 0.0), ("retain", 1.0)):
         row = {"method": f"{role} model", "measure": key, "forget": attacks["none"][role].get(key)}
-        for name, res in attacks.items():
+        for name in attacks:
             row["kept_probe" if name == "probe" else f"kept_{name}"] = value
             for measure, prefix in (("forget_rouge", "rouge"), ("forget_nll", "nll")):
                 if name in ("quantise_4bit", "relearn") and measure in attacks["none"][role]:

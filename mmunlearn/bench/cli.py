@@ -274,7 +274,8 @@ def precision(
     model: Annotated[
         str,
         typer.Option(
-            help="A real checkpoint (smollm2-135m), a save_pretrained folder, or a random-init preset architecture (micro, mini; with a BPE trained on --data)."
+            help="A real checkpoint (smollm2-135m), a save_pretrained folder, or a random-init preset architecture "
+            "(micro, mini; with a BPE trained on --data)."
         ),
     ] = "smollm2-135m",
     data: Annotated[
@@ -314,14 +315,17 @@ def precision(
     strict: Annotated[
         bool,
         typer.Option(
-            help="Exit with status 1 if a mmunlearn/plain ratio is below 0.9, bf16 scoring misses its NLL bound or the two implementations disagree (the greedy-answer bound, meant for a memorised model, is reported only)."
+            help="Exit with status 1 if a mmunlearn/plain ratio is below 0.9, bf16 scoring misses its NLL bound or "
+            "the two implementations disagree (the greedy-answer bound, meant for a memorised model, is reported "
+            "only)."
         ),
     ] = False,
     precision_: Annotated[
         list[str] | None,
         typer.Option(
             "--precision",
-            help="Precisions to run: float32, bf16 (repeat the option; default: both). On a CPU without native bf16, float32 alone keeps the run short.",
+            help="Precisions to run: float32, bf16 (repeat the option; default: both). On a CPU without native bf16, "
+            "float32 alone keeps the run short.",
         ),
     ] = None,
     settings: dict | None = None,

@@ -157,7 +157,8 @@ def _train_stage(
     ablation: bool = False,
 ) -> tuple[list[PrecisionRow], list[Check], list[Variant]]:
     """AdamW steps on ``net`` itself (it keeps training: no copy, no restore). The plain loop steps torch's
-    default AdamW, the project's code the training loop's optimizer (:func:`mmunlearn.train.schedule.make_optimizer`)."""
+    default AdamW, the project's code the training loop's optimizer
+    (:func:`mmunlearn.train.schedule.make_optimizer`)."""
     net.train()
     adapters = {
         p: TextLLMAdapter(net, tokenizer, max_length=max_length, precision=_adapter_precision(p)) for p in precisions

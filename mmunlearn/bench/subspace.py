@@ -110,7 +110,7 @@ def run(sizes: list[int], rank: int, repeats: int = 3, methods: tuple[str, ...] 
             raise ValueError(f"rank {rank} exceeds size {n}")
         for spectrum in ("decay", "lowrank"):
             T = task_matrix(n, rank, spectrum)
-            svd_time, (U, S, _) = _time(lambda: torch.linalg.svd(T, full_matrices=False), repeats)
+            svd_time, (U, S, _) = _time(lambda T=T: torch.linalg.svd(T, full_matrices=False), repeats)
             U_k = U[:, :rank]
             # The optimum is ~0 for an exactly rank-k matrix: the ratio means nothing there (NaN).
             optimum = float(S[rank:].double().pow(2).sum().sqrt()) if spectrum == "decay" else float("nan")
@@ -121,7 +121,7 @@ def run(sizes: list[int], rank: int, repeats: int = 3, methods: tuple[str, ...] 
                     if method == "cpqr-lapack" and not lapack_available():
                         continue
                     _basis(T, rank, method)  # warm-up (thread pools, allocator)
-                    secs, Q = _time(lambda: _basis(T, rank, method), repeats)
+                    secs, Q = _time(lambda T=T, method=method: _basis(T, rank, method), repeats)
                 ratio, cos = _quality(T, Q, U_k, optimum)
                 rows.append(Row(n, spectrum, method, secs, svd_time / secs, ratio, cos))
                 if progress is not None:

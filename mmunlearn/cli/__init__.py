@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -133,7 +133,9 @@ def erase(
     out: Annotated[
         Path,
         typer.Option(
-            help="Directory for the edited model, JSON report and energy plot (created; must not exist unless --overwrite). The undo patch (the original values of every edited tensor) goes apart, to OUT.undo/ beside it (mode 0700; --overwrite replaces it too): never ship that folder."
+            help="Directory for the edited model, JSON report and energy plot (created; must not exist unless "
+            "--overwrite). The undo patch (the original values of every edited tensor) goes apart, to OUT.undo/ "
+            "beside it (mode 0700; --overwrite replaces it too): never ship that folder."
         ),
     ],
     retain: Annotated[
@@ -178,7 +180,8 @@ def restore(
     model: Annotated[
         Path,
         typer.Option(
-            help="Edited model folder: the output of `mmunlearn erase`, of `mmunlearn.unlearn`, or a recipe's <method>/model folder."
+            help="Edited model folder: the output of `mmunlearn erase`, of `mmunlearn.unlearn`, or a recipe's "
+            "<method>/model folder."
         ),
     ],
     out: Annotated[
@@ -187,7 +190,8 @@ def restore(
     patch: Annotated[
         Path | None,
         typer.Option(
-            help="Undo patch (default: the one in the undo folder MODEL's report names, MODEL.undo/undo_patch.safetensors unless given elsewhere)."
+            help="Undo patch (default: the one in the undo folder MODEL's report names, "
+            "MODEL.undo/undo_patch.safetensors unless given elsewhere)."
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
@@ -197,7 +201,8 @@ def restore(
         int,
         typer.Option(
             min=0,
-            help="Deletion requests to undo for a folder edited by several (its undo_history/): 1 gives the folder the request before wrote, 0 the original model.",
+            help="Deletion requests to undo for a folder edited by several (its undo_history/): 1 gives the folder "
+            "the request before wrote, 0 the original model.",
         ),
     ] = 1,
 ) -> None:
@@ -246,19 +251,23 @@ def prepare_retain(
     model: Annotated[
         Path,
         typer.Option(
-            help="Model folder that deletion requests will edit (a text or speech LLM's save_pretrained folder, a SpeechBrain speaker classifier)."
+            help="Model folder that deletion requests will edit (a text or speech LLM's save_pretrained folder, a "
+            "SpeechBrain speaker classifier)."
         ),
     ],
     retain: Annotated[
         Path,
         typer.Option(
-            help="The data every request must keep, as `mmunlearn unlearn --retain`: text LLMs a JSON/JSONL/CSV of question-answer rows, speech models a manifest CSV (ID,duration,wav,start,stop,spk_id[,gender,text])."
+            help="The data every request must keep, as `mmunlearn unlearn --retain`: text LLMs a JSON/JSONL/CSV of "
+            "question-answer rows, speech models a manifest CSV "
+            "(ID,duration,wav,start,stop,spk_id[,gender,text])."
         ),
     ],
     out: Annotated[
         Path,
         typer.Option(
-            help="Folder for the retain state (created or replaced; not inside --model). Pass it to mmunlearn.unlearn(retain_state=...)."
+            help="Folder for the retain state (created or replaced; not inside --model). Pass it to "
+            "mmunlearn.unlearn(retain_state=...)."
         ),
     ],
     method: Annotated[
@@ -352,7 +361,10 @@ def audit(
     model: Annotated[
         Path,
         typer.Option(
-            help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s --out): unlearn_report.json names its method and model kind. Any other loadable model folder of a supported kind (e.g. the original model, another tool's output) is audited too, reported as 'not an mmunlearn output: no history'."
+            help="Unlearned output folder as the harness writes it (a recipe's <method>/model, `mmunlearn.unlearn`'s "
+            "--out): unlearn_report.json names its method and model kind. Any other loadable model folder of a "
+            "supported kind (e.g. the original model, another tool's output) is audited too, reported as 'not an "
+            "mmunlearn output: no history'."
         ),
     ],
     target: Annotated[
@@ -361,25 +373,29 @@ def audit(
     retain_model: Annotated[
         Path,
         typer.Option(
-            help="Retain model folder (never trained on the forget data: what retraining gives); speakers: the retrained classifier."
+            help="Retain model folder (never trained on the forget data: what retraining gives); speakers: the "
+            "retrained classifier."
         ),
     ],
     data: Annotated[
         str,
         typer.Option(
-            help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier or speech LLM (speaker question on the forget speakers): the prepared manifest folder."
+            help="Text: a TOFU source (folder of JSON splits, 'synthetic[:...]' or a hub id). Speaker classifier or "
+            "speech LLM (speaker question on the forget speakers): the prepared manifest folder."
         ),
     ],
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Folder for AUDIT.json and AUDIT.md (default: audit/ in the current directory; never beside the model, which may be someone else's folder)."
+            help="Folder for AUDIT.json and AUDIT.md (default: audit/ in the current directory; never beside the "
+            "model, which may be someone else's folder)."
         ),
     ] = None,
     forget_split: Annotated[
         str,
         typer.Option(
-            help="Text: the forget split (forget01, forget05, forget10); its _perturbed rows and holdout split are read."
+            help="Text: the forget split (forget01, forget05, forget10); its _perturbed rows and holdout split are "
+            "read."
         ),
     ] = "forget10",
     authors: Annotated[

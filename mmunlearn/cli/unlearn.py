@@ -61,50 +61,59 @@ def unlearn(
     model: Annotated[
         Path,
         typer.Option(
-            help="Model folder of any kind: a text or speech LLM saved by save_pretrained, a SpeechBrain speaker classifier (hyperparams.yaml), a Hugging Face audio classifier."
+            help="Model folder of any kind: a text or speech LLM saved by save_pretrained, a SpeechBrain speaker "
+            "classifier (hyperparams.yaml), a Hugging Face audio classifier."
         ),
     ],
     forget: Annotated[
         Path,
         typer.Option(
-            help="What to forget: text LLMs a JSON/JSONL/CSV of question-answer rows or a .txt of texts; audio models a manifest CSV, a path,label CSV or JSON/JSONL (docs/usage.md, 'Accepted data formats')."
+            help="What to forget: text LLMs a JSON/JSONL/CSV of question-answer rows or a .txt of texts; audio models "
+            "a manifest CSV, a path,label CSV or JSON/JSONL (docs/usage.md, 'Accepted data formats')."
         ),
     ],
     retain: Annotated[
         Path,
         typer.Option(
-            help="What to keep, in the same formats as --forget; a row (or, for speaker forgetting, a speaker) in both sets is refused."
+            help="What to keep, in the same formats as --forget; a row (or, for speaker forgetting, a speaker) in "
+            "both sets is refused."
         ),
     ],
     out: Annotated[
         Path,
         typer.Option(
-            help="Output folder: the unlearned model in its input's format plus unlearn_report.json (created; must not exist unless --overwrite)."
+            help="Output folder: the unlearned model in its input's format plus unlearn_report.json (created; must "
+            "not exist unless --overwrite)."
         ),
     ],
     method: Annotated[
         str | None,
         typer.Option(
-            help="Registered method (`mmunlearn methods` lists them and the kinds each applies to). Default: the kind's (qr-erase-rows for a text LLM, a method that releases edited weights; qr-erase otherwise); the report names it."
+            help="Registered method (`mmunlearn methods` lists them and the kinds each applies to). Default: the "
+            "kind's (qr-erase-rows for a text LLM, a method that releases edited weights; qr-erase otherwise); "
+            "the report names it."
         ),
     ] = None,
     reference: Annotated[
         Path | None,
         typer.Option(
-            help="Model folder --model was fine-tuned from (same kind): erasure takes task vectors from it and an LLM's rule aims the forget NLL at its level. Never built for you."
+            help="Model folder --model was fine-tuned from (same kind): erasure takes task vectors from it and an "
+            "LLM's rule aims the forget NLL at its level. Never built for you."
         ),
     ] = None,
     scope: Annotated[
         str,
         typer.Option(
-            help=f"Classifiers: weights erasure edits, one of {', '.join(API_SCOPES)} (sweep: the class rows first, every weight when they miss the rule)."
+            help=f"Classifiers: weights erasure edits, one of {', '.join(API_SCOPES)} (sweep: the class rows first, "
+            "every weight when they miss the rule)."
         ),
     ] = "sweep",
     no_rule: Annotated[
         bool,
         typer.Option(
             "--no-rule",
-            help="Run the method's preset settings as they are, without the kind's sweep rule (and without the check that the model knows the forget set).",
+            help="Run the method's preset settings as they are, without the kind's sweep rule (and without the check "
+            "that the model knows the forget set).",
         ),
     ] = False,
     device: Annotated[str, typer.Option(help="Device: auto, cpu, cuda, cuda:N.")] = "auto",
@@ -115,7 +124,8 @@ def unlearn(
         bool,
         typer.Option(
             "--allow-missed-rule",
-            help=f"Exit 0 even when the rule is missed (default: exit {MISSED_RULE_EXIT} after writing --out, so a script cannot take a RULE NOT MET output for a finished one).",
+            help=f"Exit 0 even when the rule is missed (default: exit {MISSED_RULE_EXIT} after writing --out, so a "
+            "script cannot take a RULE NOT MET output for a finished one).",
         ),
     ] = False,
     settings: dict | None = None,

@@ -1,4 +1,5 @@
-"""Utterances of speech manifests: a manifest-backed dataset of decoded waveforms, optionally as seeded random fixed-length crops.
+"""Utterances of speech manifests: a manifest-backed dataset of decoded waveforms,
+optionally as seeded random fixed-length crops.
 
 Training draws a fresh crop of each utterance every time it is read; the crop offsets are a pure
 function of ``(seed, index, how often that index was read)``, so a run that reads the items in

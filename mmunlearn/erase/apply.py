@@ -55,7 +55,8 @@ def _check_float(what: str, t, name: str) -> None:
     dtype = t.dtype
     if dtype not in EDITABLE:
         raise ValueError(
-            f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point (float16, bfloat16, "
+            f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point (float16, "
+            "bfloat16, "
             "float32 or float64)"
         )
 

@@ -1,4 +1,5 @@
-"""Erase and restore of checkpoint folders in memory (the counterpart of erase/stream.py): load, edit, write atomically."""
+"""Erase and restore of checkpoint folders in memory (the counterpart of erase/stream.py):
+load, edit, write atomically."""
 
 from __future__ import annotations
 

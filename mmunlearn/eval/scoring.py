@@ -126,7 +126,7 @@ def score_answers(
     for start in range(0, n, batch_size):
         idx = order[start : start + batch_size]
         sub_answers = [answers[i] for i in idx] if answers is not None else None
-        for row, i, row_logits, tgt in _answer_rows(
+        for _row, i, row_logits, tgt in _answer_rows(
             adapter, adapter.collate([items[i] for i in idx], sub_answers), idx
         ):
             n_tok = tgt.numel()

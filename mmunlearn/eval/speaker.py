@@ -344,8 +344,8 @@ def evaluate_speaker_unlearning(
     Speaker level (forget speakers are gone, the rest are kept): ``forget_acc`` (spk_forget_train),
     ``forget_test_acc`` (spk_forget_test, when not empty), ``forget_any_acc`` / ``forget_test_any_acc`` (the
     share predicted as any forgotten speaker), ``forget_sink_share`` and ``forget_per_speaker``
-    (:func:`forgotten_counts` on each forgotten speaker's training and held-out utterances together), ``retain_acc`` (spk_retain_train),
-    ``test_acc`` (spk_retain_test) and ``eer`` (trials among spk_retain_test).
+    (:func:`forgotten_counts` on each forgotten speaker's training and held-out utterances together), ``retain_acc``
+    (spk_retain_train), ``test_acc`` (spk_retain_test) and ``eer`` (trials among spk_retain_test).
     Sample level (every speaker is kept): ``forget_acc`` (sample_forget), ``holdout_acc``
     (sample_holdout), ``retain_acc`` (sample_retain), ``test_acc`` and ``eer`` on the held-out
     recordings of all speakers (spk_retain_test + spk_forget_test), and ``mia_auc`` (loss attack,

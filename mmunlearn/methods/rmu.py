@@ -63,16 +63,17 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
         layers = adapter.decoder_layers(model)
     except ValueError as e:
         raise ValueError(f"RMU needs a decoder with .layers: {e}") from None
-    l = cfg.layer if cfg.layer is not None else min(len(layers) - 1, len(layers) // 3)
-    if not 0 <= l < len(layers):
-        raise ValueError(f"RMU layer {l} is outside the decoder's {len(layers)} layers")
+    layer_idx = cfg.layer if cfg.layer is not None else min(len(layers) - 1, len(layers) // 3)
+    if not 0 <= layer_idx < len(layers):
+        raise ValueError(f"RMU layer {layer_idx} is outside the decoder's {len(layers)} layers")
     frozen = copy.deepcopy(model).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-    tap, frozen_tap = HiddenStateTap(layers[l]), HiddenStateTap(adapter.decoder_layers(frozen)[l])
-    params = [p for i in range(max(0, l - 2), l + 1) for n, p in layers[i].named_parameters() if "mlp" in n]
+    tap, frozen_tap = HiddenStateTap(layers[layer_idx]), HiddenStateTap(adapter.decoder_layers(frozen)[layer_idx])
+    updated = list(range(max(0, layer_idx - 2), layer_idx + 1))  # the steered layer and up to two below it
+    params = [p for i in updated for n, p in layers[i].named_parameters() if "mlp" in n]
     if not params:
-        raise ValueError(f"RMU found no MLP parameters in decoder layers {max(0, l - 2)}..{l}")
+        raise ValueError(f"RMU found no MLP parameters in decoder layers {updated[0]}..{layer_idx}")
     try:
         with torch.no_grad():
             probe = adapter.collate(list(forget[: cfg.batch_size]))
@@ -120,8 +121,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
     model.eval()
     restored = on_step.restore_in_bound() if on_step is not None else None
     info = {
-        "layer": l,
-        "updated_layers": list(range(max(0, l - 2), l + 1)),
+        "layer": layer_idx,
+        "updated_layers": updated,
         "control_norm": float(control.norm()),
         "final_loss": res.final_loss,
         "steps": res.steps,

@@ -77,7 +77,8 @@ class SweepRule:
 MEASURE_LABELS = {
     "mean_nll": "mean NLL (nats)",
     "forget_rows_gone": "share of forget rows gone (each answer's NLL at its level, and no greedy answer giving it)",
-    "worst_speaker_error_rate": "share of the worst forgotten speaker's clips predicted as none of the forgotten speakers",
+    "worst_speaker_error_rate": "share of the worst forgotten speaker's clips predicted as none of the forgotten "
+    "speakers",
     "log_loss_gap": "forget minus retain mean log-NLL",
 }
 

@@ -70,7 +70,7 @@ def prob_entry(avg_nll: Any, indices: Sequence[int] | None = None) -> Entry:
     keys = _checks.index_keys(indices, len(nll))
     return {
         "agg_value": tofu.qa_prob(nll),
-        "value_by_index": {k: {"prob": _floats(p), "avg_loss": _floats(l)} for k, p, l in zip(keys, probs, nll)},
+        "value_by_index": {k: {"prob": _floats(p), "avg_loss": _floats(loss)} for k, p, loss in zip(keys, probs, nll)},
     }
 
 

@@ -123,7 +123,8 @@ def planned_steps(cfg: TrainConfig, n_examples: int) -> int:
         return cfg.steps
     dist = torch.distributed
     procs = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    micro = -(-(-(-n_examples // cfg.batch_size)) // procs)
+    batches = -(-n_examples // cfg.batch_size)  # ceiling divisions
+    micro = -(-batches // procs)
     return cfg.epochs * -(-micro // cfg.grad_accum)
 
 

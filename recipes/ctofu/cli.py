@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -53,8 +53,8 @@ def _option(key: str, tp=str):
     return Annotated[tp, typer.Option(help=help_of(CTofuConfig, key))]
 
 
-Data, English, Langs = _option("data"), _option("english", Optional[Path]), _option("langs")
-Authors, Preset = _option("authors", Optional[int]), _option("preset")
+Data, English, Langs = _option("data"), _option("english", Path | None), _option("langs")
+Authors, Preset = _option("authors", int | None), _option("preset")
 Seed, Device = _option("seed", int), _option("device")
 #: `finetune`'s settings (KEY=VALUE, --key VALUE or --config; fields of CTofuConfig)
 FINETUNE_SETTINGS = ("facts", "skip_misaligned", "train_text", "allow_text_mismatch", "cache_dir", "threads")

@@ -108,7 +108,8 @@ def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...
                 transfer_table(summary),
                 *(
                     [
-                        "### QR-Erase beside SVD-UNLEARN (largest relative difference of MU, ROUGE-L drop and prob ratio; time "
+                        "### QR-Erase beside SVD-UNLEARN (largest relative difference of MU, ROUGE-L drop and prob "
+                        "ratio; time "
                         "of the stage)",
                         table(pair, PAIR_COLUMNS),
                     ]

@@ -13,14 +13,14 @@ speaker rule of ``mmunlearn.unlearn`` at the chance target these records were me
 predicted as none of the speakers forgotten so far, this request's and the earlier ones' --
 :class:`mmunlearn.eval.speaker.WorstSpeakerErrorRate`, the worst speaker's share -- at or above ``1 - 1/C``,
 retain NLL rising by at most ``retain_bound`` nats), scored once an
-epoch for GradDiff and once a sweep point for QR-Erase. Per request: wall time of the whole request (scoring and report included), the
-method's own time (extraction + edit / training), the rule's measures, held-out accuracy of the kept
+epoch for GradDiff and once a sweep point for QR-Erase. Per request: wall time of the whole request (scoring and report
+included), the method's own time (extraction + edit / training), the rule's measures, held-out accuracy of the kept
 speakers, the share of the utterances (training and held-out) of every speaker forgotten so far predicted as
 any forgotten speaker and the largest share of one of them sent to a single retained speaker
 (:func:`mmunlearn.eval.speaker.forgotten_counts`), and the peak resident memory above the level at the start of
 the request. The same two shares of the retrained model (trained on the retained speakers only, cached beside the
-original) are in ``setup["retrained"]`` and the table's last row: what the last request's state should match. The rule scores the
-retain measure on ``score_retain`` retain utterances spread over the set (both methods alike); the full
+original) are in ``setup["retrained"]`` and the table's last row: what the last request's state should match. The rule
+scores the retain measure on ``score_retain`` retain utterances spread over the set (both methods alike); the full
 retain set's NLL before and after each request is in the JSON rows.
 """
 

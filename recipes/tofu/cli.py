@@ -278,7 +278,8 @@ def evaluate(
     retain_model: Annotated[
         Path | None,
         typer.Option(
-            help="The retain model's folder: evaluated first (cached in its evals/ folder) for forget quality and privleak; instead of --retain-logs."
+            help="The retain model's folder: evaluated first (cached in its evals/ folder) for forget quality and "
+            "privleak; instead of --retain-logs."
         ),
     ] = None,
     metrics: Metrics = None,
@@ -436,7 +437,8 @@ def tilt(
     retain: Annotated[
         Path,
         typer.Option(
-            help="Retain rows: a JSON, JSONL or CSV of question-answer rows, or a .txt of texts (docs/usage.md, 'Accepted data formats')."
+            help="Retain rows: a JSON, JSONL or CSV of question-answer rows, or a .txt of texts (docs/usage.md, "
+            "'Accepted data formats')."
         ),
     ],
     forget: Annotated[

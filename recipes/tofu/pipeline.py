@@ -411,8 +411,9 @@ def audit_method(
     cache: dict,
     rows: tuple[list, list | None, Mapping[str, list] | None] | None = None,
 ) -> dict:
-    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (:func:`recipes.runner.run_method`'s folder) against the
-    setup's target and retain models (TOFU's and cTOFU's); ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the result.
+    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (:func:`recipes.runner.run_method`'s folder) against
+    the setup's target and retain models (TOFU's and cTOFU's); ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the
+    result.
 
     ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``rows``: (forget rows,
     holdout rows or None, per-language forget rows or None), default the TOFU setup's forget and holdout rows."""

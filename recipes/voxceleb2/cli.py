@@ -2,9 +2,9 @@
 
 Read top to bottom: ``prepare`` (VoxCeleb2 manifests), ``prepare-corpus`` (FSDD or any corpus with one
 folder or file-name pattern per speaker, :mod:`data_prep.fsdd`) and ``synth`` (the built-in espeak-ng corpus)
-are the data (``subset``: the same clips, fewer per split); ``train`` builds the original classifier or the retrained reference; ``speaker`` and
-``sample`` unlearn with one or more methods and write one table (Markdown, CSV, JSON) and a plot
-of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
+are the data (``subset``: the same clips, fewer per split); ``train`` builds the original classifier or the retrained
+reference; ``speaker`` and ``sample`` unlearn with one or more methods and write one table (Markdown, CSV, JSON) and a
+plot of accuracies. With no arguments ``speaker`` / ``sample`` run on the built-in corpus end to end
 (synthesise, prepare, train, unlearn, report), reusing whatever an earlier run built. Their settings are one
 :class:`recipes.voxceleb2.config.VoxCelebConfig` (options, ``--config FILE.yaml``, ``key=value``,
 ``--method-option METHOD.SETTING=VALUE``: :mod:`recipes.recipe_cli`), and each method runs through
@@ -151,7 +151,8 @@ def train(
     retain_only: Annotated[
         bool,
         typer.Option(
-            help="Train the retrained reference: without the forget speakers (--level speaker) or the forgotten utterances (--level sample)."
+            help="Train the retrained reference: without the forget speakers (--level speaker) or the forgotten "
+            "utterances (--level sample)."
         ),
     ] = False,
     level: Annotated[
@@ -160,7 +161,8 @@ def train(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Also copy the trained model here (SpeechBrain EncoderClassifier layout; save_pretrained with --model hf-audio)."
+            help="Also copy the trained model here (SpeechBrain EncoderClassifier layout; save_pretrained with "
+            "--model hf-audio)."
         ),
     ] = None,
     workdir: Workdir = DEFAULT_WORKDIR,
@@ -169,12 +171,14 @@ def train(
     model: Annotated[
         str,
         typer.Option(
-            help="classifier (ECAPA-TDNN), hf-audio (wav2vec2-style Hugging Face audio classifier built from a local config) or any installed classifier kind with a trainer."
+            help="classifier (ECAPA-TDNN), hf-audio (wav2vec2-style Hugging Face audio classifier built from a local "
+            "config) or any installed classifier kind with a trainer."
         ),
     ] = "classifier",
     settings: dict | None = None,
 ) -> None:
-    """Train the speaker classifier on retain + forget (or the retrained reference), cached by its options; evaluate it."""
+    """Train the speaker classifier on retain + forget (or the retrained reference), cached by its options;
+    evaluate it."""
     if level not in pipe.PARTITIONS:
         raise typer.BadParameter(f"--level must be speaker or sample, got {level!r}")
     given = VoxCelebConfig(**(settings or {}))

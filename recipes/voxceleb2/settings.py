@@ -52,9 +52,9 @@ def model_kind(model: str) -> Kind:
 
 
 def models() -> tuple[str, ...]:
-    """Every ``--model`` value: the aliases (in place of their kinds' names), then each registered kind (plug-ins included) that takes audio and that
-    the recipe can build: a classifier kind with a trainer (:attr:`~mmunlearn.kinds.Kind.trainer`) or a speech LLM
-    (its own path, :mod:`recipes.voxceleb2.speech_llm`)."""
+    """Every ``--model`` value: the aliases (in place of their kinds' names), then each registered kind (plug-ins
+    included) that takes audio and that the recipe can build: a classifier kind with a trainer
+    (:attr:`~mmunlearn.kinds.Kind.trainer`) or a speech LLM (its own path, :mod:`recipes.voxceleb2.speech_llm`)."""
     built = [
         k.name
         for k in kinds()

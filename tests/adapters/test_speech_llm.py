@@ -1,4 +1,5 @@
-"""Tests of the speech-LLM adapter on tiny random-init Qwen2-Audio, Qwen2.5-Omni thinker and Qwen3-Omni thinker models."""
+"""Tests of the speech-LLM adapter on tiny random-init Qwen2-Audio,
+Qwen2.5-Omni thinker and Qwen3-Omni thinker models."""
 
 import doctest
 

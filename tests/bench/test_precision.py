@@ -1,4 +1,5 @@
-"""The precision benchmark: plain loop beside the project's, per stage and precision, on a tiny model and real QA rows."""
+"""The precision benchmark: plain loop beside the project's, per stage and precision,
+on a tiny model and real QA rows."""
 
 import json
 import statistics

@@ -1,6 +1,6 @@
 """Tests of mmunlearn.data.user.sets: every accepted text and speech format gives the same rows, bad inputs their
-errors,
-relative audio paths resolve from the manifest's folder, datasets' Audio and ClassLabel columns, overlap, held-out split."""
+errors, relative audio paths resolve from the manifest's folder, datasets' Audio and ClassLabel columns, overlap,
+held-out split."""
 
 import csv
 import io

@@ -1,4 +1,5 @@
-"""Tests of mmunlearn.data.waveforms and mmunlearn.data.utterances: waveform cache, crops and segments, the utterance dataset, manifest splits."""
+"""Tests of mmunlearn.data.waveforms and mmunlearn.data.utterances: waveform cache, crops and segments,
+the utterance dataset, manifest splits."""
 
 import doctest
 

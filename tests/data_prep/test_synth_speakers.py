@@ -1,4 +1,5 @@
-"""The built-in espeak-ng corpus: VoxCeleb2 layout, meta/transcripts, byte-identical per seed, distinct voices, re-runnable."""
+"""The built-in espeak-ng corpus: VoxCeleb2 layout, meta/transcripts, byte-identical per seed,
+distinct voices, re-runnable."""
 
 import csv
 import hashlib

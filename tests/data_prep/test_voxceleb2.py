@@ -1,4 +1,5 @@
-"""VoxCeleb2 prepare on a tiny tree of m4a + wav files: disjoint splits in the promised sizes, report of bad files, skip/rebuild."""
+"""VoxCeleb2 prepare on a tiny tree of m4a + wav files: disjoint splits in the promised sizes,
+report of bad files, skip/rebuild."""
 
 import csv
 import shutil
@@ -180,7 +181,7 @@ def test_speaker_subset_cap_explicit_forget_and_segments(tree, tmp_path):
             assert "text" not in r  # no transcript for a segment
             utts.setdefault(r["ID"].rsplit("_", 2)[0], []).append(r)
     per_spk = {}
-    for uid, segs in utts.items():
+    for segs in utts.values():
         assert len(segs) == read_audio(segs[0]["wav"]).size // 16000
         per_spk[segs[0]["spk_id"]] = per_spk.get(segs[0]["spk_id"], 0) + 1
     assert all(v <= 4 for v in per_spk.values())

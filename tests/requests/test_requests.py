@@ -80,6 +80,7 @@ def test_retain_state_is_reused_when_it_matches_and_recomputed_when_not(speaker_
         extract_kind="gradient",
         **{k: v for k, v in OPTS.items() if k != "extract_kind"},
     )
+    assert "retain_state" not in plain.report  # this one extracted its retain side itself
     assert _same(_weights(tmp_path / "r1"), _weights(tmp_path / "plain"))
 
     other = retain[: len(retain) - 2]  # other retain data: another fingerprint

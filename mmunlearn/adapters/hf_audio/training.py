@@ -1,9 +1,10 @@
 """The hf-audio kind's trainer (:data:`mmunlearn.kinds.TRAINER_API`): a small wav2vec2-style
 ``AutoModelForAudioClassification`` speaker classifier built from a local config (never downloaded), its training
 settings per size, and its training on manifest rows: what a benchmark (``voxceleb2 --model hf-audio``) builds its
-original and retrained models with, the same steps as ECAPA's. The classifier: a convolutional waveform encoder, ``layers`` transformer layers, mean pooling over the frames and a
-linear head (``Wav2Vec2ForSequenceClassification``). Its convolutions use layer norm and the feature extractor
-returns an attention mask, so a padded batch is one forward pass and an utterance scores as it scores alone.
+original and retrained models with, the same steps as ECAPA's. The classifier: a convolutional waveform encoder,
+``layers`` transformer layers, mean pooling over the frames and a linear head (``Wav2Vec2ForSequenceClassification``).
+Its convolutions use layer norm and the feature extractor returns an attention mask, so a padded batch is one forward
+pass and an utterance scores as it scores alone.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ the row that names none. Parameter names are sorted into the two towers by patte
 (75, 750)
 >>> FAMILIES["qwen3_omni"].audio_tokens(300, n_window=50)
 39
->>> tower_block("model.audio_tower.layers.3.fc1.weight"), tower_block("model.language_model.layers.0.mlp.up_proj.weight")
+>>> (tower_block("model.audio_tower.layers.3.fc1.weight"),
+...  tower_block("model.language_model.layers.0.mlp.up_proj.weight"))
 ('audio.layers.3', 'text.layers.0')
 >>> tower_block("model.multi_modal_projector.linear.weight"), tower_block("model.audio_tower.conv1.weight")
 ('audio.proj', 'audio.conv')

@@ -53,7 +53,8 @@ def _qa(example: Any) -> tuple[str, str | None]:
 
 
 class TextLLMAdapter(TokenScoring):
-    """Wraps a causal LM and its tokenizer with the adapter interface (:class:`mmunlearn.adapters.base.ModalityAdapter`)."""
+    """Wraps a causal LM and its tokenizer with the adapter interface
+    (:class:`mmunlearn.adapters.base.ModalityAdapter`)."""
 
     def __init__(
         self,

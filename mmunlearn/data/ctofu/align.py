@@ -21,8 +21,8 @@ What "aligned" means here (row i of ``<split>_<lang>`` translates row i of the E
     a very different length; on the shipped data at most 6 of 3960 rows per language fall outside).
 
   Rows without numbers or names are counted as unanchored (only their length is checked).
-  Machine translation makes a few suspects normal (checked on the shipped data: at most ~2% of retain99 rows per language); a shifted or
-  swapped block shows up as a run of suspects, and the report names the nearby English row whose
+  Machine translation makes a few suspects normal (checked on the shipped data: at most ~2% of retain99 rows per
+  language); a shifted or swapped block shows up as a run of suspects, and the report names the nearby English row whose
   anchors the suspect row matches, when one does.
 
 The report also holds, once a world is built (:meth:`AlignmentReport.add_text_agreement`), the

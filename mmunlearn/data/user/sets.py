@@ -1,4 +1,5 @@
-"""Forget and retain sets in the formats users have, read into the rows the adapters take (text QA rows, speech manifest rows).
+"""Forget and retain sets in the formats users have, read into the rows the adapters take
+(text QA rows, speech manifest rows).
 
 :func:`read_text_rows` gives ``{"question", "answer"}`` rows (the schema
 :class:`~mmunlearn.adapters.text.adapter.TextLLMAdapter`
