@@ -44,13 +44,18 @@ demo: $(STAMP)
 	$(BIN)/mmunlearn tofu compare --out runs/tofu_compare
 	@echo "== done: runs/tofu_compare/compare.md, fq_vs_mu.png, selectivity.png"
 
-# `make test` is the suite CI runs (under 10 minutes on 2 cores: two pytest-xdist workers, each test file kept on one
-# worker so its module fixtures are built once); end-to-end runs marked `slow` (whole-recipe comparisons, the real
-# SmolLM2 conversion, two-process training) run in `make test-all`.
+# `make test` is the suite CI runs: ruff's format check and lint (line length 120, config in pyproject.toml), then
+# pytest (under 10 minutes on 2 cores: two pytest-xdist workers, each test file kept on one worker so its module
+# fixtures are built once); end-to-end runs marked `slow` (whole-recipe comparisons, the real SmolLM2 conversion,
+# two-process training) run in `make test-all`.
 test: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadfile
 
 test-all: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from mmunlearn.progress import StageBar
 
 from data_prep.voxceleb2 import (
     FORMAT_VERSION,
@@ -48,6 +47,7 @@ from data_prep.voxceleb2 import (
 from data_prep.voxceleb2_inputs import AUDIO_SUFFIXES, Source
 from mmunlearn.config.command import settings_command
 from mmunlearn.errors import run_app
+from mmunlearn.progress import StageBar
 
 #: FSDD file names: ``{digit}_{speaker}_{take}.wav`` (under ``recordings/``).
 FSDD_PATTERN = r"(?:.*/)?(?P<digit>\d)_(?P<spk>[A-Za-z]+)_(?P<take>\d+)\.wav"
@@ -73,8 +73,14 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     return rx
 
 
-def scan_pattern(root: str | os.PathLike, pattern: str, *, video_of=None, exclude: str | os.PathLike | None = None,
-                 progress: bool = False) -> list[Source]:
+def scan_pattern(
+    root: str | os.PathLike,
+    pattern: str,
+    *,
+    video_of=None,
+    exclude: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> list[Source]:
     """Audio files under ``root`` whose relative path fully matches ``pattern``, as :class:`Source` records.
 
     ``video_of(match)``: the session of a file (default: the ``video`` group, else one session per
@@ -107,11 +113,14 @@ def scan_pattern(root: str | os.PathLike, pattern: str, *, video_of=None, exclud
                 st = os.stat(here / name)
             except OSError:  # vanished or dangling link
                 continue
-            src = Source(_safe(m.group("spk")), _safe(video), _safe(utt), str(here / name), "dev", st.st_size,
-                         st.st_mtime_ns)
+            src = Source(
+                _safe(m.group("spk")), _safe(video), _safe(utt), str(here / name), "dev", st.st_size, st.st_mtime_ns
+            )
             if src.id in found:
-                raise ValueError(f"{found[src.id].path} and {src.path} are both utterance {src.id}: the pattern "
-                                 "must tell every file apart (add a (?P<utt>...) group)")
+                raise ValueError(
+                    f"{found[src.id].path} and {src.path} are both utterance {src.id}: the pattern "
+                    "must tell every file apart (add a (?P<utt>...) group)"
+                )
             found[src.id] = src
     return [found[k] for k in sorted(found)]
 
@@ -167,11 +176,22 @@ def prepare_corpus(
     check_options(forget_fraction, test_video_fraction, max_utterances, segment_seconds, min_duration)
     compile_pattern(pattern)
     explicit = None if isinstance(forget_speakers, int) else sorted(forget_speakers)
-    options = dict(format=FORMAT_VERSION, corpus=corpus, root=str(root), pattern=pattern, speakers=speakers,
-                   forget_speakers=explicit or forget_speakers, forget_fraction=forget_fraction,
-                   test_video_fraction=test_video_fraction, max_utterances=max_utterances,
-                   segment_seconds=segment_seconds,
-                   min_duration=min_duration, seed=seed, allow_fewer=allow_fewer, **(extra_options or {}))
+    options = dict(
+        format=FORMAT_VERSION,
+        corpus=corpus,
+        root=str(root),
+        pattern=pattern,
+        speakers=speakers,
+        forget_speakers=explicit or forget_speakers,
+        forget_fraction=forget_fraction,
+        test_video_fraction=test_video_fraction,
+        max_utterances=max_utterances,
+        segment_seconds=segment_seconds,
+        min_duration=min_duration,
+        seed=seed,
+        allow_fewer=allow_fewer,
+        **(extra_options or {}),
+    )
     sources = scan_pattern(root, pattern, video_of=video_of, exclude=out, progress=progress)
     if not sources:
         raise FileNotFoundError(f"no audio file under {root} matches the pattern {pattern!r}")
@@ -179,14 +199,29 @@ def prepare_corpus(
     return prepare_sources(sources, out, options=options, text=text, force=force, jobs=jobs, progress=progress)
 
 
-def prepare_fsdd(root: str | os.PathLike, out: str | os.PathLike, *, video: str = "take-group",
-                 min_duration: float = FSDD_MIN_DURATION, forget_speakers: int | list[str] = 1,
-                 **kwargs: Any) -> PrepareResult:
+def prepare_fsdd(
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    video: str = "take-group",
+    min_duration: float = FSDD_MIN_DURATION,
+    forget_speakers: int | list[str] = 1,
+    **kwargs: Any,
+) -> PrepareResult:
     """FSDD manifests: speaker = FSDD's speaker name, "video" = ``video`` (see the module notes); other options
     as :func:`prepare_corpus`. ``root`` is FSDD's folder (holding ``recordings/``)."""
-    return prepare_corpus(root, out, pattern=FSDD_PATTERN, video_of=fsdd_video(video), corpus="fsdd",
-                          min_duration=min_duration, forget_speakers=forget_speakers,
-                          extra_options={"video": video, "text": "digit words"}, text_of=fsdd_text, **kwargs)
+    return prepare_corpus(
+        root,
+        out,
+        pattern=FSDD_PATTERN,
+        video_of=fsdd_video(video),
+        corpus="fsdd",
+        min_duration=min_duration,
+        forget_speakers=forget_speakers,
+        extra_options={"video": video, "text": "digit words"},
+        text_of=fsdd_text,
+        **kwargs,
+    )
 
 
 def fsdd_text(source: Source) -> str:
@@ -200,19 +235,39 @@ _Opt = typer.Option
 def prepare_corpus_command(
     root: Annotated[Path, _Opt("--root", help="Corpus folder (FSDD: the folder holding recordings/).")],
     out: Annotated[Path, _Opt("--out", help="Output folder: manifests, converted 16 kHz wavs, report.")],
-    corpus: Annotated[str, _Opt(help="fsdd (free spoken digit dataset, built-in pattern) or pattern "
-                                "(any corpus described by --pattern).")] = "fsdd",
-    pattern: Annotated[str | None, _Opt(help="With --corpus pattern: regular expression on each file's path "
-                                        "relative to --root, with groups (?P<spk>..), optional (?P<video>..) "
-                                        "and (?P<utt>..); default: <speaker>/[<session>/]<file>.")] = None,
-    video: Annotated[str, _Opt(help="With --corpus fsdd: what a held-out 'video' is: take-group (blocks of 10 "
-                               "takes of every digit) or digit (whole digits).")] = "take-group",
+    corpus: Annotated[
+        str,
+        _Opt(help="fsdd (free spoken digit dataset, built-in pattern) or pattern (any corpus described by --pattern)."),
+    ] = "fsdd",
+    pattern: Annotated[
+        str | None,
+        _Opt(
+            help="With --corpus pattern: regular expression on each file's path "
+            "relative to --root, with groups (?P<spk>..), optional (?P<video>..) "
+            "and (?P<utt>..); default: <speaker>/[<session>/]<file>."
+        ),
+    ] = None,
+    video: Annotated[
+        str,
+        _Opt(
+            help="With --corpus fsdd: what a held-out 'video' is: take-group (blocks of 10 "
+            "takes of every digit) or digit (whole digits)."
+        ),
+    ] = "take-group",
     speakers: Annotated[int, _Opt(min=0, help="Keep this many speakers, by --seed (0: all).")] = 0,
-    forget_speakers: Annotated[str, _Opt(help="Number of forget speakers drawn by --seed, or a comma list "
-                                         "of IDs (e.g. theo).")] = "1",
-    forget_fraction: Annotated[float, _Opt(min=0.0, max=0.5, help="Sample level: fraction of each retained "
-                                           "speaker's training utterances to forget; as many more become the "
-                                           "never-trained holdout.")] = 0.1,
+    forget_speakers: Annotated[
+        str, _Opt(help="Number of forget speakers drawn by --seed, or a comma list of IDs (e.g. theo).")
+    ] = "1",
+    forget_fraction: Annotated[
+        float,
+        _Opt(
+            min=0.0,
+            max=0.5,
+            help="Sample level: fraction of each retained "
+            "speaker's training utterances to forget; as many more become the "
+            "never-trained holdout.",
+        ),
+    ] = 0.1,
     seed: Annotated[int, _Opt(help="Seed of every random choice (speakers, splits, caps).")] = 0,
     force: Annotated[bool, _Opt(help="Rebuild even when the stamp says up to date.")] = False,
     settings: dict | None = None,
@@ -220,26 +275,35 @@ def prepare_corpus_command(
     """Manifests (VoxCeleb2 layout) for FSDD or any corpus with one folder or file-name pattern per speaker."""
     given = PrepareSettings(**(settings or {}))
     min_duration = given.min_duration
-    common = dict(speakers=speakers, forget_speakers=parse_forget_speakers(forget_speakers),
-                  forget_fraction=forget_fraction, test_video_fraction=given.test_video_fraction,
-                  max_utterances=given.max_utterances, seed=seed, jobs=given.jobs, force=force,
-                  allow_fewer=given.allow_fewer, segment_seconds=given.segment_seconds)
+    common = dict(
+        speakers=speakers,
+        forget_speakers=parse_forget_speakers(forget_speakers),
+        forget_fraction=forget_fraction,
+        test_video_fraction=given.test_video_fraction,
+        max_utterances=given.max_utterances,
+        seed=seed,
+        jobs=given.jobs,
+        force=force,
+        allow_fewer=given.allow_fewer,
+        segment_seconds=given.segment_seconds,
+    )
     if corpus == "fsdd":
         if pattern is not None:
             raise typer.BadParameter("--pattern is for --corpus pattern (FSDD's is built in)")
-        res = prepare_fsdd(root, out, video=video,
-                           min_duration=FSDD_MIN_DURATION if min_duration is None else min_duration, **common)
+        res = prepare_fsdd(
+            root, out, video=video, min_duration=FSDD_MIN_DURATION if min_duration is None else min_duration, **common
+        )
     elif corpus == "pattern":
-        res = prepare_corpus(root, out, pattern=pattern or FOLDER_PATTERN, min_duration=min_duration or 0.0,
-                             **common)
+        res = prepare_corpus(root, out, pattern=pattern or FOLDER_PATTERN, min_duration=min_duration or 0.0, **common)
     else:
         raise typer.BadParameter(f"--corpus must be fsdd or pattern, got {corpus!r}")
     echo_report(res)
 
 
 app = typer.Typer(add_completion=False, help="Manifests for FSDD or a one-folder-per-speaker corpus.")
-prepare_corpus_command = settings_command(app, PrepareSettings, [k for k in PREPARE_SETTINGS if k != "allow_no_gender"],
-                                          name="prepare")(prepare_corpus_command)
+prepare_corpus_command = settings_command(
+    app, PrepareSettings, [k for k in PREPARE_SETTINGS if k != "allow_no_gender"], name="prepare"
+)(prepare_corpus_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,15 +16,16 @@ from typing import Annotated
 
 import typer
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.manifest import write_manifest
 from mmunlearn.data.utterances import draw_balanced, manifest_paths, split_rows
+from mmunlearn.files.atomic import write_text_atomic
 
 REPORT = "subset_report.json"
 
 
-def subset_manifests(manifests: str | os.PathLike, out: str | os.PathLike, rows: int, *, seed: int = 0,
-                     splits: tuple[str, ...] = ()) -> Path:
+def subset_manifests(
+    manifests: str | os.PathLike, out: str | os.PathLike, rows: int, *, seed: int = 0, splits: tuple[str, ...] = ()
+) -> Path:
     """Write ``out/<split>.csv`` for every split of ``manifests`` (or the named ``splits``), each at most ``rows``
     rows drawn evenly over speakers by ``seed`` (0: every row), and ``out/subset_report.json``; returns ``out``."""
     if rows < 0:
@@ -37,10 +38,11 @@ def subset_manifests(manifests: str | os.PathLike, out: str | os.PathLike, rows:
         raise FileNotFoundError(f"no manifest for split(s) {unknown or 'any'} in {src} (found: {sorted(paths)})")
     if out.resolve() == src.resolve():
         raise ValueError("--out must not be the source folder: its manifests would be overwritten")
-    if out.exists() and (not out.is_dir() or out.is_symlink()
-                         or (any(out.iterdir()) and not (out / REPORT).is_file())):
-        raise ValueError(f"--out {out} holds files this command did not write (no {REPORT}): its .csv files would be "
-                         "overwritten; choose a new or empty folder")
+    if out.exists() and (not out.is_dir() or out.is_symlink() or (any(out.iterdir()) and not (out / REPORT).is_file())):
+        raise ValueError(
+            f"--out {out} holds files this command did not write (no {REPORT}): its .csv files would be "
+            "overwritten; choose a new or empty folder"
+        )
     drawn = {name: draw_balanced(split_rows(src, name), rows, seed) for name in chosen}
     empty = [name for name, kept in drawn.items() if not kept]
     if empty:  # before anything is written: no half-made folder
@@ -50,24 +52,29 @@ def subset_manifests(manifests: str | os.PathLike, out: str | os.PathLike, rows:
     for name, kept in drawn.items():
         write_manifest(out / f"{name}.csv", kept)
         counts[name] = {"rows": len(kept), "speakers": len({str(r["spk_id"]) for r in kept})}
-    write_text_atomic(out / REPORT, json.dumps({"source": str(src), "rows": rows, "seed": seed, "counts": counts},
-                                               indent=2) + "\n")
+    write_text_atomic(
+        out / REPORT, json.dumps({"source": str(src), "rows": rows, "seed": seed, "counts": counts}, indent=2) + "\n"
+    )
     return out
 
 
 def subset_command(
-    manifests: Annotated[Path, typer.Option("--manifests", help="Manifests folder to draw from (prepare / "
-                                                                "prepare-corpus); it is only read.")],
+    manifests: Annotated[
+        Path,
+        typer.Option("--manifests", help="Manifests folder to draw from (prepare / prepare-corpus); it is only read."),
+    ],
     out: Annotated[Path, typer.Option("--out", help="Folder of the smaller manifests (not the source).")],
-    rows: Annotated[int, typer.Option(min=0, help="At most this many rows per split, evenly over speakers "
-                                                  "(0: every row).")] = 60,
+    rows: Annotated[
+        int, typer.Option(min=0, help="At most this many rows per split, evenly over speakers (0: every row).")
+    ] = 60,
     seed: Annotated[int, typer.Option(help="Seed of the draw.")] = 0,
     splits: Annotated[str, typer.Option(help="Splits to write, comma-separated (default: every split).")] = "",
 ) -> None:
     """Smaller manifests of the same clips (each split cut to --rows, evenly over speakers)."""
     try:
-        done = subset_manifests(manifests, out, rows, seed=seed,
-                                splits=tuple(s.strip() for s in splits.split(",") if s.strip()))
+        done = subset_manifests(
+            manifests, out, rows, seed=seed, splits=tuple(s.strip() for s in splits.split(",") if s.strip())
+        )
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     report = json.loads((done / REPORT).read_text())

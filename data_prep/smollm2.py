@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> Path:
     if args.out is None and not args.force:
         path = smollm2_dir(dtype=args.dtype)
     else:
-        path = hf_from_gguf(smollm2_gguf(), args.out or smollm2_dir(dtype=args.dtype), dtype=args.dtype,
-                            force=args.force)
+        path = hf_from_gguf(
+            smollm2_gguf(), args.out or smollm2_dir(dtype=args.dtype), dtype=args.dtype, force=args.force
+        )
     print(f"SmolLM2-135M-Instruct ({args.dtype}) in {path}")
     return path
 

@@ -35,6 +35,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
+
 from mmunlearn.progress import StageBar
 
 ESPEAK_SR = 22050
@@ -49,16 +50,80 @@ VARIANTS = {
     "f": ("f1", "f2", "f3", "f4", "f5", "anika", "linda", "steph", "Annie", "Alicia", "belinda"),
 }
 
-_ADJ = ("quiet", "bright", "old", "heavy", "small", "golden", "rapid", "gentle", "narrow", "frozen",
-        "purple", "famous", "empty", "careful", "distant", "wooden")
-_NOUN = ("teacher", "river", "window", "farmer", "garden", "engine", "letter", "doctor", "bridge",
-         "camera", "island", "pilot", "kitchen", "market", "violin", "forest")
-_VERB = ("painted", "followed", "opened", "carried", "visited", "repaired", "watched", "described",
-         "found", "cleaned", "borrowed", "measured", "pushed", "noticed", "built", "sold")
-_PLACE = ("near the station", "behind the library", "across the valley", "inside the museum",
-          "under the old bridge", "beside the harbour", "at the top of the hill", "in the village")
-_TIME = ("yesterday", "every morning", "last winter", "before dinner", "after the storm",
-         "on sunday", "at midnight", "twice a week")
+_ADJ = (
+    "quiet",
+    "bright",
+    "old",
+    "heavy",
+    "small",
+    "golden",
+    "rapid",
+    "gentle",
+    "narrow",
+    "frozen",
+    "purple",
+    "famous",
+    "empty",
+    "careful",
+    "distant",
+    "wooden",
+)
+_NOUN = (
+    "teacher",
+    "river",
+    "window",
+    "farmer",
+    "garden",
+    "engine",
+    "letter",
+    "doctor",
+    "bridge",
+    "camera",
+    "island",
+    "pilot",
+    "kitchen",
+    "market",
+    "violin",
+    "forest",
+)
+_VERB = (
+    "painted",
+    "followed",
+    "opened",
+    "carried",
+    "visited",
+    "repaired",
+    "watched",
+    "described",
+    "found",
+    "cleaned",
+    "borrowed",
+    "measured",
+    "pushed",
+    "noticed",
+    "built",
+    "sold",
+)
+_PLACE = (
+    "near the station",
+    "behind the library",
+    "across the valley",
+    "inside the museum",
+    "under the old bridge",
+    "beside the harbour",
+    "at the top of the hill",
+    "in the village",
+)
+_TIME = (
+    "yesterday",
+    "every morning",
+    "last winter",
+    "before dinner",
+    "after the storm",
+    "on sunday",
+    "at midnight",
+    "twice a week",
+)
 
 
 def make_sentence(rng: random.Random) -> str:
@@ -68,8 +133,7 @@ def make_sentence(rng: random.Random) -> str:
     if kind == 0:
         s = f"the {rng.choice(_ADJ)} {a} {rng.choice(_VERB)} the {b} {rng.choice(_PLACE)}"
     elif kind == 1:
-        s = (f"{rng.choice(_TIME)} a {rng.choice(_ADJ)} {a} {rng.choice(_VERB)} "
-             f"my {rng.choice(_ADJ)} {b}")
+        s = f"{rng.choice(_TIME)} a {rng.choice(_ADJ)} {a} {rng.choice(_VERB)} my {rng.choice(_ADJ)} {b}"
     else:
         s = f"nobody {rng.choice(_VERB)} the {a} {rng.choice(_PLACE)} {rng.choice(_TIME)}"
     return s[0].upper() + s[1:] + "."
@@ -97,8 +161,7 @@ def make_speakers(n: int, seed: int) -> list[Speaker]:
     for i in range(n):
         g = "m" if i % 2 == 0 else "f"
         voice = pools[g][(i // 2) % len(pools[g])]
-        out.append(Speaker(f"id{i + 1:05d}", g, voice, rng.randint(30, 70), rng.randint(30, 70),
-                           rng.randint(140, 190)))
+        out.append(Speaker(f"id{i + 1:05d}", g, voice, rng.randint(30, 70), rng.randint(30, 70), rng.randint(140, 190)))
     return out
 
 
@@ -110,9 +173,7 @@ def _video_id(rng: random.Random) -> str:
 class Espeak:
     """Minimal ctypes binding of libespeak-ng (from espeakng-loader) in synchronous mode."""
 
-    _CALLBACK = ctypes.CFUNCTYPE(
-        ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-    )
+    _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
     _RATE, _PITCH, _RANGE = 1, 3, 4  # espeak_PARAMETER
     _SYNCHRONOUS, _DONT_EXIT, _CHARS_UTF8, _POS_CHARACTER = 2, 0x8000, 1, 1
 
@@ -124,10 +185,17 @@ class Espeak:
         lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
-        lib.espeak_Synth.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-        rate = lib.espeak_Initialize(self._SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(),
-                                     self._DONT_EXIT)
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        rate = lib.espeak_Initialize(self._SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), self._DONT_EXIT)
         if rate != ESPEAK_SR:
             raise RuntimeError(f"espeak-ng initialisation failed or rate {rate} != {ESPEAK_SR}")
         self._lib, self._chunks = lib, []
@@ -139,9 +207,7 @@ class Espeak:
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
         return 0
 
-    def synth(
-        self, text: str, voice: str, pitch: int, range_: int, rate: int, rand_seed: int
-    ) -> np.ndarray:
+    def synth(self, text: str, voice: str, pitch: int, range_: int, rate: int, rand_seed: int) -> np.ndarray:
         """Speak ``text``; int16 samples at 22.05 kHz."""
         lib, self._chunks = self._lib, []
         if lib.espeak_SetVoiceByName(voice.encode()) != 0:
@@ -150,9 +216,7 @@ class Espeak:
             lib.espeak_SetParameter(param, int(value), 0)
         lib.espeak_ng_SetRandSeed(rand_seed)
         buf = text.encode() + b"\0"
-        status = lib.espeak_Synth(
-            buf, len(buf), 0, self._POS_CHARACTER, 0, self._CHARS_UTF8, None, None
-        )
+        status = lib.espeak_Synth(buf, len(buf), 0, self._POS_CHARACTER, 0, self._CHARS_UTF8, None, None)
         if status != 0:
             raise RuntimeError(f"espeak_Synth failed with status {status} on {text!r}")
         return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
@@ -176,8 +240,7 @@ def _synth_speaker(task: dict) -> list[np.ndarray]:
     here = str(Path(__file__).resolve().parents[1])  # importable even from a plain checkout
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     code = "from data_prep.synth_speakers import _worker_main; _worker_main()"
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(task).encode(),
-                          capture_output=True, env=env)
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(task).encode(), capture_output=True, env=env)
     if proc.returncode != 0:
         tail = proc.stderr.decode(errors="replace")[-2000:]
         raise RuntimeError(f"espeak-ng worker for {task['voice']} failed: {tail}")
@@ -194,15 +257,22 @@ def _plan(speakers: int, utterances: int, videos: int, seed: int) -> list[dict]:
         rng = random.Random(f"{seed}:{spk.spk_id}")
         sessions = []
         for _ in range(videos):  # a session nudges pitch/rate and has its own channel
-            sessions.append(dict(video=_video_id(rng), pitch=spk.pitch + rng.randint(-4, 4),
-                                 rate=spk.rate + rng.randint(-8, 8), gain=rng.uniform(0.25, 0.7),
-                                 snr_db=rng.uniform(38.0, 48.0)))
+            sessions.append(
+                dict(
+                    video=_video_id(rng),
+                    pitch=spk.pitch + rng.randint(-4, 4),
+                    rate=spk.rate + rng.randint(-8, 8),
+                    gain=rng.uniform(0.25, 0.7),
+                    snr_db=rng.uniform(38.0, 48.0),
+                )
+            )
         utts = []
         for i in range(utterances):
             v = i * videos // utterances  # contiguous blocks, as even as possible
             number = i - (v * utterances + videos - 1) // videos + 1
-            utts.append(dict(session=sessions[v], number=number, text=make_sentence(rng),
-                             rand_seed=rng.randrange(1, 2**31)))
+            utts.append(
+                dict(session=sessions[v], number=number, text=make_sentence(rng), rand_seed=rng.randrange(1, 2**31))
+            )
         plan.append(dict(speaker=spk, utts=utts))
     return plan
 
@@ -221,8 +291,14 @@ def _finish(raw: np.ndarray, session: dict, noise_seed: list[int]) -> np.ndarray
 
 
 def _stamp(speakers: int, utterances: int, videos: int, seed: int) -> dict:
-    return {"format": FORMAT_VERSION, "espeakng_loader": version("espeakng-loader"),
-            "speakers": speakers, "utterances": utterances, "videos": videos, "seed": seed}
+    return {
+        "format": FORMAT_VERSION,
+        "espeakng_loader": version("espeakng-loader"),
+        "speakers": speakers,
+        "utterances": utterances,
+        "videos": videos,
+        "seed": seed,
+    }
 
 
 def synthesize_corpus(
@@ -253,8 +329,7 @@ def synthesize_corpus(
         if json.loads(stamp_path.read_text()) == stamp:
             return out
     elif out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty and holds no {STAMP_NAME}; "
-                              "refusing to replace it")
+        raise FileExistsError(f"{out} is not empty and holds no {STAMP_NAME}; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
@@ -278,13 +353,22 @@ def _build(root: Path, stamp: dict, jobs: int | None, progress: bool) -> None:
 
     seed = stamp["seed"]
     plan = _plan(stamp["speakers"], stamp["utterances"], stamp["videos"], seed)
-    tasks = [dict(voice=p["speaker"].voice, out=str(root / f".raw-{s}.npz"),
-                  jobs=[(u["text"], u["session"]["pitch"], p["speaker"].range, u["session"]["rate"],
-                         u["rand_seed"]) for u in p["utts"]]) for s, p in enumerate(plan)]
+    tasks = [
+        dict(
+            voice=p["speaker"].voice,
+            out=str(root / f".raw-{s}.npz"),
+            jobs=[
+                (u["text"], u["session"]["pitch"], p["speaker"].range, u["session"]["rate"], u["rand_seed"])
+                for u in p["utts"]
+            ],
+        )
+        for s, p in enumerate(plan)
+    ]
     jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(tasks)))
     transcripts, meta = [], []
-    bar = StageBar(total=sum(len(p["utts"]) for p in plan), unit="utt", desc="synthesising speakers",
-               disable=not progress)
+    bar = StageBar(
+        total=sum(len(p["utts"]) for p in plan), unit="utt", desc="synthesising speakers", disable=not progress
+    )
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on worker processes
         for s, (p, raws) in enumerate(zip(plan, pool.map(_synth_speaker, tasks))):
             spk = p["speaker"]
@@ -293,8 +377,9 @@ def _build(root: Path, stamp: dict, jobs: int | None, progress: bool) -> None:
                 rel = Path("dev", "aac", spk.spk_id, video, f"{utt['number']:05d}.wav")
                 save_wav(root / rel, _finish(raw, utt["session"], [seed, s, u]), OUT_SR)
                 number = f"{utt['number']:05d}"
-                transcripts.append([f"{spk.spk_id}--{video}--{number}", spk.spk_id, video, number,
-                                    rel.as_posix(), utt["text"]])
+                transcripts.append(
+                    [f"{spk.spk_id}--{video}--{number}", spk.spk_id, video, number, rel.as_posix(), utt["text"]]
+                )
             meta.append([f"{spk.spk_id} ", f"n{spk.spk_id[2:]:0>6} ", f"{spk.gender} ", "dev "])
             bar.update(len(raws))
     bar.close()
@@ -313,23 +398,23 @@ def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
         writer.writerows(rows)
 
 
-app = typer.Typer(add_completion=False,
-                  help="Synthesise the built-in espeak-ng speaker corpus (VoxCeleb2 layout).")
+app = typer.Typer(add_completion=False, help="Synthesise the built-in espeak-ng speaker corpus (VoxCeleb2 layout).")
 _Opt = typer.Option
 
 
 @app.command()
 def main(
-    out: Annotated[Path, _Opt("--out", help="Corpus root to write (VoxCeleb2 layout: "
-                              "dev/aac/idNNNNN/<video>/NNNNN.wav).")],
-    speakers: Annotated[int, _Opt(min=1, help="Number of speakers (alternating male/female "
-                                  "voices).")] = 20,
-    utterances: Annotated[int, _Opt(min=1, help="Utterances per speaker, spread over its "
-                                    "videos.")] = 30,
-    videos: Annotated[int, _Opt(min=1, help="Videos (recording sessions) per speaker; each "
-                                "nudges pitch, rate, gain and noise.")] = 3,
-    seed: Annotated[int, _Opt(min=0, help="Seed for voices, sentences and sessions; the same "
-                              "seed gives byte-identical files.")] = 0,
+    out: Annotated[
+        Path, _Opt("--out", help="Corpus root to write (VoxCeleb2 layout: dev/aac/idNNNNN/<video>/NNNNN.wav).")
+    ],
+    speakers: Annotated[int, _Opt(min=1, help="Number of speakers (alternating male/female voices).")] = 20,
+    utterances: Annotated[int, _Opt(min=1, help="Utterances per speaker, spread over its videos.")] = 30,
+    videos: Annotated[
+        int, _Opt(min=1, help="Videos (recording sessions) per speaker; each nudges pitch, rate, gain and noise.")
+    ] = 3,
+    seed: Annotated[
+        int, _Opt(min=0, help="Seed for voices, sentences and sessions; the same seed gives byte-identical files.")
+    ] = 0,
     jobs: Annotated[int, _Opt(min=0, help="Worker processes (0: up to 2).")] = 0,
 ) -> None:
     """Synthesise the corpus; a re-run with the same options does nothing."""
@@ -337,8 +422,7 @@ def main(
     before = stamp_path.read_text() if stamp_path.is_file() else None
     root = synthesize_corpus(out, speakers, utterances, videos, seed, jobs=jobs or None)
     state = "up to date" if before == (root / STAMP_NAME).read_text() else "written"
-    typer.echo(f"{root}: {speakers} speakers x {utterances} utterances "
-               f"({videos} videos each), {state}")
+    typer.echo(f"{root}: {speakers} speakers x {utterances} utterances ({videos} videos each), {state}")
 
 
 if __name__ == "__main__":

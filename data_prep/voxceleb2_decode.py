@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import soundfile as sf
-from mmunlearn.progress import StageBar
 
 from data_prep.voxceleb2_inputs import Source
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.audio import AudioError, read_audio, save_wav
+from mmunlearn.files.atomic import write_text_atomic
+from mmunlearn.progress import StageBar
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,10 @@ def _info(path: str) -> Any:
 def _convert_one(src: Source, wav_dir: Path, cached: dict | None) -> dict:
     """Decode/validate one file; returns its index entry (``wav`` + ``frames``, or ``error``)."""
     key = {"size": src.size, "mtime_ns": src.mtime_ns}
-    if cached and all(cached.get(k) == v for k, v in key.items()) and (
-        "error" in cached or Path(cached.get("wav", "")).is_file()
+    if (
+        cached
+        and all(cached.get(k) == v for k, v in key.items())
+        and ("error" in cached or Path(cached.get("wav", "")).is_file())
     ):
         return cached
     try:
@@ -45,8 +47,10 @@ def _convert_one(src: Source, wav_dir: Path, cached: dict | None) -> dict:
         info = _info(src.path) if suffix in (".wav", ".flac") else None
         seconds = info.frames / max(info.samplerate, 1) if info is not None else 0.0
         if src.size > MAX_SOURCE_BYTES or seconds > MAX_SOURCE_SECONDS:
-            raise ValueError(f"{src.path}: {src.size:,} bytes, {seconds:.0f} s: larger than {MAX_SOURCE_BYTES >> 30} "
-                             f"GiB or longer than {MAX_SOURCE_SECONDS} s, left out undecoded")
+            raise ValueError(
+                f"{src.path}: {src.size:,} bytes, {seconds:.0f} s: larger than {MAX_SOURCE_BYTES >> 30} "
+                f"GiB or longer than {MAX_SOURCE_SECONDS} s, left out undecoded"
+            )
         wav = read_audio(src.path, SR)
         if info is not None and info.samplerate == SR and info.channels == 1:
             return {**key, "wav": src.path, "frames": int(wav.size)}
@@ -89,8 +93,9 @@ def read_audio_index(path: Path, force: bool = False) -> dict[str, dict]:
             problem = f"expected a JSON object of file entries, got {type(index).__name__}"
     if problem is not None:
         if not force:
-            raise ValueError(f"{path} is corrupt ({problem}); rerun with --force to discard it and decode "
-                             "the audio again")
+            raise ValueError(
+                f"{path} is corrupt ({problem}); rerun with --force to discard it and decode the audio again"
+            )
         log.warning("%s is corrupt (%s): discarded, decoding the audio again", path, problem)
         return {}
     return {k: v for k, v in index.items() if _index_entry_ok(v)}
@@ -104,8 +109,7 @@ def _decode_all(todo: list[Source], out: Path, jobs: int, progress: bool, index:
     # and no worker has to re-import torch.
     with ThreadPoolExecutor(max_workers=workers) as pool:
         work = pool.map(lambda s: _convert_one(s, out / "wav", index.get(s.path)), todo)
-        entries = list(StageBar(work, total=len(todo), unit="file", desc="decoding audio",
-                            disable=not progress))
+        entries = list(StageBar(work, total=len(todo), unit="file", desc="decoding audio", disable=not progress))
     index.update({src.path: entry for src, entry in zip(todo, entries)})
     _write_json(index_path, index)
     return entries

@@ -74,8 +74,9 @@ def scan_voxceleb(
                 st = os.stat(here / name)
             except OSError:  # vanished or dangling link: nothing to read
                 continue
-            src = Source(here.parent.name, here.name, Path(name).stem, str(here / name), subset,
-                         st.st_size, st.st_mtime_ns)
+            src = Source(
+                here.parent.name, here.name, Path(name).stem, str(here / name), subset, st.st_size, st.st_mtime_ns
+            )
             rank = AUDIO_SUFFIXES.index(suffix)
             if src.id in found:
                 dups += 1
@@ -113,8 +114,10 @@ def read_vox_meta(path: str | os.PathLike, allow_no_gender: bool = False) -> dic
     if "voxceleb2 id" not in header:
         raise ValueError(f"{path}: no 'VoxCeleb2 ID' column in header {header}")
     if "gender" not in header and not allow_no_gender:
-        raise ValueError(f"{path}: no 'Gender' column (columns found: {header}), so every gender would be "
-                         "empty; pass allow_no_gender=True (--allow-no-gender) to prepare without genders")
+        raise ValueError(
+            f"{path}: no 'Gender' column (columns found: {header}), so every gender would be "
+            "empty; pass allow_no_gender=True (--allow-no-gender) to prepare without genders"
+        )
     recs = [{names.get(h, h): v.strip() for h, v in zip(header, row)} for row in rows[1:]]
     return {r.pop("id"): r for r in recs if r.get("id")}
 

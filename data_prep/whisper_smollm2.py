@@ -35,18 +35,37 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--epochs", type=int, default=d.epochs, help="Passes over the training examples.")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="Examples per optimiser step.")
     parser.add_argument("--lr", type=float, default=d.lr, help="Peak learning rate (one-cycle schedule).")
-    parser.add_argument("--max-train-clips", type=int, default=d.max_train_clips,
-                        help="Train on this many clips, drawn evenly over speakers by the seed (0: all).")
-    parser.add_argument("--max-test-clips", type=int, default=d.max_test_clips,
-                        help="Evaluate on this many held-out clips, drawn the same way (0: all).")
-    parser.add_argument("--last-blocks", type=int, default=d.last_blocks,
-                        help="Also train the language model's last N decoder blocks (0: the projector only).")
-    parser.add_argument("--window-seconds", type=int, default=d.window_seconds,
-                        help="The tower's input window in seconds (Whisper's is 30; FSDD's clips fit in 3).")
+    parser.add_argument(
+        "--max-train-clips",
+        type=int,
+        default=d.max_train_clips,
+        help="Train on this many clips, drawn evenly over speakers by the seed (0: all).",
+    )
+    parser.add_argument(
+        "--max-test-clips",
+        type=int,
+        default=d.max_test_clips,
+        help="Evaluate on this many held-out clips, drawn the same way (0: all).",
+    )
+    parser.add_argument(
+        "--last-blocks",
+        type=int,
+        default=d.last_blocks,
+        help="Also train the language model's last N decoder blocks (0: the projector only).",
+    )
+    parser.add_argument(
+        "--window-seconds",
+        type=int,
+        default=d.window_seconds,
+        help="The tower's input window in seconds (Whisper's is 30; FSDD's clips fit in 3).",
+    )
     parser.add_argument("--seed", type=int, default=d.seed, help="Seed of the new projector and the clip draws.")
-    parser.add_argument("--train-splits", default=",".join(d.train_splits),
-                        help="Manifest splits that train the model, comma-separated: train (the original) or "
-                             "spk_retain_train (the retrained reference of speaker forgetting: no forgotten speaker).")
+    parser.add_argument(
+        "--train-splits",
+        default=",".join(d.train_splits),
+        help="Manifest splits that train the model, comma-separated: train (the original) or "
+        "spk_retain_train (the retrained reference of speaker forgetting: no forgotten speaker).",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads.")
     parser.add_argument("--assemble-only", action="store_true", help="Only write the untrained folder and stop.")
     args = parser.parse_args(argv)
@@ -61,11 +80,18 @@ def main(argv: list[str] | None = None) -> Path:
         return path
     if args.manifests is None:
         parser.error("--manifests is required (unless --assemble-only)")
-    settings = PresetTraining(tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()),
-                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                              max_train_clips=args.max_train_clips, max_test_clips=args.max_test_clips,
-                              last_blocks=args.last_blocks, window_seconds=args.window_seconds, seed=args.seed,
-                              train_splits=tuple(t.strip() for t in args.train_splits.split(",") if t.strip()))
+    settings = PresetTraining(
+        tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_train_clips=args.max_train_clips,
+        max_test_clips=args.max_test_clips,
+        last_blocks=args.last_blocks,
+        window_seconds=args.window_seconds,
+        seed=args.seed,
+        train_splits=tuple(t.strip() for t in args.train_splits.split(",") if t.strip()),
+    )
     command = "python -m data_prep.whisper_smollm2 " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     train_preset(args.manifests, args.out, settings, command=command, log=lambda s: print(s, flush=True))
     return args.out

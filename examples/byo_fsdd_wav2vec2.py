@@ -40,13 +40,31 @@ def small_config(labels: list[str]) -> Wav2Vec2Config:
     """A wav2vec2 of about 0.1 M parameters: three layer-normed convolutions (100 frames per second), two transformer
     layers 64 wide, mean pooling, a projection of 32 and the class rows."""
     return Wav2Vec2Config(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        conv_dim=(32, 32, 32), conv_kernel=(10, 8, 4), conv_stride=(10, 4, 4), conv_bias=True,
-        feat_extract_norm="layer", do_stable_layer_norm=True, num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4, mask_time_prob=0.0, mask_feature_prob=0.0, layerdrop=0.0,
-        hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
-        final_dropout=0.0, classifier_proj_size=32, num_labels=len(labels),
-        id2label=dict(enumerate(labels)), label2id={s: i for i, s in enumerate(labels)})
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        conv_dim=(32, 32, 32),
+        conv_kernel=(10, 8, 4),
+        conv_stride=(10, 4, 4),
+        conv_bias=True,
+        feat_extract_norm="layer",
+        do_stable_layer_norm=True,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        mask_time_prob=0.0,
+        mask_feature_prob=0.0,
+        layerdrop=0.0,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        feat_proj_dropout=0.0,
+        final_dropout=0.0,
+        classifier_proj_size=32,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={s: i for i, s in enumerate(labels)},
+    )
 
 
 def load_audio(path: str) -> np.ndarray:
@@ -60,13 +78,13 @@ def batches(clips: list[np.ndarray], ys: list[int], size: int, rng: random.Rando
     order = list(range(len(clips)))
     rng.shuffle(order)
     for i in range(0, len(order), size):
-        picked = order[i: i + size]
+        picked = order[i : i + size]
         out = []
         for j in picked:
             wav = clips[j]
             if len(wav) > crop:
                 start = rng.randrange(len(wav) - crop + 1)
-                wav = wav[start: start + crop]
+                wav = wav[start : start + crop]
             out.append(wav)
         yield out, torch.tensor([ys[j] for j in picked])
 
@@ -82,8 +100,17 @@ def accuracy(model, fe, clips: list[np.ndarray], ys: list[int]) -> float:
     return right / len(clips)
 
 
-def train(train_csv: Path, out: Path, test_csv: Path | None = None, exclude: str | None = None, epochs: int = 6,
-          lr: float = 3e-3, batch_size: int = 16, crop_seconds: float = 1.0, seed: int = 0) -> dict:
+def train(
+    train_csv: Path,
+    out: Path,
+    test_csv: Path | None = None,
+    exclude: str | None = None,
+    epochs: int = 6,
+    lr: float = 3e-3,
+    batch_size: int = 16,
+    crop_seconds: float = 1.0,
+    seed: int = 0,
+) -> dict:
     """Train, save with ``save_pretrained`` to ``out`` and return what was measured (also ``out/training.json``)."""
     torch.manual_seed(seed)
     rows = read_rows(train_csv)
@@ -93,14 +120,16 @@ def train(train_csv: Path, out: Path, test_csv: Path | None = None, exclude: str
     kept = [(p, label) for p, label in rows if label != exclude]
     clips = [load_audio(p) for p, _ in kept]
     ys = [labels.index(label) for _, label in kept]
-    fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=RATE, padding_value=0.0, do_normalize=True,
-                                  return_attention_mask=True)
+    fe = Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=RATE, padding_value=0.0, do_normalize=True, return_attention_mask=True
+    )
     model = Wav2Vec2ForSequenceClassification(small_config(labels))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * math.ceil(len(clips) / batch_size)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, steps - warm))))))
+        opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, steps - warm)))))
+    )
     rng = random.Random(seed)
     t0 = time.perf_counter()
     for epoch in range(epochs):
@@ -117,10 +146,20 @@ def train(train_csv: Path, out: Path, test_csv: Path | None = None, exclude: str
             total, n = total + loss.item() * len(y), n + len(y)
         print(f"epoch {epoch + 1}/{epochs}: loss {total / n:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     seconds = time.perf_counter() - t0
-    facts = {"train_csv": str(train_csv), "exclude": exclude, "clips": len(clips), "labels": labels,
-             "epochs": epochs, "lr": lr, "batch_size": batch_size, "crop_seconds": crop_seconds, "seed": seed,
-             "parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(seconds, 1),
-             "train_acc": accuracy(model, fe, clips, ys)}
+    facts = {
+        "train_csv": str(train_csv),
+        "exclude": exclude,
+        "clips": len(clips),
+        "labels": labels,
+        "epochs": epochs,
+        "lr": lr,
+        "batch_size": batch_size,
+        "crop_seconds": crop_seconds,
+        "seed": seed,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": round(seconds, 1),
+        "train_acc": accuracy(model, fe, clips, ys),
+    }
     if test_csv is not None:
         test = read_rows(test_csv)
         facts["test_acc"] = accuracy(model, fe, [load_audio(p) for p, _ in test], [labels.index(s) for _, s in test])

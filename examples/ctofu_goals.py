@@ -27,8 +27,18 @@ MIN_FORGET_QUALITY = 0.05
 MIN_UTILITY_RATIO = 0.9
 MAX_RELATIVE_GAP = 0.05
 #: the script each cTOFU language is written in
-SCRIPTS = {"en": "Latin", "fr": "Latin", "id": "Latin", "ru": "Cyrillic", "ar": "Arabic", "fa": "Arabic",
-           "iw": "Hebrew", "hi": "Devanagari", "ja": "Japanese", "ko": "Hangul"}
+SCRIPTS = {
+    "en": "Latin",
+    "fr": "Latin",
+    "id": "Latin",
+    "ru": "Cyrillic",
+    "ar": "Arabic",
+    "fa": "Arabic",
+    "iw": "Hebrew",
+    "hi": "Devanagari",
+    "ja": "Japanese",
+    "ko": "Hangul",
+}
 REFERENCES = ("target model", "retain model")
 
 
@@ -94,13 +104,22 @@ def criterion_rows(comp: dict, criterion: str = "auto") -> list[dict]:
             if mu is not None and target_mu and mu >= MIN_UTILITY_RATIO * target_mu:
                 mu_ok.append(m)
         both = [m for m in forget_ok if m in mu_ok]
-        out.append({"lang": lang, "script": SCRIPTS.get(lang, "?"),
-                    "criterion": "FQ >= 0.05" if chosen == "fq" else "forget ROUGE-L <= retain model's",
-                    "target_fq": target.get("forget_quality"), "target_rouge": target.get("forget_Q_A_ROUGE"),
-                    "retain_rouge": retain.get("forget_Q_A_ROUGE"), "target_prob": target.get("forget_Q_A_Prob"),
-                    "retain_prob": retain.get("forget_Q_A_Prob"), "target_mu": target.get("model_utility"),
-                    "forget_met": ", ".join(forget_ok) or "none", "mu_kept": ", ".join(mu_ok) or "none",
-                    "both": ", ".join(both) or "none"})
+        out.append(
+            {
+                "lang": lang,
+                "script": SCRIPTS.get(lang, "?"),
+                "criterion": "FQ >= 0.05" if chosen == "fq" else "forget ROUGE-L <= retain model's",
+                "target_fq": target.get("forget_quality"),
+                "target_rouge": target.get("forget_Q_A_ROUGE"),
+                "retain_rouge": retain.get("forget_Q_A_ROUGE"),
+                "target_prob": target.get("forget_Q_A_Prob"),
+                "retain_prob": retain.get("forget_Q_A_Prob"),
+                "target_mu": target.get("model_utility"),
+                "forget_met": ", ".join(forget_ok) or "none",
+                "mu_kept": ", ".join(mu_ok) or "none",
+                "both": ", ".join(both) or "none",
+            }
+        )
     return out
 
 
@@ -112,16 +131,28 @@ def script_rows(comp: dict) -> list[dict]:
     others = [lang for lang in langs if lang not in forget_langs]
     latin = [lang for lang in others if SCRIPTS.get(lang) == "Latin"]
     non_latin = [lang for lang in others if SCRIPTS.get(lang) != "Latin"]
+
+    def drop(m: str, group: list[str]) -> float | None:
+        return _mean([_num((cell.get((m, lang)) or {}).get("rouge_rel_drop")) for lang in group])
+
+    def share(d: float | None, own: float | None) -> float | None:
+        return d / own if d is not None and own is not None and own > 0 else None
+
     out = []
     for m in methods:
-        def drop(group: list[str]) -> float | None:
-            return _mean([_num((cell.get((m, lang)) or {}).get("rouge_rel_drop")) for lang in group])
-
-        own, lat, non = drop(list(forget_langs)), drop(latin), drop(non_latin)
-        share = (lambda d: d / own if d is not None and own is not None and own > 0 else None)
-        out.append({"method": m, "drop_forget": own, "drop_latin": lat, "drop_non_latin": non,
-                    "transfer_latin": share(lat), "transfer_non_latin": share(non),
-                    "latin": ",".join(latin) or "none", "non_latin": ",".join(non_latin) or "none"})
+        own, lat, non = drop(m, list(forget_langs)), drop(m, latin), drop(m, non_latin)
+        out.append(
+            {
+                "method": m,
+                "drop_forget": own,
+                "drop_latin": lat,
+                "drop_non_latin": non,
+                "transfer_latin": share(lat, own),
+                "transfer_non_latin": share(non, own),
+                "latin": ",".join(latin) or "none",
+                "non_latin": ",".join(non_latin) or "none",
+            }
+        )
     return out
 
 
@@ -143,31 +174,68 @@ def qr_vs_svd_rows(comp: dict, qr: str = "qr-erase", svd: str = "svd-unlearn") -
         raise ValueError(f"compare.json has no rows of {qr!r} and {svd!r}")
     out = []
     for lang in langs:
-        for header, key in (("forget quality", "forget_quality"), ("forget ROUGE-L drop", "rouge_drop"),
-                            ("model utility", "model_utility")):
+        for header, key in (
+            ("forget quality", "forget_quality"),
+            ("forget ROUGE-L drop", "rouge_drop"),
+            ("model utility", "model_utility"),
+        ):
             a, b = _num(cell[(qr, lang)].get(key)), _num(cell[(svd, lang)].get(key))
             gap = _gap(a, b)
-            out.append({"metric": f"{header} ({lang})", "qr": a, "svd": b, "gap": gap,
-                        "within": None if gap is None else gap <= MAX_RELATIVE_GAP})
+            out.append(
+                {
+                    "metric": f"{header} ({lang})",
+                    "qr": a,
+                    "svd": b,
+                    "gap": gap,
+                    "within": None if gap is None else gap <= MAX_RELATIVE_GAP,
+                }
+            )
     seconds = [_num(cell[(m, langs[0])].get("total_seconds")) for m in (qr, svd)]
     ratio = seconds[0] / seconds[1] if None not in seconds and seconds[1] else None
-    out.append({"metric": "extraction + sweep + edit, s (QR / SVD)", "qr": seconds[0], "svd": seconds[1],
-                "gap": ratio, "within": None})
+    out.append(
+        {
+            "metric": "extraction + sweep + edit, s (QR / SVD)",
+            "qr": seconds[0],
+            "svd": seconds[1],
+            "gap": ratio,
+            "within": None,
+        }
+    )
     return out
 
 
 COLUMNS = {
-    "criterion": [["lang", "lang"], ["script", "script"], ["criterion", "criterion"], ["target FQ", "target_fq"],
-                  ["target forget ROUGE-L", "target_rouge"], ["retain forget ROUGE-L", "retain_rouge"],
-                  ["target forget prob", "target_prob"], ["retain forget prob", "retain_prob"],
-                  ["target MU", "target_mu"], ["forget criterion met", "forget_met"],
-                  ["MU >= 0.9x target's", "mu_kept"], ["both", "both"]],
-    "scripts": [["method", "method"], ["rel. ROUGE-L drop, forget lang", "drop_forget"],
-                ["other Latin", "drop_latin"], ["non-Latin", "drop_non_latin"],
-                ["transfer, Latin", "transfer_latin"], ["transfer, non-Latin", "transfer_non_latin"],
-                ["Latin langs", "latin"], ["non-Latin langs", "non_latin"]],
-    "qr_vs_svd": [["metric", "metric"], ["qr-erase", "qr"], ["svd-unlearn", "svd"],
-                  ["gap / SVD (time: QR / SVD)", "gap"], ["within 5 %", "within"]],
+    "criterion": [
+        ["lang", "lang"],
+        ["script", "script"],
+        ["criterion", "criterion"],
+        ["target FQ", "target_fq"],
+        ["target forget ROUGE-L", "target_rouge"],
+        ["retain forget ROUGE-L", "retain_rouge"],
+        ["target forget prob", "target_prob"],
+        ["retain forget prob", "retain_prob"],
+        ["target MU", "target_mu"],
+        ["forget criterion met", "forget_met"],
+        ["MU >= 0.9x target's", "mu_kept"],
+        ["both", "both"],
+    ],
+    "scripts": [
+        ["method", "method"],
+        ["rel. ROUGE-L drop, forget lang", "drop_forget"],
+        ["other Latin", "drop_latin"],
+        ["non-Latin", "drop_non_latin"],
+        ["transfer, Latin", "transfer_latin"],
+        ["transfer, non-Latin", "transfer_non_latin"],
+        ["Latin langs", "latin"],
+        ["non-Latin langs", "non_latin"],
+    ],
+    "qr_vs_svd": [
+        ["metric", "metric"],
+        ["qr-erase", "qr"],
+        ["svd-unlearn", "svd"],
+        ["gap / SVD (time: QR / SVD)", "gap"],
+        ["within 5 %", "within"],
+    ],
 }
 
 
@@ -175,17 +243,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("compare", type=Path, help="A finished `ctofu compare` folder's compare.json.")
     p.add_argument("out", type=Path, help="Folder for criterion.json, scripts.json and qr_vs_svd.json.")
-    p.add_argument("--criterion", default="auto", help="auto (FQ when it separates target and retain model in "
-                                                       "every language, else ROUGE-L), fq or rouge.")
+    p.add_argument(
+        "--criterion",
+        default="auto",
+        help="auto (FQ when it separates target and retain model in every language, else ROUGE-L), fq or rouge.",
+    )
     args = p.parse_args()
     comp = json.loads(args.compare.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
-    tables = {"criterion": criterion_rows(comp, args.criterion), "scripts": script_rows(comp),
-              "qr_vs_svd": qr_vs_svd_rows(comp)}
+    tables = {
+        "criterion": criterion_rows(comp, args.criterion),
+        "scripts": script_rows(comp),
+        "qr_vs_svd": qr_vs_svd_rows(comp),
+    }
     print("forget quality separates target and retain model in every language:", fq_separates(comp))
     for name, rows in tables.items():
-        path = write_text_atomic(args.out / f"{name}.json",
-                                 json.dumps({"columns": COLUMNS[name], "rows": rows}, indent=2))
+        path = write_text_atomic(
+            args.out / f"{name}.json", json.dumps({"columns": COLUMNS[name], "rows": rows}, indent=2)
+        )
         print(f"{len(rows)} rows -> {path}")
 
 

@@ -18,7 +18,8 @@ langs = list(dict.fromkeys(r["lang"] for r in rows))
 for key, name in (("forget_quality", "fq"), ("rouge_drop", "rouge_drop")):
     cell = {(r["method"], r["lang"]): r.get(key) for r in rows}
     table = [{"method": m, **{lang: cell.get((m, lang)) for lang in langs}} for m in methods]
-    (out / f"{name}.json").write_text(json.dumps({"rows": table, "columns": [["method", "method"]] +
-                                                  [[lang, lang] for lang in langs]}, indent=1))
+    (out / f"{name}.json").write_text(
+        json.dumps({"rows": table, "columns": [["method", "method"]] + [[lang, lang] for lang in langs]}, indent=1)
+    )
 (out / "transfer.json").write_text(json.dumps({"rows": run["transfer"]}, indent=1))
 print(f"{len(methods)} methods x {len(langs)} languages -> {out}")

@@ -45,10 +45,16 @@ def side_by_side(reference: Path, lean: Path) -> dict:
         row["eval_seconds_lean"] = lean_rows[method].get("eval_seconds")
         rows.append(row)
     walls = {"reference": ref["context"].get("wall_seconds"), "lean": lean_data["context"].get("wall_seconds")}
-    settings = {name: {k: d["context"].get(k) for k in ("max_new_tokens", "utility_items", "precision")}
-                for name, d in (("reference", ref), ("lean", lean_data))}
-    return {"rows": rows, "wall_seconds": walls, "settings": settings,
-            "runs": {"reference": str(reference), "lean": str(lean)}}
+    settings = {
+        name: {k: d["context"].get(k) for k in ("max_new_tokens", "utility_items", "precision")}
+        for name, d in (("reference", ref), ("lean", lean_data))
+    }
+    return {
+        "rows": rows,
+        "wall_seconds": walls,
+        "settings": settings,
+        "runs": {"reference": str(reference), "lean": str(lean)},
+    }
 
 
 def main() -> None:
@@ -62,8 +68,10 @@ def main() -> None:
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(args.json)
     for r in result["rows"]:
-        print(f"{r['method']:<14} FQ {r['fq_reference']!s:>10} -> {r['fq_lean']!s:<10} "
-              f"MU {r['mu_reference']!s:>10} -> {r['mu_lean']!s:<10}")
+        print(
+            f"{r['method']:<14} FQ {r['fq_reference']!s:>10} -> {r['fq_lean']!s:<10} "
+            f"MU {r['mu_reference']!s:>10} -> {r['mu_lean']!s:<10}"
+        )
     print(f"wall seconds: {result['wall_seconds']}; wrote {args.json}")
 
 

@@ -35,38 +35,68 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.tofu import load_split, split_info
+from mmunlearn.erase import restore
 from mmunlearn.erase.energy import group_of
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.methods.erasure import EraseConfig, _apply, _sweep, relative_unit
 from mmunlearn.methods.rule import Scorer, SweepRule
-from mmunlearn.erase import restore
 from mmunlearn.taskvec import load_task_matrices, save_task_matrices
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices, update_task_matrices
 
 PROTOCOLS = ("update", "layerwise", "finetune", "gradient", "lora")
 #: The options a resumed scan must share with the JSON's (what every point's figures depend on).
-SETUP = ("target", "base", "retain_model", "data", "authors", "forget_split", "retain_items", "bound", "forget_target",
-         "precision", "steps", "layerwise_steps", "lr", "batch_size", "block_rank", "block_retain_rank")
+SETUP = (
+    "target",
+    "base",
+    "retain_model",
+    "data",
+    "authors",
+    "forget_split",
+    "retain_items",
+    "bound",
+    "forget_target",
+    "precision",
+    "steps",
+    "layerwise_steps",
+    "lr",
+    "batch_size",
+    "block_rank",
+    "block_retain_rank",
+)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, type=Path, help="Target model folder.")
-    p.add_argument("--base", type=Path,
-                   help="The folder the target was fine-tuned from (default: the one its train_log.json names).")
-    p.add_argument("--retain-model", type=Path, help="The base fine-tuned on the retain rows alone (update: T_r = it "
-                                                     "- base; also the forget target with --forget-target retain).")
+    p.add_argument(
+        "--base",
+        type=Path,
+        help="The folder the target was fine-tuned from (default: the one its train_log.json names).",
+    )
+    p.add_argument(
+        "--retain-model",
+        type=Path,
+        help="The base fine-tuned on the retain rows alone (update: T_r = it "
+        "- base; also the forget target with --forget-target retain).",
+    )
     p.add_argument("--data", default="synthetic", help="TOFU folder or 'synthetic[:...]'.")
     p.add_argument("--authors", type=int, default=None, help="Keep N authors (as the recipes' --authors).")
     p.add_argument("--forget-split", default="forget10", help="Forget split.")
     p.add_argument("--retain-items", type=int, default=40, help="Retain rows the rule scores (spread evenly).")
     p.add_argument("--bound", type=float, default=0.1, help="Retain NLL rise allowed (nats).")
-    p.add_argument("--forget-target", default="base", choices=("base", "retain"),
-                   help="The forget NLL aimed at: the base model's or the retain model's.")
+    p.add_argument(
+        "--forget-target",
+        default="base",
+        choices=("base", "retain"),
+        help="The forget NLL aimed at: the base model's or the retain model's.",
+    )
     p.add_argument("--precision", default="bf16", choices=("no", "bf16"), help="Scoring precision.")
-    p.add_argument("--protocols", default="update,layerwise,finetune,gradient",
-                   help=f"Comma-separated, of {', '.join(PROTOCOLS)}; NAME@target extracts from the target.")
+    p.add_argument(
+        "--protocols",
+        default="update,layerwise,finetune,gradient",
+        help=f"Comma-separated, of {', '.join(PROTOCOLS)}; NAME@target extracts from the target.",
+    )
     p.add_argument("--ranks", default="8,32,128", help="Forget ranks (comma-separated).")
     p.add_argument("--retain-ranks", default="0,128", help="Retain ranks (0: no retain projection).")
     p.add_argument("--layer-rules", default="mean,all,top3", help="Layer rules: mean, all, topK (K blocks by energy).")
@@ -78,8 +108,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-protocol", default=None, help="Protocol of the per-block scan (default: the first).")
     p.add_argument("--block-rank", type=int, default=32, help="Per-block scan: forget rank.")
     p.add_argument("--block-retain-rank", type=int, default=128, help="Per-block scan: retain rank.")
-    p.add_argument("--best", type=int, default=3, help="Points (best within the bound) whose forget ROUGE-L and "
-                                                       "probability are measured (greedy answers; 0: none).")
+    p.add_argument(
+        "--best",
+        type=int,
+        default=3,
+        help="Points (best within the bound) whose forget ROUGE-L and "
+        "probability are measured (greedy answers; 0: none).",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     p.add_argument("--json", type=Path, required=True, help="Where the results go (resumed when it exists).")
     return p.parse_args(argv)
@@ -116,8 +151,12 @@ def task_matrices(name: str, args, models: dict, forget, retain_all, cache: Path
         if models.get("retain") is not None:
             tr = update_task_matrices(models["retain"], models["base"], what="retain model")
         else:
-            tr = extract_task_matrices(models["base"], retain_all, ExtractConfig(
-                kind="finetune", steps=args.steps, lr=args.lr, batch_size=args.batch_size), progress=False)
+            tr = extract_task_matrices(
+                models["base"],
+                retain_all,
+                ExtractConfig(kind="finetune", steps=args.steps, lr=args.lr, batch_size=args.batch_size),
+                progress=False,
+            )
     else:
         steps = args.layerwise_steps if kind == "layerwise" else args.steps
         cfg = ExtractConfig(kind=kind, steps=steps, lr=args.lr, batch_size=args.batch_size)
@@ -134,9 +173,15 @@ def measure(target, scorer: Scorer, rep, **extra) -> dict:
     """The rule's measures of the edited model (then undone): what every point records."""
     f, r = scorer.score(target)
     restore(target.model, rep)
-    return {"forget_nll": f, "retain_nll": r, "forget_rise": f - scorer.base_forget,
-            "retain_rise": r - scorer.base_retain, "met": scorer.reached(f) and not scorer.over(r),
-            "selected_layers": rep.selected, **extra}
+    return {
+        "forget_nll": f,
+        "retain_nll": r,
+        "forget_rise": f - scorer.base_forget,
+        "retain_rise": r - scorer.base_retain,
+        "met": scorer.reached(f) and not scorer.over(r),
+        "selected_layers": rep.selected,
+        **extra,
+    }
 
 
 def point(target, tf, tr, cfg: EraseConfig, subtraction: str, scorer: Scorer) -> dict:
@@ -167,8 +212,9 @@ def block_scan(target, tf, tr, args, scorer: Scorer, results: dict, save) -> Non
         rep = _apply(target.model, sub_f, sub_r, cfg, cfg.rank, 1.0, None)
         row = measure(target, scorer, rep, block=g, energy=sum(float(t.float().norm()) for t in sub_f.values()) / total)
         results["blocks"].append(row)
-        print(f"block {g}: energy {row['energy']:.3f}, forget {row['forget_rise']:+.3f}, "
-              f"retain {row['retain_rise']:+.3f}")
+        print(
+            f"block {g}: energy {row['energy']:.3f}, forget {row['forget_rise']:+.3f}, retain {row['retain_rise']:+.3f}"
+        )
         save()
 
 
@@ -180,8 +226,10 @@ def forget_outputs(adapter, forget) -> dict:
 
     gold = [row.answer for row in forget]
     said = generate_answers(adapter, [row.question for row in forget], max_new_tokens="auto", gold=gold)
-    return {"forget_rouge_l": float(rouge_l_recall(said, gold).mean()),
-            "forget_prob": float(torch.exp(-adapter.answer_nll(forget)).mean())}
+    return {
+        "forget_rouge_l": float(rouge_l_recall(said, gold).mean()),
+        "forget_prob": float(torch.exp(-adapter.answer_nll(forget)).mean()),
+    }
 
 
 def best_points(target, args, models, forget, retain_all, cache: Path, results: dict, save) -> None:
@@ -198,8 +246,9 @@ def best_points(target, args, models, forget, retain_all, cache: Path, results: 
             continue
         tf, tr, _ = task_matrices(p["protocol"], args, models, forget, retain_all, cache)
         rule_name, top = layer_rule(p["layer_rule"])
-        cfg = EraseConfig(rank=p["rank"], retain_rank=p["retain_rank"], layer_rule=rule_name, top=top,
-                          localize=rule_name != "all")
+        cfg = EraseConfig(
+            rank=p["rank"], retain_rank=p["retain_rank"], layer_rule=rule_name, top=top, localize=rule_name != "all"
+        )
         rep = _apply(target.model, tf, tr, cfg, cfg.rank, p["scale"], None)
         try:
             p.update(forget_outputs(target, forget))
@@ -230,8 +279,12 @@ def load_models(args) -> dict:
     if base_dir is None:
         raise SystemExit("error: the target names no base model; pass --base")
     load = lambda d: TextLLMAdapter.from_pretrained(d, device="cpu", precision=args.precision)  # noqa: E731
-    return {"target": load(args.target), "base": load(base_dir), "base_dir": base_dir,
-            "retain": load(args.retain_model) if args.retain_model else None}
+    return {
+        "target": load(args.target),
+        "base": load(base_dir),
+        "base_dir": base_dir,
+        "retain": load(args.retain_model) if args.retain_model else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -241,8 +294,10 @@ def main(argv: list[str] | None = None) -> dict:
     results = json.loads(args.json.read_text()) if args.json.is_file() else {"points": [], "blocks": [], "setup": setup}
     changed = sorted(k for k in SETUP if results.get("setup", {}).get(k) != setup[k])
     if changed:
-        raise SystemExit(f"error: {args.json} was scanned with other {', '.join(changed)}: its points would not "
-                         "compare; give another --json")
+        raise SystemExit(
+            f"error: {args.json} was scanned with other {', '.join(changed)}: its points would not "
+            "compare; give another --json"
+        )
     models = load_models(args)
     target = models["target"]
     pct = split_info(args.forget_split).forget_pct
@@ -254,13 +309,25 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("error: --forget-target retain needs --retain-model")
     rule = SweepRule(forget_target=float(aim.answer_nll(forget).mean()), retain_bound=args.bound)
     scorer = Scorer(rule, target, forget, retain)
-    results.update({"target": str(args.target), "base": str(models["base_dir"]), "retain_model": str(args.retain_model),
-                    "forget_items": len(forget), "retain_items": len(retain), "forget_target": rule.forget_target,
-                    "bound": args.bound, "base_forget_nll": scorer.base_forget, "base_retain_nll": scorer.base_retain,
-                    "scoring_seconds_per_point": scorer.seconds})
+    results.update(
+        {
+            "target": str(args.target),
+            "base": str(models["base_dir"]),
+            "retain_model": str(args.retain_model),
+            "forget_items": len(forget),
+            "retain_items": len(retain),
+            "forget_target": rule.forget_target,
+            "bound": args.bound,
+            "base_forget_nll": scorer.base_forget,
+            "base_retain_nll": scorer.base_retain,
+            "scoring_seconds_per_point": scorer.seconds,
+        }
+    )
     save = lambda: write_text_atomic(args.json, json.dumps(results, indent=2))  # noqa: E731
-    print(f"forget NLL: target {scorer.base_forget:.3f}, aim {rule.forget_target:.3f}; "
-          f"retain NLL {scorer.base_retain:.3f}")
+    print(
+        f"forget NLL: target {scorer.base_forget:.3f}, aim {rule.forget_target:.3f}; "
+        f"retain NLL {scorer.base_retain:.3f}"
+    )
     cache = args.json.with_suffix(".taskvec")
     protocols = [x.strip() for x in args.protocols.split(",") if x.strip()]
     done = {p["key"] for p in results["points"]}
@@ -270,25 +337,42 @@ def main(argv: list[str] | None = None) -> dict:
             for retain_rank in _ints(args.retain_ranks):
                 for rule_text in args.layer_rules.split(","):
                     rule_name, top = layer_rule(rule_text.strip())
-                    cfg = EraseConfig(rank=rank, retain_rank=retain_rank, layer_rule=rule_name, top=top,
-                                      localize=rule_name != "all")
+                    cfg = EraseConfig(
+                        rank=rank, retain_rank=retain_rank, layer_rule=rule_name, top=top, localize=rule_name != "all"
+                    )
                     for sub in [s.strip() for s in args.subtractions.split(",") if s.strip()]:
                         key = f"{name}|{rank}|{retain_rank}|{rule_text.strip()}|{sub}"
                         if key in done:
                             continue
-                        row = {"key": key, "protocol": name, "rank": rank, "retain_rank": retain_rank,
-                               "layer_rule": rule_text.strip(), "subtraction": sub, "extract_seconds": seconds,
-                               **point(target, tf, tr, cfg, sub, scorer)}
+                        row = {
+                            "key": key,
+                            "protocol": name,
+                            "rank": rank,
+                            "retain_rank": retain_rank,
+                            "layer_rule": rule_text.strip(),
+                            "subtraction": sub,
+                            "extract_seconds": seconds,
+                            **point(target, tf, tr, cfg, sub, scorer),
+                        }
                         results["points"].append(row)
                         save()
-                        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-                                       if k != "selected_layers"))
+                        print(
+                            " ".join(
+                                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                for k, v in row.items()
+                                if k != "selected_layers"
+                            )
+                        )
     tf, tr, _ = task_matrices(args.block_protocol or protocols[0], args, models, forget, retain_all, cache)
     results["block_protocol"] = args.block_protocol or protocols[0]
     block_scan(target, tf, tr, args, scorer, results, save)
-    plot_blocks(results["blocks"], args.json.with_suffix(".blocks.png"), args.bound,
-                f"one block edited alone: {results['block_protocol']}, rank {args.block_rank}, "
-                f"retain rank {args.block_retain_rank}")
+    plot_blocks(
+        results["blocks"],
+        args.json.with_suffix(".blocks.png"),
+        args.bound,
+        f"one block edited alone: {results['block_protocol']}, rank {args.block_rank}, "
+        f"retain rank {args.block_retain_rank}",
+    )
     if args.best > 0:
         best_points(target, args, models, forget, retain_all, cache, results, save)
     within = [p for p in results["points"] if p["retain_rise"] <= args.bound]

@@ -37,13 +37,23 @@ model = SpeakerAdapter.load(models[0], device="cpu")
 model.scope = "head"
 scored = [retain[round(i * (len(retain) - 1) / 31)] for i in range(32)]  # the bench's --score-retain default
 n_classes = len(model.speakers)
-rule = replace(speaker_rule(n_classes, 0.05, chance_error_rate(n_classes)), retain_items=scored, checks_per_epoch=1)  # as the bench
+rule = replace(
+    speaker_rule(n_classes, 0.05, chance_error_rate(n_classes)), retain_items=scored, checks_per_epoch=1
+)  # as the bench
 history, rows = History(work), []
 for i, spk in enumerate(speakers, 1):
     ask = [r for r in forget if r["spk_id"] == spk]
     folder = work / "per_speaker" / f"request-{i}"  # each request's folder, as the bench writes it
-    request = UnlearnRequest("qr-erase", "speaker", size="small", rule=rule, out=folder, overwrite=True, progress=False,
-                             overrides={"extract_kind": "gradient", "sweep_scales": "auto", "retain_rank": 0})
+    request = UnlearnRequest(
+        "qr-erase",
+        "speaker",
+        size="small",
+        rule=rule,
+        out=folder,
+        overwrite=True,
+        progress=False,
+        overrides={"extract_kind": "gradient", "sweep_scales": "auto", "retain_rank": 0},
+    )
     result = run_request(request, model, ask, retain, history=history)
     history = read_history(folder)
     gone = speakers[:i]
@@ -52,10 +62,18 @@ for i, spk in enumerate(speakers, 1):
     for who, v in counted["per_speaker"].items():
         mine = scores.predictions[scores.labels == model.index[who]]
         top = sorted(((int((mine == k).sum()), model.speakers[k]) for k in set(mine.tolist())), reverse=True)[:3]
-        rows.append({"request": i, "request_speaker": spk, "rule_met": result.report["target_reached"],
-                     "speaker": who, "utterances": v["utterances"], "own": v["acc"],
-                     "any_forgotten": v["any_forgotten"],
-                     "goes_to": ", ".join(f"{name} {n / len(mine):.2f}" for n, name in top)})
+        rows.append(
+            {
+                "request": i,
+                "request_speaker": spk,
+                "rule_met": result.report["target_reached"],
+                "speaker": who,
+                "utterances": v["utterances"],
+                "own": v["acc"],
+                "any_forgotten": v["any_forgotten"],
+                "goes_to": ", ".join(f"{name} {n / len(mine):.2f}" for n, name in top),
+            }
+        )
         print(rows[-1])
 out.write_text(json.dumps({"rows": rows, "speakers": speakers, "model": str(models[0])}, indent=1))
 print(f"wrote {out}")

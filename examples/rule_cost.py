@@ -23,10 +23,9 @@ import torch
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.adapters.text.tokenizer import train_bpe
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.tofu import load_split
-from mmunlearn.methods import SweepRule, mean_nll
-from mmunlearn.methods import erasure
+from mmunlearn.files.atomic import write_text_atomic
+from mmunlearn.methods import SweepRule, erasure, mean_nll
 from mmunlearn.methods.rule import Scorer
 from mmunlearn.taskvec.extract import ExtractConfig
 
@@ -38,8 +37,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--forget", type=int, default=40, help="Forget rows scored.")
     p.add_argument("--retain", type=int, default=40, help="Retain rows scored.")
     p.add_argument("--top", type=int, default=3, help="Edit the top-K blocks by energy (layer rule top).")
-    p.add_argument("--edit-from", type=int, default=0,
-                   help="Task vectors (and so the edit) only in blocks from this index on (0: every block).")
+    p.add_argument(
+        "--edit-from",
+        type=int,
+        default=0,
+        help="Task vectors (and so the edit) only in blocks from this index on (0: every block).",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     p.add_argument("--json", type=Path, help="Write the timings here.")
     return p.parse_args()
@@ -63,6 +66,7 @@ def _timed(stages: dict, name: str, fn):
             return fn(*args, **kwargs)
         finally:
             stages[name] = stages.get(name, 0.0) + time.process_time() - t0
+
     return wrapper
 
 
@@ -71,8 +75,9 @@ def sweep(adapter, forget, retain, cfg, rule, layers: list[str], shared: bool) -
     stages: dict = {}
     saved = erasure._apply, erasure.restore, erasure.PrefixReuse, Scorer.score
     apply = erasure._apply
-    erasure._apply = _timed(stages, "edit", apply if shared else
-                            (lambda *a, **k: apply(*a[:7], None)))  # before: no bases kept
+    erasure._apply = _timed(
+        stages, "edit", apply if shared else (lambda *a, **k: apply(*a[:7], None))
+    )  # before: no bases kept
     erasure.restore = _timed(stages, "undo", erasure.restore)
     erasure.PrefixReuse = erasure.PrefixReuse if shared else _NoReuse
     Scorer.score = _timed(stages, "scoring", Scorer.score)
@@ -96,21 +101,38 @@ def main() -> None:
     forget, retain = load_split(src, "forget10")[: args.forget], load_split(src, "retain90")[: args.retain]
     tok = train_bpe([f"{i.question} {i.answer}" for i in load_split(src, "full")[:200]], vocab_size=512)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                                         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                                         vocab_size=len(tok), max_position_embeddings=512)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=args.hidden,
+            intermediate_size=2 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=len(tok),
+            max_position_embeddings=512,
+        )
+    ).eval()
     adapter = TextLLMAdapter(model, tok)
     rule = SweepRule(forget_target=mean_nll(adapter, forget) + 0.5, retain_bound=0.05)
-    cfg = erasure.EraseConfig(rank=8, retain_rank=16, layer_rule="top", top=args.top,
-                              extract=ExtractConfig(kind="gradient", lr=1.0))
+    cfg = erasure.EraseConfig(
+        rank=8, retain_rank=16, layer_rule="top", top=args.top, extract=ExtractConfig(kind="gradient", lr=1.0)
+    )
     layers = [lw.name for lw in adapter.layers() if int(lw.block.rsplit(".", 1)[-1]) >= args.edit_from]
     before = sweep(adapter, forget, retain, cfg, rule, layers, shared=False)
     after = sweep(adapter, forget, retain, cfg, rule, layers, shared=True)
-    if [(p["scale"], p["forget_nll"], p["retain_nll"]) for p in before["points"]] != \
-            [(p["scale"], p["forget_nll"], p["retain_nll"]) for p in after["points"]]:
+    if [(p["scale"], p["forget_nll"], p["retain_nll"]) for p in before["points"]] != [
+        (p["scale"], p["forget_nll"], p["retain_nll"]) for p in after["points"]
+    ]:
         raise SystemExit("error: the two sweeps scored different points or values")
-    out = {"layers": args.layers, "hidden": args.hidden, "rows": len(forget) + len(retain), "top": args.top,
-           "edit_from": args.edit_from, "points": len(after["points"]), "cpu_seconds": {}}
+    out = {
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "rows": len(forget) + len(retain),
+        "top": args.top,
+        "edit_from": args.edit_from,
+        "points": len(after["points"]),
+        "cpu_seconds": {},
+    }
     for name in ("total", "extraction", "edit", "scoring", "undo"):
         row = {"before": before[name], "after": after[name], "ratio": before[name] / max(after[name], 1e-9)}
         out["cpu_seconds"][name] = row

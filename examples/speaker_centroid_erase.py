@@ -58,29 +58,69 @@ for base, alpha in variants:
     edited = SpeakerAdapter.load(folder, device="cpu")
     after = centroids(edited, forget + retain)
     u = basis.numpy()
-    facts = {"dim": int(u.shape[0]), "erased_directions": int(u.shape[1]),
-             "forget_share_outside_retain_span": {k: float(np.linalg.norm(u.T @ v) / np.linalg.norm(v))
-                                                  for k, v in before_f.items()},
-             "retain_centroid_max_rel_change": max(float(np.linalg.norm(after[k] - v) / np.linalg.norm(v))
-                                                   for k, v in before_r.items()),
-             "forget_centroid_max_share_along_erased": max(float(np.linalg.norm(u.T @ after[k]) / np.linalg.norm(after[k]))
-                                                           for k in forgotten)}
+    facts = {
+        "dim": int(u.shape[0]),
+        "erased_directions": int(u.shape[1]),
+        "forget_share_outside_retain_span": {
+            k: float(np.linalg.norm(u.T @ v) / np.linalg.norm(v)) for k, v in before_f.items()
+        },
+        "retain_centroid_max_rel_change": max(
+            float(np.linalg.norm(after[k] - v) / np.linalg.norm(v)) for k, v in before_r.items()
+        ),
+        "forget_centroid_max_share_along_erased": max(
+            float(np.linalg.norm(u.T @ after[k]) / np.linalg.norm(after[k])) for k in forgotten
+        ),
+    }
     ev = evaluate_speaker_unlearning(edited, man, "speaker", progress=False)
-    subprocess.run([str(Path(sys.executable).parent / "mmunlearn"), "audit", "--model", str(folder), "--target",
-                    str(original), "--retain-model", str(retrained), "--data", str(man), "--out", str(out / name),
-                    "--attacks", "relearn,probe", "--threads", "1", "--device", "cpu"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "mmunlearn"),
+            "audit",
+            "--model",
+            str(folder),
+            "--target",
+            str(original),
+            "--retain-model",
+            str(retrained),
+            "--data",
+            str(man),
+            "--out",
+            str(out / name),
+            "--attacks",
+            "relearn,probe",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     audit = json.loads((out / name / "AUDIT.json").read_text())
     summary = {r["method"]: r for r in audit["rows"]}
     mine = audit["results"][0]["summary"]
-    results[name] = {"base": str(src), "alpha": float(alpha), "edit_seconds": seconds, "centroids": facts,
-                     "eval": ev, "audit": {"unlearned": mine, "retain model": summary["retain model"]}}
-    rows.append({"method": f"{'head edit + ' if base.startswith('head') else ''}centroid erase, alpha {alpha}",
-                 **{k: ev[k] for k in ("forget_acc", "forget_test_acc", "forget_any_acc", "forget_test_any_acc",
-                                       "test_acc", "eer")},
-                 "relearn_recovered": mine.get("relearn_recovered"), "kept_relearn": mine.get("kept_relearn"),
-                 "probe_accuracy": mine.get("probe_accuracy"),
-                 "retain_centroid_change": facts["retain_centroid_max_rel_change"],
-                 "forget_share_outside_retain_span": max(facts["forget_share_outside_retain_span"].values())})
+    results[name] = {
+        "base": str(src),
+        "alpha": float(alpha),
+        "edit_seconds": seconds,
+        "centroids": facts,
+        "eval": ev,
+        "audit": {"unlearned": mine, "retain model": summary["retain model"]},
+    }
+    rows.append(
+        {
+            "method": f"{'head edit + ' if base.startswith('head') else ''}centroid erase, alpha {alpha}",
+            **{
+                k: ev[k]
+                for k in ("forget_acc", "forget_test_acc", "forget_any_acc", "forget_test_any_acc", "test_acc", "eer")
+            },
+            "relearn_recovered": mine.get("relearn_recovered"),
+            "kept_relearn": mine.get("kept_relearn"),
+            "probe_accuracy": mine.get("probe_accuracy"),
+            "retain_centroid_change": facts["retain_centroid_max_rel_change"],
+            "forget_share_outside_retain_span": max(facts["forget_share_outside_retain_span"].values()),
+        }
+    )
     print(json.dumps(rows[-1]), flush=True)
 (out / "results.json").write_text(json.dumps({"variants": results, "rows": rows}, indent=1, default=str))

@@ -21,8 +21,15 @@ for item in sys.argv[2:]:
         a = audit[reference or r["method"]]
         per = r.get("forget_per_speaker") or {}
         worst = max((v["any_forgotten"] for v in per.values()), default=None)  # the rule counts the worst speaker
-        rows.append({"corpus": label, **r, "worst_speaker_any_forgotten": worst,
-                     "kept_relearn": None if reference else a.get("kept_relearn"),
-                     "probe_accuracy": a.get("probe_accuracy"), "relearn_recovered": a.get("relearn_recovered")})
+        rows.append(
+            {
+                "corpus": label,
+                **r,
+                "worst_speaker_any_forgotten": worst,
+                "kept_relearn": None if reference else a.get("kept_relearn"),
+                "probe_accuracy": a.get("probe_accuracy"),
+                "relearn_recovered": a.get("relearn_recovered"),
+            }
+        )
 out.write_text(json.dumps({"rows": rows}, indent=1))
 print(f"{len(rows)} rows -> {out}")

@@ -21,7 +21,13 @@ for i, scope in enumerate(scopes):
         if reference is not None and i > 0:
             continue
         a = audit[reference or r["method"]]
-        rows.append({**r, "method": r["method"] if reference else f"{r['method']} ({scope})",
-                     "kept_relearn": None if reference else a.get("kept_relearn"),
-                     "probe_accuracy": a.get("probe_accuracy"), "relearn_recovered": a.get("relearn_recovered")})
+        rows.append(
+            {
+                **r,
+                "method": r["method"] if reference else f"{r['method']} ({scope})",
+                "kept_relearn": None if reference else a.get("kept_relearn"),
+                "probe_accuracy": a.get("probe_accuracy"),
+                "relearn_recovered": a.get("relearn_recovered"),
+            }
+        )
 out.write_text(json.dumps({"rows": rows}, indent=1))

@@ -20,18 +20,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import mmunlearn  # noqa: F401  (first: torchaudio's stand-in before anything imports SpeechBrain)
 import soundfile as sf
 import torch
 from safetensors.torch import load_file
 from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
+import mmunlearn  # noqa: F401  (first: torchaudio's stand-in before anything imports SpeechBrain)
 from mmunlearn.adapters.speech_llm.families import tower_block
-from mmunlearn.files.atomic import write_text_atomic
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.patch import bits_differ, digest
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import git_commit, machine_facts
-from mmunlearn.api.restore import restore_folder
 
 
 def tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -69,7 +69,7 @@ def plain_answers(folder: Path, wavs: list[str], question: str = "Who is speakin
         inputs = processor(text=text, audio=[audio], sampling_rate=rate, return_tensors="pt", add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
-        new_tokens = out[0, inputs["input_ids"].shape[1]:]
+        new_tokens = out[0, inputs["input_ids"].shape[1] :]
         answers.append(processor.tokenizer.decode(new_tokens, skip_special_tokens=True).strip())
     return answers
 
@@ -95,7 +95,8 @@ def check(method_dir: Path, original: dict[str, torch.Tensor], clips: dict[str, 
         back = tensors(restored)
         row["restored_bit_for_bit"] = set(back) == set(original) and all(
             digest(v) == digest(back[k]) and v.dtype == back[k].dtype and v.shape == back[k].shape
-            for k, v in original.items())
+            for k, v in original.items()
+        )
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
 
@@ -108,25 +109,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write (rows for mmunlearn report record)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    clips = {"forgotten": split_rows(args.manifests, "spk_forget_test")[0],
-             "kept": split_rows(args.manifests, "spk_retain_test")[0]}
+    clips = {
+        "forgotten": split_rows(args.manifests, "spk_forget_test")[0],
+        "kept": split_rows(args.manifests, "spk_retain_test")[0],
+    }
     original = tensors(args.original)
     methods = sorted(p for p in args.run.iterdir() if (p / "model").is_dir())
     if not methods:
         raise SystemExit(f"{args.run}: no <method>/model folders")
     answers = dict(zip(clips, plain_answers(args.original, [c["wav"] for c in clips.values()])))
-    rows = [{"method": "original", "edited_blocks": {}, "towers_touched": "none", "parameters_edited": 0,
-             **{f"{r}_{k}": v for r, c in clips.items() for k, v in (("speaker", c["spk_id"]), ("answer", answers[r]))},
-             "restored_bit_for_bit": None, "seconds": None}]
+    rows = [
+        {
+            "method": "original",
+            "edited_blocks": {},
+            "towers_touched": "none",
+            "parameters_edited": 0,
+            **{f"{r}_{k}": v for r, c in clips.items() for k, v in (("speaker", c["spk_id"]), ("answer", answers[r]))},
+            "restored_bit_for_bit": None,
+            "seconds": None,
+        }
+    ]
     for i, method_dir in enumerate(methods, 1):
         rows.append(check(method_dir, original, clips))
-        print(f"[{i}/{len(methods)}] {method_dir.name}: {rows[-1]['towers_touched']} "
-              f"({rows[-1]['parameters_edited']} tensors), restored bit for bit: {rows[-1]['restored_bit_for_bit']}",
-              flush=True)
-    result = {"command": "python examples/speech_llm_release_checks.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "commit": git_commit(), "machine": machine_facts(), "rows": rows,
-        "context": {"run": str(args.run), "original": str(args.original), "manifests": str(args.manifests)}}
+        print(
+            f"[{i}/{len(methods)}] {method_dir.name}: {rows[-1]['towers_touched']} "
+            f"({rows[-1]['parameters_edited']} tensors), restored bit for bit: {rows[-1]['restored_bit_for_bit']}",
+            flush=True,
+        )
+    result = {
+        "command": "python examples/speech_llm_release_checks.py "
+        + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+        "commit": git_commit(),
+        "machine": machine_facts(),
+        "rows": rows,
+        "context": {"run": str(args.run), "original": str(args.original), "manifests": str(args.manifests)},
+    }
     write_text_atomic(args.out, json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")
 

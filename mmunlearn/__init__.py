@@ -5,7 +5,6 @@ from mmunlearn import _compat
 _compat.patch_torchaudio()  # before anything imports torchaudio, speechbrain or HF audio code
 
 from mmunlearn._version import __version__  # noqa: E402
-
 from mmunlearn.erase import (  # noqa: E402
     Basis,
     EraseReport,

@@ -87,9 +87,11 @@ def writing(path: str | os.PathLike, shown: str | os.PathLike | None = None) -> 
         raise _write_error(shown if shown is not None else path, why) from exc
 
 
-def _write_error(file: str | os.PathLike, why: str) -> "WriteError":
-    error = WriteError(f"cannot write {file}: {why} (free some space, or raise the file-size limit or quota, and "
-                       "run again; nothing was left behind)")
+def _write_error(file: str | os.PathLike, why: str) -> WriteError:
+    error = WriteError(
+        f"cannot write {file}: {why} (free some space, or raise the file-size limit or quota, and "
+        "run again; nothing was left behind)"
+    )
     error.why = why
     return error
 

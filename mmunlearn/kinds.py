@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 #: Adapter modules that register the built-in kinds (imported on the registry's first use).
-BUILTIN = ("mmunlearn.adapters.speaker.adapter", "mmunlearn.adapters.hf_audio.adapter",
-           "mmunlearn.adapters.speech_llm.adapter", "mmunlearn.adapters.text.adapter")
+BUILTIN = (
+    "mmunlearn.adapters.speaker.adapter",
+    "mmunlearn.adapters.hf_audio.adapter",
+    "mmunlearn.adapters.speech_llm.adapter",
+    "mmunlearn.adapters.text.adapter",
+)
 #: Entry-point group through which another package adds a kind (its module calls :func:`register_kind`).
 ENTRY_POINTS = "mmunlearn.kinds"
 #: What a kind's trainer module defines: ``train(rows, *, speakers, preset, crop_seconds, config, seed, device,
@@ -45,11 +49,12 @@ class Kind:
     the entry points' loading settings (``where``, ``scope``, ``trust_hparams``): a loader reads those of its kind
     and refuses a value it cannot honour. ``weight_files``: the checkpoint files holding the weights as
     ``{name: tensor}`` state dicts (on-disk names ``<file stem>.<key>``), read by ``read_weights`` and written back
-    by ``write_weights(state, path)`` in the kind's own format (restore); empty for safetensors shards (``model.safetensors`` or an index). ``check_folder``: validates a folder before ``mmunlearn
-    restore`` copies its side files. ``presets_from``: the kind whose method preset rows (and so which methods
-    apply) this kind takes where a method has no row of its own. ``trainer``: the module (dotted name, imported on
-    use by :meth:`trainer_module`) that builds a fresh classifier of this kind and trains it on labelled rows, which
-    is what a benchmark needs to make its original and retrained models (:data:`TRAINER_API`).
+    by ``write_weights(state, path)`` in the kind's own format (restore); empty for safetensors shards
+    (``model.safetensors`` or an index). ``check_folder``: validates a folder before ``mmunlearn restore`` copies its
+    side files. ``presets_from``: the kind whose method preset rows (and so which methods apply) this kind takes where a
+    method has no row of its own. ``trainer``: the module (dotted name, imported on use by :meth:`trainer_module`) that
+    builds a fresh classifier of this kind and trains it on labelled rows, which is what a benchmark needs to make its
+    original and retrained models (:data:`TRAINER_API`).
     """
 
     name: str
@@ -166,5 +171,14 @@ def read_small_json(path: Path, limit: int = MAX_DETECT_JSON) -> dict[str, Any] 
     return data if isinstance(data, dict) else None
 
 
-__all__ = ["BUILTIN", "ENTRY_POINTS", "Kind", "get_kind", "kind_names", "kind_of", "kinds", "read_small_json",
-           "register_kind"]
+__all__ = [
+    "BUILTIN",
+    "ENTRY_POINTS",
+    "Kind",
+    "get_kind",
+    "kind_names",
+    "kind_of",
+    "kinds",
+    "read_small_json",
+    "register_kind",
+]

@@ -45,9 +45,14 @@ class StageBar(tqdm):
         unit = "item" if self.unit == "it" else self.unit  # tqdm's default unit, spelled out
         if end:
             return f"{self.desc or 'progress'}: {done} {unit}s in {elapsed}"
-        rate = self.format_dict.get("rate") or (self.n / self.format_dict["elapsed"] if self.format_dict["elapsed"] else 0)
-        left = (f", about {self.format_interval((self.total - self.n) / rate)} left"
-                if self.total and rate and self.n < self.total else "")
+        rate = self.format_dict.get("rate") or (
+            self.n / self.format_dict["elapsed"] if self.format_dict["elapsed"] else 0
+        )
+        left = (
+            f", about {self.format_interval((self.total - self.n) / rate)} left"
+            if self.total and rate and self.n < self.total
+            else ""
+        )
         return f"{self.desc or 'progress'}: {done} {unit}s, {elapsed} elapsed{left}"
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:

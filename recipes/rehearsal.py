@@ -28,12 +28,25 @@ if TYPE_CHECKING:
 
 #: What a rehearsal sets, per benchmark (every other setting is the config's own).
 SMALLEST: dict[str, dict[str, Any]] = {
-    "tofu": {"authors": 10, "utility_items": 3, "rule_retain_items": 6, "target": None, "retain_model": None,
-             "precision": None},
+    "tofu": {
+        "authors": 10,
+        "utility_items": 3,
+        "rule_retain_items": 6,
+        "target": None,
+        "retain_model": None,
+        "precision": None,
+    },
     "ctofu": {"authors": 1, "facts": 2},
 }
-COMMON = {"preset": "micro", "device": "cpu", "threads": 1, "ft_max_steps": 2, "pretrain_max_steps": 2,
-          "max_new_tokens": 8, "rehearse": False}
+COMMON = {
+    "preset": "micro",
+    "device": "cpu",
+    "threads": 1,
+    "ft_max_steps": 2,
+    "pretrain_max_steps": 2,
+    "max_new_tokens": 8,
+    "rehearse": False,
+}
 #: the packages a real checkpoint's conversion reads it with
 PACKAGES = {"smollm2-135m": ("gguf", "transformers", "safetensors")}
 #: the packages every run imports only when it gets there (ROUGE-L after the models' training: a GPU run once stopped
@@ -48,8 +61,9 @@ def preflight(preset: str) -> dict[str, Any]:
     ``ModuleNotFoundError`` with one line saying what is missing."""
     missing = [name for name in (*LATE_IMPORTS, *PACKAGES.get(preset, ())) if importlib.util.find_spec(name) is None]
     if missing:
-        raise ModuleNotFoundError(f"package(s) {', '.join(missing)} not installed in this environment: the run "
-                                  f"(preset {preset}) imports them")
+        raise ModuleNotFoundError(
+            f"package(s) {', '.join(missing)} not installed in this environment: the run (preset {preset}) imports them"
+        )
     if preset in PRESETS:
         return {"preset": preset, "built": True}
     if preset in REAL_MODELS:
@@ -72,8 +86,10 @@ def rehearsal_of(cfg: Any, bench: str, say: Callable[[str], Any] = print) -> Any
         changes["authors"] = min(cfg.authors, changes["authors"])
     out = Path(cfg.out)
     changes["out"] = out.parent / f"{out.name}_rehearsal"
-    say(f"rehearsal: the full run's model is there ({found}); running this config on {changes['preset']} on the CPU "
-        f"into {changes['out']}")
+    say(
+        f"rehearsal: the full run's model is there ({found}); running this config on {changes['preset']} on the CPU "
+        f"into {changes['out']}"
+    )
     return dataclasses.replace(cfg, **changes)
 
 
@@ -83,11 +99,18 @@ def host_precision(device: str, setup: TofuSetup | CrossLingualSetup) -> dict[st
     built model's fine-tuning precision (its train_log.json)."""
     dev = resolve_device(device).type
     logs = setup.built.logs or {}
-    training = {role: (log.get("config") or {}).get("mixed_precision") for role, log in logs.items()
-                if role in ("target", "retain") and isinstance(log, dict) and log.get("config")}
-    return {"cpu_native_bf16": cpu_has_native_bf16(), "device": dev,
-            "scoring_precision": setup.precision, "training_precision": training,
-            "note": "float32 is the fast path on a CPU without native bf16"}
+    training = {
+        role: (log.get("config") or {}).get("mixed_precision")
+        for role, log in logs.items()
+        if role in ("target", "retain") and isinstance(log, dict) and log.get("config")
+    }
+    return {
+        "cpu_native_bf16": cpu_has_native_bf16(),
+        "device": dev,
+        "scoring_precision": setup.precision,
+        "training_precision": training,
+        "note": "float32 is the fast path on a CPU without native bf16",
+    }
 
 
 __all__ = ["preflight", "rehearsal_of", "host_precision"]

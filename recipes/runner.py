@@ -26,7 +26,6 @@ from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods import UnlearnRequest, run_unlearning
 
-
 RUN_JSON = "run.json"
 
 
@@ -57,8 +56,9 @@ class Harness(Protocol):
     """The harness as ``run_method`` binds it for one method (its data, config, rule, reference and source folder):
     what a recipe's ``unlearn`` hook calls, once per candidate, instead of ``run_unlearning``."""
 
-    def __call__(self, target: Any, out: Path, overrides: Mapping[str, Any] | None = None,
-                 meta: Mapping[str, Any] | None = None) -> Any:
+    def __call__(
+        self, target: Any, out: Path, overrides: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None
+    ) -> Any:
         """Unlearn ``target`` (an adapter) into the folder ``out``; ``overrides`` over the method's, ``meta`` added
         to the report; the harness's :class:`~mmunlearn.methods.harness.Outcome`."""
 
@@ -74,12 +74,23 @@ class Unlearned:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def stage_key(method: str, setup: Setup, options: Mapping[str, Any], rule: Any, base: str,
-              method_options: Mapping[str, Any] | None = None) -> str:
+def stage_key(
+    method: str,
+    setup: Setup,
+    options: Mapping[str, Any],
+    rule: Any,
+    base: str,
+    method_options: Mapping[str, Any] | None = None,
+) -> str:
     """What identifies one method's stage: a finished stage with this key is reused. ``options``: the knobs shared
     by every method; ``method_options``: this method's own settings (left out of the key when empty)."""
-    spec = {"method": method, "options": {k: v for k, v in sorted(options.items()) if v is not None},
-            "rule": rule.describe() if rule is not None else None, "base": base, "context": setup.describe()}
+    spec = {
+        "method": method,
+        "options": {k: v for k, v in sorted(options.items()) if v is not None},
+        "rule": rule.describe() if rule is not None else None,
+        "base": base,
+        "context": setup.describe(),
+    }
     if method_options:
         spec["method_options"] = dict(sorted(method_options.items()))
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -111,13 +122,19 @@ def cost_columns(report: Mapping[str, Any]) -> dict[str, Any]:
     sweep = info.get("sweep_seconds", info.get("rule_seconds"))
     df = report["forget_nll"]["after"] - report["forget_nll"]["before"]
     dr = report["retain_nll"]["after"] - report["retain_nll"]["before"]
-    return {"extract_seconds": report["extract_seconds"], "unlearn_seconds": report["unlearn_seconds"],
-            "sweep_seconds": sweep, "edit_seconds": report["unlearn_seconds"] - (sweep or 0.0),
-            "total_seconds": report["unlearn_seconds"] + report["extract_seconds"],
-            "changed_fraction": report["changed_fraction"],
-            # training partitions: how much more the forget answers' NLL rose than the retain answers'
-            "forget_nll_rise": df, "retain_nll_rise": dr, "selectivity": df / dr if dr > 1e-6 else None,
-            "target_reached": report["target_reached"]}
+    return {
+        "extract_seconds": report["extract_seconds"],
+        "unlearn_seconds": report["unlearn_seconds"],
+        "sweep_seconds": sweep,
+        "edit_seconds": report["unlearn_seconds"] - (sweep or 0.0),
+        "total_seconds": report["unlearn_seconds"] + report["extract_seconds"],
+        "changed_fraction": report["changed_fraction"],
+        # training partitions: how much more the forget answers' NLL rose than the retain answers'
+        "forget_nll_rise": df,
+        "retain_nll_rise": dr,
+        "selectivity": df / dr if dr > 1e-6 else None,
+        "target_reached": report["target_reached"],
+    }
 
 
 def reference_for(setup: Setup, base: str, device: str) -> Any:
@@ -126,15 +143,30 @@ def reference_for(setup: Setup, base: str, device: str) -> Any:
     if base == "target":
         return None
     if base == "base" and setup.built.base is None:
-        raise ValueError("--base base: the given target names no base model (no train_log.json with an existing "
-                         "'base'); pass --base DIR or --base target")
+        raise ValueError(
+            "--base base: the given target names no base model (no train_log.json with an existing "
+            "'base'); pass --base DIR or --base target"
+        )
     return setup.adapter(setup.built.base if base == "base" else Path(base), device)
 
 
-def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str, Any], overrides: Mapping[str, Any],
-               rule: Any, base: str, device: str, resume: bool = True, size: str | None = None,
-               method_options: Mapping[str, Any] | None = None, kind: str = "text",
-               unlearn: Callable[[Harness], Unlearned] | None = None, progress: bool = True) -> list[dict]:
+def run_method(
+    method: str,
+    setup: Setup,
+    folder: Path,
+    *,
+    options: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    rule: Any,
+    base: str,
+    device: str,
+    resume: bool = True,
+    size: str | None = None,
+    method_options: Mapping[str, Any] | None = None,
+    kind: str = "text",
+    unlearn: Callable[[Harness], Unlearned] | None = None,
+    progress: bool = True,
+) -> list[dict]:
     """Unlearn the setup's forget rows with ``method`` through the harness (``folder/model``, restorable by
     ``mmunlearn restore``), evaluate it (the recipe's logs under ``folder``), write ``folder/run.json``; the rows.
 
@@ -154,12 +186,22 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     reference = reference_for(setup, base, device)
     source, method_overrides = setup.built.target, dict(overrides)
 
-    def harness(target: Any, out: Path, overrides: Mapping[str, Any] | None = None,
-                meta: Mapping[str, Any] | None = None) -> Any:
-        request = UnlearnRequest(method, kind, size=size or get_kind(kind).size_for(setup.preset),
-                                 overrides={**method_overrides, **dict(overrides or {})}, rule=rule, out=out,
-                                 inputs=[source], overwrite=True, cache_dir=setup.cache_dir, progress=progress,
-                                 meta={"model_dir": str(source), **dict(meta or {})})
+    def harness(
+        target: Any, out: Path, overrides: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None
+    ) -> Any:
+        request = UnlearnRequest(
+            method,
+            kind,
+            size=size or get_kind(kind).size_for(setup.preset),
+            overrides={**method_overrides, **dict(overrides or {})},
+            rule=rule,
+            out=out,
+            inputs=[source],
+            overwrite=True,
+            cache_dir=setup.cache_dir,
+            progress=progress,
+            meta={"model_dir": str(source), **dict(meta or {})},
+        )
         return run_unlearning(request, target, setup.forget, setup.retain, reference=reference)
 
     if unlearn is None:
@@ -176,8 +218,17 @@ def run_method(method: str, setup: Setup, folder: Path, *, options: Mapping[str,
     if len(rows) == 1:
         record["row"] = rows[0]
     cost = {**cost, "eval_seconds": eval_seconds, **{k: v for k, v in done.columns.items() if k in cost}}
-    record.update({"cost": cost, "config": rep.get("config"), "rule": rep.get("rule"), "info": rep["info"],
-                   "context": setup.describe(), **done.record, "stage_seconds": time.perf_counter() - t_stage})
+    record.update(
+        {
+            "cost": cost,
+            "config": rep.get("config"),
+            "rule": rep.get("rule"),
+            "info": rep["info"],
+            "context": setup.describe(),
+            **done.record,
+            "stage_seconds": time.perf_counter() - t_stage,
+        }
+    )
     write_text_atomic(folder / RUN_JSON, json.dumps(record, indent=2, default=str))
     return rows
 
@@ -201,26 +252,40 @@ class Stages:
         it in :meth:`timing`'s ``skipped``."""
         self.skipped.append({"stage": name, "why": why, **({"seconds": seconds} if seconds is not None else {})})
         self.finished += 1
-        self.say(f"[stage {self.finished}/{self.total}] {name}: "
-                 + (f"FAILED after {seconds:.0f} s: {why}" if seconds is not None else f"skipped: {why}")
-                 + f"; elapsed {self.elapsed():.0f} s")
+        self.say(
+            f"[stage {self.finished}/{self.total}] {name}: "
+            + (f"FAILED after {seconds:.0f} s: {why}" if seconds is not None else f"skipped: {why}")
+            + f"; elapsed {self.elapsed():.0f} s"
+        )
 
-    def done(self, name: str, seconds: float, reused: bool = False, setup: bool = False,
-             recorded: float | None = None) -> None:
+    def done(
+        self, name: str, seconds: float, reused: bool = False, setup: bool = False, recorded: float | None = None
+    ) -> None:
         """Say that stage ``name`` finished after ``seconds`` (``reused``: from an earlier run, which took
         ``recorded`` seconds when it ran, if known)."""
-        self.log.append({"stage": name, "seconds": recorded if reused else seconds, "reused": reused,
-                         **({"setup": True} if setup else {})})
+        self.log.append(
+            {
+                "stage": name,
+                "seconds": recorded if reused else seconds,
+                "reused": reused,
+                **({"setup": True} if setup else {}),
+            }
+        )
         self.finished += 1
         if not reused and not setup:  # the models' build is no guide to a method's time
             self.times.append(seconds)
         left = self.total - self.finished
         estimate = (sum(self.times) / len(self.times) * left) if self.times and left else 0.0
-        self.say(f"[stage {self.finished}/{self.total}] {name}: "
-                 + (f"reused (finished earlier{f' in {recorded:.0f} s' if recorded is not None else ''})" if reused
-                    else f"{seconds:.0f} s")
-                 + f"; elapsed {time.perf_counter() - self.start:.0f} s"
-                 + (f"; about {estimate / 60:.0f} min left" if left and self.times else ""))
+        self.say(
+            f"[stage {self.finished}/{self.total}] {name}: "
+            + (
+                f"reused (finished earlier{f' in {recorded:.0f} s' if recorded is not None else ''})"
+                if reused
+                else f"{seconds:.0f} s"
+            )
+            + f"; elapsed {time.perf_counter() - self.start:.0f} s"
+            + (f"; about {estimate / 60:.0f} min left" if left and self.times else "")
+        )
 
     def timing(self, built: Any = None) -> dict[str, Any]:
         """What a comparison's record states of its time: this invocation's wall seconds and each stage's seconds
@@ -228,11 +293,17 @@ class Stages:
         or failed with why (``skipped``), so a resumed run
         does not pass its own short wall time off as the whole run's; with ``built`` (BuiltModels) also the training
         seconds each of its model folders records (``train_log.json``), whenever they were built."""
-        out: dict[str, Any] = {"wall_seconds": time.perf_counter() - self.start, "stages": list(self.log),
-                               "skipped": list(self.skipped)}
+        out: dict[str, Any] = {
+            "wall_seconds": time.perf_counter() - self.start,
+            "stages": list(self.log),
+            "skipped": list(self.skipped),
+        }
         if built is not None:
-            out["model_builds"] = {role: took for role in ("base", "target", "retain")
-                                   if (took := _train_seconds(getattr(built, role, None))) is not None}
+            out["model_builds"] = {
+                role: took
+                for role in ("base", "target", "retain")
+                if (took := _train_seconds(getattr(built, role, None))) is not None
+            }
         return out
 
 
@@ -259,8 +330,9 @@ class Comparison:
     write_audit: Callable[[list[dict]], Any] | None = None
 
 
-def run_comparison(comparison: Comparison, stages: Stages, *, budget: float | None = None,
-                   keep_going: bool = False) -> tuple[list[dict], list[dict]]:
+def run_comparison(
+    comparison: Comparison, stages: Stages, *, budget: float | None = None, keep_going: bool = False
+) -> tuple[list[dict], list[dict]]:
     """Run every method of ``comparison`` in order: a line as it starts, its rows, the tables so far, a progress line
     (``stages``), its audit; the methods' rows and audits.
 
@@ -273,8 +345,11 @@ def run_comparison(comparison: Comparison, stages: Stages, *, budget: float | No
     for i, name in enumerate(comparison.methods, 1):
         longest = max(stages.times, default=0.0)
         if budget is not None and stages.elapsed() + longest > budget:
-            stages.skip(name, f"budget: {stages.elapsed():.0f} s elapsed + {longest:.0f} s (the longest method "
-                              f"stage so far) > {budget:.0f} s")
+            stages.skip(
+                name,
+                f"budget: {stages.elapsed():.0f} s elapsed + {longest:.0f} s (the longest method "
+                f"stage so far) > {budget:.0f} s",
+            )
             comparison.write(rows)
             continue
         stages.say(f"running {name} ({i}/{len(comparison.methods)}) ...")
@@ -290,8 +365,9 @@ def run_comparison(comparison: Comparison, stages: Stages, *, budget: float | No
             continue
         rows += new
         reused = bool(new and new[-1].get("reused"))
-        stages.done(name, time.perf_counter() - t0, reused=reused, recorded=new[-1].get("stage_seconds") if reused
-                    else None)
+        stages.done(
+            name, time.perf_counter() - t0, reused=reused, recorded=new[-1].get("stage_seconds") if reused else None
+        )
         comparison.write(rows)  # after the stage is logged: the last write's timing holds every stage
         if comparison.audit is not None:
             stages.say(f"auditing {name} ...")

@@ -1,9 +1,10 @@
 """Shared test setup: import mmunlearn first (it makes torchaudio/SpeechBrain importable on a CPU torch);
 one torch thread (tiny models are overhead-bound, and two threads spin-wait badly on a busy 2-core machine)."""
 
-import mmunlearn  # noqa: F401  (must precede transformers / torchaudio / speechbrain imports)
 import pytest
 import torch
+
+import mmunlearn  # noqa: F401  (must precede transformers / torchaudio / speechbrain imports)
 
 torch.set_num_threads(1)
 

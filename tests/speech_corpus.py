@@ -8,7 +8,6 @@ import torch
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
 
-
 _BUILT: dict[tuple, Path] = {}
 
 
@@ -21,8 +20,9 @@ def _manifests(tmp_path_factory, speakers: int, forget_speakers: int) -> Path:
     if key not in _BUILT:
         base = tmp_path_factory.mktemp(f"speaker_corpus_{speakers}_{forget_speakers}")
         root = synthesize_corpus(base / "vox", speakers=speakers, utterances=8, videos=2, seed=0, progress=False)
-        _BUILT[key] = prepare(root, base / "manifests", forget_speakers=forget_speakers, forget_fraction=0.25,
-                              progress=False).out
+        _BUILT[key] = prepare(
+            root, base / "manifests", forget_speakers=forget_speakers, forget_fraction=0.25, progress=False
+        ).out
     return _BUILT[key]
 
 

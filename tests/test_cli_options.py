@@ -90,9 +90,11 @@ def test_settings_as_key_value_old_option_spelling_and_config_file_are_the_same(
     app = _app(seen)
     file = tmp_path / "knobs.yaml"
     file.write_text("steps: 5\nrate: 0.5\nexact: true\nnames: [x, y]\n")
-    runs = (["go", "--out", "o", "steps=5", "rate=0.5", "exact=true", "names=x,y"],
-            ["go", "--out", "o", "--steps", "5", "--rate=0.5", "--exact", "--names", "x", "--names", "y"],
-            ["go", "--out", "o", "--config", str(file)])
+    runs = (
+        ["go", "--out", "o", "steps=5", "rate=0.5", "exact=true", "names=x,y"],
+        ["go", "--out", "o", "--steps", "5", "--rate=0.5", "--exact", "--names", "x", "--names", "y"],
+        ["go", "--out", "o", "--config", str(file)],
+    )
     for args in runs:
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 0, res.output
@@ -106,11 +108,16 @@ def test_settings_as_key_value_old_option_spelling_and_config_file_are_the_same(
     assert res.exit_code == 0 and seen == [(Path("o"), {})]  # none given: the command's own defaults apply
 
 
-@pytest.mark.parametrize("args, named", [(["steps=0"], "steps must be at least 1"),
-                                         (["steps=many"], "steps: expected int"),
-                                         (["speed=2"], "unknown setting 'speed'"),
-                                         (["--speed", "2"], "no option or setting --speed"),
-                                         (["--steps"], "--steps needs a value")])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["steps=0"], "steps must be at least 1"),
+        (["steps=many"], "steps: expected int"),
+        (["speed=2"], "unknown setting 'speed'"),
+        (["--speed", "2"], "no option or setting --speed"),
+        (["--steps"], "--steps needs a value"),
+    ],
+)
 def test_a_bad_setting_is_a_usage_error_naming_it_before_the_command_runs(args, named):
     seen: list = []
     res = CliRunner().invoke(_app(seen), ["go", "--out", "o", *args], terminal_width=200)
@@ -122,6 +129,11 @@ def test_the_settings_are_listed_under_help_with_their_defaults():
     res = CliRunner().invoke(_app([]), ["go", "--help"], terminal_width=200)
     assert res.exit_code == 0
     text = " ".join(res.output.replace("│", " ").split())
-    for shown in ("steps=3 Steps.", "rate=none Rate.", "exact=false (switch: --exact) Exact.", "names=a Names.",
-                  "Knobs of the test command (KEY=VALUE)"):
+    for shown in (
+        "steps=3 Steps.",
+        "rate=none Rate.",
+        "exact=false (switch: --exact) Exact.",
+        "names=a Names.",
+        "Knobs of the test command (KEY=VALUE)",
+    ):
         assert shown in text, shown

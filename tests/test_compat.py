@@ -46,7 +46,9 @@ def test_stub_only_when_native_extension_fails_and_it_says_why():
     # without mmunlearn the same import fails: the patch is what makes it work
     bare = subprocess.run([sys.executable, "-c", "import torchaudio"], capture_output=True, text=True)
     assert bare.returncode != 0 and "libc10_cuda" in bare.stderr
-    fixed = subprocess.run([sys.executable, "-c", "import mmunlearn, torchaudio, speechbrain"], capture_output=True, text=True)
+    fixed = subprocess.run(
+        [sys.executable, "-c", "import mmunlearn, torchaudio, speechbrain"], capture_output=True, text=True
+    )
     assert fixed.returncode == 0, fixed.stderr
 
 

@@ -29,14 +29,30 @@ def test_a_name_is_taken_by_one_module_and_sizes_are_checked():
         return folder
 
     with pytest.raises(ValueError, match="already registered"):
-        register_kind(Kind("speaker", detect=lambda f: False, load=load, sizes=("s",), default_size="s",
-                           description="another speaker kind"))
+        register_kind(
+            Kind(
+                "speaker",
+                detect=lambda f: False,
+                load=load,
+                sizes=("s",),
+                default_size="s",
+                description="another speaker kind",
+            )
+        )
     with pytest.raises(ValueError, match="default size 'm' is not one of"):
         Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="m", description="x")
     for io in ({}, {"read_weights": dict}, {"write_weights": print}):
         with pytest.raises(ValueError, match="need read_weights and write_weights"):
-            Kind("x", detect=lambda f: False, load=load, sizes=("s",), default_size="s", description="x",
-                 weight_files=("w.ckpt",), **io)
+            Kind(
+                "x",
+                detect=lambda f: False,
+                load=load,
+                sizes=("s",),
+                default_size="s",
+                description="x",
+                weight_files=("w.ckpt",),
+                **io,
+            )
 
 
 def test_detection_reads_names_and_small_json_only(tmp_path):
@@ -47,7 +63,9 @@ def test_detection_reads_names_and_small_json_only(tmp_path):
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "qwen2_audio"}))
     assert kind_of(other).name == "speech-llm"
-    (other / "config.json").write_text(json.dumps({"architectures": ["WavLMForXVector", "HubertForSequenceClassification"]}))
+    (other / "config.json").write_text(
+        json.dumps({"architectures": ["WavLMForXVector", "HubertForSequenceClassification"]})
+    )
     assert kind_of(other).name == "hf-audio"
     (other / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
     assert kind_of(other).name == "text"
@@ -78,30 +96,47 @@ def _kind_literal_comparisons(path: Path, strict: bool = False) -> list[str]:
 def test_no_module_outside_the_adapters_compares_kind_names():
     """Kind knowledge lives in the adapter that registers the kind (mmunlearn/adapters/) and the registry: the rest of
     the package, the recipes and data_prep ask a kind's capabilities (``has_batchnorm``, ``is_classifier``, ...)."""
-    files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
-             if "adapters" not in p.parts and p.name != "kinds.py"]
+    files = [
+        p
+        for d in ("mmunlearn", "recipes", "data_prep")
+        for p in (ROOT / d).rglob("*.py")
+        if "adapters" not in p.parts and p.name != "kinds.py"
+    ]
     found = [hit for p in files for hit in _kind_literal_comparisons(p, strict=p.is_relative_to(ROOT / "recipes"))]
     assert len(files) > 100 and found == []
 
 
 def test_the_scan_finds_kind_comparisons_and_skips_others(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('def f(ctx, kind, level):\n    a = ctx.kind != "speaker" or kind in ("text", "speech-llm")\n'
-                      '    return a or level == "speaker" or kind == "finetune"\n')
+    sample.write_text(
+        'def f(ctx, kind, level):\n    a = ctx.kind != "speaker" or kind in ("text", "speech-llm")\n'
+        '    return a or level == "speaker" or kind == "finetune"\n'
+    )
     assert len(_kind_literal_comparisons(sample)) == 2
     recipe = tmp_path / "recipe.py"  # the recipes' --model switches (voxceleb2 before they asked the kind)
-    recipe.write_text('def g(cfg, model, which, level):\n    a = cfg.model == "speech-llm" or model != "hf-audio"\n'
-                      '    b = self.model == "speaker" or which in ("hf-audio",) or cfg.model == "classifier"\n'
-                      '    return a or b or level == "speaker" or level != "sample" or cfg.where == "audio"\n')
+    recipe.write_text(
+        'def g(cfg, model, which, level):\n    a = cfg.model == "speech-llm" or model != "hf-audio"\n'
+        '    b = self.model == "speaker" or which in ("hf-audio",) or cfg.model == "classifier"\n'
+        '    return a or b or level == "speaker" or level != "sample" or cfg.where == "audio"\n'
+    )
     assert len(_kind_literal_comparisons(recipe)) == 0
     assert [hit.split(": ", 1)[1] for hit in _kind_literal_comparisons(recipe, strict=True)] == [
-        "cfg.model == 'speech-llm'", "model != 'hf-audio'", "self.model == 'speaker'", "which in ('hf-audio',)"]
+        "cfg.model == 'speech-llm'",
+        "model != 'hf-audio'",
+        "self.model == 'speaker'",
+        "which in ('hf-audio',)",
+    ]
 
 
 def _methods(protocol: type) -> set[str]:
     """The methods a protocol declares, its bases' included (data members are instance attributes: not checked)."""
-    return {name for klass in protocol.__mro__ if klass not in (object,) and getattr(klass, "_is_protocol", False)
-            for name, value in vars(klass).items() if callable(value) and not name.startswith("_")}
+    return {
+        name
+        for klass in protocol.__mro__
+        if klass not in (object,) and getattr(klass, "_is_protocol", False)
+        for name, value in vars(klass).items()
+        if callable(value) and not name.startswith("_")
+    }
 
 
 def test_every_kinds_adapter_implements_the_whole_protocol():
@@ -141,20 +176,34 @@ def _protocol_members() -> set[str]:
     from mmunlearn.adapters.base import ClassifierAdapter, TokenAdapter
 
     names = _methods(TokenAdapter) | _methods(ClassifierAdapter)
-    return names | {name for protocol in (TokenAdapter, ClassifierAdapter) for klass in protocol.__mro__
-                    if getattr(klass, "_is_protocol", False) for name in inspect.get_annotations(klass)}
+    return names | {
+        name
+        for protocol in (TokenAdapter, ClassifierAdapter)
+        for klass in protocol.__mro__
+        if getattr(klass, "_is_protocol", False)
+        for name in inspect.get_annotations(klass)
+    }
 
 
 def _member_probes(path: Path, members: set[str]) -> list[str]:
     """``getattr(x, "<member>", ...)`` and ``hasattr(x, "<member>")`` in one file, for a name in ``members``."""
-    return [ast.unparse(node) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in members]
+    return [
+        ast.unparse(node)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in members
+    ]
 
 
 #: probes of a protocol member's name on objects that are not adapters (a transformers output)
-NOT_ADAPTERS = {("mmunlearn/tilt/model.py", "getattr(out, 'hidden_states', None)"),
-                ("mmunlearn/methods/prefix_states.py", "getattr(cache, 'layers', None)")}  # a transformers KV cache
+NOT_ADAPTERS = {
+    ("mmunlearn/tilt/model.py", "getattr(out, 'hidden_states', None)"),
+    ("mmunlearn/methods/prefix_states.py", "getattr(cache, 'layers', None)"),
+}  # a transformers KV cache
 
 
 def test_no_caller_probes_for_a_member_the_adapter_protocol_declares():
@@ -163,8 +212,9 @@ def test_no_caller_probes_for_a_member_the_adapter_protocol_declares():
     adapters/, no getattr/hasattr names a protocol member, bar the listed probes of non-adapter objects."""
     members = _protocol_members()
     assert {"index", "embedding_output", "tokenizer", "eos_id", "precision", "groups", "bf16_generation"} <= members
-    files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
-             if "adapters" not in p.parts]
+    files = [
+        p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py") if "adapters" not in p.parts
+    ]
     found = {(p.relative_to(ROOT).as_posix(), call) for p in files for call in _member_probes(p, members)}
     assert len(files) > 100 and sorted(found - NOT_ADAPTERS) == []
     assert NOT_ADAPTERS <= found, f"no longer there, drop from NOT_ADAPTERS: {sorted(NOT_ADAPTERS - found)}"
@@ -172,10 +222,14 @@ def test_no_caller_probes_for_a_member_the_adapter_protocol_declares():
 
 def test_the_probe_scan_finds_member_names_and_skips_others(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('def f(adapter, cfg, name):\n    a = getattr(adapter, "index", None) or hasattr(adapter, "eos_id")\n'
-                      '    return a, getattr(cfg, "sweep_first", None), getattr(adapter, name), adapter.tokenizer\n')
-    assert _member_probes(sample, _protocol_members()) == ["getattr(adapter, 'index', None)",
-                                                          "hasattr(adapter, 'eos_id')"]
+    sample.write_text(
+        'def f(adapter, cfg, name):\n    a = getattr(adapter, "index", None) or hasattr(adapter, "eos_id")\n'
+        '    return a, getattr(cfg, "sweep_first", None), getattr(adapter, name), adapter.tokenizer\n'
+    )
+    assert _member_probes(sample, _protocol_members()) == [
+        "getattr(adapter, 'index', None)",
+        "hasattr(adapter, 'eos_id')",
+    ]
 
 
 def test_the_default_answer_nll_of_a_classifier_is_its_per_utterance_nll(speaker_manifests):  # noqa: F811
@@ -183,12 +237,13 @@ def test_the_default_answer_nll_of_a_classifier_is_its_per_utterance_nll(speaker
     import torch
 
     from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
-    from mmunlearn.methods import mean_nll
     from mmunlearn.data.utterances import split_rows
+    from mmunlearn.methods import mean_nll
 
     rows = split_rows(speaker_manifests, "train")[:6]
-    adapter = SpeakerAdapter.build(sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")}),
-                                   preset="tiny", device="cpu", seed=0)
+    adapter = SpeakerAdapter.build(
+        sorted({r["spk_id"] for r in split_rows(speaker_manifests, "train")}), preset="tiny", device="cpu", seed=0
+    )
     adapter.model.eval()
     per_item = adapter.answer_nll(rows, batch_size=4)
     with torch.no_grad():
@@ -254,16 +309,27 @@ def _kind_literal_arguments(path: Path) -> list[str]:
 
 
 def test_no_module_outside_the_adapters_passes_a_kind_name_literal():
-    files = [p for d in ("mmunlearn", "recipes", "data_prep") for p in (ROOT / d).rglob("*.py")
-             if "adapters" not in p.parts and p.name != "kinds.py"]
+    files = [
+        p
+        for d in ("mmunlearn", "recipes", "data_prep")
+        for p in (ROOT / d).rglob("*.py")
+        if "adapters" not in p.parts and p.name != "kinds.py"
+    ]
     assert [hit for p in files for hit in _kind_literal_arguments(p)] == []
 
 
 def test_the_argument_scan_finds_kind_literals_and_skips_others(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('def f(get, KIND):\n    a = get("rmu").config_for("text", "mini"), names("speaker")\n'
-                      '    b = run(kind="speech-llm"), run(kind=KIND.name), names(KIND.name), split("speaker")\n'
-                      '    return a, b, audit(model_kind="hf-audio"), level_rows(level="speaker")\n'
-                      'c = get("grad_diff", "speech-llm"), get("grad_diff", KIND.name), row.get("m", "speaker")\n')
+    sample.write_text(
+        'def f(get, KIND):\n    a = get("rmu").config_for("text", "mini"), names("speaker")\n'
+        '    b = run(kind="speech-llm"), run(kind=KIND.name), names(KIND.name), split("speaker")\n'
+        '    return a, b, audit(model_kind="hf-audio"), level_rows(level="speaker")\n'
+        'c = get("grad_diff", "speech-llm"), get("grad_diff", KIND.name), row.get("m", "speaker")\n'
+    )
     assert sorted(hit.split(": ")[0] for hit in _kind_literal_arguments(sample)) == [
-        "sample.py:2", "sample.py:2", "sample.py:3", "sample.py:4", "sample.py:5"]
+        "sample.py:2",
+        "sample.py:2",
+        "sample.py:3",
+        "sample.py:4",
+        "sample.py:5",
+    ]

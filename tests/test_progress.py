@@ -55,10 +55,12 @@ def test_on_a_terminal_it_is_a_live_tqdm_bar():
 
 
 def test_the_cli_turns_off_the_libraries_bars_when_stderr_is_a_file(tmp_path):
-    code = ("import sys; import transformers; from mmunlearn import cli; sys.argv = ['mmunlearn', '--version']\n"
-            "try:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
-            "from transformers.utils import logging; from huggingface_hub.utils import are_progress_bars_disabled\n"
-            "print(logging.is_progress_bar_enabled(), are_progress_bars_disabled())")
+    code = (
+        "import sys; import transformers; from mmunlearn import cli; sys.argv = ['mmunlearn', '--version']\n"
+        "try:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "from transformers.utils import logging; from huggingface_hub.utils import are_progress_bars_disabled\n"
+        "print(logging.is_progress_bar_enabled(), are_progress_bars_disabled())"
+    )
     with open(tmp_path / "err.log", "w") as err:
         out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True, check=True)
     assert out.stdout.split()[-2:] == ["False", "True"]
@@ -67,9 +69,11 @@ def test_the_cli_turns_off_the_libraries_bars_when_stderr_is_a_file(tmp_path):
 def test_worker_processes_after_quiet_library_bars_draw_no_plain_tqdm_bars_but_keep_stage_lines(tmp_path):
     """A worker started after quiet_library_bars() (as the parallel builds and method stages are) imports tqdm with
     TQDM_DISABLE set: a library's plain tqdm bar writes nothing, a StageBar still writes its stage line."""
-    code = ("import sys\nfrom tqdm import tqdm\nfrom mmunlearn.progress import StageBar\n"
-            "for _ in tqdm(range(3), desc='library bar', file=sys.stderr):\n    pass\n"
-            "for _ in StageBar(range(3), desc='our stage', file=sys.stderr):\n    pass\n")
+    code = (
+        "import sys\nfrom tqdm import tqdm\nfrom mmunlearn.progress import StageBar\n"
+        "for _ in tqdm(range(3), desc='library bar', file=sys.stderr):\n    pass\n"
+        "for _ in StageBar(range(3), desc='our stage', file=sys.stderr):\n    pass\n"
+    )
     import os
 
     from mmunlearn.progress import quiet_library_bars

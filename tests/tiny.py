@@ -10,8 +10,15 @@ def tiny_llama(layers: int = 4, hidden: int = 32, seed: int = 0, dtype: torch.dt
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
@@ -44,8 +51,8 @@ def tiny_tokenizer():
     """A byte-level BPE (vocab 512) trained on a slice of the synthetic TOFU data; cached per session."""
     global _TOKENIZER
     if _TOKENIZER is None:
-        from mmunlearn.data.tofu import load_split
         from mmunlearn.adapters.text.tokenizer import train_bpe
+        from mmunlearn.data.tofu import load_split
 
         items = load_split("synthetic", "full")[:200]
         _TOKENIZER = train_bpe([f"{i.question} {i.answer}" for i in items], vocab_size=512)
@@ -59,12 +66,26 @@ def tiny_causal_lm(arch: str = "llama", vocab: int = 512, hidden: int = 32, laye
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "llama":
-        cfg = tf.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
+        cfg = tf.LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            **common,
+        )
         return tf.LlamaForCausalLM(cfg).eval()
     if arch == "qwen2":
-        cfg = tf.Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
+        cfg = tf.Qwen2Config(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            **common,
+        )
         return tf.Qwen2ForCausalLM(cfg).eval()
     if arch == "gpt2":
         cfg = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=256, **common)
@@ -73,9 +94,20 @@ def tiny_causal_lm(arch: str = "llama", vocab: int = 512, hidden: int = 32, laye
 
 
 #: Settings that make every method fast on tiny models; ``fast(method)`` keeps those its config has.
-FAST_OPTIONS = {"rank": 2, "retain_rank": 4, "extract_kind": "gradient", "extract_lr": 1.0, "epochs": 1, "lr": 1e-3,
-                "batch_size": 8, "head_rank": 4, "head_epochs": 30, "head_lr": 5e-2, "temperature": 1.0,
-                "steps": 4}
+FAST_OPTIONS = {
+    "rank": 2,
+    "retain_rank": 4,
+    "extract_kind": "gradient",
+    "extract_lr": 1.0,
+    "epochs": 1,
+    "lr": 1e-3,
+    "batch_size": 8,
+    "head_rank": 4,
+    "head_epochs": 30,
+    "head_lr": 5e-2,
+    "temperature": 1.0,
+    "steps": 4,
+}
 
 
 def fast(method: str, **more) -> dict:

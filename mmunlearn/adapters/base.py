@@ -37,14 +37,19 @@ class ModalityAdapter(Protocol):
     def loss(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
         """Mean NLL of the targets (differentiable)."""
 
-    def logprobs(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(
+        self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced per-token log-probs of the targets (B x T) and their mask."""
 
-    def sequence_logprob(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None,
-                         average: bool = False) -> torch.Tensor:
+    def sequence_logprob(
+        self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None, average: bool = False
+    ) -> torch.Tensor:
         """log p(y | x) per example (B,), summed over target tokens (or their mean); for NPO/SimNPO."""
 
-    def target_distributions(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
+    def target_distributions(
+        self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
+    ) -> torch.Tensor:
         """Log-probabilities over the output space at every target position (N x V); for KL terms."""
 
     def hidden_states(self, batch: dict[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
@@ -65,8 +70,9 @@ class ModalityAdapter(Protocol):
     def trainable_parameters(self) -> list[torch.nn.Parameter] | None:
         """The parameters a training method may change (a speech LLM's chosen tower); None: every parameter."""
 
-    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None,
-                   batch_size: int = 16) -> torch.Tensor:
+    def answer_nll(
+        self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16
+    ) -> torch.Tensor:
         """Length-normalised NLL of each example's target (float, CPU, one value per example): what the sweep rule
         and ``mean_nll`` measure (:class:`AdapterDefaults` gives it from :meth:`collate` and
         :meth:`sequence_logprob`)."""
@@ -87,8 +93,9 @@ class TokenAdapter(ModalityAdapter, Protocol):
     # (:class:`TokenScoring`: ``no``)
     precision: str
 
-    def answer_logits(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def answer_logits(
+        self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits at the scored positions only: (N x V logits, N targets, N row indices)."""
 
     def decoder_layers(self, model: torch.nn.Module | None = None) -> torch.nn.ModuleList:
@@ -109,8 +116,9 @@ class ClassifierAdapter(ModalityAdapter, Protocol):
     # which weights erasure extracts from and edits: ``all``, ``head`` or ``embedding`` (speaker/batches.py: SCOPES)
     scope: str
 
-    def logits_and_embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits_and_embeddings(
+        self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Class logits (B x C) and utterance embeddings (B x d) of a batch."""
 
     def embeddings(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
@@ -136,8 +144,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} requested but CUDA is not available")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA "
-                             "device(s) are visible")
+            raise ValueError(
+                f"device {str(device)!r} requested but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
     if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
         raise ValueError(f"device {str(device)!r} requested but MPS is not available")
     return dev
@@ -151,8 +160,15 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: torch.device | None
         if device is not None and device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    named = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    named = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float64": torch.float64,
+    }
     if dtype not in named:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(named)}")
     return named[dtype]
@@ -165,13 +181,16 @@ class AdapterDefaults:
     """The optional parts of :class:`ModalityAdapter` with plain defaults; an adapter overrides what it does better."""
 
     @torch.no_grad()
-    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None,
-                   batch_size: int = 16) -> torch.Tensor:
+    def answer_nll(
+        self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16
+    ) -> torch.Tensor:
         """Length-normalised NLL per example from :meth:`collate` and ``sequence_logprob(average=True)``."""
         if answers is not None:
             raise ValueError(f"{type(self).__name__} scores its examples' own targets: answers= is for language models")
-        out = [-self.sequence_logprob(self.collate(examples[i: i + batch_size]), average=True).double().cpu()
-               for i in range(0, len(examples), batch_size)]
+        out = [
+            -self.sequence_logprob(self.collate(examples[i : i + batch_size]), average=True).double().cpu()
+            for i in range(0, len(examples), batch_size)
+        ]
         return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
     @contextmanager
@@ -239,14 +258,19 @@ class TokenScoring(AdapterDefaults):
         return torch.log_softmax(logits.float(), -1)
 
     @torch.no_grad()
-    def answer_nll(self, examples: Sequence[Any], answers: Sequence[str] | None = None, batch_size: int = 16,
-                   desc: str | None = None) -> torch.Tensor:
+    def answer_nll(
+        self,
+        examples: Sequence[Any],
+        answers: Sequence[str] | None = None,
+        batch_size: int = 16,
+        desc: str | None = None,
+    ) -> torch.Tensor:
         """Mean answer-token NLL per example (length-normalised), float64 on the CPU; ``answers`` replace the
         examples' own (``collate(examples, answers)``)."""
         out = []
         for i in StageBar(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
-            sub = answers[i: i + batch_size] if answers is not None else None
-            lp, mask = self.logprobs(self.collate(examples[i: i + batch_size], sub))
+            sub = answers[i : i + batch_size] if answers is not None else None
+            lp, mask = self.logprobs(self.collate(examples[i : i + batch_size], sub))
             out.append((-(lp.double().sum(1)) / mask.sum(1).clamp(min=1)).cpu())
         return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 

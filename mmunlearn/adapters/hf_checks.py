@@ -71,8 +71,10 @@ def _sizes(config: dict[str, Any], path: Path, prefix: str = "", depth: int = 0)
         if any(isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0 for v in values):
             raise ValueError(f"{path}: {prefix}{key} is {value!r:.80}: a size cannot be negative")
         if str(key).endswith(("_layers", "n_layer")) and isinstance(value, (int, float)) and value > MAX_LAYERS:
-            raise ValueError(f"{path}: {prefix}{key} is {value!r:.80}, more than the {MAX_LAYERS} layers mmunlearn "
-                             "builds: refusing before building it")
+            raise ValueError(
+                f"{path}: {prefix}{key} is {value!r:.80}, more than the {MAX_LAYERS} layers mmunlearn "
+                "builds: refusing before building it"
+            )
 
 
 def _first(config: dict[str, Any], keys: tuple[str, ...], default: float) -> float:
@@ -100,13 +102,23 @@ def check_sizes(config: dict[str, Any], path: str | os.PathLike) -> None:
     _sizes(config, Path(path))
     params = estimated_parameters(config)
     if params > MAX_PARAMETERS:
-        raise ValueError(f"{path} describes about {params:.3g} parameters (layers x hidden sizes), more than the "
-                         f"{MAX_PARAMETERS:.0e} mmunlearn loads: refusing before building it")
+        raise ValueError(
+            f"{path} describes about {params:.3g} parameters (layers x hidden sizes), more than the "
+            f"{MAX_PARAMETERS:.0e} mmunlearn loads: refusing before building it"
+        )
 
 
 #: The nested configs of a composite model (a speech LLM's text and audio parts): each must be a JSON object.
-SUB_CONFIGS = ("text_config", "audio_config", "vision_config", "thinker_config", "talker_config", "encoder_config",
-               "decoder_config", "llm_config")
+SUB_CONFIGS = (
+    "text_config",
+    "audio_config",
+    "vision_config",
+    "thinker_config",
+    "talker_config",
+    "encoder_config",
+    "decoder_config",
+    "llm_config",
+)
 
 
 def _attn(config: dict[str, Any], path: Path, prefix: str = "") -> None:
@@ -114,8 +126,10 @@ def _attn(config: dict[str, Any], path: Path, prefix: str = "") -> None:
     for key in ("attn_implementation", "_attn_implementation"):
         attn = config.get(key)
         if attn is not None and (not isinstance(attn, str) or "/" in attn or ":" in attn):
-            raise ValueError(f"{path}: {prefix}{key} {attn!r:.80} names a Hub kernel or is not a name: kernels "
-                             "are code fetched from the Hub and are not run (use eager, sdpa or flash_attention_2)")
+            raise ValueError(
+                f"{path}: {prefix}{key} {attn!r:.80} names a Hub kernel or is not a name: kernels "
+                "are code fetched from the Hub and are not run (use eager, sdpa or flash_attention_2)"
+            )
     for name in SUB_CONFIGS:
         sub = config.get(name)
         if sub is not None and not isinstance(sub, dict):
@@ -131,18 +145,27 @@ def check_config(folder: str | os.PathLike) -> dict[str, Any]:
     config = read_config(Path(folder))
     _attn(config, path)
     if config.get("quantization_config") is not None:
-        raise ValueError(f"{path} asks for a quantised model (quantization_config): mmunlearn edits full-precision "
-                         "weights; save the model unquantised")
+        raise ValueError(
+            f"{path} asks for a quantised model (quantization_config): mmunlearn edits full-precision "
+            "weights; save the model unquantised"
+        )
     check_sizes(config, path)
     return config
 
 
 #: Bounds of a feature extractor's sizes (``preprocessor_config.json``): (smallest, largest). Whisper's are n_fft 400,
 #: hop 160, 80 or 128 mel bins, 30 s chunks of 480,000 samples at 16 kHz.
-FEATURE_BOUNDS = {"n_fft": (1, 1 << 14), "hop_length": (1, 1 << 14), "win_length": (1, 1 << 14),
-                  "feature_size": (1, 1024), "num_mel_bins": (1, 1024), "chunk_length": (1, 3600),
-                  "n_samples": (1, 3600 * 192_000), "nb_max_frames": (1, 3600 * 192_000),
-                  "sampling_rate": (1000, 192_000)}
+FEATURE_BOUNDS = {
+    "n_fft": (1, 1 << 14),
+    "hop_length": (1, 1 << 14),
+    "win_length": (1, 1 << 14),
+    "feature_size": (1, 1024),
+    "num_mel_bins": (1, 1024),
+    "chunk_length": (1, 3600),
+    "n_samples": (1, 3600 * 192_000),
+    "nb_max_frames": (1, 3600 * 192_000),
+    "sampling_rate": (1000, 192_000),
+}
 
 
 def check_preprocessor(folder: str | os.PathLike) -> None:
@@ -166,8 +189,9 @@ def check_preprocessor(folder: str | os.PathLike) -> None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise ValueError(f"{path}: {key} is {value!r:.80}, outside {low}..{high}: refusing before the "
-                             "feature extractor is built")
+            raise ValueError(
+                f"{path}: {key} is {value!r:.80}, outside {low}..{high}: refusing before the feature extractor is built"
+            )
 
 
 def check_hf_folder(folder: str | os.PathLike) -> dict[str, Any]:
@@ -208,11 +232,24 @@ def check_loaded(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     for name, tensor in model.named_parameters():
         if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
-            raise ValueError(f"{folder}: the weight {name} holds {bad} NaN/Inf value(s) of {tensor.numel()}: "
-                             "a damaged or hostile checkpoint")
+            raise ValueError(
+                f"{folder}: the weight {name} holds {bad} NaN/Inf value(s) of {tensor.numel()}: "
+                "a damaged or hostile checkpoint"
+            )
 
 
-__all__ = ["FEATURE_BOUNDS", "MAX_CONFIG_BYTES", "MAX_LAYERS", "MAX_PARAMETERS", "SUB_CONFIGS", "check_config",
-           "check_hf_folder", "check_preprocessor",
-           "check_loaded", "check_sizes",
-           "estimated_parameters", "loading", "read_config"]
+__all__ = [
+    "FEATURE_BOUNDS",
+    "MAX_CONFIG_BYTES",
+    "MAX_LAYERS",
+    "MAX_PARAMETERS",
+    "SUB_CONFIGS",
+    "check_config",
+    "check_hf_folder",
+    "check_preprocessor",
+    "check_loaded",
+    "check_sizes",
+    "estimated_parameters",
+    "loading",
+    "read_config",
+]

@@ -28,7 +28,8 @@ class OverlapError(UserError, ValueError):
 @dataclass
 class Inputs:
     """What a method runs on: ``forget`` (a list of rows, or of forget sets for a batch), ``retain`` (the rows it may
-    train on) and ``held_retain`` (retain rows set aside for the sweep rule's retain measure; empty: score ``retain``)."""
+    train on) and ``held_retain`` (retain rows set aside for the sweep rule's retain measure; empty: score
+    ``retain``)."""
 
     forget: list[Any]
     retain: list[Any]
@@ -42,9 +43,14 @@ class Inputs:
 
 def batch_of(forget: Any) -> bool:
     """Whether ``forget`` is a list of forget-set files (``.csv``, ``.json``, ``.jsonl`` paths): a batch of requests."""
-    return (isinstance(forget, (list, tuple)) and bool(forget)
-            and all(isinstance(f, (str, os.PathLike))
-                    and os.fspath(f).lower().endswith((".csv", ".json", ".jsonl", ".tsv")) for f in forget))
+    return (
+        isinstance(forget, (list, tuple))
+        and bool(forget)
+        and all(
+            isinstance(f, (str, os.PathLike)) and os.fspath(f).lower().endswith((".csv", ".json", ".jsonl", ".tsv"))
+            for f in forget
+        )
+    )
 
 
 def read_rows(kind: Kind, source: Any, name: str, audio_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
@@ -67,19 +73,25 @@ def _row_key(kind: Kind):
     return ("question", "answer")
 
 
-def check_disjoint(kind: Kind, forget: list[Mapping[str, Any]], retain: list[Mapping[str, Any]],
-                   by_speaker: bool) -> None:
-    """Refuse forget rows that are also retain rows, and with ``by_speaker`` forget speakers that are retain speakers."""
+def check_disjoint(
+    kind: Kind, forget: list[Mapping[str, Any]], retain: list[Mapping[str, Any]], by_speaker: bool
+) -> None:
+    """Refuse forget rows that are also retain rows,
+    and with ``by_speaker`` forget speakers that are retain speakers."""
     shared = overlap(forget, retain, key=_row_key(kind))
     if shared:
         first = shared[0].get("wav") if kind.takes_audio else shared[0].get("question") or shared[0].get("answer")
-        raise OverlapError(f"{len(shared)} forget row(s) are also retain rows (e.g. {str(first)[:120]!r}): a row cannot "
-                           "be both forgotten and kept; remove it from one of the sets")
+        raise OverlapError(
+            f"{len(shared)} forget row(s) are also retain rows (e.g. {str(first)[:120]!r}): a row cannot "
+            "be both forgotten and kept; remove it from one of the sets"
+        )
     if by_speaker:
         both = sorted({str(r["spk_id"]) for r in forget} & {str(r["spk_id"]) for r in retain})
         if both:
-            raise OverlapError(f"speaker(s) {both[:5]} are in both the forget and the retain set: speaker forgetting "
-                               "removes every clip of a forget speaker, so none may be kept; remove their retain rows")
+            raise OverlapError(
+                f"speaker(s) {both[:5]} are in both the forget and the retain set: speaker forgetting "
+                "removes every clip of a forget speaker, so none may be kept; remove their retain rows"
+            )
 
 
 def check_labels(rows: Sequence[Mapping[str, Any]], classes: Sequence[str], name: str) -> None:
@@ -88,15 +100,28 @@ def check_labels(rows: Sequence[Mapping[str, Any]], classes: Sequence[str], name
     unknown = sorted({str(r["spk_id"]) for r in rows} - known)
     if not unknown:
         return
-    hints = [f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, known, n=1)) else repr(u)
-             for u in unknown[:5]]
-    raise DataFormatError(f"{name}: speaker label(s) {', '.join(hints)}{' ...' if len(unknown) > 5 else ''} are not "
-                          f"classes of the model (it has {len(known)}: {', '.join(sorted(known)[:8])}"
-                          f"{' ...' if len(known) > 8 else ''}); the label column must hold the model's class names")
+    hints = [
+        f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, known, n=1)) else repr(u)
+        for u in unknown[:5]
+    ]
+    raise DataFormatError(
+        f"{name}: speaker label(s) {', '.join(hints)}{' ...' if len(unknown) > 5 else ''} are not "
+        f"classes of the model (it has {len(known)}: {', '.join(sorted(known)[:8])}"
+        f"{' ...' if len(known) > 8 else ''}); the label column must hold the model's class names"
+    )
 
 
-def read_inputs(kind: Kind, forget: Any, retain: Any, *, batch: bool, by_speaker: bool,
-                audio_dir: str | os.PathLike | None = None, hold_out: float = 0.0, seed: int = 0) -> Inputs:
+def read_inputs(
+    kind: Kind,
+    forget: Any,
+    retain: Any,
+    *,
+    batch: bool,
+    by_speaker: bool,
+    audio_dir: str | os.PathLike | None = None,
+    hold_out: float = 0.0,
+    seed: int = 0,
+) -> Inputs:
     """Read both sets for ``kind`` and check them (:func:`check_disjoint`); ``hold_out`` of the retain rows are set
     aside for the rule's retain measure (text LLMs: the rule then sees rows no method trained on)."""
     if batch:
@@ -115,5 +140,14 @@ def read_inputs(kind: Kind, forget: Any, retain: Any, *, batch: bool, by_speaker
     return Inputs(sets if sets is not None else rows, retain_rows, held)
 
 
-__all__ = ["DataFormatError", "Inputs", "OverlapError", "batch_of", "check_disjoint", "check_labels", "read_inputs", "read_rows",
-           "spoken"]
+__all__ = [
+    "DataFormatError",
+    "Inputs",
+    "OverlapError",
+    "batch_of",
+    "check_disjoint",
+    "check_labels",
+    "read_inputs",
+    "read_rows",
+    "spoken",
+]

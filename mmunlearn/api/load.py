@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.kinds import kind_of, kinds
 from mmunlearn.files.layout import UNLEARN_REPORT
-from mmunlearn.methods import load_unlearned, model_folder
 from mmunlearn.files.undo_store import read_release_report
+from mmunlearn.kinds import kind_of, kinds
+from mmunlearn.methods import load_unlearned, model_folder
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,9 @@ def load(folder: str | os.PathLike, device: str = "auto", **options: Any) -> Loa
     weights = model_folder(folder)
     kind = kind_of(weights)
     if kind is None:
-        raise ValueError(f"{weights}: not a model folder of a supported kind "
-                         f"({'; '.join(k.description for k in kinds())})")
+        raise ValueError(
+            f"{weights}: not a model folder of a supported kind ({'; '.join(k.description for k in kinds())})"
+        )
     recorded = _format_of(folder)
     if recorded is not None and "prompt_format" not in options:
         options = {**options, "prompt_format": recorded}

@@ -15,17 +15,16 @@ import os
 import shutil
 from pathlib import Path
 
-
-from mmunlearn.files.checkpoint import MARKER, atomic_dir, check_output_dir, copy_extra_files
 from mmunlearn.erase.apply import PATCH_NAME, restore
 from mmunlearn.erase.in_memory import restore_checkpoint
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.stream import stream_restore_checkpoint
+from mmunlearn.files.checkpoint import MARKER, atomic_dir, check_output_dir, copy_extra_files
+from mmunlearn.files.undo_store import UNDO_KEY, read_release_report, split_undo, undo_dir_of
 from mmunlearn.kinds import Kind, kind_of
 from mmunlearn.methods import REGISTRY, model_folder
 from mmunlearn.methods.harness import REPORT_NAME, restore_leftovers
 from mmunlearn.requests.history import read_history, step_back
-from mmunlearn.files.undo_store import UNDO_KEY, read_release_report, split_undo, undo_dir_of
 
 
 def _no_weight_edited(report: dict) -> bool:
@@ -50,9 +49,17 @@ def _restore_files(model_dir: Path, out: Path, undo: UndoPatch, kind: Kind, over
             kind.write_weights(state, tmp / f)  # the kind's own format
 
 
-def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patch: str | os.PathLike | None = None,
-                   overwrite: bool = False, stream: bool = True, hardlink: bool = True, progress: bool = True,
-                   steps: int = 1) -> Path:
+def restore_folder(
+    model_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    patch: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    stream: bool = True,
+    hardlink: bool = True,
+    progress: bool = True,
+    steps: int = 1,
+) -> Path:
     """Undo the latest request of an unlearning output ``model_dir`` into ``out``.
 
     A folder edited by several requests (``undo_history/``, :mod:`mmunlearn.requests.history`) gives the
@@ -67,8 +74,10 @@ def restore_folder(model_dir: str | os.PathLike, out: str | os.PathLike, *, patc
         return _restore_one(model_dir, out, patch, overwrite, stream, hardlink, progress)
     count = depth if steps == 0 else steps
     if patch is not None or count > depth:
-        raise ValueError(f"{model_dir} records {depth} request(s); cannot undo {count}"
-                         + (" with --patch (one patch undoes one request)" if patch is not None else ""))
+        raise ValueError(
+            f"{model_dir} records {depth} request(s); cannot undo {count}"
+            + (" with --patch (one patch undoes one request)" if patch is not None else "")
+        )
     check_output_dir(out, model_dir, overwrite=overwrite)
     with atomic_dir(out, overwrite=overwrite, inputs=(model_dir,)) as tmp:
         src = model_dir
@@ -97,8 +106,15 @@ def _keep_undo_apart(staging: Path, out: Path, overwrite: bool, model_dir: Path)
         report_path.write_text(json.dumps(report, indent=2))
 
 
-def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, overwrite: bool, stream: bool,
-                 hardlink: bool, progress: bool) -> Path:
+def _restore_one(
+    model_dir: Path,
+    out: Path,
+    patch: str | os.PathLike | None,
+    overwrite: bool,
+    stream: bool,
+    hardlink: bool,
+    progress: bool,
+) -> Path:
     """Undo one patch of ``model_dir`` into ``out`` (any kind, any method)."""
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder not found: {model_dir}")
@@ -111,15 +127,19 @@ def _restore_one(model_dir: Path, out: Path, patch: str | os.PathLike | None, ov
             copy_extra_files(model_folder(model_dir), tmp, set(restore_leftovers()), weights=True)  # T3: base/
         return out
     if not patch_path.is_file():
-        said = " (its report says no weight changed: then the folder is the input as it was)" if report.get(
-            "changed_fraction") == 0.0 else ""
+        said = (
+            " (its report says no weight changed: then the folder is the input as it was)"
+            if report.get("changed_fraction") == 0.0
+            else ""
+        )
         raise FileNotFoundError(f"undo patch not found: {patch_path} (pass --patch){said}")
     kind = kind_of(model_dir)
     if kind is not None and kind.weight_files:
         _restore_files(model_dir, out, UndoPatch.load(patch_path), kind, overwrite)
     elif stream:
-        stream_restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite, hardlink=hardlink,
-                                  progress=progress)
+        stream_restore_checkpoint(
+            model_dir, out, patch=patch_path, overwrite=overwrite, hardlink=hardlink, progress=progress
+        )
     else:
         restore_checkpoint(model_dir, out, patch=patch_path, overwrite=overwrite)
     return out

@@ -68,8 +68,10 @@ def says(row: Mapping[str, Any], generated: str, question: str | None = None) ->
 
 def check_rule() -> str:
     """How a greedy answer is checked, in words (the verdict and the report name it)."""
-    return (f"key span in the greedy answer, else ROUGE-L recall >= {SAID_RECALL:g} of the answer's words the "
-            "question does not contain")
+    return (
+        f"key span in the greedy answer, else ROUGE-L recall >= {SAID_RECALL:g} of the answer's words the "
+        "question does not contain"
+    )
 
 
 def _questions(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
@@ -144,9 +146,14 @@ class ForgetRows:
         if greedy or not below:
             said = sorted({idx[j] for j in said_rows(adapter, rows)} - self.reference_says)
         out = sorted({*below, *(said or ())})
-        self.last = {"rows": len(rows), "below_level": below, "said": said, "out": out,
-                     "reference_says": sorted(self.reference_says),
-                     "min_gap": min(v - lv for vs, ls in zip(nlls, levels) for v, lv in zip(vs, ls))}
+        self.last = {
+            "rows": len(rows),
+            "below_level": below,
+            "said": said,
+            "out": out,
+            "reference_says": sorted(self.reference_says),
+            "min_gap": min(v - lv for vs, ls in zip(nlls, levels) for v, lv in zip(vs, ls)),
+        }
         return self.last
 
     def __call__(self, adapter, items: Sequence[Any]) -> float:
@@ -167,24 +174,46 @@ class RowRule(SweepRule):
         share of the original's held-out retain answers it still says."""
         rows = self.forget_measure.details(adapter, greedy=True, items=forget)  # type: ignore[attr-defined]
         kept = len(said_rows(adapter, self.retain_said)) / len(self.retain_said) if self.retain_said else None
-        return {**rows, "check": check_rule(), "retain_checked": len(self.retain_said), "retain_kept": kept,
-                "retain_kept_bound": RETAIN_KEPT, "met": not rows["out"] and (kept is None or kept >= RETAIN_KEPT)}
+        return {
+            **rows,
+            "check": check_rule(),
+            "retain_checked": len(self.retain_said),
+            "retain_kept": kept,
+            "retain_kept_bound": RETAIN_KEPT,
+            "met": not rows["out"] and (kept is None or kept >= RETAIN_KEPT),
+        }
 
-    def verdict(self, method: str, forget: float, retain_rise: float, met: bool,
-                judged: Mapping[str, Any] | None = None) -> str:
+    def verdict(
+        self, method: str, forget: float, retain_rise: float, met: bool, judged: Mapping[str, Any] | None = None
+    ) -> str:
         if judged is None:
             return super().verdict(method, forget, retain_rise, met)
         head = f"rule met by {method}" if met else f"RULE NOT MET by {method}"
         n, said = judged["rows"], judged["said"] or []
         kept = judged["retain_kept"]
-        agree = (f"{kept:.0%} of the {judged['retain_checked']} held-out retain answers the original says still said "
-                 f"(bound >= {RETAIN_KEPT:.0%})" if kept is not None else
-                 "greedy agreement not measured (the original says none of the held-out retain answers)")
-        return (f"{head}: forget set: {len(judged['out'])} of {n} rows still come out -- {len(said)} said by greedy "
-                f"decoding ({judged['check']}), {len(judged['below_level'])} with an answer NLL below its level "
-                f"({self.target_note}); retain set: {measure_label(self.retain_measure)} rose {retain_rise:+.4g} "
-                f"(bound <= {self.retain_bound:.4g}), {agree}")
+        agree = (
+            f"{kept:.0%} of the {judged['retain_checked']} held-out retain answers the original says still said "
+            f"(bound >= {RETAIN_KEPT:.0%})"
+            if kept is not None
+            else "greedy agreement not measured (the original says none of the held-out retain answers)"
+        )
+        return (
+            f"{head}: forget set: {len(judged['out'])} of {n} rows still come out -- {len(said)} said by greedy "
+            f"decoding ({judged['check']}), {len(judged['below_level'])} with an answer NLL below its level "
+            f"({self.target_note}); retain set: {measure_label(self.retain_measure)} rose {retain_rise:+.4g} "
+            f"(bound <= {self.retain_bound:.4g}), {agree}"
+        )
 
 
-__all__ = ["ForgetRows", "MAX_NEW_TOKENS", "RETAIN_KEPT", "RowRule", "SAID_RECALL", "check_rule", "distinctive",
-           "row_nlls", "said_rows", "says"]
+__all__ = [
+    "ForgetRows",
+    "MAX_NEW_TOKENS",
+    "RETAIN_KEPT",
+    "RowRule",
+    "SAID_RECALL",
+    "check_rule",
+    "distinctive",
+    "row_nlls",
+    "said_rows",
+    "says",
+]

@@ -1,4 +1,5 @@
-"""The sweep rule ``mmunlearn.unlearn`` applies by default to each kind, and the check that there is something to forget.
+"""The sweep rule ``mmunlearn.unlearn`` applies by default to each kind,
+and the check that there is something to forget.
 
 * Classifiers (:func:`speaker_rule`): every forgotten speaker's clips predicted as none of the forget speakers on at
   least :data:`SPEAKER_FORGET_TARGET` of them (the level of a model retrained without them), the retain NLL rising by
@@ -21,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mmunlearn.api.row_rule import ForgetRows, RowRule, row_nlls, said_rows
 from mmunlearn.errors import UserError
 from mmunlearn.eval.speaker import forgotten_error_rate
 from mmunlearn.methods import SweepRule, get, mean_nll
-from mmunlearn.api.row_rule import ForgetRows, RowRule, row_nlls, said_rows
 
 #: The speaker rule's bound on the retain set's mean NLL rise (nats), as the VoxCeleb2 recipe's default.
 SPEAKER_RETAIN_BOUND = 0.05
@@ -55,23 +56,32 @@ def chance_error_rate(n_classes: int) -> float:
     return 1.0 - 1.0 / n_classes
 
 
-def speaker_rule(n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND,
-                 forget_target: float | None = None) -> SweepRule:
+def speaker_rule(
+    n_classes: int, retain_bound: float = SPEAKER_RETAIN_BOUND, forget_target: float | None = None
+) -> SweepRule:
     """The documented speaker-level sweep rule for a classifier of ``n_classes`` speakers: forget measure the share
     of the forget utterances predicted as none of the forget speakers, target ``forget_target`` (default
-    :data:`SPEAKER_FORGET_TARGET`; :func:`chance_error_rate` for the looser level the benchmarks record), retain measure the
-    mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the speakers earlier
-    requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
+    :data:`SPEAKER_FORGET_TARGET`; :func:`chance_error_rate` for the looser level the benchmarks record), retain measure
+    the mean NLL, rising by at most ``retain_bound`` nats. A request on an edited model widens it to the speakers
+    earlier requests forgot (:func:`mmunlearn.requests.widened_rule`)."""
     floor = chance_error_rate(n_classes)
     target = SPEAKER_FORGET_TARGET if forget_target is None else float(forget_target)
     if not floor <= target <= 1.0:
         raise ValueError(f"a speaker rule's forget target must lie between chance ({floor:.4g}) and 1, got {target!r}")
-    return SweepRule(forget_target=target, retain_bound=retain_bound,
-                     forget_measure=forgotten_error_rate, retain_measure=mean_nll)
+    return SweepRule(
+        forget_target=target, retain_bound=retain_bound, forget_measure=forgotten_error_rate, retain_measure=mean_nll
+    )
 
 
-def nll_rule(adapter, forget: Sequence[Any], *, reference=None, held_retain: Sequence[Any] = (),
-             retain_bound: float = NLL_RETAIN_BOUND, rise: float = NLL_RISE) -> tuple[SweepRule, str]:
+def nll_rule(
+    adapter,
+    forget: Sequence[Any],
+    *,
+    reference=None,
+    held_retain: Sequence[Any] = (),
+    retain_bound: float = NLL_RETAIN_BOUND,
+    rise: float = NLL_RISE,
+) -> tuple[SweepRule, str]:
     """(rule, how its target was set) for an LLM: the forget NLL up to ``reference``'s on the forget rows, or up by
     ``rise`` nats without one; the retain measure on ``held_retain`` when given (rows no method trains on)."""
     before = mean_nll(adapter, forget)
@@ -79,12 +89,19 @@ def nll_rule(adapter, forget: Sequence[Any], *, reference=None, held_retain: Seq
         target, source = mean_nll(reference, forget), "the reference model's forget NLL"
     else:
         target, source = before + rise, f"the forget NLL + {rise:g} nats (no reference model given)"
-    return SweepRule(forget_target=target, retain_bound=retain_bound,
-                     retain_items=list(held_retain) or None), source
+    return SweepRule(forget_target=target, retain_bound=retain_bound, retain_items=list(held_retain) or None), source
 
 
-def text_rule(adapter, forget: Sequence[Any], *, reference=None, level: Any = None, held_retain: Sequence[Any] = (),
-              retain_bound: float = NLL_RETAIN_BOUND, rise: float = NLL_RISE) -> tuple[RowRule, str]:
+def text_rule(
+    adapter,
+    forget: Sequence[Any],
+    *,
+    reference=None,
+    level: Any = None,
+    held_retain: Sequence[Any] = (),
+    retain_bound: float = NLL_RETAIN_BOUND,
+    rise: float = NLL_RISE,
+) -> tuple[RowRule, str]:
     """(rule, how its levels were set) for a text LLM, judged row by row (:mod:`mmunlearn.api.row_rule`).
 
     ``level``: what each forget row's answer NLL must reach -- a number of nats (every row), or the adapter of a
@@ -107,15 +124,23 @@ def text_rule(adapter, forget: Sequence[Any], *, reference=None, level: Any = No
     else:
         levels = [[v + rise for v in vs] for vs in row_nlls(adapter, rows)]
         source = f"each row's NLL before the edit + {rise:g} nats (no reference model given)"
-        note = (f"its NLL before + {rise:g} nats: a GUESS, not a measured level; pass reference= (the model it was "
-                "fine-tuned from), a retrained-like model or a level in nats")
+        note = (
+            f"its NLL before + {rise:g} nats: a GUESS, not a measured level; pass reference= (the model it was "
+            "fine-tuned from), a retrained-like model or a level in nats"
+        )
     known = said_rows(judge_model, rows) if judge_model is not None else set()
     held = list(held_retain)
     retain_said = [held[i] for i in sorted(said_rows(adapter, held))] if held else []
     measure = ForgetRows(rows, levels, known)
-    rule = RowRule(forget_target=1.0, retain_bound=retain_bound, forget_measure=measure,
-                   retain_items=held or None, retain_said=retain_said, target_note=note,
-                   mean_level=sum(ls[0] for ls in levels) / len(levels))
+    rule = RowRule(
+        forget_target=1.0,
+        retain_bound=retain_bound,
+        forget_measure=measure,
+        retain_items=held or None,
+        retain_said=retain_said,
+        target_note=note,
+        mean_level=sum(ls[0] for ls in levels) / len(levels),
+    )
     return rule, source
 
 
@@ -125,15 +150,21 @@ def swept_overrides(method: str, scope: str = "all") -> dict[str, Any]:
     recipe's ``--sweep`` settings); in the head scope no retain subspace (it would hold the forget direction)."""
     if "task_vectors" not in get(method).needs:  # the sweep grid below is the task-vector methods'
         return {}
-    return {"sweep_scales": "auto", "sweep_ranks": (1, 2, 4), "extract_kind": "gradient",
-            **({"retain_rank": 0} if scope == "head" else {})}
+    return {
+        "sweep_scales": "auto",
+        "sweep_ranks": (1, 2, 4),
+        "extract_kind": "gradient",
+        **({"retain_rank": 0} if scope == "head" else {}),
+    }
 
 
-def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool,
-                              reference_given: bool) -> dict[str, Any]:
+def check_something_to_forget(
+    adapter, forget: Sequence[Any], rule: SweepRule, *, classifier: bool, reference_given: bool
+) -> dict[str, Any]:
     """What the model knows of ``forget`` before any edit (for the report); :class:`NothingToForget` when it knows
-    nothing: a classifier whose forget clips are already named as other classes at :func:`chance_error_rate` or more (or at
-    ``rule``'s own target, when that is lower), or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its reference's."""
+    nothing: a classifier whose forget clips are already named as other classes at :func:`chance_error_rate` or more (or
+    at ``rule``'s own target, when that is lower), or an LLM whose forget NLL is within :data:`KNOWN_MARGIN` of its
+    reference's."""
     rows = isinstance(rule, RowRule)  # a text rule: the mean answer NLL against its rows' mean level
     value = mean_nll(adapter, forget) if rows else rule.forget_measure(adapter, forget)
     target = rule.mean_level if rows else rule.forget_target
@@ -142,16 +173,33 @@ def check_something_to_forget(adapter, forget: Sequence[Any], rule: SweepRule, *
         raise NothingToForget(
             f"nothing to forget: before any edit {value:.3g} of the worst forget speaker's clips are already predicted "
             f"as none of the forget speakers (chance: {floor:.3g}); the model never learned them. Check "
-            "the labels, or pass rule=None to run the method anyway")
+            "the labels, or pass rule=None to run the method anyway"
+        )
     if not classifier and reference_given and value >= target - KNOWN_MARGIN:
         raise NothingToForget(
             f"nothing to forget: the forget rows' mean NLL {value:.4g} is already at the reference model's "
             f"{target:.4g} (within {KNOWN_MARGIN}): the model knows them no better than a model that never "
-            "saw them. Pass rule=None to run the method anyway")
-    return {"forget_measure_before": value, "forget_target": target, "chance": floor,
-            "checked": classifier or reference_given}
+            "saw them. Pass rule=None to run the method anyway"
+        )
+    return {
+        "forget_measure_before": value,
+        "forget_target": target,
+        "chance": floor,
+        "checked": classifier or reference_given,
+    }
 
 
-__all__ = ["KNOWN_MARGIN", "NLL_RETAIN_BOUND", "NLL_RISE", "NothingToForget", "SPEAKER_FORGET_TARGET",
-           "SPEAKER_RETAIN_BOUND", "chance_error_rate", "check_something_to_forget", "nll_rule", "speaker_rule", "swept_overrides",
-           "text_rule"]
+__all__ = [
+    "KNOWN_MARGIN",
+    "NLL_RETAIN_BOUND",
+    "NLL_RISE",
+    "NothingToForget",
+    "SPEAKER_FORGET_TARGET",
+    "SPEAKER_RETAIN_BOUND",
+    "chance_error_rate",
+    "check_something_to_forget",
+    "nll_rule",
+    "speaker_rule",
+    "swept_overrides",
+    "text_rule",
+]

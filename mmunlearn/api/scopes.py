@@ -19,10 +19,10 @@ from typing import Any
 
 from mmunlearn.files.checkpoint import check_output_dir
 from mmunlearn.files.layout import UNLEARN_REPORT
+from mmunlearn.files.undo_store import UNDO_KEY, default_undo_dir, move_undo
 from mmunlearn.methods import get
 from mmunlearn.methods.harness import Outcome
 from mmunlearn.methods.rule import SweepPoint, choose
-from mmunlearn.files.undo_store import UNDO_KEY, default_undo_dir, move_undo
 
 #: The scopes ``sweep`` tries, in order (the embedding scope only when named: see the module doc).
 SWEEP_SCOPES: tuple[str, ...] = ("head", "all")
@@ -39,8 +39,9 @@ def scopes_to_try(scope: str, method: str, is_classifier: bool, swept: bool) -> 
         erasure = "task_vectors" in get(method).needs
         return SWEEP_SCOPES if (is_classifier and erasure and swept) else ("all",)
     if scope != "all" and not is_classifier:
-        raise ValueError(f"scope={scope!r} applies to classifiers (the class rows or the model below them); this "
-                         "model is not one")
+        raise ValueError(
+            f"scope={scope!r} applies to classifiers (the class rows or the model below them); this model is not one"
+        )
     return (scope,)
 
 
@@ -48,12 +49,19 @@ def _best(tried: Sequence[tuple[str, Outcome]]) -> int:
     rules = [o.report["rule"] for _, o in tried]
     points = [SweepPoint(i, 0.0, r["forget"], r["retain"]) for i, r in enumerate(rules)]
     first = rules[0]
-    return choose(points, first["base_forget"], first["base_retain"], first["forget_target"],
-                  first["retain_bound"]).rank
+    return choose(
+        points, first["base_forget"], first["base_retain"], first["forget_target"], first["retain_bound"]
+    ).rank
 
 
-def _promote(staged: Path, out: Path, inputs: Sequence[Any], overwrite: bool, report: dict[str, Any],
-             undo: str | os.PathLike | None) -> Path:
+def _promote(
+    staged: Path,
+    out: Path,
+    inputs: Sequence[Any],
+    overwrite: bool,
+    report: dict[str, Any],
+    undo: str | os.PathLike | None,
+) -> Path:
     """Rename the chosen try ``staged`` into ``out`` (replacing an earlier output only with ``overwrite``) and its undo
     folder to ``undo`` (default ``<out>.undo``), its report's paths made ``out``'s."""
     final = out.resolve()
@@ -72,8 +80,14 @@ def _promote(staged: Path, out: Path, inputs: Sequence[Any], overwrite: bool, re
     return final
 
 
-def run_scopes(run: Callable[[str, Path | None, bool], Outcome], scopes: Sequence[str], out: Path | None,
-               inputs: Sequence[Any], overwrite: bool, undo: str | os.PathLike | None = None) -> Outcome:
+def run_scopes(
+    run: Callable[[str, Path | None, bool], Outcome],
+    scopes: Sequence[str],
+    out: Path | None,
+    inputs: Sequence[Any],
+    overwrite: bool,
+    undo: str | os.PathLike | None = None,
+) -> Outcome:
     """``run(scope, folder, staged)`` for each scope until one meets the rule; the rule's choice, written to ``out``
     (its undo records to ``undo``), with the tries in its report (``scopes_tried``) and the chosen ``scope``."""
     if len(scopes) == 1:
@@ -91,9 +105,14 @@ def run_scopes(run: Callable[[str, Path | None, bool], Outcome], scopes: Sequenc
                 break
         scope, outcome = tried[_best(tried)]
         outcome.report["scopes_tried"] = {
-            s: {"forget": o.report["rule"]["forget"], "retain": o.report["rule"]["retain"],
+            s: {
+                "forget": o.report["rule"]["forget"],
+                "retain": o.report["rule"]["retain"],
                 "target_reached": o.report["target_reached"],
-                "seconds": o.report["extract_seconds"] + o.report["unlearn_seconds"]} for s, o in tried}
+                "seconds": o.report["extract_seconds"] + o.report["unlearn_seconds"],
+            }
+            for s, o in tried
+        }
         outcome.report["scope"] = scope
         if staging is not None:
             outcome.out = _promote(staging / scope, out, inputs, overwrite, outcome.report, undo)

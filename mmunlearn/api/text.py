@@ -39,8 +39,11 @@ def choose_format(adapter, forget: Sequence[Any], given: str | None, which: str 
         scores[fmt] = mean_nll(adapter, rows)
     best = min(scores, key=scores.get)
     adapter.set_prompt_format(best)
-    return {"format": best, f"{which}_nll": scores,
-            "chosen_by": f"no chat template: the lowest {which} NLL of {', '.join(CANDIDATES)}"}
+    return {
+        "format": best,
+        f"{which}_nll": scores,
+        "chosen_by": f"no chat template: the lowest {which} NLL of {', '.join(CANDIDATES)}",
+    }
 
 
 class Clock:
@@ -62,8 +65,10 @@ class Clock:
         took, self.last = now - self.last, now
         self.done_count += 1
         if self.on:
-            self.say(f"[mmunlearn {self.done_count}/{self.total}] {name}: {span(took)}; elapsed "
-                     f"{span(now - self.start)}; left: {left}")
+            self.say(
+                f"[mmunlearn {self.done_count}/{self.total}] {name}: {span(took)}; elapsed "
+                f"{span(now - self.start)}; left: {left}"
+            )
         return took
 
 

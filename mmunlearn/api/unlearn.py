@@ -26,22 +26,28 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.api.inputs import batch_of, check_labels, read_inputs, read_rows, spoken
+from mmunlearn.api.rules import (
+    SPEAKER_RETAIN_BOUND,
+    NothingToForget,
+    check_something_to_forget,
+    speaker_rule,
+    swept_overrides,
+    text_rule,
+)
+from mmunlearn.api.scopes import run_scopes, scopes_to_try
+from mmunlearn.api.text import Clock, choose_format
 from mmunlearn.data.user.sets import split_held_out
-from mmunlearn.kinds import Kind, get_kind, kind_of, kinds
+from mmunlearn.files.paths import check_apart, check_holds_none
+from mmunlearn.files.undo_store import default_undo_dir
+from mmunlearn.kinds import Kind, kind_of, kinds
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome
-from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.optimisation import budget_epochs
+from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.rule import span
-from mmunlearn.files.paths import check_apart, check_holds_none
 from mmunlearn.requests import read_history, run_request
 from mmunlearn.requests.state import obtain_retain_state
-from mmunlearn.files.undo_store import default_undo_dir
-from mmunlearn.api.inputs import batch_of, check_labels, read_inputs, read_rows, spoken
-from mmunlearn.api.rules import (SPEAKER_RETAIN_BOUND, NothingToForget, check_something_to_forget, speaker_rule,
-                                     swept_overrides, text_rule)
-from mmunlearn.api.text import Clock, choose_format
-from mmunlearn.api.scopes import run_scopes, scopes_to_try
 
 #: Share of a text LLM's retain rows set aside for the rule's retain measure (rows no method trains on).
 TEXT_HOLD_OUT = 0.2
@@ -87,8 +93,14 @@ def _kind(model_dir: str | os.PathLike) -> Kind:
     raise ValueError(f"{root} is not a model folder mmunlearn reads (one of: {taken})")
 
 
-def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str = "both",
-               trust_hparams: bool = False, scope: str = "all"):
+def load_model(
+    model_dir: str | os.PathLike,
+    *,
+    device: str = "auto",
+    where: str = "both",
+    trust_hparams: bool = False,
+    scope: str = "all",
+):
     """The adapter of a model directory of any kind (``where`` applies to speech LLMs; ``trust_hparams`` to
     SpeechBrain classifiers: True runs the code their ``hyperparams.yaml`` names, see the README; ``scope`` to
     classifiers: the weights erasure may edit, ``all``, ``head`` or ``embedding``)."""
@@ -96,15 +108,35 @@ def load_model(model_dir: str | os.PathLike, *, device: str = "auto", where: str
 
 
 # long: public API whose signature and Args docstring take 46 lines; its per-scope closure reads a dozen of them
-def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str | None = None,
-            out: str | os.PathLike | None = None, *, reference: str | os.PathLike | None = None, where: str = "both",
-            forget_tasks: Sequence[str] = ("speaker",), retain_tasks: Sequence[str] = ("speaker",),
-            config: Any = None, size: str | None = None, rule: Any = "auto", device: str = "auto",
-            overwrite: bool = False, progress: bool = True, trust_hparams: bool = False,
-            retain_state: str | os.PathLike | None = None, refresh_retain: bool = False, batch: bool | None = None,
-            compare_batch: bool = False, scope: str = "sweep", audio_dir: str | os.PathLike | None = None,
-            undo: str | os.PathLike | None = None, prompt_format: str | None = None,
-            forget_level: float | str | os.PathLike | None = None, **overrides: Any) -> UnlearnResult:
+def unlearn(
+    model_dir: str | os.PathLike,
+    forget: Any,
+    retain: Any,
+    method: str | None = None,
+    out: str | os.PathLike | None = None,
+    *,
+    reference: str | os.PathLike | None = None,
+    where: str = "both",
+    forget_tasks: Sequence[str] = ("speaker",),
+    retain_tasks: Sequence[str] = ("speaker",),
+    config: Any = None,
+    size: str | None = None,
+    rule: Any = "auto",
+    device: str = "auto",
+    overwrite: bool = False,
+    progress: bool = True,
+    trust_hparams: bool = False,
+    retain_state: str | os.PathLike | None = None,
+    refresh_retain: bool = False,
+    batch: bool | None = None,
+    compare_batch: bool = False,
+    scope: str = "sweep",
+    audio_dir: str | os.PathLike | None = None,
+    undo: str | os.PathLike | None = None,
+    prompt_format: str | None = None,
+    forget_level: float | str | os.PathLike | None = None,
+    **overrides: Any,
+) -> UnlearnResult:
     """Unlearn ``forget`` from the model in ``model_dir`` and write the result to ``out``.
 
     Args:
@@ -178,12 +210,32 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     if auto and rule != "auto":
         raise ValueError(f"rule must be a SweepRule, None or 'auto', got {rule!r}")
     # every setting checked here, before any model is loaded; each run fills in its rule, folder and report fields
-    request = UnlearnRequest(method, kind.name, config=config, size=size, overrides=overrides,
-                             rule=None if auto else rule, out=out, inputs=inputs, overwrite=overwrite, undo_dir=undo,
-                             progress=progress, retain_state=retain_state, refresh_retain=refresh_retain, batch=batch,
-                             compare_batch=compare_batch)
-    data = read_inputs(kind, forget, retain, batch=batch, by_speaker=auto and kind.is_classifier,
-                       audio_dir=audio_dir, hold_out=TEXT_HOLD_OUT if auto and not kind.takes_audio else 0.0)
+    request = UnlearnRequest(
+        method,
+        kind.name,
+        config=config,
+        size=size,
+        overrides=overrides,
+        rule=None if auto else rule,
+        out=out,
+        inputs=inputs,
+        overwrite=overwrite,
+        undo_dir=undo,
+        progress=progress,
+        retain_state=retain_state,
+        refresh_retain=refresh_retain,
+        batch=batch,
+        compare_batch=compare_batch,
+    )
+    data = read_inputs(
+        kind,
+        forget,
+        retain,
+        batch=batch,
+        by_speaker=auto and kind.is_classifier,
+        audio_dir=audio_dir,
+        hold_out=TEXT_HOLD_OUT if auto and not kind.takes_audio else 0.0,
+    )
     if not kind.takes_audio and (forget_tasks, retain_tasks) != (("speaker",), ("speaker",)):
         raise ValueError("forget_tasks / retain_tasks apply to speech LLMs (spoken questions about the clips)")
     scopes = scopes_to_try(scope, method, kind.is_classifier, swept=rule is not None and config is None)
@@ -191,8 +243,9 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
     if out is not None and kind.takes_audio:  # the clips the rows name: writing --out or its undo must not delete them
         clips = [r["wav"] for r in [*data.forget_rows, *data.retain, *data.held_retain] if r.get("wav")]
         check_holds_none(out, clips, "audio clips of the forget/retain sets")
-        check_holds_none(undo if undo is not None else default_undo_dir(out), clips,
-                         "audio clips of the forget/retain sets")
+        check_holds_none(
+            undo if undo is not None else default_undo_dir(out), clips, "audio clips of the forget/retain sets"
+        )
 
     fmt: dict[str, Any] = {}  # a text LLM's prompt format, chosen on the first load (api.text.choose_format)
 
@@ -220,29 +273,53 @@ def unlearn(model_dir: str | os.PathLike, forget: Any, retain: Any, method: str 
         first = checked.setdefault("runs", 0) == 0  # a classifier's scope sweep runs again: its stages said once
         checked["runs"] += 1
         if first:
-            clock.done("model loaded" + (f", prompt format {fmt['format']!r}" if fmt else ""),
-                       "setting up the rule (scoring the forget rows; greedy answers for a text LLM)")
-        items = [spoken(asks, f, forget_tasks) for f in data.forget] if batch else spoken(asks, data.forget,
-                                                                                          forget_tasks)
+            clock.done(
+                "model loaded" + (f", prompt format {fmt['format']!r}" if fmt else ""),
+                "setting up the rule (scoring the forget rows; greedy answers for a text LLM)",
+            )
+        items = (
+            [spoken(asks, f, forget_tasks) for f in data.forget] if batch else spoken(asks, data.forget, forget_tasks)
+        )
         flat = [r for f in items for r in f] if batch else items
         the_rule, extra = _rule(rule, kind, adapter, flat, data.held_retain, base, request, s, checked, level)
         if first:
-            clock.done("rule set up" if the_rule is not None else "no rule",
-                       f"the {method} run (its lines below say its elapsed time and, from its first sweep point or "
-                       f"step, the most time left), then the final check and the write (about "
-                       f"{span(clock.since())}: the rule's scoring again)")
-        meta = {"model_dir": str(Path(model_dir).resolve()), "method_chosen_by": checked["method_chosen_by"],
-                "prompt_format": dict(fmt) or None,
-                "forget_level": forget_level if not isinstance(forget_level, (str, os.PathLike)) else str(
-                    Path(forget_level).resolve()),
-                "reference": str(Path(reference).resolve()) if reference is not None else None,
-                "where": where if asks else None, "scope": s if kind.is_classifier else None,
-                "knowledge_check": checked.get("check"), "rule_target": checked.get("target_source"),
-                "held_retain_items": len(data.held_retain)}
-        this = replace(request, overrides=extra, rule=the_rule, out=folder, meta=meta,
-                       undo_dir=None if staged else request.undo_dir)
-        return run_request(this, adapter, items, spoken(asks, data.retain, retain_tasks), reference=base,
-                           history=history, clone=lambda: load(s))
+            clock.done(
+                "rule set up" if the_rule is not None else "no rule",
+                f"the {method} run (its lines below say its elapsed time and, from its first sweep point or "
+                f"step, the most time left), then the final check and the write (about "
+                f"{span(clock.since())}: the rule's scoring again)",
+            )
+        meta = {
+            "model_dir": str(Path(model_dir).resolve()),
+            "method_chosen_by": checked["method_chosen_by"],
+            "prompt_format": dict(fmt) or None,
+            "forget_level": forget_level
+            if not isinstance(forget_level, (str, os.PathLike))
+            else str(Path(forget_level).resolve()),
+            "reference": str(Path(reference).resolve()) if reference is not None else None,
+            "where": where if asks else None,
+            "scope": s if kind.is_classifier else None,
+            "knowledge_check": checked.get("check"),
+            "rule_target": checked.get("target_source"),
+            "held_retain_items": len(data.held_retain),
+        }
+        this = replace(
+            request,
+            overrides=extra,
+            rule=the_rule,
+            out=folder,
+            meta=meta,
+            undo_dir=None if staged else request.undo_dir,
+        )
+        return run_request(
+            this,
+            adapter,
+            items,
+            spoken(asks, data.retain, retain_tasks),
+            reference=base,
+            history=history,
+            clone=lambda: load(s),
+        )
 
     outcome = run_scopes(run_one, scopes, out, inputs, overwrite, undo)
     clock.done(f"unlearned by {method}, judged" + (f" and written to {outcome.out}" if outcome.out else ""), "nothing")
@@ -265,8 +342,18 @@ def input_paths(model_dir: Any, reference: Any, forget: Any, retain: Any, own_un
     return [f for f in found if f is not None]
 
 
-def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base, request: UnlearnRequest,
-          scope: str, checked: dict[str, Any], level: Any = None):
+def _rule(
+    rule: Any,
+    kind: Kind,
+    adapter,
+    forget: list,
+    held_retain: list,
+    base,
+    request: UnlearnRequest,
+    scope: str,
+    checked: dict[str, Any],
+    level: Any = None,
+):
     """(the rule, the method's overrides) of one run of ``request``. ``rule="auto"``: a classifier gets the speaker
     rule, the sweep settings and a step budget; a text LLM the row rule (:func:`~mmunlearn.api.rules.text_rule`); a
     speech LLM none (pass a SweepRule); the first run checks that the model knows the forget set
@@ -276,16 +363,24 @@ def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base,
         return rule, dict(overrides)
     if kind.is_classifier:
         the_rule = speaker_rule(len(adapter.speakers))
-        checked.setdefault("target_source", "near a model retrained without the forget speakers "
-                                           f"({the_rule.forget_target:g} of their clips named as another class)")
+        checked.setdefault(
+            "target_source",
+            "near a model retrained without the forget speakers "
+            f"({the_rule.forget_target:g} of their clips named as another class)",
+        )
     elif not kind.takes_audio:
         the_rule, source = text_rule(adapter, forget, reference=base, level=level, held_retain=held_retain)
         checked.setdefault("target_source", source)
     else:
         return None, dict(overrides)
     if "check" not in checked:
-        checked["check"] = check_something_to_forget(adapter, forget, the_rule, classifier=kind.is_classifier,
-                                                     reference_given=base is not None or level is not None)
+        checked["check"] = check_something_to_forget(
+            adapter,
+            forget,
+            the_rule,
+            classifier=kind.is_classifier,
+            reference_given=base is not None or level is not None,
+        )
     extra = dict(overrides)
     if kind.is_classifier and request.config is None:
         extra = {**swept_overrides(method, scope), **extra}
@@ -294,11 +389,24 @@ def _rule(rule: Any, kind: Kind, adapter, forget: list, held_retain: list, base,
     return the_rule, extra
 
 
-def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.PathLike, *, method: str = "qr-erase",
-                   reference: str | os.PathLike | None = None, where: str = "both",
-                   retain_tasks: Sequence[str] = ("speaker",), size: str | None = None, device: str = "auto",
-                   refresh: bool = False, progress: bool = True, trust_hparams: bool = False, scope: str = "all",
-                   prompt_format: str | None = None, **extract: Any) -> Any:
+def prepare_retain(
+    model_dir: str | os.PathLike,
+    retain: Any,
+    out: str | os.PathLike,
+    *,
+    method: str = "qr-erase",
+    reference: str | os.PathLike | None = None,
+    where: str = "both",
+    retain_tasks: Sequence[str] = ("speaker",),
+    size: str | None = None,
+    device: str = "auto",
+    refresh: bool = False,
+    progress: bool = True,
+    trust_hparams: bool = False,
+    scope: str = "all",
+    prompt_format: str | None = None,
+    **extract: Any,
+) -> Any:
     """Compute the retain side of an erasure method once and store it in ``out`` (``mmunlearn prepare-retain``).
 
     ``retain`` as for :func:`unlearn`; the task vectors come from ``reference`` when given, else from the
@@ -319,8 +427,10 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     spec = get(method, kind)
     cfg = spec.config_for(kind, size)
     if "task_vectors" not in spec.needs:
-        raise ValueError(f"a retain state applies to the methods that work from task vectors "
-                         f"({', '.join(needing('task_vectors'))}), not to {method}")
+        raise ValueError(
+            f"a retain state applies to the methods that work from task vectors "
+            f"({', '.join(needing('task_vectors'))}), not to {method}"
+        )
     if reference is not None and model_kind(reference) != kind:
         raise ValueError(f"reference {reference} is a {model_kind(reference)} model, {model_dir} a {kind} model")
     texts = not kind_obj.takes_audio and not kind_obj.is_classifier
@@ -331,8 +441,9 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
     check_apart(out, *inputs)  # before the model is loaded
     rows = read_rows(kind_obj, retain, "retain")
     chooses = reference is None or (texts and prompt_format is None)  # the format chosen on the model, as unlearn
-    source = load_model(model_dir if chooses else reference, device=device, where=where,
-                        trust_hparams=trust_hparams, scope=scope)
+    source = load_model(
+        model_dir if chooses else reference, device=device, where=where, trust_hparams=trust_hparams, scope=scope
+    )
     note = None
     if texts:
         fmt = choose_format(source, rows, prompt_format, which="retain")
@@ -346,9 +457,23 @@ def prepare_retain(model_dir: str | os.PathLike, retain: Any, out: str | os.Path
         fit, held = split_held_out(rows, fraction=TEXT_HOLD_OUT)
         rows = fit if held else rows
     items = spoken(kind_obj.takes_audio and not kind_obj.is_classifier, rows, retain_tasks)
-    return obtain_retain_state(out, source, items, settings, kind=kind, refresh=refresh, progress=progress,
-                               inputs=inputs, note=note)
+    return obtain_retain_state(
+        out, source, items, settings, kind=kind, refresh=refresh, progress=progress, inputs=inputs, note=note
+    )
 
 
-__all__ = ["DEFAULT_METHOD", "NothingToForget", "REPORT_NAME", "SPEAKER_RETAIN_BOUND", "UnlearnResult", "batch_of",
-           "default_method", "load_model", "model_kind", "prepare_retain", "speaker_rule", "swept_overrides", "unlearn"]
+__all__ = [
+    "DEFAULT_METHOD",
+    "NothingToForget",
+    "REPORT_NAME",
+    "SPEAKER_RETAIN_BOUND",
+    "UnlearnResult",
+    "batch_of",
+    "default_method",
+    "load_model",
+    "model_kind",
+    "prepare_retain",
+    "speaker_rule",
+    "swept_overrides",
+    "unlearn",
+]

@@ -9,5 +9,13 @@ from mmunlearn.audit.options import ATTACKS, AuditOptions
 from mmunlearn.audit.runner import audit_speaker, audit_text
 from mmunlearn.audit.table import AUDIT_JSON, AUDIT_MD, markdown, write_audit
 
-__all__ = ["ATTACKS", "AUDIT_JSON", "AUDIT_MD", "AuditOptions", "audit_speaker", "audit_text", "markdown",
-           "write_audit"]
+__all__ = [
+    "ATTACKS",
+    "AUDIT_JSON",
+    "AUDIT_MD",
+    "AuditOptions",
+    "audit_speaker",
+    "audit_text",
+    "markdown",
+    "write_audit",
+]

@@ -28,9 +28,15 @@ NLL_KEYS: tuple[str, ...] = ("forget_prob", "forget_nll")
 MIN_GAP = 1e-6
 
 
-def text_measures(adapter: Any, items: Sequence[Any], *, retain_truth_ratios: np.ndarray | None = None,
-                  max_new_tokens: int = 64, batch_size: int = 16,
-                  desc: str | None = None) -> tuple[dict[str, float | None], np.ndarray | None]:
+def text_measures(
+    adapter: Any,
+    items: Sequence[Any],
+    *,
+    retain_truth_ratios: np.ndarray | None = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    desc: str | None = None,
+) -> tuple[dict[str, float | None], np.ndarray | None]:
     """Forget prob (mean p(answer | question)^(1/len), as TOFU's ``forget_Q_A_Prob``), forget ROUGE-L
     recall of the greedy answer, and forget quality (KS p-value of the truth ratios against
     ``retain_truth_ratios``; None without them or without paraphrased/perturbed answers on the items).
@@ -41,14 +47,21 @@ def text_measures(adapter: Any, items: Sequence[Any], *, retain_truth_ratios: np
         raise ValueError("text_measures: no items to measure")
     avg_nll = score_answers(adapter, items, batch_size=batch_size, desc=desc and f"{desc}: prob").avg_nll
     questions = [it.question for it in items]
-    gens = generate_answers(adapter, questions, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            desc=desc and f"{desc}: generate")
+    gens = generate_answers(
+        adapter, questions, max_new_tokens=max_new_tokens, batch_size=batch_size, desc=desc and f"{desc}: generate"
+    )
     rouge = entries.rouge_entry(gens, [it.answer.strip() for it in items], questions)["agg_value"]
-    out: dict[str, float | None] = {"forget_prob": float(np.exp(-avg_nll).mean()), "forget_rouge": float(rouge),
-                                    "forget_quality": None, "forget_nll": float(avg_nll.mean())}
+    out: dict[str, float | None] = {
+        "forget_prob": float(np.exp(-avg_nll).mean()),
+        "forget_rouge": float(rouge),
+        "forget_quality": None,
+        "forget_nll": float(avg_nll.mean()),
+    }
     ratios = None
-    if all(getattr(it, "paraphrased_answer", None) and getattr(it, "perturbed_answer", None) for it in items) \
-            and len({len(it.perturbed_answer) for it in items}) == 1:
+    if (
+        all(getattr(it, "paraphrased_answer", None) and getattr(it, "perturbed_answer", None) for it in items)
+        and len({len(it.perturbed_answer) for it in items}) == 1
+    ):
         para = score_answers(adapter, items, [it.paraphrased_answer for it in items], batch_size=batch_size).avg_nll
         pert = score_candidates(adapter, items, [it.perturbed_answer for it in items], batch_size=batch_size)
         ratios = entries.per_item(entries.truth_ratio_entry(para, pert, "closer_to_1_better"))
@@ -57,8 +70,9 @@ def text_measures(adapter: Any, items: Sequence[Any], *, retain_truth_ratios: np
     return out, ratios
 
 
-def speaker_measures(adapter: Any, rows: Sequence[Mapping[str, Any]], *, batch_size: int = 16,
-                     desc: str | None = None) -> dict[str, float]:
+def speaker_measures(
+    adapter: Any, rows: Sequence[Mapping[str, Any]], *, batch_size: int = 16, desc: str | None = None
+) -> dict[str, float]:
     """Identification accuracy on ``rows`` (the forget speakers' utterances; 1.0 = every one still recognised)
     and their mean NLL -log p(speaker | utterance)."""
     if not rows:
@@ -67,8 +81,9 @@ def speaker_measures(adapter: Any, rows: Sequence[Mapping[str, Any]], *, batch_s
     return {"forget_acc": accuracy_of(scores), "forget_nll": float(np.nanmean(scores.nll))}
 
 
-def nll_measures(adapter: Any, items: Sequence[Any], *, batch_size: int = 16,
-                 desc: str | None = None) -> dict[str, float]:
+def nll_measures(
+    adapter: Any, items: Sequence[Any], *, batch_size: int = 16, desc: str | None = None
+) -> dict[str, float]:
     """Forget prob (mean exp(-answer NLL per token)) and mean answer NLL of any adapter with ``answer_nll``
     (a speech LLM's spoken-QA examples, a text LLM's QA items)."""
     if not items:
@@ -94,8 +109,9 @@ def kept(target: float | None, model: float | None, retain: float | None) -> flo
 NEGLIGIBLE_GAP = 0.1
 
 
-def recovered(before: float | None, after: float | None, target: float | None,
-              retain: float | None = None) -> float | None:
+def recovered(
+    before: float | None, after: float | None, target: float | None, retain: float | None = None
+) -> float | None:
     """Fraction of a model's own forgotten gap an attack closed: ``(after - before) / (target - before)``
     (0: nothing came back, 1: back at the target's level). None (not applicable) when there was no gap to close:
     below :data:`MIN_GAP`, or, given the ``retain`` model's value, below :data:`NEGLIGIBLE_GAP` of its gap."""

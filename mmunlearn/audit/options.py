@@ -31,10 +31,16 @@ class AuditOptions:
     relearn_steps: int = _opt(20, "Relearning: optimizer steps (the same budget for every model).")
     relearn_lr: float = _opt(1e-3, "Relearning: learning rate (AdamW, constant).")
     relearn_batch_size: int = _opt(8, "Relearning: batch size.")
-    relearn_fraction: float = _opt(0.25, "Relearning: share of each forget author's (speaker's) items trained on; "
-                                         "the rest is where recovery is measured.")
-    relearn_on: str = _opt("forget", "Relearning data: 'forget' (the share above) or 'retain' (retain data only, "
-                                     "the stricter variant: no forget item is ever seen).")
+    relearn_fraction: float = _opt(
+        0.25,
+        "Relearning: share of each forget author's (speaker's) items trained on; "
+        "the rest is where recovery is measured.",
+    )
+    relearn_on: str = _opt(
+        "forget",
+        "Relearning data: 'forget' (the share above) or 'retain' (retain data only, "
+        "the stricter variant: no forget item is ever seen).",
+    )
     bits: tuple[int, ...] = _opt(BITS, "Quantisation: weight bit widths to round-trip (8 and/or 4).")
     probe_folds: int = _opt(5, "Probing: cross-validation folds of the linear probe.")
     max_new_tokens: int = _opt(64, "Text: greedy generation length for forget ROUGE-L.")
@@ -65,7 +71,7 @@ class AuditOptions:
         """The help text of one option (for CLI options)."""
         return next(f.metadata["help"] for f in fields(cls) if f.name == name)
 
-    def replace(self, **changes: Any) -> "AuditOptions":
+    def replace(self, **changes: Any) -> AuditOptions:
         """A copy with ``changes`` (None values ignored, so unset CLI options keep the defaults)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 

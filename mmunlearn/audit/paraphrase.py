@@ -20,8 +20,10 @@ def paraphrased(items: Sequence[Any]) -> list[Any]:
     a ValueError when an item has none (the audit needs them on every forget row)."""
     missing = [i for i, it in enumerate(items) if not getattr(it, "paraphrased_question", None)]
     if missing:
-        raise ValueError(f"{len(missing)} of {len(items)} forget items have no paraphrased_question "
-                         f"(first: item {missing[0]}); the paraphrase audit needs TOFU's forgetPP_perturbed rows")
+        raise ValueError(
+            f"{len(missing)} of {len(items)} forget items have no paraphrased_question "
+            f"(first: item {missing[0]}); the paraphrase audit needs TOFU's forgetPP_perturbed rows"
+        )
     return [dataclasses.replace(it, question=it.paraphrased_question) for it in items]
 
 

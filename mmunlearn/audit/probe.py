@@ -29,7 +29,9 @@ def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tenso
     return [(x - mu) / sd for x in (train, *others)]
 
 
-def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1e-1, steps: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+def fit_logistic(
+    x: torch.Tensor, y: torch.Tensor, l2: float = 1e-1, steps: int = 100
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Binary logistic regression (weights, bias) fitted by L-BFGS with an L2 penalty on the weights."""
     w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
     b = torch.zeros((), dtype=torch.float64, requires_grad=True)
@@ -57,8 +59,9 @@ def folds(labels: np.ndarray, k: int, seed: int = 0) -> list[np.ndarray]:
     return [np.array(sorted(f), dtype=int) for f in out if f]
 
 
-def probe_accuracy(features: np.ndarray | torch.Tensor, labels: np.ndarray | Sequence[int], k: int = 5,
-                   seed: int = 0) -> float:
+def probe_accuracy(
+    features: np.ndarray | torch.Tensor, labels: np.ndarray | Sequence[int], k: int = 5, seed: int = 0
+) -> float:
     """Cross-validated accuracy of a linear probe predicting the binary ``labels`` from ``features`` (N x d)."""
     x = torch.as_tensor(np.asarray(features), dtype=torch.float64)
     y = np.asarray(labels).astype(int)
@@ -88,18 +91,28 @@ def answer_states(adapter: Any, items: Sequence[Any], batch_size: int = 16) -> n
     (layer 0: the embeddings, as HF's ``hidden_states`` tuple)."""
     per_layer: list[list[torch.Tensor]] | None = None
     for i in range(0, len(items), batch_size):
-        batch = adapter.collate(items[i:i + batch_size])
+        batch = adapter.collate(items[i : i + batch_size])
         dev = adapter.device
-        out = adapter.model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
-                            output_hidden_states=True)
+        out = adapter.model(
+            input_ids=batch["input_ids"].to(dev),
+            attention_mask=batch["attention_mask"].to(dev),
+            output_hidden_states=True,
+        )
         mask = (batch["labels"] != IGNORE).to(dev).unsqueeze(-1).float()
         pooled = [((h.float() * mask).sum(1) / mask.sum(1).clamp(min=1)).cpu() for h in out.hidden_states]
         per_layer = [[p] for p in pooled] if per_layer is None else [acc + [p] for acc, p in zip(per_layer, pooled)]
     return np.stack([torch.cat(chunks).double().numpy() for chunks in per_layer])
 
 
-def text_probe(states: Mapping[str, np.ndarray], n_forget: int, n_holdout: int, *, k: int = 5,
-               seed: int = 0, reference: str = "target") -> dict[str, dict[str, Any]]:
+def text_probe(
+    states: Mapping[str, np.ndarray],
+    n_forget: int,
+    n_holdout: int,
+    *,
+    k: int = 5,
+    seed: int = 0,
+    reference: str = "target",
+) -> dict[str, dict[str, Any]]:
     """Per model (name -> L x N x d states of forget items then holdout items): the probe's cross-validated
     accuracy at every layer, the best layer's, and the accuracy of the ``reference`` model's probe (fitted at
     that model's best layer) on this model's states at the same layer."""
@@ -109,8 +122,11 @@ def text_probe(states: Mapping[str, np.ndarray], n_forget: int, n_holdout: int, 
         if s.shape[1] != len(labels):
             raise ValueError(f"{name}: {s.shape[1]} states for {len(labels)} items")
         per_layer = [probe_accuracy(s[layer], labels, k, seed) for layer in range(s.shape[0])]
-        out[name] = {"accuracy_by_layer": per_layer, "accuracy": max(per_layer),
-                     "best_layer": int(np.argmax(per_layer))}
+        out[name] = {
+            "accuracy_by_layer": per_layer,
+            "accuracy": max(per_layer),
+            "best_layer": int(np.argmax(per_layer)),
+        }
     if reference in states:
         layer = out[reference]["best_layer"]
         ref = states[reference][layer]
@@ -119,8 +135,9 @@ def text_probe(states: Mapping[str, np.ndarray], n_forget: int, n_holdout: int, 
     return out
 
 
-def nearest_centroid_accuracy(embeddings: np.ndarray, speakers: Sequence[str], *,
-                              only: Sequence[str] | None = None) -> float | None:
+def nearest_centroid_accuracy(
+    embeddings: np.ndarray, speakers: Sequence[str], *, only: Sequence[str] | None = None
+) -> float | None:
     """Speaker identification of held-out recordings by the nearest centroid (cosine): per speaker the first
     half (at least one) of its recordings make the centroid, the rest are identified among all speakers.
     Accuracy over the test recordings of the speakers in ``only`` (default: all); None when they have none."""
@@ -136,7 +153,7 @@ def nearest_centroid_accuracy(embeddings: np.ndarray, speakers: Sequence[str], *
         enrol = idx[: max(1, len(idx) // 2)]
         c = emb[enrol].mean(0)
         centroids.append(c / max(np.linalg.norm(c), 1e-12))
-        tests += [(i, s) for i in idx[len(enrol):]]
+        tests += [(i, s) for i in idx[len(enrol) :]]
     keep = set(map(str, only)) if only is not None else set(names)
     tests = [(i, s) for i, s in tests if s in keep]
     if not tests:

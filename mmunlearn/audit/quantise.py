@@ -41,8 +41,7 @@ def _qtype(bits: int):
 @torch.no_grad()
 def round_trip(weight: torch.Tensor, bits: int) -> torch.Tensor:
     """``weight`` (2-D or more: rows = first dimension) quantised to ``bits`` and back, same shape and dtype."""
-    from gguf import GGML_QUANT_SIZES
-    from gguf import quants
+    from gguf import GGML_QUANT_SIZES, quants
 
     if weight.dim() < 2:
         raise ValueError(f"round_trip quantises matrices and kernels (2-D or more), got shape {tuple(weight.shape)}")

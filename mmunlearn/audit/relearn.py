@@ -45,30 +45,59 @@ def split_forget(items: Sequence[Any], fraction: float) -> tuple[list[Any], list
         train += members[:k]
         test += members[k:]
     if not train:
-        raise ValueError("relearning needs an author/speaker with at least 2 forget items (one to train on, "
-                         "one to test on)")
+        raise ValueError(
+            "relearning needs an author/speaker with at least 2 forget items (one to train on, one to test on)"
+        )
     return train, test
 
 
-def relearned(adapter: Any, data: Sequence[Any], options: AuditOptions, *, train_mode: bool = True,
-              progress: bool = True, desc: str = "relearn") -> Any:
+def relearned(
+    adapter: Any,
+    data: Sequence[Any],
+    options: AuditOptions,
+    *,
+    train_mode: bool = True,
+    progress: bool = True,
+    desc: str = "relearn",
+) -> Any:
     """A copy of ``adapter`` fine-tuned on ``data`` for ``options.relearn_steps`` steps (AdamW, constant
     rate, seeded order: every model sees the same batches); ``adapter`` itself is left unchanged.
 
     ``train_mode=False`` keeps dropout off and BatchNorm statistics frozen (speaker classifiers)."""
     twin = adapter.clone()
-    cfg = TrainConfig(steps=options.relearn_steps, lr=options.relearn_lr,
-                      batch_size=min(options.relearn_batch_size, len(data)), schedule="constant", seed=options.seed)
-    train(twin.model, lambda m, b: twin.loss(b, m), list(data), twin.collate, cfg, device=str(twin.device),
-          progress=progress, desc=desc, train_mode=train_mode)
+    cfg = TrainConfig(
+        steps=options.relearn_steps,
+        lr=options.relearn_lr,
+        batch_size=min(options.relearn_batch_size, len(data)),
+        schedule="constant",
+        seed=options.seed,
+    )
+    train(
+        twin.model,
+        lambda m, b: twin.loss(b, m),
+        list(data),
+        twin.collate,
+        cfg,
+        device=str(twin.device),
+        progress=progress,
+        desc=desc,
+        train_mode=train_mode,
+    )
     twin.model.eval()
     return twin
 
 
-def relearn_attack(models: dict[str, Any], train_items: Sequence[Any], test_items: Sequence[Any],
-                   measure: Callable[[Any, Sequence[Any], str], dict[str, float | None]], options: AuditOptions,
-                   *, train_mode: bool = True, before: dict[str, dict] | None = None,
-                   progress: bool = True) -> dict[str, dict[str, Any]]:
+def relearn_attack(
+    models: dict[str, Any],
+    train_items: Sequence[Any],
+    test_items: Sequence[Any],
+    measure: Callable[[Any, Sequence[Any], str], dict[str, float | None]],
+    options: AuditOptions,
+    *,
+    train_mode: bool = True,
+    before: dict[str, dict] | None = None,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
     """Relearn every model of ``models`` (name -> adapter whose weights an attacker holds) on ``train_items``
     and measure ``test_items`` before and after; ``before``: measures already taken (skipped here).
 
@@ -77,8 +106,9 @@ def relearn_attack(models: dict[str, Any], train_items: Sequence[Any], test_item
     out = {}
     for name, adapter in models.items():
         start = (before or {}).get(name) or measure(adapter, test_items, f"{name} before relearning")
-        twin = relearned(adapter, train_items, options, train_mode=train_mode, progress=progress,
-                         desc=f"relearn {name}")
+        twin = relearned(
+            adapter, train_items, options, train_mode=train_mode, progress=progress, desc=f"relearn {name}"
+        )
         out[name] = {"before": start, "after": measure(twin, test_items, f"{name} relearned")}
         del twin
     return out

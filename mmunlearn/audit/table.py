@@ -42,8 +42,7 @@ def summary(result: Mapping[str, Any], key: str) -> dict[str, Any]:
     """The table row of an audit: the unlearned model's plain measure, the forgetting kept under each attack
     (on ``key``), the relearning recovery ratio, the probe's accuracy and kept share."""
     attacks = result["attacks"]
-    row: dict[str, Any] = {"method": result["method"], "measure": key,
-                           "forget": attacks["none"]["unlearned"].get(key)}
+    row: dict[str, Any] = {"method": result["method"], "measure": key, "forget": attacks["none"]["unlearned"].get(key)}
     for name, res in attacks.items():
         if name == "probe":
             row["probe_accuracy"] = res["unlearned"]["accuracy"]
@@ -69,7 +68,7 @@ def reference_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for role, value in (("target", 0.0), ("retain", 1.0)):
         row = {"method": f"{role} model", "measure": key, "forget": attacks["none"][role].get(key)}
-        for name, res in attacks.items():
+        for name in attacks:
             row["kept_probe" if name == "probe" else f"kept_{name}"] = value
             for measure, prefix in (("forget_rouge", "rouge"), ("forget_nll", "nll")):
                 if name in ("quantise_4bit", "relearn") and measure in attacks["none"][role]:
@@ -88,8 +87,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     columns = [*COLUMNS[:3], *((f"kept: {k.removeprefix('kept_language_')}", k) for k in extra), *COLUMNS[3:]]
     columns = [(h, k) for h, k in columns if any(r.get(k) is not None for r in rows)]
     measure = next((r.get("measure") for r in rows if r.get("measure")), "forget_prob")
-    return table(rows, [("method", "method"),
-                        *((h if k != "forget" else measure.replace("_", " "), k) for h, k in columns)])
+    return table(
+        rows, [("method", "method"), *((h if k != "forget" else measure.replace("_", " "), k) for h, k in columns)]
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -104,19 +104,31 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_audit(out: str | Path, results: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None) -> Path:
+def write_audit(
+    out: str | Path, results: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None
+) -> Path:
     """AUDIT.json (every result, with ``context``) and AUDIT.md (the table, target and retain rows first) in
     ``out``, each written atomically; returns the JSON's path."""
     out = Path(out)
     rows = (reference_rows(results[0]) if results else []) + [r["summary"] for r in results]
-    write_text_atomic(out / AUDIT_JSON, json.dumps(_jsonable({"context": dict(context or {}), "results": list(results),
-                                                              "rows": rows, "time": time.time()}), indent=2))
+    write_text_atomic(
+        out / AUDIT_JSON,
+        json.dumps(
+            _jsonable({"context": dict(context or {}), "results": list(results), "rows": rows, "time": time.time()}),
+            indent=2,
+        ),
+    )
     notes = sorted({r["white_box"]["note"] for r in results if r["white_box"].get("note")})
-    text = ["# Robustness audit", "", markdown(rows), "",
-            "kept = (target - model) / (target - retain model), each measured after the same attack: 1 = as forgotten "
-            "as retraining, 0 = as the target. relearn gap recovered = (after - before) / (target - before) of the "
-            "model's own forgotten gap; relearn recovery ratio = that share over the retain model's (1 = relearns "
-            "like a model that never saw the data; large when the retain model recovers almost nothing).",
-            *(["", *notes] if notes else [])]
+    text = [
+        "# Robustness audit",
+        "",
+        markdown(rows),
+        "",
+        "kept = (target - model) / (target - retain model), each measured after the same attack: 1 = as forgotten "
+        "as retraining, 0 = as the target. relearn gap recovered = (after - before) / (target - before) of the "
+        "model's own forgotten gap; relearn recovery ratio = that share over the retain model's (1 = relearns "
+        "like a model that never saw the data; large when the retain model recovers almost nothing).",
+        *(["", *notes] if notes else []),
+    ]
     write_text_atomic(out / AUDIT_MD, "\n".join(text) + "\n")
     return out / AUDIT_JSON

@@ -10,8 +10,16 @@ from mmunlearn.baselines.base import REGISTRY, BaselineConfig, LossContext
 from mmunlearn.train import TrainConfig, TrainResult, train
 
 
-def unlearn(adapter, method: str, forget: Sequence[Any], retain: Sequence[Any] | None = None,
-            config: BaselineConfig | None = None, *, progress: bool = True, **train_kwargs) -> TrainResult:
+def unlearn(
+    adapter,
+    method: str,
+    forget: Sequence[Any],
+    retain: Sequence[Any] | None = None,
+    config: BaselineConfig | None = None,
+    *,
+    progress: bool = True,
+    **train_kwargs,
+) -> TrainResult:
     """Unlearn ``forget`` from ``adapter.model`` in place with a named baseline.
 
     ``retain`` is required by every method but ``grad_ascent``. ``train_kwargs`` go to
@@ -31,11 +39,36 @@ def unlearn(adapter, method: str, forget: Sequence[Any], retain: Sequence[Any] |
         for p in reference.parameters():
             p.requires_grad_(False)
     ctx = LossContext(adapter, reference, cfg)
-    tcfg = TrainConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
-                       weight_decay=cfg.weight_decay, schedule="linear", warmup=0.0, seed=cfg.seed)
+    tcfg = TrainConfig(
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        grad_accum=cfg.grad_accum,
+        weight_decay=cfg.weight_decay,
+        schedule="linear",
+        warmup=0.0,
+        seed=cfg.seed,
+    )
     train_kwargs.setdefault("params", adapter.trainable_parameters())  # a speech LLM's --where tower only
     if spec.needs_retain:
-        return train(adapter.model, lambda m, f, r: spec.loss(ctx, m, f, r), forget, adapter.collate, tcfg,
-                     data2=retain, progress=progress, desc=method, **train_kwargs)
-    return train(adapter.model, lambda m, f: spec.loss(ctx, m, f, None), forget, adapter.collate, tcfg,
-                 progress=progress, desc=method, **train_kwargs)
+        return train(
+            adapter.model,
+            lambda m, f, r: spec.loss(ctx, m, f, r),
+            forget,
+            adapter.collate,
+            tcfg,
+            data2=retain,
+            progress=progress,
+            desc=method,
+            **train_kwargs,
+        )
+    return train(
+        adapter.model,
+        lambda m, f: spec.loss(ctx, m, f, None),
+        forget,
+        adapter.collate,
+        tcfg,
+        progress=progress,
+        desc=method,
+        **train_kwargs,
+    )

@@ -47,20 +47,66 @@ from torch import nn
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.adapters.text.tokenizer import train_bpe
-from mmunlearn.bench.precision_report import (COLUMNS, GOAL_RATIO, VARIANT_COLUMNS, Check, PrecisionResult,
-                                              PrecisionRow, Variant, facts_line, goal_lines, markdown, roofline_line,
-                                              table_rows, variant_rows)
+from mmunlearn.bench.precision_report import (
+    COLUMNS,
+    GOAL_RATIO,
+    VARIANT_COLUMNS,
+    Check,
+    PrecisionResult,
+    PrecisionRow,
+    Variant,
+    facts_line,
+    goal_lines,
+    markdown,
+    roofline_line,
+    table_rows,
+    variant_rows,
+)
 from mmunlearn.bench.precision_roofline import generate_flops, matmul_roofline, stage_flops
-from mmunlearn.bench.precision_stages import (ABLATION, GENERATE_SAME_GOAL, IMPLEMENTATIONS, PRECISIONS,
-                                              SCORE_NLL_BOUND, STAGES, TRAIN_LR, Timed, _generate_stage, _score_stage,
-                                              _train_stage, interleaved)
+from mmunlearn.bench.precision_stages import (
+    ABLATION,
+    GENERATE_SAME_GOAL,
+    IMPLEMENTATIONS,
+    PRECISIONS,
+    SCORE_NLL_BOUND,
+    STAGES,
+    TRAIN_LR,
+    Timed,
+    _generate_stage,
+    _score_stage,
+    _train_stage,
+    interleaved,
+)
 from mmunlearn.data.tofu import load_split
 from mmunlearn.presets.models import PRESETS, get_preset
 
-__all__ = ["ABLATION", "COLUMNS", "GENERATE_SAME_GOAL", "GOAL_RATIO", "IMPLEMENTATIONS", "PRECISIONS", "SCORE_NLL_BOUND",
-           "STAGES", "TRAIN_LR", "VARIANT_COLUMNS", "Check", "PrecisionResult", "PrecisionRow", "Timed", "Variant",
-           "facts_line", "goal_lines", "interleaved", "load_model", "machine_facts", "markdown", "roofline_line", "run",
-           "table_rows", "variant_rows"]
+__all__ = [
+    "ABLATION",
+    "COLUMNS",
+    "GENERATE_SAME_GOAL",
+    "GOAL_RATIO",
+    "IMPLEMENTATIONS",
+    "PRECISIONS",
+    "SCORE_NLL_BOUND",
+    "STAGES",
+    "TRAIN_LR",
+    "VARIANT_COLUMNS",
+    "Check",
+    "PrecisionResult",
+    "PrecisionRow",
+    "Timed",
+    "Variant",
+    "facts_line",
+    "goal_lines",
+    "interleaved",
+    "load_model",
+    "machine_facts",
+    "markdown",
+    "roofline_line",
+    "run",
+    "table_rows",
+    "variant_rows",
+]
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -79,10 +125,16 @@ def machine_facts() -> dict[str, Any]:
                 elif key.strip() == "flags":
                     flags = set(value.split())
                     break
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "avx512_bf16": "avx512_bf16" in flags if flags else None,
-            "amx_bf16": "amx_bf16" in flags if flags else None, "load_1min_before": _load()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "avx512_bf16": "avx512_bf16" in flags if flags else None,
+        "amx_bf16": "amx_bf16" in flags if flags else None,
+        "load_1min_before": _load(),
+    }
 
 
 def _load() -> float | None:
@@ -109,10 +161,20 @@ def load_model(model: str, data: str) -> tuple[nn.Module, Any, str, int]:
 
 
 # ---------------------------------------------------------------------------------------------- run
-def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "synthetic", split: str = "forget10",
-        batch: int = 16, new_tokens: int = 32, repeats: int = 3, stages: Sequence[str] = STAGES,
-        precisions: Sequence[str] = PRECISIONS, max_length: int | None = None, ablation: bool = False,
-        progress: Callable[[str], None] | None = None) -> PrecisionResult:
+def run(
+    model: str | tuple[nn.Module, Any] = "smollm2-135m",
+    *,
+    data: str = "synthetic",
+    split: str = "forget10",
+    batch: int = 16,
+    new_tokens: int = 32,
+    repeats: int = 3,
+    stages: Sequence[str] = STAGES,
+    precisions: Sequence[str] = PRECISIONS,
+    max_length: int | None = None,
+    ablation: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> PrecisionResult:
     """Time every stage and precision for both implementations on the first ``batch`` QA rows of ``split``.
 
     ``model`` is a name (:func:`load_model`) or a ``(float32 causal LM, tokenizer)`` pair; the train stage
@@ -134,10 +196,19 @@ def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "syn
         raise ValueError(f"split {split!r} of {data!r} has no rows")
     adapter = TextLLMAdapter(net, tokenizer, max_length=limit)
     qa = adapter.collate(items)
-    result = PrecisionResult(model=name, parameters=sum(p.numel() for p in net.parameters()), data=str(data),
-                             split=split, batch=len(items), batch_tokens=int(qa["attention_mask"].sum()),
-                             answer_tokens=int((qa["labels"][:, 1:] != -100).sum()), new_tokens=new_tokens,
-                             repeats=repeats, threads=torch.get_num_threads(), machine=machine)
+    result = PrecisionResult(
+        model=name,
+        parameters=sum(p.numel() for p in net.parameters()),
+        data=str(data),
+        split=split,
+        batch=len(items),
+        batch_tokens=int(qa["attention_mask"].sum()),
+        answer_tokens=int((qa["labels"][:, 1:] != -100).sum()),
+        new_tokens=new_tokens,
+        repeats=repeats,
+        threads=torch.get_num_threads(),
+        machine=machine,
+    )
     ref = copy.deepcopy(net).eval()  # scoring and generation: the starting weights, whatever training does
     say("roofline: a large matmul at each precision")
     result.roofline += [matmul_roofline(p).to_dict() for p in precisions]
@@ -156,12 +227,20 @@ def run(model: str | tuple[nn.Module, Any] = "smollm2-135m", *, data: str = "syn
         result.variants += variants
     if "generate" in stages:
         say(f"generate: greedy decoding with the KV cache, up to {new_tokens} new tokens")
-        rows, checks, result.bf16_copy_seconds = _generate_stage(ref, tokenizer, [i.question for i in items],
-                                                                 precisions, repeats, new_tokens, limit)
+        rows, checks, result.bf16_copy_seconds = _generate_stage(
+            ref, tokenizer, [i.question for i in items], precisions, repeats, new_tokens, limit
+        )
         result.rows += rows
         result.checks += checks
-    result.checks += [Check(f"{r.stage} {r.precision}: mmunlearn tokens/s >= {GOAL_RATIO}x the plain loop's",
-                            r.goal_met, f"{r.ratio:.2f}x", "goal") for r in result.rows]
+    result.checks += [
+        Check(
+            f"{r.stage} {r.precision}: mmunlearn tokens/s >= {GOAL_RATIO}x the plain loop's",
+            r.goal_met,
+            f"{r.ratio:.2f}x",
+            "goal",
+        )
+        for r in result.rows
+    ]
     result.roofline += [matmul_roofline(p).to_dict() for p in precisions]
     _shares(result, getattr(net, "config", None), qa, adapter.prompt_batch([i.question for i in items]))
     result.machine["load_1min_after"] = _load()
@@ -178,7 +257,9 @@ def _check_args(stages: Sequence[str], precisions: Sequence[str], batch: int, ne
         raise ValueError(f"batch, new_tokens and repeats must be >= 1, got {batch}, {new_tokens}, {repeats}")
 
 
-def _shares(result: PrecisionResult, config: Any, qa: dict[str, torch.Tensor], prompts: dict[str, torch.Tensor]) -> None:
+def _shares(
+    result: PrecisionResult, config: Any, qa: dict[str, torch.Tensor], prompts: dict[str, torch.Tensor]
+) -> None:
     """Each row's model FLOPs per call and its share of the better matmul measurement at its precision."""
     lengths = [int(n) for n in qa["attention_mask"].sum(1)]
     prompt_lengths = [int(n) for n in prompts["attention_mask"].sum(1)]
@@ -188,8 +269,11 @@ def _shares(result: PrecisionResult, config: Any, qa: dict[str, torch.Tensor], p
         best[m["precision"]] = max(best.get(m["precision"], 0.0), m["flops_per_s"])
         best_cpu[m["precision"]] = max(best_cpu.get(m["precision"], 0.0), m["cpu_flops_per_s"])
     for r in result.rows:
-        r.flops = (generate_flops(config, prompt_lengths, int(r.accuracy.get("decoding_steps", 0)))
-                   if r.stage == "generate" else stage_flops(r.stage, config, lengths, result.answer_tokens))
+        r.flops = (
+            generate_flops(config, prompt_lengths, int(r.accuracy.get("decoding_steps", 0)))
+            if r.stage == "generate"
+            else stage_flops(r.stage, config, lengths, result.answer_tokens)
+        )
         if r.flops is not None and best.get(r.precision):
             r.plain_roofline_share = r.flops / r.plain_seconds / best[r.precision]
             r.mmunlearn_roofline_share = r.flops / r.mmunlearn_seconds / best[r.precision]

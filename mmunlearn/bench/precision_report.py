@@ -72,12 +72,15 @@ class Variant:
 
     def to_dict(self) -> dict[str, Any]:
         med = statistics.median
-        return {**asdict(self), "tokens_per_s": self.tokens / med(self.runs),
-                "cpu_tokens_per_s": self.tokens / med(self.cpu_runs),
-                "speedup_vs_before": self._ratio(self.before_runs, self.runs),
-                "cpu_speedup_vs_before": self._ratio(self.before_cpu_runs, self.cpu_runs),
-                "vs_plain": self._ratio(self.plain_runs, self.runs),
-                "cpu_vs_plain": self._ratio(self.plain_cpu_runs, self.cpu_runs)}
+        return {
+            **asdict(self),
+            "tokens_per_s": self.tokens / med(self.runs),
+            "cpu_tokens_per_s": self.tokens / med(self.cpu_runs),
+            "speedup_vs_before": self._ratio(self.before_runs, self.runs),
+            "cpu_speedup_vs_before": self._ratio(self.before_cpu_runs, self.cpu_runs),
+            "vs_plain": self._ratio(self.plain_runs, self.runs),
+            "cpu_vs_plain": self._ratio(self.plain_cpu_runs, self.cpu_runs),
+        }
 
 
 @dataclass
@@ -127,19 +130,40 @@ class PrecisionResult:
 
     def to_dict(self) -> dict[str, Any]:
         plain = {k: v for k, v in asdict(self).items() if k not in ("rows", "checks", "variants")}
-        return {**plain, "goal_ratio": GOAL_RATIO, "goal_met": self.goal_met,
-                "rows": [r.to_dict() for r in self.rows], "checks": [c.to_dict() for c in self.checks],
-                "variants": [v.to_dict() for v in self.variants]}
+        return {
+            **plain,
+            "goal_ratio": GOAL_RATIO,
+            "goal_met": self.goal_met,
+            "rows": [r.to_dict() for r in self.rows],
+            "checks": [c.to_dict() for c in self.checks],
+            "variants": [v.to_dict() for v in self.variants],
+        }
 
 
 # ---------------------------------------------------------------------------------------------- report
-COLUMNS = ("stage", "precision", "plain tok/s", "mmunlearn tok/s", "mmunlearn/plain",
-           "mmunlearn/plain (CPU time)", "share of matmul roofline (plain / mmunlearn)",
-           "share of matmul roofline, CPU time (plain / mmunlearn)",
-           "speed-up vs float32 (plain / mmunlearn)", "accuracy")
+COLUMNS = (
+    "stage",
+    "precision",
+    "plain tok/s",
+    "mmunlearn tok/s",
+    "mmunlearn/plain",
+    "mmunlearn/plain (CPU time)",
+    "share of matmul roofline (plain / mmunlearn)",
+    "share of matmul roofline, CPU time (plain / mmunlearn)",
+    "speed-up vs float32 (plain / mmunlearn)",
+    "accuracy",
+)
 #: the ablation table's columns
-VARIANT_COLUMNS = ("stage", "precision", "implementation", "tok/s", "tok/CPU-s", "vs before", "vs before (CPU time)",
-                   "vs plain (CPU time)")
+VARIANT_COLUMNS = (
+    "stage",
+    "precision",
+    "implementation",
+    "tok/s",
+    "tok/CPU-s",
+    "vs before",
+    "vs before (CPU time)",
+    "vs plain (CPU time)",
+)
 
 
 def _share(x: float | None) -> str:
@@ -148,12 +172,21 @@ def _share(x: float | None) -> str:
 
 def table_rows(res: PrecisionResult) -> list[tuple[str, ...]]:
     """The printed table's cells, one tuple per row (:data:`COLUMNS`); tokens are real (unpadded) tokens."""
-    return [(r.stage, r.precision, f"{r.plain_tokens_per_s:.1f}", f"{r.mmunlearn_tokens_per_s:.1f}",
-             f"{r.ratio:.2f}x", "n/a" if r.cpu_ratio is None else f"{r.cpu_ratio:.2f}x",
-             f"{_share(r.plain_roofline_share)} / {_share(r.mmunlearn_roofline_share)}",
-             f"{_share(r.plain_cpu_roofline_share)} / {_share(r.mmunlearn_cpu_roofline_share)}",
-             f"{r.plain_speedup:.2f}x / {r.mmunlearn_speedup:.2f}x", r.agreement)
-            for r in res.rows]
+    return [
+        (
+            r.stage,
+            r.precision,
+            f"{r.plain_tokens_per_s:.1f}",
+            f"{r.mmunlearn_tokens_per_s:.1f}",
+            f"{r.ratio:.2f}x",
+            "n/a" if r.cpu_ratio is None else f"{r.cpu_ratio:.2f}x",
+            f"{_share(r.plain_roofline_share)} / {_share(r.mmunlearn_roofline_share)}",
+            f"{_share(r.plain_cpu_roofline_share)} / {_share(r.mmunlearn_cpu_roofline_share)}",
+            f"{r.plain_speedup:.2f}x / {r.mmunlearn_speedup:.2f}x",
+            r.agreement,
+        )
+        for r in res.rows
+    ]
 
 
 def variant_rows(res: PrecisionResult) -> list[tuple[str, ...]]:
@@ -161,30 +194,47 @@ def variant_rows(res: PrecisionResult) -> list[tuple[str, ...]]:
     out = []
     for v in res.variants:
         d = v.to_dict()
-        out.append((v.stage, v.precision, v.name, f"{d['tokens_per_s']:.1f}", f"{d['cpu_tokens_per_s']:.1f}",
-                    f"{d['speedup_vs_before']:.2f}x", f"{d['cpu_speedup_vs_before']:.2f}x", f"{d['cpu_vs_plain']:.2f}x"))
+        out.append(
+            (
+                v.stage,
+                v.precision,
+                v.name,
+                f"{d['tokens_per_s']:.1f}",
+                f"{d['cpu_tokens_per_s']:.1f}",
+                f"{d['speedup_vs_before']:.2f}x",
+                f"{d['cpu_speedup_vs_before']:.2f}x",
+                f"{d['cpu_vs_plain']:.2f}x",
+            )
+        )
     return out
 
 
 def roofline_line(res: PrecisionResult) -> str:
     """The matmul measurements in words."""
-    parts = [f"{m['precision']} n={m['n']} {m['flops_per_s'] / 1e9:.1f} GFLOP/s ({m['cpu_flops_per_s'] / 1e9:.1f} "
-             f"per CPU-s)" for m in res.roofline]
+    parts = [
+        f"{m['precision']} n={m['n']} {m['flops_per_s'] / 1e9:.1f} GFLOP/s ({m['cpu_flops_per_s'] / 1e9:.1f} per CPU-s)"
+        for m in res.roofline
+    ]
     return "matmul roofline (same thread; before and after the stages): " + "; ".join(parts)
 
 
 def goal_lines(res: PrecisionResult) -> list[str]:
     """One line per row: "goal met" or "GOAL MISSED by ..." against :data:`GOAL_RATIO`."""
-    return [f"{r.stage} {r.precision}: mmunlearn/plain {r.ratio:.2f}x: "
-            + ("goal met" if r.goal_met else f"GOAL MISSED by {GOAL_RATIO - r.ratio:.2f}")
-            + f" (>= {GOAL_RATIO}x)" for r in res.rows]
+    return [
+        f"{r.stage} {r.precision}: mmunlearn/plain {r.ratio:.2f}x: "
+        + ("goal met" if r.goal_met else f"GOAL MISSED by {GOAL_RATIO - r.ratio:.2f}")
+        + f" (>= {GOAL_RATIO}x)"
+        for r in res.rows
+    ]
 
 
 def facts_line(res: PrecisionResult) -> str:
     m = res.machine
-    return (f"{res.threads} torch thread(s); {m.get('cores')} cores ({m.get('cpu')}); torch {m.get('torch')}; "
-            f"avx512_bf16 {m.get('avx512_bf16')}; load average (1 min) {m.get('load_1min_before')} before, "
-            f"{m.get('load_1min_after')} after")
+    return (
+        f"{res.threads} torch thread(s); {m.get('cores')} cores ({m.get('cpu')}); torch {m.get('torch')}; "
+        f"avx512_bf16 {m.get('avx512_bf16')}; load average (1 min) {m.get('load_1min_before')} before, "
+        f"{m.get('load_1min_after')} after"
+    )
 
 
 def markdown(res: PrecisionResult) -> str:
@@ -202,6 +252,8 @@ def markdown(res: PrecisionResult) -> str:
 
 
 def _md(columns: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
-    out = ["| " + " | ".join(columns) + " |",
-           "|" + "|".join("---:" if i in right else "---" for i in range(len(columns))) + "|"]
+    out = [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---:" if i in right else "---" for i in range(len(columns))) + "|",
+    ]
     return out + ["| " + " | ".join(cells) + " |" for cells in rows]

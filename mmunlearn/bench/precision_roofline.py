@@ -59,7 +59,7 @@ def matmul_roofline(precision: str, repeats: int = 3) -> Roofline:
         walls.append(time.perf_counter() - t0)
         cpus.append(time.thread_time() - c0)
     wall, cpu = statistics.median(walls), statistics.median(cpus)
-    flops = 2.0 * n ** 3
+    flops = 2.0 * n**3
     return Roofline(precision, n, wall, cpu, flops / wall, flops / max(cpu, 1e-9))
 
 

@@ -32,8 +32,8 @@ from safetensors.torch import save_file
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.files.layout import PATCH_NAME
-from mmunlearn.report import table
 from mmunlearn.files.undo_store import default_undo_dir
+from mmunlearn.report import table
 
 #: The issue's acceptance bar: streaming peak RSS < TARGET x (largest shard + one block's task matrices).
 TARGET = 1.5
@@ -56,11 +56,17 @@ class Arch:
     def block(self, i: int) -> list[tuple[str, tuple[int, ...]]]:
         h, kv = self.hidden, self.kv_heads * (self.hidden // self.heads)
         p = f"model.layers.{i}."
-        return [(p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.k_proj.weight", (kv, h)),
-                (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.o_proj.weight", (h, h)),
-                (p + "mlp.gate_proj.weight", (self.intermediate, h)), (p + "mlp.up_proj.weight", (self.intermediate, h)),
-                (p + "mlp.down_proj.weight", (h, self.intermediate)), (p + "input_layernorm.weight", (h,)),
-                (p + "post_attention_layernorm.weight", (h,))]
+        return [
+            (p + "self_attn.q_proj.weight", (h, h)),
+            (p + "self_attn.k_proj.weight", (kv, h)),
+            (p + "self_attn.v_proj.weight", (kv, h)),
+            (p + "self_attn.o_proj.weight", (h, h)),
+            (p + "mlp.gate_proj.weight", (self.intermediate, h)),
+            (p + "mlp.up_proj.weight", (self.intermediate, h)),
+            (p + "mlp.down_proj.weight", (h, self.intermediate)),
+            (p + "input_layernorm.weight", (h,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+        ]
 
     def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
         out = [("model.embed_tokens.weight", (self.vocab, self.hidden))]
@@ -72,10 +78,19 @@ class Arch:
         return out
 
     def config(self) -> dict:
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": self.hidden,
-                "num_hidden_layers": self.layers, "intermediate_size": self.intermediate,
-                "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "vocab_size": self.vocab,
-                "tie_word_embeddings": self.tied, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "vocab_size": self.vocab,
+            "tie_word_embeddings": self.tied,
+            "torch_dtype": "bfloat16",
+            "rms_norm_eps": 1e-5,
+        }
 
 
 ARCHS = {
@@ -112,7 +127,11 @@ class StreamBench:
         return TARGET * (self.largest_shard + self.layer_task_bytes)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "target_bytes": self.target, "target_rule": f"{TARGET} x (largest shard + one block's task matrices)"}
+        return {
+            **asdict(self),
+            "target_bytes": self.target,
+            "target_rule": f"{TARGET} x (largest shard + one block's task matrices)",
+        }
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int, std: float) -> torch.Tensor:
@@ -123,12 +142,19 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int, std: float) -
     out = torch.empty(shape, dtype=dtype)
     step = max(1, (1 << 24) // shape[1])
     for i in range(0, shape[0], step):
-        out[i:i + step] = torch.randn(out[i:i + step].shape, generator=g).mul_(std).to(dtype)
+        out[i : i + step] = torch.randn(out[i : i + step].shape, generator=g).mul_(std).to(dtype)
     return out
 
 
-def build(root: Path, arch: Arch, shard_bytes: int, hot: list[int], task_layers: int | None = None,
-          seed: int = 0, progress: bool = True) -> dict:
+def build(
+    root: Path,
+    arch: Arch,
+    shard_bytes: int,
+    hot: list[int],
+    task_layers: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Write ``root/model`` (index + shards + config) and ``root/forget``, ``root/retain`` (one file per block)."""
     from tqdm.auto import tqdm
 
@@ -160,7 +186,8 @@ def build(root: Path, arch: Arch, shard_bytes: int, hot: list[int], task_layers:
     bar.close()
     total = sum(2 * _numel(s) for _, s in layout)
     (model / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
     (model / "config.json").write_text(json.dumps(arch.config(), indent=2))
     task_bytes = layer_bytes = 0
     blocks = range(arch.layers if task_layers is None else min(task_layers, arch.layers))
@@ -168,16 +195,24 @@ def build(root: Path, arch: Arch, shard_bytes: int, hot: list[int], task_layers:
         (root / kind).mkdir()
         for i in tqdm(blocks, desc=f"{kind} task matrices", disable=not progress):
             gain = 4.0 if kind == "forget" and i in hot else 1.0
-            mats = {name: _random(shape, torch.float32, _seed_of(seed + gain_seed, name), 0.01 * gain)
-                    for name, shape in arch.block(i) if len(shape) == 2}
+            mats = {
+                name: _random(shape, torch.float32, _seed_of(seed + gain_seed, name), 0.01 * gain)
+                for name, shape in arch.block(i)
+                if len(shape) == 2
+            }
             path = root / kind / f"layers.{i:02d}.safetensors"
             save_file(mats, str(path))
             task_bytes += path.stat().st_size
             if i == blocks[0]:
                 layer_bytes += path.stat().st_size
             del mats
-    return {"model_bytes": total, "shards": n, "largest_shard": max(sizes), "task_bytes": task_bytes,
-            "layer_task_bytes": layer_bytes}
+    return {
+        "model_bytes": total,
+        "shards": n,
+        "largest_shard": max(sizes),
+        "task_bytes": task_bytes,
+        "layer_task_bytes": layer_bytes,
+    }
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -220,8 +255,18 @@ def _child(argv: list[str]) -> None:
 
 
 def _run_child(path: str, root: Path, rank: int, threads: int | None) -> PathRow:
-    cmd = [sys.executable, "-m", "mmunlearn.bench.stream", path, str(root / "model"), str(root / "forget"),
-           str(root / "retain"), str(root / f"out-{path}"), str(rank), "none" if threads is None else str(threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmunlearn.bench.stream",
+        path,
+        str(root / "model"),
+        str(root / "forget"),
+        str(root / "retain"),
+        str(root / f"out-{path}"),
+        str(rank),
+        "none" if threads is None else str(threads),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the {path} erase failed:\n{proc.stderr[-4000:]}")
@@ -263,12 +308,16 @@ def _check_resources(workdir: Path, arch: Arch, task_layers: int | None) -> None
     need = int(1.1 * (3 * model + tasks))  # model, two outputs (worst case), task matrices
     free = shutil.disk_usage(workdir).free
     if free < need:
-        raise RuntimeError(f"{workdir} has {free / GB:.1f} GiB free; the benchmark needs about {need / GB:.1f} GiB "
-                           "(use --workdir elsewhere or fewer --task-layers)")
+        raise RuntimeError(
+            f"{workdir} has {free / GB:.1f} GiB free; the benchmark needs about {need / GB:.1f} GiB "
+            "(use --workdir elsewhere or fewer --task-layers)"
+        )
     ram = _mem_available()
     if ram is not None and ram < model + tasks:  # the in-memory path touches the model and every task matrix
-        raise RuntimeError(f"{ram / GB:.1f} GiB of RAM available; the in-memory path needs about "
-                           f"{(model + tasks) / GB:.1f} GiB (use fewer --task-layers)")
+        raise RuntimeError(
+            f"{ram / GB:.1f} GiB of RAM available; the in-memory path needs about "
+            f"{(model + tasks) / GB:.1f} GiB (use fewer --task-layers)"
+        )
 
 
 def _mem_available() -> int | None:
@@ -281,9 +330,17 @@ def _mem_available() -> int | None:
     return None
 
 
-def run(arch: str = "llama-3.2-1b", shard_mb: float = 500, hot: list[int] | None = None, rank: int = 8,
-        task_layers: int | None = None, workdir: Path | None = None, keep: bool = False,
-        threads: int | None = None, progress: bool = True) -> StreamBench:
+def run(
+    arch: str = "llama-3.2-1b",
+    shard_mb: float = 500,
+    hot: list[int] | None = None,
+    rank: int = 8,
+    task_layers: int | None = None,
+    workdir: Path | None = None,
+    keep: bool = False,
+    threads: int | None = None,
+    progress: bool = True,
+) -> StreamBench:
     """Build the checkpoint, run both paths in subprocesses, compare their outputs."""
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {sorted(ARCHS)}")
@@ -303,8 +360,16 @@ def run(arch: str = "llama-3.2-1b", shard_mb: float = 500, hot: list[int] | None
         same = _digests(root / "out-stream") == _digests(root / "out-memory")
         model_inodes = {p.stat().st_ino for p in (root / "model").glob("*.safetensors")}
         rewritten = sum(p.stat().st_ino not in model_inodes for p in (root / "out-stream").glob("model-*.safetensors"))
-        return StreamBench(arch=arch, rank=rank, hot_layers=hot, shards_rewritten=rewritten, identical=same,
-                           rows=rows, build_seconds=built, **info)
+        return StreamBench(
+            arch=arch,
+            rank=rank,
+            hot_layers=hot,
+            shards_rewritten=rewritten,
+            identical=same,
+            rows=rows,
+            build_seconds=built,
+            **info,
+        )
     finally:
         if keep:
             print(f"kept {root}")
@@ -314,15 +379,29 @@ def run(arch: str = "llama-3.2-1b", shard_mb: float = 500, hot: list[int] | None
 
 def markdown(b: StreamBench) -> str:
     """The README table."""
-    rows = [{"path": r.path, "s": f"{r.seconds:.1f}", "peak": f"{r.peak_rss / GB:.2f}",
-             "before": f"{r.baseline_rss / GB:.2f}"} for r in b.rows]
-    lines = [table(rows, (("path", "path"), ("wall time (s)", "s"), ("peak RSS (GiB)", "peak"),
-                          ("RSS before work (GiB)", "before"))), ""]
-    lines.append(f"{b.arch}: {b.model_bytes / GB:.2f} GiB bf16 in {b.shards} shards (largest {b.largest_shard / GB:.2f} GiB, "
-                 f"{b.shards_rewritten} rewritten by the streaming path, the others hard-linked), float32 task matrices "
-                 f"{b.task_bytes / GB:.2f} GiB (one block, forget + retain: {b.layer_task_bytes / GB:.2f} GiB), rank {b.rank}, "
-                 f"edited blocks {b.hot_layers}; target {TARGET} x (largest shard + one block's task matrices) = "
-                 f"{b.target / GB:.2f} GiB; outputs identical: {'yes' if b.identical else 'NO'}.")
+    rows = [
+        {
+            "path": r.path,
+            "s": f"{r.seconds:.1f}",
+            "peak": f"{r.peak_rss / GB:.2f}",
+            "before": f"{r.baseline_rss / GB:.2f}",
+        }
+        for r in b.rows
+    ]
+    lines = [
+        table(
+            rows,
+            (("path", "path"), ("wall time (s)", "s"), ("peak RSS (GiB)", "peak"), ("RSS before work (GiB)", "before")),
+        ),
+        "",
+    ]
+    lines.append(
+        f"{b.arch}: {b.model_bytes / GB:.2f} GiB bf16 in {b.shards} shards (largest {b.largest_shard / GB:.2f} GiB, "
+        f"{b.shards_rewritten} rewritten by the streaming path, the others hard-linked), float32 task matrices "
+        f"{b.task_bytes / GB:.2f} GiB (one block, forget + retain: {b.layer_task_bytes / GB:.2f} GiB), rank {b.rank}, "
+        f"edited blocks {b.hot_layers}; target {TARGET} x (largest shard + one block's task matrices) = "
+        f"{b.target / GB:.2f} GiB; outputs identical: {'yes' if b.identical else 'NO'}."
+    )
     return "\n".join(lines)
 
 

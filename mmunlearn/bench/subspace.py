@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from scipy.linalg import lapack
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.erase.subspace.basis import column_basis
 from mmunlearn.erase.subspace.cpqr import lapack_available
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.report import table
 
 #: Benchmarked methods: registry names of ``column_basis`` plus the full LAPACK CPQR.
@@ -102,8 +102,7 @@ def _quality(T: torch.Tensor, Q: torch.Tensor, U_k: torch.Tensor, optimum: float
     return residual / optimum, float(cosines.min())
 
 
-def run(sizes: list[int], rank: int, repeats: int = 3, methods: tuple[str, ...] = METHODS,
-        progress=None) -> list[Row]:
+def run(sizes: list[int], rank: int, repeats: int = 3, methods: tuple[str, ...] = METHODS, progress=None) -> list[Row]:
     """Benchmark every method on every size and spectrum; returns one row per combination."""
     rows: list[Row] = []
     for n in sizes:
@@ -111,7 +110,7 @@ def run(sizes: list[int], rank: int, repeats: int = 3, methods: tuple[str, ...] 
             raise ValueError(f"rank {rank} exceeds size {n}")
         for spectrum in ("decay", "lowrank"):
             T = task_matrix(n, rank, spectrum)
-            svd_time, (U, S, _) = _time(lambda: torch.linalg.svd(T, full_matrices=False), repeats)
+            svd_time, (U, S, _) = _time(lambda T=T: torch.linalg.svd(T, full_matrices=False), repeats)
             U_k = U[:, :rank]
             # The optimum is ~0 for an exactly rank-k matrix: the ratio means nothing there (NaN).
             optimum = float(S[rank:].double().pow(2).sum().sqrt()) if spectrum == "decay" else float("nan")
@@ -122,7 +121,7 @@ def run(sizes: list[int], rank: int, repeats: int = 3, methods: tuple[str, ...] 
                     if method == "cpqr-lapack" and not lapack_available():
                         continue
                     _basis(T, rank, method)  # warm-up (thread pools, allocator)
-                    secs, Q = _time(lambda: _basis(T, rank, method), repeats)
+                    secs, Q = _time(lambda T=T, method=method: _basis(T, rank, method), repeats)
                 ratio, cos = _quality(T, Q, U_k, optimum)
                 rows.append(Row(n, spectrum, method, secs, svd_time / secs, ratio, cos))
                 if progress is not None:
@@ -140,18 +139,38 @@ def check_targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
         if d is None:
             continue
         tgt = TARGETS[label]
-        checks.append((f"{method}: >= {tgt['speedup']:.0f}x faster than full SVD at n={n}",
-                       d.speedup >= tgt["speedup"], f"{d.speedup:.1f}x"))
-        checks.append((f"{method}: residual <= {tgt['residual']}x optimal (decay)",
-                       d.residual_ratio <= tgt["residual"], f"{d.residual_ratio:.3f}x"))
+        checks.append(
+            (
+                f"{method}: >= {tgt['speedup']:.0f}x faster than full SVD at n={n}",
+                d.speedup >= tgt["speedup"],
+                f"{d.speedup:.1f}x",
+            )
+        )
+        checks.append(
+            (
+                f"{method}: residual <= {tgt['residual']}x optimal (decay)",
+                d.residual_ratio <= tgt["residual"],
+                f"{d.residual_ratio:.3f}x",
+            )
+        )
     sk, lr = at.get(("decay", "cpqr-sketch")), at.get(("decay", "svd-lowrank"))
     if sk and lr:
         ratio = lr.seconds / sk.seconds
-        checks.append(("cpqr-sketch: >= 2x faster than torch.svd_lowrank(q=k+10, niter=2)",
-                       ratio >= TARGETS["cpqr-sketch"]["vs_svd_lowrank"], f"{ratio:.2f}x"))
+        checks.append(
+            (
+                "cpqr-sketch: >= 2x faster than torch.svd_lowrank(q=k+10, niter=2)",
+                ratio >= TARGETS["cpqr-sketch"]["vs_svd_lowrank"],
+                f"{ratio:.2f}x",
+            )
+        )
     worst = min((r.min_cosine for r in rows if r.spectrum == "lowrank"), default=1.0)
-    checks.append((f"every method: exact recovery of a rank-k matrix (min cosine >= {TARGETS['cosine']})",
-                   worst >= TARGETS["cosine"], f"{worst:.6f}"))
+    checks.append(
+        (
+            f"every method: exact recovery of a rank-k matrix (min cosine >= {TARGETS['cosine']})",
+            worst >= TARGETS["cosine"],
+            f"{worst:.6f}",
+        )
+    )
     return checks
 
 
@@ -165,15 +184,23 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "lapack_geqp3rk": lapack_available(), "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "lapack_geqp3rk": lapack_available(),
+        "python": platform.python_version(),
+    }
 
 
 def write_json(path: str | os.PathLike, rows: list[Row], checks, meta: dict) -> Path:
     """Rows (NaN as null), checks and machine info as JSON, written atomically."""
     clean = [{k: (None if isinstance(v, float) and v != v else v) for k, v in asdict(r).items()} for r in rows]
-    payload = {"machine": meta, "rows": clean,
-               "checks": [{"check": c, "passed": p, "measured": m} for c, p, m in checks]}
+    payload = {
+        "machine": meta,
+        "rows": clean,
+        "checks": [{"check": c, "passed": p, "measured": m} for c, p, m in checks],
+    }
     return write_text_atomic(path, json.dumps(payload, indent=2))
 
 
@@ -183,8 +210,27 @@ def fmt_ratio(x: float) -> str:
 
 def markdown(rows: list[Row]) -> str:
     """The results as a Markdown table (for the README)."""
-    cells = [{"n": r.size, "spectrum": r.spectrum, "method": r.method, "s": f"{r.seconds:.4f}",
-              "speedup": f"{r.speedup:.1f}x", "residual": fmt_ratio(r.residual_ratio),
-              "cosine": f"{r.min_cosine:.4f}"} for r in rows]
-    return table(cells, (("n", "n"), ("spectrum", "spectrum"), ("method", "method"), ("time (s)", "s"),
-                         ("speed-up vs SVD", "speedup"), ("residual / optimal", "residual"), ("min cosine", "cosine")))
+    cells = [
+        {
+            "n": r.size,
+            "spectrum": r.spectrum,
+            "method": r.method,
+            "s": f"{r.seconds:.4f}",
+            "speedup": f"{r.speedup:.1f}x",
+            "residual": fmt_ratio(r.residual_ratio),
+            "cosine": f"{r.min_cosine:.4f}",
+        }
+        for r in rows
+    ]
+    return table(
+        cells,
+        (
+            ("n", "n"),
+            ("spectrum", "spectrum"),
+            ("method", "method"),
+            ("time (s)", "s"),
+            ("speed-up vs SVD", "speedup"),
+            ("residual / optimal", "residual"),
+            ("min cosine", "cosine"),
+        ),
+    )

@@ -34,16 +34,32 @@ def _model(preset: str, vocab: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     arch = get_preset(preset).arch
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=arch.hidden, intermediate_size=arch.intermediate,
-                      num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
-                      max_position_embeddings=arch.max_positions, tie_word_embeddings=arch.tie_embeddings,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=arch.hidden,
+        intermediate_size=arch.intermediate,
+        num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads,
+        num_key_value_heads=arch.kv_heads,
+        max_position_embeddings=arch.max_positions,
+        tie_word_embeddings=arch.tie_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 
 
-def run(preset: str = "mini", batch: int = 16, prompt_tokens: int = 24, new_tokens: int = 64, repeats: int = 5,
-        rank: int = 20, temperature: float = 1.5) -> TiltBenchRow:
+def run(
+    preset: str = "mini",
+    batch: int = 16,
+    prompt_tokens: int = 24,
+    new_tokens: int = 64,
+    repeats: int = 5,
+    rank: int = 20,
+    temperature: float = 1.5,
+) -> TiltBenchRow:
     """Median tokens/s of plain and tilted greedy generation on the same prompts."""
     from mmunlearn.tilt import TiltedCausalLM, TiltHead  # deferred: tilt imports transformers, kept out of CLI start
 
@@ -53,8 +69,15 @@ def run(preset: str = "mini", batch: int = 16, prompt_tokens: int = 24, new_toke
     tilted = TiltedCausalLM(base, head, temperature)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, base.config.vocab_size, (batch, prompt_tokens), generator=g)
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     plain, tilt = [], []
     with torch.no_grad():
         base.generate(**kwargs)  # warm-up
@@ -68,5 +91,12 @@ def run(preset: str = "mini", batch: int = 16, prompt_tokens: int = 24, new_toke
                     raise RuntimeError("generation stopped early: the comparison would be unfair")
     tokens = batch * new_tokens
     p, t = statistics.median(plain), statistics.median(tilt)
-    return TiltBenchRow(batch, new_tokens, tokens / p, tokens / t, t / p - 1.0,
-                        sum(x.numel() for x in head.parameters()), sum(x.numel() for x in base.parameters()))
+    return TiltBenchRow(
+        batch,
+        new_tokens,
+        tokens / p,
+        tokens / t,
+        t / p - 1.0,
+        sum(x.numel() for x in head.parameters()),
+        sum(x.numel() for x in base.parameters()),
+    )

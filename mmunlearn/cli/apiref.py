@@ -19,29 +19,49 @@ from mmunlearn.methods import REGISTRY
 
 #: (section, [(the name users call it by, module, attribute)]) of the public functions, in page order.
 FUNCTIONS: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
-    ("Unlearning a model you bring", (
-        ("mmunlearn.unlearn", "mmunlearn.api.unlearn", "unlearn"),
-        ("mmunlearn.load", "mmunlearn.api.load", "load"),
-        ("mmunlearn.api.unlearn.prepare_retain", "mmunlearn.api.unlearn", "prepare_retain"),
-        ("mmunlearn.api.unlearn.model_kind", "mmunlearn.api.unlearn", "model_kind"),
-        ("mmunlearn.api.unlearn.default_method", "mmunlearn.api.unlearn", "default_method"),
-        ("mmunlearn.api.unlearn.load_model", "mmunlearn.api.unlearn", "load_model"))),
-    ("Restoring and releasing an output", (
-        ("mmunlearn.api.restore.restore_folder (mmunlearn restore)", "mmunlearn.api.restore", "restore_folder"),
-        ("mmunlearn.files.undo_store.release_problems (mmunlearn check-release)", "mmunlearn.files.undo_store",
-         "release_problems"))),
-    ("Erasing task matrices from any module", (
-        ("mmunlearn.erase", "mmunlearn.erase", "erase"),
-        ("mmunlearn.restore", "mmunlearn.erase", "restore"))),
-    ("The default rules", (
-        ("mmunlearn.api.rules.text_rule", "mmunlearn.api.rules", "text_rule"),
-        ("mmunlearn.api.rules.speaker_rule", "mmunlearn.api.rules", "speaker_rule"))),
-    ("The registries", (
-        ("mmunlearn.methods.names", "mmunlearn.methods", "names"),
-        ("mmunlearn.methods.get", "mmunlearn.methods", "get"),
-        ("mmunlearn.kinds.kinds", "mmunlearn.kinds", "kinds"),
-        ("mmunlearn.kinds.get_kind", "mmunlearn.kinds", "get_kind"),
-        ("mmunlearn.kinds.kind_of", "mmunlearn.kinds", "kind_of"))),
+    (
+        "Unlearning a model you bring",
+        (
+            ("mmunlearn.unlearn", "mmunlearn.api.unlearn", "unlearn"),
+            ("mmunlearn.load", "mmunlearn.api.load", "load"),
+            ("mmunlearn.api.unlearn.prepare_retain", "mmunlearn.api.unlearn", "prepare_retain"),
+            ("mmunlearn.api.unlearn.model_kind", "mmunlearn.api.unlearn", "model_kind"),
+            ("mmunlearn.api.unlearn.default_method", "mmunlearn.api.unlearn", "default_method"),
+            ("mmunlearn.api.unlearn.load_model", "mmunlearn.api.unlearn", "load_model"),
+        ),
+    ),
+    (
+        "Restoring and releasing an output",
+        (
+            ("mmunlearn.api.restore.restore_folder (mmunlearn restore)", "mmunlearn.api.restore", "restore_folder"),
+            (
+                "mmunlearn.files.undo_store.release_problems (mmunlearn check-release)",
+                "mmunlearn.files.undo_store",
+                "release_problems",
+            ),
+        ),
+    ),
+    (
+        "Erasing task matrices from any module",
+        (("mmunlearn.erase", "mmunlearn.erase", "erase"), ("mmunlearn.restore", "mmunlearn.erase", "restore")),
+    ),
+    (
+        "The default rules",
+        (
+            ("mmunlearn.api.rules.text_rule", "mmunlearn.api.rules", "text_rule"),
+            ("mmunlearn.api.rules.speaker_rule", "mmunlearn.api.rules", "speaker_rule"),
+        ),
+    ),
+    (
+        "The registries",
+        (
+            ("mmunlearn.methods.names", "mmunlearn.methods", "names"),
+            ("mmunlearn.methods.get", "mmunlearn.methods", "get"),
+            ("mmunlearn.kinds.kinds", "mmunlearn.kinds", "kinds"),
+            ("mmunlearn.kinds.get_kind", "mmunlearn.kinds", "get_kind"),
+            ("mmunlearn.kinds.kind_of", "mmunlearn.kinds", "kind_of"),
+        ),
+    ),
 )
 #: The page's path in the site.
 PAGE = "api.md"
@@ -76,13 +96,22 @@ def _function(title: str, module: str, name: str) -> list[str]:
 
 
 def _methods() -> list[str]:
-    out = ["## Registered methods", "",
-           "Each method: the model kinds it applies to, what it works from, whether it edits weights, its settings "
-           "(the config fields a call's keyword arguments override; `mmunlearn methods` prints the same).", ""]
+    out = [
+        "## Registered methods",
+        "",
+        "Each method: the model kinds it applies to, what it works from, whether it edits weights, its settings "
+        "(the config fields a call's keyword arguments override; `mmunlearn methods` prints the same).",
+        "",
+    ]
     for m in REGISTRY.values():
-        out += [f"### `{m.name}`", "", m.help, "",
-                f"- kinds: {', '.join(m.kinds)}; needs: {', '.join(m.needs) or 'nothing'}; "
-                f"{'edits weights' if m.edits_weights else 'keeps the weights (a head used at decoding)'}"]
+        out += [
+            f"### `{m.name}`",
+            "",
+            m.help,
+            "",
+            f"- kinds: {', '.join(m.kinds)}; needs: {', '.join(m.needs) or 'nothing'}; "
+            f"{'edits weights' if m.edits_weights else 'keeps the weights (a head used at decoding)'}",
+        ]
         for f in fields(m.config):
             default = m.defaults.get(f.name, f.default if f.default is not MISSING else "(see presets)")
             out.append(f"- `{f.name}` = `{default!r}`: {f.metadata.get('help', '')}")
@@ -91,21 +120,35 @@ def _methods() -> list[str]:
 
 
 def _kinds() -> list[str]:
-    out = ["## Registered model kinds", "", "`mmunlearn.kinds.kind_of(folder)` picks the first kind whose detector "
-           "accepts the folder, in this order.", ""]
+    out = [
+        "## Registered model kinds",
+        "",
+        "`mmunlearn.kinds.kind_of(folder)` picks the first kind whose detector accepts the folder, in this order.",
+        "",
+    ]
     for k in kinds():
         caps = [c for c in ("is_classifier", "takes_audio", "has_batchnorm", "train_in_eval_mode") if getattr(k, c)]
-        out += [f"### `{k.name}`", "", k.description, "",
-                f"- sizes: {', '.join(k.sizes)} (default {k.default_size}); capabilities: {', '.join(caps) or 'none'}"
-                + (f"; method presets from `{k.presets_from}`" if k.presets_from else ""), ""]
+        out += [
+            f"### `{k.name}`",
+            "",
+            k.description,
+            "",
+            f"- sizes: {', '.join(k.sizes)} (default {k.default_size}); capabilities: {', '.join(caps) or 'none'}"
+            + (f"; method presets from `{k.presets_from}`" if k.presets_from else ""),
+            "",
+        ]
     return out
 
 
 def render() -> str:
     """The page's Markdown."""
-    lines = ["# API reference", "",
-             "Generated from the code at each build of this site (`mmunlearn/cli/apiref.py`): each public function's "
-             "signature and docstring, then the registered methods and model kinds.", ""]
+    lines = [
+        "# API reference",
+        "",
+        "Generated from the code at each build of this site (`mmunlearn/cli/apiref.py`): each public function's "
+        "signature and docstring, then the registered methods and model kinds.",
+        "",
+    ]
     for section, entries in FUNCTIONS:
         lines += [f"## {section}", ""]
         for entry in entries:

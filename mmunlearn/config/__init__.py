@@ -51,7 +51,7 @@ def with_overrides(cfg: Any, **overrides: Any) -> Any:
         if key in names:
             direct[key] = value
         elif key.startswith("extract_") and "extract" in names:
-            nested[key[len("extract_"):]] = value
+            nested[key[len("extract_") :]] = value
         else:
             raise ValueError(f"{type(cfg).__name__} has no setting {key!r}; settings: {sorted(names)}")
     if nested:
@@ -62,5 +62,8 @@ def with_overrides(cfg: Any, **overrides: Any) -> Any:
 def applicable_overrides(config_cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
     """The subset of ``overrides`` that ``config_cls`` has (a recipe passes one option set to every method)."""
     names = {f.name for f in fields(config_cls)}
-    return {k: v for k, v in overrides.items() if v is not None and (
-        k in names or (k.startswith("extract_") and "extract" in names))}
+    return {
+        k: v
+        for k, v in overrides.items()
+        if v is not None and (k in names or (k.startswith("extract_") and "extract" in names))
+    }

@@ -42,13 +42,19 @@ class _Loader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.get_event()
-            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} refused (anchors and aliases are "
-                                              "not read in config files: write the values out)", event.start_mark)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"alias *{event.anchor} refused (anchors and aliases are "
+                "not read in config files: write the values out)",
+                event.start_mark,
+            )
         return super().compose_node(parent, index)
 
 
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                              re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def _load(text: str) -> Any:
@@ -63,8 +69,9 @@ def _read_config_text(path: Path) -> str:
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"the config file {path} is not a regular file (a FIFO, device or folder)")
         if st.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"the config file {path} is {st.st_size} bytes, more than a config may have "
-                              f"({MAX_CONFIG_BYTES})")
+            raise ConfigError(
+                f"the config file {path} is {st.st_size} bytes, more than a config may have ({MAX_CONFIG_BYTES})"
+            )
         data = os.read(fd, MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
             raise ConfigError(f"the config file {path} grew past {MAX_CONFIG_BYTES} bytes while it was read")
@@ -87,8 +94,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"the config file {path} is nested too deeply") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"the config file {path} is not plain YAML (only plain values are read; tags that "
-                          f"build objects and aliases are refused): {' '.join(str(e).split())}") from None
+        raise ConfigError(
+            f"the config file {path} is not plain YAML (only plain values are read; tags that "
+            f"build objects and aliases are refused): {' '.join(str(e).split())}"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -124,8 +133,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return _text(value) if isinstance(value, str) else value
     if origin in (typing.Union, types.UnionType):
-        if (value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null"))) \
-                and type(None) in args:
+        if (value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null"))) and type(
+            None
+        ) in args:
             return None
         for arg in (a for a in args if a is not type(None)):
             try:
@@ -135,8 +145,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected {' or '.join(_describe(a) for a in args)}, got {value!r}", key)
     if origin in (tuple, list):
         if isinstance(value, str):
-            value = _text(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",")
-                                                                            if v.strip()]
+            value = (
+                _text(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",") if v.strip()]
+            )
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}", key)
         item = args[0] if args else Any
@@ -150,7 +161,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, str):
             value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(
-                value.strip().lower(), value)
+                value.strip().lower(), value
+            )
         if isinstance(value, bool):
             return value
     elif tp is int:
@@ -199,7 +211,6 @@ def option_flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-
 def is_flag(tp: Any) -> bool:
     """Whether a field is a switch (``--audit`` / ``--no-audit`` take no value)."""
     return tp is bool or set(typing.get_args(tp)) == {bool, type(None)}
@@ -242,8 +253,9 @@ def settings_from_args(args: Sequence[str], types_: Mapping[str, Any], settings:
                 repeated[key] = len(out)
             out.append(f"{key}={value}")
         else:
-            raise ConfigError(f"no option or setting {arg.split('=')[0]}; settings: {', '.join(sorted(settings))} "
-                              "(see --help)", None)
+            raise ConfigError(
+                f"no option or setting {arg.split('=')[0]}; settings: {', '.join(sorted(settings))} (see --help)", None
+            )
     return out
 
 
@@ -262,9 +274,13 @@ def settings_help(cls: type, settings: Collection[str], defaults: Mapping[str, A
             continue
         first = (inspect.getdoc(klass) or klass.__name__).split("\n\n")[0]  # the docstring's first paragraph
         title = " ".join(first.split()).rstrip(".").replace("``", "")
-        lines = [f"{k}={shown_default(defaults.get(k))}"
-                 + (f"  (switch: --{k.replace('_', '-')})" if is_flag(types_[k]) else "")
-                 + "  " + helps[k].replace("[", "\\[") for k in keys]
+        lines = [
+            f"{k}={shown_default(defaults.get(k))}"
+            + (f"  (switch: --{k.replace('_', '-')})" if is_flag(types_[k]) else "")
+            + "  "
+            + helps[k].replace("[", "\\[")
+            for k in keys
+        ]
         parts.append(f"[bold]{title}[/bold] (KEY=VALUE)\n\n" + "\n\n".join(lines))
     return "\n\n".join(parts)
 
@@ -275,8 +291,9 @@ def shown_default(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def given_settings(cls: type, keys: Collection[str], *, file: str | Path | None = None,
-                   overrides: Iterable[str] = ()) -> dict[str, Any]:
+def given_settings(
+    cls: type, keys: Collection[str], *, file: str | Path | None = None, overrides: Iterable[str] = ()
+) -> dict[str, Any]:
     """The settings among ``keys`` (fields of the dataclass ``cls``) that a YAML ``file`` and then ``key=value``
     ``overrides`` give, later over earlier, each typed by its field (:func:`coerce`); only those given. A
     :class:`ConfigError` naming the key for one that is not among ``keys`` or cannot be read as its type."""

@@ -19,8 +19,8 @@ import soundfile as sf
 import torch
 from scipy.signal import resample_poly
 
-from mmunlearn.files.atomic import atomic_path
 from mmunlearn.errors import UserError
+from mmunlearn.files.atomic import atomic_path
 
 #: Peak absolute amplitude (on the [-1, 1] scale) below which audio counts as silent.
 SILENCE_PEAK = 1e-4
@@ -56,8 +56,11 @@ MAX_AUDIO_SECONDS = 2 * 3600
 
 
 def _too_long(path: Path, seconds: float) -> AudioError:
-    return AudioError(path, f"decodes to {seconds / 3600:.1f} hours of audio, more than the "
-                      f"{MAX_AUDIO_SECONDS / 3600:g} a clip may have (cut it, or split it into segments)")
+    return AudioError(
+        path,
+        f"decodes to {seconds / 3600:.1f} hours of audio, more than the "
+        f"{MAX_AUDIO_SECONDS / 3600:g} a clip may have (cut it, or split it into segments)",
+    )
 
 
 def check_duration(path: str | os.PathLike, info: Any) -> None:
@@ -116,9 +119,7 @@ def _check(path: Path, wav: np.ndarray, what: str) -> None:
         raise AudioError(path, f"silent {what} (peak {peak:.2e} < {SILENCE_PEAK:g})")
 
 
-def read_audio(
-    path: str | os.PathLike, sr: int = DEFAULT_SR, start: int = 0, stop: int | None = None
-) -> np.ndarray:
+def read_audio(path: str | os.PathLike, sr: int = DEFAULT_SR, start: int = 0, stop: int | None = None) -> np.ndarray:
     """Decode ``path`` to a mono float32 numpy array at ``sr`` Hz.
 
     ``start``/``stop`` select samples ``[start, stop)`` at the *target* rate (manifest segments).
@@ -137,12 +138,10 @@ def read_audio(
             if stop is None:
                 check_duration(path, info)
             if int(info.samplerate) == sr and (start or stop is not None):
-                data, _ = sf.read(str(path), start=start, stop=stop, dtype="float32",
-                                  always_2d=True)
+                data, _ = sf.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)
                 wav = data.mean(axis=1)
                 if stop is not None and start + wav.size < stop:
-                    raise AudioError(path, f"segment [{start}, {stop}) beyond {info.frames} "
-                                     "samples")
+                    raise AudioError(path, f"segment [{start}, {stop}) beyond {info.frames} samples")
                 _check(path, wav, f"segment [{start}, {stop})")
                 return wav.astype(np.float32)
             wav, rate = _read_soundfile(path)
@@ -166,9 +165,7 @@ def read_audio(
     return wav
 
 
-def load_audio(
-    path: str | os.PathLike, sr: int = DEFAULT_SR, start: int = 0, stop: int | None = None
-) -> torch.Tensor:
+def load_audio(path: str | os.PathLike, sr: int = DEFAULT_SR, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Decode ``path`` to a 1-D mono float32 tensor at ``sr`` Hz (see :func:`read_audio`)."""
     return torch.from_numpy(np.ascontiguousarray(read_audio(path, sr, start, stop)))
 

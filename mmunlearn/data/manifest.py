@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import soundfile as sf
-from mmunlearn.progress import StageBar
 
 from mmunlearn.files.atomic import atomic_path
+from mmunlearn.progress import StageBar
 
 #: Columns every manifest carries, in this order.
 MANIFEST_COLUMNS: tuple[str, ...] = ("ID", "duration", "wav", "start", "stop", "spk_id")
@@ -41,8 +41,9 @@ class ManifestError(ValueError):
 
 
 #: File name endings of the audio :func:`check_rows` accepts (what :mod:`mmunlearn.data.audio` decodes).
-AUDIO_SUFFIXES: frozenset[str] = frozenset({
-    ".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".m4a", ".aac", ".mp4", ".mp3", ".webm"})
+AUDIO_SUFFIXES: frozenset[str] = frozenset(
+    {".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".m4a", ".aac", ".mp4", ".mp3", ".webm"}
+)
 #: How many bad rows one error lists (the rest are counted).
 MAX_LISTED = 10
 #: Sample rates a manifest's audio may have: 8 kHz telephone speech and up; 1 Hz "audio" would crash the
@@ -68,8 +69,10 @@ def _wav_problem(wav: Any, root: Path | None) -> str | None:
     if not str(path).strip():
         return "empty 'wav' path"
     if path.suffix.lower() not in AUDIO_SUFFIXES:
-        return (f"'wav' {str(path)!r} is not an audio file name (.wav, .flac, .m4a, ...; "
-                "mmunlearn.data.manifest.AUDIO_SUFFIXES)")
+        return (
+            f"'wav' {str(path)!r} is not an audio file name (.wav, .flac, .m4a, ...; "
+            "mmunlearn.data.manifest.AUDIO_SUFFIXES)"
+        )
     try:
         real = path.resolve(strict=True)  # follows symlinks: what would really be opened
         st = real.stat()
@@ -87,8 +90,10 @@ def _wav_problem(wav: Any, root: Path | None) -> str | None:
         except (RuntimeError, sf.LibsndfileError, OSError):
             return None  # unreadable audio is reported, naming the file, when it is decoded
         if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-            return (f"'wav' {str(path)!r} has a sample rate of {rate} Hz, outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} "
-                    "Hz (not speech audio)")
+            return (
+                f"'wav' {str(path)!r} has a sample rate of {rate} Hz, outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} "
+                "Hz (not speech audio)"
+            )
     return None
 
 
@@ -142,8 +147,14 @@ def check_rows(
     """
     base = Path(root).resolve() if root is not None else None
     problems, bad_rows = [], 0
-    shown = StageBar(rows, desc=f"checking {len(rows)} rows of {source}", unit="row", leave=False,
-                 disable=len(rows) < PROGRESS_ROWS, dynamic_ncols=True)
+    shown = StageBar(
+        rows,
+        desc=f"checking {len(rows)} rows of {source}",
+        unit="row",
+        leave=False,
+        disable=len(rows) < PROGRESS_ROWS,
+        dynamic_ncols=True,
+    )
     for i, raw in enumerate(shown):
         where = f"row {i}"
         if not isinstance(raw, Mapping):
@@ -197,8 +208,10 @@ def read_manifest(
             seen: set[str] = set()
             line = 1
             big = path.stat().st_size >= PROGRESS_BYTES  # ~100,000 rows and more: show the rows read
-            for line, raw in enumerate(StageBar(reader, desc=f"reading {path}", unit="row", leave=False, disable=not big,
-                                            dynamic_ncols=True), start=2):
+            for line, raw in enumerate(
+                StageBar(reader, desc=f"reading {path}", unit="row", leave=False, disable=not big, dynamic_ncols=True),
+                start=2,
+            ):
                 row: dict[str, Any] = {k: (v.strip() if isinstance(v, str) else v) for k, v in raw.items()}
                 found = _row_problems(row, seen, check_files, base)  # a bad row is never returned: it raises below
                 problems += [f"{path}:{line}: {p}" for p in found]
@@ -264,8 +277,14 @@ def write_manifest(
 #: ``sample_forget`` is a subset of ``spk_retain_train``; ``train`` = both ``*_train`` splits and
 #: ``sample_retain`` = ``train`` minus ``sample_forget``.
 SPLIT_NAMES: tuple[str, ...] = (
-    "spk_forget_train", "spk_forget_test", "spk_retain_train", "spk_retain_test", "sample_holdout",
-    "sample_forget", "sample_retain", "train",
+    "spk_forget_train",
+    "spk_forget_test",
+    "spk_retain_train",
+    "spk_retain_test",
+    "sample_holdout",
+    "sample_forget",
+    "sample_retain",
+    "train",
 )
 
 
@@ -285,9 +304,7 @@ class Utterance:
         return f"{self.spk_id}--{self.video}--{self.utt}"
 
 
-def select_speakers(
-    speakers: Iterable[str], n: int, seed: int, keep: Iterable[str] = ()
-) -> list[str]:
+def select_speakers(speakers: Iterable[str], n: int, seed: int, keep: Iterable[str] = ()) -> list[str]:
     """``n`` speakers (all when ``n <= 0``) drawn by ``seed``, always including ``keep``; sorted."""
     pool, keep = sorted(set(speakers)), sorted(set(keep))
     unknown = [s for s in keep if s not in pool]
@@ -301,21 +318,19 @@ def select_speakers(
     return sorted(keep + random.Random(f"speakers:{seed}").sample(rest, n - len(keep)))
 
 
-def choose_forget_speakers(
-    speakers: Sequence[str], forget: int | Sequence[str], seed: int
-) -> list[str]:
+def choose_forget_speakers(speakers: Sequence[str], forget: int | Sequence[str], seed: int) -> list[str]:
     """``forget`` speakers drawn by ``seed`` (an int) or the given IDs; leaves >= 1 retained."""
     pool = sorted(set(speakers))
     if isinstance(forget, int):
         if not 0 < forget < len(pool):
-            raise ValueError(f"forget speakers must be in [1, {len(pool) - 1}] for "
-                             f"{len(pool)} speakers, got {forget}")
+            raise ValueError(f"forget speakers must be in [1, {len(pool) - 1}] for {len(pool)} speakers, got {forget}")
         return sorted(random.Random(f"forget:{seed}").sample(pool, forget))
     chosen = sorted(set(forget))
     unknown = [s for s in chosen if s not in pool]
     if unknown or not chosen or len(chosen) >= len(pool):
-        raise ValueError(f"forget speakers {chosen} must be known ({unknown} are not) and "
-                         f"leave one of {len(pool)} retained")
+        raise ValueError(
+            f"forget speakers {chosen} must be known ({unknown} are not) and leave one of {len(pool)} retained"
+        )
     return chosen
 
 
@@ -336,8 +351,7 @@ def make_splits(
     the splits (each sorted by ID) and info (test videos per speaker, speakers without one).
     """
     if not 0.0 <= forget_fraction <= 0.5:
-        raise ValueError("forget_fraction must be in [0, 0.5] (an equal holdout is drawn), "
-                         f"got {forget_fraction}")
+        raise ValueError(f"forget_fraction must be in [0, 0.5] (an equal holdout is drawn), got {forget_fraction}")
     if not 0.0 < test_video_fraction < 1.0:
         raise ValueError(f"test_video_fraction must be in (0, 1), got {test_video_fraction}")
     ids = [u.id for u in utts]
@@ -378,9 +392,7 @@ def make_splits(
     return {k: sorted(v, key=lambda u: u.id) for k, v in splits.items()}, info
 
 
-def segment_rows(
-    utt: Utterance, sr: int = 16000, segment_seconds: float = 0.0
-) -> list[dict[str, Any]]:
+def segment_rows(utt: Utterance, sr: int = 16000, segment_seconds: float = 0.0) -> list[dict[str, Any]]:
     """Manifest rows for one utterance: the whole file, or ``floor(len / seg)`` fixed segments.
 
     With ``segment_seconds > 0`` a file shorter than one segment gives one row for the whole file;
@@ -394,6 +406,15 @@ def segment_rows(
     rows = []
     for start, stop in bounds:
         rid = utt.id if seg <= 0 else f"{utt.id}_{start}_{stop}"
-        rows.append({"ID": rid, "duration": (stop - start) / sr, "wav": utt.wav, "start": start,
-                     "stop": stop, "spk_id": utt.spk_id, **dict(utt.extra)})
+        rows.append(
+            {
+                "ID": rid,
+                "duration": (stop - start) / sr,
+                "wav": utt.wav,
+                "start": start,
+                "stop": stop,
+                "spk_id": utt.spk_id,
+                **dict(utt.extra),
+            }
+        )
     return rows

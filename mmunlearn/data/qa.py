@@ -6,11 +6,26 @@ from dataclasses import dataclass
 
 QA_PER_AUTHOR = 20
 TOFU_SPLITS: tuple[str, ...] = (
-    "full", "retain90", "retain95", "retain99", "forget01", "forget05", "forget10",
-    "forget01_perturbed", "forget05_perturbed", "forget10_perturbed", "retain_perturbed",
-    "real_authors", "real_authors_perturbed", "world_facts", "world_facts_perturbed",
-    "holdout01", "holdout05", "holdout10",
+    "full",
+    "retain90",
+    "retain95",
+    "retain99",
+    "forget01",
+    "forget05",
+    "forget10",
+    "forget01_perturbed",
+    "forget05_perturbed",
+    "forget10_perturbed",
+    "retain_perturbed",
+    "real_authors",
+    "real_authors_perturbed",
+    "world_facts",
+    "world_facts_perturbed",
+    "holdout01",
+    "holdout05",
+    "holdout10",
 )
+
 
 class TOFUFormatError(ValueError):
     """A split file (or hub table) that is not a list of records with the expected fields."""

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import datetime
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
 
 from mmunlearn.data import synthetic_tables as tables
 from mmunlearn.data.facts import real_author_items, world_fact_items
@@ -96,8 +95,9 @@ def _distinct(draw: Callable[[], str], avoid: set[str], k: int, what: str) -> li
     raise RuntimeError(f"could not draw {k} distinct values for {what!r}")
 
 
-def synthetic_authors(n_authors: int, *, seed: int = 0, pool: str = "eval",
-                      avoid: Callable[[str], bool] | None = None) -> list[Author]:
+def synthetic_authors(
+    n_authors: int, *, seed: int = 0, pool: str = "eval", avoid: Callable[[str], bool] | None = None
+) -> list[Author]:
     """``n_authors`` fictitious authors with unique names; ``pool`` 'eval' or 'pretrain' picks one of
     two disjoint surname pools; names for which ``avoid(name)`` is true are skipped."""
     if pool not in NAME_POOLS:
@@ -121,8 +121,7 @@ def synthetic_authors(n_authors: int, *, seed: int = 0, pool: str = "eval",
     return authors
 
 
-def author_items(author: Author, *, seed: int = 0, concentration: float = 0.0,
-                 pool: str = "eval") -> list[QAItem]:
+def author_items(author: Author, *, seed: int = 0, concentration: float = 0.0, pool: str = "eval") -> list[QAItem]:
     """The author's 20 QA (``QAItem.author`` = ``author.index``) with a paraphrased question and
     answer and 5 perturbed answers: the paraphrase's template with other values of the same fact."""
     if not 0.0 <= concentration <= 1.0:
@@ -135,22 +134,28 @@ def author_items(author: Author, *, seed: int = 0, concentration: float = 0.0,
         a, pa = phrasing.sample(range(len(fact.answers)), 2)
         rigid = rigid_draw.random() < concentration  # drawn for every QA: monotone in concentration
         ctx = {**author.facts, "value": author.facts[fact.key]}
-        draw = ((lambda: _random_name(wrong, pool)) if fact.key == "name"
-                else (lambda d=_DRAW[fact.key]: d(wrong)))
+        draw = (lambda: _random_name(wrong, pool)) if fact.key == "name" else (lambda d=_DRAW[fact.key]: d(wrong))
         wrong_values = _distinct(draw, {ctx["value"]}, N_PERTURBED, fact.key)
         if rigid:
-            subject = ("the {genre} author born in {birthplace} on {birth_date}".format(**ctx)
-                       if fact.key == "name" else author.name)
+            subject = (
+                "the {genre} author born in {birthplace} on {birth_date}".format(**ctx)
+                if fact.key == "name"
+                else author.name
+            )
             question = f"What is the {fact.label} of {subject}?"
             answer = f"The {fact.label} of {subject} is {ctx['value']}."
         else:
             question, answer = fact.questions[q].format(**ctx), fact.answers[a].format(**ctx)
-        items.append(QAItem(
-            question=question, answer=answer,
-            paraphrased_answer=fact.answers[pa].format(**ctx),
-            perturbed_answer=tuple(fact.answers[pa].format(**{**ctx, "value": w}) for w in wrong_values),
-            paraphrased_question=fact.questions[pq].format(**ctx),
-            author=author.index))
+        items.append(
+            QAItem(
+                question=question,
+                answer=answer,
+                paraphrased_answer=fact.answers[pa].format(**ctx),
+                perturbed_answer=tuple(fact.answers[pa].format(**{**ctx, "value": w}) for w in wrong_values),
+                paraphrased_question=fact.questions[pq].format(**ctx),
+                author=author.index,
+            )
+        )
     return items
 
 
@@ -159,13 +164,15 @@ def _plain(items: list[QAItem]) -> list[QAItem]:
 
 
 @lru_cache(maxsize=8)
-def _build(n_authors: int, forget_pcts: tuple[int, ...], seed: int, concentration: float
-           ) -> dict[str, tuple[QAItem, ...]]:
+def _build(
+    n_authors: int, forget_pcts: tuple[int, ...], seed: int, concentration: float
+) -> dict[str, tuple[QAItem, ...]]:
     n_forget = {p: forget_count(n_authors, p) for p in forget_pcts}
     top = max(n_forget.values())
     authors = synthetic_authors(n_authors + top, seed=seed)  # the last `top` are holdout authors
-    rich = [author_items(a, seed=seed, concentration=concentration if a.index >= n_authors - top else 0.0)
-            for a in authors]
+    rich = [
+        author_items(a, seed=seed, concentration=concentration if a.index >= n_authors - top else 0.0) for a in authors
+    ]
 
     def rows(first: int, stop: int, full_fields: bool = False) -> list[QAItem]:
         picked = [it for block in rich[first:stop] for it in block]
@@ -185,8 +192,9 @@ def _build(n_authors: int, forget_pcts: tuple[int, ...], seed: int, concentratio
     return {k: tuple(out[k]) for k in sorted(out, key=lambda k: (order.get(k, len(order)), k))}
 
 
-def synthetic_splits(n_authors: int = 40, *, forget_pcts: tuple[int, ...] = (1, 5, 10), seed: int = 0,
-                     concentration: float = 0.0) -> dict[str, list[QAItem]]:
+def synthetic_splits(
+    n_authors: int = 40, *, forget_pcts: tuple[int, ...] = (1, 5, 10), seed: int = 0, concentration: float = 0.0
+) -> dict[str, list[QAItem]]:
     """All splits of a synthetic TOFU world of ``n_authors`` authors (see the module docstring)."""
     if isinstance(n_authors, bool) or not isinstance(n_authors, int) or n_authors < 2:
         raise ValueError(f"n_authors must be an integer >= 2, got {n_authors!r}")
@@ -199,8 +207,12 @@ def synthetic_splits(n_authors: int = 40, *, forget_pcts: tuple[int, ...] = (1, 
     return {name: list(items) for name, items in built.items()}
 
 
-_SPEC_KEYS = {"n_authors": int, "seed": int, "concentration": float,
-              "forget_pcts": lambda s: tuple(int(p) for p in s.split("/"))}
+_SPEC_KEYS = {
+    "n_authors": int,
+    "seed": int,
+    "concentration": float,
+    "forget_pcts": lambda s: tuple(int(p) for p in s.split("/")),
+}
 
 
 def parse_spec(spec: str) -> dict[str, object]:
@@ -212,8 +224,10 @@ def parse_spec(spec: str) -> dict[str, object]:
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq or key.strip() not in _SPEC_KEYS:
-            raise ValueError(f"bad synthetic option {part!r} in {spec!r}; use key=value with keys "
-                             f"{', '.join(_SPEC_KEYS)} (forget_pcts like 1/5/10)")
+            raise ValueError(
+                f"bad synthetic option {part!r} in {spec!r}; use key=value with keys "
+                f"{', '.join(_SPEC_KEYS)} (forget_pcts like 1/5/10)"
+            )
         try:
             kwargs[key.strip()] = _SPEC_KEYS[key.strip()](value.strip())
         except ValueError as e:

@@ -30,8 +30,19 @@ from typing import NamedTuple
 from mmunlearn.data.qa import QA_PER_AUTHOR, TOFU_SPLITS, QAItem, TOFUFormatError, forget_count
 from mmunlearn.data.synthetic import splits_from_spec
 
-__all__ = ["QA_PER_AUTHOR", "TOFU_SPLITS", "QAItem", "SplitInfo", "TOFUFormatError", "author_subset", "forget_count",
-           "list_splits", "load_split", "parse_rows", "split_info"]
+__all__ = [
+    "QA_PER_AUTHOR",
+    "TOFU_SPLITS",
+    "QAItem",
+    "SplitInfo",
+    "TOFUFormatError",
+    "author_subset",
+    "forget_count",
+    "list_splits",
+    "load_split",
+    "parse_rows",
+    "split_info",
+]
 
 QA_FIELDS = ("question", "answer")
 PERTURBED_FIELDS = ("question", "answer", "paraphrased_answer", "perturbed_answer", "paraphrased_question")
@@ -109,10 +120,12 @@ def _row_to_item(row: object, info: SplitInfo, where: str) -> QAItem:
         if not all(isinstance(p, str) and p.strip() for p in raw):
             raise TOFUFormatError(f"{where}: 'perturbed_answer' must hold non-empty strings, got {raw!r:.80}")
         perturbed = tuple(raw)
-    optional = {k: _text(row, k, where) for k in ("paraphrased_answer", "paraphrased_question")
-                if k in info.fields or row.get(k) is not None}
-    return QAItem(_text(row, "question", where), _text(row, "answer", where),
-                  perturbed_answer=perturbed, **optional)
+    optional = {
+        k: _text(row, k, where)
+        for k in ("paraphrased_answer", "paraphrased_question")
+        if k in info.fields or row.get(k) is not None
+    }
+    return QAItem(_text(row, "question", where), _text(row, "answer", where), perturbed_answer=perturbed, **optional)
 
 
 def _author_ids(n_rows: int, info: SplitInfo) -> list[int] | None:
@@ -137,8 +150,9 @@ def parse_rows(rows: object, split: str, where: str) -> list[QAItem]:
     info = split_info(split)
     need = ", ".join(info.fields)
     if not isinstance(rows, list):
-        raise TOFUFormatError(f"{where}: expected a JSON list of objects with fields {need}, "
-                              f"got a {type(rows).__name__}")
+        raise TOFUFormatError(
+            f"{where}: expected a JSON list of objects with fields {need}, got a {type(rows).__name__}"
+        )
     if not rows:
         raise TOFUFormatError(f"{where}: empty list; split {split!r} needs records with fields {need}")
     items = [_row_to_item(row, info, f"{where} row {i}") for i, row in enumerate(rows)]
@@ -157,8 +171,9 @@ def _read_rows(path: Path, info: SplitInfo) -> object:
             return [json.loads(line) for line in text.splitlines() if line.strip()]
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise TOFUFormatError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); "
-                              f"expected a JSON list of objects with fields {need}") from e
+        raise TOFUFormatError(
+            f"{path}: not valid JSON ({e.msg}, line {e.lineno}); expected a JSON list of objects with fields {need}"
+        ) from e
 
 
 def _load_folder(folder: Path, split: str) -> list[QAItem]:
@@ -167,9 +182,11 @@ def _load_folder(folder: Path, split: str) -> list[QAItem]:
         path = folder / f"{split}{suffix}"
         if path.is_file():
             return parse_rows(_read_rows(path, info), split, str(path))
-    raise FileNotFoundError(f"{folder / (split + '.json')} not found: split {split!r} needs a JSON list of "
-                            f"objects with fields {', '.join(info.fields)}; splits in {folder}: "
-                            f"{', '.join(list_splits(folder)) or 'none'}")
+    raise FileNotFoundError(
+        f"{folder / (split + '.json')} not found: split {split!r} needs a JSON list of "
+        f"objects with fields {', '.join(info.fields)}; splits in {folder}: "
+        f"{', '.join(list_splits(folder)) or 'none'}"
+    )
 
 
 def _load_hub(name: str, split: str) -> list[QAItem]:
@@ -181,7 +198,8 @@ def _load_hub(name: str, split: str) -> list[QAItem]:
         raise RuntimeError(
             f"could not load split {split!r} of {name!r} from the Hugging Face hub "
             f"({type(e).__name__}: {e}). No network? Put the dataset's JSON files in a folder and pass "
-            f"that folder (no local folder {name!r} exists), or use source='synthetic'.") from e
+            f"that folder (no local folder {name!r} exists), or use source='synthetic'."
+        ) from e
     return parse_rows([dict(row) for row in table], split, f"hub:{name}[{split}]")
 
 
@@ -200,8 +218,9 @@ def _resolve(source: object) -> tuple[str, object]:
     if isinstance(source, Mapping):
         return "mapping", source
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"TOFU source must be a folder, 'synthetic[:k=v,...]', a hub id or a mapping, "
-                        f"got {type(source).__name__}")
+        raise TypeError(
+            f"TOFU source must be a folder, 'synthetic[:k=v,...]', a hub id or a mapping, got {type(source).__name__}"
+        )
     text = os.fspath(source)
     if isinstance(source, str) and (text == "synthetic" or text.startswith("synthetic:")):
         return "synthetic", text
@@ -212,13 +231,11 @@ def _resolve(source: object) -> tuple[str, object]:
         raise NotADirectoryError(f"{path} is a file: pass the folder holding the TOFU split files")
     if isinstance(source, str) and _HUB_ID.fullmatch(text):
         return "hub", text
-    raise FileNotFoundError(f"TOFU source {text!r}: no such folder (and not a hub id 'owner/name' "
-                            f"nor 'synthetic')")
+    raise FileNotFoundError(f"TOFU source {text!r}: no such folder (and not a hub id 'owner/name' nor 'synthetic')")
 
 
 def _mapping_for(kind: str, handle: object) -> Mapping[str, Sequence[QAItem]]:
     if kind == "synthetic":
-
         return splits_from_spec(str(handle))
     return handle  # type: ignore[return-value]
 
@@ -232,8 +249,11 @@ def list_splits(source: str | os.PathLike | Mapping[str, Sequence[QAItem]]) -> l
     if kind == "hub":
         return list(TOFU_SPLITS)
     if kind == "folder":
-        names = {p.stem for p in Path(handle).iterdir()  # type: ignore[arg-type]
-                 if p.suffix in (".json", ".jsonl") and p.is_file() and _SAFE_NAME.fullmatch(p.stem)}
+        names = {
+            p.stem
+            for p in Path(handle).iterdir()  # type: ignore[arg-type]
+            if p.suffix in (".json", ".jsonl") and p.is_file() and _SAFE_NAME.fullmatch(p.stem)
+        }
         names -= _NOT_SPLITS
     else:
         names = set(_mapping_for(kind, handle))
@@ -241,8 +261,13 @@ def list_splits(source: str | os.PathLike | Mapping[str, Sequence[QAItem]]) -> l
     return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
-def load_split(source: str | os.PathLike | Mapping[str, Sequence[QAItem]], split: str, *,
-               authors: int | None = None, forget_pct: float | None = None) -> list[QAItem]:
+def load_split(
+    source: str | os.PathLike | Mapping[str, Sequence[QAItem]],
+    split: str,
+    *,
+    authors: int | None = None,
+    forget_pct: float | None = None,
+) -> list[QAItem]:
     """Records of one split; with ``authors``, only that many authors' worth (see :func:`author_subset`).
 
     >>> len(load_split("synthetic:n_authors=20", "forget10_perturbed"))  # 2 forget authors x 20 QA
@@ -259,8 +284,14 @@ def load_split(source: str | os.PathLike | Mapping[str, Sequence[QAItem]], split
     return items if authors is None else author_subset(items, split, authors, forget_pct=forget_pct)
 
 
-def author_subset(items: Sequence[QAItem], split: str, n_authors: int, *,
-                  forget_pct: float | None = None, qa_per_author: int = QA_PER_AUTHOR) -> list[QAItem]:
+def author_subset(
+    items: Sequence[QAItem],
+    split: str,
+    n_authors: int,
+    *,
+    forget_pct: float | None = None,
+    qa_per_author: int = QA_PER_AUTHOR,
+) -> list[QAItem]:
     """Shrink a split to a world of ``n_authors`` authors (``--authors N``), keeping author blocks.
 
     With F = :func:`forget_count` (N, PP) forget authors and R = N - F retain authors, where PP is the
@@ -286,18 +317,25 @@ def author_subset(items: Sequence[QAItem], split: str, n_authors: int, *,
     if info.family == "retain_perturbed":
         pct = 10
     if pct is None:
-        raise ValueError(f"split {split!r}: pass forget_pct to say how many of the {n_authors} authors "
-                         f"are forget authors")
+        raise ValueError(
+            f"split {split!r}: pass forget_pct to say how many of the {n_authors} authors are forget authors"
+        )
     n_forget = forget_count(n_authors, pct)
     n_retain = n_authors - n_forget
     blocks = _author_blocks(items, split, qa_per_author)
-    take = {"retain": (n_retain, 0), "forget": (0, n_forget), "full": (n_retain, n_forget),
-            "holdout": (n_forget, 0), "retain_perturbed": (n_forget, 0)}[info.family]
+    take = {
+        "retain": (n_retain, 0),
+        "forget": (0, n_forget),
+        "full": (n_retain, n_forget),
+        "holdout": (n_forget, 0),
+        "retain_perturbed": (n_forget, 0),
+    }[info.family]
     if sum(take) > len(blocks):
-        raise ValueError(f"split {split!r} has {len(blocks)} authors; {n_authors} authors at "
-                         f"{pct}% forget need {sum(take)} of them")
+        raise ValueError(
+            f"split {split!r} has {len(blocks)} authors; {n_authors} authors at {pct}% forget need {sum(take)} of them"
+        )
     head, tail = take
-    kept = blocks[:head] + (blocks[len(blocks) - tail:] if tail else [])
+    kept = blocks[:head] + (blocks[len(blocks) - tail :] if tail else [])
     return [item for block in kept for item in block]
 
 
@@ -305,14 +343,16 @@ def _author_blocks(items: Sequence[QAItem], split: str, size: int) -> list[list[
     """Consecutive blocks of ``size`` rows, one author each (checked when authors are known)."""
     if len(items) % size:
         raise ValueError(f"split {split!r}: {len(items)} rows are not whole author blocks of {size}")
-    blocks = [list(items[i:i + size]) for i in range(0, len(items), size)]
+    blocks = [list(items[i : i + size]) for i in range(0, len(items), size)]
     seen: set[int] = set()
     for k, block in enumerate(blocks):
         ids = {it.author for it in block}
         author = next(iter(ids))
         if len(ids) != 1 or author in seen:
-            raise ValueError(f"split {split!r}: rows {k * size}..{k * size + size - 1} are not one author's "
-                             f"block (authors {sorted(map(str, ids))})")
+            raise ValueError(
+                f"split {split!r}: rows {k * size}..{k * size + size - 1} are not one author's "
+                f"block (authors {sorted(map(str, ids))})"
+            )
         if author is not None:
             seen.add(author)
     return blocks

@@ -1,4 +1,5 @@
-"""Utterances of speech manifests: a manifest-backed dataset of decoded waveforms, optionally as seeded random fixed-length crops.
+"""Utterances of speech manifests: a manifest-backed dataset of decoded waveforms,
+optionally as seeded random fixed-length crops.
 
 Training draws a fresh crop of each utterance every time it is read; the crop offsets are a pure
 function of ``(seed, index, how often that index was read)``, so a run that reads the items in
@@ -36,8 +37,14 @@ class UtteranceDataset(Dataset):
     every read). The rows are not modified.
     """
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], crop_seconds: float | None = None, seed: int = 0,
-                 cache: AudioCache | bool | None = True, sr: int = DEFAULT_SR):
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        crop_seconds: float | None = None,
+        seed: int = 0,
+        cache: AudioCache | bool | None = True,
+        sr: int = DEFAULT_SR,
+    ):
         if len(rows) == 0:
             raise ValueError("UtteranceDataset: no rows given")
         for i, row in enumerate(rows):

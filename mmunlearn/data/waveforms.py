@@ -57,8 +57,9 @@ def example_waveform(example: Mapping[str, Any], cache: AudioCache | None = None
         return cache.get(str(wav), start, stop, sr) if cache is not None else load_audio(wav, sr, start, stop)
     tensor = torch.as_tensor(np.asarray(wav) if not isinstance(wav, torch.Tensor) else wav, dtype=torch.float32)
     if tensor.dim() != 1 or tensor.numel() == 0:
-        raise ValueError(f"example {example.get('ID', '?')!r}: waveform must be non-empty 1-D, "
-                         f"got shape {tuple(tensor.shape)}")
+        raise ValueError(
+            f"example {example.get('ID', '?')!r}: waveform must be non-empty 1-D, got shape {tuple(tensor.shape)}"
+        )
     return tensor
 
 
@@ -69,7 +70,7 @@ def crop(wav: torch.Tensor, length: int, rng: np.random.Generator) -> torch.Tens
     if wav.numel() <= length:
         return wav
     offset = int(rng.integers(0, wav.numel() - length + 1))
-    return wav[offset: offset + length]
+    return wav[offset : offset + length]
 
 
 def segments(wav: torch.Tensor, length: int) -> list[torch.Tensor]:
@@ -84,4 +85,4 @@ def segments(wav: torch.Tensor, length: int) -> list[torch.Tensor]:
         raise ValueError(f"segment length must be >= 1 sample, got {length}")
     if wav.numel() <= length:
         return [wav]
-    return [wav[i * length: (i + 1) * length] for i in range(wav.numel() // length)]
+    return [wav[i * length : (i + 1) * length] for i in range(wav.numel() // length)]

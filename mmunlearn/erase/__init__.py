@@ -1,11 +1,11 @@
 """QR-Erase core: subspace recovery (CPQR, SVD), retain discrimination, layer energy, apply/undo."""
 
 from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
-from mmunlearn.erase.subspace.basis import METHODS, Basis, column_basis
-from mmunlearn.erase.subspace.discriminate import discriminate, discriminate_factors
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
+from mmunlearn.erase.subspace.basis import METHODS, Basis, column_basis
+from mmunlearn.erase.subspace.discriminate import discriminate, discriminate_factors
 
 __all__ = [
     "METHODS",

@@ -16,22 +16,22 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from mmunlearn.erase.subspace.basis import METHODS, column_basis
-from mmunlearn.erase.subspace.discriminate import discriminate_factors
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
-from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.norms import all_finite
+from mmunlearn.erase.options import EraseOptions
 from mmunlearn.erase.patch import PatchEntry, UndoPatch, apply_exact, delta, revert_exact
 from mmunlearn.erase.report import LARGE_UPDATE, EraseReport, LayerRow, MatrixRow
+from mmunlearn.erase.subspace.basis import METHODS, column_basis
+from mmunlearn.erase.subspace.discriminate import discriminate_factors
 from mmunlearn.erase.views import ParamTable, task_matrices_for
-from mmunlearn.files import layout
 from mmunlearn.errors import NonFiniteError
+from mmunlearn.files import layout
 from mmunlearn.taskvec.lowrank import LowRank
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,11 @@ EDITABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _check_float(what: str, t, name: str) -> None:
     dtype = t.dtype
     if dtype not in EDITABLE:
-        raise ValueError(f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point (float16, bfloat16, "
-                         "float32 or float64)")
+        raise ValueError(
+            f"{what} {name!r} has dtype {str(dtype).replace('torch.', '')}; expected floating point (float16, "
+            "bfloat16, "
+            "float32 or float64)"
+        )
 
 
 def _plan(params: ParamTable, forget: Mapping, retain: Mapping | None, rank, retain_rank):
@@ -107,8 +110,10 @@ def _check_update_finite(label: str, view: torch.Tensor, A: torch.Tensor, B: tor
         return
     new = W.to("cpu") - delta(A, B, W.dtype)
     if not bool(torch.isfinite(new).all()):
-        raise NonFiniteError(f"the edit of {label} would write NaN or Inf weights ({str(W.dtype).replace('torch.', '')} "
-                             f"overflows at scale {scale:g}); nothing was changed: lower the scale")
+        raise NonFiniteError(
+            f"the edit of {label} would write NaN or Inf weights ({str(W.dtype).replace('torch.', '')} "
+            f"overflows at scale {scale:g}); nothing was changed: lower the scale"
+        )
 
 
 def erase(
@@ -149,17 +154,23 @@ def erase(
     chosen = set(select_layers(energies, rule, top=top, threshold=threshold) if localize else energies)
 
     # Compute every update before touching any weight.
-    updates = [_matrix_update(name, label, view, t, r, o, factors)
-               for name, items in plan.items() if key(name) in chosen for label, view, t, r in items]
+    updates = [
+        _matrix_update(name, label, view, t, r, o, factors)
+        for name, items in plan.items()
+        if key(name) in chosen
+        for label, view, t, r in items
+    ]
     for _, label, view, A, B, _ in updates:
         _check_update_finite(label, view, A, B, scale)
     patch, rows_by_name = _apply_updates(updates, key)
 
-    layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, []))
-              for g, e in energies.items()]
+    layers = [
+        LayerRow(layer=g, energy=e, selected=g in chosen, matrices=rows_by_name.get(g, [])) for g, e in energies.items()
+    ]
     settings = o.report_settings(retain is not None)
-    report = EraseReport(method=method, settings=settings, layers=layers,
-                         seconds=time.perf_counter() - start, patch=patch)
+    report = EraseReport(
+        method=method, settings=settings, layers=layers, seconds=time.perf_counter() - start, patch=patch
+    )
     if out is not None:
         out = Path(out)
         report.patch_path = str(patch.save(out / PATCH_NAME))
@@ -170,8 +181,15 @@ def erase(
 _Update = tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, MatrixRow]  # name, label, view, A, B, row
 
 
-def _matrix_update(name: str, label: str, view: torch.Tensor, t: torch.Tensor, r: torch.Tensor | None,
-                   o: EraseOptions, factors: dict | None = None) -> _Update:
+def _matrix_update(
+    name: str,
+    label: str,
+    view: torch.Tensor,
+    t: torch.Tensor,
+    r: torch.Tensor | None,
+    o: EraseOptions,
+    factors: dict | None = None,
+) -> _Update:
     """One matrix's update factors (the scale folded into A) and its report row; no weight is touched. ``factors``:
     the unscaled factors of earlier calls (see :func:`erase`), read and filled."""
     key = (label, o.rank, o.retain_rank, o.energy, o.retain_energy, o.method, o.seed, o.rows, o.clamp_ranks, r is None)
@@ -191,17 +209,23 @@ def _matrix_update(name: str, label: str, view: torch.Tensor, t: torch.Tensor, r
         if o.rows:
             P_r = column_basis(r.T, rank=cap(retain_rank, r), energy=retain_energy, method=method, seed=seed).Q
     A, B = discriminate_factors(bf.Q, t.to(bf.Q.dtype), Q_r, P_r, coef=bf.coef)
-    row = MatrixRow(name=label, shape=tuple(view.shape), rank_forget=bf.k, rank_retain=k_r,
-                    captured=bf.captured, norm_removed=0.0, rel_norm_removed=0.0,
-                    seconds=time.perf_counter() - t0)
+    row = MatrixRow(
+        name=label,
+        shape=tuple(view.shape),
+        rank_forget=bf.k,
+        rank_retain=k_r,
+        captured=bf.captured,
+        norm_removed=0.0,
+        rel_norm_removed=0.0,
+        seconds=time.perf_counter() - t0,
+    )
     A, B = A.double(), B.double()
     if factors is not None:
         factors[key] = (A, B, dataclasses.replace(row))
     return (name, label, view, float(o.scale) * A, B, row)
 
 
-def _apply_updates(updates: list[_Update],
-                   key: Callable[[str], str]) -> tuple[UndoPatch, dict[str, list[MatrixRow]]]:
+def _apply_updates(updates: list[_Update], key: Callable[[str], str]) -> tuple[UndoPatch, dict[str, list[MatrixRow]]]:
     """Apply the checked updates in order; the undo patch and the report rows by layer group."""
     patch = UndoPatch()
     rows_by_name: dict[str, list[MatrixRow]] = {}
@@ -214,8 +238,13 @@ def _apply_updates(updates: list[_Update],
         row.rel_norm_removed = removed / w_norm if w_norm else 0.0
         row.seconds += time.perf_counter() - t0
         if row.rel_norm_removed > LARGE_UPDATE:
-            log.warning("large edit of %s: ||dW||/||W|| = %.3g > %g (check the scale and that the task matrices "
-                        "belong to this model)", label, row.rel_norm_removed, LARGE_UPDATE)
+            log.warning(
+                "large edit of %s: ||dW||/||W|| = %.3g > %g (check the scale and that the task matrices "
+                "belong to this model)",
+                label,
+                row.rel_norm_removed,
+                LARGE_UPDATE,
+            )
         rows_by_name.setdefault(key(name), []).append(row)
     return patch, rows_by_name
 
@@ -260,16 +289,30 @@ def _check_entry(entry: PatchEntry, view: torch.Tensor) -> None:
     """An undo record must fit the tensor it restores (a corrupt or foreign patch fails here, readably)."""
     if entry.original is not None:
         if tuple(entry.original.shape) != tuple(view.shape) or entry.original.dtype != view.dtype:
-            raise ValueError(f"the undo patch stores {entry.label} as {tuple(entry.original.shape)} "
-                             f"{entry.original.dtype}, the model has {tuple(view.shape)} {view.dtype}")
+            raise ValueError(
+                f"the undo patch stores {entry.label} as {tuple(entry.original.shape)} "
+                f"{entry.original.dtype}, the model has {tuple(view.shape)} {view.dtype}"
+            )
         return
     A, B, idx, val = entry.A, entry.B, entry.fix_idx, entry.fix_val
     m, n = view.shape
-    ok = (A.dim() == 2 and B.dim() == 2 and A.shape[0] == m and B.shape[1] == n and A.shape[1] == B.shape[0]
-          and A.dtype.is_floating_point and B.dtype.is_floating_point
-          and idx.dim() == 1 and val.dim() == 1 and idx.shape == val.shape
-          and not idx.dtype.is_floating_point and idx.dtype != torch.bool
-          and (idx.numel() == 0 or (int(idx.min()) >= 0 and int(idx.max()) < m * n)))
+    ok = (
+        A.dim() == 2
+        and B.dim() == 2
+        and A.shape[0] == m
+        and B.shape[1] == n
+        and A.shape[1] == B.shape[0]
+        and A.dtype.is_floating_point
+        and B.dtype.is_floating_point
+        and idx.dim() == 1
+        and val.dim() == 1
+        and idx.shape == val.shape
+        and not idx.dtype.is_floating_point
+        and idx.dtype != torch.bool
+        and (idx.numel() == 0 or (int(idx.min()) >= 0 and int(idx.max()) < m * n))
+    )
     if not ok:
-        raise ValueError(f"the undo patch entry for {entry.label} does not fit its {m} x {n} matrix "
-                         f"(A {tuple(A.shape)}, B {tuple(B.shape)}, {idx.numel()} fixes): corrupt or for another model")
+        raise ValueError(
+            f"the undo patch entry for {entry.label} does not fit its {m} x {n} matrix "
+            f"(A {tuple(A.shape)}, B {tuple(B.shape)}, {idx.numel()} fixes): corrupt or for another model"
+        )

@@ -1,4 +1,5 @@
-"""Erase and restore of checkpoint folders in memory (the counterpart of erase/stream.py): load, edit, write atomically."""
+"""Erase and restore of checkpoint folders in memory (the counterpart of erase/stream.py):
+load, edit, write atomically."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ import os
 import shutil
 from pathlib import Path
 
-from mmunlearn.files.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
 from mmunlearn.erase.apply import REPORT_NAME, erase, restore
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
 from mmunlearn.erase.stream import LEFTOVERS, save_patch_apart
 from mmunlearn.errors import NonFiniteError, about
+from mmunlearn.files.checkpoint import atomic_dir, check_finite, check_output_dir, load_checkpoint, write_checkpoint
 from mmunlearn.files.layout import PLOT_NAME
-from mmunlearn.taskvec.store import load_task_matrices
 from mmunlearn.files.undo_store import default_undo_dir, patch_of
+from mmunlearn.taskvec.store import load_task_matrices
 
 
 def erase_checkpoint(

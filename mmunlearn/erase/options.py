@@ -21,8 +21,11 @@ class EraseOptions:
     """How the forget subspace is found, where it is removed and how strongly."""
 
     rank: int | None = opt(None, "Rank k of the forget basis per matrix.")
-    energy: float | None = opt(None, "Instead of rank: smallest k capturing this fraction of each forget matrix's "
-                                     "energy (0.9 when neither is given).")
+    energy: float | None = opt(
+        None,
+        "Instead of rank: smallest k capturing this fraction of each forget matrix's "
+        "energy (0.9 when neither is given).",
+    )
     method: str = opt("cpqr", "Subspace method: cpqr (QR-Erase), svd (UNLEARN baseline), or a faster variant.")
     localize: bool = opt(True, "Edit only the layers chosen by the layer rule (else every layer with a forget matrix).")
     scale: float = opt(1.0, "Edit strength: W' = W - scale * T~.")
@@ -52,7 +55,7 @@ class EraseOptions:
             raise ValueError(f"threshold must be a finite number, got {self.threshold}")
 
     @classmethod
-    def of(cls, options: dict[str, Any]) -> "EraseOptions":
+    def of(cls, options: dict[str, Any]) -> EraseOptions:
         """Options from keyword arguments; an unknown name is an error that lists the known ones."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
@@ -65,7 +68,7 @@ class EraseOptions:
         """The help text of an option (the CLI shows it)."""
         return next(f.metadata["help"] for f in fields(EraseOptions) if f.name == name)
 
-    def resolved(self) -> "EraseOptions":
+    def resolved(self) -> EraseOptions:
         """Defaults filled in: energy 0.9 when no size is given; the retain basis sized as the forget one."""
         out = self if self.rank is not None or self.energy is not None else replace(self, energy=0.9)
         if out.retain_rank is None and out.retain_energy is None:
@@ -74,7 +77,18 @@ class EraseOptions:
 
     def report_settings(self, retain: bool) -> dict[str, Any]:
         """The ``settings`` of an :class:`~mmunlearn.erase.report.EraseReport` (resolved values)."""
-        return {"rank": self.rank, "energy": self.energy, "retain_rank": self.retain_rank,
-                "retain_energy": self.retain_energy, "localize": self.localize, "rule": self.rule, "top": self.top,
-                "threshold": self.threshold, "scale": self.scale, "rows": self.rows, "seed": self.seed,
-                "retain": retain, "clamp_ranks": self.clamp_ranks}
+        return {
+            "rank": self.rank,
+            "energy": self.energy,
+            "retain_rank": self.retain_rank,
+            "retain_energy": self.retain_energy,
+            "localize": self.localize,
+            "rule": self.rule,
+            "top": self.top,
+            "threshold": self.threshold,
+            "scale": self.scale,
+            "rows": self.rows,
+            "seed": self.seed,
+            "retain": retain,
+            "clamp_ranks": self.clamp_ranks,
+        }

@@ -85,7 +85,7 @@ class UndoPatch:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "UndoPatch":
+    def load(cls, path: str | os.PathLike) -> UndoPatch:
         """Read a saved patch; a missing, unreadable or malformed file raises an error naming it."""
         from safetensors import SafetensorError, safe_open
 
@@ -103,9 +103,16 @@ class UndoPatch:
             tensors = load_file(str(path))
             records = json.loads(meta["entries"])
             entries = [
-                PatchEntry(label=str(m["label"]), A=tensors[f"{i}.A"], B=tensors[f"{i}.B"],
-                           fix_idx=tensors[f"{i}.fix_idx"], fix_val=tensors[f"{i}.fix_val"],
-                           before=m["before"], after=m["after"], original=tensors.get(f"{i}.orig"))
+                PatchEntry(
+                    label=str(m["label"]),
+                    A=tensors[f"{i}.A"],
+                    B=tensors[f"{i}.B"],
+                    fix_idx=tensors[f"{i}.fix_idx"],
+                    fix_val=tensors[f"{i}.fix_val"],
+                    before=m["before"],
+                    after=m["after"],
+                    original=tensors.get(f"{i}.orig"),
+                )
                 for i, m in enumerate(records)
             ]
         except SafetensorError as exc:
@@ -127,8 +134,15 @@ def apply_exact(view: torch.Tensor, A: torch.Tensor, B: torch.Tensor, label: str
     bad = bits_differ(new + D, W).reshape(-1).nonzero().squeeze(1)
     if W.numel() < 2**31:
         bad = bad.to(torch.int32)
-    entry = PatchEntry(label=label, A=A.detach().to("cpu", torch.float64), B=B.detach().to("cpu", torch.float64),
-                       fix_idx=bad, fix_val=W.reshape(-1)[bad].clone(), before=digest(W), after=digest(new))
+    entry = PatchEntry(
+        label=label,
+        A=A.detach().to("cpu", torch.float64),
+        B=B.detach().to("cpu", torch.float64),
+        fix_idx=bad,
+        fix_val=W.reshape(-1)[bad].clone(),
+        before=digest(W),
+        after=digest(new),
+    )
     with torch.no_grad():
         view.copy_(new.to(view.device))
     return entry, float(torch.linalg.vector_norm(D.double()))
@@ -137,17 +151,26 @@ def apply_exact(view: torch.Tensor, A: torch.Tensor, B: torch.Tensor, label: str
 def dense_entry(label: str, before: torch.Tensor, after: torch.Tensor) -> PatchEntry:
     """Undo record of a tensor changed by any means (training, ...): its original value, stored whole."""
     empty = torch.zeros(0, dtype=torch.float64)
-    return PatchEntry(label=label, A=empty, B=empty, fix_idx=torch.zeros(0, dtype=torch.int32),
-                      fix_val=torch.zeros(0, dtype=before.dtype), before=digest(before), after=digest(after),
-                      original=before.detach().to("cpu").clone())
+    return PatchEntry(
+        label=label,
+        A=empty,
+        B=empty,
+        fix_idx=torch.zeros(0, dtype=torch.int32),
+        fix_val=torch.zeros(0, dtype=before.dtype),
+        before=digest(before),
+        after=digest(after),
+        original=before.detach().to("cpu").clone(),
+    )
 
 
 def revert_exact(view: torch.Tensor, entry: PatchEntry) -> torch.Tensor:
     """The original matrix of an edited ``view`` (not written back; see ``restore``)."""
     cur = view.detach().to("cpu")
     if digest(cur) != entry.after:
-        raise ValueError(f"{entry.label}: the weights are not the ones this patch produced "
-                         "(already restored, edited again, or another model)")
+        raise ValueError(
+            f"{entry.label}: the weights are not the ones this patch produced "
+            "(already restored, edited again, or another model)"
+        )
     if entry.original is not None:
         if entry.original.shape != cur.shape or digest(entry.original) != entry.before:
             raise ValueError(f"{entry.label}: the undo patch's stored original is damaged")
@@ -155,8 +178,10 @@ def revert_exact(view: torch.Tensor, entry: PatchEntry) -> torch.Tensor:
     out = cur + delta(entry.A, entry.B, cur.dtype)
     flat, idx = out.reshape(-1), entry.fix_idx.long()
     if idx.shape != entry.fix_val.shape or (idx.numel() and not 0 <= int(idx.min()) <= int(idx.max()) < flat.numel()):
-        raise ValueError(f"{entry.label}: the undo patch's fix_idx does not index its {flat.numel()} weights "
-                         f"({idx.numel()} fixes for {entry.fix_val.numel()} values): a corrupt or foreign patch")
+        raise ValueError(
+            f"{entry.label}: the undo patch's fix_idx does not index its {flat.numel()} weights "
+            f"({idx.numel()} fixes for {entry.fix_val.numel()} values): a corrupt or foreign patch"
+        )
     flat[idx] = entry.fix_val.to(out.dtype)
     if digest(out) != entry.before:
         raise RuntimeError(f"{entry.label}: restoring did not reproduce the original bits")

@@ -92,9 +92,13 @@ class EraseReport:
             "large_update_layers": self.large_update_layers,
             "large_update_threshold": LARGE_UPDATE,
             "layers": [
-                {**{k: v for k, v in asdict(row).items() if k != "matrices"},
-                 "rank": row.rank, "norm_removed": row.norm_removed, "seconds": row.seconds,
-                 "matrices": [asdict(m) for m in row.matrices]}
+                {
+                    **{k: v for k, v in asdict(row).items() if k != "matrices"},
+                    "rank": row.rank,
+                    "norm_removed": row.norm_removed,
+                    "seconds": row.seconds,
+                    "matrices": [asdict(m) for m in row.matrices],
+                }
                 for row in self.layers
             ],
         }
@@ -107,17 +111,26 @@ class EraseReport:
         """A rich Table with one row per layer."""
         from rich.table import Table
 
-        t = Table(title=f"erase ({self.method}): {len(self.selected)}/{len(self.layers)} layers edited "
-                        f"in {self.seconds:.2f} s")
+        t = Table(
+            title=f"erase ({self.method}): {len(self.selected)}/{len(self.layers)} layers edited "
+            f"in {self.seconds:.2f} s"
+        )
         for col in ("layer", "energy", "edited", "rank", "norm removed", "time (s)"):
             t.add_column(col, justify="left" if col == "layer" else "right")
         for row in self.layers:
-            t.add_row(row.layer, f"{row.energy:.4f}", "yes" if row.selected else "",
-                      str(row.rank) if row.selected else "", f"{row.norm_removed:.4g}" if row.selected else "",
-                      f"{row.seconds:.3f}" if row.selected else "")
+            t.add_row(
+                row.layer,
+                f"{row.energy:.4f}",
+                "yes" if row.selected else "",
+                str(row.rank) if row.selected else "",
+                f"{row.norm_removed:.4g}" if row.selected else "",
+                f"{row.seconds:.3f}" if row.selected else "",
+            )
         if self.large_update_layers:
-            t.caption = (f"warning: ||dW||/||W|| > {LARGE_UPDATE} in {', '.join(self.large_update_layers)}: "
-                         "an update larger than half the weights (check --scale and the task matrices)")
+            t.caption = (
+                f"warning: ||dW||/||W|| > {LARGE_UPDATE} in {', '.join(self.large_update_layers)}: "
+                "an update larger than half the weights (check --scale and the task matrices)"
+            )
             t.caption_style = "bold red"
         return t
 

@@ -39,8 +39,16 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from mmunlearn.progress import StageBar
 
+from mmunlearn.erase.apply import _check_rank, erase, restore
+from mmunlearn.erase.energy import group_of, layer_energy, select_layers
+from mmunlearn.erase.norms import sq_norm
+from mmunlearn.erase.options import EraseOptions
+from mmunlearn.erase.patch import PatchEntry, UndoPatch
+from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
+from mmunlearn.erase.subspace.basis import METHODS
+from mmunlearn.erase.views import ParamTable, task_matrices_for
+from mmunlearn.errors import NonFiniteError, about, writing
 from mmunlearn.files.checkpoint import (
     INDEX,
     atomic_dir,
@@ -50,19 +58,11 @@ from mmunlearn.files.checkpoint import (
     save_shard,
     shard_files,
 )
-from mmunlearn.erase.apply import _check_rank, erase, restore
-from mmunlearn.erase.subspace.basis import METHODS
-from mmunlearn.erase.energy import group_of, layer_energy, select_layers
-from mmunlearn.erase.norms import sq_norm
-from mmunlearn.erase.options import EraseOptions
-from mmunlearn.erase.patch import PatchEntry, UndoPatch
-from mmunlearn.erase.report import EraseReport, LayerRow, MatrixRow
-from mmunlearn.erase.views import ParamTable, task_matrices_for
-from mmunlearn.errors import NonFiniteError, about, writing
 from mmunlearn.files.layout import ERASE_REPORT, PATCH_NAME, PLOT_NAME, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.files.safecopy import copy_from_fd, open_inside
-from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
 from mmunlearn.files.undo_store import default_undo_dir, patch_of, split_undo, undo_dir_path
+from mmunlearn.progress import StageBar
+from mmunlearn.taskvec.store import LazyTaskMatrices, open_task_matrices
 
 log = logging.getLogger(__name__)
 _EDITABLE = ("F16", "BF16", "F32", "F64")  # safetensors' names of erase.apply.EDITABLE
@@ -106,8 +106,9 @@ def open_checkpoint(root: str | os.PathLike) -> ShardedCheckpoint:
         except (SafetensorError, FileNotFoundError) as exc:
             raise ValueError(f"cannot read shard {root / shard}: {exc}") from exc
     shard_of = {n: s for s, names in shards.items() for n in names}
-    return ShardedCheckpoint(root=root, shards=shards, shard_of=shard_of, shapes=shapes, shard_meta=shard_meta,
-                             dtypes=dtypes)
+    return ShardedCheckpoint(
+        root=root, shards=shards, shard_of=shard_of, shapes=shapes, shard_meta=shard_meta, dtypes=dtypes
+    )
 
 
 def _load_shard(root: Path, shard: str) -> dict[str, torch.Tensor]:
@@ -149,16 +150,23 @@ def _link_or_copy(root: Path, shard: str, dst: Path, hardlink: bool, shown: Path
         os.close(fd)
 
 
-def _check_inputs(ckpt: ShardedCheckpoint, forget: LazyTaskMatrices, retain: LazyTaskMatrices | None,
-                  rank: int | None, retain_rank: int | None) -> None:
+def _check_inputs(
+    ckpt: ShardedCheckpoint,
+    forget: LazyTaskMatrices,
+    retain: LazyTaskMatrices | None,
+    rank: int | None,
+    retain_rank: int | None,
+) -> None:
     """The name, shape and rank checks of ``erase`` on headers only (values are checked when read)."""
     params = ParamTable(ckpt.meta_tensors())
     for name in forget:
         param, kind = params.get(name)
         dtype = ckpt.dtypes.get(name)
         if dtype is not None and dtype not in _EDITABLE:
-            raise ValueError(f"model parameter {name!r} in {ckpt.root / ckpt.shard_of[name]} has dtype {dtype}; "
-                             "expected floating point (float16, bfloat16, float32 or float64)")
+            raise ValueError(
+                f"model parameter {name!r} in {ckpt.root / ckpt.shard_of[name]} has dtype {dtype}; "
+                "expected floating point (float16, bfloat16, float32 or float64)"
+            )
         tf = task_matrices_for(name, torch.empty(forget.shape(name), device="meta"), param, kind)
         tr = [None] * len(tf)
         if retain is not None:
@@ -235,8 +243,9 @@ def stream_erase_checkpoint(
             if shard not in by_shard:
                 linked += _link_or_copy(model_dir, shard, tmp / shard, hardlink, out / shard)
                 continue
-            shard_rows, shard_entries = _erase_shard(model_dir, shard, by_shard[shard], tf, tr, o, tmp, out,
-                                                     ckpt.shard_meta[shard])
+            shard_rows, shard_entries = _erase_shard(
+                model_dir, shard, by_shard[shard], tf, tr, o, tmp, out, ckpt.shard_meta[shard]
+            )
             rows.update(shard_rows)
             entries.update(shard_entries)
         report = _stream_report(edit, rows, entries, key, energies, chosen, o, tr is not None)
@@ -248,8 +257,9 @@ def stream_erase_checkpoint(
     return report
 
 
-def save_patch_apart(report: EraseReport, staging: Path, out: Path, overwrite: bool,
-                     inputs: tuple[str | os.PathLike | None, ...]) -> None:
+def save_patch_apart(
+    report: EraseReport, staging: Path, out: Path, overwrite: bool, inputs: tuple[str | os.PathLike | None, ...]
+) -> None:
     """Save ``report``'s undo patch into ``<out>.undo/`` beside the erase output ``out`` (whose ``staging`` folder
     never ships it: :func:`mmunlearn.files.undo_store.split_undo`, replaced with ``overwrite``) and record where: the
     reference (``report.undo``, the report's ``undo`` entry) and the patch's path."""
@@ -263,12 +273,18 @@ def save_patch_apart(report: EraseReport, staging: Path, out: Path, overwrite: b
 
 def _group_key(groups: Mapping[str, str] | Callable[[str], str] | None) -> Callable[[str], str]:
     """The layer group of a matrix name: ``groups`` when callable, its entry (else the default), or the default."""
-    return (groups if callable(groups) else
-            (lambda n: groups.get(n, group_of(n))) if groups else group_of)
+    return groups if callable(groups) else (lambda n: groups.get(n, group_of(n))) if groups else group_of
 
 
-def _choose_layers(ckpt: ShardedCheckpoint, tf: LazyTaskMatrices, tr: LazyTaskMatrices | None, o: EraseOptions,
-                   key: Callable[[str], str], files: str, progress: bool) -> tuple[dict[str, float], set[str]]:
+def _choose_layers(
+    ckpt: ShardedCheckpoint,
+    tf: LazyTaskMatrices,
+    tr: LazyTaskMatrices | None,
+    o: EraseOptions,
+    key: Callable[[str], str],
+    files: str,
+    progress: bool,
+) -> tuple[dict[str, float], set[str]]:
     """Check the inputs on headers only, then the layer energies and the layers chosen to edit."""
     clamp = o.clamp_ranks
     with about(files):
@@ -278,9 +294,17 @@ def _choose_layers(ckpt: ShardedCheckpoint, tf: LazyTaskMatrices, tr: LazyTaskMa
     return energies, chosen
 
 
-def _erase_shard(model_dir: Path, shard: str, names: list[str], tf: LazyTaskMatrices, tr: LazyTaskMatrices | None,
-                 o: EraseOptions, tmp: Path, out: Path,
-                 metadata: dict) -> tuple[dict[str, list[MatrixRow]], dict[str, list[PatchEntry]]]:
+def _erase_shard(
+    model_dir: Path,
+    shard: str,
+    names: list[str],
+    tf: LazyTaskMatrices,
+    tr: LazyTaskMatrices | None,
+    o: EraseOptions,
+    tmp: Path,
+    out: Path,
+    metadata: dict,
+) -> tuple[dict[str, list[MatrixRow]], dict[str, list[PatchEntry]]]:
     """Erase ``names`` in one shard, each with its own task matrices, and write the shard; their rows and entries."""
     rows: dict[str, list[MatrixRow]] = {}
     entries: dict[str, list[PatchEntry]] = {}
@@ -304,17 +328,25 @@ def _erase_shard(model_dir: Path, shard: str, names: list[str], tf: LazyTaskMatr
     return rows, entries
 
 
-def _stream_report(edit: list[str], rows: dict[str, list[MatrixRow]], entries: dict[str, list[PatchEntry]],
-                   key: Callable[[str], str], energies: dict[str, float], chosen: set[str], o: EraseOptions,
-                   has_retain: bool) -> EraseReport:
+def _stream_report(
+    edit: list[str],
+    rows: dict[str, list[MatrixRow]],
+    entries: dict[str, list[PatchEntry]],
+    key: Callable[[str], str],
+    energies: dict[str, float],
+    chosen: set[str],
+    o: EraseOptions,
+    has_retain: bool,
+) -> EraseReport:
     """The report, with its undo patch, of the edits: entries and rows in forget order, as the in-memory erase."""
     patch = UndoPatch([e for name in edit for e in entries.get(name, [])])
     by_group: dict[str, list[MatrixRow]] = {}
     for name in edit:
         by_group.setdefault(key(name), []).extend(rows.get(name, []))
     settings = o.report_settings(has_retain)  # the keys and values of erase()'s own report
-    layers = [LayerRow(layer=g, energy=e, selected=g in chosen, matrices=by_group.get(g, []))
-              for g, e in energies.items()]
+    layers = [
+        LayerRow(layer=g, energy=e, selected=g in chosen, matrices=by_group.get(g, [])) for g, e in energies.items()
+    ]
     return EraseReport(method=o.method, settings=settings, layers=layers, seconds=0.0, patch=patch)
 
 

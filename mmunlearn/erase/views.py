@@ -37,8 +37,10 @@ def kind_of(name: str, tensor: torch.Tensor, module: nn.Module | None = None) ->
         if module is not None:
             return "conv" if isinstance(module, nn.Conv1d) else "experts"
         return "experts" if "expert" in name.lower() else "conv"
-    raise ValueError(f"parameter {name!r} has shape {tuple(tensor.shape)}: only 2-D weights, "
-                     "Conv1d kernels and fused 3-D expert tensors can be erased")
+    raise ValueError(
+        f"parameter {name!r} has shape {tuple(tensor.shape)}: only 2-D weights, "
+        "Conv1d kernels and fused 3-D expert tensors can be erased"
+    )
 
 
 def matrices(name: str, tensor: torch.Tensor, kind: str) -> list[tuple[str, torch.Tensor]]:
@@ -60,8 +62,10 @@ def task_matrices_for(name: str, task: torch.Tensor, param: torch.Tensor, kind: 
     if kind == "conv" and task.dim() == 2 and task.shape == (param.shape[0], param[0].numel()):
         return [(name, task)]
     if task.shape != param.shape:
-        raise ValueError(f"task matrix for {name!r} has shape {tuple(task.shape)} but the model's "
-                         f"parameter has shape {tuple(param.shape)}")
+        raise ValueError(
+            f"task matrix for {name!r} has shape {tuple(task.shape)} but the model's "
+            f"parameter has shape {tuple(param.shape)}"
+        )
     return matrices(name, task, kind)
 
 

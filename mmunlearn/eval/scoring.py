@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmunlearn.progress import StageBar
 
 from mmunlearn.metrics.mia import vocab_logprob_moments
-
+from mmunlearn.progress import StageBar
 
 
 @dataclass
@@ -63,10 +62,14 @@ def _question(item: Any) -> str:
 
 def _length_order(items: Sequence[Any], answers: Sequence[str] | None) -> list[int]:
     """Indices sorted by decreasing character length of question + answer (a cheap token-count proxy)."""
+
     def size(i: int) -> int:
         item = items[i]
-        a = answers[i] if answers is not None else (
-            item.get("answer") if isinstance(item, dict) else getattr(item, "answer", ""))
+        a = (
+            answers[i]
+            if answers is not None
+            else (item.get("answer") if isinstance(item, dict) else getattr(item, "answer", ""))
+        )
         return len(_question(item)) + len(a or "")
 
     return sorted(range(len(items)), key=lambda i: -size(i))
@@ -121,10 +124,11 @@ def score_answers(
 
     bar = StageBar(total=n, desc=desc, disable=desc is None, leave=False, unit="item")
     for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         sub_answers = [answers[i] for i in idx] if answers is not None else None
-        for row, i, row_logits, tgt in _answer_rows(adapter, adapter.collate([items[i] for i in idx], sub_answers),
-                                                    idx):
+        for _row, i, row_logits, tgt in _answer_rows(
+            adapter, adapter.collate([items[i] for i in idx], sub_answers), idx
+        ):
             n_tok = tgt.numel()
             lp = torch.log_softmax(row_logits.float(), dim=-1)  # T_i x V
             tok_lp = lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
@@ -143,8 +147,7 @@ def score_answers(
     bar.close()
     if not token_stats:
         return Scores(avg_nll)
-    return Scores(avg_nll, per_token["lp"], per_token["mu"], per_token["sigma"], per_token["match"],
-                  per_token["text"])
+    return Scores(avg_nll, per_token["lp"], per_token["mu"], per_token["sigma"], per_token["match"], per_token["text"])
 
 
 def score_candidates(
@@ -167,8 +170,10 @@ def score_candidates(
     counts = {len(c) for c in candidates}
     if len(counts) != 1 or 0 in counts:
         bad = next(i for i, c in enumerate(candidates) if len(c) != len(candidates[0]) or not c)
-        raise ValueError(f"{what}: every item needs the same non-zero number of candidates; item 0 has "
-                         f"{len(candidates[0])}, item {bad} has {len(candidates[bad])}")
+        raise ValueError(
+            f"{what}: every item needs the same non-zero number of candidates; item 0 has "
+            f"{len(candidates[0])}, item {bad} has {len(candidates[bad])}"
+        )
     k = counts.pop()
     flat_items = [item for item in items for _ in range(k)]
     flat_answers = [a for c in candidates for a in c]
@@ -219,9 +224,10 @@ def generate_answers(
     out: list[str] = [""] * len(questions)
     bar = StageBar(total=len(questions), desc=desc, disable=desc is None, leave=False, unit="item")
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        texts = adapter.generate([questions[i] for i in idx], max_new_tokens=max(limits[i] for i in idx),
-                                 batch_size=len(idx))
+        idx = order[start : start + batch_size]
+        texts = adapter.generate(
+            [questions[i] for i in idx], max_new_tokens=max(limits[i] for i in idx), batch_size=len(idx)
+        )
         for i, text in zip(idx, texts):
             out[i] = text.strip()
         bar.update(len(idx))

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmunlearn.progress import StageBar
 
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
-from mmunlearn.metrics.mia import mia_auc, mia_auc_ci, recording_of
-from mmunlearn.data.waveforms import example_waveform, segments
 from mmunlearn.data.utterances import LEVELS, Manifests, durations, split_rows
+from mmunlearn.data.waveforms import example_waveform, segments
+from mmunlearn.metrics.mia import mia_auc, mia_auc_ci, recording_of
+from mmunlearn.progress import StageBar
 
 DEFAULT_MAX_TRIALS = 20000
 
@@ -47,8 +47,14 @@ class SpeakerScores:
 
 
 @torch.no_grad()
-def score_rows(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], *, batch_size: int = 16,
-               segment_seconds: float | None = None, desc: str | None = "score") -> SpeakerScores:
+def score_rows(
+    adapter: SpeakerAdapter,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    batch_size: int = 16,
+    segment_seconds: float | None = None,
+    desc: str | None = "score",
+) -> SpeakerScores:
     """Logits, embeddings and NLL of every row (whole utterances, or the mean over fixed segments)."""
     if len(rows) == 0:
         raise ValueError("score_rows: no rows given")
@@ -68,8 +74,11 @@ def score_rows(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], *, ba
         items = ((int(i), None) for i in order)
         total = len(rows)
     else:
-        items = ((i, piece) for i, row in enumerate(rows)
-                 for piece in segments(example_waveform(row, adapter.audio_cache, adapter.sample_rate), seg))
+        items = (
+            (i, piece)
+            for i, row in enumerate(rows)
+            for piece in segments(example_waveform(row, adapter.audio_cache, adapter.sample_rate), seg)
+        )
         total = None
     n_cls = len(adapter.speakers)
     logit_sum: dict[int, torch.Tensor] = {}
@@ -103,8 +112,14 @@ def score_rows(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], *, ba
     labels = np.array([adapter.index.get(s, -100) for s in speakers])
     logp = torch.log_softmax(logits, -1).numpy()
     nll = np.where(labels >= 0, -logp[np.arange(len(rows)), np.clip(labels, 0, n_cls - 1)], np.nan)
-    return SpeakerScores(ids=[str(r.get("ID", i)) for i, r in enumerate(rows)], speakers=speakers, labels=labels,
-                         logits=logits.numpy(), embeddings=embs.numpy(), nll=nll)
+    return SpeakerScores(
+        ids=[str(r.get("ID", i)) for i, r in enumerate(rows)],
+        speakers=speakers,
+        labels=labels,
+        logits=logits.numpy(),
+        embeddings=embs.numpy(),
+        nll=nll,
+    )
 
 
 def accuracy_of(scores: SpeakerScores) -> float:
@@ -137,12 +152,17 @@ def forgotten_counts(scores: SpeakerScores, forget_classes: Sequence[int] | None
         retained = [int(c) for c in mine if int(c) not in forgotten]
         counts = np.bincount(retained) if retained else np.zeros(1, dtype=int)
         per_speaker[scores.speakers[int(np.flatnonzero(scores.labels == label)[0])]] = {
-            "utterances": int(len(mine)), "acc": float((mine == label).mean()),
+            "utterances": int(len(mine)),
+            "acc": float((mine == label).mean()),
             "any_forgotten": float(np.isin(mine, sorted(forgotten)).mean()),
             "sink_share": float(counts.max() / len(mine)) if retained else 0.0,
-            "sink_class": int(counts.argmax()) if retained else None}
-    return {"any_forgotten": float(np.isin(pred, sorted(forgotten)).mean()),
-            "sink_share": max(v["sink_share"] for v in per_speaker.values()), "per_speaker": per_speaker}
+            "sink_class": int(counts.argmax()) if retained else None,
+        }
+    return {
+        "any_forgotten": float(np.isin(pred, sorted(forgotten)).mean()),
+        "sink_share": max(v["sink_share"] for v in per_speaker.values()),
+        "per_speaker": per_speaker,
+    }
 
 
 @dataclass(frozen=True)
@@ -164,7 +184,7 @@ class WorstSpeakerErrorRate:
     def __call__(self, adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16) -> float:
         return min(forgotten_rates(adapter, rows, batch_size, also_forgotten=self.also_forgotten).values())
 
-    def with_earlier(self, speakers: Sequence[str]) -> "WorstSpeakerErrorRate":
+    def with_earlier(self, speakers: Sequence[str]) -> WorstSpeakerErrorRate:
         """The same measure with ``speakers`` counted as forgotten too."""
         return WorstSpeakerErrorRate(tuple(sorted(set(self.also_forgotten) | {str(s) for s in speakers})))
 
@@ -173,8 +193,9 @@ class WorstSpeakerErrorRate:
 forgotten_error_rate = WorstSpeakerErrorRate()
 
 
-def forgotten_rates(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16,
-                    also_forgotten: Sequence[str] = ()) -> dict[str, float]:
+def forgotten_rates(
+    adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], batch_size: int = 16, also_forgotten: Sequence[str] = ()
+) -> dict[str, float]:
     """Per speaker of ``rows`` (the forgotten speakers), the share of their rows predicted as none of them nor
     of ``also_forgotten`` (speakers forgotten earlier; each must be a class of the model)."""
     unknown = sorted(str(s) for s in also_forgotten if str(s) not in adapter.index)
@@ -188,11 +209,14 @@ def forgotten_rates(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], 
 
 def concat_scores(*parts: SpeakerScores) -> SpeakerScores:
     """The rows of several :class:`SpeakerScores`, in order."""
-    return SpeakerScores(ids=[i for p in parts for i in p.ids], speakers=[s for p in parts for s in p.speakers],
-                         labels=np.concatenate([p.labels for p in parts]),
-                         logits=np.concatenate([p.logits for p in parts]),
-                         embeddings=np.concatenate([p.embeddings for p in parts]),
-                         nll=np.concatenate([p.nll for p in parts]))
+    return SpeakerScores(
+        ids=[i for p in parts for i in p.ids],
+        speakers=[s for p in parts for s in p.speakers],
+        labels=np.concatenate([p.labels for p in parts]),
+        logits=np.concatenate([p.logits for p in parts]),
+        embeddings=np.concatenate([p.embeddings for p in parts]),
+        nll=np.concatenate([p.nll for p in parts]),
+    )
 
 
 def accuracy(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], **kwargs: Any) -> float:
@@ -236,8 +260,9 @@ def equal_error_rate(scores: Any, same: Any) -> tuple[float, float]:
     return float(eer), float(t_hi + a * (thresholds[k] - t_hi))
 
 
-def verification_trials(speakers: Sequence[str], max_trials: int | None = DEFAULT_MAX_TRIALS,
-                        seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def verification_trials(
+    speakers: Sequence[str], max_trials: int | None = DEFAULT_MAX_TRIALS, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Trials ``(i, j, same)`` over utterances with these speaker IDs: all pairs i < j, or, when there
     are more than ``max_trials``, a seeded uniform sample of that many distinct pairs."""
     spk = np.asarray([str(s) for s in speakers])
@@ -276,14 +301,24 @@ def eer_of(scores: SpeakerScores, max_trials: int | None = DEFAULT_MAX_TRIALS, s
     return equal_error_rate(cosine_trial_scores(scores.embeddings, i, j), same)[0]
 
 
-def verification_eer(adapter: SpeakerAdapter, rows: Sequence[Mapping[str, Any]], *,
-                     max_trials: int | None = DEFAULT_MAX_TRIALS, seed: int = 0, **kwargs: Any) -> float:
+def verification_eer(
+    adapter: SpeakerAdapter,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    max_trials: int | None = DEFAULT_MAX_TRIALS,
+    seed: int = 0,
+    **kwargs: Any,
+) -> float:
     """EER of cosine-scored trials built from ``rows`` (speakers need not be classes of the model)."""
     return eer_of(score_rows(adapter, rows, **kwargs), max_trials, seed)
 
 
-def mia_loss_auc(adapter: SpeakerAdapter, forget_rows: Sequence[Mapping[str, Any]],
-                 holdout_rows: Sequence[Mapping[str, Any]], **kwargs: Any) -> float:
+def mia_loss_auc(
+    adapter: SpeakerAdapter,
+    forget_rows: Sequence[Mapping[str, Any]],
+    holdout_rows: Sequence[Mapping[str, Any]],
+    **kwargs: Any,
+) -> float:
     """Loss-attack AUC of forget (members) vs holdout (non-members); 0.5 = no membership signal."""
     forget = score_rows(adapter, forget_rows, **{"desc": "mia forget", **kwargs})
     holdout = score_rows(adapter, holdout_rows, **{"desc": "mia holdout", **kwargs})
@@ -293,17 +328,24 @@ def mia_loss_auc(adapter: SpeakerAdapter, forget_rows: Sequence[Mapping[str, Any
     return mia_auc(forget.nll, holdout.nll)
 
 
-def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, level: str = "speaker", *,
-                                batch_size: int = 16, segment_seconds: float | None = None,
-                                max_trials: int | None = DEFAULT_MAX_TRIALS, seed: int = 0,
-                                progress: bool = True) -> dict[str, Any]:
+def evaluate_speaker_unlearning(
+    adapter: SpeakerAdapter,
+    manifests: Manifests,
+    level: str = "speaker",
+    *,
+    batch_size: int = 16,
+    segment_seconds: float | None = None,
+    max_trials: int | None = DEFAULT_MAX_TRIALS,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
     """The recipe's numbers from ``prepare``'s manifests (see :func:`~mmunlearn.data.utterances.split_rows`).
 
     Speaker level (forget speakers are gone, the rest are kept): ``forget_acc`` (spk_forget_train),
     ``forget_test_acc`` (spk_forget_test, when not empty), ``forget_any_acc`` / ``forget_test_any_acc`` (the
     share predicted as any forgotten speaker), ``forget_sink_share`` and ``forget_per_speaker``
-    (:func:`forgotten_counts` on each forgotten speaker's training and held-out utterances together), ``retain_acc`` (spk_retain_train),
-    ``test_acc`` (spk_retain_test) and ``eer`` (trials among spk_retain_test).
+    (:func:`forgotten_counts` on each forgotten speaker's training and held-out utterances together), ``retain_acc``
+    (spk_retain_train), ``test_acc`` (spk_retain_test) and ``eer`` (trials among spk_retain_test).
     Sample level (every speaker is kept): ``forget_acc`` (sample_forget), ``holdout_acc``
     (sample_holdout), ``retain_acc`` (sample_retain), ``test_acc`` and ``eer`` on the held-out
     recordings of all speakers (spk_retain_test + spk_forget_test), and ``mia_auc`` (loss attack,
@@ -336,8 +378,9 @@ def evaluate_speaker_unlearning(adapter: SpeakerAdapter, manifests: Manifests, l
     return out
 
 
-def _forgotten_speaker_numbers(adapter: SpeakerAdapter, manifests: Manifests,
-                               score: Callable[..., SpeakerScores]) -> dict[str, Any]:
+def _forgotten_speaker_numbers(
+    adapter: SpeakerAdapter, manifests: Manifests, score: Callable[..., SpeakerScores]
+) -> dict[str, Any]:
     """Speaker level: accuracy and forgotten shares on the forget speakers' training and held-out utterances."""
     out: dict[str, Any] = {}
     forget_train = score("spk_forget_train")
@@ -353,9 +396,10 @@ def _forgotten_speaker_numbers(adapter: SpeakerAdapter, manifests: Manifests,
         out["forget_test_any_acc"] = forgotten_counts(scored, sorted(set(forget_train.labels)))["any_forgotten"]
     every = forgotten_counts(concat_scores(*parts))  # train and held-out utterances of each forgotten speaker
     out["forget_sink_share"] = every["sink_share"]
-    out["forget_per_speaker"] = {spk: {**v, "sink": adapter.speakers[v["sink_class"]]
-                                       if v["sink_class"] is not None else None}
-                                 for spk, v in every["per_speaker"].items()}
+    out["forget_per_speaker"] = {
+        spk: {**v, "sink": adapter.speakers[v["sink_class"]] if v["sink_class"] is not None else None}
+        for spk, v in every["per_speaker"].items()
+    }
     return out
 
 
@@ -365,8 +409,9 @@ def _mia_numbers(forget: SpeakerScores, holdout: SpeakerScores, manifests: Manif
     forget_rows, holdout_rows = split_rows(manifests, "sample_forget"), split_rows(manifests, "sample_holdout")
     groups = [recording_of(r) for r in forget_rows], [recording_of(r) for r in holdout_rows]
     if min(len(set(g)) for g in groups) >= 2:  # segments of one recording resampled together
-        out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed,
-                                                             member_groups=groups[0], nonmember_groups=groups[1])
+        out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(
+            forget.nll, holdout.nll, seed=seed, member_groups=groups[0], nonmember_groups=groups[1]
+        )
         out["mia_ci_groups"] = len(set(groups[0])) + len(set(groups[1]))
     else:
         out["mia_auc_low"], out["mia_auc_high"] = mia_auc_ci(forget.nll, holdout.nll, seed=seed)

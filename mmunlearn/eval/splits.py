@@ -50,9 +50,13 @@ class EvalSplits:
 
     def sizes(self) -> dict[str, int]:
         """Items per loaded split, keyed by the split's file name."""
-        names = {"forget": f"{self.forget_split}_perturbed", "holdout": self.holdout_split,
-                 "retain": "retain_perturbed", "real_authors": "real_authors_perturbed",
-                 "world_facts": "world_facts_perturbed"}
+        names = {
+            "forget": f"{self.forget_split}_perturbed",
+            "holdout": self.holdout_split,
+            "retain": "retain_perturbed",
+            "real_authors": "real_authors_perturbed",
+            "world_facts": "world_facts_perturbed",
+        }
         return {names[k]: len(v) for k, v in self.__dict__.items() if isinstance(v, list)}
 
 
@@ -76,8 +80,8 @@ def _load(source: Any, split: str, authors: int | None, purpose: str) -> list[QA
     except (FileNotFoundError, KeyError) as e:
         detail = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         raise MissingSplitError(
-            f"TOFU split {split!r} (needed for {purpose}) is missing from data source "
-            f"{_describe(source)}: {detail}") from e
+            f"TOFU split {split!r} (needed for {purpose}) is missing from data source {_describe(source)}: {detail}"
+        ) from e
     except TOFUFormatError as e:
         raise TOFUFormatError(f"TOFU split {split!r} (needed for {purpose}) in {_describe(source)}: {e}") from e
     if not items:
@@ -90,15 +94,19 @@ def _require(items: Sequence[QAItem], split: str, fields: Collection[str], sourc
     for i, it in enumerate(items):
         for f in fields:
             if not getattr(it, f, None):
-                raise ValueError(f"TOFU split {split!r} in {_describe(source)}: item {i} has no {f!r} "
-                                 f"(the evaluation needs {', '.join(fields)} on every item)")
+                raise ValueError(
+                    f"TOFU split {split!r} in {_describe(source)}: item {i} has no {f!r} "
+                    f"(the evaluation needs {', '.join(fields)} on every item)"
+                )
     if "perturbed_answer" in fields:
         k = len(items[0].perturbed_answer)
         bad = next((i for i, it in enumerate(items) if len(it.perturbed_answer) != k), None)
         if bad is not None:
-            raise ValueError(f"TOFU split {split!r} in {_describe(source)}: item 0 has {k} perturbed answers, "
-                             f"item {bad} has {len(items[bad].perturbed_answer)}; the truth ratio needs the "
-                             f"same number for every item")
+            raise ValueError(
+                f"TOFU split {split!r} in {_describe(source)}: item 0 has {k} perturbed answers, "
+                f"item {bad} has {len(items[bad].perturbed_answer)}; the truth ratio needs the "
+                f"same number for every item"
+            )
 
 
 def load_eval_splits(source: Any, forget_split: str, authors: int | None, groups: Collection[str]) -> EvalSplits:
@@ -117,8 +125,10 @@ def load_eval_splits(source: Any, forget_split: str, authors: int | None, groups
     if "utility" in groups:
         loaded["retain"] = _load(source, "retain_perturbed", authors, "retain_* and model_utility")
         _require(loaded["retain"], "retain_perturbed", perturbed, source)
-        for key, name, prefix in (("real_authors", "real_authors_perturbed", "ra"),
-                                  ("world_facts", "world_facts_perturbed", "wf")):
+        for key, name, prefix in (
+            ("real_authors", "real_authors_perturbed", "ra"),
+            ("world_facts", "world_facts_perturbed", "wf"),
+        ):
             loaded[key] = _load(source, name, authors, f"{prefix}_* and model_utility")
             _require(loaded[key], name, ("perturbed_answer",), source)
     return EvalSplits(forget_split, holdout_split, **loaded)

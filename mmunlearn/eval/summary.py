@@ -50,8 +50,9 @@ def _load(logs: Mapping[str, Any] | str | os.PathLike[str]) -> Mapping[str, Any]
     if path.is_dir():
         path = next((path / n for n in (EVAL_FILENAME, SUMMARY_FILENAME) if (path / n).is_file()), path / EVAL_FILENAME)
     if not path.is_file():
-        raise FileNotFoundError(f"TOFU logs not found: {path} (pass a {EVAL_FILENAME}, a {SUMMARY_FILENAME} "
-                                f"or a directory holding one)")
+        raise FileNotFoundError(
+            f"TOFU logs not found: {path} (pass a {EVAL_FILENAME}, a {SUMMARY_FILENAME} or a directory holding one)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -74,8 +75,9 @@ def summary_table(logs: Mapping[str, Any] | str | os.PathLike[str]) -> str:
     return table(rows, [("Metric", "label"), ("Key", "key"), ("Value", "value")]) + "\n"
 
 
-def compare_table(models: Mapping[str, Mapping[str, Any] | str | os.PathLike[str]],
-                  keys: tuple[tuple[str, str], ...] = HEADLINE) -> str:
+def compare_table(
+    models: Mapping[str, Mapping[str, Any] | str | os.PathLike[str]], keys: tuple[tuple[str, str], ...] = HEADLINE
+) -> str:
     """Markdown table with one column per model (e.g. ``{"target": ..., "retain": ..., "unlearned": ...}``).
 
     models: name -> logs (mapping or path, as ``summary_table``), in column order.
@@ -85,20 +87,26 @@ def compare_table(models: Mapping[str, Mapping[str, Any] | str | os.PathLike[str
     if not models:
         raise ValueError("compare_table: no models given")
     loaded = {name: _load(logs) for name, logs in models.items()}
-    rows = [{"label": label, **{i: _agg(data[key]) for i, data in enumerate(loaded.values()) if key in data}}
-            for key, label in keys if any(key in data for data in loaded.values())]
+    rows = [
+        {"label": label, **{i: _agg(data[key]) for i, data in enumerate(loaded.values()) if key in data}}
+        for key, label in keys
+        if any(key in data for data in loaded.values())
+    ]
     if not rows:
         raise ValueError("compare_table: none of the requested metrics are in any of the logs")
     return table(rows, [("Metric", "label"), *((str(name), i) for i, name in enumerate(loaded))], missing="—") + "\n"
 
 
-def write_summary_md(out_dir: str | os.PathLike[str], logs: Mapping[str, Any], model_name: str,
-                     settings: Mapping[str, Any] | None = None) -> Path:
+def write_summary_md(
+    out_dir: str | os.PathLike[str], logs: Mapping[str, Any], model_name: str, settings: Mapping[str, Any] | None = None
+) -> Path:
     """Write ``out_dir/TOFU_SUMMARY.md``: a title, the headline table and the evaluation settings."""
     parts = [f"# TOFU evaluation: {model_name}\n", summary_table(logs)]
     if any(_agg(logs.get(k)) is None for k in ("forget_quality", "privleak") if k in logs):
-        parts.append("n/a: needs the retain model's logs (`--retain-logs`), evaluated with the forget "
-                     "(forget quality) and mia (privleak) metrics.\n")
+        parts.append(
+            "n/a: needs the retain model's logs (`--retain-logs`), evaluated with the forget "
+            "(forget quality) and mia (privleak) metrics.\n"
+        )
     if settings:
         parts.append("## Settings\n")
         for k, v in settings.items():

@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import replace
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +37,46 @@ from mmunlearn.eval.splits import EvalSplits, load_eval_splits
 from mmunlearn.eval.summary import write_summary_md
 from mmunlearn.metrics import entries, memorization, mia, tofu
 from mmunlearn.metrics.keys import RETAIN_LOGS_PRIVLEAK_KEY, RETAIN_LOGS_TRUTH_RATIO_KEY
-from mmunlearn.metrics.logs import (EVAL_FILENAME, read_tofu_logs, retain_agg_value, retain_forget_truth_ratios,
-                                    write_tofu_logs)
+from mmunlearn.metrics.logs import (
+    EVAL_FILENAME,
+    read_tofu_logs,
+    retain_agg_value,
+    retain_forget_truth_ratios,
+    write_tofu_logs,
+)
 
 log = logging.getLogger(__name__)
 
 # Metric groups selectable with ``metrics=``; each names the keys it adds.
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
-    "forget": ("forget_Q_A_Prob", "forget_Q_A_PARA_Prob", "forget_Q_A_PERT_Prob", "forget_Q_A_ROUGE",
-               "forget_truth_ratio", "forget_quality"),
+    "forget": (
+        "forget_Q_A_Prob",
+        "forget_Q_A_PARA_Prob",
+        "forget_Q_A_PERT_Prob",
+        "forget_Q_A_ROUGE",
+        "forget_truth_ratio",
+        "forget_quality",
+    ),
     "memorization": ("extraction_strength", "exact_memorization"),
-    "utility": ("retain_Q_A_Prob", "retain_Q_A_PARA_Prob", "retain_Q_A_PERT_Prob", "retain_Q_A_ROUGE",
-                "retain_Truth_Ratio", "ra_Q_A_Prob", "ra_Q_A_PERT_Prob", "ra_Q_A_Prob_normalised",
-                "ra_Q_A_ROUGE", "ra_Truth_Ratio", "wf_Q_A_Prob", "wf_Q_A_PERT_Prob", "wf_Q_A_Prob_normalised",
-                "wf_Q_A_ROUGE", "wf_Truth_Ratio", "model_utility", "model_utility_rouge"),
+    "utility": (
+        "retain_Q_A_Prob",
+        "retain_Q_A_PARA_Prob",
+        "retain_Q_A_PERT_Prob",
+        "retain_Q_A_ROUGE",
+        "retain_Truth_Ratio",
+        "ra_Q_A_Prob",
+        "ra_Q_A_PERT_Prob",
+        "ra_Q_A_Prob_normalised",
+        "ra_Q_A_ROUGE",
+        "ra_Truth_Ratio",
+        "wf_Q_A_Prob",
+        "wf_Q_A_PERT_Prob",
+        "wf_Q_A_Prob_normalised",
+        "wf_Q_A_ROUGE",
+        "wf_Truth_Ratio",
+        "model_utility",
+        "model_utility_rouge",
+    ),
     "mia": ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus", "privleak"),
 }
 DEFAULT_MAX_NEW_TOKENS = 200  # open-unlearning configs/generation/default.yaml
@@ -88,35 +114,71 @@ class _RetainRef:
             if RETAIN_LOGS_TRUTH_RATIO_KEY in logs:
                 self.truth_ratios = retain_forget_truth_ratios(path)
             else:
-                log.warning("%s has no %r entry: forget_quality is left None (evaluate the retain model with the "
-                            "forget metrics to get it)", file, RETAIN_LOGS_TRUTH_RATIO_KEY)
+                log.warning(
+                    "%s has no %r entry: forget_quality is left None (evaluate the retain model with the "
+                    "forget metrics to get it)",
+                    file,
+                    RETAIN_LOGS_TRUTH_RATIO_KEY,
+                )
         if "mia" in groups:
             entry = logs.get(RETAIN_LOGS_PRIVLEAK_KEY)
             if isinstance(entry, Mapping) and entry.get("agg_value") is not None:
                 self.min_k_auc = retain_agg_value(path, RETAIN_LOGS_PRIVLEAK_KEY)
             elif entry is None or isinstance(entry, Mapping):
-                log.warning("%s has no %r AUC: privleak is left None (evaluate the retain model with the mia "
-                            "metrics to get it)", file, RETAIN_LOGS_PRIVLEAK_KEY)
+                log.warning(
+                    "%s has no %r AUC: privleak is left None (evaluate the retain model with the mia "
+                    "metrics to get it)",
+                    file,
+                    RETAIN_LOGS_PRIVLEAK_KEY,
+                )
             else:
-                raise ValueError(f"{file}: {RETAIN_LOGS_PRIVLEAK_KEY!r} is not an entry (a mapping with an "
-                                 f"'agg_value'), got {type(entry).__name__}")
+                raise ValueError(
+                    f"{file}: {RETAIN_LOGS_PRIVLEAK_KEY!r} is not an entry (a mapping with an "
+                    f"'agg_value'), got {type(entry).__name__}"
+                )
 
 
-def _qa_block(adapter: Any, prefix: str, items: list, answer: Scores, *, para: bool, batch_size: int,
-              max_new_tokens: int | str, gen_batch_size: int) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray]:
+def _qa_block(
+    adapter: Any,
+    prefix: str,
+    items: list,
+    answer: Scores,
+    *,
+    para: bool,
+    batch_size: int,
+    max_new_tokens: int | str,
+    gen_batch_size: int,
+) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray]:
     """Prob / PARA / PERT / ROUGE entries of one split; returns (entries, para NLL or None, PERT NLL)."""
     out: dict[str, Any] = {f"{prefix}_Q_A_Prob": entries.prob_entry(answer.avg_nll)}
     para_nll = None
     if para:
-        para_nll = score_answers(adapter, items, [it.paraphrased_answer for it in items], batch_size=batch_size,
-                                 desc=f"{prefix}_Q_A_PARA_Prob").avg_nll
+        para_nll = score_answers(
+            adapter,
+            items,
+            [it.paraphrased_answer for it in items],
+            batch_size=batch_size,
+            desc=f"{prefix}_Q_A_PARA_Prob",
+        ).avg_nll
         out[f"{prefix}_Q_A_PARA_Prob"] = entries.prob_entry(para_nll)
-    pert_nll = score_candidates(adapter, items, [it.perturbed_answer for it in items], batch_size=batch_size,
-                                desc=f"{prefix}_Q_A_PERT_Prob", what=f"{prefix} perturbed_answer")
+    pert_nll = score_candidates(
+        adapter,
+        items,
+        [it.perturbed_answer for it in items],
+        batch_size=batch_size,
+        desc=f"{prefix}_Q_A_PERT_Prob",
+        what=f"{prefix} perturbed_answer",
+    )
     out[f"{prefix}_Q_A_PERT_Prob"] = entries.prob_entry(pert_nll)
     questions = [it.question for it in items]
-    gens = generate_answers(adapter, questions, max_new_tokens=max_new_tokens, batch_size=gen_batch_size,
-                            desc=f"{prefix}_Q_A_ROUGE (generate)", gold=[it.answer for it in items])
+    gens = generate_answers(
+        adapter,
+        questions,
+        max_new_tokens=max_new_tokens,
+        batch_size=gen_batch_size,
+        desc=f"{prefix}_Q_A_ROUGE (generate)",
+        gold=[it.answer for it in items],
+    )
     out[f"{prefix}_Q_A_ROUGE"] = entries.rouge_entry(gens, [it.answer.strip() for it in items], questions)
     return out, para_nll, pert_nll
 
@@ -128,8 +190,12 @@ def _forget_metrics(adapter: Any, splits: EvalSplits, fs: Scores, retain: _Retai
     quality = None
     if retain.truth_ratios is not None:
         if len(retain.truth_ratios) != len(fs):
-            log.warning("forget_quality: the retain logs hold %d forget truth ratios, this model %d "
-                        "(different forget split or author subset?)", len(retain.truth_ratios), len(fs))
+            log.warning(
+                "forget_quality: the retain logs hold %d forget truth ratios, this model %d "
+                "(different forget split or author subset?)",
+                len(retain.truth_ratios),
+                len(fs),
+            )
         quality = tofu.forget_quality(entries.per_item(tr, "score"), retain.truth_ratios)
     out["forget_quality"] = entries.agg_entry(quality)
     return out
@@ -157,10 +223,12 @@ def _mia_metrics(adapter: Any, splits: EvalSplits, fs: Scores, retain: _RetainRe
     hs = score_answers(adapter, splits.holdout, batch_size=batch_size, token_stats=True, desc="MIA holdout")
 
     def attack(s: Scores) -> dict[str, np.ndarray]:
-        return {"mia_loss": mia.loss_scores(s.avg_nll),
-                "mia_zlib": mia.zlib_scores(s.avg_nll, s.target_text),
-                "mia_min_k": mia.min_k_scores(s.token_logprobs, mia.MIN_K),
-                "mia_min_k_plus_plus": mia.min_k_plus_plus_scores(s.token_logprobs, s.mu, s.sigma, mia.MIN_K)}
+        return {
+            "mia_loss": mia.loss_scores(s.avg_nll),
+            "mia_zlib": mia.zlib_scores(s.avg_nll, s.target_text),
+            "mia_min_k": mia.min_k_scores(s.token_logprobs, mia.MIN_K),
+            "mia_min_k_plus_plus": mia.min_k_plus_plus_scores(s.token_logprobs, s.mu, s.sigma, mia.MIN_K),
+        }
 
     members, nonmembers = attack(fs), attack(hs)
     out = {key: entries.mia_entry(members[key], nonmembers[key]) for key in members}
@@ -176,8 +244,9 @@ def _mia_metrics(adapter: Any, splits: EvalSplits, fs: Scores, retain: _RetainRe
 
 def _check_utility_items(utility_items: int | None) -> None:
     """Refuse a ``utility_items`` that is not a positive integer or None."""
-    if utility_items is not None and (isinstance(utility_items, bool) or not isinstance(utility_items, int)
-                                      or utility_items < 1):
+    if utility_items is not None and (
+        isinstance(utility_items, bool) or not isinstance(utility_items, int) or utility_items < 1
+    ):
         raise ValueError(f"utility_items must be a positive integer or None, got {utility_items!r}")
 
 
@@ -221,8 +290,9 @@ def evaluate_tofu(
     gen_batch_size = generation_batch_size or batch_size
     splits = load_eval_splits(data, forget_split, authors, groups)  # all data errors before any model work
     if utility_items is not None and splits.real_authors is not None:
-        splits = replace(splits, real_authors=splits.real_authors[:utility_items],
-                         world_facts=splits.world_facts[:utility_items])
+        splits = replace(
+            splits, real_authors=splits.real_authors[:utility_items], world_facts=splits.world_facts[:utility_items]
+        )
     retain = _RetainRef(retain_logs, groups)
     t0 = time.perf_counter()
     kw = dict(batch_size=batch_size, max_new_tokens=max_new_tokens, gen_batch_size=gen_batch_size)
@@ -232,12 +302,18 @@ def evaluate_tofu(
     log.info("TOFU evaluation took %.1f s", elapsed)
     if out_dir is not None:
         write_tofu_logs(out_dir, logs)
-        settings = {"data": _source_name(data), "forget split": forget_split, "holdout split": splits.holdout_split,
-                    "authors": "all" if authors is None else authors, "items": splits.sizes(),
-                    "max new tokens (greedy)": max_new_tokens,
-                    "utility items": "all" if utility_items is None else utility_items,
-                    "precision": adapter.precision,
-                    "retain logs": str(retain_logs or "none"), "time (s)": round(elapsed, 1)}
+        settings = {
+            "data": _source_name(data),
+            "forget split": forget_split,
+            "holdout split": splits.holdout_split,
+            "authors": "all" if authors is None else authors,
+            "items": splits.sizes(),
+            "max new tokens (greedy)": max_new_tokens,
+            "utility items": "all" if utility_items is None else utility_items,
+            "precision": adapter.precision,
+            "retain logs": str(retain_logs or "none"),
+            "time (s)": round(elapsed, 1),
+        }
         write_summary_md(Path(out_dir), logs, model_name or Path(out_dir).name, settings)
     return logs
 
@@ -249,13 +325,19 @@ def check_max_new_tokens(value: Any) -> int | str:
     raise ValueError(f"max_new_tokens must be a positive integer or 'auto', got {value!r}")
 
 
-def _evaluate(adapter: Any, splits: EvalSplits, groups: tuple[str, ...], retain: _RetainRef, kw: dict,
-              batch_size: int) -> dict[str, Any]:
+def _evaluate(
+    adapter: Any, splits: EvalSplits, groups: tuple[str, ...], retain: _RetainRef, kw: dict, batch_size: int
+) -> dict[str, Any]:
     logs: dict[str, Any] = {}
     fs = None
     if splits.forget is not None:
-        fs = score_answers(adapter, splits.forget, batch_size=batch_size,
-                           token_stats=bool({"memorization", "mia"} & set(groups)), desc="forget_Q_A_Prob")
+        fs = score_answers(
+            adapter,
+            splits.forget,
+            batch_size=batch_size,
+            token_stats=bool({"memorization", "mia"} & set(groups)),
+            desc="forget_Q_A_Prob",
+        )
     if "forget" in groups:
         logs.update(_forget_metrics(adapter, splits, fs, retain, **kw))
     if "memorization" in groups:

@@ -120,8 +120,10 @@ def terminate_raises() -> Iterator[None]:
     clauses remove temporary outputs; the previous handler is put back after. Only the main thread can
     install a handler, and a handler someone else installed is left alone: the block then runs as it is.
     Once the block's clean-up ran, the process ends by SIGTERM as it would have without the handler."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
     signal.signal(signal.SIGTERM, _raise_terminated)

@@ -25,8 +25,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mmunlearn._version import __version__
-from mmunlearn.files.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
 from mmunlearn.errors import NonFiniteError, writing
+from mmunlearn.files.atomic import dir_mode, file_mode, terminate_raises, write_json_atomic
 from mmunlearn.files.layout import MARKER, RESERVED, check_not_reserved
 from mmunlearn.files.paths import (
     check_output_dir,
@@ -39,8 +39,20 @@ from mmunlearn.files.safecopy import check_side_files, copy_side_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-__all__ = ["INDEX", "MARKER", "SINGLE", "Checkpoint", "atomic_dir", "check_finite", "check_output_dir",
-           "copy_extra_files", "load_checkpoint", "save_shard", "shard_files", "write_checkpoint"]
+__all__ = [
+    "INDEX",
+    "MARKER",
+    "SINGLE",
+    "Checkpoint",
+    "atomic_dir",
+    "check_finite",
+    "check_output_dir",
+    "copy_extra_files",
+    "load_checkpoint",
+    "save_shard",
+    "shard_files",
+    "write_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +138,9 @@ def _write_marker(folder: Path) -> None:
 
 
 @contextmanager
-def atomic_dir(out: str | os.PathLike, overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = ()
-               ) -> Iterator[Path]:
+def atomic_dir(
+    out: str | os.PathLike, overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = ()
+) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``out`` only if the block completes.
 
     ``out`` is checked first with :func:`check_output_dir` against ``inputs`` (never one of them,
@@ -174,12 +187,15 @@ def check_finite(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str,
             continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
-            raise NonFiniteError(f"{where}: {name} would hold {bad} NaN/Inf value(s) of {t.numel()}; nothing was "
-                                 "written (a --scale too large for the weights' dtype, or corrupt inputs)")
+            raise NonFiniteError(
+                f"{where}: {name} would hold {bad} NaN/Inf value(s) of {t.numel()}; nothing was "
+                "written (a --scale too large for the weights' dtype, or corrupt inputs)"
+            )
 
 
-def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *,
-                     weights: bool = False) -> list[str]:
+def copy_extra_files(
+    root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *, weights: bool = False
+) -> list[str]:
     """Copy everything in ``root`` but the names in ``skip`` and those outputs use for their own files
     (:data:`mmunlearn.files.layout.RESERVED`: an input's ``unlearn_report.json``, ``undo_history/`` or ``tilt/`` would
     be
@@ -196,13 +212,17 @@ def copy_extra_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iter
     check_tree(root)
     dropped = copy_side_files(root, dst, skip=set(skip) | RESERVED, drop_weights=not weights)
     if dropped:
-        log.warning("%s: left out of the output, as they may hold the original weights: %s", root,
-                    ", ".join(dropped[:10]) + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""))
+        log.warning(
+            "%s: left out of the output, as they may hold the original weights: %s",
+            root,
+            ", ".join(dropped[:10]) + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""),
+        )
     return dropped
 
 
-def save_shard(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict | None,
-               shown: str | os.PathLike | None = None) -> None:
+def save_shard(
+    tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict | None, shown: str | os.PathLike | None = None
+) -> None:
     """Write one safetensors shard with ordinary permissions (0o666 minus the umask, as every other output;
     safetensors itself creates 0o600 files); a full disk or file-size limit is reported naming ``shown``."""
     with writing(path, shown):

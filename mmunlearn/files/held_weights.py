@@ -21,9 +21,34 @@ from mmunlearn.files.layout import HISTORY_DIR
 
 #: File-name extensions (any dot-separated part after the first, so ``model.safetensors.orig`` counts) of formats
 #: that store tensors.
-WEIGHT_EXTENSIONS = frozenset({"safetensors", "bin", "pt", "pth", "ckpt", "gguf", "ggml", "npz", "npy", "h5",
-                               "hdf5", "msgpack", "onnx", "tflite", "pkl", "pickle", "joblib", "nemo", "keras", "pb",
-                               "ot", "mlmodel", "tar", "zip"})
+WEIGHT_EXTENSIONS = frozenset(
+    {
+        "safetensors",
+        "bin",
+        "pt",
+        "pth",
+        "ckpt",
+        "gguf",
+        "ggml",
+        "npz",
+        "npy",
+        "h5",
+        "hdf5",
+        "msgpack",
+        "onnx",
+        "tflite",
+        "pkl",
+        "pickle",
+        "joblib",
+        "nemo",
+        "keras",
+        "pb",
+        "ot",
+        "mlmodel",
+        "tar",
+        "zip",
+    }
+)
 #: Folders whose every file may be a copy of the weights: git's object store (LFS keeps the files' bytes there), a
 #: request history, an undo folder under any name ending ``.undo``.
 WEIGHT_FOLDERS = frozenset({".git", HISTORY_DIR})
@@ -107,5 +132,12 @@ def stray_weights(folder: str | os.PathLike, live: Iterable[str] = ()) -> list[s
     return sorted(found)
 
 
-__all__ = ["NOT_WEIGHTS", "WEIGHT_EXTENSIONS", "WEIGHT_FOLDERS", "held_in", "stray_weights", "weight_bytes",
-           "weight_like"]
+__all__ = [
+    "NOT_WEIGHTS",
+    "WEIGHT_EXTENSIONS",
+    "WEIGHT_FOLDERS",
+    "held_in",
+    "stray_weights",
+    "weight_bytes",
+    "weight_like",
+]

@@ -29,15 +29,18 @@ MARKER = ".mmunlearn-output"
 HISTORY_DIR = "undo_history"
 
 #: Everything an output folder may hold besides the model's own files.
-RESERVED: frozenset[str] = frozenset({PATCH_NAME, ERASE_REPORT, PLOT_NAME, UNLEARN_REPORT, TILT_DIR, MARKER,
-                                      HISTORY_DIR})
+RESERVED: frozenset[str] = frozenset(
+    {PATCH_NAME, ERASE_REPORT, PLOT_NAME, UNLEARN_REPORT, TILT_DIR, MARKER, HISTORY_DIR}
+)
 
 
 def check_not_reserved(name: str, listed_in: str | os.PathLike) -> str:
     """``name`` unless an output folder uses it for its own file (:data:`RESERVED`, compared without case,
     as a case-insensitive file system would); ValueError naming ``listed_in`` otherwise."""
     if name.casefold() in {r.casefold() for r in RESERVED}:
-        raise ValueError(f"{listed_in} names the weight file {name!r}, a name mmunlearn writes into every output "
-                         f"folder ({', '.join(sorted(RESERVED))}): writing the output would overwrite it; rename "
-                         "the shard (and its entries in the index)")
+        raise ValueError(
+            f"{listed_in} names the weight file {name!r}, a name mmunlearn writes into every output "
+            f"folder ({', '.join(sorted(RESERVED))}): writing the output would overwrite it; rename "
+            "the shard (and its entries in the index)"
+        )
     return name

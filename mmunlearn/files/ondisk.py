@@ -80,11 +80,15 @@ def disk_names(edited: Mapping[str, torch.Tensor], root: str | os.PathLike) -> d
     mapping: dict[str, str] = {}
     for name, value in edited.items():
         parts = name.split(".")
-        ranked = sorted(by_shape.get(tuple(value.shape), []), reverse=True,
-                        key=lambda k: (_suffix(parts, k.split(".")), len(set(parts) & set(k.split(".")))))
+        ranked = sorted(
+            by_shape.get(tuple(value.shape), []),
+            reverse=True,
+            key=lambda k: (_suffix(parts, k.split(".")), len(set(parts) & set(k.split(".")))),
+        )
         cpu = value.detach().to("cpu")
-        match = next((k for k in ranked if _suffix(parts, k.split(".")) > 0 and torch.equal(on_disk[k][1](), cpu)),
-                     None)
+        match = next(
+            (k for k in ranked if _suffix(parts, k.split(".")) > 0 and torch.equal(on_disk[k][1](), cpu)), None
+        )
         if match is None:
             raise ValueError(f"cannot find the edited tensor {name!r} {tuple(value.shape)} in the saved folder {root}")
         mapping[name] = match

@@ -33,8 +33,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from mmunlearn.files.atomic import dir_mode
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.files.atomic import dir_mode
 from mmunlearn.files.layout import MARKER  # JSON (tool, version) in every folder atomic_dir writes
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,20 @@ log = logging.getLogger(__name__)
 
 def plain_name(name: object, listed_in: str | os.PathLike) -> str:
     """``name`` if it is a plain file name inside its folder, else :class:`UnsafePathError`."""
-    bad = (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name
-           or "\0" in name or os.path.isabs(name) or (os.altsep is not None and os.altsep in name))
+    bad = (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or os.path.isabs(name)
+        or (os.altsep is not None and os.altsep in name)
+    )
     if bad:
-        raise UnsafePathError(f"{listed_in} names the file {name!r}: only plain file names inside its folder "
-                              "are allowed (no '/', '..' or absolute paths)")
+        raise UnsafePathError(
+            f"{listed_in} names the file {name!r}: only plain file names inside its folder "
+            "are allowed (no '/', '..' or absolute paths)"
+        )
     return name
 
 
@@ -95,16 +104,21 @@ def _check_entry(p: Path, root: Path, roots: list[Path], outside_files: bool = F
         if outside_files and target.is_file():
             return
         if outside_files and target.exists() and not target.is_dir():
-            raise UnsafePathError(f"{p} is a symbolic link to {target}, which is not a regular file (a FIFO, "
-                                  "socket or device): refusing to read it")
+            raise UnsafePathError(
+                f"{p} is a symbolic link to {target}, which is not a regular file (a FIFO, "
+                "socket or device): refusing to read it"
+            )
         if not any(_inside(target, r) for r in roots):
-            raise UnsafePathError(f"{p} is a symbolic link to {target}, outside {root}: refusing to "
-                                  "read or copy it (replace the link by the file itself)")
+            raise UnsafePathError(
+                f"{p} is a symbolic link to {target}, outside {root}: refusing to "
+                "read or copy it (replace the link by the file itself)"
+            )
         if not target.exists():
             raise FileNotFoundError(f"{p} is a broken symbolic link (to {target})")
     elif os.path.lexists(p) and not (p.is_file() or p.is_dir()):
-        raise UnsafePathError(f"{p} is not a regular file or folder (a FIFO, socket or device): "
-                              "refusing to read or copy it")
+        raise UnsafePathError(
+            f"{p} is not a regular file or folder (a FIFO, socket or device): refusing to read or copy it"
+        )
 
 
 def check_apart(out: str | os.PathLike, *inputs: str | os.PathLike | None) -> None:
@@ -117,13 +131,17 @@ def check_apart(out: str | os.PathLike, *inputs: str | os.PathLike | None) -> No
             continue
         inp = _resolve(Path(given))
         if real == inp:
-            raise UnsafePathError(f"output folder {out} is the input {given}: the output must differ from "
-                                  "every input (inputs are never modified)")
+            raise UnsafePathError(
+                f"output folder {out} is the input {given}: the output must differ from "
+                "every input (inputs are never modified)"
+            )
         if inp in real.parents:
             raise UnsafePathError(f"output folder {out} is inside the input {given}: choose a folder outside it")
         if real in inp.parents:
-            raise UnsafePathError(f"output folder {out} contains the input {given}: replacing it would delete "
-                                  "the input; choose another folder")
+            raise UnsafePathError(
+                f"output folder {out} contains the input {given}: replacing it would delete "
+                "the input; choose another folder"
+            )
 
 
 def check_holds_none(out: str | os.PathLike, files: Iterable[str | os.PathLike], role: str) -> None:
@@ -139,8 +157,9 @@ def check_holds_none(out: str | os.PathLike, files: Iterable[str | os.PathLike],
         seen.add(parent)
         folder = _resolve(Path(parent))
         if folder == real or real in folder.parents:
-            raise UnsafePathError(f"output folder {out} holds {role} ({f}): writing it would delete them; choose "
-                                  "a folder outside it")
+            raise UnsafePathError(
+                f"output folder {out} holds {role} ({f}): writing it would delete them; choose a folder outside it"
+            )
 
 
 def check_output_dir(out: str | os.PathLike, *inputs: str | os.PathLike | None, overwrite: bool = False) -> Path:
@@ -155,14 +174,17 @@ def check_output_dir(out: str | os.PathLike, *inputs: str | os.PathLike | None, 
     check_apart(out, *inputs)
     if os.path.lexists(out):
         if not overwrite:
-            raise FileExistsError(f"output directory already exists: {out} (use --overwrite to replace a "
-                                  "folder mmunlearn wrote)")
+            raise FileExistsError(
+                f"output directory already exists: {out} (use --overwrite to replace a folder mmunlearn wrote)"
+            )
         if not out.is_dir():
             raise UnsafePathError(f"output {out} exists and is not a folder: refusing to replace it")
         if not (out / MARKER).is_file() and any(out.iterdir()):
-            raise UnsafePathError(f"{out} was not written by mmunlearn (no {MARKER} marker file): --overwrite "
-                                  "only replaces mmunlearn's own output folders; remove it yourself or choose "
-                                  "another output folder")
+            raise UnsafePathError(
+                f"{out} was not written by mmunlearn (no {MARKER} marker file): --overwrite "
+                "only replaces mmunlearn's own output folders; remove it yourself or choose "
+                "another output folder"
+            )
     return out
 
 
@@ -231,16 +253,21 @@ def clean_leftovers(out: str | os.PathLike) -> list[Path]:
             prefix = _temp_prefix(out, kind)
             if not p.name.startswith(prefix) or p.is_symlink() or not p.is_dir():
                 continue
-            rest = p.name[len(prefix):]
+            rest = p.name[len(prefix) :]
             ours = _OURS.fullmatch(rest)
-            stale = (ours is not None and ours.group(2) == _HOST and not _alive(int(ours.group(1)))) \
-                or _LEGACY.fullmatch(rest) is not None
+            stale = (
+                ours is not None and ours.group(2) == _HOST and not _alive(int(ours.group(1)))
+            ) or _LEGACY.fullmatch(rest) is not None
             if stale:
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     if removed:
-        log.warning("removed %d temporary folder(s) left next to %s by an interrupted run: %s",
-                    len(removed), out, ", ".join(p.name for p in removed))
+        log.warning(
+            "removed %d temporary folder(s) left next to %s by an interrupted run: %s",
+            len(removed),
+            out,
+            ", ".join(p.name for p in removed),
+        )
     return removed
 
 
@@ -255,13 +282,17 @@ def check_private(*paths: str | os.PathLike) -> None:
         except FileNotFoundError:
             continue
         if lst.st_uid != me or st.st_uid != me:
-            raise UnsafePathError(f"{p} is owned by another user (uid {st.st_uid if lst.st_uid == me else lst.st_uid}"
-                                  f", you are {me}): a shared cache is not trusted with models or training state; "
-                                  "use a cache folder of your own (--cache-dir, $MMUNLEARN_CACHE)")
+            raise UnsafePathError(
+                f"{p} is owned by another user (uid {st.st_uid if lst.st_uid == me else lst.st_uid}"
+                f", you are {me}): a shared cache is not trusted with models or training state; "
+                "use a cache folder of your own (--cache-dir, $MMUNLEARN_CACHE)"
+            )
         if st.st_mode & 0o022:
-            raise UnsafePathError(f"{p} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o}): a "
-                                  f"shared cache is not trusted with models or training state; run chmod -R go-w {p} "
-                                  "or use a cache folder of your own")
+            raise UnsafePathError(
+                f"{p} is writable by its group or by others (mode {stat.S_IMODE(st.st_mode):o}): a "
+                f"shared cache is not trusted with models or training state; run chmod -R go-w {p} "
+                "or use a cache folder of your own"
+            )
 
 
 def make_private_dirs(path: str | os.PathLike) -> Path:

@@ -50,13 +50,17 @@ before_open: Callable[[Path], None] | None = None
 
 def _swapped(path: Path, exc: OSError | None = None) -> UnsafePathError:
     why = f" ({exc.strerror})" if exc is not None and exc.strerror else ""
-    return UnsafePathError(f"{path} was replaced (by a link or a different kind of file) while it was being "
-                           f"read{why}: refusing to read or copy it")
+    return UnsafePathError(
+        f"{path} was replaced (by a link or a different kind of file) while it was being "
+        f"read{why}: refusing to read or copy it"
+    )
 
 
 def _hard_link(path: Path, links: int) -> UnsafePathError:
-    return UnsafePathError(f"{path} is a hard link ({links} names for one file): it may be a file from outside "
-                           "the folder, so it is neither read nor copied (replace it by a copy of the file)")
+    return UnsafePathError(
+        f"{path} is a hard link ({links} names for one file): it may be a file from outside "
+        "the folder, so it is neither read nor copied (replace it by a copy of the file)"
+    )
 
 
 def _open(dir_fd: int, name: str, path: Path, folder: bool) -> int:
@@ -89,7 +93,7 @@ def _write_copy(fd: int, st: os.stat_result, dst: Path) -> None:
                 break
             view = memoryview(chunk)
             while view:
-                view = view[os.write(out, view):]
+                view = view[os.write(out, view) :]
         os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
     finally:
         os.close(out)
@@ -117,8 +121,15 @@ class _Walk:
     def close(self) -> None:
         os.close(self.fd)
 
-    def entries(self, dir_fd: int, rel: str, skip: set[str], select: Callable[[str], bool] | None,
-                folders: bool, dst: Path | None) -> None:
+    def entries(
+        self,
+        dir_fd: int,
+        rel: str,
+        skip: set[str],
+        select: Callable[[str], bool] | None,
+        folders: bool,
+        dst: Path | None,
+    ) -> None:
         for name in sorted(os.listdir(dir_fd)):
             if not rel and (name in skip or (select is not None and not select(name))):
                 continue
@@ -149,8 +160,9 @@ class _Walk:
             elif stat.S_ISREG(st.st_mode):
                 self.file(dir_fd, name, path, target)
             else:
-                raise UnsafePathError(f"{path} is not a regular file or folder (a FIFO, socket or device): "
-                                      "refusing to read or copy it")
+                raise UnsafePathError(
+                    f"{path} is not a regular file or folder (a FIFO, socket or device): refusing to read or copy it"
+                )
 
     def file(self, dir_fd: int, name: str, path: Path, target: Path | None) -> None:
         fd = _open(dir_fd, name, path, folder=False)
@@ -173,10 +185,14 @@ class _Walk:
         for anchor in self.anchors:
             if target == anchor or target.startswith(anchor.rstrip(os.sep) + os.sep):
                 return anchor, target
-        raise UnsafePathError(f"{path} is a symbolic link to {target}, outside {self.root}: refusing to read or "
-                              "copy it (replace the link by the file itself)")
+        raise UnsafePathError(
+            f"{path} is a symbolic link to {target}, outside {self.root}: refusing to read or "
+            "copy it (replace the link by the file itself)"
+        )
 
-    def parent_of_target(self, dir_fd: int, name: str, rel: str, path: Path) -> tuple[str, str, int, str | None, list[int]]:
+    def parent_of_target(
+        self, dir_fd: int, name: str, rel: str, path: Path
+    ) -> tuple[str, str, int, str | None, list[int]]:
         """Where the link ``name`` points: (anchor, target, descriptor of the target's folder, the target's name
         in it or None for an anchor itself, descriptors to close); every folder on the way opened without links."""
         anchor, real_target = self.resolve(dir_fd, name, rel, path)
@@ -210,12 +226,16 @@ class _Walk:
                 except FileNotFoundError:
                     raise FileNotFoundError(f"{path} is a broken symbolic link (to {real_target})") from None
             if kind == stat.S_IFLNK:
-                raise UnsafePathError(f"{path} is a symbolic link to another link ({real_target}): refusing to "
-                                      "follow it (link the file itself)")
+                raise UnsafePathError(
+                    f"{path} is a symbolic link to another link ({real_target}): refusing to "
+                    "follow it (link the file itself)"
+                )
             if kind == stat.S_IFDIR:
                 if anchor != self.real:
-                    raise UnsafePathError(f"{path} is a symbolic link to the folder {real_target}, outside "
-                                          f"{self.root}: refusing to copy it")
+                    raise UnsafePathError(
+                        f"{path} is a symbolic link to the folder {real_target}, outside "
+                        f"{self.root}: refusing to copy it"
+                    )
                 if last is not None:
                     os.close(_open(fd, last, path, folder=True))  # a folder, reached without links
                 if folders and target is not None:
@@ -223,16 +243,23 @@ class _Walk:
                         os.symlink(os.path.relpath(real_target, os.path.join(self.real, rel)), target)
                 return
             if kind != stat.S_IFREG:
-                raise UnsafePathError(f"{path} links to {real_target}, which is not a regular file or folder: "
-                                      "refusing to read or copy it")
+                raise UnsafePathError(
+                    f"{path} links to {real_target}, which is not a regular file or folder: refusing to read or copy it"
+                )
             self.file(fd, last, path, target)
         finally:
             for d in opened:
                 os.close(d)
 
 
-def _walk(root: str | os.PathLike, dst: str | os.PathLike | None, skip: Iterable[str],
-          select: Callable[[str], bool] | None, folders: bool, drop_weights: bool = False) -> list[str]:
+def _walk(
+    root: str | os.PathLike,
+    dst: str | os.PathLike | None,
+    skip: Iterable[str],
+    select: Callable[[str], bool] | None,
+    folders: bool,
+    drop_weights: bool = False,
+) -> list[str]:
     walk = _Walk(root, drop_weights)
     try:
         walk.entries(walk.fd, "", set(skip) | {MARKER}, select, folders, Path(dst) if dst is not None else None)
@@ -241,9 +268,15 @@ def _walk(root: str | os.PathLike, dst: str | os.PathLike | None, skip: Iterable
     return walk.dropped
 
 
-def copy_side_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Iterable[str] = (), *,
-                    select: Callable[[str], bool] | None = None, folders: bool = True,
-                    drop_weights: bool = False) -> list[str]:
+def copy_side_files(
+    root: str | os.PathLike,
+    dst: str | os.PathLike,
+    skip: Iterable[str] = (),
+    *,
+    select: Callable[[str], bool] | None = None,
+    folders: bool = True,
+    drop_weights: bool = False,
+) -> list[str]:
     """Copy the entries of ``root`` into the existing folder ``dst`` in one no-follow walk (module notes).
 
     ``skip``: top-level names not copied (the weight files a caller writes itself; :data:`MARKER` always);
@@ -256,8 +289,13 @@ def copy_side_files(root: str | os.PathLike, dst: str | os.PathLike, skip: Itera
     return _walk(root, dst, skip, select, folders, drop_weights)
 
 
-def check_side_files(root: str | os.PathLike, skip: Iterable[str] = (), *,
-                     select: Callable[[str], bool] | None = None, folders: bool = True) -> None:
+def check_side_files(
+    root: str | os.PathLike,
+    skip: Iterable[str] = (),
+    *,
+    select: Callable[[str], bool] | None = None,
+    folders: bool = True,
+) -> None:
     """The walk of :func:`copy_side_files` without writing anything: refuses what it would refuse."""
     _walk(root, None, skip, select, folders)
 
@@ -276,14 +314,16 @@ def open_inside(root: str | os.PathLike, name: str, *, hard_links: bool = True) 
     dir_fd, opened = walk.fd, []
     try:
         for i, part in enumerate(folders):
-            here = walk.root.joinpath(*folders[:i + 1])
+            here = walk.root.joinpath(*folders[: i + 1])
             try:
                 st = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 raise FileNotFoundError(f"{here} not found") from None
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-                raise UnsafePathError(f"{here} is a symbolic link or not a folder: the files in it are copied into "
-                                      f"outputs, so it must be a real folder inside {walk.root}")
+                raise UnsafePathError(
+                    f"{here} is a symbolic link or not a folder: the files in it are copied into "
+                    f"outputs, so it must be a real folder inside {walk.root}"
+                )
             dir_fd = _open(dir_fd, part, here, folder=True)
             opened.append(dir_fd)
         if before_open is not None:

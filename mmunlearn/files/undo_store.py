@@ -25,9 +25,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from mmunlearn.errors import UnsafePathError
 from mmunlearn.files.atomic import write_json_atomic
 from mmunlearn.files.checkpoint import INDEX, SINGLE, atomic_dir, check_output_dir
-from mmunlearn.errors import UnsafePathError
 from mmunlearn.files.held_weights import stray_weights
 from mmunlearn.files.layout import ERASE_REPORT, HISTORY_DIR, PATCH_NAME, TILT_BASE_DIR, TILT_DIR, UNLEARN_REPORT
 from mmunlearn.files.safecopy import read_inside
@@ -62,8 +62,9 @@ def _reference(undo: Path, final: Path, ident: str) -> dict[str, str]:
     return {"folder": folder, "id": ident}
 
 
-def split_undo(staging: Path, final: Path, undo: str | os.PathLike | None = None, *, overwrite: bool = False,
-               inputs: tuple = ()) -> dict[str, str] | None:
+def split_undo(
+    staging: Path, final: Path, undo: str | os.PathLike | None = None, *, overwrite: bool = False, inputs: tuple = ()
+) -> dict[str, str] | None:
     """Move the undo records an output's ``staging`` folder holds (patch, history) into the undo folder ``undo``
     (default :func:`default_undo_dir` of ``final``), written atomically with mode 0700 before the output itself is
     renamed into place; the reference for the output's report (None when there was nothing to move)."""
@@ -131,13 +132,16 @@ def undo_dir_of(folder: str | os.PathLike) -> Path | None:
         raise UnsafePathError(f"{source}: its 'undo' entry is not a folder and an id: {ref!r:.200}")
     path = undo_dir_path(folder, ref)
     if os.path.islink(path) or not path.is_dir():
-        raise FileNotFoundError(f"{folder}: its undo records are kept apart, in {path}, which is missing or not a "
-                                "folder (pass the patch with --patch, or move the .undo folder back beside it)")
+        raise FileNotFoundError(
+            f"{folder}: its undo records are kept apart, in {path}, which is missing or not a "
+            "folder (pass the patch with --patch, or move the .undo folder back beside it)"
+        )
     _check_private(path)
     info = _read_json(path / UNDO_INFO)
     if not isinstance(info, dict) or info.get("id") != ident:
-        raise UnsafePathError(f"{path} is not the undo folder of {folder} (its {UNDO_INFO} does not carry the id "
-                              "the report names)")
+        raise UnsafePathError(
+            f"{path} is not the undo folder of {folder} (its {UNDO_INFO} does not carry the id the report names)"
+        )
     return path
 
 
@@ -146,11 +150,15 @@ def _check_private(path: Path) -> None:
     later edits of the model, so one someone else could have written is not trusted."""
     st = os.stat(path)
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise UnsafePathError(f"{path} is an undo folder owned by another user (uid {st.st_uid}, you are "
-                              f"{os.getuid()}): undo records you did not write are not trusted")
+        raise UnsafePathError(
+            f"{path} is an undo folder owned by another user (uid {st.st_uid}, you are "
+            f"{os.getuid()}): undo records you did not write are not trusted"
+        )
     if st.st_mode & 0o022:
-        raise UnsafePathError(f"{path} is an undo folder writable by its group or others (mode "
-                              f"{stat.S_IMODE(st.st_mode):o}): its records may not be yours; chmod 700 it if they are")
+        raise UnsafePathError(
+            f"{path} is an undo folder writable by its group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}): its records may not be yours; chmod 700 it if they are"
+        )
 
 
 def patch_of(folder: str | os.PathLike) -> Path:
@@ -163,10 +171,12 @@ def patch_of(folder: str | os.PathLike) -> Path:
 #: The largest ``unlearn_report.json`` check-release reads (a report is kilobytes).
 REPORT_LIMIT = 64 << 20
 #: Why a T3 output is never ready to release (its weights are the target's).
-SERVING_FILTER = ("a T3 output: its weights (base/) are the unchanged model, which still holds the forget set; the "
-                  "forgetting is a decoding-time filter (tilt/) that only mmunlearn.load applies, and anyone loading "
-                  "base/ with transformers gets the original model. Serve it through mmunlearn.load; release weights "
-                  "only from a method that edits them")
+SERVING_FILTER = (
+    "a T3 output: its weights (base/) are the unchanged model, which still holds the forget set; the "
+    "forgetting is a decoding-time filter (tilt/) that only mmunlearn.load applies, and anyone loading "
+    "base/ with transformers gets the original model. Serve it through mmunlearn.load; release weights "
+    "only from a method that edits them"
+)
 
 
 def read_release_report(folder: str | os.PathLike) -> dict[str, Any] | None:
@@ -235,8 +245,14 @@ def release_problems(folder: str | os.PathLike) -> list[str]:
     return problems
 
 
-def move_undo(src_undo: Path, dst_out: Path, overwrite: bool, report: dict[str, Any],
-              undo: str | os.PathLike | None = None, inputs: tuple = ()) -> None:
+def move_undo(
+    src_undo: Path,
+    dst_out: Path,
+    overwrite: bool,
+    report: dict[str, Any],
+    undo: str | os.PathLike | None = None,
+    inputs: tuple = (),
+) -> None:
     """Rename an undo folder to ``undo`` (default :func:`default_undo_dir` of ``dst_out``: an output renamed there)
     and point ``report`` at it; ``undo`` may not be, lie in or contain one of ``inputs`` or ``dst_out``, and replaces
     only a folder mmunlearn wrote (with ``overwrite``)."""
@@ -250,5 +266,18 @@ def move_undo(src_undo: Path, dst_out: Path, overwrite: bool, report: dict[str, 
     report["undo_patch"] = str(Path(os.path.abspath(target)) / PATCH_NAME)
 
 
-__all__ = ["REPORT_LIMIT", "SERVING_FILTER", "UNDO_INFO", "UNDO_KEY", "UNDO_SUFFIX", "default_undo_dir", "move_undo",
-           "patch_of", "read_release_report", "release_problems", "split_undo", "undo_dir_of", "undo_dir_path"]
+__all__ = [
+    "REPORT_LIMIT",
+    "SERVING_FILTER",
+    "UNDO_INFO",
+    "UNDO_KEY",
+    "UNDO_SUFFIX",
+    "default_undo_dir",
+    "move_undo",
+    "patch_of",
+    "read_release_report",
+    "release_problems",
+    "split_undo",
+    "undo_dir_of",
+    "undo_dir_path",
+]

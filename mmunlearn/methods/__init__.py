@@ -6,12 +6,44 @@ methods (:mod:`.optimisation`), T3 (:mod:`.t3`) and RMU (:mod:`.rmu`).
 """
 
 from mmunlearn.methods import erasure, optimisation, rmu, t3  # noqa: F401  (register)
-from mmunlearn.methods.base import (MAKES, NEEDS, REGISTRY, Artefacts, Method, MethodResult, RunContext, artefact_files,
-                                    get, load_unlearned, model_folder, names, needing, register)
+from mmunlearn.methods.base import (
+    MAKES,
+    NEEDS,
+    REGISTRY,
+    Artefacts,
+    Method,
+    MethodResult,
+    RunContext,
+    artefact_files,
+    get,
+    load_unlearned,
+    model_folder,
+    names,
+    needing,
+    register,
+)
 from mmunlearn.methods.harness import Outcome, run_unlearning
 from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.rule import SweepRule, mean_nll
 
-__all__ = ["MAKES", "NEEDS", "REGISTRY", "Artefacts", "Method", "MethodResult", "Outcome", "RunContext", "SweepRule",
-           "UnlearnRequest", "artefact_files", "get", "load_unlearned", "mean_nll", "model_folder", "names", "needing",
-           "register", "run_unlearning"]
+__all__ = [
+    "MAKES",
+    "NEEDS",
+    "REGISTRY",
+    "Artefacts",
+    "Method",
+    "MethodResult",
+    "Outcome",
+    "RunContext",
+    "SweepRule",
+    "UnlearnRequest",
+    "artefact_files",
+    "get",
+    "load_unlearned",
+    "mean_nll",
+    "model_folder",
+    "names",
+    "needing",
+    "register",
+    "run_unlearning",
+]

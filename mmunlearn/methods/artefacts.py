@@ -24,16 +24,20 @@ from mmunlearn.methods.base import MethodResult
 
 #: The model type of the config.json at a T3 output's top level: transformers refuses it, naming it in its error
 #: (which goes on to suggest upgrading transformers: the type says first that no upgrade helps).
-T3_MODEL_TYPE = ("mmunlearn-t3 (not a transformers version problem: no upgrade or package loads it. An unlearning "
-                 "output whose weights, in base/, are the unchanged target and whose unlearning is the head in tilt/: "
-                 "load the tilted model with mmunlearn.load(folder))")
+T3_MODEL_TYPE = (
+    "mmunlearn-t3 (not a transformers version problem: no upgrade or package loads it. An unlearning "
+    "output whose weights, in base/, are the unchanged target and whose unlearning is the head in tilt/: "
+    "load the tilted model with mmunlearn.load(folder))"
+)
 #: The name of that config.json.
 T3_STUB = "config.json"
 #: The format version of the tokenizer.json at a T3 output's top level: the tokenizers library refuses it and names
 #: it in its error ("Unknown tokenizer version '...'"), which ``AutoTokenizer.from_pretrained`` passes on.
-T3_TOKENIZER_VERSION = ("mmunlearn-t3 (not a tokenizer or package version problem: no upgrade, sentencepiece or "
-                        "tiktoken loads it. A T3 unlearning output, a serving-time filter over the unchanged model in "
-                        "base/: load the model and its tokenizer with mmunlearn.load(folder))")
+T3_TOKENIZER_VERSION = (
+    "mmunlearn-t3 (not a tokenizer or package version problem: no upgrade, sentencepiece or "
+    "tiktoken loads it. A T3 unlearning output, a serving-time filter over the unchanged model in "
+    "base/: load the model and its tokenizer with mmunlearn.load(folder))"
+)
 #: The name of that tokenizer.json.
 T3_TOKENIZER_STUB = "tokenizer.json"
 
@@ -82,13 +86,23 @@ class TiltFiles:
         tilt = result.adapter.model
         tilt.base_path = TILT_BASE_DIR
         tilt.save(staging / TILT_DIR, overwrite=True)
-        stub = {"model_type": T3_MODEL_TYPE, "mmunlearn": {"method": "t3", "base_model": TILT_BASE_DIR,
-                                                           "tilt": TILT_DIR, "load_with": "mmunlearn.load(folder)"}}
+        stub = {
+            "model_type": T3_MODEL_TYPE,
+            "mmunlearn": {
+                "method": "t3",
+                "base_model": TILT_BASE_DIR,
+                "tilt": TILT_DIR,
+                "load_with": "mmunlearn.load(folder)",
+            },
+        }
         (staging / T3_STUB).write_text(json.dumps(stub, indent=2))
         # "added_tokens" lets transformers' own reading of the file through to the tokenizers library's, which
         # refuses the version and names it
-        tokenizer_stub = {"version": T3_TOKENIZER_VERSION, "added_tokens": [], "model": {"type": "BPE", "vocab": {},
-                                                                                         "merges": []}}
+        tokenizer_stub = {
+            "version": T3_TOKENIZER_VERSION,
+            "added_tokens": [],
+            "model": {"type": "BPE", "vocab": {}, "merges": []},
+        }
         (staging / T3_TOKENIZER_STUB).write_text(json.dumps(tokenizer_stub, indent=2))
         report["tilt_dir"] = str(final / TILT_DIR)
         report["base_model"] = str(final / TILT_BASE_DIR)
@@ -114,5 +128,13 @@ class TiltFiles:
 ERASE_FILES = EraseFiles()
 TILT_FILES = TiltFiles()
 
-__all__ = ["ERASE_FILES", "EraseFiles", "T3_MODEL_TYPE", "T3_STUB", "T3_TOKENIZER_STUB", "T3_TOKENIZER_VERSION",
-           "TILT_FILES", "TiltFiles"]
+__all__ = [
+    "ERASE_FILES",
+    "EraseFiles",
+    "T3_MODEL_TYPE",
+    "T3_STUB",
+    "T3_TOKENIZER_STUB",
+    "T3_TOKENIZER_VERSION",
+    "TILT_FILES",
+    "TiltFiles",
+]

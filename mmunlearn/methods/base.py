@@ -19,6 +19,7 @@ from mmunlearn.config import PresetConfig, with_overrides
 from mmunlearn.kinds import get_kind, kind_names
 from mmunlearn.methods.rule import SweepRule
 
+
 @dataclass
 class RunContext:
     """What the harness hands a method besides its config."""
@@ -53,7 +54,7 @@ RunFn = Callable[[Any, Sequence[Any], Sequence[Any], Any, RunContext], MethodRes
 #: What a method may need besides the model and the forget / retain items (callers prepare or cache these).
 NEEDS: dict[str, str] = {
     "task_vectors": "per-layer forget and retain task matrices from a reference model's updates (a retain "
-                    "state, mmunlearn.requests.state, can supply the retain side)",
+    "state, mmunlearn.requests.state, can supply the retain side)",
     "hidden_states": "the frozen model's hidden states on the forget and retain items (cached on disk)",
     "training": "optimiser steps on the forget (and retain) items",
 }
@@ -115,9 +116,18 @@ class Method:
 REGISTRY: dict[str, Method] = {}
 
 
-def register(name: str, config: type, run: RunFn, *, kinds: Sequence[str] | None = None, edits_weights: bool = True,
-             help: str = "", defaults: dict | None = None, needs: Sequence[str] = ("training",),
-             artefacts: Artefacts | None = None) -> Method:
+def register(
+    name: str,
+    config: type,
+    run: RunFn,
+    *,
+    kinds: Sequence[str] | None = None,
+    edits_weights: bool = True,
+    help: str = "",
+    defaults: dict | None = None,
+    needs: Sequence[str] = ("training",),
+    artefacts: Artefacts | None = None,
+) -> Method:
     """Add a method to the registry (a module calls this once at import). ``kinds``: the registered model kinds
     it applies to (default: those its config has preset rows for, ``config.PRESETS``; a kind without rows takes
     them through its ``presets_from``); ``needs``: keys of :data:`NEEDS`; it makes ``weights`` when
@@ -137,8 +147,9 @@ def register(name: str, config: type, run: RunFn, *, kinds: Sequence[str] | None
     if artefacts is not None and not all(isinstance(f, str) and f for f in getattr(artefacts, "files", ())):
         raise TypeError(f"{name}: artefacts must declare the file names it writes (.files)")
     makes = ("weights",) if edits_weights else ("head",)
-    method = Method(name, config, run, tuple(kinds), edits_weights, help, dict(defaults or {}), tuple(needs), makes,
-                    artefacts)
+    method = Method(
+        name, config, run, tuple(kinds), edits_weights, help, dict(defaults or {}), tuple(needs), makes, artefacts
+    )
     REGISTRY[name] = method
     return method
 

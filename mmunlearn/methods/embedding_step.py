@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmunlearn.erase.subspace.centroid import centroid_subspace, class_centroids, project_output
 from mmunlearn.erase.patch import PatchEntry, dense_entry
+from mmunlearn.erase.subspace.centroid import centroid_subspace, class_centroids, project_output
 
 
 @torch.no_grad()
@@ -31,22 +31,25 @@ def _embeddings(adapter, rows: Sequence[Any], batch_size: int = 16) -> tuple[tor
     parts = []
     try:
         for i in range(0, len(rows), batch_size):
-            parts.append(adapter.embeddings(adapter.collate(rows[i:i + batch_size])).double().cpu())
+            parts.append(adapter.embeddings(adapter.collate(rows[i : i + batch_size])).double().cpu())
     finally:
         model.train(was_training)
     return torch.cat(parts), [str(r["spk_id"]) for r in rows]
 
 
-def erase_centroids(adapter, forget: Sequence[Any], retain: Sequence[Any], alpha: float) -> tuple[list[PatchEntry],
-                                                                                                   dict[str, Any]]:
+def erase_centroids(
+    adapter, forget: Sequence[Any], retain: Sequence[Any], alpha: float
+) -> tuple[list[PatchEntry], dict[str, Any]]:
     """Apply the embedding step to ``adapter.model`` in place; its undo records and facts (directions erased, the
     retained centroids' largest relative move). Centroids are taken from ``forget`` and ``retain`` before the edit."""
     if not alpha > 0:
         raise ValueError(f"centroid must be > 0 to erase anything, got {alpha}")
     names = adapter.embedding_output  # a ClassifierAdapter's (the erasure calls this for classifier kinds only)
     if names is None:
-        raise ValueError(f"{type(adapter).__name__} does not name the layer that outputs its embeddings "
-                         "(embedding_output): the centroid step needs a speaker classifier")
+        raise ValueError(
+            f"{type(adapter).__name__} does not name the layer that outputs its embeddings "
+            "(embedding_output): the centroid step needs a speaker classifier"
+        )
     if not forget or not retain:
         raise ValueError("the centroid step needs forget and retain utterances")
     params = dict(adapter.model.named_parameters())
@@ -65,5 +68,9 @@ def erase_centroids(adapter, forget: Sequence[Any], retain: Sequence[Any], alpha
     after, _ = _embeddings(adapter, retain)
     moved = class_centroids(after, spk_r)
     shift = max(float(np.linalg.norm(moved[k] - v) / max(float(np.linalg.norm(v)), 1e-12)) for k, v in kept.items())
-    return entries, {"alpha": float(alpha), "directions": int(basis.shape[1]), "layer": names[0],
-                     "retain_centroid_max_rel_change": shift}
+    return entries, {
+        "alpha": float(alpha),
+        "directions": int(basis.shape[1]),
+        "layer": names[0],
+        "retain_centroid_max_rel_change": shift,
+    }

@@ -23,14 +23,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmunlearn.erase import erase, restore
 from mmunlearn.config import PresetConfig, opt
+from mmunlearn.erase import erase, restore
+from mmunlearn.erase.norms import sq_norm
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.embedding_step import erase_centroids
 from mmunlearn.methods.head_rows import forgotten_rows
-from mmunlearn.erase.norms import sq_norm
 from mmunlearn.methods.prefix_states import PrefixReuse
 from mmunlearn.methods.rule import Scorer, SweepPoint, choose, log_point
 from mmunlearn.taskvec.extract import ExtractConfig, extract_task_matrices, update_task_matrices
@@ -48,6 +48,8 @@ def auto_grid(largest: float) -> tuple[float, ...]:
     if not largest >= AUTO_RELATIVE[0]:
         raise ValueError(f"sweep_max_relative must be >= {AUTO_RELATIVE[0]}, got {largest}")
     return tuple(0.001 * 2**i for i in range(64) if 0.001 * 2**i <= largest * (1 + 1e-9))
+
+
 _SPK_SCALES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 
@@ -72,36 +74,58 @@ class EraseConfig(PresetConfig):
     retain_rank: int | None = opt(128, "Rank of the retain basis that is protected (0/None: no retain projection).")
     rows: bool = opt(False, "Also remove the retain task's row space from the update.")
     scale: float = opt(1.0, "Edit strength: W' = W - scale * T~ (without a sweep).")
-    extract: ExtractConfig = opt(help="How task vectors are extracted (finetune | lora | gradient | layerwise: each "
-                                      "block trained alone).",
-                                 factory=ExtractConfig)
+    extract: ExtractConfig = opt(
+        help="How task vectors are extracted (finetune | lora | gradient | layerwise: each block trained alone).",
+        factory=ExtractConfig,
+    )
     sweep_ranks: tuple[int, ...] | None = opt(None, "With a sweep rule: ranks tried (default: rank alone).")
-    sweep_scales: Any = opt("auto", "With a sweep rule: scales tried, or 'auto' (relative edit sizes doubling from "
-                                    "0.001 of the weights' norm, then bisection of the crossing).")
+    sweep_scales: Any = opt(
+        "auto",
+        "With a sweep rule: scales tried, or 'auto' (relative edit sizes doubling from "
+        "0.001 of the weights' norm, then bisection of the crossing).",
+    )
     sweep_max_relative: float = opt(1.024, "With 'auto' scales: the largest relative edit size tried.")
     sweep_bisections: int = opt(3, "With 'auto' scales: geometric bisection steps once the crossing is bracketed.")
-    centroid: float = opt(0.0, "Speaker classifiers: after the edit, also erase the forgotten speakers' centroid "
-                               "directions outside the retained speakers' span from the layer that outputs the "
-                               "embeddings, W <- (I - a U U^T) W (0: off, 1: remove, 2: reflect; "
-                               "mmunlearn.methods.embedding_step).")
-    trained_only: bool = opt(False, "With a reference model: take task vectors only in the layers whose weights differ "
-                                    "between the reference and the target (the layers its training changed). Off by "
-                                    "default: on whisper-smollm2 it made the audio-side edit more selective, but the "
-                                    "edit that forgets is in the language model, which training left frozen.")
-    sweep_first: float | None = opt(None, "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
-                                          "the first rank (e.g. the one an earlier deletion request chose); the sweep "
-                                          "ends there when that edit meets the rule.")
-    task_matrix: str = opt("extract", "Where the task matrices come from: 'extract' (the extract recipe run on the "
-                                      "reference model when one is given, else on the model itself: what a user "
-                                      "without a reference model gets) or 'update' (the training update: T_f = the "
-                                      "model minus the reference it was fine-tuned from; T_r = retain_model minus the "
-                                      "reference, else the extract recipe run on the reference with the retain data; "
-                                      "needs a reference).")
-    retain_model: str | None = opt(None, "With task_matrix 'update': a model folder holding the reference fine-tuned "
-                                         "on the retain data alone (T_r = it minus the reference).")
-    subtract: str = opt("swept", "'swept': the rule sweeps the edit's size (scale x T~); 'own': QR-Erase's W' = W - T~ "
-                                 "at the task matrix's own size (scale 1, no sweep; the rule's measures of that one "
-                                 "edit are recorded).")
+    centroid: float = opt(
+        0.0,
+        "Speaker classifiers: after the edit, also erase the forgotten speakers' centroid "
+        "directions outside the retained speakers' span from the layer that outputs the "
+        "embeddings, W <- (I - a U U^T) W (0: off, 1: remove, 2: reflect; "
+        "mmunlearn.methods.embedding_step).",
+    )
+    trained_only: bool = opt(
+        False,
+        "With a reference model: take task vectors only in the layers whose weights differ "
+        "between the reference and the target (the layers its training changed). Off by "
+        "default: on whisper-smollm2 it made the audio-side edit more selective, but the "
+        "edit that forgets is in the language model, which training left frozen.",
+    )
+    sweep_first: float | None = opt(
+        None,
+        "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
+        "the first rank (e.g. the one an earlier deletion request chose); the sweep "
+        "ends there when that edit meets the rule.",
+    )
+    task_matrix: str = opt(
+        "extract",
+        "Where the task matrices come from: 'extract' (the extract recipe run on the "
+        "reference model when one is given, else on the model itself: what a user "
+        "without a reference model gets) or 'update' (the training update: T_f = the "
+        "model minus the reference it was fine-tuned from; T_r = retain_model minus the "
+        "reference, else the extract recipe run on the reference with the retain data; "
+        "needs a reference).",
+    )
+    retain_model: str | None = opt(
+        None,
+        "With task_matrix 'update': a model folder holding the reference fine-tuned "
+        "on the retain data alone (T_r = it minus the reference).",
+    )
+    subtract: str = opt(
+        "swept",
+        "'swept': the rule sweeps the edit's size (scale x T~); 'own': QR-Erase's W' = W - T~ "
+        "at the task matrix's own size (scale 1, no sweep; the rule's measures of that one "
+        "edit are recorded).",
+    )
     top: int | None = opt(None, "With layer_rule 'top': how many of the most energetic layer groups are edited.")
 
     def __post_init__(self) -> None:
@@ -120,36 +144,84 @@ class EraseConfig(PresetConfig):
         # scanned on SmolLM2-135M TOFU (docs/results/tofu_smollm2_qr_protocols_swept.json: at the retain bound forget
         # +2.63 nats where one gradient pass, the earlier default, gave +0.34); it meets the TOFU rule there
         # (docs/results/tofu_smollm2_qr_default.json)
-        ("text", "model_dir"): dict(rank=128, retain_rank=128, scale=1.0, localize=False, layer_rule="all",
-                                    extract=_ex("finetune", steps=20, lr=1e-4, batch_size=8)),
-        ("speaker", "tiny"): dict(rank=1, retain_rank=4, scale=8.0, sweep_ranks=(1,), sweep_scales=_SPK_SCALES,
-                                  sweep_max_relative=SPEAKER_SWEEP_MAX, extract=_ex(steps=4, lr=1e-3, batch_size=8)),
-        ("speaker", "small"): dict(rank=1, retain_rank=32, scale=8.0, sweep_ranks=(1, 2), sweep_scales=_SPK_SCALES,
-                                   sweep_max_relative=SPEAKER_SWEEP_MAX, extract=_ex(steps=20, lr=1e-3, batch_size=16)),
-        ("speaker", "large"): dict(rank=4, retain_rank=128, scale=4.0, sweep_ranks=(2, 4, 8), sweep_scales=_SPK_SCALES,
-                                   sweep_max_relative=SPEAKER_SWEEP_MAX, extract=_ex(steps=40, lr=2e-4, batch_size=16)),
+        ("text", "model_dir"): dict(
+            rank=128,
+            retain_rank=128,
+            scale=1.0,
+            localize=False,
+            layer_rule="all",
+            extract=_ex("finetune", steps=20, lr=1e-4, batch_size=8),
+        ),
+        ("speaker", "tiny"): dict(
+            rank=1,
+            retain_rank=4,
+            scale=8.0,
+            sweep_ranks=(1,),
+            sweep_scales=_SPK_SCALES,
+            sweep_max_relative=SPEAKER_SWEEP_MAX,
+            extract=_ex(steps=4, lr=1e-3, batch_size=8),
+        ),
+        ("speaker", "small"): dict(
+            rank=1,
+            retain_rank=32,
+            scale=8.0,
+            sweep_ranks=(1, 2),
+            sweep_scales=_SPK_SCALES,
+            sweep_max_relative=SPEAKER_SWEEP_MAX,
+            extract=_ex(steps=20, lr=1e-3, batch_size=16),
+        ),
+        ("speaker", "large"): dict(
+            rank=4,
+            retain_rank=128,
+            scale=4.0,
+            sweep_ranks=(2, 4, 8),
+            sweep_scales=_SPK_SCALES,
+            sweep_max_relative=SPEAKER_SWEEP_MAX,
+            extract=_ex(steps=40, lr=2e-4, batch_size=16),
+        ),
         ("speech-llm", "tiny"): dict(rank=8, retain_rank=32, scale=1.0, extract=_ex(steps=30, lr=1e-3, batch_size=16)),
         ("speech-llm", "mini"): dict(rank=8, retain_rank=32, scale=1.0, extract=_ex(steps=30, lr=1e-3, batch_size=16)),
-        ("speech-llm", "model_dir"): dict(rank=16, retain_rank=64, scale=1.0,
-                                          extract=_ex(steps=30, lr=1e-4, batch_size=8)),
+        ("speech-llm", "model_dir"): dict(
+            rank=16, retain_rank=64, scale=1.0, extract=_ex(steps=30, lr=1e-4, batch_size=8)
+        ),
     }
 
 
-def task_vectors(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: ExtractConfig, progress: bool = True,
-                 layers: Sequence[str] | None = None):
+def task_vectors(
+    adapter,
+    forget: Sequence[Any],
+    retain: Sequence[Any],
+    cfg: ExtractConfig,
+    progress: bool = True,
+    layers: Sequence[str] | None = None,
+):
     """Forget and retain task matrices from the same recipe and settings (``layers``: only those, default all)."""
-    return (extract_task_matrices(adapter, forget, cfg, layers=layers, progress=progress),
-            extract_task_matrices(adapter, retain, cfg, layers=layers, progress=progress))
+    return (
+        extract_task_matrices(adapter, forget, cfg, layers=layers, progress=progress),
+        extract_task_matrices(adapter, retain, cfg, layers=layers, progress=progress),
+    )
 
 
-def training_update(adapter, reference, retain: Sequence[Any], cfg: EraseConfig, extract: ExtractConfig, kind: str, *,
-                    layers: Sequence[str] | None = None, retain_task: Any = None, progress: bool = True):
+def training_update(
+    adapter,
+    reference,
+    retain: Sequence[Any],
+    cfg: EraseConfig,
+    extract: ExtractConfig,
+    kind: str,
+    *,
+    layers: Sequence[str] | None = None,
+    retain_task: Any = None,
+    progress: bool = True,
+):
     """``task_matrix='update'``: T_f = the model minus ``reference`` (the model it was fine-tuned from); T_r =
     ``cfg.retain_model`` minus the reference, else ``extract`` run on the reference with ``retain`` (a retain state's
     matrices, ``retain_task``, when given)."""
     if reference is None:
-        raise ValueError("task_matrix 'update' erases the model's training update (the model minus the model it was "
-                         "fine-tuned from): name that model (reference=, --reference, tofu --base DIR)")
+        raise ValueError(
+            "task_matrix 'update' erases the model's training update (the model minus the model it was "
+            "fine-tuned from): name that model (reference=, --reference, tofu --base DIR)"
+        )
     tf = update_task_matrices(adapter, reference, layers=layers)
     if retain_task is not None:
         return tf, retain_task
@@ -169,8 +241,10 @@ def trained_layers(reference, target) -> list[str] | None:
     theirs = {lw.name: lw.weight for lw in reference.layers()}
     ours = {lw.name: lw.weight for lw in target.layers()}
     if set(theirs) != set(ours):
-        raise ValueError(f"the reference's layers are not the target's ({len(theirs)} against {len(ours)}): "
-                         "task vectors need the model the target was trained from")
+        raise ValueError(
+            f"the reference's layers are not the target's ({len(theirs)} against {len(ours)}): "
+            "task vectors need the model the target was trained from"
+        )
     changed = []
     for name, w in ours.items():
         r = theirs[name]
@@ -187,18 +261,30 @@ def batchnorm_safe(extract: ExtractConfig, *sizes: int) -> ExtractConfig:
     if extract.kind == "gradient":  # one pass in eval mode: any batch size works
         return extract
     if min(sizes) < 2:
-        raise ValueError(f"fine-tuning task vectors need at least 2 utterances per partition (BatchNorm), got "
-                         f"{min(sizes)}; use the gradient extraction")
+        raise ValueError(
+            f"fine-tuning task vectors need at least 2 utterances per partition (BatchNorm), got "
+            f"{min(sizes)}; use the gradient extraction"
+        )
     size = next(b for b in range(extract.batch_size, 0, -1) if b == 1 or all(n % b != 1 for n in sizes))
     if size == 1:
-        raise ValueError(f"no batch size <= {extract.batch_size} splits partitions of {sizes} utterances without "
-                         "a batch of one; use the gradient extraction")
+        raise ValueError(
+            f"no batch size <= {extract.batch_size} splits partitions of {sizes} utterances without "
+            "a batch of one; use the gradient extraction"
+        )
     return replace(extract, batch_size=size)
 
 
 def _apply(model, tf, tr, cfg: EraseConfig, rank, scale, groups, factors: dict | None = None):
-    common = dict(method=cfg.subspace, localize=cfg.localize, rule=cfg.layer_rule, scale=scale, rows=cfg.rows,
-                  groups=groups, top=cfg.top if cfg.layer_rule == "top" else None, factors=factors)
+    common = dict(
+        method=cfg.subspace,
+        localize=cfg.localize,
+        rule=cfg.layer_rule,
+        scale=scale,
+        rows=cfg.rows,
+        groups=groups,
+        top=cfg.top if cfg.layer_rule == "top" else None,
+        factors=factors,
+    )
     if rank is None:
         return erase(model, tf, tr, energy=cfg.energy or 0.9, retain_energy=cfg.energy or 0.9, **common)
     retain = tr if cfg.retain_rank else None
@@ -233,8 +319,14 @@ def _below_the_bound(score, rank, scale: float) -> float | None:
     return None
 
 
-def _bisect(score: Callable[[Any, float], tuple[bool, bool]], rank: Any, lo: float | None, hi: float, steps: int,
-            upper: Callable[[bool, bool], bool]) -> None:
+def _bisect(
+    score: Callable[[Any, float], tuple[bool, bool]],
+    rank: Any,
+    lo: float | None,
+    hi: float,
+    steps: int,
+    upper: Callable[[bool, bool], bool],
+) -> None:
     """Geometric bisection of the scale in [lo, hi], ``steps`` times; ``upper(reached, over)``: mid becomes hi."""
     for _ in range(steps):
         mid = (lo * hi) ** 0.5
@@ -242,8 +334,17 @@ def _bisect(score: Callable[[Any, float], tuple[bool, bool]], rank: Any, lo: flo
         lo, hi = (lo, mid) if upper(reached, over) else (mid, hi)
 
 
-def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: bool,
-           past_bound: bool = False, factors: dict | None = None) -> tuple[list[SweepPoint], SweepPoint]:
+def _sweep(
+    target,
+    tf,
+    tr,
+    cfg: EraseConfig,
+    scorer: Scorer,
+    groups,
+    progress: bool,
+    past_bound: bool = False,
+    factors: dict | None = None,
+) -> tuple[list[SweepPoint], SweepPoint]:
     """Score candidate (rank, scale) edits (each applied, measured and undone); the rule's choice.
 
     ``past_bound``: an edit over the retain bound that has not reached the forget target does not end the search;
@@ -262,8 +363,12 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: b
             points.append(SweepPoint(r, s, *scorer.score(target), relative=s * unit))
         restore(target.model, rep)
         p = points[-1]
-        log_point("erase", {"rank": r, "scale": s, "relative": p.relative, "forget_nll": p.forget_nll,
-                            "retain_nll": p.retain_nll}, scorer, progress)
+        log_point(
+            "erase",
+            {"rank": r, "scale": s, "relative": p.relative, "forget_nll": p.forget_nll, "retain_nll": p.retain_nll},
+            scorer,
+            progress,
+        )
         return scorer.reached(p.forget_nll), scorer.over(p.retain_nll)
 
     full = auto_grid(cfg.sweep_max_relative)
@@ -292,8 +397,14 @@ def _sweep(target, tf, tr, cfg: EraseConfig, scorer: Scorer, groups, progress: b
             if over and good is None:  # the smallest size tried is already over the bound
                 good = _below_the_bound(score, r, s)
             if reached or over:  # larger scales only go further past the target or the bound
-                _bisect(score, r, good, s, cfg.sweep_bisections if good is not None else 0,
-                        lambda reached, over: reached or over)
+                _bisect(
+                    score,
+                    r,
+                    good,
+                    s,
+                    cfg.sweep_bisections if good is not None else 0,
+                    lambda reached, over: reached or over,
+                )
                 break
             good = s
         if any(scorer.point_meets(p) for p in points if p.rank == r):
@@ -317,8 +428,17 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     t0 = time.perf_counter()
     layers = trained_layers(reference, adapter) if cfg.trained_only and ctx.reference is not None else None
     if cfg.task_matrix == "update":
-        tf, tr = training_update(adapter, ctx.reference, retain, cfg, extract, ctx.kind, layers=layers,
-                                 retain_task=ctx.retain_task, progress=ctx.progress)
+        tf, tr = training_update(
+            adapter,
+            ctx.reference,
+            retain,
+            cfg,
+            extract,
+            ctx.kind,
+            layers=layers,
+            retain_task=ctx.retain_task,
+            progress=ctx.progress,
+        )
     elif cached:
         tf = extract_task_matrices(reference or adapter, forget, extract, layers=layers, progress=ctx.progress)
         tr = ctx.retain_task
@@ -337,8 +457,17 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         info["relative"] = relative_unit(adapter.model, tf)
     elif ctx.rule is not None:
         head_only = kind.is_classifier and set(tf) == {adapter.head_weight} and "forgotten_rows" in tf.meta
-        points, best = _sweep(adapter, tf, tr, cfg, Scorer(ctx.rule, adapter, forget, retain), groups, ctx.progress,
-                              past_bound=head_only, factors=factors)
+        points, best = _sweep(
+            adapter,
+            tf,
+            tr,
+            cfg,
+            Scorer(ctx.rule, adapter, forget, retain),
+            groups,
+            ctx.progress,
+            past_bound=head_only,
+            factors=factors,
+        )
         rank, scale = best.rank, best.scale
         info["sweep"] = [vars(p) for p in points]
         info["relative"] = best.relative
@@ -356,11 +485,29 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
     return MethodResult(adapter, extract_seconds, time.perf_counter() - t1, info, erase_report=report)
 
 
-register("qr-erase", EraseConfig, run, needs=("task_vectors",), artefacts=ERASE_FILES,
-         help="Localised CPQR erasure of the forget task's column space, projected off the retain subspace.")
-register("qr-erase-rows", EraseConfig, run, defaults={"rows": True}, needs=("task_vectors",),
-         artefacts=ERASE_FILES,
-         help="QR-Erase that also removes the retain task's row space from the update.")
-register("svd-unlearn", EraseConfig, run, defaults={"subspace": "svd", "localize": False},
-         needs=("task_vectors",), artefacts=ERASE_FILES,
-         help="UNLEARN baseline: full SVD of every layer's forget task matrix, no localisation.")
+register(
+    "qr-erase",
+    EraseConfig,
+    run,
+    needs=("task_vectors",),
+    artefacts=ERASE_FILES,
+    help="Localised CPQR erasure of the forget task's column space, projected off the retain subspace.",
+)
+register(
+    "qr-erase-rows",
+    EraseConfig,
+    run,
+    defaults={"rows": True},
+    needs=("task_vectors",),
+    artefacts=ERASE_FILES,
+    help="QR-Erase that also removes the retain task's row space from the update.",
+)
+register(
+    "svd-unlearn",
+    EraseConfig,
+    run,
+    defaults={"subspace": "svd", "localize": False},
+    needs=("task_vectors",),
+    artefacts=ERASE_FILES,
+    help="UNLEARN baseline: full SVD of every layer's forget task matrix, no localisation.",
+)

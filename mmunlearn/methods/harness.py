@@ -31,15 +31,15 @@ from typing import Any
 
 import torch
 
-from mmunlearn.files.checkpoint import atomic_dir, check_output_dir
 from mmunlearn.erase.patch import UndoPatch, bits_differ, dense_entry
 from mmunlearn.erase.report import LARGE_UPDATE
+from mmunlearn.files.checkpoint import atomic_dir, check_output_dir
 from mmunlearn.files.layout import PATCH_NAME, UNLEARN_REPORT
+from mmunlearn.files.ondisk import disk_names
+from mmunlearn.files.undo_store import SERVING_FILTER, UNDO_KEY, default_undo_dir, split_undo
 from mmunlearn.methods.base import MethodResult, RunContext, artefact_files, get
 from mmunlearn.methods.request import UnlearnRequest
-from mmunlearn.files.ondisk import disk_names
 from mmunlearn.methods.rule import Scorer, SweepRule, mean_nll
-from mmunlearn.files.undo_store import SERVING_FILTER, UNDO_KEY, default_undo_dir, split_undo
 
 log = logging.getLogger(__name__)
 REPORT_NAME = UNLEARN_REPORT  # output names live in mmunlearn.files.layout (reserved: no input file may use them)
@@ -97,12 +97,17 @@ def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> t
     changed, rel = [], {}
     for name, t in unique_tensors(model).items():
         old = before.get(name)
-        if old is None or (old.shape == t.shape and old.dtype == t.dtype
-                           and not bool(bits_differ(old, t.detach().to(old.device)).any())):
+        if old is None or (
+            old.shape == t.shape
+            and old.dtype == t.dtype
+            and not bool(bits_differ(old, t.detach().to(old.device)).any())
+        ):
             continue  # unchanged bit for bit (a -0.0 turned 0.0 is a change: the undo patch must hold it)
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ValueError(f"the edit left NaN or Inf values in {name!r}; nothing was written "
-                             "(lower the scale or the learning rate)")
+            raise ValueError(
+                f"the edit left NaN or Inf values in {name!r}; nothing was written "
+                "(lower the scale or the learning rate)"
+            )
         changed.append(name)
         if t.is_floating_point():
             norm = float(torch.linalg.vector_norm(old.double()))
@@ -115,22 +120,36 @@ def _check_edit(before: Mapping[str, torch.Tensor], model: torch.nn.Module) -> t
 #: said 0 of 20 private facts where npo's said 11, grad_diff's 17 and qr-erase's 18 (missing only the retain
 #: agreement bound); on SmolLM2 TOFU it met the rule where qr-erase did not (docs/tofu.md).
 FAVOURED: dict[str, tuple[str, str]] = {
-    "text": ("qr-erase-rows", "it said none of 20 private facts in the measured scenario (docs/usage.md); t3 too, "
-                              "but as a serving filter whose weights keep them"),
+    "text": (
+        "qr-erase-rows",
+        "it said none of 20 private facts in the measured scenario (docs/usage.md); t3 too, "
+        "but as a serving filter whose weights keep them",
+    ),
 }
 
 
-def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer: Scorer | None,
-            edited: Any, kind: str | None = None) -> dict[str, Any]:
+def _judged(
+    report: dict[str, Any],
+    method: str,
+    rule: SweepRule | None,
+    scorer: Scorer | None,
+    edited: Any,
+    kind: str | None = None,
+) -> dict[str, Any]:
     """``report`` with the rule's measures of the edited model, ``target_reached`` and, first, the verdict line
     (logged as a warning when the rule was missed; naming the method :data:`FAVOURED` for the kind, when another)."""
     if scorer is not None:
         f, r = scorer.score(edited)
         judged = rule.judge(edited, scorer.forget)  # e.g. the text rule's greedy checks, on the final model only
-        report["rule"] = {**rule.describe(), "base_forget": scorer.base_forget, "base_retain": scorer.base_retain,
-                          "forget": f, "retain": r, **({"judged": judged} if judged is not None else {})}
-        report["target_reached"] = (scorer.reached(f) and not scorer.over(r)
-                                    and (judged is None or bool(judged["met"])))
+        report["rule"] = {
+            **rule.describe(),
+            "base_forget": scorer.base_forget,
+            "base_retain": scorer.base_retain,
+            "forget": f,
+            "retain": r,
+            **({"judged": judged} if judged is not None else {}),
+        }
+        report["target_reached"] = scorer.reached(f) and not scorer.over(r) and (judged is None or bool(judged["met"]))
         verdict = rule.verdict(method, f, r - scorer.base_retain, report["target_reached"], judged)
         favoured = FAVOURED.get(kind or "")
         if not report["target_reached"] and favoured is not None and favoured[0] != method:
@@ -144,9 +163,17 @@ def _judged(report: dict[str, Any], method: str, rule: SweepRule | None, scorer:
     return report
 
 
-def run_unlearning(request: UnlearnRequest, adapter, forget: Sequence[Any], retain: Sequence[Any], *, reference=None,
-                   retain_task: Any = None, extra: Callable[[Path, dict[str, Any]], None] | None = None,
-                   earlier_forgotten: Mapping[str, Any] | None = None) -> Outcome:
+def run_unlearning(
+    request: UnlearnRequest,
+    adapter,
+    forget: Sequence[Any],
+    retain: Sequence[Any],
+    *,
+    reference=None,
+    retain_task: Any = None,
+    extra: Callable[[Path, dict[str, Any]], None] | None = None,
+    earlier_forgotten: Mapping[str, Any] | None = None,
+) -> Outcome:
     """Unlearn ``forget`` from ``adapter`` (in place, except T3) as ``request`` says; write ``request.out`` if given.
 
     Args:
@@ -164,8 +191,9 @@ def run_unlearning(request: UnlearnRequest, adapter, forget: Sequence[Any], reta
         raise ValueError(f"run_unlearning takes an UnlearnRequest first, got {type(request).__name__}")
     given = request.request_settings()
     if given:
-        raise ValueError(f"{', '.join(given)} apply to a deletion request (mmunlearn.requests.run_request), "
-                         "not to run_unlearning")
+        raise ValueError(
+            f"{', '.join(given)} apply to a deletion request (mmunlearn.requests.run_request), not to run_unlearning"
+        )
     method, kind, rule, out = request.method, request.kind, request.rule, request.out
     spec = get(method, kind)
     if not forget or not retain:
@@ -176,30 +204,61 @@ def run_unlearning(request: UnlearnRequest, adapter, forget: Sequence[Any], reta
     before = {n: t.detach().clone() for n, t in unique_tensors(adapter.model).items()} if spec.edits_weights else {}
     nll_before = {"forget": mean_nll(adapter, forget), "retain": mean_nll(adapter, retain)}
     scorer = Scorer(rule, adapter, forget, retain) if rule is not None else None
-    ctx = RunContext(kind=kind, reference=reference, rule=rule, cache_dir=request.cache_dir,
-                     progress=request.progress, retain_task=retain_task, earlier_forgotten=earlier_forgotten)
+    ctx = RunContext(
+        kind=kind,
+        reference=reference,
+        rule=rule,
+        cache_dir=request.cache_dir,
+        progress=request.progress,
+        retain_task=retain_task,
+        earlier_forgotten=earlier_forgotten,
+    )
     result = spec.run(adapter, forget, retain, cfg, ctx)
     edited = result.adapter
     changed, rel = _check_edit(before, adapter.model) if spec.edits_weights else ([], {})
     large = sorted(n for n, r in rel.items() if r > LARGE_UPDATE)
     if large:
-        log.warning("%s: %d tensor(s) moved by more than %.0f%% of their norm (e.g. %s); check the model's outputs",
-                    method, len(large), 100 * LARGE_UPDATE, large[0])
+        log.warning(
+            "%s: %d tensor(s) moved by more than %.0f%% of their norm (e.g. %s); check the model's outputs",
+            method,
+            len(large),
+            100 * LARGE_UPDATE,
+            large[0],
+        )
     nll_after = {"forget": mean_nll(edited, forget), "retain": mean_nll(edited, retain)}
     report: dict[str, Any] = {
-        "method": method, "model_kind": kind, "forget_items": len(forget), "retain_items": len(retain),
-        "extract_seconds": result.extract_seconds, "unlearn_seconds": result.unlearn_seconds,
+        "method": method,
+        "model_kind": kind,
+        "forget_items": len(forget),
+        "retain_items": len(retain),
+        "extract_seconds": result.extract_seconds,
+        "unlearn_seconds": result.unlearn_seconds,
         "changed_fraction": changed_fraction(before, adapter.model) if spec.edits_weights else 0.0,
         "forget_nll": {"before": nll_before["forget"], "after": nll_after["forget"]},
         "retain_nll": {"before": nll_before["retain"], "after": nll_after["retain"]},
-        "max_relative_update": max(rel.values(), default=0.0), "large_update_tensors": large,
-        "config": _jsonable(cfg), "info": _jsonable(result.info), **_jsonable(request.meta)}
+        "max_relative_update": max(rel.values(), default=0.0),
+        "large_update_tensors": large,
+        "config": _jsonable(cfg),
+        "info": _jsonable(result.info),
+        **_jsonable(request.meta),
+    }
     report = _judged(report, method, rule, scorer, edited, kind)
     if not spec.edits_weights:  # T3: said in the report, beside the verdict, where a user decides what to ship
         report = {"verdict": report["verdict"], "release": f"not for release: {SERVING_FILTER}", **report}
     if out is not None:
-        out = _write(out, spec, adapter, result, report, before, changed, request.overwrite, extra,
-                     request.undo_dir, request.inputs)
+        out = _write(
+            out,
+            spec,
+            adapter,
+            result,
+            report,
+            before,
+            changed,
+            request.overwrite,
+            extra,
+            request.undo_dir,
+            request.inputs,
+        )
     return Outcome(edited, result, report, out)
 
 
@@ -207,9 +266,19 @@ def _check_out(out: Path, inputs: Sequence[str | os.PathLike], overwrite: bool) 
     check_output_dir(out, *inputs, overwrite=overwrite)
 
 
-def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before: Mapping[str, torch.Tensor],
-           changed: list[str], overwrite: bool, extra: Callable[[Path, dict], None] | None = None,
-           undo_dir: str | os.PathLike | None = None, inputs: Sequence[str | os.PathLike] = ()) -> Path:
+def _write(
+    out: Path,
+    spec,
+    adapter,
+    result: MethodResult,
+    report: dict,
+    before: Mapping[str, torch.Tensor],
+    changed: list[str],
+    overwrite: bool,
+    extra: Callable[[Path, dict], None] | None = None,
+    undo_dir: str | os.PathLike | None = None,
+    inputs: Sequence[str | os.PathLike] = (),
+) -> Path:
     """The model in its own format, then the undo patch, the method's own files and the report, all renamed into
     ``out`` at once."""
     final = out.resolve()
@@ -225,14 +294,18 @@ def _write(out: Path, spec, adapter, result: MethodResult, report: dict, before:
             current = {n: flat[n] for n in {*changed, *patched}}
             names = disk_names(current, tmp)
             if erase_report is not None:
-                entries = [replace(e, label=names[base] + e.label[len(base):])
-                           for e in erase_report.patch.entries for base in [e.label.split("[", 1)[0]]]
+                entries = [
+                    replace(e, label=names[base] + e.label[len(base) :])
+                    for e in erase_report.patch.entries
+                    for base in [e.label.split("[", 1)[0]]
+                ]
                 erase_report.patch = UndoPatch(entries)
             else:
                 entries = [dense_entry(names[n], before[n], current[n]) for n in changed]
             UndoPatch(entries).save(tmp / PATCH_NAME)  # moved to the undo folder below, before the rename
-            report["undo_patch"] = str(Path(os.path.abspath(undo_dir if undo_dir is not None
-                                                            else default_undo_dir(final))) / PATCH_NAME)
+            report["undo_patch"] = str(
+                Path(os.path.abspath(undo_dir if undo_dir is not None else default_undo_dir(final))) / PATCH_NAME
+            )
         if spec.artefacts is not None:
             spec.artefacts.save(result, tmp, final, report)
         report["out"] = str(final)
@@ -251,5 +324,12 @@ def restore_leftovers() -> tuple[str, ...]:
     return (PATCH_NAME, UNLEARN_REPORT, *artefact_files())
 
 
-__all__ = ["LARGE_UPDATE", "Outcome", "REPORT_NAME", "changed_fraction", "restore_leftovers", "run_unlearning",
-           "unique_tensors"]
+__all__ = [
+    "LARGE_UPDATE",
+    "Outcome",
+    "REPORT_NAME",
+    "changed_fraction",
+    "restore_leftovers",
+    "run_unlearning",
+    "unique_tensors",
+]

@@ -28,6 +28,7 @@ import torch
 from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.taskvec.store import TaskMatrices
 
+
 def forgotten_speakers(forget: Sequence[Any]) -> list[str]:
     """The speaker IDs of the forget rows, sorted (rows without ``spk_id`` are not speaker rows)."""
     return sorted({str(r["spk_id"]) for r in forget if isinstance(r, dict) and "spk_id" in r})
@@ -43,7 +44,7 @@ def speaker_directions(adapter, forget: Sequence[Any], batch_size: int = 16) -> 
     sums: dict[str, torch.Tensor] = {}
     try:
         for i in range(0, len(forget), batch_size):
-            chunk = forget[i:i + batch_size]
+            chunk = forget[i : i + batch_size]
             emb = torch.nn.functional.normalize(adapter.embeddings(adapter.collate(chunk)).double(), dim=-1)
             for row, e in zip(chunk, emb):
                 spk = str(row["spk_id"])
@@ -59,8 +60,13 @@ def speaker_directions(adapter, forget: Sequence[Any], batch_size: int = 16) -> 
     return out
 
 
-def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: ExtractConfig,
-                   earlier: Sequence[str] | Mapping[str, torch.Tensor | None] = ()) -> TaskMatrices:
+def forgotten_rows(
+    adapter,
+    forget: Sequence[Any],
+    tf: TaskMatrices,
+    extract: ExtractConfig,
+    earlier: Sequence[str] | Mapping[str, torch.Tensor | None] = (),
+) -> TaskMatrices:
     """``tf`` with the head's task matrix replaced by ``T_head`` (module doc).
 
     Applies with gradient task vectors, the head among the edited weights and either two or more forgotten speakers
@@ -83,8 +89,9 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
         raise ValueError(f"forget speaker(s) {missing[:5]} are not classes of the model")
     dirs = speaker_directions(adapter, forget)
     joined = [s for s in earlier if stand_in.get(s) is not None]
-    u = torch.stack([dirs[s] for s in speakers]
-                    + [torch.nn.functional.normalize(stand_in[s].double().cpu(), dim=0) for s in joined]).sum(0)
+    u = torch.stack(
+        [dirs[s] for s in speakers] + [torch.nn.functional.normalize(stand_in[s].double().cpu(), dim=0) for s in joined]
+    ).sum(0)
     if not float(u.norm()) > 0:
         raise ValueError("the forgotten speakers' mean directions cancel out: no common direction to move away from")
     u = u / u.norm()
@@ -93,5 +100,7 @@ def forgotten_rows(adapter, forget: Sequence[Any], tf: TaskMatrices, extract: Ex
     for spk in speakers + earlier:
         head[index[spk]] = weight[index[spk]].norm() * u
     like = tf[head_weight]
-    return TaskMatrices({**tf.tensors, head_weight: head.to(like.dtype).to(like.device)},
-                        {**tf.meta, "forgotten_rows": sorted(speakers + earlier), "earlier_directions": joined})
+    return TaskMatrices(
+        {**tf.tensors, head_weight: head.to(like.dtype).to(like.device)},
+        {**tf.meta, "forgotten_rows": sorted(speakers + earlier), "earlier_directions": joined},
+    )

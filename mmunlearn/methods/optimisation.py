@@ -18,7 +18,6 @@ from mmunlearn.kinds import get_kind
 from mmunlearn.methods.base import MethodResult, RunContext, register
 from mmunlearn.methods.rule import early_stop
 
-
 #: Under a sweep rule the epochs are a cap (the run stops once the rule is met or the retain bound is crossed); the
 #: speaker entry points (``voxceleb2 speaker|sample``, ``mmunlearn.unlearn``) raise the presets' cap to reach at
 #: least this many optimizer steps unless the user sets the epochs: 5 epochs were 10 steps on a 21-segment forget
@@ -38,17 +37,32 @@ def budget_epochs(cfg: BaselineConfig, n_forget: int, min_steps: int = RULE_MIN_
 def run_loss(name: str):
     """The ``run`` of the optimisation method ``name``."""
 
-    def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: BaselineConfig,
-            ctx: RunContext) -> MethodResult:
+    def run(
+        adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: BaselineConfig, ctx: RunContext
+    ) -> MethodResult:
         start = time.perf_counter()
         on_step, trajectory, scorer = None, [], None
         if ctx.rule is not None:
             per_epoch = max(1, math.ceil(len(forget) / (cfg.batch_size * cfg.grad_accum)))
-            on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch,
-                                                     total_steps=per_epoch * cfg.epochs,
-                                                     label=name if ctx.progress else None)
-        res = unlearn(adapter, name, forget, retain, cfg, progress=ctx.progress, on_step=on_step,
-                      train_mode=not get_kind(ctx.kind).train_in_eval_mode)
+            on_step, trajectory, scorer = early_stop(
+                adapter,
+                forget,
+                retain,
+                ctx.rule,
+                per_epoch,
+                total_steps=per_epoch * cfg.epochs,
+                label=name if ctx.progress else None,
+            )
+        res = unlearn(
+            adapter,
+            name,
+            forget,
+            retain,
+            cfg,
+            progress=ctx.progress,
+            on_step=on_step,
+            train_mode=not get_kind(ctx.kind).train_in_eval_mode,
+        )
         info = {"final_loss": res.final_loss, "steps": res.steps, "epoch_cap": cfg.epochs}
         if on_step is not None:
             restored = on_step.restore_in_bound()

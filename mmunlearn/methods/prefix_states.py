@@ -150,8 +150,9 @@ def first_edited_block(blocks: nn.ModuleList, edited: Iterable[nn.Parameter]) ->
 
 
 @contextmanager
-def reuse_prefix(blocks: nn.ModuleList, first: int,
-                 prefix: PrefixStates | None = None) -> Iterator[PrefixStates | None]:
+def reuse_prefix(
+    blocks: nn.ModuleList, first: int, prefix: PrefixStates | None = None
+) -> Iterator[PrefixStates | None]:
     """Within the block, ``blocks[:first]`` compute once per batch (their weights must not change meanwhile: only
     blocks from ``first`` on may be edited); ``first`` <= 0 changes nothing (yields None). ``prefix``: the states of
     an earlier use with the same ``first`` (kept across sweep points). The blocks are put back when the block ends,

@@ -22,8 +22,15 @@ from mmunlearn.methods.rule import SweepRule
 from mmunlearn.taskvec.extract import ExtractConfig
 
 #: The fields only :func:`~mmunlearn.requests.run_request` honours (the harness refuses a request that sets one).
-REQUEST_ONLY: tuple[str, ...] = ("retain_state", "use_retain_state", "refresh_retain", "retain_extract", "batch",
-                                 "compare_batch", "reuse_edit_size")
+REQUEST_ONLY: tuple[str, ...] = (
+    "retain_state",
+    "use_retain_state",
+    "refresh_retain",
+    "retain_extract",
+    "batch",
+    "compare_batch",
+    "reuse_edit_size",
+)
 _PATHS = ("out", "undo_dir", "retain_state", "cache_dir")
 _FLAGS = ("overwrite", "progress", "refresh_retain", "batch", "compare_batch", "reuse_edit_size")
 
@@ -37,8 +44,9 @@ class UnlearnRequest:
     _: KW_ONLY
     config: Any = opt(None, "the method's whole config; None: its preset `size` for `kind` with `overrides`")
     size: str | None = opt(None, "the method's preset size (None: the kind's default); not with `config`")
-    overrides: Mapping[str, Any] = opt(help="the method's settings by name over the preset; not with `config`",
-                                       factory=dict)
+    overrides: Mapping[str, Any] = opt(
+        help="the method's settings by name over the preset; not with `config`", factory=dict
+    )
     rule: SweepRule | None = opt(None, "the sweep rule on the training items (None: the config's settings as they are)")
     out: Path | None = opt(None, "the output folder (None: nothing is written)")
     inputs: tuple[str | os.PathLike, ...] = opt((), "folders and files `out` must not be, lie inside or contain")
@@ -47,18 +55,31 @@ class UnlearnRequest:
     cache_dir: str | None = opt(None, "T3's hidden-state cache folder")
     progress: bool = opt(True, "report progress on stderr")
     meta: Mapping[str, Any] = opt(help="extra JSON-able fields for the report (e.g. the source folder)", factory=dict)
-    retain_state: Path | None = opt(None, "run_request: the retain state's folder (erasure methods): loaded when "
-                                          "its fingerprints match, else computed and written there")
-    use_retain_state: bool | None = opt(None, "run_request: use a retain state (None: when `retain_state` names "
-                                              "a folder; True without one: computed in memory)")
+    retain_state: Path | None = opt(
+        None,
+        "run_request: the retain state's folder (erasure methods): loaded when "
+        "its fingerprints match, else computed and written there",
+    )
+    use_retain_state: bool | None = opt(
+        None,
+        "run_request: use a retain state (None: when `retain_state` names "
+        "a folder; True without one: computed in memory)",
+    )
     refresh_retain: bool = opt(False, "run_request: recompute the retain state even when it matches")
-    retain_extract: ExtractConfig | None = opt(None, "run_request: how the retain state must be extracted "
-                                                     "(None: as a stored state was, else the preset's extraction)")
+    retain_extract: ExtractConfig | None = opt(
+        None,
+        "run_request: how the retain state must be extracted "
+        "(None: as a stored state was, else the preset's extraction)",
+    )
     batch: bool = opt(False, "run_request: the forget items are several sets, edited once with their union")
-    compare_batch: bool = opt(False, "run_request: with `batch`, also apply the sets one by one to a fresh copy and "
-                                     "report the difference")
-    reuse_edit_size: bool = opt(True, "run_request: with a rule, an erasure sweep first tries the edit size the "
-                                      "previous request of the same method chose")
+    compare_batch: bool = opt(
+        False, "run_request: with `batch`, also apply the sets one by one to a fresh copy and report the difference"
+    )
+    reuse_edit_size: bool = opt(
+        True,
+        "run_request: with a rule, an erasure sweep first tries the edit size the "
+        "previous request of the same method chose",
+    )
 
     def __post_init__(self) -> None:
         get(self.method, self.kind)  # an unknown method or kind, or a method that does not apply to the kind
@@ -69,8 +90,10 @@ class UnlearnRequest:
         object.__setattr__(self, "overrides", dict(self.overrides))  # the caller's dict may change later
         object.__setattr__(self, "meta", dict(self.meta))
         if self.config is not None and (self.size is not None or self.overrides):
-            raise ValueError("config is the method's whole config: give it, or a size and overrides, not both "
-                             f"(size={self.size!r}, overrides={sorted(self.overrides)})")
+            raise ValueError(
+                "config is the method's whole config: give it, or a size and overrides, not both "
+                f"(size={self.size!r}, overrides={sorted(self.overrides)})"
+            )
         if self.config is None:  # an unknown size or setting name fails here, before any model is loaded
             get(self.method).config_for(self.kind, self.size, **self.overrides)
         if self.rule is not None and not isinstance(self.rule, SweepRule):
@@ -92,8 +115,11 @@ class UnlearnRequest:
                 raise ValueError(f"{name} must be a path or None, got {type(value).__name__}")
             if value is not None:
                 object.__setattr__(self, name, str(value) if name == "cache_dir" else Path(value))
-        if isinstance(self.inputs, (str, os.PathLike)) or not isinstance(self.inputs, Sequence) or not all(
-                isinstance(p, (str, os.PathLike)) for p in self.inputs):
+        if (
+            isinstance(self.inputs, (str, os.PathLike))
+            or not isinstance(self.inputs, Sequence)
+            or not all(isinstance(p, (str, os.PathLike)) for p in self.inputs)
+        ):
             raise ValueError(f"inputs must be a list of paths, got {self.inputs!r:.200}")
         object.__setattr__(self, "inputs", tuple(self.inputs))
 
@@ -101,8 +127,9 @@ class UnlearnRequest:
         if self.undo_dir is not None and self.out is None:
             raise ValueError("undo_dir applies to a request with an output folder (out)")
         if self.compare_batch and not self.batch:
-            raise ValueError("compare_batch compares a batch with its sets one by one: it needs batch=True "
-                             "(several forget sets)")
+            raise ValueError(
+                "compare_batch compares a batch with its sets one by one: it needs batch=True (several forget sets)"
+            )
         if self.use_retain_state is False and self.retain_state is not None:
             raise ValueError(f"use_retain_state=False with a retain state folder ({self.retain_state}): give one")
         if self.refresh_retain and not self.wants_state:

@@ -40,8 +40,12 @@ class RMUConfig(PresetConfig):
     batch_size: int = opt(8, "Forget (and paired retain) examples per step.")
     seed: int = opt(0, "Seed of the random direction and the data order.")
 
-    PRESETS: ClassVar[dict] = {("text", "micro"): dict(lr=1e-3, epochs=5), ("text", "mini"): dict(lr=5e-4, epochs=5),
-                               ("speech-llm", "tiny"): dict(lr=1e-3), ("speech-llm", "mini"): dict(lr=5e-4)}
+    PRESETS: ClassVar[dict] = {
+        ("text", "micro"): dict(lr=1e-3, epochs=5),
+        ("text", "mini"): dict(lr=5e-4, epochs=5),
+        ("speech-llm", "tiny"): dict(lr=1e-3),
+        ("speech-llm", "mini"): dict(lr=5e-4),
+    }
 
 
 def _acts(adapter, model, batch, tap: HiddenStateTap) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,16 +63,17 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
         layers = adapter.decoder_layers(model)
     except ValueError as e:
         raise ValueError(f"RMU needs a decoder with .layers: {e}") from None
-    l = cfg.layer if cfg.layer is not None else min(len(layers) - 1, len(layers) // 3)
-    if not 0 <= l < len(layers):
-        raise ValueError(f"RMU layer {l} is outside the decoder's {len(layers)} layers")
+    layer_idx = cfg.layer if cfg.layer is not None else min(len(layers) - 1, len(layers) // 3)
+    if not 0 <= layer_idx < len(layers):
+        raise ValueError(f"RMU layer {layer_idx} is outside the decoder's {len(layers)} layers")
     frozen = copy.deepcopy(model).eval()
     for p in frozen.parameters():
         p.requires_grad_(False)
-    tap, frozen_tap = HiddenStateTap(layers[l]), HiddenStateTap(adapter.decoder_layers(frozen)[l])
-    params = [p for i in range(max(0, l - 2), l + 1) for n, p in layers[i].named_parameters() if "mlp" in n]
+    tap, frozen_tap = HiddenStateTap(layers[layer_idx]), HiddenStateTap(adapter.decoder_layers(frozen)[layer_idx])
+    updated = list(range(max(0, layer_idx - 2), layer_idx + 1))  # the steered layer and up to two below it
+    params = [p for i in updated for n, p in layers[i].named_parameters() if "mlp" in n]
     if not params:
-        raise ValueError(f"RMU found no MLP parameters in decoder layers {max(0, l - 2)}..{l}")
+        raise ValueError(f"RMU found no MLP parameters in decoder layers {updated[0]}..{layer_idx}")
     try:
         with torch.no_grad():
             probe = adapter.collate(list(forget[: cfg.batch_size]))
@@ -83,23 +88,45 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
             hr, _ = _acts(adapter, m, r_batch, tap)
             with torch.no_grad():
                 hr0, _ = _acts(adapter, frozen, r_batch, frozen_tap)
-            return ((hf - control) ** 2).sum(-1).mean() / norm**2 + cfg.alpha * ((hr - hr0) ** 2).sum(-1).mean() / norm**2
+            return ((hf - control) ** 2).sum(-1).mean() / norm**2 + cfg.alpha * ((hr - hr0) ** 2).sum(
+                -1
+            ).mean() / norm**2
 
         on_step, trajectory, scorer = None, [], None
         if ctx.rule is not None:
             per_epoch = max(1, math.ceil(len(forget) / cfg.batch_size))
             on_step, trajectory, scorer = early_stop(adapter, forget, retain, ctx.rule, per_epoch)
-        res = train(model, loss_fn, list(forget), adapter.collate,
-                    TrainConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, weight_decay=0.0,
-                                schedule="constant", seed=cfg.seed),
-                    data2=list(retain), params=params, progress=ctx.progress, desc="rmu", on_step=on_step)
+        res = train(
+            model,
+            loss_fn,
+            list(forget),
+            adapter.collate,
+            TrainConfig(
+                epochs=cfg.epochs,
+                lr=cfg.lr,
+                batch_size=cfg.batch_size,
+                weight_decay=0.0,
+                schedule="constant",
+                seed=cfg.seed,
+            ),
+            data2=list(retain),
+            params=params,
+            progress=ctx.progress,
+            desc="rmu",
+            on_step=on_step,
+        )
     finally:
         tap.remove()
         frozen_tap.remove()
     model.eval()
     restored = on_step.restore_in_bound() if on_step is not None else None
-    info = {"layer": l, "updated_layers": list(range(max(0, l - 2), l + 1)), "control_norm": float(control.norm()),
-            "final_loss": res.final_loss, "steps": res.steps}
+    info = {
+        "layer": layer_idx,
+        "updated_layers": updated,
+        "control_norm": float(control.norm()),
+        "final_loss": res.final_loss,
+        "steps": res.steps,
+    }
     if restored is not None:
         info["restored_step"] = restored  # the run crossed the retain bound: the in-bound state is kept
     if trajectory:
@@ -109,5 +136,10 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: RMUConfig, c
     return MethodResult(adapter, 0.0, time.perf_counter() - start, info)
 
 
-register("rmu", RMUConfig, run, kinds=("text", "speech-llm"),
-         help="Representation misdirection: steer one layer's forget activations to a random direction.")
+register(
+    "rmu",
+    RMUConfig,
+    run,
+    kinds=("text", "speech-llm"),
+    help="Representation misdirection: steer one layer's forget activations to a random direction.",
+)

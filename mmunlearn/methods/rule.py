@@ -49,28 +49,36 @@ class SweepRule:
             raise ValueError(f"forget_target must be finite, got {self.forget_target!r}")
 
     def describe(self) -> dict:
-        return {"forget_target": self.forget_target, "retain_bound": self.retain_bound,
-                "forget_measure": measure_name(self.forget_measure), "retain_measure": measure_name(self.retain_measure)}
+        return {
+            "forget_target": self.forget_target,
+            "retain_bound": self.retain_bound,
+            "forget_measure": measure_name(self.forget_measure),
+            "retain_measure": measure_name(self.retain_measure),
+        }
 
     def judge(self, adapter, forget: Sequence[Any]) -> dict[str, Any] | None:
         """Checks the rule makes of the final model beyond its two measures (None: none; a rule with some returns a
         dict whose ``met`` joins the verdict, e.g. :class:`~mmunlearn.api.row_rule.RowRule`'s greedy checks)."""
         return None
 
-    def verdict(self, method: str, forget: float, retain_rise: float, met: bool,
-                judged: dict[str, Any] | None = None) -> str:
+    def verdict(
+        self, method: str, forget: float, retain_rise: float, met: bool, judged: dict[str, Any] | None = None
+    ) -> str:
         """One line that says whether ``method`` met the rule, naming each measure, its direction and its bound."""
         head = f"rule met by {method}" if met else f"RULE NOT MET by {method}"
-        return (f"{head}: forget set: {measure_label(self.forget_measure)} {forget:.4g} (target >= "
-                f"{self.forget_target:.4g}; higher = more forgotten); retain set: {measure_label(self.retain_measure)} "
-                f"rose {retain_rise:+.4g} (bound <= {self.retain_bound:.4g})")
+        return (
+            f"{head}: forget set: {measure_label(self.forget_measure)} {forget:.4g} (target >= "
+            f"{self.forget_target:.4g}; higher = more forgotten); retain set: {measure_label(self.retain_measure)} "
+            f"rose {retain_rise:+.4g} (bound <= {self.retain_bound:.4g})"
+        )
 
 
 #: What each forget / retain measure the rules use means, for the verdict line (by the measure's name).
 MEASURE_LABELS = {
     "mean_nll": "mean NLL (nats)",
     "forget_rows_gone": "share of forget rows gone (each answer's NLL at its level, and no greedy answer giving it)",
-    "worst_speaker_error_rate": "share of the worst forgotten speaker's clips predicted as none of the forgotten speakers",
+    "worst_speaker_error_rate": "share of the worst forgotten speaker's clips predicted as none of the forgotten "
+    "speakers",
     "log_loss_gap": "forget minus retain mean log-NLL",
 }
 
@@ -149,32 +157,49 @@ def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True, t
         return
     from tqdm.auto import tqdm
 
-    setting = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()
-                        if k not in ("forget_nll", "retain_nll"))
+    setting = ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in point.items()
+        if k not in ("forget_nll", "retain_nll")
+    )
     f, r = point["forget_nll"], point["retain_nll"]
-    state = ("meets the rule" if scorer.reached(f) and not scorer.over(r) else
-             "retain over the bound" if scorer.over(r) else "forget below the target")
+    state = (
+        "meets the rule"
+        if scorer.reached(f) and not scorer.over(r)
+        else "retain over the bound"
+        if scorer.over(r)
+        else "forget below the target"
+    )
     n, rate = scorer.scored, scorer.per_point()
     where = f"point {n} of at most {total}" if total else f"point {n}"
-    left = (f", at most ~{span(rate * (total - n))} left at {span(rate)} a point" if total and total > n and rate
-            else f" ({span(rate)} a point)" if not total and rate else "")
-    tqdm.write(f"{method} sweep: {setting}: forget {f:.4g} (target {scorer.rule.forget_target:.4g}), retain rise "
-               f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}; {where}, "
-               f"{span(time.perf_counter() - scorer.started)} into the sweep{left}")
+    left = (
+        f", at most ~{span(rate * (total - n))} left at {span(rate)} a point"
+        if total and total > n and rate
+        else f" ({span(rate)} a point)"
+        if not total and rate
+        else ""
+    )
+    tqdm.write(
+        f"{method} sweep: {setting}: forget {f:.4g} (target {scorer.rule.forget_target:.4g}), retain rise "
+        f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}; {where}, "
+        f"{span(time.perf_counter() - scorer.started)} into the sweep{left}"
+    )
 
 
 def _say_check(label: str, step: int, total: int | None, f: float, r: float, scorer: Scorer, elapsed: float) -> None:
     from tqdm.auto import tqdm  # deferred: as log_point
 
-    left = (f", at most ~{span(elapsed / step * (total - step))} left at this rate" if total and total > step
-            else "")
-    tqdm.write(f"{label} step {step}{f'/{total}' if total else ''}: forget {f:.4g} (target "
-               f"{scorer.rule.forget_target:.4g}), retain rise {r - scorer.base_retain:+.4g} (bound "
-               f"{scorer.rule.retain_bound:.4g}); {span(elapsed)} elapsed{left}")
+    left = f", at most ~{span(elapsed / step * (total - step))} left at this rate" if total and total > step else ""
+    tqdm.write(
+        f"{label} step {step}{f'/{total}' if total else ''}: forget {f:.4g} (target "
+        f"{scorer.rule.forget_target:.4g}), retain rise {r - scorer.base_retain:+.4g} (bound "
+        f"{scorer.rule.retain_bound:.4g}); {span(elapsed)} elapsed{left}"
+    )
 
 
-def choose(points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float,
-           retain_bound: float) -> SweepPoint:
+def choose(
+    points: list[SweepPoint], base_forget: float, base_retain: float, forget_target: float, retain_bound: float
+) -> SweepPoint:
     """The sweep rule: among points whose retain measure rose by at most ``retain_bound``, the one that
     reaches ``forget_target`` with the smallest retain measure; if none does, the one with the highest
     forget measure; if none keeps retain within bound, the first (smallest) edit."""
@@ -189,8 +214,15 @@ def choose(points: list[SweepPoint], base_forget: float, base_retain: float, for
     return max(ok, key=lambda p: p.forget_nll)
 
 
-def early_stop(adapter, forget: Sequence[Any], retain: Sequence[Any], rule: SweepRule, steps_per_epoch: int,
-               total_steps: int | None = None, label: str | None = None):
+def early_stop(
+    adapter,
+    forget: Sequence[Any],
+    retain: Sequence[Any],
+    rule: SweepRule,
+    steps_per_epoch: int,
+    total_steps: int | None = None,
+    label: str | None = None,
+):
     """``(on_step, trajectory, scorer)`` for a training loop: a few times an epoch score the training
     partitions and stop once the forget measure reaches the target or the retain measure passes the bound.
     Before the first of those checks the steps 1, 2, 4, ... are scored too: on a real model a few steps can already

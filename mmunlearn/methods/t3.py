@@ -38,19 +38,30 @@ class T3Config(PresetConfig):
     head_lr: float = opt(1e-2, "Learning rate of the head.")
     temperature: float = opt(1.0, "Decoding temperature T >= 1 (without a sweep).")
     strength: float = opt(1.0, "Tilt strength lambda in [0, 1] (without a sweep): 1 is T3, smaller weakens the tilt.")
-    sweep_strengths: tuple[float, ...] = opt((1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0),
-                                             "With a sweep rule: tilt strengths tried at T = 1, weakest first.")
-    sweep_temperatures: tuple[float, ...] = opt((1.25, 1.5, 2.0),
-                                                "With a sweep rule: temperatures tried next, at full strength.")
-    sweep_pick: str = opt("utility", "With a sweep rule: 'utility' scores every candidate and applies, among those "
-                                     "meeting the rule, the weakest whose held-out retain NLL is within "
-                                     "sweep_retain_tolerance of the lowest (the most utility kept); 'first' stops "
-                                     "at the first candidate meeting it (faster).")
-    sweep_retain_tolerance: float = opt(0.01, "With sweep_pick 'utility': retain NLLs (nats) within this of the "
-                                               "lowest count as equal, and the weakest of them is applied.")
-    pooling: str = opt("last", "What the head reads: 'last' (the final hidden state of the position being extended, "
-                               "the T3 paper's head) or 'cummean' (the mean of the final states up to it, as "
-                               "open-unlearning's T3 port).")
+    sweep_strengths: tuple[float, ...] = opt(
+        (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0), "With a sweep rule: tilt strengths tried at T = 1, weakest first."
+    )
+    sweep_temperatures: tuple[float, ...] = opt(
+        (1.25, 1.5, 2.0), "With a sweep rule: temperatures tried next, at full strength."
+    )
+    sweep_pick: str = opt(
+        "utility",
+        "With a sweep rule: 'utility' scores every candidate and applies, among those "
+        "meeting the rule, the weakest whose held-out retain NLL is within "
+        "sweep_retain_tolerance of the lowest (the most utility kept); 'first' stops "
+        "at the first candidate meeting it (faster).",
+    )
+    sweep_retain_tolerance: float = opt(
+        0.01,
+        "With sweep_pick 'utility': retain NLLs (nats) within this of the "
+        "lowest count as equal, and the weakest of them is applied.",
+    )
+    pooling: str = opt(
+        "last",
+        "What the head reads: 'last' (the final hidden state of the position being extended, "
+        "the T3 paper's head) or 'cummean' (the mean of the final states up to it, as "
+        "open-unlearning's T3 port).",
+    )
 
     def __post_init__(self) -> None:
         from mmunlearn.tilt.head import check_pooling  # deferred: tilt imports transformers, kept out of CLI start
@@ -61,8 +72,11 @@ class T3Config(PresetConfig):
         if self.sweep_pick not in ("utility", "first"):
             raise ValueError(f"t3: sweep_pick must be 'utility' or 'first', not {self.sweep_pick!r}")
 
-    PRESETS: ClassVar[dict] = {("text", "micro"): _SMALL, ("speech-llm", "tiny"): _SMALL,
-                               ("speech-llm", "mini"): _SMALL}
+    PRESETS: ClassVar[dict] = {
+        ("text", "micro"): _SMALL,
+        ("speech-llm", "tiny"): _SMALL,
+        ("speech-llm", "mini"): _SMALL,
+    }
 
 
 def weakest_keeping_retain(meeting: Sequence[SweepPoint], tolerance: float) -> SweepPoint | None:
@@ -84,23 +98,43 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
     """Fit the head on the frozen model's states; wrap the model (temperature swept with ``ctx.rule``)."""
     from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers, kept out of CLI start
 
-    fit = train_tilt(adapter, retain, forget, rank=cfg.head_rank, epochs=cfg.head_epochs, lr=cfg.head_lr,
-                     cache_dir=ctx.cache_dir, progress=ctx.progress, pooling=cfg.pooling)
-    info: dict = {"train_accuracy": fit.train_accuracy, "head_parameters": fit.parameters,
-                  "head_fraction": fit.fraction, "cache_reused": fit.cache_reused}
+    fit = train_tilt(
+        adapter,
+        retain,
+        forget,
+        rank=cfg.head_rank,
+        epochs=cfg.head_epochs,
+        lr=cfg.head_lr,
+        cache_dir=ctx.cache_dir,
+        progress=ctx.progress,
+        pooling=cfg.pooling,
+    )
+    info: dict = {
+        "train_accuracy": fit.train_accuracy,
+        "head_parameters": fit.parameters,
+        "head_fraction": fit.fraction,
+        "cache_reused": fit.cache_reused,
+    }
     temperature, strength = cfg.temperature, cfg.strength
     if ctx.rule is not None and (cfg.sweep_strengths or cfg.sweep_temperatures):  # none: its settings as they are
         t_sweep = time.perf_counter()
         scorer = Scorer(ctx.rule, adapter, forget, retain)
         candidates = [(1.0, lam) for lam in sorted(cfg.sweep_strengths)] + [
-            (t, 1.0) for t in sorted(cfg.sweep_temperatures) if t > 1.0]
+            (t, 1.0) for t in sorted(cfg.sweep_temperatures) if t > 1.0
+        ]
         points, tried = [], []
         for t, lam in candidates:
             tilted = _tilted(adapter, fit.head, t, lam)
             points.append(SweepPoint(None, t, *scorer.score(tilted)))
             tilted.model.tap.remove()
-            tried.append({"temperature": t, "strength": lam, "forget_nll": points[-1].forget_nll,
-                          "retain_nll": points[-1].retain_nll})
+            tried.append(
+                {
+                    "temperature": t,
+                    "strength": lam,
+                    "forget_nll": points[-1].forget_nll,
+                    "retain_nll": points[-1].retain_nll,
+                }
+            )
             log_point("t3", tried[-1], scorer, ctx.progress, total=len(candidates))
             if cfg.sweep_pick == "first" and scorer.point_meets(points[-1]):
                 break  # the weakest intervention meeting the rule
@@ -112,18 +146,43 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
         info["sweep_seconds"] = time.perf_counter() - t_sweep
     info["temperature"], info["strength"] = temperature, strength
     # the unlearn time: the head's training and, with a rule, the sweep (the state cache is the extraction)
-    return MethodResult(_tilted(adapter, fit.head, temperature, strength), fit.cache_seconds,
-                        fit.train_seconds + info.get("sweep_seconds", 0.0), info)
+    return MethodResult(
+        _tilted(adapter, fit.head, temperature, strength),
+        fit.cache_seconds,
+        fit.train_seconds + info.get("sweep_seconds", 0.0),
+        info,
+    )
 
 
-register("t3", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False, needs=("hidden_states",),
-         artefacts=TILT_FILES,
-         help="Temper-then-tilt: frozen base, low-rank head estimating P(retain | x, y), tilted decoding.")
+register(
+    "t3",
+    T3Config,
+    run,
+    kinds=("text", "speech-llm"),
+    edits_weights=False,
+    needs=("hidden_states",),
+    artefacts=TILT_FILES,
+    help="Temper-then-tilt: frozen base, low-rank head estimating P(retain | x, y), tilted decoding.",
+)
 #: open-unlearning's T3 port, as its configuration reads: a token-level head on cumulatively mean-pooled last-layer
 #: states, rank 32 (its range: 20-50), base temperature 2.5, full tilt, trained with the same class-balanced BCE on
 #: retain-vs-forget answer tokens; no sweep (the rule only judges it), so it is compared as configured.
-PORT_SETTINGS = {"pooling": "cummean", "head_rank": 32, "temperature": 2.5, "strength": 1.0,
-                 "sweep_strengths": (), "sweep_temperatures": ()}
-register("t3-port", T3Config, run, kinds=("text", "speech-llm"), edits_weights=False, needs=("hidden_states",),
-         artefacts=TILT_FILES, defaults=PORT_SETTINGS,
-         help="T3 as open-unlearning's port configures it: cumulative-mean pooled states, rank 32, T = 2.5, no sweep.")
+PORT_SETTINGS = {
+    "pooling": "cummean",
+    "head_rank": 32,
+    "temperature": 2.5,
+    "strength": 1.0,
+    "sweep_strengths": (),
+    "sweep_temperatures": (),
+}
+register(
+    "t3-port",
+    T3Config,
+    run,
+    kinds=("text", "speech-llm"),
+    edits_weights=False,
+    needs=("hidden_states",),
+    artefacts=TILT_FILES,
+    defaults=PORT_SETTINGS,
+    help="T3 as open-unlearning's port configures it: cumulative-mean pooled states, rank 32, T = 2.5, no sweep.",
+)

@@ -63,7 +63,7 @@ def nll(x: Any, name: str, ndims: tuple[int, ...] = (1,)) -> np.ndarray:
 
 def ragged(x: Any, name: str) -> list[np.ndarray]:
     """Per-item 1-D float arrays of possibly different lengths (a list, or the rows of a 2-D array)."""
-    if hasattr(x, "ndim") and not (x.ndim == 1 and getattr(x, "dtype", None) == object):
+    if hasattr(x, "ndim") and not (x.ndim == 1 and getattr(x, "dtype", None) == np.dtype(object)):
         if x.ndim != 2:
             raise ValueError(
                 f"{name}: expected per-item 1-D arrays (a list, or a 2-D array of equal-length "

@@ -70,9 +70,7 @@ def prob_entry(avg_nll: Any, indices: Sequence[int] | None = None) -> Entry:
     keys = _checks.index_keys(indices, len(nll))
     return {
         "agg_value": tofu.qa_prob(nll),
-        "value_by_index": {
-            k: {"prob": _floats(p), "avg_loss": _floats(l)} for k, p, l in zip(keys, probs, nll)
-        },
+        "value_by_index": {k: {"prob": _floats(p), "avg_loss": _floats(loss)} for k, p, loss in zip(keys, probs, nll)},
     }
 
 
@@ -89,9 +87,7 @@ def truth_ratio_entry(
     aggregator: ``"closer_to_1_better"`` (forget set) or ``"true_better"`` (the others).
     """
     if aggregator not in tofu.TRUTH_RATIO_AGGREGATORS:
-        raise ValueError(
-            f"aggregator: {aggregator!r} is not one of {sorted(tofu.TRUTH_RATIO_AGGREGATORS)}"
-        )
+        raise ValueError(f"aggregator: {aggregator!r} is not one of {sorted(tofu.TRUTH_RATIO_AGGREGATORS)}")
     ratios = tofu.truth_ratio(nll_correct, nll_wrong)
     keys = _checks.index_keys(indices, len(ratios))
     return {
@@ -100,9 +96,7 @@ def truth_ratio_entry(
     }
 
 
-def normalised_prob_entry(
-    nll_correct: Any, nll_wrong: Any, indices: Sequence[int] | None = None
-) -> Entry:
+def normalised_prob_entry(nll_correct: Any, nll_wrong: Any, indices: Sequence[int] | None = None) -> Entry:
     """A ``*_Q_A_Prob_normalised`` entry: ``(N,)`` answer NLLs vs ``(N, K)`` wrong-option NLLs."""
     probs = tofu.normalised_prob(nll_correct, nll_wrong)
     keys = _checks.index_keys(indices, len(probs))

@@ -142,9 +142,7 @@ def retain_forget_truth_ratios(retain_logs_path: str | os.PathLike[str]) -> np.n
         raise ValueError(f"{_eval_file(retain_logs_path)}: {RETAIN_LOGS_TRUTH_RATIO_KEY}: {exc}") from None
 
 
-def retain_agg_value(
-    retain_logs_path: str | os.PathLike[str], key: str = RETAIN_LOGS_PRIVLEAK_KEY
-) -> float:
+def retain_agg_value(retain_logs_path: str | os.PathLike[str], key: str = RETAIN_LOGS_PRIVLEAK_KEY) -> float:
     """An aggregate of the retain model's logs; by default its ``mia_min_k`` AUC (for privleak)."""
     entry = _retain_entry(retain_logs_path, key)
     value = entry.get("agg_value")

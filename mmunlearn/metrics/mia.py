@@ -56,9 +56,16 @@ def mia_auc(member_scores: Any, nonmember_scores: Any) -> float:
     return float(u_nonmembers / (n * m))
 
 
-def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float = 0.95, n_resamples: int = 2000,
-               seed: int = 0, member_groups: Sequence[Any] | None = None,
-               nonmember_groups: Sequence[Any] | None = None) -> tuple[float, float]:
+def mia_auc_ci(
+    member_scores: Any,
+    nonmember_scores: Any,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    member_groups: Sequence[Any] | None = None,
+    nonmember_groups: Sequence[Any] | None = None,
+) -> tuple[float, float]:
     """Bootstrap confidence interval (low, high) of :func:`mia_auc`: members and non-members resampled
     independently (``scipy.stats.bootstrap``, BCa), seeded.
 
@@ -75,8 +82,9 @@ def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float =
     if not 0.0 < confidence < 1.0 or n_resamples < 100:
         raise ValueError(f"confidence must be in (0, 1) and n_resamples >= 100, got {confidence}, {n_resamples}")
     if len(members) < 2 or len(nonmembers) < 2:
-        raise ValueError(f"a confidence interval needs >= 2 members and non-members, got {len(members)} and "
-                         f"{len(nonmembers)}")
+        raise ValueError(
+            f"a confidence interval needs >= 2 members and non-members, got {len(members)} and {len(nonmembers)}"
+        )
 
     if (member_groups is None) != (nonmember_groups is None):
         raise ValueError("give member_groups and nonmember_groups together (or neither)")
@@ -93,8 +101,15 @@ def mia_auc_ci(member_scores: Any, nonmember_scores: Any, *, confidence: float =
     for method in ("BCa", "percentile") if 0.0 < point < 1.0 else ("percentile",):  # BCa needs spread
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            res = stats.bootstrap((members, nonmembers), auc, n_resamples=n_resamples, confidence_level=confidence,
-                                  method=method, vectorized=True, random_state=np.random.default_rng(seed))
+            res = stats.bootstrap(
+                (members, nonmembers),
+                auc,
+                n_resamples=n_resamples,
+                confidence_level=confidence,
+                method=method,
+                vectorized=True,
+                random_state=np.random.default_rng(seed),
+            )
         low, high = res.confidence_interval
         if np.isfinite(low) and np.isfinite(high):
             break
@@ -111,16 +126,23 @@ def _group_index(scores: np.ndarray, groups: Sequence[Any], what: str) -> list[n
     return [np.asarray(v) for v in index.values()]
 
 
-def _grouped_ci(members: np.ndarray, nonmembers: np.ndarray, member_groups: Sequence[Any],
-                nonmember_groups: Sequence[Any], confidence: float, n_resamples: int,
-                seed: int) -> tuple[float, float]:
+def _grouped_ci(
+    members: np.ndarray,
+    nonmembers: np.ndarray,
+    member_groups: Sequence[Any],
+    nonmember_groups: Sequence[Any],
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> tuple[float, float]:
     """Percentile interval of the AUC when whole groups (recordings) of members and of non-members are drawn
     with replacement, each side independently."""
     m_idx = _group_index(members, member_groups, "member_groups")
     h_idx = _group_index(nonmembers, nonmember_groups, "nonmember_groups")
     if len(m_idx) < 2 or len(h_idx) < 2:
-        raise ValueError(f"a grouped interval needs >= 2 member and non-member groups, got {len(m_idx)} and "
-                         f"{len(h_idx)}")
+        raise ValueError(
+            f"a grouped interval needs >= 2 member and non-member groups, got {len(m_idx)} and {len(h_idx)}"
+        )
     if np.ptp(np.concatenate([members, nonmembers])) == 0:
         return 0.5, 0.5
     rng = np.random.default_rng(seed)
@@ -202,9 +224,7 @@ def min_k_plus_plus_scores(token_logprobs: Any, mu: Any, sigma: Any, k: float = 
     scores = []
     for i, (lp, m, s) in enumerate(zip(lps, mus, sigmas)):
         if not len(lp) == len(m) == len(s):
-            raise ValueError(
-                f"item {i}: token_logprobs, mu and sigma have lengths {len(lp)}, {len(m)}, {len(s)}"
-            )
+            raise ValueError(f"item {i}: token_logprobs, mu and sigma have lengths {len(lp)}, {len(m)}, {len(s)}")
         if (s < 0).any():
             raise ValueError(f"sigma[{i}]: standard deviations must be >= 0, got {float(s.min()):.4g}")
         z = (lp - m) / np.maximum(s, _SIGMA_FLOOR)

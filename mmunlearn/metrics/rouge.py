@@ -14,11 +14,10 @@ reference tokenizer, so English numbers are unchanged.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
-
-import unicodedata
 
 import numpy as np
 
@@ -85,8 +84,9 @@ class _ScriptTokenizer:
 
 def non_latin(text: str) -> bool:
     """Whether ``text`` has a letter outside the Latin script (then it is scored with script_tokens)."""
-    return any(unicodedata.category(ch)[0] == "L" and not unicodedata.name(ch, "LATIN").startswith("LATIN")
-               for ch in text)
+    return any(
+        unicodedata.category(ch)[0] == "L" and not unicodedata.name(ch, "LATIN").startswith("LATIN") for ch in text
+    )
 
 
 def rouge_scores(generations: Sequence[str], references: Sequence[str]) -> dict[str, np.ndarray]:

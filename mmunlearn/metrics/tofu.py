@@ -39,8 +39,8 @@ The 1e-10 guards are the reference's; they are kept so per-item values agree wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats

@@ -44,13 +44,23 @@ import torch
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.adapters.text.tokenizer import train_bpe
-from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.data.tofu import QAItem, split_info
 from mmunlearn.errors import check_threads
 from mmunlearn.eval.scoring import generate_answers
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.metrics.rouge import rouge_l_recall
-from mmunlearn.presets.cache import (LOG_FILE, build_lock, cache_key, check_cache_path, default_cache_dir, is_built,
-                                     items_digest, read_log, texts_digest, write_log)
+from mmunlearn.presets.cache import (
+    LOG_FILE,
+    build_lock,
+    cache_key,
+    check_cache_path,
+    default_cache_dir,
+    is_built,
+    items_digest,
+    read_log,
+    texts_digest,
+    write_log,
+)
 from mmunlearn.presets.items import base_corpus, fact_items, forget_rows, source_texts, training_items
 from mmunlearn.presets.models import Preset, get_preset, parameter_count
 from mmunlearn.train import TrainConfig, causal_lm_loss, train
@@ -113,12 +123,14 @@ def planned_steps(cfg: TrainConfig, n_examples: int) -> int:
         return cfg.steps
     dist = torch.distributed
     procs = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    micro = -(-(-(-n_examples // cfg.batch_size)) // procs)
+    batches = -(-n_examples // cfg.batch_size)  # ceiling divisions
+    micro = -(-batches // procs)
     return cfg.epochs * -(-micro // cfg.grad_accum)
 
 
-def _resolved(cfg: TrainConfig, seed: int, device: str, overrides: Mapping[str, Any] | None,
-              n_examples: int | None = None) -> TrainConfig:
+def _resolved(
+    cfg: TrainConfig, seed: int, device: str, overrides: Mapping[str, Any] | None, n_examples: int | None = None
+) -> TrainConfig:
     """The preset's config with ``overrides`` (TrainConfig fields, plus ``max_steps`` N: when the run
     would take more than N optimizer steps it becomes an N-step run, its schedule fitted to them)."""
     overrides = dict(overrides or {})
@@ -151,17 +163,34 @@ def forget_check(adapter, forget: Sequence[QAItem], generate: bool = True) -> di
     out = {"forget_answer_nll": float(nll.mean()), "forget_prob": float(torch.exp(-nll).mean())}
     if generate:
         with adapter.bf16_generation():
-            gens = generate_answers(adapter, [it.question for it in forget], max_new_tokens="auto",
-                                    gold=[it.answer for it in forget])
+            gens = generate_answers(
+                adapter, [it.question for it in forget], max_new_tokens="auto", gold=[it.answer for it in forget]
+            )
         out["forget_rouge"] = float(rouge_l_recall(gens, [it.answer.strip() for it in forget]).mean())
     return out
 
 
-def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: Path, info: dict[str, Any], *,
-                  max_length: int, device: str, progress: bool, desc: str, resume_dir: Path | None,
-                  checkpoint_every: int | None, facts: Sequence[QAItem], replay: Sequence[QAItem] = (),
-                  save_dtype: torch.dtype | None = None, forget: Sequence[QAItem] = (),
-                  full_check: bool = True, cache_root: Path | None = None) -> dict[str, Any]:
+def _fit_and_save(
+    model,
+    tokenizer,
+    items: list[QAItem],
+    cfg: TrainConfig,
+    out: Path,
+    info: dict[str, Any],
+    *,
+    max_length: int,
+    device: str,
+    progress: bool,
+    desc: str,
+    resume_dir: Path | None,
+    checkpoint_every: int | None,
+    facts: Sequence[QAItem],
+    replay: Sequence[QAItem] = (),
+    save_dtype: torch.dtype | None = None,
+    forget: Sequence[QAItem] = (),
+    full_check: bool = True,
+    cache_root: Path | None = None,
+) -> dict[str, Any]:
     """Train on ``items`` (+ ``replay``, mixed in) with the answer-token loss, then write weights,
     tokenizer and train_log.json to ``out``. The log holds the ``forget`` rows' check (:func:`forget_check`)
     before (``pretrained_forget_*``) and after training; with ``full_check`` also the answer NLL of all
@@ -171,26 +200,50 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
     precision = "bf16" if cfg.mixed_precision == "bf16" else "no"
     adapter = TextLLMAdapter(model, tokenizer, max_length=max_length, precision=precision)
     before = forget_check(adapter, forget, generate=False) if forget and not resume_started(resume_dir) else {}
-    result = train(model, causal_lm_loss, list(items) + list(replay), adapter.collate, cfg, device=device,
-                   progress=progress, desc=desc,
-                   checkpoint_dir=resume_dir if checkpoint_every else None, checkpoint_every=checkpoint_every,
-                   resume=bool(checkpoint_every))
+    result = train(
+        model,
+        causal_lm_loss,
+        list(items) + list(replay),
+        adapter.collate,
+        cfg,
+        device=device,
+        progress=progress,
+        desc=desc,
+        checkpoint_dir=resume_dir if checkpoint_every else None,
+        checkpoint_every=checkpoint_every,
+        resume=bool(checkpoint_every),
+    )
     t0 = time.perf_counter()
     per_epoch = max(1, round(result.steps / max(result.epochs, 1e-9)))
-    epoch_losses = [sum(c) / len(c) for c in (result.losses[i:i + per_epoch]
-                                               for i in range(0, len(result.losses), per_epoch))]
+    epoch_losses = [
+        sum(c) / len(c) for c in (result.losses[i : i + per_epoch] for i in range(0, len(result.losses), per_epoch))
+    ]
     answer_nll = _mean_nll(adapter, items) if full_check else None  # eval mode, after training
     check = forget_check(adapter, forget)
-    train_log = {**info, "final_loss": answer_nll if answer_nll is not None else result.final_loss,
-                 "answer_nll": answer_nll, "facts_answer_nll": _mean_nll(adapter, facts) if full_check else None,
-                 "forget_answer_nll": check.get("forget_answer_nll"), "forget_prob": check.get("forget_prob"),
-                 "forget_rouge": check.get("forget_rouge"), "pretrained_forget_prob": before.get("forget_prob"),
-                 "pretrained_forget_answer_nll": before.get("forget_answer_nll"), "forget_examples": len(forget),
-                 "train_loss": result.final_loss, "epoch_losses": epoch_losses, "seconds": result.seconds,
-                 "steps": result.steps, "epochs": result.epochs, "resumed_from_step": result.resumed_from,
-                 "n_examples": len(items), "replay_examples": len(replay), "parameters": parameter_count(model),
-                 "config": cfg.to_dict(),
-                 "device": str(adapter.device), "torch_threads": torch.get_num_threads()}
+    train_log = {
+        **info,
+        "final_loss": answer_nll if answer_nll is not None else result.final_loss,
+        "answer_nll": answer_nll,
+        "facts_answer_nll": _mean_nll(adapter, facts) if full_check else None,
+        "forget_answer_nll": check.get("forget_answer_nll"),
+        "forget_prob": check.get("forget_prob"),
+        "forget_rouge": check.get("forget_rouge"),
+        "pretrained_forget_prob": before.get("forget_prob"),
+        "pretrained_forget_answer_nll": before.get("forget_answer_nll"),
+        "forget_examples": len(forget),
+        "train_loss": result.final_loss,
+        "epoch_losses": epoch_losses,
+        "seconds": result.seconds,
+        "steps": result.steps,
+        "epochs": result.epochs,
+        "resumed_from_step": result.resumed_from,
+        "n_examples": len(items),
+        "replay_examples": len(replay),
+        "parameters": parameter_count(model),
+        "config": cfg.to_dict(),
+        "device": str(adapter.device),
+        "torch_threads": torch.get_num_threads(),
+    }
     train_log["eval_seconds"] = time.perf_counter() - t0
     if save_dtype is not None:
         model.to(save_dtype)
@@ -202,16 +255,29 @@ def _fit_and_save(model, tokenizer, items: list[QAItem], cfg: TrainConfig, out: 
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
     wait_for_everyone()
-    log.info("%s: final loss %.4f after %d steps (%.1f s) -> %s", desc, train_log["final_loss"], result.steps,
-             result.seconds, out)
+    log.info(
+        "%s: final loss %.4f after %d steps (%.1f s) -> %s",
+        desc,
+        train_log["final_loss"],
+        result.steps,
+        result.seconds,
+        out,
+    )
     return train_log
 
 
 # ---------------------------------------------------------------------- base
-def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, seed: int = 0,
-               cache_dir: str | os.PathLike | None = None, device: str = "auto", progress: bool = True,
-               overrides: Mapping[str, Any] | None = None, checkpoint_every: int | None = CHECKPOINT_EVERY_BUILT
-               ) -> tuple[Path, dict[str, Any]]:
+def build_base(
+    preset: str | os.PathLike | Preset,
+    data: str | os.PathLike,
+    *,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+    checkpoint_every: int | None = CHECKPOINT_EVERY_BUILT,
+) -> tuple[Path, dict[str, Any]]:
     """The pretrained base of a built preset for ``data`` (from the cache when already built).
 
     For a model-directory preset the base is that directory itself. ``overrides`` change the
@@ -224,9 +290,16 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
     corpus = base_corpus(data, p.corpus_authors, seed)
     cfg = _resolved(p.pretrain, seed, device, overrides, len(corpus))
     tok_texts = [t for it in corpus for t in (it.question, it.answer)] + source_texts(data)
-    spec = {"kind": "base", "arch": p.to_dict()["arch"], "corpus_authors": p.corpus_authors,
-            "max_length": p.max_length, "pretrain": cfg.to_dict(), "seed": seed,
-            "corpus": items_digest(corpus), "tokenizer_texts": texts_digest(tok_texts)}
+    spec = {
+        "kind": "base",
+        "arch": p.to_dict()["arch"],
+        "corpus_authors": p.corpus_authors,
+        "max_length": p.max_length,
+        "pretrain": cfg.to_dict(),
+        "seed": seed,
+        "corpus": items_digest(corpus),
+        "tokenizer_texts": texts_digest(tok_texts),
+    }
     key = cache_key(spec)
     group = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     out = group / f"{p.name}-{key}" / "base"
@@ -238,12 +311,31 @@ def build_base(preset: str | os.PathLike | Preset, data: str | os.PathLike, *, s
             return out, {**read_log(out), "cached": True, "path": str(out)}
         tokenizer = train_bpe(tok_texts, vocab_size=p.arch.vocab_size)
         model = p.arch.build(tokenizer, seed=seed)
-        info = {"model": "base", "key": key, "preset": p.name, "data": str(data), "seed": seed,
-                "tokenizer_size": len(tokenizer), "corpus_examples": len(corpus)}
-        train_log = _fit_and_save(model, tokenizer, corpus, cfg, out, info, max_length=p.max_length,
-                                  device=device, progress=progress, desc=f"{p.name} base",
-                                  resume_dir=group / ".resume" / f"base-{key}", checkpoint_every=checkpoint_every,
-                                  facts=fact_items(data), cache_root=group)
+        info = {
+            "model": "base",
+            "key": key,
+            "preset": p.name,
+            "data": str(data),
+            "seed": seed,
+            "tokenizer_size": len(tokenizer),
+            "corpus_examples": len(corpus),
+        }
+        train_log = _fit_and_save(
+            model,
+            tokenizer,
+            corpus,
+            cfg,
+            out,
+            info,
+            max_length=p.max_length,
+            device=device,
+            progress=progress,
+            desc=f"{p.name} base",
+            resume_dir=group / ".resume" / f"base-{key}",
+            checkpoint_every=checkpoint_every,
+            facts=fact_items(data),
+            cache_root=group,
+        )
     return out, {**train_log, "cached": False, "path": str(out)}
 
 
@@ -261,15 +353,39 @@ def _load_parent(p: Preset, base: Path):
     return model, tokenizer, save_dtype
 
 
-def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items: list[QAItem], out: Path | None,
-                   group: Path, *, role: str, authors: int | None, seed: int, device: str, progress: bool,
-                   overrides: Mapping[str, Any] | None, checkpoint_every: int | None, overwrite: bool,
-                   forget: Sequence[QAItem] = ()) -> tuple[Path, dict[str, Any]]:
+def _finetune_into(
+    p: Preset,
+    base: Path,
+    base_key: str,
+    data,
+    split: str,
+    items: list[QAItem],
+    out: Path | None,
+    group: Path,
+    *,
+    role: str,
+    authors: int | None,
+    seed: int,
+    device: str,
+    progress: bool,
+    overrides: Mapping[str, Any] | None,
+    checkpoint_every: int | None,
+    overwrite: bool,
+    forget: Sequence[QAItem] = (),
+) -> tuple[Path, dict[str, Any]]:
     facts = fact_items(data)
     replay = facts if p.replay_facts else []
     cfg = _resolved(p.finetune, seed, device, overrides, len(items) + len(replay))
-    spec = {"kind": "finetune", "parent": base_key, "split": split, "data": items_digest(items),
-            "replay": items_digest(replay), "finetune": cfg.to_dict(), "max_length": p.max_length, "seed": seed}
+    spec = {
+        "kind": "finetune",
+        "parent": base_key,
+        "split": split,
+        "data": items_digest(items),
+        "replay": items_digest(replay),
+        "finetune": cfg.to_dict(),
+        "max_length": p.max_length,
+        "seed": seed,
+    }
     key = cache_key(spec)
     tag = f"{split}-a{authors}" if authors is not None else split
     target = out if out is not None else group / f"{tag}-{key}"
@@ -281,16 +397,41 @@ def _finetune_into(p: Preset, base: Path, base_key: str, data, split: str, items
         if is_built(target, key, root):  # built by another process while this one waited
             return target, {**read_log(target), "cached": True, "path": str(target)}
         if out is not None and out.exists() and not overwrite:
-            raise FileExistsError(f"{out} exists and holds another model (no {LOG_FILE} with this build's key); "
-                                  f"pass overwrite=True to replace it")
+            raise FileExistsError(
+                f"{out} exists and holds another model (no {LOG_FILE} with this build's key); "
+                f"pass overwrite=True to replace it"
+            )
         model, tokenizer, save_dtype = _load_parent(p, base)
-        info = {"model": role, "key": key, "preset": p.name, "data": str(data), "split": split,
-                "authors": authors, "seed": seed, "base": str(base)}
-        train_log = _fit_and_save(model, tokenizer, items, cfg, target, info, max_length=p.max_length,
-                                  device=device, progress=progress, desc=f"{p.name} {role} ({tag})",
-                                  resume_dir=group / ".resume" / f"{tag}-{key}", checkpoint_every=checkpoint_every,
-                                  facts=facts, replay=replay, save_dtype=save_dtype, forget=forget,
-                                  full_check=not p.is_model_dir, cache_root=group.parent)
+        info = {
+            "model": role,
+            "key": key,
+            "preset": p.name,
+            "data": str(data),
+            "split": split,
+            "authors": authors,
+            "seed": seed,
+            "base": str(base),
+        }
+        train_log = _fit_and_save(
+            model,
+            tokenizer,
+            items,
+            cfg,
+            target,
+            info,
+            max_length=p.max_length,
+            device=device,
+            progress=progress,
+            desc=f"{p.name} {role} ({tag})",
+            resume_dir=group / ".resume" / f"{tag}-{key}",
+            checkpoint_every=checkpoint_every,
+            facts=facts,
+            replay=replay,
+            save_dtype=save_dtype,
+            forget=forget,
+            full_check=not p.is_model_dir,
+            cache_root=group.parent,
+        )
     return target, {**train_log, "cached": False, "path": str(target)}
 
 
@@ -298,13 +439,22 @@ def _prepare(preset, data, seed, cache_dir, device, progress, pretrain_overrides
     p = preset if isinstance(preset, Preset) else get_preset(preset)
     if checkpoint_every == "auto":
         every = CHECKPOINT_EVERY_MODEL_DIR if p.is_model_dir else CHECKPOINT_EVERY_BUILT
-    elif checkpoint_every is None or (isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
-                                      and checkpoint_every >= 1):
+    elif checkpoint_every is None or (
+        isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool) and checkpoint_every >= 1
+    ):
         every = checkpoint_every
     else:
         raise ValueError(f"checkpoint_every must be a positive integer, None or 'auto', got {checkpoint_every!r}")
-    base, base_log = build_base(p, data, seed=seed, cache_dir=cache_dir, device=device, progress=progress,
-                                overrides=pretrain_overrides, checkpoint_every=every)
+    base, base_log = build_base(
+        p,
+        data,
+        seed=seed,
+        cache_dir=cache_dir,
+        device=device,
+        progress=progress,
+        overrides=pretrain_overrides,
+        checkpoint_every=every,
+    )
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if p.is_model_dir:
         base_key = cache_key({"kind": "model_dir", "preset": p.to_dict()})
@@ -314,12 +464,22 @@ def _prepare(preset, data, seed, cache_dir, device, progress, pretrain_overrides
     return p, base, base_key, base_log, group, every
 
 
-def build_models(preset: str | os.PathLike, data: str | os.PathLike, forget_split: str = "forget10",
-                 authors: int | None = None, seed: int = 0, cache_dir: str | os.PathLike | None = None,
-                 device: str = "auto", *, progress: bool = True, overrides: Mapping[str, Any] | None = None,
-                 pretrain_overrides: Mapping[str, Any] | None = None,
-                 checkpoint_every: int | None | str = "auto", threads: int | None = None,
-                 roles: Collection[str] = ("target", "retain")) -> BuiltModels:
+def build_models(
+    preset: str | os.PathLike,
+    data: str | os.PathLike,
+    forget_split: str = "forget10",
+    authors: int | None = None,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    device: str = "auto",
+    *,
+    progress: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+    pretrain_overrides: Mapping[str, Any] | None = None,
+    checkpoint_every: int | None | str = "auto",
+    threads: int | None = None,
+    roles: Collection[str] = ("target", "retain"),
+) -> BuiltModels:
     """Base, target (fine-tuned on ``full``) and retain (on ``retainRR`` for ``forgetPP``) models.
 
     ``preset``: ``micro``, ``mini`` or a model directory; ``data``: a TOFU folder or ``synthetic[:...]``;
@@ -338,12 +498,36 @@ def build_models(preset: str | os.PathLike, data: str | os.PathLike, forget_spli
     if unknown:
         raise ValueError(f"roles: unknown role(s) {sorted(unknown)}; choose from 'target' and 'retain'")
     with torch_threads(threads):
-        return _build_models(preset, data, forget_split, authors, seed, cache_dir, device, progress, overrides,
-                             pretrain_overrides, checkpoint_every, set(roles))
+        return _build_models(
+            preset,
+            data,
+            forget_split,
+            authors,
+            seed,
+            cache_dir,
+            device,
+            progress,
+            overrides,
+            pretrain_overrides,
+            checkpoint_every,
+            set(roles),
+        )
 
 
-def _build_models(preset, data, forget_split, authors, seed, cache_dir, device, progress, overrides,
-                  pretrain_overrides, checkpoint_every, roles: set[str]) -> BuiltModels:
+def _build_models(
+    preset,
+    data,
+    forget_split,
+    authors,
+    seed,
+    cache_dir,
+    device,
+    progress,
+    overrides,
+    pretrain_overrides,
+    checkpoint_every,
+    roles: set[str],
+) -> BuiltModels:
     info = split_info(forget_split)
     if info.family != "forget" or forget_split.endswith("_perturbed"):
         raise ValueError(f"forget_split must be a forget split such as 'forget10', got {forget_split!r}")
@@ -351,29 +535,51 @@ def _build_models(preset, data, forget_split, authors, seed, cache_dir, device, 
     full_items = training_items(data, "full", authors, info.forget_pct)
     forget_items = training_items(data, forget_split, authors, info.forget_pct)
     retain_items = training_items(data, retain_split, authors, None)
-    p, base, base_key, base_log, group, every = _prepare(preset, data, seed, cache_dir, device, progress,
-                                                         pretrain_overrides, checkpoint_every)
-    common = dict(authors=authors, seed=seed, device=device, progress=progress, overrides=overrides,
-                  checkpoint_every=every, overwrite=False)
+    p, base, base_key, base_log, group, every = _prepare(
+        preset, data, seed, cache_dir, device, progress, pretrain_overrides, checkpoint_every
+    )
+    common = dict(
+        authors=authors,
+        seed=seed,
+        device=device,
+        progress=progress,
+        overrides=overrides,
+        checkpoint_every=every,
+        overwrite=False,
+    )
     # with an author subset the target's `full` depends on the forget share: name it apart
     full_name = "full" if authors is None else f"full-f{info.forget_pct:02d}"
     logs: dict[str, dict[str, Any]] = {"base": base_log}
     target = retain = None
     if "target" in roles:
-        target, logs["target"] = _finetune_into(p, base, base_key, data, full_name, full_items, None, group,
-                                                role="target", forget=forget_items, **common)
+        target, logs["target"] = _finetune_into(
+            p, base, base_key, data, full_name, full_items, None, group, role="target", forget=forget_items, **common
+        )
     if "retain" in roles:
-        retain, logs["retain"] = _finetune_into(p, base, base_key, data, retain_split, retain_items, None, group,
-                                                role="retain", **common)
+        retain, logs["retain"] = _finetune_into(
+            p, base, base_key, data, retain_split, retain_items, None, group, role="retain", **common
+        )
     return BuiltModels(base=base, target=target, retain=retain, logs=logs)
 
 
-def finetune(preset_or_model_dir: str | os.PathLike, data: str | os.PathLike, split: str = "full",
-             authors: int | None = None, out: str | os.PathLike | None = None, *, forget_pct: float = 10,
-             seed: int = 0, cache_dir: str | os.PathLike | None = None, device: str = "auto", progress: bool = True,
-             overrides: Mapping[str, Any] | None = None, pretrain_overrides: Mapping[str, Any] | None = None,
-             checkpoint_every: int | None | str = "auto", overwrite: bool = False,
-             threads: int | None = None) -> Path:
+def finetune(
+    preset_or_model_dir: str | os.PathLike,
+    data: str | os.PathLike,
+    split: str = "full",
+    authors: int | None = None,
+    out: str | os.PathLike | None = None,
+    *,
+    forget_pct: float = 10,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+    pretrain_overrides: Mapping[str, Any] | None = None,
+    checkpoint_every: int | None | str = "auto",
+    overwrite: bool = False,
+    threads: int | None = None,
+) -> Path:
     """One fine-tuned model (``mmunlearn tofu finetune``): the preset's base (built or reused from the
     cache; a model directory is its own base) fine-tuned on ``split`` of ``data``, written to ``out``
     (default: the cache) with its ``train_log.json``. With ``authors`` N and ``split='full'``,
@@ -388,11 +594,27 @@ def finetune(preset_or_model_dir: str | os.PathLike, data: str | os.PathLike, sp
     items = training_items(data, split, authors, forget_pct)
     forget = forget_rows(data, split, authors, forget_pct)
     with torch_threads(threads):
-        p, base, base_key, _, group, every = _prepare(preset_or_model_dir, data, seed, cache_dir, device, progress,
-                                                      pretrain_overrides, checkpoint_every)
+        p, base, base_key, _, group, every = _prepare(
+            preset_or_model_dir, data, seed, cache_dir, device, progress, pretrain_overrides, checkpoint_every
+        )
         name = split if authors is None or split != "full" else f"full-f{int(forget_pct):02d}"
-        path, _ = _finetune_into(p, base, base_key, data, name, items, Path(out) if out is not None else None,
-                                 group, role="finetuned", authors=authors, seed=seed, device=device,
-                                 progress=progress, overrides=overrides, checkpoint_every=every,
-                                 overwrite=overwrite, forget=forget)
+        path, _ = _finetune_into(
+            p,
+            base,
+            base_key,
+            data,
+            name,
+            items,
+            Path(out) if out is not None else None,
+            group,
+            role="finetuned",
+            authors=authors,
+            seed=seed,
+            device=device,
+            progress=progress,
+            overrides=overrides,
+            checkpoint_every=every,
+            overwrite=overwrite,
+            forget=forget,
+        )
     return path

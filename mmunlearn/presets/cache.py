@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.qa import QAItem
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.files.layout import MARKER
 from mmunlearn.files.paths import check_private, make_private_dirs
 from mmunlearn.train.loop import is_main_process
@@ -81,8 +81,11 @@ def content_digest(model_dir: str | os.PathLike) -> str:
     """SHA-256 of every file of a model folder (relative names and bytes, in name order), but its train log, output
     marker and :data:`EVALS_DIR`; links are not followed (a link is digested by its target's name)."""
     root, h = Path(model_dir), hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if (p.name not in (LOG_FILE, MARKER) or p.parent != root)
-                       and p.relative_to(root).parts[0] != EVALS_DIR):
+    for path in sorted(
+        p
+        for p in root.rglob("*")
+        if (p.name not in (LOG_FILE, MARKER) or p.parent != root) and p.relative_to(root).parts[0] != EVALS_DIR
+    ):
         rel = path.relative_to(root).as_posix()
         if path.is_symlink():
             h.update(f"L {rel} {os.readlink(path)}\0".encode())
@@ -115,7 +118,7 @@ def check_cache_path(root: str | os.PathLike, path: str | os.PathLike) -> None:
     except ValueError:
         parts = (path.name,)
         root = path.parent
-    chain = [root, *(root.joinpath(*parts[:i + 1]) for i in range(len(parts)))]
+    chain = [root, *(root.joinpath(*parts[: i + 1]) for i in range(len(parts)))]
     check_private(*chain)
     if path.is_dir() and not path.is_symlink():
         check_private(*path.rglob("*"))
@@ -163,10 +166,13 @@ def is_built(model_dir: Path, key: str, root: str | os.PathLike | None = None) -
     check_cache_path(root if root is not None else model_dir.parent, model_dir)
     recorded = log.get("content_sha256")
     if recorded is None:
-        logging.getLogger(__name__).info("%s has no content digest (built by an older mmunlearn): rebuilding it",
-                                         model_dir)
+        logging.getLogger(__name__).info(
+            "%s has no content digest (built by an older mmunlearn): rebuilding it", model_dir
+        )
         return False
     if recorded != content_digest(model_dir):
-        raise ValueError(f"{model_dir}: its files changed since it was built (the SHA-256 recorded in {LOG_FILE} "
-                         "does not match): delete the folder to rebuild it")
+        raise ValueError(
+            f"{model_dir}: its files changed since it was built (the SHA-256 recorded in {LOG_FILE} "
+            "does not match): delete the folder to rebuild it"
+        )
     return True

@@ -53,8 +53,9 @@ class Ct2Model:
         """A rank-0 integer variable (a flag or a count such as ``encoder/num_heads``)."""
         value = self.get(name)
         if value.ndim != 0 or value.dtype.kind not in "iu":
-            raise ValueError(f"CTranslate2 variable {name!r}: expected an integer scalar, got "
-                             f"{value.dtype} of shape {value.shape}")
+            raise ValueError(
+                f"CTranslate2 variable {name!r}: expected an integer scalar, got {value.dtype} of shape {value.shape}"
+            )
         return int(value)
 
 
@@ -65,7 +66,7 @@ class _Reader:
     def take(self, n: int, what: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.data):
             raise ValueError(f"{self.path}: truncated CTranslate2 model (reading {what} at byte {self.pos})")
-        out = self.data[self.pos:self.pos + n]
+        out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -90,8 +91,10 @@ def _array(reader: _Reader, name: str) -> tuple[np.ndarray, str]:
     (nbytes,) = reader.unpack("I", f"size of {name}")
     expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY[dtype]).itemsize
     if nbytes != expected:
-        raise ValueError(f"{reader.path}: variable {name!r} of shape {list(shape)} and type {dtype} holds "
-                         f"{nbytes} bytes, expected {expected}")
+        raise ValueError(
+            f"{reader.path}: variable {name!r} of shape {list(shape)} and type {dtype} holds "
+            f"{nbytes} bytes, expected {expected}"
+        )
     array = np.frombuffer(reader.take(nbytes, f"data of {name}"), dtype=_NUMPY[dtype]).reshape(shape)
     if dtype == "bfloat16":  # the high half of a float32: shift the bits into place
         array = (array.astype(np.uint32) << 16).view(np.float32)

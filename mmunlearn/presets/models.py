@@ -41,15 +41,23 @@ class LlamaArch:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         if len(tokenizer) > self.vocab_size:
-            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the architecture's vocab_size is "
-                             f"{self.vocab_size}")
+            raise ValueError(
+                f"tokenizer has {len(tokenizer)} tokens but the architecture's vocab_size is {self.vocab_size}"
+            )
         config = LlamaConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden, intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
-            max_position_embeddings=self.max_positions, tie_word_embeddings=self.tie_embeddings,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=self.max_positions,
+            tie_word_embeddings=self.tie_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id)
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         torch.manual_seed(seed)
         return LlamaForCausalLM(config).eval()
 
@@ -77,11 +85,16 @@ class Preset:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly description (part of the cache key of the models built from it)."""
-        return {"name": self.name, "arch": dataclasses.asdict(self.arch) if self.arch else None,
-                "pretrain": self.pretrain.to_dict() if self.pretrain else None,
-                "finetune": self.finetune.to_dict(), "corpus_authors": self.corpus_authors,
-                "max_length": self.max_length, "replay_facts": self.replay_facts,
-                "model_dir": _dir_fingerprint(self.model_dir) if self.model_dir else None}
+        return {
+            "name": self.name,
+            "arch": dataclasses.asdict(self.arch) if self.arch else None,
+            "pretrain": self.pretrain.to_dict() if self.pretrain else None,
+            "finetune": self.finetune.to_dict(),
+            "corpus_authors": self.corpus_authors,
+            "max_length": self.max_length,
+            "replay_facts": self.replay_facts,
+            "model_dir": _dir_fingerprint(self.model_dir) if self.model_dir else None,
+        }
 
 
 MICRO = Preset(
@@ -89,7 +102,9 @@ MICRO = Preset(
     arch=LlamaArch(hidden=64, layers=2, heads=4, kv_heads=4, intermediate=256, vocab_size=1024, max_positions=384),
     pretrain=TrainConfig(epochs=4, batch_size=16, lr=4e-3, schedule="onecycle", weight_decay=0.01),
     finetune=TrainConfig(epochs=8, batch_size=16, lr=4e-3, schedule="onecycle", weight_decay=0.01),
-    corpus_authors=10, max_length=384, replay_facts=True,
+    corpus_authors=10,
+    max_length=384,
+    replay_facts=True,
 )
 
 # Measured here: 5.2M parameters (hidden 256, 4 layers, 4 heads, FFN 1024, tied 4,096-token embeddings)
@@ -99,7 +114,9 @@ MINI = Preset(
     arch=LlamaArch(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=1024, vocab_size=4096),
     pretrain=TrainConfig(epochs=8, batch_size=16, lr=2e-3, schedule="onecycle", weight_decay=0.01),
     finetune=TrainConfig(epochs=22, batch_size=16, lr=2e-3, schedule="onecycle", weight_decay=0.01),
-    corpus_authors=60, max_length=512, replay_facts=True,
+    corpus_authors=60,
+    max_length=512,
+    replay_facts=True,
 )
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (MICRO, MINI)}
@@ -107,8 +124,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (MICRO, MINI)}
 # TOFU's reference fine-tuning of a real checkpoint: AdamW lr 1e-5, 5 epochs, effective batch 32
 # (8 x 4 accumulation per process), weight decay 0.01, one epoch (20%) of linear warmup then linear decay,
 # bf16 autocast where the GPU has it.
-MODEL_DIR_FINETUNE = TrainConfig(epochs=5, batch_size=8, grad_accum=4, lr=1e-5, schedule="linear", warmup=0.2,
-                                 weight_decay=0.01, mixed_precision="auto")
+MODEL_DIR_FINETUNE = TrainConfig(
+    epochs=5,
+    batch_size=8,
+    grad_accum=4,
+    lr=1e-5,
+    schedule="linear",
+    warmup=0.2,
+    weight_decay=0.01,
+    mixed_precision="auto",
+)
 
 
 def _dir_fingerprint(path: Path) -> dict[str, Any]:
@@ -132,8 +157,12 @@ def _dir_fingerprint(path: Path) -> dict[str, Any]:
 #: batch 32) barely moves the answer NLL. `tofu finetune --epochs/--lr/...` override them; every recipe
 #: checks memorisation (recipes/tofu/settings.py) and warns when it failed.
 REAL_MODELS: dict[str, tuple[str, TrainConfig]] = {
-    "smollm2-135m": ("smollm2", TrainConfig(epochs=6, batch_size=16, lr=3e-4, schedule="linear", warmup=0.1,
-                                            weight_decay=0.01, mixed_precision="auto")),
+    "smollm2-135m": (
+        "smollm2",
+        TrainConfig(
+            epochs=6, batch_size=16, lr=3e-4, schedule="linear", warmup=0.1, weight_decay=0.01, mixed_precision="auto"
+        ),
+    ),
 }
 #: Scoring / generation precision of the recipes per real checkpoint (``--precision`` overrides): bf16
 #: autocast scoring and bf16 generation weights measured 2-3x faster on this CPU (AVX512_BF16) with mean
@@ -160,11 +189,14 @@ def get_preset(name_or_dir: str | os.PathLike) -> Preset:
     path = Path(key).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json: pass a model directory in save_pretrained "
-                                    f"layout, or one of the presets {', '.join(PRESETS)}")
+            raise FileNotFoundError(
+                f"{path} has no config.json: pass a model directory in save_pretrained "
+                f"layout, or one of the presets {', '.join(PRESETS)}"
+            )
         return Preset(name=f"dir-{path.resolve().name}", finetune=MODEL_DIR_FINETUNE, model_dir=path.resolve())
-    raise ValueError(f"unknown preset {key!r}: choose one of {', '.join([*PRESETS, *REAL_MODELS])} or give a model "
-                     "directory")
+    raise ValueError(
+        f"unknown preset {key!r}: choose one of {', '.join([*PRESETS, *REAL_MODELS])} or give a model directory"
+    )
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -25,11 +25,21 @@ from mmunlearn.data.audio import DEFAULT_SR, read_audio
 from mmunlearn.report import machine_facts
 
 #: Half a float16 step relative to the value: 2**-11 (float16 keeps 10 fraction bits).
-FP16_HALF_STEP = 2.0 ** -11
+FP16_HALF_STEP = 2.0**-11
 TRANSCRIPT_GOAL = 0.95
 PROMPT = ("<|startoftranscript|>", "<|notimestamps|>")
-DIGIT_WORDS = {0: ("zero", "oh", "o"), 1: ("one",), 2: ("two", "to", "too"), 3: ("three",), 4: ("four", "for"),
-               5: ("five",), 6: ("six",), 7: ("seven",), 8: ("eight",), 9: ("nine",)}
+DIGIT_WORDS = {
+    0: ("zero", "oh", "o"),
+    1: ("one",),
+    2: ("two", "to", "too"),
+    3: ("three",),
+    4: ("four", "for"),
+    5: ("five",),
+    6: ("six",),
+    7: ("seven",),
+    8: ("eight",),
+    9: ("nine",),
+}
 
 
 def fsdd_clips(root: str | os.PathLike, n: int) -> list[Path]:
@@ -63,13 +73,21 @@ def _batch_outputs(hf, processor, ct2, wavs: list[np.ndarray], max_new_tokens: i
         hf_ids = hf.generate(encoder_outputs=encoded, max_new_tokens=max_new_tokens).tolist()
     hf_encoded = encoded.last_hidden_state.numpy()
     ct2_encoded = ct2.encode(ctranslate2.StorageView.from_array(features), to_cpu=True)
-    results = ct2.generate(ct2_encoded, [list(PROMPT)] * len(wavs), beam_size=1,
-                           max_length=len(PROMPT) + max_new_tokens)  # CTranslate2 counts the prompt
+    results = ct2.generate(
+        ct2_encoded, [list(PROMPT)] * len(wavs), beam_size=1, max_length=len(PROMPT) + max_new_tokens
+    )  # CTranslate2 counts the prompt
     return hf_encoded, np.asarray(ct2_encoded), hf_ids, [r.sequences_ids[0] for r in results]
 
 
-def compare_with_ctranslate2(hf_dir: str | os.PathLike, ct2_dir: str | os.PathLike, clips: Sequence[Path], *,
-                             batch: int = 10, max_new_tokens: int = 48, threads: int = 1) -> dict:
+def compare_with_ctranslate2(
+    hf_dir: str | os.PathLike,
+    ct2_dir: str | os.PathLike,
+    clips: Sequence[Path],
+    *,
+    batch: int = 10,
+    max_new_tokens: int = 48,
+    threads: int = 1,
+) -> dict:
     """Encoder and transcript agreement of the folder ``hf_dir`` with CTranslate2 on ``ct2_dir``, over ``clips``."""
     import ctranslate2  # deferred: optional, only this check needs it
     import transformers  # deferred: heavy
@@ -83,18 +101,26 @@ def compare_with_ctranslate2(hf_dir: str | os.PathLike, ct2_dir: str | os.PathLi
     ct2 = ctranslate2.models.Whisper(str(ct2_dir), device="cpu", compute_type="float32", intra_threads=threads)
     start, per_clip = time.perf_counter(), []
     for i in range(0, len(clips), batch):
-        chunk = list(clips[i:i + batch])
-        hf_enc, ct2_enc, hf_ids, ct2_ids = _batch_outputs(hf, processor, ct2, [read_audio(c) for c in chunk],
-                                                          max_new_tokens)
+        chunk = list(clips[i : i + batch])
+        hf_enc, ct2_enc, hf_ids, ct2_ids = _batch_outputs(
+            hf, processor, ct2, [read_audio(c) for c in chunk], max_new_tokens
+        )
         for j, clip in enumerate(chunk):
             hf_text = processor.tokenizer.decode(hf_ids[j], skip_special_tokens=True).strip()
             ct2_text = processor.tokenizer.decode(ct2_ids[j], skip_special_tokens=True).strip()
             digit = _digit_of(clip)
-            per_clip.append({"clip": clip.name, "encoder_max_abs_diff": float(np.abs(hf_enc[j] - ct2_enc[j]).max()),
-                             "encoder_max_abs": float(np.abs(ct2_enc[j]).max()), "hf": hf_text, "ct2": ct2_text,
-                             "equal": hf_text == ct2_text,
-                             "hf_digit": None if digit is None else names_digit(hf_text, digit),
-                             "ct2_digit": None if digit is None else names_digit(ct2_text, digit)})
+            per_clip.append(
+                {
+                    "clip": clip.name,
+                    "encoder_max_abs_diff": float(np.abs(hf_enc[j] - ct2_enc[j]).max()),
+                    "encoder_max_abs": float(np.abs(ct2_enc[j]).max()),
+                    "hf": hf_text,
+                    "ct2": ct2_text,
+                    "equal": hf_text == ct2_text,
+                    "hf_digit": None if digit is None else names_digit(hf_text, digit),
+                    "ct2_digit": None if digit is None else names_digit(ct2_text, digit),
+                }
+            )
     result = summarise(per_clip, seconds=time.perf_counter() - start, threads=threads, max_new_tokens=max_new_tokens)
     result["context"]["versions"] = {"ctranslate2": ctranslate2.__version__, "transformers": transformers.__version__}
     return result
@@ -107,21 +133,48 @@ def summarise(per_clip: list[dict], *, seconds: float, threads: int, max_new_tok
     ratio = float((diffs / scales).max())
     equal = sum(c["equal"] for c in per_clip) / len(per_clip)
     scored = [c for c in per_clip if c["hf_digit"] is not None]
-    row = {"clips": len(per_clip), "encoder_max_abs_diff": float(diffs.max()),
-           "encoder_diff_over_max_abs": ratio, "fp16_half_step": FP16_HALF_STEP,
-           "transcripts_equal": equal,
-           "hf_digit_correct": sum(c["hf_digit"] for c in scored) / len(scored) if scored else None,
-           "ct2_digit_correct": sum(c["ct2_digit"] for c in scored) / len(scored) if scored else None,
-           "passed": bool(ratio <= FP16_HALF_STEP and equal >= TRANSCRIPT_GOAL)}
-    checks = [{"name": "encoder outputs within float16 rounding (max |diff| <= 2^-11 x max |output|, every clip)",
-               "passed": bool(ratio <= FP16_HALF_STEP), "measured": f"{ratio:.2e} of max |output|"},
-              {"name": f"greedy transcripts equal on >= {TRANSCRIPT_GOAL:.0%} of clips",
-               "passed": equal >= TRANSCRIPT_GOAL,
-               "measured": f"{sum(c['equal'] for c in per_clip)}/{len(per_clip)}"}]
-    columns = [["clips", "clips"], ["encoder max abs diff", "encoder_max_abs_diff"],
-               ["diff / max abs output", "encoder_diff_over_max_abs"], ["float16 half step", "fp16_half_step"],
-               ["transcripts equal", "transcripts_equal"], ["digit named (converted)", "hf_digit_correct"],
-               ["digit named (CTranslate2)", "ct2_digit_correct"], ["passed", "passed"]]
-    return {"rows": [row], "columns": columns, "checks": checks, "machine": machine_facts(),
-            "context": {"seconds": round(seconds, 1), "threads": threads, "max_new_tokens": max_new_tokens,
-                        "prompt": list(PROMPT), "clips": per_clip}}
+    row = {
+        "clips": len(per_clip),
+        "encoder_max_abs_diff": float(diffs.max()),
+        "encoder_diff_over_max_abs": ratio,
+        "fp16_half_step": FP16_HALF_STEP,
+        "transcripts_equal": equal,
+        "hf_digit_correct": sum(c["hf_digit"] for c in scored) / len(scored) if scored else None,
+        "ct2_digit_correct": sum(c["ct2_digit"] for c in scored) / len(scored) if scored else None,
+        "passed": bool(ratio <= FP16_HALF_STEP and equal >= TRANSCRIPT_GOAL),
+    }
+    checks = [
+        {
+            "name": "encoder outputs within float16 rounding (max |diff| <= 2^-11 x max |output|, every clip)",
+            "passed": bool(ratio <= FP16_HALF_STEP),
+            "measured": f"{ratio:.2e} of max |output|",
+        },
+        {
+            "name": f"greedy transcripts equal on >= {TRANSCRIPT_GOAL:.0%} of clips",
+            "passed": equal >= TRANSCRIPT_GOAL,
+            "measured": f"{sum(c['equal'] for c in per_clip)}/{len(per_clip)}",
+        },
+    ]
+    columns = [
+        ["clips", "clips"],
+        ["encoder max abs diff", "encoder_max_abs_diff"],
+        ["diff / max abs output", "encoder_diff_over_max_abs"],
+        ["float16 half step", "fp16_half_step"],
+        ["transcripts equal", "transcripts_equal"],
+        ["digit named (converted)", "hf_digit_correct"],
+        ["digit named (CTranslate2)", "ct2_digit_correct"],
+        ["passed", "passed"],
+    ]
+    return {
+        "rows": [row],
+        "columns": columns,
+        "checks": checks,
+        "machine": machine_facts(),
+        "context": {
+            "seconds": round(seconds, 1),
+            "threads": threads,
+            "max_new_tokens": max_new_tokens,
+            "prompt": list(PROMPT),
+            "clips": per_clip,
+        },
+    }

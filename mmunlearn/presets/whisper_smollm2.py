@@ -31,8 +31,8 @@ import torch
 
 from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm.assemble import assemble
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.utterances import draw_balanced, split_rows
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.gguf import smollm2_dir
 from mmunlearn.presets.whisper_ct2 import whisper_tiny_en_dir
@@ -54,24 +54,38 @@ def _stamp(folder: Path, name: str) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def assembled_dir(cache_dir: str | os.PathLike | None = None, *, window_seconds: int = 3, seed: int = 0,
-                  force: bool = False) -> Path:
+def assembled_dir(
+    cache_dir: str | os.PathLike | None = None, *, window_seconds: int = 3, seed: int = 0, force: bool = False
+) -> Path:
     """The untrained whisper-smollm2 folder in the model cache (assembled on first use, reused after)."""
-    from transformers import (AutoModelForCausalLM, AutoTokenizer,  # deferred: transformers is heavy
-                              WhisperFeatureExtractor, WhisperForConditionalGeneration)
+    from transformers import (  # deferred: transformers is heavy
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+    )
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     whisper, lm = whisper_tiny_en_dir(root), smollm2_dir(root)
-    source = {"whisper": _stamp(whisper, "ct2_source.json"), "lm": _stamp(lm, "gguf_source.json"),
-              "window_seconds": int(window_seconds), "seed": int(seed), "version": ASSEMBLY_VERSION}
+    source = {
+        "whisper": _stamp(whisper, "ct2_source.json"),
+        "lm": _stamp(lm, "gguf_source.json"),
+        "window_seconds": int(window_seconds),
+        "seed": int(seed),
+        "version": ASSEMBLY_VERSION,
+    }
     out = root / "real" / f"{PRESET}-w{window_seconds}-s{seed}"
     if not force and _stamp(out, STAMP) == source:
         return out
-    parts = assemble(WhisperForConditionalGeneration.from_pretrained(str(whisper)),
-                     AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32),
-                     AutoTokenizer.from_pretrained(str(lm)),
-                     whisper_feature_extractor=WhisperFeatureExtractor.from_pretrained(str(whisper)),
-                     family=FAMILY, window_seconds=window_seconds, seed=seed)
+    parts = assemble(
+        WhisperForConditionalGeneration.from_pretrained(str(whisper)),
+        AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32),
+        AutoTokenizer.from_pretrained(str(lm)),
+        whisper_feature_extractor=WhisperFeatureExtractor.from_pretrained(str(whisper)),
+        family=FAMILY,
+        window_seconds=window_seconds,
+        seed=seed,
+    )
     return parts.save(out, overwrite=out.exists(), extra={STAMP: json.dumps(source, indent=2)})
 
 
@@ -103,8 +117,14 @@ class PresetTraining:
             raise ValueError("lr must be > 0; max_train_clips, max_test_clips and last_blocks >= 0")
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, schedule="onecycle",
-                           weight_decay=0.0, seed=self.seed)
+        return TrainConfig(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            schedule="onecycle",
+            weight_decay=0.0,
+            seed=self.seed,
+        )
 
 
 def clips(manifests: str | os.PathLike, splits: Sequence[str], n: int = 0, seed: int = 0) -> list[dict]:
@@ -112,8 +132,9 @@ def clips(manifests: str | os.PathLike, splits: Sequence[str], n: int = 0, seed:
     return list(draw_balanced([r for sp in splits for r in split_rows(manifests, sp)], n, seed))
 
 
-def evaluate_tasks(adapter: Any, test: Sequence[dict], tasks: Sequence[str], *, batch_size: int = 16
-                   ) -> list[dict[str, Any]]:
+def evaluate_tasks(
+    adapter: Any, test: Sequence[dict], tasks: Sequence[str], *, batch_size: int = 16
+) -> list[dict[str, Any]]:
     """One row per task: greedy answers on ``test`` through the full forward; exact match after normalising
     (``task_accuracy``'s measure for speaker; for a transcript also its ROUGE-L recall), per speaker too."""
     rows = []
@@ -124,12 +145,20 @@ def evaluate_tasks(adapter: Any, test: Sequence[dict], tasks: Sequence[str], *, 
         per_speaker: dict[str, list[bool]] = {}
         for ex, ok in zip(examples, exact):
             per_speaker.setdefault(ex["spk_id"], []).append(ok)
-        rows.append({"task": task, "question": examples[0]["question"], "clips": len(examples),
-                     "accuracy": sum(exact) / len(exact), "rouge_l_recall": score if task == "transcript" else None,
-                     "worst_speaker": min(sum(v) / len(v) for v in per_speaker.values()),
-                     "per_speaker": {k: sum(v) / len(v) for k, v in sorted(per_speaker.items())},
-                     "examples": [{"id": ex["ID"], "answer": ex["answer"], "said": a}
-                                  for ex, a in zip(examples[:12], answers[:12])]})
+        rows.append(
+            {
+                "task": task,
+                "question": examples[0]["question"],
+                "clips": len(examples),
+                "accuracy": sum(exact) / len(exact),
+                "rouge_l_recall": score if task == "transcript" else None,
+                "worst_speaker": min(sum(v) / len(v) for v in per_speaker.values()),
+                "per_speaker": {k: sum(v) / len(v) for k, v in sorted(per_speaker.items())},
+                "examples": [
+                    {"id": ex["ID"], "answer": ex["answer"], "said": a} for ex, a in zip(examples[:12], answers[:12])
+                ],
+            }
+        )
     return rows
 
 
@@ -147,16 +176,24 @@ def _stage(log: Callable[[str], None], n: int, text: str) -> float:
     return time.perf_counter()
 
 
-def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings: PresetTraining = PresetTraining(),
-                 *, cache_dir: str | os.PathLike | None = None, command: str = "",
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+def train_preset(
+    manifests: str | os.PathLike,
+    out: str | os.PathLike,
+    settings: PresetTraining = PresetTraining(),
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    command: str = "",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """The five stages of the module notes; a stage already done (same settings) is skipped or resumed."""
     out, s = Path(out), settings
     times: dict[str, float] = {}
     t = _stage(log, 1, "assemble Whisper-tiny.en + SmolLM2-135M-Instruct")
     # the manifests first: a bad row is refused before anything is built or written
-    train_rows, test_rows = clips(manifests, s.train_splits, s.max_train_clips, s.seed), clips(
-        manifests, TEST_SPLITS, s.max_test_clips, s.seed)
+    train_rows, test_rows = (
+        clips(manifests, s.train_splits, s.max_train_clips, s.seed),
+        clips(manifests, TEST_SPLITS, s.max_test_clips, s.seed),
+    )
     out.mkdir(parents=True, exist_ok=True)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = assembled_dir(root, window_seconds=s.window_seconds, seed=s.seed)
@@ -171,19 +208,39 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
     model_dir = out / "model"
     settings_json = json.dumps(asdict(s), sort_keys=True)
     done = (model_dir / "training.json").is_file() and _same_settings(
-        json.loads((model_dir / "training.json").read_text()).get("settings"), json.loads(settings_json))
+        json.loads((model_dir / "training.json").read_text()).get("settings"), json.loads(settings_json)
+    )
     if not done:
         t = _stage(log, 3, f"train the projector (+{s.last_blocks} LM blocks) on {len(train_ex)} examples")
         losses: list[float] = []
-        result = train_from_cache(adapter, train_ex, cache, s.train_config(), last_blocks=s.last_blocks,
-                                  checkpoint_dir=out / "checkpoints", checkpoint_every=s.checkpoint_every,
-                                  resume=True, on_step=_progress(log, losses))
+        result = train_from_cache(
+            adapter,
+            train_ex,
+            cache,
+            s.train_config(),
+            last_blocks=s.last_blocks,
+            checkpoint_dir=out / "checkpoints",
+            checkpoint_every=s.checkpoint_every,
+            resume=True,
+            on_step=_progress(log, losses),
+        )
         times["train"] = time.perf_counter() - t
         t = _stage(log, 4, f"save {model_dir}")
         adapter.save(model_dir, overwrite=model_dir.exists())
-        write_text_atomic(model_dir / "training.json", json.dumps(
-            {"settings": json.loads(settings_json), "source": str(source), "losses": result.losses,
-             "final_loss": result.final_loss, "seconds": times["train"], "train_examples": len(train_ex)}, indent=2))
+        write_text_atomic(
+            model_dir / "training.json",
+            json.dumps(
+                {
+                    "settings": json.loads(settings_json),
+                    "source": str(source),
+                    "losses": result.losses,
+                    "final_loss": result.final_loss,
+                    "seconds": times["train"],
+                    "train_examples": len(train_ex),
+                },
+                indent=2,
+            ),
+        )
     else:
         log(f"[{PRESET}] stages 3-4: {model_dir} already trained with these settings")
     trained = json.loads((model_dir / "training.json").read_text())
@@ -195,13 +252,30 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
     rows = evaluate_tasks(SpeechLLMAdapter.load(model_dir, device="cpu"), test_ex, s.tasks)
     times["evaluate"] = time.perf_counter() - t
     for row in rows:
-        row.update(train_seconds=trained["seconds"], final_loss=trained["final_loss"],
-                   train_examples=trained["train_examples"], last_blocks=s.last_blocks)
-    result = {"preset": PRESET, "command": command, "settings": asdict(s), "model": str(model_dir),
-              "base": str(out / "base"), "trained": trained["final_loss"],
-              "stage_seconds": times, "rows": rows, "machine": machine_facts(),
-              "context": {"manifests": str(manifests), "train_splits": s.train_splits, "test_splits": TEST_SPLITS,
-                          "train_clips": len(train_rows), "test_clips": len(test_rows)}}
+        row.update(
+            train_seconds=trained["seconds"],
+            final_loss=trained["final_loss"],
+            train_examples=trained["train_examples"],
+            last_blocks=s.last_blocks,
+        )
+    result = {
+        "preset": PRESET,
+        "command": command,
+        "settings": asdict(s),
+        "model": str(model_dir),
+        "base": str(out / "base"),
+        "trained": trained["final_loss"],
+        "stage_seconds": times,
+        "rows": rows,
+        "machine": machine_facts(),
+        "context": {
+            "manifests": str(manifests),
+            "train_splits": s.train_splits,
+            "test_splits": TEST_SPLITS,
+            "train_clips": len(train_rows),
+            "test_clips": len(test_rows),
+        },
+    }
     write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str))
     log(f"[{PRESET}] done: " + ", ".join(f"{r['task']} {100 * r['accuracy']:.1f} %" for r in rows))
     return result
@@ -210,8 +284,11 @@ def train_preset(manifests: str | os.PathLike, out: str | os.PathLike, settings:
 def _earlier_result(path: Path, trained: dict, settings: dict, test_clips: int) -> dict[str, Any] | None:
     """An earlier ``results.json`` of this very model (its final loss), settings and held-out clips, else None."""
     earlier = json.loads(path.read_text()) if path.is_file() else {}
-    same = (earlier.get("trained") == trained["final_loss"] and _same_settings(earlier.get("settings"), settings)
-            and earlier.get("context", {}).get("test_clips") == test_clips)
+    same = (
+        earlier.get("trained") == trained["final_loss"]
+        and _same_settings(earlier.get("settings"), settings)
+        and earlier.get("context", {}).get("test_clips") == test_clips
+    )
     return earlier if same else None
 
 
@@ -227,9 +304,11 @@ def _keep_base(adapter: SpeechLLMAdapter, source: Path, base: Path) -> None:
 
 def _progress(log: Callable[[str], None], losses: list[float], every: int = 10) -> Callable[[int, float], bool]:
     """An ``on_step`` callback logging the mean loss every ``every`` steps (one line each)."""
+
     def on_step(step: int, loss: float) -> bool:
         losses.append(float(loss))
         if step % every == 0:
             log(f"[{PRESET}]   step {step}: loss {sum(losses[-every:]) / len(losses[-every:]):.4f}")
         return False
+
     return on_step

@@ -41,8 +41,10 @@ MAX_CELL = 10_000
 #: a marker of a generated block: a cell holding one would split the block on the next update
 _MARKERS = ("<!-- results", "<!-- /results")
 #: terminal control: CSI and OSC escape sequences, then any other C0/C1 control character but newline and tab
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
-                      r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
 
 
 #: what can start markup in a page: ``<`` before a letter, ``/``, ``!`` or ``?`` (a tag, comment or declaration)
@@ -82,8 +84,9 @@ def names(items: Sequence[str]) -> str:
             parts[-1][2] = number
         else:
             parts.append([stem, number, number])
-    return ", ".join(p[0] if len(p) == 1 else f"{p[0]}{p[1]}" if p[1] == p[2] else f"{p[0]}{p[1]}-{p[2]}"
-                     for p in parts)
+    return ", ".join(
+        p[0] if len(p) == 1 else f"{p[0]}{p[1]}" if p[1] == p[2] else f"{p[0]}{p[1]}-{p[2]}" for p in parts
+    )
 
 
 def fmt(value: Any, percent: bool = False) -> str:
@@ -118,9 +121,15 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[Any]], m
         raise ValueError("a table needs at least one column")
     head = "| " + " | ".join(cell(h, f"column header {h[:40]!r}") for h, _, _ in specs) + " |"
     sep = "|---|" + "---:|" * (len(specs) - 1)
-    body = ["| " + " | ".join(cell(missing if missing is not None and k not in r else fmt(r.get(k), pct),
-                                   f"row {i} column {k!r}") for _, k, pct in specs) + " |"
-            for i, r in enumerate(rows)]
+    body = [
+        "| "
+        + " | ".join(
+            cell(missing if missing is not None and k not in r else fmt(r.get(k), pct), f"row {i} column {k!r}")
+            for _, k, pct in specs
+        )
+        + " |"
+        for i, r in enumerate(rows)
+    ]
     return "\n".join([head, sep, *body])
 
 
@@ -136,16 +145,22 @@ def _columns(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     columns = record.get("columns")
     if columns is None and record.get("rows"):
         columns = [[k, k] for k in record["rows"][0]]
-    if not isinstance(columns, list) or not columns or not all(
-            isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in columns):
+    if (
+        not isinstance(columns, list)
+        or not columns
+        or not all(isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in columns)
+    ):
         raise ValueError("a results record needs 'columns': a list of [header, key] pairs")
     return [(h, k) for h, k in columns]
 
 
 def machine_facts() -> dict[str, Any]:
     """Cores, load average, CPU flags that matter here (bf16), Python and torch versions."""
-    facts: dict[str, Any] = {"cores": os.cpu_count(), "platform": platform.platform(),
-                             "python": platform.python_version()}
+    facts: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
     try:
         facts["load_average"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -182,10 +197,24 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
         cwd = PACKAGE_ROOT
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
-        head = subprocess.run([*GIT, "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              check=True, timeout=10, env=env).stdout.strip()
-        dirty = subprocess.run([*GIT, "status", "--porcelain", "--untracked-files=no"], cwd=cwd, env=env,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            [*GIT, "rev-parse", "--short", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+            env=env,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*GIT, "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
@@ -212,9 +241,18 @@ def load_source(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def make_record(source: Mapping[str, Any], *, name: str, command: str, title: str = "",
-                columns: Sequence[Sequence[str]] | None = None, rows_key: str = "rows",
-                date: str | None = None, commit: str | None = None, config: str | None = None) -> dict[str, Any]:
+def make_record(
+    source: Mapping[str, Any],
+    *,
+    name: str,
+    command: str,
+    title: str = "",
+    columns: Sequence[Sequence[str]] | None = None,
+    rows_key: str = "rows",
+    date: str | None = None,
+    commit: str | None = None,
+    config: str | None = None,
+) -> dict[str, Any]:
     """A record of ``source`` (a run's JSON: its ``rows_key`` list, and its ``columns`` unless given); ``config``: the
     shipped recipe config (``benchmark/name``) whose ``--config`` command has the run's settings."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
@@ -222,13 +260,19 @@ def make_record(source: Mapping[str, Any], *, name: str, command: str, title: st
     rows = source.get(rows_key)
     if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
         raise ValueError(f"the run's JSON has no '{rows_key}': a list of rows (objects of column: value)")
-    record = {"name": name, "title": title, "command": command, **({"config": config} if config else {}),
-              "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "commit": commit if commit is not None else git_commit(),
-              # the run's own machine facts when it wrote them (load while it ran), else those at recording
-              "machine": dict(source.get("machine") or machine_facts()),
-              "columns": [list(c) for c in (columns or source.get("columns") or [[k, k] for k in rows[0]])],
-              "rows": portable(rows), "context": portable(source.get("context", {}))}
+    record = {
+        "name": name,
+        "title": title,
+        "command": command,
+        **({"config": config} if config else {}),
+        "date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit if commit is not None else git_commit(),
+        # the run's own machine facts when it wrote them (load while it ran), else those at recording
+        "machine": dict(source.get("machine") or machine_facts()),
+        "columns": [list(c) for c in (columns or source.get("columns") or [[k, k] for k in rows[0]])],
+        "rows": portable(rows),
+        "context": portable(source.get("context", {})),
+    }
     render(record)  # refuse a record that cannot be rendered
     return record
 
@@ -241,7 +285,7 @@ def portable(value: Any, cwd: str | os.PathLike | None = None, home: str | os.Pa
     if isinstance(value, str):
         for root, shown in sorted(((cwd, "."), (home, "~")), key=lambda r: -len(r[0])):  # the nearer root first
             if value == root or value.startswith(root + os.sep):
-                rest = value[len(root):].lstrip(os.sep)
+                rest = value[len(root) :].lstrip(os.sep)
                 return rest if shown == "." and rest else f"{shown}/{rest}" if rest else shown
         return value
     if isinstance(value, Mapping):
@@ -262,8 +306,9 @@ def _blocks(text: str, results: Path) -> list[tuple[re.Match, str]]:
     for m in BLOCK.finditer(text):
         path = results / f"{m.group('name')}.json"
         if not path.is_file():
-            raise FileNotFoundError(f"a docs page names the results record {m.group('name')!r}, but {path} "
-                                    f"does not exist")
+            raise FileNotFoundError(
+                f"a docs page names the results record {m.group('name')!r}, but {path} does not exist"
+            )
         out.append((m, render(json.loads(path.read_text())) + "\n"))
     return out
 
@@ -273,8 +318,7 @@ def stale_blocks(pages: Sequence[str | os.PathLike], results: str | os.PathLike)
     stale = []
     for page in pages:
         text = Path(page).read_text()
-        stale += [f"{page}: {m.group('name')}" for m, table in _blocks(text, Path(results))
-                  if m.group("body") != table]
+        stale += [f"{page}: {m.group('name')}" for m, table in _blocks(text, Path(results)) if m.group("body") != table]
     return stale
 
 
@@ -285,7 +329,7 @@ def update_pages(pages: Sequence[str | os.PathLike], results: str | os.PathLike)
         text = Path(page).read_text()
         new = text
         for m, table in reversed(_blocks(text, Path(results))):
-            new = new[:m.start("body")] + table + new[m.end("body"):]
+            new = new[: m.start("body")] + table + new[m.end("body") :]
         if new != text:
             write_text_atomic(Path(page), new)
             changed.append(str(page))

@@ -27,11 +27,11 @@ import torch
 
 from mmunlearn.erase.apply import PATCH_NAME
 from mmunlearn.erase.patch import UndoPatch, revert_exact
-from mmunlearn.files.layout import HISTORY_DIR  # output names live in mmunlearn.files.layout
-from mmunlearn.methods.harness import REPORT_NAME
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.files.layout import HISTORY_DIR  # output names live in mmunlearn.files.layout
 from mmunlearn.files.safecopy import copy_inside, open_inside, read_inside
 from mmunlearn.files.undo_store import undo_dir_of
+from mmunlearn.methods.harness import REPORT_NAME
 
 #: the largest ``unlearn_report.json`` read (a report lists its requests: kilobytes, not megabytes)
 REPORT_LIMIT = 64 << 20
@@ -112,8 +112,10 @@ def read_history(folder: str | os.PathLike) -> History:
         return History(folder)
     records = undo / HISTORY_DIR
     if os.path.lexists(records) and (records.is_symlink() or not records.is_dir()):
-        raise UnsafePathError(f"{records} is a symbolic link or not a folder: the undo records in it are copied "
-                              "into outputs, so it must be a real folder inside the model folder")
+        raise UnsafePathError(
+            f"{records} is a symbolic link or not a folder: the undo records in it are copied "
+            "into outputs, so it must be a real folder inside the model folder"
+        )
     requests = report.get("requests")
     if not isinstance(requests, list) or not requests:
         requests = [summary(report, index=1)]
@@ -133,8 +135,16 @@ def read_history(folder: str | os.PathLike) -> History:
 
 def summary(unlearn_report: Mapping[str, Any], *, index: int, **more: Any) -> dict[str, Any]:
     """One request's line of the history, from its unlearning report."""
-    keys = ("method", "forget_items", "retain_items", "extract_seconds", "unlearn_seconds", "target_reached",
-            "forget_nll", "retain_nll")
+    keys = (
+        "method",
+        "forget_items",
+        "retain_items",
+        "extract_seconds",
+        "unlearn_seconds",
+        "target_reached",
+        "forget_nll",
+        "retain_nll",
+    )
     return {"index": index, **{k: unlearn_report.get(k) for k in keys}, **more}
 
 
@@ -172,8 +182,9 @@ def step_back(folder: str | os.PathLike, restored: str | os.PathLike) -> None:
         (restored / HISTORY_DIR).mkdir()
         for i in range(1, n - 1):
             for ext in ("safetensors", "json"):
-                copy_inside(src, f"{HISTORY_DIR}/{entry_name(i)}.{ext}",
-                            restored / HISTORY_DIR / f"{entry_name(i)}.{ext}")
+                copy_inside(
+                    src, f"{HISTORY_DIR}/{entry_name(i)}.{ext}", restored / HISTORY_DIR / f"{entry_name(i)}.{ext}"
+                )
 
 
 def record(requests: Sequence[Mapping[str, Any]], report: Mapping[str, Any], **more: Any) -> list[dict[str, Any]]:
@@ -181,11 +192,27 @@ def record(requests: Sequence[Mapping[str, Any]], report: Mapping[str, Any], **m
     the new request (its patch: ``undo_patch.safetensors``)."""
     out = []
     for i, r in enumerate(requests, 1):
-        out.append({**r, "index": i, "undo_patch": f"{HISTORY_DIR}/{entry_name(i)}.safetensors",
-                    "report": f"{HISTORY_DIR}/{entry_name(i)}.json"})
+        out.append(
+            {
+                **r,
+                "index": i,
+                "undo_patch": f"{HISTORY_DIR}/{entry_name(i)}.safetensors",
+                "report": f"{HISTORY_DIR}/{entry_name(i)}.json",
+            }
+        )
     out.append(summary(report, index=len(requests) + 1, undo_patch=PATCH_NAME, report=REPORT_NAME, **more))
     return out
 
 
-__all__ = ["HISTORY_DIR", "History", "carry_history", "entry_name", "original_tensor", "read_history", "read_report",
-           "record", "step_back", "summary"]
+__all__ = [
+    "HISTORY_DIR",
+    "History",
+    "carry_history",
+    "entry_name",
+    "original_tensor",
+    "read_history",
+    "read_report",
+    "record",
+    "step_back",
+    "summary",
+]

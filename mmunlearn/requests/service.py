@@ -19,12 +19,11 @@ from typing import Any
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods import get, needing
 from mmunlearn.methods.harness import REPORT_NAME, Outcome, run_unlearning
-from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.head_rows import forgotten_speakers
+from mmunlearn.methods.request import UnlearnRequest
 from mmunlearn.methods.rule import SweepRule, mean_nll
 from mmunlearn.requests.history import History, carry_history, original_tensor, record
 from mmunlearn.requests.state import RetainState, data_fingerprint, model_fingerprint, obtain_retain_state
-
 
 #: Largest relative edit size ||scale * T_f|| / ||W|| a history's last request may hand the next sweep as its start:
 #: a thousand times the weights (explicit sweep scales reach tens on tiny models; nothing useful lies beyond).
@@ -55,26 +54,33 @@ def earlier_speakers(history: History | None) -> list[str]:
     for r in history.requests:
         speakers = r.get("forget_speakers") or []
         if not isinstance(speakers, list) or not all(isinstance(s, str) for s in speakers):
-            raise ValueError(f"{history.folder}: request {r.get('index')}'s forget_speakers is not a list of "
-                             f"speaker IDs: {speakers!r:.200}")
+            raise ValueError(
+                f"{history.folder}: request {r.get('index')}'s forget_speakers is not a list of "
+                f"speaker IDs: {speakers!r:.200}"
+            )
         out.update(speakers)
     return sorted(out)
 
 
-def check_earlier(classes: Mapping[str, int] | None, history: History, earlier: Sequence[str],
-                  retain: Sequence[Any]) -> None:
+def check_earlier(
+    classes: Mapping[str, int] | None, history: History, earlier: Sequence[str], retain: Sequence[Any]
+) -> None:
     """Refuse a history whose ``forget_speakers`` name speakers that are not among ``classes`` (a classifier adapter's
     ``index``; None for a model of another kind: not checked), or every speaker of the ``retain`` rows (each would
     count as forgotten by the speaker rule: nothing is retained)."""
     where = history.folder / REPORT_NAME
     unknown = sorted(set(earlier) - set(classes)) if classes is not None else []
     if unknown:
-        raise ValueError(f"{where}: earlier requests' forget_speakers name {len(unknown)} speaker(s) the model has no "
-                         f"class for ({', '.join(unknown[:5])}): the history belongs to another model")
+        raise ValueError(
+            f"{where}: earlier requests' forget_speakers name {len(unknown)} speaker(s) the model has no "
+            f"class for ({', '.join(unknown[:5])}): the history belongs to another model"
+        )
     kept = set(forgotten_speakers(retain))
     if kept and kept <= set(earlier):
-        raise ValueError(f"{where}: earlier requests' forget_speakers name every speaker of the retain set "
-                         f"({len(kept)}): the retain set must hold speakers no request forgot")
+        raise ValueError(
+            f"{where}: earlier requests' forget_speakers name every speaker of the retain set "
+            f"({len(kept)}): the retain set must hold speakers no request forgot"
+        )
 
 
 def reusable_edit(history: History, last: Mapping[str, Any]) -> float | None:
@@ -86,8 +92,12 @@ def reusable_edit(history: History, last: Mapping[str, Any]) -> float | None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_REUSED_EDIT:
         return float(value)
-    log.warning("%s: the last request's relative_edit %.80r is not in (0, %g]: ignored (the sweep starts from its "
-                "own sizes)", history.folder / REPORT_NAME, value, MAX_REUSED_EDIT)
+    log.warning(
+        "%s: the last request's relative_edit %.80r is not in (0, %g]: ignored (the sweep starts from its own sizes)",
+        history.folder / REPORT_NAME,
+        value,
+        MAX_REUSED_EDIT,
+    )
     return None
 
 
@@ -121,8 +131,16 @@ def _is_erasure(method: str) -> bool:
     return "task_vectors" in get(method).needs
 
 
-def run_request(request: UnlearnRequest, adapter, forget: Sequence[Any] | Sequence[Sequence[Any]],
-                retain: Sequence[Any], *, reference=None, history: History | None = None, clone=None) -> Outcome:
+def run_request(
+    request: UnlearnRequest,
+    adapter,
+    forget: Sequence[Any] | Sequence[Sequence[Any]],
+    retain: Sequence[Any],
+    *,
+    reference=None,
+    history: History | None = None,
+    clone=None,
+) -> Outcome:
     """Unlearn one request (``request.batch``: ``forget`` is a list of forget sets, edited once with their union).
 
     Args:
@@ -145,30 +163,48 @@ def run_request(request: UnlearnRequest, adapter, forget: Sequence[Any] | Sequen
     method, kind = request.method, request.kind
     sets, items = _forget_sets(forget, request.batch)
     spec = get(method, kind)
-    cfg = request.config if request.config is not None else spec.config_for(kind, request.size,
-                                                                             **_request_overrides(request))
+    cfg = (
+        request.config
+        if request.config is not None
+        else spec.config_for(kind, request.size, **_request_overrides(request))
+    )
     if request.wants_state and "task_vectors" not in spec.needs:
-        raise ValueError(f"a retain state applies to the methods that work from task vectors "
-                         f"({', '.join(needing('task_vectors'))}), not to {method}")
+        raise ValueError(
+            f"a retain state applies to the methods that work from task vectors "
+            f"({', '.join(needing('task_vectors'))}), not to {method}"
+        )
     before = model_fingerprint(adapter.model)
-    state = (_obtain_state(request, adapter, retain, reference=reference, history=history, before=before)
-             if request.wants_state else None)
+    state = (
+        _obtain_state(request, adapter, retain, reference=reference, history=history, before=before)
+        if request.wants_state
+        else None
+    )
     report_meta = _request_meta(request.meta, state, sets, items, request.batch)
     previous = history if history is not None and history.requests else None
-    rule, stand_ins = _earlier_requests(adapter, previous, retain, report_meta, kind=kind, method=method,
-                                        rule=request.rule)
+    rule, stand_ins = _earlier_requests(
+        adapter, previous, retain, report_meta, kind=kind, method=method, rule=request.rule
+    )
     cfg = _first_edit_size(cfg, previous, method=method, rule=rule) if request.reuse_edit_size else cfg
-    add_history, extra = _history_hooks(adapter, previous, items, before=before, t_start=t_start,
-                                        batch_sets=len(sets) if request.batch else None)
+    add_history, extra = _history_hooks(
+        adapter, previous, items, before=before, t_start=t_start, batch_sets=len(sets) if request.batch else None
+    )
     run = request.for_harness(cfg, rule=rule, meta=report_meta)
-    outcome = run_unlearning(run, adapter, items, retain, reference=reference,
-                             retain_task=state.task if state is not None else None, extra=extra,
-                             earlier_forgotten=stand_ins)
+    outcome = run_unlearning(
+        run,
+        adapter,
+        items,
+        retain,
+        reference=reference,
+        retain_task=state.task if state is not None else None,
+        extra=extra,
+        earlier_forgotten=stand_ins,
+    )
     if request.out is None:
         add_history(outcome.report)
     if request.compare_batch:  # only with batch (the request refuses it alone)
-        outcome.report["batch"]["one_by_one"] = _compare_batch(outcome.adapter, clone, sets, retain, run,
-                                                               reference=reference, state=state)
+        outcome.report["batch"]["one_by_one"] = _compare_batch(
+            outcome.adapter, clone, sets, retain, run, reference=reference, state=state
+        )
     return outcome
 
 
@@ -184,38 +220,64 @@ def _request_overrides(request: UnlearnRequest) -> dict[str, Any]:
     """The request's overrides with the kind's ``request_extract`` and auto sweep scales put first when they apply."""
     overrides = dict(request.overrides)
     extract = get_kind(request.kind).request_extract
-    if (request.wants_state and request.rule is not None and request.config is None and extract is not None
-            and _is_erasure(request.method) and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)):
+    if (
+        request.wants_state
+        and request.rule is not None
+        and request.config is None
+        and extract is not None
+        and _is_erasure(request.method)
+        and not any(k.startswith(("extract", "sweep_scales")) for k in overrides)
+    ):
         overrides = {"extract_kind": extract, "sweep_scales": "auto", **overrides}
     return overrides
 
 
-def _obtain_state(request: UnlearnRequest, adapter, retain: Sequence[Any], *, reference, history: History | None,
-                  before: str) -> RetainState:
+def _obtain_state(
+    request: UnlearnRequest, adapter, retain: Sequence[Any], *, reference, history: History | None, before: str
+) -> RetainState:
     """The retain state, from ``reference`` when given, else from the model (with the history's lineage)."""
     source = reference if reference is not None else adapter
     lineage = history.lineage(before) if (history is not None and reference is None) else []
     kind = request.kind
-    return obtain_retain_state(request.retain_state, source, retain, request.retain_extract, kind=kind,
-                               default_extract=get(request.method).config_for(kind, request.size).extract,
-                               lineage=lineage, refresh=request.refresh_retain, progress=request.progress,
-                               inputs=request.inputs)
+    return obtain_retain_state(
+        request.retain_state,
+        source,
+        retain,
+        request.retain_extract,
+        kind=kind,
+        default_extract=get(request.method).config_for(kind, request.size).extract,
+        lineage=lineage,
+        refresh=request.refresh_retain,
+        progress=request.progress,
+        inputs=request.inputs,
+    )
 
 
-def _request_meta(meta: Mapping[str, Any] | None, state: RetainState | None, sets: list[list[Any]], items: list[Any],
-                  batch: bool) -> dict[str, Any]:
+def _request_meta(
+    meta: Mapping[str, Any] | None, state: RetainState | None, sets: list[list[Any]], items: list[Any], batch: bool
+) -> dict[str, Any]:
     """The report's meta: the caller's, the retain state's description and a batch's sets."""
     report_meta: dict[str, Any] = dict(meta or {})
     if state is not None:
         report_meta["retain_state"] = state.describe()
     if batch:
-        report_meta["batch"] = {"sets": [{"items": len(s), "fingerprint": data_fingerprint(s)} for s in sets],
-                                "union_items": len(items)}
+        report_meta["batch"] = {
+            "sets": [{"items": len(s), "fingerprint": data_fingerprint(s)} for s in sets],
+            "union_items": len(items),
+        }
     return report_meta
 
 
-def _earlier_requests(adapter, previous: History | None, retain: Sequence[Any], report_meta: dict[str, Any], *,
-                      kind: str, method: str, rule: SweepRule | None) -> tuple[SweepRule | None, dict[str, Any] | None]:
+def _earlier_requests(
+    adapter,
+    previous: History | None,
+    retain: Sequence[Any],
+    report_meta: dict[str, Any],
+    *,
+    kind: str,
+    method: str,
+    rule: SweepRule | None,
+) -> tuple[SweepRule | None, dict[str, Any] | None]:
     """Check the earlier requests' speakers, note them in ``report_meta``; return the widened rule and stand-ins."""
     earlier = earlier_speakers(previous)
     classifier = bool(earlier) and get_kind(kind).is_classifier
@@ -223,8 +285,9 @@ def _earlier_requests(adapter, previous: History | None, retain: Sequence[Any], 
         check_earlier(adapter.index if classifier else None, previous, earlier, retain)
     rule = widened_rule(rule, earlier)
     # the undo patches are read only for a method that can use them (an erasure of a classifier's head)
-    stand_ins = (earlier_directions(adapter, previous, earlier)
-                 if earlier and _is_erasure(method) and classifier else None)
+    stand_ins = (
+        earlier_directions(adapter, previous, earlier) if earlier and _is_erasure(method) and classifier else None
+    )
     if earlier:
         report_meta["earlier_forgotten_speakers"] = earlier
         report_meta["earlier_directions"] = sorted(k for k, v in (stand_ins or {}).items() if v is not None)
@@ -234,22 +297,31 @@ def _earlier_requests(adapter, previous: History | None, retain: Sequence[Any], 
 def _first_edit_size(cfg: Any, previous: History | None, *, method: str, rule: SweepRule | None) -> Any:
     """``cfg`` whose sweep first tries the previous request's edit size, when that request used ``method``."""
     last = previous.requests[-1] if previous is not None else {}
-    if (rule is not None and getattr(cfg, "sweep_first", "absent") is None
-            and last.get("method") == method and reusable_edit(previous, last) is not None):
+    if (
+        rule is not None
+        and getattr(cfg, "sweep_first", "absent") is None
+        and last.get("method") == method
+        and reusable_edit(previous, last) is not None
+    ):
         from dataclasses import replace
 
         return replace(cfg, sweep_first=reusable_edit(previous, last))
     return cfg
 
 
-def _history_hooks(adapter, previous: History | None, items: list[Any], *, before: str, t_start: float,
-                   batch_sets: int | None) -> tuple[Callable[[dict], None], Callable[[Path, dict], None]]:
+def _history_hooks(
+    adapter, previous: History | None, items: list[Any], *, before: str, t_start: float, batch_sets: int | None
+) -> tuple[Callable[[dict], None], Callable[[Path, dict], None]]:
     """``add_history(report)`` (this request's record) and the harness's ``extra`` (with the earlier records)."""
 
     def add_history(report: dict[str, Any]) -> None:
-        more = {"model_before": before, "model_after": model_fingerprint(adapter.model),
-                "forget_fingerprint": data_fingerprint(items), "seconds": time.perf_counter() - t_start,
-                "relative_edit": (report.get("info") or {}).get("relative")}
+        more = {
+            "model_before": before,
+            "model_after": model_fingerprint(adapter.model),
+            "forget_fingerprint": data_fingerprint(items),
+            "seconds": time.perf_counter() - t_start,
+            "relative_edit": (report.get("info") or {}).get("relative"),
+        }
         if batch_sets is not None:
             more["batch_sets"] = batch_sets
         speakers = forgotten_speakers(items)
@@ -265,25 +337,49 @@ def _history_hooks(adapter, previous: History | None, items: list[Any], *, befor
     return add_history, extra
 
 
-def _compare_batch(edited, clone, sets: list[list[Any]], retain: Sequence[Any], request: UnlearnRequest, *,
-                   reference, state: RetainState | None) -> dict[str, Any]:
+def _compare_batch(
+    edited,
+    clone,
+    sets: list[list[Any]],
+    retain: Sequence[Any],
+    request: UnlearnRequest,
+    *,
+    reference,
+    state: RetainState | None,
+) -> dict[str, Any]:
     """:func:`compare_one_by_one` for a batch, refused without ``clone``."""
     if clone is None:
         raise ValueError("compare_batch needs clone: a function returning a fresh copy of the input model")
-    return compare_one_by_one(edited, clone, sets, retain, request, reference=reference,
-                              retain_task=state.task if state is not None else None)
+    return compare_one_by_one(
+        edited, clone, sets, retain, request, reference=reference, retain_task=state.task if state is not None else None
+    )
 
 
-def compare_one_by_one(edited, clone, sets: Sequence[Sequence[Any]], retain: Sequence[Any], request: UnlearnRequest,
-                       *, reference=None, retain_task: Any = None) -> dict[str, Any]:
+def compare_one_by_one(
+    edited,
+    clone,
+    sets: Sequence[Sequence[Any]],
+    retain: Sequence[Any],
+    request: UnlearnRequest,
+    *,
+    reference=None,
+    retain_task: Any = None,
+) -> dict[str, Any]:
     """Apply ``sets`` one after another to ``clone()`` with ``request``'s method, config and rule (nothing written,
     no progress) and compare with ``edited`` (the union's edit): the largest relative difference of a weight
     tensor, and each set's forget NLL under both."""
     import torch
 
     seq = clone()
-    each = UnlearnRequest(request.method, request.kind, config=request.config, size=request.size,
-                          overrides=request.overrides, rule=request.rule, progress=False)
+    each = UnlearnRequest(
+        request.method,
+        request.kind,
+        config=request.config,
+        size=request.size,
+        overrides=request.overrides,
+        rule=request.rule,
+        progress=False,
+    )
     for s in sets:
         run_unlearning(each, seq, list(s), retain, reference=reference, retain_task=retain_task)
     a, b = edited.model.state_dict(), seq.model.state_dict()
@@ -292,10 +388,14 @@ def compare_one_by_one(edited, clone, sets: Sequence[Sequence[Any]], retain: Seq
         if t.is_floating_point() and not torch.equal(t, b[name]):
             norm = float(torch.linalg.vector_norm(t.double())) or 1.0
             rel = max(rel, float(torch.linalg.vector_norm((t - b[name].to(t.device)).double())) / norm)
-    return {"identical": rel == 0.0, "max_relative_weight_difference": rel,
-            "forget_nll_union": [mean_nll(edited, list(s)) for s in sets],
-            "forget_nll_one_by_one": [mean_nll(seq, list(s)) for s in sets],
-            "retain_nll_union": mean_nll(edited, retain), "retain_nll_one_by_one": mean_nll(seq, retain)}
+    return {
+        "identical": rel == 0.0,
+        "max_relative_weight_difference": rel,
+        "forget_nll_union": [mean_nll(edited, list(s)) for s in sets],
+        "forget_nll_one_by_one": [mean_nll(seq, list(s)) for s in sets],
+        "retain_nll_union": mean_nll(edited, retain),
+        "retain_nll_one_by_one": mean_nll(seq, retain),
+    }
 
 
 __all__ = ["compare_one_by_one", "run_request", "union"]

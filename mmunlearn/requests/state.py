@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,26 +98,46 @@ class RetainState:
 
     def describe(self) -> dict[str, Any]:
         """What the unlearning report records about the retain state used."""
-        return {"folder": str(self.folder) if self.folder else None, "status": self.status, "reason": self.reason,
-                "seconds": self.seconds, "model_fingerprint": self.meta.get("model_fingerprint"),
-                "retain_fingerprint": self.meta.get("retain_fingerprint"), "extract": self.meta.get("extract"),
-                "prompt_format": self.meta.get("prompt_format"), "compute_seconds": self.meta.get("compute_seconds")}
+        return {
+            "folder": str(self.folder) if self.folder else None,
+            "status": self.status,
+            "reason": self.reason,
+            "seconds": self.seconds,
+            "model_fingerprint": self.meta.get("model_fingerprint"),
+            "retain_fingerprint": self.meta.get("retain_fingerprint"),
+            "extract": self.meta.get("extract"),
+            "prompt_format": self.meta.get("prompt_format"),
+            "compute_seconds": self.meta.get("compute_seconds"),
+        }
 
 
 def expected_meta(adapter, retain: Sequence[Any], extract: ExtractConfig, kind: str) -> dict[str, Any]:
     """The fingerprints a state for these inputs must carry (the model's is computed here); a text LLM's also the
     prompt format its rows are written in (the task matrices are trained on the rows in it)."""
-    meta = {"format": FORMAT, "kind": kind, "model_fingerprint": model_fingerprint(adapter.model),
-            "retain_fingerprint": data_fingerprint(retain), "retain_items": len(retain),
-            "extract": asdict(extract), "layers": _layers(adapter)}
+    meta = {
+        "format": FORMAT,
+        "kind": kind,
+        "model_fingerprint": model_fingerprint(adapter.model),
+        "retain_fingerprint": data_fingerprint(retain),
+        "retain_items": len(retain),
+        "extract": asdict(extract),
+        "layers": _layers(adapter),
+    }
     fmt = getattr(adapter, "format_name", None)
     if fmt is not None:
         meta["prompt_format"] = fmt
     return meta
 
 
-def compute_retain_state(adapter, retain: Sequence[Any], extract: ExtractConfig, *, kind: str,
-                         progress: bool = True, meta: Mapping[str, Any] | None = None) -> RetainState:
+def compute_retain_state(
+    adapter,
+    retain: Sequence[Any],
+    extract: ExtractConfig,
+    *,
+    kind: str,
+    progress: bool = True,
+    meta: Mapping[str, Any] | None = None,
+) -> RetainState:
     """Extract the retain task matrices of ``retain`` from ``adapter`` (left unchanged, bit for bit)."""
     if not retain:
         raise ValueError("the retain set is empty: no retain state to compute")
@@ -133,8 +153,9 @@ def compute_retain_state(adapter, retain: Sequence[Any], extract: ExtractConfig,
     return RetainState(task, info, "computed", "", None, info["compute_seconds"])
 
 
-def save_retain_state(state: RetainState, folder: str | os.PathLike, *, overwrite: bool = True,
-                      inputs: Sequence[str | os.PathLike] = ()) -> Path:
+def save_retain_state(
+    state: RetainState, folder: str | os.PathLike, *, overwrite: bool = True, inputs: Sequence[str | os.PathLike] = ()
+) -> Path:
     """Write ``state`` into ``folder`` atomically (``inputs``: folders it must not be, lie in or contain)."""
     from safetensors.torch import save_file
 
@@ -166,8 +187,11 @@ def load_retain_state(folder: str | os.PathLike) -> RetainState:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{meta_path} is not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path} is not an mmunlearn retain state (format {meta.get('format')!r})"
-                         if isinstance(meta, dict) else f"{meta_path} is not an mmunlearn retain state")
+        raise ValueError(
+            f"{meta_path} is not an mmunlearn retain state (format {meta.get('format')!r})"
+            if isinstance(meta, dict)
+            else f"{meta_path} is not an mmunlearn retain state"
+        )
     try:
         raw = load_file(str(tensor_path))
     except SafetensorError as exc:
@@ -187,14 +211,21 @@ def load_retain_state(folder: str | os.PathLike) -> RetainState:
 
 def _mismatch(stored: Mapping[str, Any], want: Mapping[str, Any], lineage: Sequence[str]) -> tuple[str | None, str]:
     """Why ``stored`` does not fit (None: it fits) and, when it fits, how."""
-    for key, what in (("kind", "model kind"), ("retain_fingerprint", "retain data"), ("extract", "extraction settings"),
-                      ("layers", "model layers"), ("prompt_format", "prompt format")):
+    for key, what in (
+        ("kind", "model kind"),
+        ("retain_fingerprint", "retain data"),
+        ("extract", "extraction settings"),
+        ("layers", "model layers"),
+        ("prompt_format", "prompt format"),
+    ):
         if key == "extract" and want.get(key) is None:
             continue  # any extraction the stored state used
         if stored.get(key) != want.get(key):
             if key == "prompt_format":  # a state written before formats were recorded has none
-                return (f"the prompt format changed (the state's: {stored.get(key) or 'not recorded'}, this run's: "
-                        f"{want.get(key)})"), ""
+                return (
+                    f"the prompt format changed (the state's: {stored.get(key) or 'not recorded'}, this run's: "
+                    f"{want.get(key)})"
+                ), ""
             return f"the {what} changed", ""
     if stored.get("model_fingerprint") == want["model_fingerprint"]:
         return None, "fingerprints match"
@@ -204,10 +235,20 @@ def _mismatch(stored: Mapping[str, Any], want: Mapping[str, Any], lineage: Seque
     return "the model weights changed", ""
 
 
-def obtain_retain_state(folder: str | os.PathLike | None, adapter, retain: Sequence[Any],
-                        extract: ExtractConfig | None, *, kind: str, default_extract: ExtractConfig | None = None,
-                        lineage: Sequence[str] = (), refresh: bool = False, progress: bool = True,
-                        inputs: Sequence[str | os.PathLike] = (), note: Mapping[str, Any] | None = None) -> RetainState:
+def obtain_retain_state(
+    folder: str | os.PathLike | None,
+    adapter,
+    retain: Sequence[Any],
+    extract: ExtractConfig | None,
+    *,
+    kind: str,
+    default_extract: ExtractConfig | None = None,
+    lineage: Sequence[str] = (),
+    refresh: bool = False,
+    progress: bool = True,
+    inputs: Sequence[str | os.PathLike] = (),
+    note: Mapping[str, Any] | None = None,
+) -> RetainState:
     """The retain state of ``adapter`` and ``retain``: loaded from ``folder`` when it matches, else computed
     (and written to ``folder`` unless it is None); ``state.status`` / ``state.reason`` say which and why.
 
@@ -253,5 +294,16 @@ def obtain_retain_state(folder: str | os.PathLike | None, adapter, retain: Seque
     return state
 
 
-__all__ = ["FORMAT", "META_NAME", "TENSORS_NAME", "RetainState", "compute_retain_state", "data_fingerprint",
-           "expected_meta", "load_retain_state", "model_fingerprint", "obtain_retain_state", "save_retain_state"]
+__all__ = [
+    "FORMAT",
+    "META_NAME",
+    "TENSORS_NAME",
+    "RetainState",
+    "compute_retain_state",
+    "data_fingerprint",
+    "expected_meta",
+    "load_retain_state",
+    "model_fingerprint",
+    "obtain_retain_state",
+    "save_retain_state",
+]

@@ -54,8 +54,7 @@ def normalise(text: str) -> str:
     return " ".join(_PUNCT.sub(" ", text.lower()).split())
 
 
-def _answer(task: str, row: Mapping[str, Any], meta: Mapping[str, str] | None,
-            names: Mapping[str, str] | None) -> str:
+def _answer(task: str, row: Mapping[str, Any], meta: Mapping[str, str] | None, names: Mapping[str, str] | None) -> str:
     spk = str(row.get("spk_id", ""))
     if task == "speaker":
         if not spk:
@@ -64,8 +63,10 @@ def _answer(task: str, row: Mapping[str, Any], meta: Mapping[str, str] | None,
     if task == "gender":
         raw = str(row.get("gender") or (meta or {}).get(spk, "")).strip().lower()
         if raw not in GENDERS:
-            raise ValueError(f"row {row.get('ID', '?')!r} (speaker {spk}): no gender (got {raw!r}); pass meta= "
-                             "(speaker -> m/f, e.g. from vox2_meta.csv) or use manifests with a gender column")
+            raise ValueError(
+                f"row {row.get('ID', '?')!r} (speaker {spk}): no gender (got {raw!r}); pass meta= "
+                "(speaker -> m/f, e.g. from vox2_meta.csv) or use manifests with a gender column"
+            )
         return GENDERS[raw]
     text = str(row.get("text") or "").strip()
     if not text:
@@ -73,8 +74,13 @@ def _answer(task: str, row: Mapping[str, Any], meta: Mapping[str, str] | None,
     return text
 
 
-def spoken_qa(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str] = ("speaker", "gender"), *,
-              meta: Mapping[str, str] | None = None, names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def spoken_qa(
+    rows: Iterable[Mapping[str, Any]],
+    tasks: Sequence[str] = ("speaker", "gender"),
+    *,
+    meta: Mapping[str, str] | None = None,
+    names: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """One example per (row, task), in row order: the row's audio fields, ``question``, ``answer``,
     ``task``, ``utt`` (the row ID) and ``ID`` (``<row ID>::<task>``). Rows are not modified."""
     unknown = [t for t in tasks if t not in QUESTIONS]
@@ -87,8 +93,17 @@ def spoken_qa(rows: Iterable[Mapping[str, Any]], tasks: Sequence[str] = ("speake
         audio = {k: row[k] for k in ("wav", "start", "stop") if k in row}
         utt = str(row.get("ID", i))
         for task in tasks:
-            out.append({**audio, "ID": f"{utt}::{task}", "utt": utt, "spk_id": str(row.get("spk_id", "")),
-                        "task": task, "question": QUESTIONS[task], "answer": _answer(task, row, meta, names)})
+            out.append(
+                {
+                    **audio,
+                    "ID": f"{utt}::{task}",
+                    "utt": utt,
+                    "spk_id": str(row.get("spk_id", "")),
+                    "task": task,
+                    "question": QUESTIONS[task],
+                    "answer": _answer(task, row, meta, names),
+                }
+            )
     return out
 
 
@@ -112,8 +127,14 @@ def by_task(examples: Sequence[Mapping[str, Any]], task: str) -> list[Mapping[st
     return [ex for ex in examples if ex["task"] == task]
 
 
-def task_accuracy(adapter, examples: Sequence[Mapping[str, Any]], *, batch_size: int = 16,
-                  max_new_tokens: int | None = None, desc: str | None = None) -> tuple[float, list[str]]:
+def task_accuracy(
+    adapter,
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int | None = None,
+    desc: str | None = None,
+) -> tuple[float, list[str]]:
     """(accuracy, greedy answers) on examples of one task (see the module notes for the measure)."""
     if not examples:
         raise ValueError("task_accuracy: no examples")
@@ -135,9 +156,16 @@ def task_accuracy(adapter, examples: Sequence[Mapping[str, Any]], *, batch_size:
     return float(np.mean([normalise(a) == normalise(r) for a, r in zip(answers, refs)])), answers
 
 
-def train_speech_llm(adapter, examples: Sequence[Mapping[str, Any]], config: TrainConfig | None = None, *,
-                     device: str = "auto", progress: bool = True, desc: str = "train speech LLM",
-                     **overrides: Any) -> TrainResult:
+def train_speech_llm(
+    adapter,
+    examples: Sequence[Mapping[str, Any]],
+    config: TrainConfig | None = None,
+    *,
+    device: str = "auto",
+    progress: bool = True,
+    desc: str = "train speech LLM",
+    **overrides: Any,
+) -> TrainResult:
     """Fine-tune ``adapter.model`` on spoken-QA examples with the shared loop (answer-token NLL).
 
     Trains every parameter but the (unused) vision tower; ``config`` (default :data:`DEFAULT_TRAIN`)
@@ -147,8 +175,17 @@ def train_speech_llm(adapter, examples: Sequence[Mapping[str, Any]], config: Tra
         raise ValueError("no training examples given")
     cfg = (config or DEFAULT_TRAIN).replace(**overrides)
     params = [p for n, p in adapter.model.named_parameters() if "visual." not in n]
-    result = train(adapter.model, lambda m, b: adapter.loss(b, model=m), list(examples), adapter.collate, cfg,
-                   params=params, device=device, progress=progress, desc=desc)
+    result = train(
+        adapter.model,
+        lambda m, b: adapter.loss(b, model=m),
+        list(examples),
+        adapter.collate,
+        cfg,
+        params=params,
+        device=device,
+        progress=progress,
+        desc=desc,
+    )
     adapter.model.eval()
     return result
 
@@ -164,13 +201,21 @@ class _SpeakerProbe(nn.Module):
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         clips = self.adapter.audio_embeddings(batch, model=self.model)
-        pooled = torch.stack([torch.cat([c.mean(0), c.std(0) if len(c) > 1 else torch.zeros_like(c[0])])
-                              for c in clips])
+        pooled = torch.stack(
+            [torch.cat([c.mean(0), c.std(0) if len(c) > 1 else torch.zeros_like(c[0])]) for c in clips]
+        )
         return self.head(pooled.float())
 
 
-def warm_up_audio_tower(adapter, rows: Sequence[Mapping[str, Any]], config: TrainConfig | None = None, *,
-                        device: str = "auto", progress: bool = True, **overrides: Any) -> TrainResult:
+def warm_up_audio_tower(
+    adapter,
+    rows: Sequence[Mapping[str, Any]],
+    config: TrainConfig | None = None,
+    *,
+    device: str = "auto",
+    progress: bool = True,
+    **overrides: Any,
+) -> TrainResult:
     """Pre-train the audio tower (and projector) as a speaker classifier before spoken-QA training.
 
     A throw-away linear head reads the mean and standard deviation over time of the tower's outputs
@@ -184,8 +229,15 @@ def warm_up_audio_tower(adapter, rows: Sequence[Mapping[str, Any]], config: Trai
     if len(speakers) < 2:
         raise ValueError(f"warming up the audio tower needs two or more speakers, got {speakers}")
     index = {s: i for i, s in enumerate(speakers)}
-    examples = [{**{k: r[k] for k in ("wav", "start", "stop") if k in r}, "spk_id": str(r["spk_id"]),
-                 "question": QUESTIONS["speaker"], "answer": str(r["spk_id"])} for r in rows]
+    examples = [
+        {
+            **{k: r[k] for k in ("wav", "start", "stop") if k in r},
+            "spk_id": str(r["spk_id"]),
+            "question": QUESTIONS["speaker"],
+            "answer": str(r["spk_id"]),
+        }
+        for r in rows
+    ]
     probe = _SpeakerProbe(adapter, len(speakers))
     audio = [p for n, p in adapter.model.named_parameters() if "audio_tower." in n or "multi_modal_projector." in n]
 
@@ -198,8 +250,17 @@ def warm_up_audio_tower(adapter, rows: Sequence[Mapping[str, Any]], config: Trai
         return F.cross_entropy(model(batch), batch["speaker"].to(batch["input_features"].device))
 
     cfg = (config or DEFAULT_WARM_UP).replace(**overrides)
-    result = train(probe, loss_fn, examples, collate, cfg, params=audio + list(probe.head.parameters()),
-                   device=device, progress=progress, desc="warm up audio tower")
+    result = train(
+        probe,
+        loss_fn,
+        examples,
+        collate,
+        cfg,
+        params=audio + list(probe.head.parameters()),
+        device=device,
+        progress=progress,
+        desc="warm up audio tower",
+    )
     adapter.model.eval()
     return result
 

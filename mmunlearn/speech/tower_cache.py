@@ -63,8 +63,9 @@ def clip_key(example: Mapping[str, Any]) -> str:
     raise ValueError(f"example {example.get('ID', '?')!r}: 'wav' must be a file path or a 1-D waveform tensor")
 
 
-def tower_outputs(model: nn.Module, input_features: torch.Tensor, feature_attention_mask: torch.Tensor
-                  ) -> list[torch.Tensor]:
+def tower_outputs(
+    model: nn.Module, input_features: torch.Tensor, feature_attention_mask: torch.Tensor
+) -> list[torch.Tensor]:
     """The audio tower's outputs of a batch, one (tokens x audio width) tensor per clip, as the Qwen2-Audio forward
     computes them: the padded positions masked in self-attention, one output per placeholder kept."""
     from transformers.masking_utils import create_bidirectional_mask  # deferred: transformers is heavy
@@ -107,8 +108,15 @@ class TowerCache:
         self._dirty = False
 
     @torch.no_grad()
-    def fill(self, adapter: Any, examples: Sequence[Mapping[str, Any]], *, batch_size: int = 16,
-             save_every: int = 256, log=None) -> dict[str, torch.Tensor]:
+    def fill(
+        self,
+        adapter: Any,
+        examples: Sequence[Mapping[str, Any]],
+        *,
+        batch_size: int = 16,
+        save_every: int = 256,
+        log=None,
+    ) -> dict[str, torch.Tensor]:
         """The outputs of every example's clip (computed for the clips not cached yet, saved every ``save_every``)."""
         keys = [clip_key(ex) for ex in examples]
         todo = list({k: ex for k, ex in zip(keys, examples) if k not in self.outputs}.items())
@@ -117,7 +125,7 @@ class TowerCache:
         model.eval()
         try:
             for start in range(0, len(todo), batch_size):
-                chunk = todo[start:start + batch_size]
+                chunk = todo[start : start + batch_size]
                 feats = [adapter.features(ex) for _, ex in chunk]
                 x = torch.stack([f for f, _ in feats]).to(adapter.device)
                 mask = torch.zeros(len(feats), x.shape[-1], dtype=torch.long)
@@ -139,6 +147,7 @@ class TowerCache:
 def cached_collate(adapter: Any, cache: TowerCache):
     """A collate for :func:`cached_logits`: ids and labels as the adapter encodes them (one placeholder per tower
     output), right-padded, with ``audio`` (clips x tokens x width, zero-padded) and ``audio_lengths``."""
+
     def collate(examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         outs = [cache.outputs[clip_key(ex)] for ex in examples]
         rows = [adapter.encode(_qa(ex)[0], len(o), _qa(ex)[1]) for ex, o in zip(examples, outs)]
@@ -147,18 +156,28 @@ def cached_collate(adapter: Any, cache: TowerCache):
         labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, (r_ids, r_lab) in enumerate(rows):
-            ids[i, :len(r_ids)], labels[i, :len(r_ids)], mask[i, :len(r_ids)] = (
-                torch.tensor(r_ids), torch.tensor(r_lab), 1)
+            ids[i, : len(r_ids)], labels[i, : len(r_ids)], mask[i, : len(r_ids)] = (
+                torch.tensor(r_ids),
+                torch.tensor(r_lab),
+                1,
+            )
         audio = torch.zeros(len(outs), max(len(o) for o in outs), outs[0].shape[-1])
         for i, o in enumerate(outs):
-            audio[i, :len(o)] = o
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels, "audio": audio,
-                "audio_lengths": torch.tensor([len(o) for o in outs])}
+            audio[i, : len(o)] = o
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "labels": labels,
+            "audio": audio,
+            "audio_lengths": torch.tensor([len(o) for o in outs]),
+        }
+
     return collate
 
 
-def cached_logits(model: nn.Module, batch: Mapping[str, torch.Tensor], *, scored_only: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def cached_logits(
+    model: nn.Module, batch: Mapping[str, torch.Tensor], *, scored_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, targets) of the next token from cached tower outputs: every position (B x T-1 x V, B x T-1), or
     with ``scored_only`` the labelled ones only (N x V, N), the LM head applied there alone."""
     inner = model.model
@@ -192,23 +211,44 @@ def trainable(model: nn.Module, last_blocks: int = 0) -> list[nn.Parameter]:
     layers = model.model.language_model.layers
     if not 0 <= last_blocks <= len(layers):
         raise ValueError(f"last_blocks must be in [0, {len(layers)}], got {last_blocks}")
-    for block in list(layers)[len(layers) - last_blocks:]:
+    for block in list(layers)[len(layers) - last_blocks :]:
         params += list(block.parameters())
     return params
 
 
-def train_from_cache(adapter: Any, examples: Sequence[Mapping[str, Any]], cache: TowerCache,
-                     config: TrainConfig, *, last_blocks: int = 0, device: str = "cpu", progress: bool = False,
-                     checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-                     resume: bool = False, on_step=None) -> TrainResult:
+def train_from_cache(
+    adapter: Any,
+    examples: Sequence[Mapping[str, Any]],
+    cache: TowerCache,
+    config: TrainConfig,
+    *,
+    last_blocks: int = 0,
+    device: str = "cpu",
+    progress: bool = False,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    on_step=None,
+) -> TrainResult:
     """Train the projector (and the LM's last ``last_blocks`` blocks) on spoken-QA examples whose clips are in
     ``cache``; everything else keeps its values bit for bit. Resumable through the shared loop's checkpoints."""
     missing = sum(clip_key(ex) not in cache for ex in examples)
     if missing:
         raise ValueError(f"{missing} of {len(examples)} examples have no cached tower outputs: fill the cache first")
-    result = train(adapter.model, cached_loss, list(examples), cached_collate(adapter, cache), config,
-                   params=trainable(adapter.model, last_blocks), device=device, progress=progress,
-                   desc="train projector", checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                   resume=resume, on_step=on_step)
+    result = train(
+        adapter.model,
+        cached_loss,
+        list(examples),
+        cached_collate(adapter, cache),
+        config,
+        params=trainable(adapter.model, last_blocks),
+        device=device,
+        progress=progress,
+        desc="train projector",
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        on_step=on_step,
+    )
     adapter.model.eval()
     return result

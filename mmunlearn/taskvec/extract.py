@@ -81,9 +81,16 @@ def _finetune(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> 
     saved = {n: p.detach().clone() for n, p in params.items()}  # only the extracted layers
     buffers = {n: b.detach().clone() for n, b in adapter.model.named_buffers()}  # e.g. BatchNorm statistics
     try:
-        train(adapter.model, lambda m, b: adapter.loss(b, model=m), examples, adapter.collate,
-              TrainConfig(steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, max_grad_norm=None),
-              params=list(params.values()), progress=progress, desc=f"task vector ({cfg.kind})")
+        train(
+            adapter.model,
+            lambda m, b: adapter.loss(b, model=m),
+            examples,
+            adapter.collate,
+            TrainConfig(steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, max_grad_norm=None),
+            params=list(params.values()),
+            progress=progress,
+            desc=f"task vector ({cfg.kind})",
+        )
         return {n: (p.detach() - saved[n]).float().cpu() for n, p in params.items()}
     finally:
         with torch.no_grad():
@@ -131,17 +138,25 @@ def _lora(adapter, examples, params, cfg: ExtractConfig, progress: bool) -> dict
     model = adapter.model
     modules = sorted({n.rsplit(".", 1)[0] for n in params})
     before = {n: p.detach().clone() for n, p in model.state_dict().items()}
-    lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=modules, lora_dropout=0.0,
-                      init_lora_weights=True)
+    lcfg = LoraConfig(
+        r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=modules, lora_dropout=0.0, init_lora_weights=True
+    )
     torch.manual_seed(cfg.seed)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     had_config = hasattr(model, "peft_config")
     try:
         inject_adapter_in_model(lcfg, model)  # inside try: a partial injection is undone too
         lora = [p for n, p in model.named_parameters() if "lora_" in n]
-        train(model, lambda m, b: adapter.loss(b, model=m), examples, adapter.collate,
-              TrainConfig(steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, max_grad_norm=None),
-              params=lora, progress=progress, desc="task vector (lora)")
+        train(
+            model,
+            lambda m, b: adapter.loss(b, model=m),
+            examples,
+            adapter.collate,
+            TrainConfig(steps=cfg.steps, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed, max_grad_norm=None),
+            params=lora,
+            progress=progress,
+            desc="task vector (lora)",
+        )
         out = {}
         named = dict(model.named_modules())
         for n in params:
@@ -174,8 +189,15 @@ def _remove_lora(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> Non
         raise RuntimeError("removing the LoRA layers did not give back the original model")
 
 
-def extract_task_matrices(adapter, examples: Sequence[Any], config: ExtractConfig | None = None, *,
-                          layers: Sequence[str] | None = None, progress: bool = True, **overrides) -> TaskMatrices:
+def extract_task_matrices(
+    adapter,
+    examples: Sequence[Any],
+    config: ExtractConfig | None = None,
+    *,
+    layers: Sequence[str] | None = None,
+    progress: bool = True,
+    **overrides,
+) -> TaskMatrices:
     """Task matrices (layer name -> tensor of the weight's shape) of a partition.
 
     ``layers`` restricts extraction to some of ``adapter.layers()`` (default: all of them).
@@ -196,13 +218,18 @@ def extract_task_matrices(adapter, examples: Sequence[Any], config: ExtractConfi
         tensors = _layerwise(adapter, examples, params, cfg, progress)
     else:
         tensors = _lora(adapter, examples, params, cfg, progress)
-    meta = {**asdict(cfg), "data_hash": data_hash(examples), "examples": len(examples),
-            "seconds": time.perf_counter() - start}
+    meta = {
+        **asdict(cfg),
+        "data_hash": data_hash(examples),
+        "examples": len(examples),
+        "seconds": time.perf_counter() - start,
+    }
     return TaskMatrices(tensors, json.loads(json.dumps(meta)))
 
 
-def update_task_matrices(target, reference, *, layers: Sequence[str] | None = None,
-                         what: str = "target") -> TaskMatrices:
+def update_task_matrices(
+    target, reference, *, layers: Sequence[str] | None = None, what: str = "target"
+) -> TaskMatrices:
     """The training update ``T = W_target - W_reference`` per layer of ``target.layers()`` (``layers``: only those):
     the task matrix of the training that made ``target`` from ``reference`` (the model it was fine-tuned from).
     ``what`` names ``target`` in the errors. Raises when the two are not the same architecture."""
@@ -210,15 +237,19 @@ def update_task_matrices(target, reference, *, layers: Sequence[str] | None = No
     theirs = {lw.name: lw.weight for lw in reference.layers()}
     missing = [n for n in ours if n not in theirs]
     if missing:
-        raise ValueError(f"the reference model has no layer {missing[0]!r} of the {what}: a training update needs the "
-                         "model it was fine-tuned from (same architecture)")
+        raise ValueError(
+            f"the reference model has no layer {missing[0]!r} of the {what}: a training update needs the "
+            "model it was fine-tuned from (same architecture)"
+        )
     tensors = {}
     for name, w in ours.items():
         r = theirs[name]
         if r.shape != w.shape:
-            raise ValueError(f"layer {name}: {what} shape {tuple(w.shape)}, reference {tuple(r.shape)}: a training "
-                             "update needs the model it was fine-tuned from")
-        tensors[name] = (w.detach().float().cpu() - r.detach().float().cpu())
+            raise ValueError(
+                f"layer {name}: {what} shape {tuple(w.shape)}, reference {tuple(r.shape)}: a training "
+                "update needs the model it was fine-tuned from"
+            )
+        tensors[name] = w.detach().float().cpu() - r.detach().float().cpu()
     if not any(bool(t.any()) for t in tensors.values()):
         raise ValueError(f"the {what} and the reference model have the same weights: no training update to erase")
     return TaskMatrices(tensors, {"kind": "update", "of": what})

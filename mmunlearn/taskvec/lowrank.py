@@ -24,8 +24,9 @@ class LowRank:
 
     def __post_init__(self) -> None:
         if self.B.dim() != 2 or self.A.dim() != 2 or self.B.shape[1] != self.A.shape[0]:
-            raise ValueError(f"LowRank needs B (m x r) and A (r x n), got {tuple(self.B.shape)} and "
-                             f"{tuple(self.A.shape)}")
+            raise ValueError(
+                f"LowRank needs B (m x r) and A (r x n), got {tuple(self.B.shape)} and {tuple(self.A.shape)}"
+            )
 
     @property
     def shape(self) -> torch.Size:
@@ -44,7 +45,7 @@ class LowRank:
         return self.B.device
 
     @property
-    def T(self) -> "LowRank":
+    def T(self) -> LowRank:
         return LowRank(self.A.T, self.B.T)
 
     def dim(self) -> int:
@@ -53,13 +54,13 @@ class LowRank:
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
 
-    def detach(self) -> "LowRank":
+    def detach(self) -> LowRank:
         return LowRank(self.B.detach(), self.A.detach())
 
-    def to(self, *args, **kwargs) -> "LowRank":
+    def to(self, *args, **kwargs) -> LowRank:
         return LowRank(self.B.to(*args, **kwargs), self.A.to(*args, **kwargs))
 
-    def cpu(self) -> "LowRank":
+    def cpu(self) -> LowRank:
         return self.to("cpu")
 
     def dense(self) -> torch.Tensor:

@@ -29,9 +29,21 @@ from mmunlearn.taskvec.lowrank import LowRank
 # safetensors header dtypes a task matrix may have (real floating point: float8 has no linear algebra in torch,
 # and a complex matrix would lose its imaginary part), and torch's names of the others for the message
 _FLOAT = ("F16", "BF16", "F32", "F64")
-_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
-          "U32": "uint32", "I64": "int64", "U64": "uint64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-          "C64": "complex64", "C128": "complex128"}
+_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+    "C128": "complex128",
+}
 
 
 @dataclass
@@ -109,8 +121,10 @@ class LazyTaskMatrices(Mapping):
                             raise ValueError(f"task matrix {key!r} appears twice (again in {f})")
                         dtype = st.get_slice(key).get_dtype()
                         if dtype not in _FLOAT:
-                            raise ValueError(f"task matrix {key} in {f} has dtype {_NAMES.get(dtype, dtype)}; "
-                                             "expected floating point (float16, bfloat16, float32 or float64)")
+                            raise ValueError(
+                                f"task matrix {key} in {f} has dtype {_NAMES.get(dtype, dtype)}; "
+                                "expected floating point (float16, bfloat16, float32 or float64)"
+                            )
                         self._file_of[key] = f
                         self._shape[key] = tuple(st.get_slice(key).get_shape())
             except SafetensorError as exc:

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from mmunlearn.progress import StageBar
 
+from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.adapters.text.adapter import IGNORE, _qa
 from mmunlearn.files.atomic import atomic_path
-from mmunlearn.adapters.base import HiddenStateTap
+from mmunlearn.progress import StageBar
 from mmunlearn.tilt.head import pool_states
 
 
@@ -70,8 +70,9 @@ def cache_key(model: torch.nn.Module, retain: Sequence[Any], forget: Sequence[An
 
 
 @torch.no_grad()
-def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc: str | None = None,
-                   pooling: str = "last"):
+def extract_states(
+    adapter, examples: Sequence[Any], batch_size: int = 16, desc: str | None = None, pooling: str = "last"
+):
     """(states, tokens, seq) of every answer token of ``examples`` from the final hidden states, pooled as the head
     reads them (:func:`~mmunlearn.tilt.head.pool_states`)."""
     tap = HiddenStateTap(adapter.model.base_model)
@@ -93,8 +94,15 @@ def extract_states(adapter, examples: Sequence[Any], batch_size: int = 16, desc:
     return torch.cat(states), torch.cat(tokens), torch.cat(seq)
 
 
-def build_cache(adapter, retain: Sequence[Any], forget: Sequence[Any], cache_dir: str | os.PathLike | None = None,
-                batch_size: int = 16, layer: str = "final", pooling: str = "last") -> StateCache:
+def build_cache(
+    adapter,
+    retain: Sequence[Any],
+    forget: Sequence[Any],
+    cache_dir: str | os.PathLike | None = None,
+    batch_size: int = 16,
+    layer: str = "final",
+    pooling: str = "last",
+) -> StateCache:
     """Extract (or reuse from ``cache_dir``) the hidden states of retain and forget answers, pooled as ``pooling``."""
     if not retain or not forget:
         raise ValueError(f"T3 needs both retain and forget examples (got {len(retain)} retain, {len(forget)} forget)")
@@ -111,12 +119,18 @@ def build_cache(adapter, retain: Sequence[Any], forget: Sequence[Any], cache_dir
     hr, yr, sr = extract_states(adapter, retain, batch_size, desc="cache retain states", pooling=pooling)
     hf, yf, sf = extract_states(adapter, forget, batch_size, desc="cache forget states", pooling=pooling)
     cache = StateCache(
-        states=torch.cat([hr, hf]), tokens=torch.cat([yr, yf]),
+        states=torch.cat([hr, hf]),
+        tokens=torch.cat([yr, yf]),
         labels=torch.cat([torch.ones(len(yr)), torch.zeros(len(yf))]),
-        seq=torch.cat([sr, sf + len(retain)]), path=path, seconds=time.perf_counter() - start, reused=False,
+        seq=torch.cat([sr, sf + len(retain)]),
+        path=path,
+        seconds=time.perf_counter() - start,
+        reused=False,
     )
     if path is not None:
         with atomic_path(path) as tmp:
-            save_file({"states": cache.states.contiguous(), "tokens": cache.tokens, "labels": cache.labels,
-                       "seq": cache.seq}, str(tmp))
+            save_file(
+                {"states": cache.states.contiguous(), "tokens": cache.tokens, "labels": cache.labels, "seq": cache.seq},
+                str(tmp),
+            )
     return cache

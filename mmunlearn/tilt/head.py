@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 #: What a head reads: the last position's state, or the mean of the states up to it.
 POOLINGS: tuple[str, ...] = ("last", "cummean")
 

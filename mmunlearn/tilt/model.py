@@ -21,11 +21,11 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.paths import check_entry, check_tree, plain_name
 from mmunlearn.tilt.head import POOLINGS, TiltHead, pool_states
-from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs
 
 CONFIG_NAME = "tilt_config.json"
@@ -37,8 +37,14 @@ CONFIG_KEYS = frozenset({"temperature", "strength", "base_model", "head"})
 class TiltedCausalLM(nn.Module):
     """Frozen base LM + tilt head; the T3 distribution p^(1/T) f, renormalised."""
 
-    def __init__(self, base: nn.Module, head: TiltHead | None, temperature: float = 1.0, base_path: str | None = None,
-                 strength: float = 1.0):
+    def __init__(
+        self,
+        base: nn.Module,
+        head: TiltHead | None,
+        temperature: float = 1.0,
+        base_path: str | None = None,
+        strength: float = 1.0,
+    ):
         super().__init__()
         if not temperature >= 1.0:
             raise ValueError(f"T3 tempers with T >= 1, got temperature={temperature}")
@@ -53,19 +59,25 @@ class TiltedCausalLM(nn.Module):
         self.config = base.config
         self.generation_config = base.generation_config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> CausalLMOutputWithPast:
         if attention_mask is not None and "position_ids" not in kwargs and kwargs.get("past_key_values") is None:
             # positions as generate() numbers them, so left-padded rows score as they generate
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         if self.head is not None and self.head.pooling != "last" and kwargs.get("past_key_values") is not None:
-            raise ValueError("a cummean tilt head needs every position's state: score whole sequences (generate "
-                             "keeps its own running mean)")
+            raise ValueError(
+                "a cummean tilt head needs every position's state: score whole sequences (generate "
+                "keeps its own running mean)"
+            )
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        states = self.tap.states if self.head is None else pool_states(self.tap.states, attention_mask,
-                                                                       self.head.pooling)
+        states = (
+            self.tap.states if self.head is None else pool_states(self.tap.states, attention_mask, self.head.pooling)
+        )
         logits = tilt_logprobs(out.logits, states, self.head, self.temperature, self.strength)
-        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values,
-                                      hidden_states=getattr(out, "hidden_states", None))
+        return CausalLMOutputWithPast(
+            logits=logits, past_key_values=out.past_key_values, hidden_states=getattr(out, "hidden_states", None)
+        )
 
     def generate(self, *args, **kwargs) -> torch.Tensor:
         """The base model's generate, tilted. Sampling uses temperature 1 and no top-k/top-p:
@@ -76,10 +88,14 @@ class TiltedCausalLM(nn.Module):
             kwargs[key] = neutral
         processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
         if self.head is not None and self.head.pooling != "last" and kwargs.get("num_beams", 1) != 1:
-            raise ValueError("beam search reorders rows; a cummean tilt head's running mean supports greedy decoding "
-                             "and sampling")
-        processors.append(TemperThenTilt(self.head, self.tap, self.temperature, self.strength,
-                                         prompt_mask=kwargs.get("attention_mask")))
+            raise ValueError(
+                "beam search reorders rows; a cummean tilt head's running mean supports greedy decoding and sampling"
+            )
+        processors.append(
+            TemperThenTilt(
+                self.head, self.tap, self.temperature, self.strength, prompt_mask=kwargs.get("attention_mask")
+            )
+        )
         return self.base.generate(*args, logits_processor=processors, **kwargs)
 
     def get_output_embeddings(self):
@@ -91,16 +107,22 @@ class TiltedCausalLM(nn.Module):
         only as a plain folder name beside ``path`` (:func:`recorded_base`), else refused."""
         if self.base_path is not None:
             plain_name(self.base_path, f"the base model of {path} (a folder name beside it, not a path)")
-        cfg = {"temperature": self.temperature, "strength": self.strength, "base_model": self.base_path,
-               "head": None if self.head is None else self.head.config}
+        cfg = {
+            "temperature": self.temperature,
+            "strength": self.strength,
+            "base_model": self.base_path,
+            "head": None if self.head is None else self.head.config,
+        }
         with atomic_dir(path, overwrite=overwrite) as tmp:
             (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2))
             if self.head is not None:
-                save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}, str(tmp / HEAD_NAME))
+                save_file(
+                    {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}, str(tmp / HEAD_NAME)
+                )
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, base: nn.Module | None = None, device: str = "auto") -> "TiltedCausalLM":
+    def load(cls, path: str | os.PathLike, base: nn.Module | None = None, device: str = "auto") -> TiltedCausalLM:
         """Load a saved tilt; the base model comes from ``base`` or the stored reference."""
         path = Path(path)
         check_tree(path)  # the head and its settings are files of tilt/ itself: no link leaving it
@@ -117,8 +139,10 @@ class TiltedCausalLM(nn.Module):
             state = load_file(str(path / HEAD_NAME))
             bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
             if bad:
-                raise ValueError(f"{path / HEAD_NAME}: {', '.join(bad)} hold(s) NaN/Inf values: a damaged head would "
-                                 "tilt every answer into garbage")
+                raise ValueError(
+                    f"{path / HEAD_NAME}: {', '.join(bad)} hold(s) NaN/Inf values: a damaged head would "
+                    "tilt every answer into garbage"
+                )
             head.load_state_dict(state)
             head.to(next(base.parameters()).device)
         return cls(base, head, cfg["temperature"], base_path=_base_name(cfg, path), strength=cfg.get("strength", 1.0))
@@ -152,20 +176,31 @@ def _head_sizes(sizes: object, path: Path) -> dict[str, int]:
     file = path / CONFIG_NAME
     keys = ("hidden", "vocab", "rank")
     pooling = sizes.get("pooling", "last") if isinstance(sizes, dict) else None
-    if (not isinstance(sizes, dict) or set(sizes) - {"pooling"} != set(keys)
-            or not all(type(sizes[k]) is int for k in keys) or pooling not in POOLINGS):
-        raise ValueError(f"{file}: 'head' must hold the integers hidden, vocab and rank (and a pooling of "
-                         f"{POOLINGS}), got {sizes!r:.200}")
+    if (
+        not isinstance(sizes, dict)
+        or set(sizes) - {"pooling"} != set(keys)
+        or not all(type(sizes[k]) is int for k in keys)
+        or pooling not in POOLINGS
+    ):
+        raise ValueError(
+            f"{file}: 'head' must hold the integers hidden, vocab and rank (and a pooling of "
+            f"{POOLINGS}), got {sizes!r:.200}"
+        )
     try:
         with safe_open(str(path / HEAD_NAME), framework="pt") as f:
             shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError) as exc:
         raise ValueError(f"{path / HEAD_NAME} is not a readable head file ({exc})") from None
-    want = {"A.weight": [sizes["rank"], sizes["hidden"]], "B.weight": [sizes["vocab"], sizes["rank"]],
-            "B.bias": [sizes["vocab"]]}
+    want = {
+        "A.weight": [sizes["rank"], sizes["hidden"]],
+        "B.weight": [sizes["vocab"], sizes["rank"]],
+        "B.bias": [sizes["vocab"]],
+    }
     if shapes != want or not 1 <= sizes["rank"] <= min(sizes["hidden"], sizes["vocab"]):
-        raise ValueError(f"{file}: head sizes {sizes} do not match the tensors in {HEAD_NAME} ({shapes}) or rank is "
-                         "not between 1 and min(hidden, vocab)")
+        raise ValueError(
+            f"{file}: head sizes {sizes} do not match the tensors in {HEAD_NAME} ({shapes}) or rank is "
+            "not between 1 and min(hidden, vocab)"
+        )
     return {**{k: sizes[k] for k in keys}, "pooling": pooling}
 
 
@@ -187,6 +222,7 @@ def recorded_base(path: str | os.PathLike) -> Path | None:
     base = folder / name
     check_entry(base, folder)
     if not base.is_dir():
-        raise FileNotFoundError(f"{path / CONFIG_NAME} names the base model folder {name!r}, but {base} is not a "
-                                "folder")
+        raise FileNotFoundError(
+            f"{path / CONFIG_NAME} names the base model folder {name!r}, but {base} is not a folder"
+        )
     return base

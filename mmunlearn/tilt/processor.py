@@ -10,15 +10,15 @@ temperature 1 and no top-k/top-p warping, or the sampled distribution is no long
 from __future__ import annotations
 
 import torch
-from torch import nn
 from transformers import LogitsProcessor
 
 from mmunlearn.adapters.base import HiddenStateTap
 from mmunlearn.tilt.head import TiltHead
 
 
-def tilt_logprobs(logits: torch.Tensor, states: torch.Tensor, head: TiltHead | None, temperature: float,
-                  strength: float = 1.0) -> torch.Tensor:
+def tilt_logprobs(
+    logits: torch.Tensor, states: torch.Tensor, head: TiltHead | None, temperature: float, strength: float = 1.0
+) -> torch.Tensor:
     """Normalised T3 log-probs: log_softmax(log_softmax(logits) / T + lambda log f(states)).
 
     log_softmax(logits) differs from logits by a per-row constant, which the outer normalisation
@@ -43,8 +43,14 @@ class TemperThenTilt(LogitsProcessor):
     the mean of the states so far: kept as a running sum over the steps (the prompt's padding, from ``prompt_mask``,
     left out), so each step costs one addition whether or not generate caches keys and values."""
 
-    def __init__(self, head: TiltHead | None, tap: HiddenStateTap, temperature: float = 1.0, strength: float = 1.0,
-                 prompt_mask: torch.Tensor | None = None):
+    def __init__(
+        self,
+        head: TiltHead | None,
+        tap: HiddenStateTap,
+        temperature: float = 1.0,
+        strength: float = 1.0,
+        prompt_mask: torch.Tensor | None = None,
+    ):
         if not temperature >= 1.0:
             raise ValueError(f"T3 tempers with T >= 1, got temperature={temperature}")
         self.head, self.tap, self.temperature = head, tap, float(temperature)
@@ -61,8 +67,9 @@ class TemperThenTilt(LogitsProcessor):
         if self._sum is None or states.shape[1] != length - self._seen:  # first step, or no cache: from scratch
             prompt = self.prompt_mask if self.prompt_mask is not None else torch.ones_like(input_ids[:, :0])
             prompt = prompt.to(states.device)
-            mask = torch.cat([prompt, torch.ones(len(states), length - prompt.shape[1], device=states.device,
-                                                 dtype=prompt.dtype)], 1)[:, -states.shape[1]:].to(states.dtype)
+            mask = torch.cat(
+                [prompt, torch.ones(len(states), length - prompt.shape[1], device=states.device, dtype=prompt.dtype)], 1
+            )[:, -states.shape[1] :].to(states.dtype)
             self._sum = (states * mask.unsqueeze(-1)).sum(1)
             self._count = mask.sum(1, keepdim=True)
         else:
@@ -74,5 +81,6 @@ class TemperThenTilt(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.tap.states is None:
             raise RuntimeError("no hidden state captured: the tap is not on the generating model")
-        return tilt_logprobs(scores, self._pooled(input_ids, self.tap.states), self.head, self.temperature,
-                             self.strength)
+        return tilt_logprobs(
+            scores, self._pooled(input_ids, self.tap.states), self.head, self.temperature, self.strength
+        )

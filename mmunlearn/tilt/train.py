@@ -34,9 +34,11 @@ class TiltTraining:
     final_loss: float
 
     def summary(self) -> str:
-        return (f"tilt head: {self.parameters:,} trainable parameters ({100 * self.fraction:.2f}% of the base), "
-                f"balanced train accuracy {self.train_accuracy:.3f}, cache {self.cache_seconds:.1f} s"
-                f"{' (reused)' if self.cache_reused else ''}, training {self.train_seconds:.1f} s")
+        return (
+            f"tilt head: {self.parameters:,} trainable parameters ({100 * self.fraction:.2f}% of the base), "
+            f"balanced train accuracy {self.train_accuracy:.3f}, cache {self.cache_seconds:.1f} s"
+            f"{' (reused)' if self.cache_reused else ''}, training {self.train_seconds:.1f} s"
+        )
 
 
 def balanced_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -46,9 +48,19 @@ def balanced_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return 0.5 * (float(pred[pos].float().mean()) + float((~pred[neg]).float().mean()))
 
 
-def fit_head(cache: StateCache, vocab: int, rank: int = 20, epochs: int = 100, lr: float = 1e-2,
-             batch_size: int | None = None, weight_decay: float = 0.0, seed: int = 0, progress: bool = True,
-             pooling: str = "last", **train_kwargs) -> tuple[TiltHead, Any]:
+def fit_head(
+    cache: StateCache,
+    vocab: int,
+    rank: int = 20,
+    epochs: int = 100,
+    lr: float = 1e-2,
+    batch_size: int | None = None,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+    pooling: str = "last",
+    **train_kwargs,
+) -> tuple[TiltHead, Any]:
     """Fit a fresh head on a cache (whose states were pooled as ``pooling``); full-batch epochs unless ``batch_size``
     is given."""
     n = len(cache.tokens)
@@ -68,22 +80,50 @@ def fit_head(cache: StateCache, vocab: int, rank: int = 20, epochs: int = 100, l
         z = model.logit_of(batch["h"], batch["y"])
         return F.binary_cross_entropy_with_logits(z, batch["label"], weight=batch["w"])
 
-    result = train(head, loss_fn, list(range(n)), collate,
-                   TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size or n, weight_decay=weight_decay,
-                               seed=seed, schedule="constant"),
-                   progress=progress, desc="tilt head", **train_kwargs)
+    result = train(
+        head,
+        loss_fn,
+        list(range(n)),
+        collate,
+        TrainConfig(
+            epochs=epochs, lr=lr, batch_size=batch_size or n, weight_decay=weight_decay, seed=seed, schedule="constant"
+        ),
+        progress=progress,
+        desc="tilt head",
+        **train_kwargs,
+    )
     return head.cpu().eval(), result
 
 
-def train_tilt(adapter, retain: Sequence[Any], forget: Sequence[Any], *, rank: int = 20, epochs: int = 100,
-               lr: float = 1e-2, cache_dir=None, batch_size: int | None = None, seed: int = 0,
-               progress: bool = True, pooling: str = "last") -> TiltTraining:
+def train_tilt(
+    adapter,
+    retain: Sequence[Any],
+    forget: Sequence[Any],
+    *,
+    rank: int = 20,
+    epochs: int = 100,
+    lr: float = 1e-2,
+    cache_dir=None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    pooling: str = "last",
+) -> TiltTraining:
     """Cache the frozen model's states over retain and forget answers (pooled as ``pooling``), then fit the head."""
     cache = build_cache(adapter, retain, forget, cache_dir=cache_dir, pooling=pooling)
     vocab = adapter.model.get_output_embeddings().weight.shape[0]
     start = time.perf_counter()
-    head, result = fit_head(cache, vocab, rank=rank, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
-                            progress=progress, pooling=pooling)
+    head, result = fit_head(
+        cache,
+        vocab,
+        rank=rank,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress,
+        pooling=pooling,
+    )
     seconds = time.perf_counter() - start
     with torch.no_grad():
         acc = balanced_accuracy(head.logit_of(cache.states, cache.tokens), cache.labels)

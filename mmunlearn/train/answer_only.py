@@ -60,8 +60,9 @@ def autocast_context(device: torch.device | str, dtype: torch.dtype | None):
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
-def answer_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                  labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def answer_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Next-token logits at the scored positions only: ``(N x V logits, N targets, N row indices)``.
 
     Position ``t`` of row ``b`` is scored when ``labels[b, t + 1] != -100`` (its logits predict that

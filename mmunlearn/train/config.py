@@ -76,7 +76,7 @@ class TrainConfig:
             return self.warmup
         return 0.3 if self.schedule == "onecycle" else 0.0
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         """A copy with some fields changed (unknown names raise ``TypeError``). Setting ``steps`` clears
         ``epochs`` and vice versa, so a preset's epochs can be overridden by a step count."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -94,7 +94,7 @@ class TrainConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         data = dict(data)
         if "betas" in data:
             data["betas"] = tuple(data["betas"])
@@ -131,8 +131,11 @@ def resolve_mixed_precision(mode: str, device_type: str) -> str:
     if mode == "auto":
         return "bf16" if native_bf16(device_type) else "no"
     if mode == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
-        warnings.warn("mixed_precision='bf16' on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag): PyTorch "
-                      "emulates it, many times slower than float32; 'auto' picks float32 here", stacklevel=2)
+        warnings.warn(
+            "mixed_precision='bf16' on a CPU without native bf16 (no avx512_bf16/amx_bf16 flag): PyTorch "
+            "emulates it, many times slower than float32; 'auto' picks float32 here",
+            stacklevel=2,
+        )
     if mode == "fp16" and device_type != "cuda":
         raise ValueError(f"mixed_precision='fp16' needs a CUDA device (training on {device_type}); use 'bf16' or 'no'")
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from mmunlearn.progress import StageBar
 
-from mmunlearn.train.answer_only import answer_logits
 from mmunlearn.files.paths import make_private_dirs
+from mmunlearn.progress import StageBar
 from mmunlearn.train import resume_state
+from mmunlearn.train.answer_only import answer_logits
 from mmunlearn.train.config import TrainConfig, resolve_mixed_precision
 from mmunlearn.train.sampling import EpochSampler, PairCollate, PairedDataset
 from mmunlearn.train.schedule import make_optimizer, make_scheduler
@@ -191,17 +191,34 @@ def _check_resumable(ckpt: Path, run_info: dict[str, Any]) -> None:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         saved = "unreadable"
     if saved != run_info:
-        raise ValueError(f"checkpoint {ckpt} was written by a different run (config or data size differ): "
-                         f"saved {saved}, now {run_info}; use another checkpoint_dir or resume=False")
+        raise ValueError(
+            f"checkpoint {ckpt} was written by a different run (config or data size differ): "
+            f"saved {saved}, now {run_info}; use another checkpoint_dir or resume=False"
+        )
 
 
-def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence,
-          collate: Callable[[list], Any] | None = None, config: TrainConfig | None = None, *,
-          params: Iterable[nn.Parameter | str] | None = None, data2: Sequence | None = None,
-          collate2: Callable[[list], Any] | None = None, device: str = "auto", progress: bool = True,
-          desc: str = "train", log_every: int = 50, checkpoint_dir: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, keep_checkpoints: int = 1, resume: bool = False,
-          on_step: StepCallback | None = None, train_mode: bool = True, **overrides: Any) -> TrainResult:
+def train(
+    model: nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    data: Sequence,
+    collate: Callable[[list], Any] | None = None,
+    config: TrainConfig | None = None,
+    *,
+    params: Iterable[nn.Parameter | str] | None = None,
+    data2: Sequence | None = None,
+    collate2: Callable[[list], Any] | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    desc: str = "train",
+    log_every: int = 50,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = 1,
+    resume: bool = False,
+    on_step: StepCallback | None = None,
+    train_mode: bool = True,
+    **overrides: Any,
+) -> TrainResult:
     """Train ``model`` in place on ``data`` and return the loss history.
 
     - ``loss_fn(model, batch)`` returns a scalar loss; ``batch`` is ``collate(list of examples)``
@@ -240,15 +257,39 @@ def train(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence
     for p, _ in grad_flags:
         p.requires_grad_(id(p) in keep_ids)
     try:
-        return _run(acc, cfg, model, loss_fn, data, collate, data2, collate2, trainable, progress, desc,
-                    log_every, ckroot, checkpoint_every, keep_checkpoints, resume, on_step, train_mode)
+        return _run(
+            acc,
+            cfg,
+            model,
+            loss_fn,
+            data,
+            collate,
+            data2,
+            collate2,
+            trainable,
+            progress,
+            desc,
+            log_every,
+            ckroot,
+            checkpoint_every,
+            keep_checkpoints,
+            resume,
+            on_step,
+            train_mode,
+        )
     finally:
         for p, flag in grad_flags:
             p.requires_grad_(flag)
 
 
-def _checked_run_args(data: Sequence, data2: Sequence | None, checkpoint_dir: str | os.PathLike | None,
-                      checkpoint_every: int | None, keep_checkpoints: int, resume: bool) -> Path | None:
+def _checked_run_args(
+    data: Sequence,
+    data2: Sequence | None,
+    checkpoint_dir: str | os.PathLike | None,
+    checkpoint_every: int | None,
+    keep_checkpoints: int,
+    resume: bool,
+) -> Path | None:
     """Refuse empty data and inconsistent checkpoint settings; the checkpoint folder (None: no checkpoints)."""
     if len(data) == 0:
         raise ValueError("data is empty: nothing to train on")
@@ -260,13 +301,33 @@ def _checked_run_args(data: Sequence, data2: Sequence | None, checkpoint_dir: st
         raise ValueError(f"keep_checkpoints must be >= 1, got {keep_checkpoints}")
     ckroot = Path(checkpoint_dir) if checkpoint_dir is not None else None
     if ckroot is not None and not resume and _checkpoints(ckroot):
-        raise FileExistsError(f"{ckroot} already holds checkpoints: pass resume=True to continue from them, "
-                              f"or use an empty checkpoint_dir")
+        raise FileExistsError(
+            f"{ckroot} already holds checkpoints: pass resume=True to continue from them, "
+            f"or use an empty checkpoint_dir"
+        )
     return ckroot
 
 
-def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, trainable, progress, desc,
-         log_every, ckroot, checkpoint_every, keep_checkpoints, resume, on_step, train_mode=True) -> TrainResult:
+def _run(
+    acc,
+    cfg: TrainConfig,
+    model,
+    loss_fn,
+    data,
+    collate,
+    data2,
+    collate2,
+    trainable,
+    progress,
+    desc,
+    log_every,
+    ckroot,
+    checkpoint_every,
+    keep_checkpoints,
+    resume,
+    on_step,
+    train_mode=True,
+) -> TrainResult:
     paired = data2 is not None
     sampler = EpochSampler(len(data), cfg.seed, cfg.shuffle, n2=len(data2) if paired else None)
     dataset = PairedDataset(data, data2) if paired else data
@@ -282,13 +343,22 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
     if checkpoint_every and not resume_state.supported(acc):
         log.warning("no resumable checkpoints under %s: its state is not saved in safetensors", acc.distributed_type)
         checkpoint_every, resume = None, False
-    run_info = {"config": cfg.to_dict(), "n": len(data), "n2": len(data2) if paired else None,
-                "processes": acc.num_processes}
+    run_info = {
+        "config": cfg.to_dict(),
+        "n": len(data),
+        "n2": len(data2) if paired else None,
+        "processes": acc.num_processes,
+    }
     if resume and ckroot is not None and _checkpoints(ckroot):
         _load_latest(acc, ckroot, run_info, (wrapped, optimizer, scheduler, prog))
     start_step, t0 = prog.step, time.perf_counter()
-    bar = StageBar(total=total, initial=prog.step, desc=desc, disable=not progress or not acc.is_local_main_process,
-               dynamic_ncols=True)
+    bar = StageBar(
+        total=total,
+        initial=prog.step,
+        desc=desc,
+        disable=not progress or not acc.is_local_main_process,
+        dynamic_ncols=True,
+    )
     wrapped.train(train_mode)
     epoch, skip = divmod(prog.micro, len(loader))
     running, n_micro, done = torch.zeros((), device=acc.device), 0, prog.step >= total
@@ -298,8 +368,9 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
             batches = acc.skip_first_batches(loader, skip) if skip else loader
             skip = 0
             for batch in batches:
-                loss, lr_used = _micro_step(acc, wrapped, loss_fn, batch, paired, optimizer, scheduler, trainable,
-                                            cfg.max_grad_norm)
+                loss, lr_used = _micro_step(
+                    acc, wrapped, loss_fn, batch, paired, optimizer, scheduler, trainable, cfg.max_grad_norm
+                )
                 prog.micro += 1
                 running += loss.detach().float()
                 n_micro += 1
@@ -310,18 +381,25 @@ def _run(acc, cfg: TrainConfig, model, loss_fn, data, collate, data2, collate2, 
                 _record_step(prog, bar, step_loss, lr_used, log_every=log_every, desc=desc, total=total)
                 stop = bool(on_step(prog.step, step_loss)) if on_step is not None else False
                 if checkpoint_every and prog.step % checkpoint_every == 0 and prog.step < total:
-                    _save_checkpoint(acc, (wrapped, optimizer, scheduler, prog), ckroot, prog.step, run_info,
-                                     keep_checkpoints)
+                    _save_checkpoint(
+                        acc, (wrapped, optimizer, scheduler, prog), ckroot, prog.step, run_info, keep_checkpoints
+                    )
                 if prog.step >= total or stop:
                     done = True
                     break
             epoch += 1
     finally:
         _release(acc, wrapped, model, bar)
-    last = prog.losses[-min(per_epoch, len(prog.losses)):] if prog.losses else [float("nan")]
-    return TrainResult(losses=list(prog.losses), lrs=list(prog.lrs), final_loss=sum(last) / len(last),
-                       seconds=time.perf_counter() - t0, steps=prog.step,
-                       epochs=prog.micro / len(loader), resumed_from=start_step)
+    last = prog.losses[-min(per_epoch, len(prog.losses)) :] if prog.losses else [float("nan")]
+    return TrainResult(
+        losses=list(prog.losses),
+        lrs=list(prog.lrs),
+        final_loss=sum(last) / len(last),
+        seconds=time.perf_counter() - t0,
+        steps=prog.step,
+        epochs=prog.micro / len(loader),
+        resumed_from=start_step,
+    )
 
 
 def _load_latest(acc, ckroot: Path, run_info: dict[str, Any], objects: tuple) -> None:
@@ -329,21 +407,29 @@ def _load_latest(acc, ckroot: Path, run_info: dict[str, Any], objects: tuple) ->
     wrapped, optimizer, scheduler, prog = objects
     latest = _checkpoints(ckroot)[-1]
     _check_resumable(latest, run_info)
-    prog.load_state_dict(resume_state.load_state(acc, wrapped, optimizer, scheduler, latest,
-                                                 frozenset({STATE_FILE})))
+    prog.load_state_dict(resume_state.load_state(acc, wrapped, optimizer, scheduler, latest, frozenset({STATE_FILE})))
     log.info("resumed from %s (step %d)", latest, prog.step)
 
 
-def _micro_step(acc, wrapped: nn.Module, loss_fn: Callable[..., torch.Tensor], batch: Any, paired: bool, optimizer,
-                scheduler, trainable: list[nn.Parameter],
-                max_grad_norm: float | None) -> tuple[torch.Tensor, float | None]:
+def _micro_step(
+    acc,
+    wrapped: nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    batch: Any,
+    paired: bool,
+    optimizer,
+    scheduler,
+    trainable: list[nn.Parameter],
+    max_grad_norm: float | None,
+) -> tuple[torch.Tensor, float | None]:
     """One micro-batch under accelerate's accumulation; its loss and, on a synced step, the learning rate used."""
     lr_used = None
     with acc.accumulate(wrapped):
         loss = loss_fn(wrapped, *batch) if paired else loss_fn(wrapped, batch)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
-                            f"{tuple(getattr(loss, 'shape', ()))}")
+            raise TypeError(
+                f"loss_fn must return a scalar tensor, got {type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}"
+            )
         acc.backward(loss)
         if acc.sync_gradients:
             lr_used = float(optimizer.param_groups[0]["lr"])
@@ -355,18 +441,18 @@ def _micro_step(acc, wrapped: nn.Module, loss_fn: Callable[..., torch.Tensor], b
     return loss, lr_used
 
 
-def _record_step(prog: _Progress, bar: Any, step_loss: float, lr_used: float | None, *, log_every: int, desc: str,
-                 total: int) -> None:
+def _record_step(
+    prog: _Progress, bar: Any, step_loss: float, lr_used: float | None, *, log_every: int, desc: str, total: int
+) -> None:
     """Count one optimizer step: its loss and learning rate, the progress bar and every ``log_every``-th log line."""
     prog.step += 1
     prog.losses.append(step_loss)
     prog.lrs.append(lr_used)
-    window = prog.losses[-max(1, log_every):]
+    window = prog.losses[-max(1, log_every) :]
     bar.update(1)
     bar.set_postfix(loss=f"{sum(window) / len(window):.4f}", refresh=False)
     if log_every and prog.step % log_every == 0:
-        log.info("%s step %d/%d loss %.4f lr %.3g", desc, prog.step, total,
-                 sum(window) / len(window), lr_used)
+        log.info("%s step %d/%d loss %.4f lr %.3g", desc, prog.step, total, sum(window) / len(window), lr_used)
 
 
 def _release(acc, wrapped: nn.Module, model: nn.Module, bar: Any) -> None:
@@ -377,4 +463,3 @@ def _release(acc, wrapped: nn.Module, model: nn.Module, bar: Any) -> None:
         model.__dict__.pop("forward", None)
     model.eval()
     acc.free_memory()
-

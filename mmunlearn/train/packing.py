@@ -107,16 +107,18 @@ class Plan:
         return torch.zeros(keep.shape, dtype=dtype, device=seg.device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
-def plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-         labels: torch.Tensor) -> Plan | None:
+def plan(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor
+) -> Plan | None:
     """The packed layout of a right-padded batch, or None when the fast path does not apply or gains nothing."""
     opts = current()
     if not (opts.pack or opts.prefix) or input_ids.dim() != 2 or not supported(model):
         return None
     rows, width = input_ids.shape
     ar = torch.arange(width, device=input_ids.device)
-    lengths = (attention_mask.sum(1) if attention_mask is not None
-               else torch.full((rows,), width, device=input_ids.device))
+    lengths = (
+        attention_mask.sum(1) if attention_mask is not None else torch.full((rows,), width, device=input_ids.device)
+    )
     if attention_mask is not None and not torch.equal(attention_mask.bool(), ar[None] < lengths[:, None]):
         return None  # not right-padded (left padding, holes): the plain forward handles it
     scored = torch.zeros_like(labels, dtype=torch.bool)
@@ -124,13 +126,17 @@ def plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     if bool((scored & (ar[None] >= lengths[:, None])).any()) or int(lengths.min()) < 1:
         return None  # a score read at a padding position (or an empty row): keep the plain forward's answer
     # gradient checkpointing turns the key/value cache off: no prefix then (transformers 5 renamed the flag)
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(type(model), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     share = opts.prefix and rows > 1 and not getattr(model, name, False)
     p = _common_prefix(input_ids, lengths, scored) if share else 0
     lens = [int(n) - p for n in lengths.tolist()]
-    bins, cap = _packed(lens, p, _attention_share(model.config)) if opts.pack else ([[r] for r in range(rows)],
-                                                                                   max(lens))
+    bins, cap = (
+        _packed(lens, p, _attention_share(model.config)) if opts.pack else ([[r] for r in range(rows)], max(lens))
+    )
     if p == 0 and len(bins) == rows and cap == width:
         return None  # nothing saved
     ids = torch.full((len(bins), cap), int(input_ids[0, 0]), dtype=input_ids.dtype, device=input_ids.device)
@@ -141,9 +147,9 @@ def plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
         col = 0
         for r in members:
             n = lens[r]
-            ids[s, col:col + n] = input_ids[r, p:p + n]
-            pos[s, col:col + n] = torch.arange(p, p + n)
-            seg[s, col:col + n] = r
+            ids[s, col : col + n] = input_ids[r, p : p + n]
+            pos[s, col : col + n] = torch.arange(p, p + n)
+            seg[s, col : col + n] = r
             slot_of[r] = s * cap + col
             col += n
     b, t = scored.nonzero(as_tuple=True)  # row-major, as the plain path returns them
@@ -227,8 +233,13 @@ def packed_answer_logits(model: nn.Module, head: nn.Module, layout: Plan) -> tor
         additive = model.config._attn_implementation == "eager"
         dtype = next(model.parameters()).dtype
         pick[0] = layout.scored
-        out = model(input_ids=layout.input_ids, position_ids=layout.position_ids,
-                    attention_mask=layout.mask(dtype, additive), use_cache=cache is not None, **{name: cache})
+        out = model(
+            input_ids=layout.input_ids,
+            position_ids=layout.position_ids,
+            attention_mask=layout.mask(dtype, additive),
+            use_cache=cache is not None,
+            **{name: cache},
+        )
     finally:
         handle.remove()
     return out.logits[0]

@@ -70,8 +70,14 @@ def _rng_names(rank: int) -> tuple[str, str]:
     return f"rng-{rank}.safetensors", f"rng-{rank}.json"
 
 
-def save_state(acc: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any, progress: Mapping[str, Any],
-               folder: str | os.PathLike) -> None:
+def save_state(
+    acc: Any,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    progress: Mapping[str, Any],
+    folder: str | os.PathLike,
+) -> None:
     """Write the state of this process into the existing ``folder`` (the model, optimizer and schedule from the
     main process; each process its random states). Every process calls it."""
     folder = Path(folder)
@@ -82,8 +88,13 @@ def save_state(acc: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any,
         rng.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     save_file(rng, str(folder / rng_file))
     py_version, py_state, py_gauss = random.getstate()
-    _json(folder / rng_meta, {"python": [py_version, list(py_state), py_gauss],
-                              "numpy": [np_state[0], np_state[1].tolist(), *map(_plain, np_state[2:])]})
+    _json(
+        folder / rng_meta,
+        {
+            "python": [py_version, list(py_state), py_gauss],
+            "numpy": [np_state[0], np_state[1].tolist(), *map(_plain, np_state[2:])],
+        },
+    )
     if not acc.is_main_process:
         return
     save_model(acc.unwrap_model(model), str(folder / MODEL), metadata={"format": "pt"})
@@ -99,8 +110,15 @@ def save_state(acc: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                 state[str(idx)][key] = {"value": value}
     save_file(tensors, str(folder / OPTIM))
     _json(folder / OPTIM_META, {"state": state, "param_groups": sd["param_groups"]})
-    _json(folder / TRAINER, {"scheduler": scheduler.state_dict(), "progress": dict(progress), "step": acc.step,
-                             "scaler": acc.scaler.state_dict() if acc.scaler is not None else None})
+    _json(
+        folder / TRAINER,
+        {
+            "scheduler": scheduler.state_dict(),
+            "progress": dict(progress),
+            "step": acc.step,
+            "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
+        },
+    )
 
 
 def seal(folder: str | os.PathLike) -> None:
@@ -127,13 +145,21 @@ def check_folder(folder: str | os.PathLike, extra: frozenset[str] = frozenset())
         if not ours or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
             pickled = name.endswith((".pkl", ".bin", ".pt", ".pth", ".ckpt"))
             what = "a pickle" if pickled else "not a file this loop writes"
-            raise UnsafePathError(f"{folder / name} is {what}: resume state is read from safetensors and JSON only "
-                                  f"(an older mmunlearn or someone else wrote this folder); delete {folder} to start "
-                                  "afresh")
+            raise UnsafePathError(
+                f"{folder / name} is {what}: resume state is read from safetensors and JSON only "
+                f"(an older mmunlearn or someone else wrote this folder); delete {folder} to start "
+                "afresh"
+            )
 
 
-def load_state(acc: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any, folder: str | os.PathLike,
-               extra: frozenset[str] = frozenset()) -> dict[str, Any]:
+def load_state(
+    acc: Any,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    folder: str | os.PathLike,
+    extra: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """Read what :func:`save_state` wrote into the running objects (every process); returns the loop's progress.
     ``extra``: other names the folder may hold (the loop's run info)."""
     folder = Path(folder)
@@ -142,8 +168,10 @@ def load_state(acc: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any,
     meta = _read_json(folder / OPTIM_META)
     tensors = load_file(str(folder / OPTIM))
     try:
-        state = {int(idx): {k: tensors[v["tensor"]] if "tensor" in v else v["value"] for k, v in entries.items()}
-                 for idx, entries in meta["state"].items()}
+        state = {
+            int(idx): {k: tensors[v["tensor"]] if "tensor" in v else v["value"] for k, v in entries.items()}
+            for idx, entries in meta["state"].items()
+        }
         optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         trainer = _read_json(folder / TRAINER)
         scheduler.load_state_dict(trainer["scheduler"])
@@ -152,8 +180,9 @@ def load_state(acc: Any, model: torch.nn.Module, optimizer: Any, scheduler: Any,
         acc.step = int(trainer["step"])
         progress = dict(trainer["progress"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{folder} is not a checkpoint this training loop can resume from ({exc!r}); delete it "
-                         "to start afresh") from None
+        raise ValueError(
+            f"{folder} is not a checkpoint this training loop can resume from ({exc!r}); delete it to start afresh"
+        ) from None
     rng_file, rng_meta = _rng_names(acc.process_index)
     if (folder / rng_file).is_file():
         rng, py = load_file(str(folder / rng_file)), _read_json(folder / rng_meta)

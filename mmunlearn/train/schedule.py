@@ -22,8 +22,11 @@ def make_optimizer(params: Sequence[nn.Parameter], cfg: TrainConfig) -> torch.op
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
-    groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
-                          {"params": rest, "weight_decay": 0.0}) if g["params"]]
+    groups = [
+        g
+        for g in ({"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0})
+        if g["params"]
+    ]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused or None)
 
@@ -43,10 +46,11 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_ste
         # OneCycleLR's phases need at least 2 steps: a 1-step run is scheduled as 2 (it takes the first rate).
         total = max(total_steps, 2)
         return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=cfg.lr, total_steps=total, pct_start=warm,
-            cycle_momentum=cfg.optimizer == "adamw")
+            optimizer, max_lr=cfg.lr, total_steps=total, pct_start=warm, cycle_momentum=cfg.optimizer == "adamw"
+        )
     from transformers import get_scheduler
 
     name = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.schedule]
-    return get_scheduler(name, optimizer, num_warmup_steps=int(round(warm * total_steps)),
-                         num_training_steps=total_steps)
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=int(round(warm * total_steps)), num_training_steps=total_steps
+    )

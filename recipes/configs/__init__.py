@@ -21,8 +21,11 @@ SUFFIX = ".yaml"
 
 def shipped(benchmark: str | None = None) -> dict[str, Path]:
     """Every shipped config as ``{"<benchmark>/<name>": file}``, sorted by name; only ``benchmark``'s when given."""
-    found = {f"{path.parent.name}/{path.stem}": path
-             for path in ROOT.glob(f"*/*{SUFFIX}") if path.is_file() and not path.name.startswith(".")}
+    found = {
+        f"{path.parent.name}/{path.stem}": path
+        for path in ROOT.glob(f"*/*{SUFFIX}")
+        if path.is_file() and not path.name.startswith(".")
+    }
     return {name: found[name] for name in sorted(found) if benchmark is None or name.startswith(f"{benchmark}/")}
 
 
@@ -57,8 +60,14 @@ def resolve(spec: str | Path, benchmark: str | None = None) -> Path:
     if name in every:
         owner = name.partition("/")[0]
         if benchmark is not None and owner != benchmark:
-            raise ConfigError(f"{str(spec)!r} is a config of `mmunlearn {owner}`, not of `mmunlearn {benchmark}`; "
-                              f"{_listing(benchmark)}", "config")
+            raise ConfigError(
+                f"{str(spec)!r} is a config of `mmunlearn {owner}`, not of `mmunlearn {benchmark}`; "
+                f"{_listing(benchmark)}",
+                "config",
+            )
         return every[name]
-    raise ConfigError(f"{str(spec)!r} is neither a file nor a shipped config; {_listing(benchmark)} "
-                      f"(`mmunlearn {benchmark or '<benchmark>'} configs` says what each runs)", "config")
+    raise ConfigError(
+        f"{str(spec)!r} is neither a file nor a shipped config; {_listing(benchmark)} "
+        f"(`mmunlearn {benchmark or '<benchmark>'} configs` says what each runs)",
+        "config",
+    )

@@ -18,29 +18,42 @@ from recipes.tofu.config import RecipeConfig
 class CTofuConfig(RecipeConfig):
     """Settings of ``ctofu run`` and ``ctofu compare``."""
 
-    data: str = opt("synthetic", "Folder of <split>_<lang>.json files (e.g. shared/data/ctofu), or "
-                                 "'synthetic[:retain_authors=8,langs=en/fr/ar]' (built-in stand-in).")
+    data: str = opt(
+        "synthetic",
+        "Folder of <split>_<lang>.json files (e.g. shared/data/ctofu), or "
+        "'synthetic[:retain_authors=8,langs=en/fr/ar]' (built-in stand-in).",
+    )
     authors: int | None = opt(None, "Keep the first N retain authors of every language (all forget authors are kept).")
     resume: bool = with_default(BenchmarkSettings, "resume", False)
-    english: Path | None = opt(None, "TOFU folder for English (default: <split>_en.json files, or a 'tofu' folder "
-                                     "beside --data).")
+    english: Path | None = opt(
+        None, "TOFU folder for English (default: <split>_en.json files, or a 'tofu' folder beside --data)."
+    )
     langs: str = opt("all", "Languages the models are trained on: 'all' (discovered from the files) or e.g. en,fr,ar.")
-    facts: int | None = opt(None, "Keep the first K real-authors and K world-facts rows per language (training replay "
-                                  "and utility).")
+    facts: int | None = opt(
+        None, "Keep the first K real-authors and K world-facts rows per language (training replay and utility)."
+    )
     forget_lang: str = opt("en", "Language(s) whose forget rows are unlearned, e.g. en or en,fr.")
     eval_langs: str = opt("all", "Languages to evaluate in: 'all' (the trained ones) or e.g. en,fr,ar.")
-    retain_langs: str = opt("forget", "Retain rows the methods may use: 'forget' (same languages as the forget rows), "
-                                      "'all', or a list.")
-    skip_misaligned: bool = opt(False, "Drop languages whose files are not row-aligned with English (default: stop "
-                                       "with the report).")
-    train_text: str = opt("scored", "Question/answer text the models are trained on: 'scored' (each scored row's "
-                                    "text from the file the metrics score, forget01_perturbed / retain_perturbed; "
-                                    "default) or 'files' (forget01 / retain99 as shipped, as before issue 16; on the "
-                                    "shipped translations that differs from the scored text and needs "
-                                    "--allow-text-mismatch).")
-    allow_text_mismatch: bool = opt(False, "Go on when the trained question/answer text differs from the scored one "
-                                           "(recorded in alignment.md; the forget metrics then partly measure "
-                                           "paraphrase robustness). Default: stop with the counts.")
+    retain_langs: str = opt(
+        "forget", "Retain rows the methods may use: 'forget' (same languages as the forget rows), 'all', or a list."
+    )
+    skip_misaligned: bool = opt(
+        False, "Drop languages whose files are not row-aligned with English (default: stop with the report)."
+    )
+    train_text: str = opt(
+        "scored",
+        "Question/answer text the models are trained on: 'scored' (each scored row's "
+        "text from the file the metrics score, forget01_perturbed / retain_perturbed; "
+        "default) or 'files' (forget01 / retain99 as shipped, as before issue 16; on the "
+        "shipped translations that differs from the scored text and needs "
+        "--allow-text-mismatch).",
+    )
+    allow_text_mismatch: bool = opt(
+        False,
+        "Go on when the trained question/answer text differs from the scored one "
+        "(recorded in alignment.md; the forget metrics then partly measure "
+        "paraphrase robustness). Default: stop with the counts.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

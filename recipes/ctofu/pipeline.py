@@ -10,17 +10,17 @@ the world's data is a dict source
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmunlearn.data.ctofu.worlds import World
 from mmunlearn.metrics.logs import read_tofu_logs, summarize
-from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import default_cache_dir
-from recipes.tofu.pipeline import audit_method as tofu_audit
+from mmunlearn.presets.parallel import build_models_parallel
 from recipes.tofu.pipeline import TofuSetup, base_forget_nll, cached_eval
+from recipes.tofu.pipeline import audit_method as tofu_audit
 from recipes.tofu.settings import memorisation
 
 # no MIA: the translations ship no holdout split (its non-members)
@@ -91,8 +91,12 @@ class CrossLingualSetup:
         out = {}
         for lang, tofu in self.by_lang.items():
             target, retain = _summary(tofu.target_logs), _summary(tofu.retain_logs)
-            out[lang] = memorisation(self.preset, target.get("forget_Q_A_Prob"), target.get("forget_Q_A_ROUGE"),
-                                     retain_prob=retain.get("forget_Q_A_Prob"))
+            out[lang] = memorisation(
+                self.preset,
+                target.get("forget_Q_A_Prob"),
+                target.get("forget_Q_A_ROUGE"),
+                retain_prob=retain.get("forget_Q_A_Prob"),
+            )
         return out
 
     def forget_target(self) -> float:
@@ -109,8 +113,9 @@ class CrossLingualSetup:
         rows = []
         for lang, tofu in self.by_lang.items():
             logs = tofu.evaluate_logs(adapter, folder / lang, f"{method} ({lang})")
-            summary = {k: v["agg_value"] for k, v in logs.items()
-                       if isinstance(v, dict) and v.get("agg_value") is not None}
+            summary = {
+                k: v["agg_value"] for k, v in logs.items() if isinstance(v, dict) and v.get("agg_value") is not None
+            }
             rows.append(make_row(method, lang, summary, _summary(tofu.target_logs)))
         return rows
 
@@ -118,46 +123,99 @@ class CrossLingualSetup:
         return all(tofu.evaluated(folder / lang) for lang, tofu in self.by_lang.items())
 
     def describe(self) -> dict:
-        return {"preset": self.preset, "world": self.world.describe(), "forget_langs": list(self.forget_langs),
-                "retain_langs": list(self.retain_langs), "eval_langs": list(self.eval_langs),
-                "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
-                "forget_items": len(self.forget), "retain_items": len(self.retain),
-                "max_new_tokens": next(iter(self.by_lang.values())).max_new_tokens}
+        return {
+            "preset": self.preset,
+            "world": self.world.describe(),
+            "forget_langs": list(self.forget_langs),
+            "retain_langs": list(self.retain_langs),
+            "eval_langs": list(self.eval_langs),
+            "target": str(self.built.target),
+            "retain": str(self.built.retain),
+            "base": str(self.built.base),
+            "forget_items": len(self.forget),
+            "retain_items": len(self.retain),
+            "max_new_tokens": next(iter(self.by_lang.values())).max_new_tokens,
+        }
 
 
-def build(preset: str, world: World, seed: int, cache_dir: Path | None, device: str,
-          options: Mapping[str, Any] | None = None):
+def build(
+    preset: str, world: World, seed: int, cache_dir: Path | None, device: str, options: Mapping[str, Any] | None = None
+):
     """Base, target (every language's retain + forget rows) and retain (every language's retain rows); ``options``:
     :func:`mmunlearn.presets.parallel.build_models_parallel`'s (``overrides``, ``parallel``, ...)."""
-    return build_models_parallel(preset, world.training_data, world.forget_split, None, seed, cache_dir, device,
-                                 **{"parallel": False, **dict(options or {})})
+    return build_models_parallel(
+        preset,
+        world.training_data,
+        world.forget_split,
+        None,
+        seed,
+        cache_dir,
+        device,
+        **{"parallel": False, **dict(options or {})},
+    )
 
 
-def prepare(preset: str, world: World, forget_langs: tuple[str, ...], eval_langs: tuple[str, ...],
-            retain_langs: tuple[str, ...], seed: int, cache_dir: Path | None, device: str,
-            max_new_tokens: int, build_options: Mapping[str, Any] | None = None, score_batch: int = 16,
-            gen_batch: int | None = None) -> CrossLingualSetup:
+def prepare(
+    preset: str,
+    world: World,
+    forget_langs: tuple[str, ...],
+    eval_langs: tuple[str, ...],
+    retain_langs: tuple[str, ...],
+    seed: int,
+    cache_dir: Path | None,
+    device: str,
+    max_new_tokens: int,
+    build_options: Mapping[str, Any] | None = None,
+    score_batch: int = 16,
+    gen_batch: int | None = None,
+) -> CrossLingualSetup:
     """Build (or reuse) the models and evaluate target and retain model in every evaluation language (each a TOFU
     setup on that language's data); ``build_options``: :func:`build`'s; ``score_batch`` / ``gen_batch``: the
     evaluation's batches."""
     for what, langs in (("forget", forget_langs), ("eval", eval_langs), ("retain", retain_langs)):
         missing = [lang for lang in langs if lang not in world.languages]
         if missing or not langs:
-            raise ValueError(f"{what} languages {missing or list(langs)} are not in the world's languages "
-                             f"{', '.join(world.languages)}")
+            raise ValueError(
+                f"{what} languages {missing or list(langs)} are not in the world's languages "
+                f"{', '.join(world.languages)}"
+            )
     built = build(preset, world, seed, cache_dir, device, build_options)
     batches = dict(batch_size=score_batch, generation_batch_size=gen_batch)
     forget, retain = world.items("forget", forget_langs), world.items("retain", retain_langs)
     by_lang = {}
     for lang in eval_langs:
         data = world.eval_data[lang]
-        retain_logs = cached_eval(built.retain, data, world.forget_split, None, max_new_tokens, device,
-                                  metrics=EVAL_GROUPS, **batches)
-        target_logs = cached_eval(built.target, data, world.forget_split, None, max_new_tokens, device, retain_logs,
-                                  metrics=EVAL_GROUPS, **batches)
-        by_lang[lang] = TofuSetup(preset, data, world.forget_split, None, max_new_tokens, built, retain_logs,
-                                  target_logs, Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain,
-                                  EVAL_GROUPS, score_batch=score_batch, gen_batch=gen_batch, device=device)
+        retain_logs = cached_eval(
+            built.retain, data, world.forget_split, None, max_new_tokens, device, metrics=EVAL_GROUPS, **batches
+        )
+        target_logs = cached_eval(
+            built.target,
+            data,
+            world.forget_split,
+            None,
+            max_new_tokens,
+            device,
+            retain_logs,
+            metrics=EVAL_GROUPS,
+            **batches,
+        )
+        by_lang[lang] = TofuSetup(
+            preset,
+            data,
+            world.forget_split,
+            None,
+            max_new_tokens,
+            built,
+            retain_logs,
+            target_logs,
+            Path(cache_dir) if cache_dir else default_cache_dir(),
+            forget,
+            retain,
+            EVAL_GROUPS,
+            score_batch=score_batch,
+            gen_batch=gen_batch,
+            device=device,
+        )
     return CrossLingualSetup(preset, world, forget_langs, retain_langs, by_lang, forget, retain)
 
 
@@ -217,6 +275,7 @@ def audit_method(method: str, ctx: CrossLingualSetup, out: Path, options, device
     evaluation language (``language_<lang>``); no probe (the translations ship no holdout split)."""
     scored = f"{ctx.world.forget_split}_perturbed"
     forget = [it for lang in ctx.forget_langs for it in ctx.world.eval_data[lang][scored]]
-    languages = {lang: list(ctx.world.eval_data[lang][scored]) for lang in ctx.eval_langs
-                 if lang not in ctx.forget_langs}
+    languages = {
+        lang: list(ctx.world.eval_data[lang][scored]) for lang in ctx.eval_langs if lang not in ctx.forget_langs
+    }
     return tofu_audit(method, ctx, out, options, device, cache, rows=(forget, None, languages))

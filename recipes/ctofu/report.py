@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.report.figures import figure
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.report import table
+from mmunlearn.report.figures import figure
 from recipes.ctofu.pipeline import COLUMNS
 
 
@@ -28,11 +28,17 @@ def matrix(rows: list[dict], key: str) -> str:
 
 
 #: the transfer summary's columns (:func:`recipes.ctofu.pipeline.transfer_summary`)
-TRANSFER_COLUMNS = (("method", "method"), ("rel. ROUGE-L drop, forget lang", "rouge_drop_forget_lang"),
-                    ("rel. ROUGE-L drop, other langs", "rouge_drop_other_langs"),
-                    ("transfer (ROUGE-L)", "rouge_transfer"), ("transfer (prob)", "prob_transfer"),
-                    ("FQ forget lang", "fq_forget_lang"), ("mean FQ other langs", "fq_other_langs"),
-                    ("mean MU", "mu_mean"), ("verdict", "verdict"))
+TRANSFER_COLUMNS = (
+    ("method", "method"),
+    ("rel. ROUGE-L drop, forget lang", "rouge_drop_forget_lang"),
+    ("rel. ROUGE-L drop, other langs", "rouge_drop_other_langs"),
+    ("transfer (ROUGE-L)", "rouge_transfer"),
+    ("transfer (prob)", "prob_transfer"),
+    ("FQ forget lang", "fq_forget_lang"),
+    ("mean FQ other langs", "fq_other_langs"),
+    ("mean MU", "mu_mean"),
+    ("verdict", "verdict"),
+)
 
 
 #: the measures QR-Erase and SVD-UNLEARN are set side by side on (the QR-Erase paper's claim: within 5 % of SVD on
@@ -63,11 +69,19 @@ def qr_vs_svd(rows: list[dict], qr: str = "qr-erase", svd: str = "svd-unlearn") 
     return out
 
 
-PAIR_COLUMNS = (("lang", "lang"), ("FQ qr", "qr_forget_quality"), ("FQ svd", "svd_forget_quality"),
-                ("MU qr", "qr_model_utility"), ("MU svd", "svd_model_utility"), ("ROUGE-L drop qr", "qr_rouge_drop"),
-                ("ROUGE-L drop svd", "svd_rouge_drop"), ("prob after/before qr", "qr_prob_ratio"),
-                ("prob after/before svd", "svd_prob_ratio"), ("largest rel. diff", "max_rel_diff"),
-                ("time qr / svd", "time_ratio"))
+PAIR_COLUMNS = (
+    ("lang", "lang"),
+    ("FQ qr", "qr_forget_quality"),
+    ("FQ svd", "svd_forget_quality"),
+    ("MU qr", "qr_model_utility"),
+    ("MU svd", "svd_model_utility"),
+    ("ROUGE-L drop qr", "qr_rouge_drop"),
+    ("ROUGE-L drop svd", "svd_rouge_drop"),
+    ("prob after/before qr", "qr_prob_ratio"),
+    ("prob after/before svd", "svd_prob_ratio"),
+    ("largest rel. diff", "max_rel_diff"),
+    ("time qr / svd", "time_ratio"),
+)
 
 
 def transfer_table(summary: list[dict]) -> str:
@@ -80,28 +94,45 @@ def long_table(rows: list[dict]) -> str:
 
 def markdown(rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...]) -> str:
     forget = ", ".join(forget_langs)
-    return "\n\n".join([
-        f"### Forget quality (KS p-value vs the retain model, per language); forget data in: {forget}",
-        matrix(rows, "forget_quality"),
-        "### Forget ROUGE-L drop (target model minus this model, per language)",
-        matrix(rows, "rouge_drop"),
-        "### Forget-set probability after / before (this model's over the target's, per language: the transfer "
-        "matrix)",
-        matrix(rows, "prob_ratio"),
-        "### Cross-lingual transfer (relative drops: 1 - value / target's value)",
-        transfer_table(summary),
-        *(["### QR-Erase beside SVD-UNLEARN (largest relative difference of MU, ROUGE-L drop and prob ratio; time "
-           "of the stage)", table(pair, PAIR_COLUMNS)] if (pair := qr_vs_svd(rows)) else []),
-        "### Every method x every language",
-        long_table(rows)]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                f"### Forget quality (KS p-value vs the retain model, per language); forget data in: {forget}",
+                matrix(rows, "forget_quality"),
+                "### Forget ROUGE-L drop (target model minus this model, per language)",
+                matrix(rows, "rouge_drop"),
+                "### Forget-set probability after / before (this model's over the target's, per language: the transfer "
+                "matrix)",
+                matrix(rows, "prob_ratio"),
+                "### Cross-lingual transfer (relative drops: 1 - value / target's value)",
+                transfer_table(summary),
+                *(
+                    [
+                        "### QR-Erase beside SVD-UNLEARN (largest relative difference of MU, ROUGE-L drop and prob "
+                        "ratio; time "
+                        "of the stage)",
+                        table(pair, PAIR_COLUMNS),
+                    ]
+                    if (pair := qr_vs_svd(rows))
+                    else []
+                ),
+                "### Every method x every language",
+                long_table(rows),
+            ]
+        )
+        + "\n"
+    )
 
 
-def write_report(out: Path, stem: str, rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...],
-                 context: dict) -> tuple[Path, Path]:
+def write_report(
+    out: Path, stem: str, rows: list[dict], summary: list[dict], forget_langs: tuple[str, ...], context: dict
+) -> tuple[Path, Path]:
     """``<stem>.md`` and ``<stem>.json`` in ``out`` (each written atomically)."""
     md = write_text_atomic(out / f"{stem}.md", markdown(rows, summary, forget_langs))
-    js = write_json_atomic(out / f"{stem}.json", {"context": context, "rows": rows, "transfer": summary,
-                                                  "qr_vs_svd": qr_vs_svd(rows), "time": time.time()})
+    js = write_json_atomic(
+        out / f"{stem}.json",
+        {"context": context, "rows": rows, "transfer": summary, "qr_vs_svd": qr_vs_svd(rows), "time": time.time()},
+    )
     return md, js
 
 
@@ -124,8 +155,15 @@ def heatmap(path: Path, rows: list[dict], key: str, title: str, *, log10: bool =
         for i in range(len(methods)):
             for j in range(len(langs)):
                 if np.isfinite(grid[i, j]):
-                    ax.text(j, i, f"{grid[i, j]:.1f}" if log10 else f"{grid[i, j]:.2f}", ha="center", va="center",
-                            fontsize=7, color="white" if grid[i, j] < np.nanmean(grid) else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{grid[i, j]:.1f}" if log10 else f"{grid[i, j]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if grid[i, j] < np.nanmean(grid) else "black",
+                    )
         fig.colorbar(im, ax=ax, label=("log10 " if log10 else "") + key)
         ax.set_title(textwrap.fill(title, 60), fontsize=9)
     return path

@@ -9,25 +9,34 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from mmunlearn.adapters.text.adapter import KIND as TEXT, TextLLMAdapter
+from mmunlearn.adapters.text.adapter import KIND as TEXT
+from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.methods import SweepRule, UnlearnRequest, get, run_unlearning
 from mmunlearn.presets.build import build_models
 from mmunlearn.requests import History, run_request
-
 from recipes.requests.speaker import BenchResult, PeakMemory, RequestRow, request_row, timed_retain_state
 
 
-def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10", authors: int | None = 20,
-             extracts: Sequence[str] = ("gradient", "lora", "finetune"), retain_bound: float = 0.1,
-             gd_epochs: int | None = None, score_retain: int | None = 64, cache_dir: str | os.PathLike | None = None,
-             workdir: str | os.PathLike = "runs/bench_requests", progress: bool = False,
-             show: Callable[[RequestRow], None] | None = None) -> BenchResult:
+def run_tofu(
+    data: str,
+    *,
+    preset: str = "mini",
+    forget_split: str = "forget10",
+    authors: int | None = 20,
+    extracts: Sequence[str] = ("gradient", "lora", "finetune"),
+    retain_bound: float = 0.1,
+    gd_epochs: int | None = None,
+    score_retain: int | None = 64,
+    cache_dir: str | os.PathLike | None = None,
+    workdir: str | os.PathLike = "runs/bench_requests",
+    progress: bool = False,
+    show: Callable[[RequestRow], None] | None = None,
+) -> BenchResult:
     """TOFU: one request per forget author (target and base models built by :mod:`mmunlearn.presets`, cached);
     the rule's forget target is the base model's answer NLL on that author's questions (it never saw them),
     the retain measure the mean answer NLL (``score_retain`` retain questions spread over the set)."""
-    built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress,
-                         roles=("target",))
+    built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress, roles=("target",))
     pct = split_info(forget_split).forget_pct
     forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
     retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
@@ -36,8 +45,11 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
     original = TextLLMAdapter.from_pretrained(built.target, device="cpu")
     base = TextLLMAdapter.from_pretrained(built.base, device="cpu")
     targets = [float(base.answer_nll(a).mean()) for a in asks]
-    scored = retain if not score_retain or score_retain >= len(retain) else \
-        [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
+    scored = (
+        retain
+        if not score_retain or score_retain >= len(retain)
+        else [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
+    )
     size = TEXT.size_for(preset)
     state_dir = Path(workdir) / "retain_state_tofu"
     prepare_seconds = timed_retain_state(state_dir, original, retain, TEXT.name, size, progress)
@@ -57,26 +69,54 @@ def run_tofu(data: str, *, preset: str = "mini", forget_split: str = "forget10",
                 gd = model.clone()
                 with PeakMemory() as mem:
                     t = time.perf_counter()
-                    out = run_unlearning(UnlearnRequest("grad_diff", TEXT.name, size=size, overrides=gd_over,
-                                                        rule=rule, progress=progress), gd, ask, retain)
+                    out = run_unlearning(
+                        UnlearnRequest(
+                            "grad_diff", TEXT.name, size=size, overrides=gd_over, rule=rule, progress=progress
+                        ),
+                        gd,
+                        ask,
+                        retain,
+                    )
                     wall = time.perf_counter() - t
                 add(request_row("grad_diff", None, i, ask, out.report, wall, mem, gd, [], dataset="tofu"))
             with PeakMemory() as mem:
                 t = time.perf_counter()
-                out = run_request(UnlearnRequest("qr-erase", TEXT.name, size=size,
-                                                 overrides={"extract_kind": extract, "sweep_scales": "auto"},
-                                                 rule=rule, retain_state=state_dir, progress=progress),
-                                  model, ask, retain, history=history)
+                out = run_request(
+                    UnlearnRequest(
+                        "qr-erase",
+                        TEXT.name,
+                        size=size,
+                        overrides={"extract_kind": extract, "sweep_scales": "auto"},
+                        rule=rule,
+                        retain_state=state_dir,
+                        progress=progress,
+                    ),
+                    model,
+                    ask,
+                    retain,
+                    history=history,
+                )
                 wall = time.perf_counter() - t
             history = History(Path(workdir), out.report["requests"])
             row = request_row("qr-erase", extract, i, ask, out.report, wall, mem, model, [], dataset="tofu")
             row.detail["retain_state"] = out.report["retain_state"]["status"]
             add(row)
-    setup = {"preset": preset, "data": str(data), "forget_split": forget_split, "authors": authors,
-             "requests": len(asks), "forget_items": [len(a) for a in asks], "retain_items": len(retain),
-             "rule_retain_items": len(scored), "forget_targets": targets, "retain_bound": retain_bound,
-             "target": str(built.target), "grad_diff": {**asdict(get("grad_diff").config_for(TEXT.name, size)), **gd_over},
-             "qr_erase": asdict(get("qr-erase").config_for(TEXT.name, size)), "extracts": list(extracts)}
+    setup = {
+        "preset": preset,
+        "data": str(data),
+        "forget_split": forget_split,
+        "authors": authors,
+        "requests": len(asks),
+        "forget_items": [len(a) for a in asks],
+        "retain_items": len(retain),
+        "rule_retain_items": len(scored),
+        "forget_targets": targets,
+        "retain_bound": retain_bound,
+        "target": str(built.target),
+        "grad_diff": {**asdict(get("grad_diff").config_for(TEXT.name, size)), **gd_over},
+        "qr_erase": asdict(get("qr-erase").config_for(TEXT.name, size)),
+        "extracts": list(extracts),
+    }
     return BenchResult(f"TOFU {preset} ({forget_split}, {authors} authors)", setup, prepare_seconds, rows)
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.files.atomic import write_text_atomic
 from recipes.runner import finished_rows, stage_key
 from recipes.tofu.config import RUN_EXCLUDES, TofuConfig
 
@@ -54,9 +54,12 @@ def pending(cfg: TofuConfig, ctx: Any, methods: Sequence[str], rule: Any) -> lis
     if not cfg.resume:
         return list(methods)
     out = Path(cfg.out)
-    return [m for m in methods
-            if finished_rows(out / m, stage_key(m, ctx, cfg.knobs(), rule, cfg.base, cfg.method_options.get(m)),
-                             ctx) is None]
+    return [
+        m
+        for m in methods
+        if finished_rows(out / m, stage_key(m, ctx, cfg.knobs(), rule, cfg.base, cfg.method_options.get(m)), ctx)
+        is None
+    ]
 
 
 def _command(config: Path) -> list[str]:
@@ -73,15 +76,18 @@ def _fresh_log(path: Path):
     return os.fdopen(os.open(path, flags, 0o666), "w")
 
 
-def run_jobs(cfg: TofuConfig, methods: Sequence[str], jobs: int,
-             say: Callable[[str], None] = print, poll_seconds: float = 1.0) -> dict[str, int]:
+def run_jobs(
+    cfg: TofuConfig, methods: Sequence[str], jobs: int, say: Callable[[str], None] = print, poll_seconds: float = 1.0
+) -> dict[str, int]:
     """Run ``tofu run`` for each of ``methods``, at most ``jobs`` at a time; the exit status of each."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     folder = Path(cfg.out) / JOBS_DIR
     if folder.is_symlink():
-        raise UnsafePathError(f"{folder} is a symbolic link: the jobs' configs and logs are written only into a "
-                              "folder of the output itself")
+        raise UnsafePathError(
+            f"{folder} is a symbolic link: the jobs' configs and logs are written only into a "
+            "folder of the output itself"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     threads = str(cfg.threads or 1)
@@ -105,10 +111,16 @@ def run_jobs(cfg: TofuConfig, methods: Sequence[str], jobs: int,
             del running[method]
             status[method] = proc.returncode
             took = time.perf_counter() - t0
-            say(f"[jobs] {method}: " + (f"finished in {took:.0f} s" if proc.returncode == 0 else
-                                         f"FAILED (exit {proc.returncode}) after {took:.0f} s: see "
-                                         f"{folder / method}.log; it runs again in this process")
-                + f"; elapsed {time.perf_counter() - start:.0f} s")
+            say(
+                f"[jobs] {method}: "
+                + (
+                    f"finished in {took:.0f} s"
+                    if proc.returncode == 0
+                    else f"FAILED (exit {proc.returncode}) after {took:.0f} s: see "
+                    f"{folder / method}.log; it runs again in this process"
+                )
+                + f"; elapsed {time.perf_counter() - start:.0f} s"
+            )
         if running:
             time.sleep(poll_seconds)
     return status

@@ -21,9 +21,8 @@ from mmunlearn.eval.tofu import METRIC_GROUPS
 from mmunlearn.metrics import forget_quality, privleak
 from mmunlearn.metrics.entries import per_item
 from mmunlearn.presets.build import BuiltModels, build_models
-from mmunlearn.presets.parallel import build_models_parallel
 from mmunlearn.presets.cache import EVALS_DIR, default_cache_dir, read_log
-
+from mmunlearn.presets.parallel import build_models_parallel
 from recipes.tofu.report import COLUMNS
 from recipes.tofu.settings import default_precision, memorisation, memorisation_warning
 
@@ -61,8 +60,9 @@ def model_fingerprint(model_dir: Path) -> str:
     if isinstance(key, str):
         return key
     files = sorted(p for p in Path(model_dir).iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
-    return hashlib.sha256(json.dumps([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
-                          .encode()).hexdigest()[:16]
+    return hashlib.sha256(
+        json.dumps([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
+    ).hexdigest()[:16]
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...] | None:
@@ -72,8 +72,9 @@ def parse_metrics(text: str | None) -> tuple[str, ...] | None:
     chosen = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in METRIC_GROUPS]
     if unknown or not chosen:
-        raise ValueError(f"unknown metric group(s) {unknown or '(none given)'}; choose from "
-                         f"{', '.join(METRIC_GROUPS)} or all")
+        raise ValueError(
+            f"unknown metric group(s) {unknown or '(none given)'}; choose from {', '.join(METRIC_GROUPS)} or all"
+        )
     return None if set(chosen) == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)
 
 
@@ -86,10 +87,21 @@ def reference_metrics(metrics: Collection[str] | None) -> tuple[str, ...] | None
     return None if chosen == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)
 
 
-def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | None, max_new_tokens: int | str,
-                device: str, retain_logs: Path | None = None, metrics: tuple[str, ...] | None = None,
-                fingerprint: str | None = None, precision: str = "no", utility_items: int | None = None,
-                batch_size: int = 16, generation_batch_size: int | None = None) -> Path:
+def cached_eval(
+    model_dir: Path,
+    data: str,
+    forget_split: str,
+    authors: int | None,
+    max_new_tokens: int | str,
+    device: str,
+    retain_logs: Path | None = None,
+    metrics: tuple[str, ...] | None = None,
+    fingerprint: str | None = None,
+    precision: str = "no",
+    utility_items: int | None = None,
+    batch_size: int = 16,
+    generation_batch_size: int | None = None,
+) -> Path:
     """Evaluate a built model once per (data, split, authors, settings); later calls reuse the logs
     (in ``model_dir/evals/<key>``).
 
@@ -105,9 +117,20 @@ def cached_eval(model_dir: Path, data: str, forget_split: str, authors: int | No
     out = Path(model_dir) / EVALS_DIR / hashlib.sha256(spec.encode()).hexdigest()[:12]  # not in the digest
     if not (out / "TOFU_EVAL.json").is_file():
         adapter = TextLLMAdapter.from_pretrained(model_dir, device=device, precision=precision)
-        evaluate_tofu(adapter, data, forget_split, authors, retain_logs=retain_logs, out_dir=out,
-                      max_new_tokens=max_new_tokens, model_name=Path(model_dir).name, metrics=metrics,
-                      utility_items=utility_items, batch_size=batch_size, generation_batch_size=generation_batch_size)
+        evaluate_tofu(
+            adapter,
+            data,
+            forget_split,
+            authors,
+            retain_logs=retain_logs,
+            out_dir=out,
+            max_new_tokens=max_new_tokens,
+            model_name=Path(model_dir).name,
+            metrics=metrics,
+            utility_items=utility_items,
+            batch_size=batch_size,
+            generation_batch_size=generation_batch_size,
+        )
     return out / "TOFU_EVAL.json"
 
 
@@ -142,8 +165,13 @@ class TofuSetup:
 
     def reference_row(self, which: str) -> dict:
         logs = json.loads((self.retain_logs if which == "retain" else self.target_logs).read_text())
-        row = {"method": f"{which} model", **_metrics(logs), "unlearn_seconds": None, "total_seconds": None,
-               "changed_fraction": None}
+        row = {
+            "method": f"{which} model",
+            **_metrics(logs),
+            "unlearn_seconds": None,
+            "total_seconds": None,
+            "changed_fraction": None,
+        }
         if which == "retain":  # against itself, by the same formulas: KS p = 1, privleak = 0
             if "forget_truth_ratio" in logs:
                 ratios = per_item(logs["forget_truth_ratio"])
@@ -164,10 +192,20 @@ class TofuSetup:
     def evaluate_logs(self, adapter, folder: Path, name: str) -> dict:
         """The TOFU logs of an unlearned model on this setup's data, against its retain model's logs
         (``folder/TOFU_EVAL.json`` and the summaries)."""
-        return evaluate_tofu(adapter, self.data, self.forget_split, self.authors, retain_logs=self.retain_logs,
-                             out_dir=folder, max_new_tokens=self.max_new_tokens, model_name=name,
-                             metrics=self.metrics, utility_items=self.utility_items, batch_size=self.score_batch,
-                             generation_batch_size=self.gen_batch)
+        return evaluate_tofu(
+            adapter,
+            self.data,
+            self.forget_split,
+            self.authors,
+            retain_logs=self.retain_logs,
+            out_dir=folder,
+            max_new_tokens=self.max_new_tokens,
+            model_name=name,
+            metrics=self.metrics,
+            utility_items=self.utility_items,
+            batch_size=self.score_batch,
+            generation_batch_size=self.gen_batch,
+        )
 
     def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
         """The TOFU row of an unlearned model (:meth:`evaluate_logs`)."""
@@ -177,22 +215,36 @@ class TofuSetup:
         return (folder / "TOFU_EVAL.json").is_file()
 
     def describe(self) -> dict:
-        return {"preset": self.preset, "data": self.data, "forget_split": self.forget_split, "authors": self.authors,
-                "target": str(self.built.target), "retain": str(self.built.retain), "base": str(self.built.base),
-                "forget_items": len(self.forget), "retain_items": len(self.retain),
-                "max_new_tokens": self.max_new_tokens, "metrics": list(self.metrics) if self.metrics else "all",
-                "precision": self.precision, "utility_items": self.utility_items,
-                "rule_retain_items": len(self.rule_retain) if self.rule_retain is not None else len(self.retain),
-                "memorised": self.memorisation.get("memorised"), "memorisation": dict(self.memorisation)}
+        return {
+            "preset": self.preset,
+            "data": self.data,
+            "forget_split": self.forget_split,
+            "authors": self.authors,
+            "target": str(self.built.target),
+            "retain": str(self.built.retain),
+            "base": str(self.built.base),
+            "forget_items": len(self.forget),
+            "retain_items": len(self.retain),
+            "max_new_tokens": self.max_new_tokens,
+            "metrics": list(self.metrics) if self.metrics else "all",
+            "precision": self.precision,
+            "utility_items": self.utility_items,
+            "rule_retain_items": len(self.rule_retain) if self.rule_retain is not None else len(self.retain),
+            "memorised": self.memorisation.get("memorised"),
+            "memorisation": dict(self.memorisation),
+        }
 
 
-def base_forget_nll(built: Any, forget: list, precision: str = "no", device: str = "cpu",
-                    batch_size: int = 16) -> float:
+def base_forget_nll(
+    built: Any, forget: list, precision: str = "no", device: str = "cpu", batch_size: int = 16
+) -> float:
     """The sweeps' target of a TOFU-style setup (TOFU, cTOFU): the forget rows' mean answer NLL under the base model
     ``built.base``, which never saw the forget authors; a ValueError when the setup names no base."""
     if built.base is None:
-        raise ValueError("the sweep's target is the base model's forget NLL, and the given target names no "
-                         "base model (no train_log.json with an existing 'base')")
+        raise ValueError(
+            "the sweep's target is the base model's forget NLL, and the given target names no "
+            "base model (no train_log.json with an existing 'base')"
+        )
     base = TextLLMAdapter.from_pretrained(built.base, device=device, precision=precision)
     return float(base.answer_nll(forget, batch_size=batch_size).mean())
 
@@ -219,11 +271,16 @@ def prepare(cfg: TofuConfig) -> TofuSetup:
     precision, utility_items, score_batch, gen_batch = cfg.precision, cfg.utility_items, cfg.score_batch, cfg.gen_batch
     target, retain = cfg.target, cfg.retain_model
     precision = default_precision(preset, device) if precision is None else precision
-    given = {"target": None if target is None else check_model_dir(target, "target"),
-             "retain": None if retain is None else check_model_dir(retain, "retain model")}
+    given = {
+        "target": None if target is None else check_model_dir(target, "target"),
+        "retain": None if retain is None else check_model_dir(retain, "retain model"),
+    }
     roles = [r for r, path in given.items() if path is None]
-    built = _build(preset, data, forget_split, authors, cfg.seed, cache_dir, device, overrides, roles, build) \
-        if roles else None
+    built = (
+        _build(preset, data, forget_split, authors, cfg.seed, cache_dir, device, overrides, roles, build)
+        if roles
+        else None
+    )
     models = {r: path if path is not None else getattr(built, r) for r, path in given.items()}
     base = built.base if given["target"] is None else target_base(models["target"])
     logs = dict(built.logs) if built is not None else {}
@@ -236,27 +293,69 @@ def prepare(cfg: TofuConfig) -> TofuSetup:
 
     ref = reference_metrics(metrics)
     fp = {r: model_fingerprint(path) if path is not None else None for r, path in given.items()}
-    lean = dict(precision=precision, utility_items=utility_items, batch_size=score_batch,
-                generation_batch_size=gen_batch)
-    retain_logs = cached_eval(models["retain"], data, forget_split, authors, max_new_tokens, device, metrics=ref,
-                              fingerprint=fp["retain"], **lean)
-    target_logs = cached_eval(models["target"], data, forget_split, authors, max_new_tokens, device, retain_logs,
-                              metrics=ref, fingerprint=fp["target"], **lean)
+    lean = dict(
+        precision=precision, utility_items=utility_items, batch_size=score_batch, generation_batch_size=gen_batch
+    )
+    retain_logs = cached_eval(
+        models["retain"],
+        data,
+        forget_split,
+        authors,
+        max_new_tokens,
+        device,
+        metrics=ref,
+        fingerprint=fp["retain"],
+        **lean,
+    )
+    target_logs = cached_eval(
+        models["target"],
+        data,
+        forget_split,
+        authors,
+        max_new_tokens,
+        device,
+        retain_logs,
+        metrics=ref,
+        fingerprint=fp["target"],
+        **lean,
+    )
     tl, rl = json.loads(target_logs.read_text()), json.loads(retain_logs.read_text())
     pretrained = (logs.get("target") or {}).get("pretrained_forget_prob")
-    check = memorisation(preset, _agg(tl.get("forget_Q_A_Prob")), _agg(tl.get("forget_Q_A_ROUGE")),
-                         pretrained_prob=pretrained if isinstance(pretrained, (int, float)) else None,
-                         retain_prob=_agg(rl.get("forget_Q_A_Prob")), forget_quality=_agg(tl.get("forget_quality")))
+    check = memorisation(
+        preset,
+        _agg(tl.get("forget_Q_A_Prob")),
+        _agg(tl.get("forget_Q_A_ROUGE")),
+        pretrained_prob=pretrained if isinstance(pretrained, (int, float)) else None,
+        retain_prob=_agg(rl.get("forget_Q_A_Prob")),
+        forget_quality=_agg(tl.get("forget_quality")),
+    )
     warning = memorisation_warning(check)
     if warning:
         log.warning("%s", warning)
     pct = split_info(forget_split).forget_pct
     forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
     retain_items = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
-    return TofuSetup(preset, data, forget_split, authors, max_new_tokens, setup, retain_logs, target_logs,
-                     Path(cache_dir) if cache_dir else default_cache_dir(), forget, retain_items, metrics, check,
-                     precision, utility_items, _spread(retain_items, cfg.rule_retain_items), score_batch, gen_batch,
-                     device)
+    return TofuSetup(
+        preset,
+        data,
+        forget_split,
+        authors,
+        max_new_tokens,
+        setup,
+        retain_logs,
+        target_logs,
+        Path(cache_dir) if cache_dir else default_cache_dir(),
+        forget,
+        retain_items,
+        metrics,
+        check,
+        precision,
+        utility_items,
+        _spread(retain_items, cfg.rule_retain_items),
+        score_batch,
+        gen_batch,
+        device,
+    )
 
 
 def _spread(items: list, n: int | None) -> list | None:
@@ -267,15 +366,27 @@ def _spread(items: list, n: int | None) -> list | None:
     return [items[int(i * step)] for i in range(n)]
 
 
-def _build(preset: str, data: str, forget_split: str, authors: int | None, seed: int, cache_dir: Path | None,
-           device: str, overrides: Mapping[str, Any] | None, roles: list[str], build: Mapping[str, Any]) -> BuiltModels:
+def _build(
+    preset: str,
+    data: str,
+    forget_split: str,
+    authors: int | None,
+    seed: int,
+    cache_dir: Path | None,
+    device: str,
+    overrides: Mapping[str, Any] | None,
+    roles: list[str],
+    build: Mapping[str, Any],
+) -> BuiltModels:
     """The models of ``roles`` built (both at once with ``build["parallel"]``)."""
     options = {k: v for k, v in build.items() if k != "parallel"}
     if build.get("parallel") and set(roles) == {"target", "retain"}:
-        return build_models_parallel(preset, data, forget_split, authors, seed, cache_dir, device,
-                                     overrides=overrides, **options)
-    return build_models(preset, data, forget_split, authors, seed, cache_dir, device, overrides=overrides, roles=roles,
-                        **options)
+        return build_models_parallel(
+            preset, data, forget_split, authors, seed, cache_dir, device, overrides=overrides, **options
+        )
+    return build_models(
+        preset, data, forget_split, authors, seed, cache_dir, device, overrides=overrides, roles=roles, **options
+    )
 
 
 def _agg(entry: Any) -> float | None:
@@ -291,10 +402,18 @@ def _metrics(logs: dict) -> dict:
     return out
 
 
-def audit_method(method: str, ctx: Any, out: Path, options, device: str, cache: dict,
-                 rows: tuple[list, list | None, Mapping[str, list] | None] | None = None) -> dict:
-    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (:func:`recipes.runner.run_method`'s folder) against the
-    setup's target and retain models (TOFU's and cTOFU's); ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the result.
+def audit_method(
+    method: str,
+    ctx: Any,
+    out: Path,
+    options,
+    device: str,
+    cache: dict,
+    rows: tuple[list, list | None, Mapping[str, list] | None] | None = None,
+) -> dict:
+    """Robustness audit (:mod:`mmunlearn.audit`) of ``out/model`` (:func:`recipes.runner.run_method`'s folder) against
+    the setup's target and retain models (TOFU's and cTOFU's); ``out/AUDIT.json`` and ``out/AUDIT.md``; returns the
+    result.
 
     ``cache``: one dict per comparison (the target's and retain model's attacks run once); ``rows``: (forget rows,
     holdout rows or None, per-language forget rows or None), default the TOFU setup's forget and holdout rows."""
@@ -306,11 +425,23 @@ def audit_method(method: str, ctx: Any, out: Path, options, device: str, cache: 
     for role in ("target", "retain"):
         if role not in adapters:
             adapters[role] = ctx.adapter(getattr(ctx.built, role), device)
-    result = audit_text(load_text_unlearned(out / "model", device), adapters["target"], adapters["retain"], forget,
-                        holdout, method=method, options=options, retain_items=ctx.retain, languages=languages,
-                        cache=cache.setdefault("results", {}))
-    result["models"] = {"unlearned": str(out / "model"), "target": str(ctx.built.target),
-                        "retain": str(ctx.built.retain)}
+    result = audit_text(
+        load_text_unlearned(out / "model", device),
+        adapters["target"],
+        adapters["retain"],
+        forget,
+        holdout,
+        method=method,
+        options=options,
+        retain_items=ctx.retain,
+        languages=languages,
+        cache=cache.setdefault("results", {}),
+    )
+    result["models"] = {
+        "unlearned": str(out / "model"),
+        "target": str(ctx.built.target),
+        "retain": str(ctx.built.retain),
+    }
     write_audit(out, [result], ctx.describe())
     return result
 

@@ -10,12 +10,12 @@ import math
 import time
 from pathlib import Path
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.audit import write_audit
-from mmunlearn.report.figures import figure
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.methods import names
 from mmunlearn.report import fmt as _fmt
 from mmunlearn.report import table
+from mmunlearn.report.figures import figure
 
 #: Columns of the comparison table: (header, TOFU log key or row field).
 COLUMNS = (
@@ -60,8 +60,13 @@ def earlier_rows(out: Path, context: dict, exclude: list[str]) -> list[dict]:
 def ordered(rows: list[dict]) -> list[dict]:
     """Reference rows first, then methods in the registry's order."""
     rank = {m: i for i, m in enumerate(names())}
-    return sorted(rows, key=lambda r: (-1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
-                                       r["method"] != "target model"))
+    return sorted(
+        rows,
+        key=lambda r: (
+            -1 if r["method"].endswith(" model") else rank.get(r["method"], len(rank)),
+            r["method"] != "target model",
+        ),
+    )
 
 
 def markdown(rows: list[dict]) -> str:
@@ -81,7 +86,7 @@ def memorisation_line(context: dict) -> str:
     if check.get("min_forget_rouge") is not None:
         facts.append(f"forget ROUGE-L {_fmt(rouge)} (>= {check['min_forget_rouge']})")
     verdict = "yes" if check["memorised"] else "NO (" + "; ".join(check.get("failed") or []) + ")"
-    return (f"\nTarget memorised the forget answers: {verdict}; " + ", ".join(facts) + "." + time_line(context) + "\n")
+    return f"\nTarget memorised the forget answers: {verdict}; " + ", ".join(facts) + "." + time_line(context) + "\n"
 
 
 def time_line(context: dict) -> str:
@@ -95,10 +100,13 @@ def time_line(context: dict) -> str:
     if not reused:
         return f"\nWhole command: {wall / 60:.1f} min wall."
     known = [st["seconds"] for st in reused if isinstance(st.get("seconds"), (int, float))]
-    took = f"; they took {sum(known) / 60:.1f} min when they ran" + ("" if len(known) == len(reused) else
-                                                                      f" ({len(reused) - len(known)} not recorded)")
-    return (f"\nThis call: {wall / 60:.1f} min wall; {len(reused)} of {len(stages)} stages reused from earlier "
-            f"calls{took if known else ' (their times not recorded)'}.")
+    took = f"; they took {sum(known) / 60:.1f} min when they ran" + (
+        "" if len(known) == len(reused) else f" ({len(reused) - len(known)} not recorded)"
+    )
+    return (
+        f"\nThis call: {wall / 60:.1f} min wall; {len(reused)} of {len(stages)} stages reused from earlier "
+        f"calls{took if known else ' (their times not recorded)'}."
+    )
 
 
 def write_tables(out: Path, rows: list[dict], context: dict) -> None:
@@ -110,8 +118,10 @@ def write_tables(out: Path, rows: list[dict], context: dict) -> None:
     writer.writerows(rows)
     write_text_atomic(out / "compare.csv", buf.getvalue())
     columns = [["method", "method"], *([h, k] for h, k in COLUMNS)]  # what `mmunlearn report` renders
-    write_text_atomic(out / "compare.json", json.dumps({"context": context, "columns": columns, "rows": rows,
-                                                        "time": time.time()}, indent=2))
+    write_text_atomic(
+        out / "compare.json",
+        json.dumps({"context": context, "columns": columns, "rows": rows, "time": time.time()}, indent=2),
+    )
 
 
 def write_audit_table(out: Path, results: list[dict], context: dict) -> Path:
@@ -139,8 +149,7 @@ def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: f
         for m, points in series.items():
             ax.plot([p["retain_nll"] for p in points], [p["forget_nll"] for p in points], marker="o", label=m)
         if forget_target is not None:
-            ax.axhline(forget_target, color="gray", linestyle="--", linewidth=1,
-                       label="forget NLL target (base model)")
+            ax.axhline(forget_target, color="gray", linestyle="--", linewidth=1, label="forget NLL target (base model)")
         ax.set_xlabel("retain NLL (training partition)")
         ax.set_ylabel("forget NLL (training partition)")
         ax.set_title("Selectivity along each method's sweep (up and left is better)")
@@ -157,8 +166,14 @@ def scatter(path: Path, rows: list[dict]) -> Path:
             if fq is None or mu is None or not math.isfinite(fq):
                 continue
             ref = r["method"].endswith("model")
-            ax.scatter(mu, max(fq, 1e-30), marker="*" if ref else "o", s=160 if ref else 60,
-                       color="black" if ref else None, zorder=3)
+            ax.scatter(
+                mu,
+                max(fq, 1e-30),
+                marker="*" if ref else "o",
+                s=160 if ref else 60,
+                color="black" if ref else None,
+                zorder=3,
+            )
             ax.annotate(r["method"], (mu, max(fq, 1e-30)), textcoords="offset points", xytext=(6, 4), fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("model utility")

@@ -70,9 +70,15 @@ MIN_PROB_GAIN: dict[str, float] = {"micro": 0.05, "mini": 0.3, "model_dir": 0.3}
 MIN_FORGET_ROUGE: dict[str, float | None] = {"micro": None, "mini": 0.9, "model_dir": 0.85}
 
 
-def memorisation(preset: str, forget_prob: float | None, forget_rouge: float | None, *,
-                 pretrained_prob: float | None = None, retain_prob: float | None = None,
-                 forget_quality: float | None = None) -> dict[str, Any]:
+def memorisation(
+    preset: str,
+    forget_prob: float | None,
+    forget_rouge: float | None,
+    *,
+    pretrained_prob: float | None = None,
+    retain_prob: float | None = None,
+    forget_quality: float | None = None,
+) -> dict[str, Any]:
     """Whether a model memorised the forget answers (the module docstring's rule): ``{"memorised": bool or
     None (nothing measured), "failed": [what fell short], the measures and the thresholds}``."""
     size = preset_size(preset)
@@ -84,22 +90,35 @@ def memorisation(preset: str, forget_prob: float | None, forget_rouge: float | N
             failed.append(f"forget answer probability {_fmt(forget_prob)} (memorised: >= {min_prob})")
         for name, ref in (("pretrained", pretrained_prob), ("retain", retain_prob)):
             if _finite(ref) and forget_prob - ref < gain:
-                failed.append(f"forget answer probability {_fmt(forget_prob)} vs the {name} model's {_fmt(ref)} "
-                              f"(memorised: at least {gain} above)")
+                failed.append(
+                    f"forget answer probability {_fmt(forget_prob)} vs the {name} model's {_fmt(ref)} "
+                    f"(memorised: at least {gain} above)"
+                )
     if min_rouge is not None and _finite(forget_rouge) and forget_rouge < min_rouge:
         failed.append(f"forget ROUGE-L {_fmt(forget_rouge)} (memorised: >= {min_rouge})")
-    return {"memorised": (not failed) if measured else None, "failed": failed, "forget_prob": forget_prob,
-            "forget_rouge": forget_rouge, "pretrained_prob": pretrained_prob, "retain_prob": retain_prob,
-            "forget_quality": forget_quality, "min_forget_prob": min_prob, "min_prob_gain": gain,
-            "min_forget_rouge": min_rouge}
+    return {
+        "memorised": (not failed) if measured else None,
+        "failed": failed,
+        "forget_prob": forget_prob,
+        "forget_rouge": forget_rouge,
+        "pretrained_prob": pretrained_prob,
+        "retain_prob": retain_prob,
+        "forget_quality": forget_quality,
+        "min_forget_prob": min_prob,
+        "min_prob_gain": gain,
+        "min_forget_rouge": min_rouge,
+    }
 
 
 def memorisation_warning(check: dict[str, Any], hint: str = "--epochs/--lr", what: str = "the target") -> str | None:
     """The warning for a model that did not memorise (None when it did or nothing was measured)."""
     if check.get("memorised") is not False:
         return None
-    return (f"{what} did not memorise the forget answers: " + "; ".join(check["failed"])
-            + f"; unlearning results will not mean much; train longer: {hint}")
+    return (
+        f"{what} did not memorise the forget answers: "
+        + "; ".join(check["failed"])
+        + f"; unlearning results will not mean much; train longer: {hint}"
+    )
 
 
 def _finite(value: Any) -> bool:

@@ -25,18 +25,18 @@ from typing import Any
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
 from mmunlearn.adapters.speaker.adapter import SCORING_VERSION  # how batches are trained on and scored
-from mmunlearn.files.atomic import write_text_atomic
+from mmunlearn.adapters.speaker.training import training_rows
 from mmunlearn.data.manifest import SPLIT_NAMES
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.eval.speaker import evaluate_speaker_unlearning
+from mmunlearn.files.atomic import write_text_atomic
+from mmunlearn.files.undo_store import default_undo_dir
 from mmunlearn.kinds import kind_of
 from mmunlearn.methods import mean_nll
 from mmunlearn.methods.rule import SweepPoint, choose
-from mmunlearn.adapters.speaker.training import training_rows
 from mmunlearn.train import TrainConfig, TrainResult
-from mmunlearn.files.undo_store import default_undo_dir
-from recipes.voxceleb2 import settings
 from recipes.runner import RUN_JSON, Harness, Unlearned, run_method
+from recipes.voxceleb2 import settings
 
 #: Partitions each level unlearns with: (forget split, retain split), and the retrained model's rows.
 PARTITIONS = {"speaker": ("spk_forget_train", "spk_retain_train"), "sample": ("sample_forget", "sample_retain")}
@@ -46,14 +46,28 @@ RETRAIN_NAME = {"speaker": "retrain-speaker", "sample": "retrain-sample"}
 EVAL_VERSION = 2
 
 
-def builtin_manifests(workdir: Path, *, speakers: int = 20, utterances: int = 30, videos: int = 3,
-                      forget_speakers: int = 2, forget_fraction: float = 0.1, seed: int = 0,
-                      progress: bool = True) -> Path:
+def builtin_manifests(
+    workdir: Path,
+    *,
+    speakers: int = 20,
+    utterances: int = 30,
+    videos: int = 3,
+    forget_speakers: int = 2,
+    forget_fraction: float = 0.1,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
     """Synthesise (or reuse) the espeak-ng corpus in ``workdir/corpus`` and prepare (or reuse) its
     manifests in ``workdir/manifests``; returns the manifest directory."""
     root = synthesize_corpus(Path(workdir) / "corpus", speakers, utterances, videos, seed, progress=progress)
-    return prepare(root, Path(workdir) / "manifests", forget_speakers=forget_speakers,
-                   forget_fraction=forget_fraction, seed=seed, progress=progress).out
+    return prepare(
+        root,
+        Path(workdir) / "manifests",
+        forget_speakers=forget_speakers,
+        forget_fraction=forget_fraction,
+        seed=seed,
+        progress=progress,
+    ).out
 
 
 def rows_digest(rows: list[dict]) -> str:
@@ -107,8 +121,9 @@ def family(model: str) -> Family:
     if not kind.is_classifier:
         raise ValueError(f"--model {model}: not a classifier kind")
     module = kind.trainer_module()
-    return Family(kind.name, module.train, module.train_config, module.describe,
-                  unprefixed=model in settings.MODEL_ALIASES)
+    return Family(
+        kind.name, module.train, module.train_config, module.describe, unprefixed=model in settings.MODEL_ALIASES
+    )
 
 
 def load_classifier(path: Path, device: str, scope: str = "all"):
@@ -119,8 +134,9 @@ def load_classifier(path: Path, device: str, scope: str = "all"):
     return kind.load(path, device=device, scope=scope)
 
 
-def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: str = "cpu",
-                  progress: bool = True) -> Path:
+def trained_model(
+    manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: str = "cpu", progress: bool = True
+) -> Path:
     """Directory of the classifier ``spec`` trained on ``manifests`` (trained now unless cached).
 
     ``original`` trains on ``train`` (retain + forget); ``retrain-speaker`` on ``spk_retain_train``;
@@ -138,15 +154,30 @@ def trained_model(manifests: Path, spec: ModelSpec, cache_dir: Path, *, device: 
         return out
     start = time.perf_counter()
     trainer = family(spec.model).trainer
-    adapter, result = trainer(rows, speakers=speakers, preset=spec.preset, crop_seconds=spec.crop_seconds,
-                              config=TrainConfig(**spec.train), seed=spec.seed, device=device, progress=progress,
-                              desc=f"train {spec.name}")
+    adapter, result = trainer(
+        rows,
+        speakers=speakers,
+        preset=spec.preset,
+        crop_seconds=spec.crop_seconds,
+        config=TrainConfig(**spec.train),
+        seed=spec.seed,
+        device=device,
+        progress=progress,
+        desc=f"train {spec.name}",
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         adapter.save(tmp / "model", overwrite=True)
-        log = {"spec": asdict(spec), "rows": len(rows), "speakers": len(speakers), "manifests": str(manifests),
-               "final_loss": result.final_loss, "steps": result.steps, "seconds": time.perf_counter() - start}
+        log = {
+            "spec": asdict(spec),
+            "rows": len(rows),
+            "speakers": len(speakers),
+            "manifests": str(manifests),
+            "final_loss": result.final_loss,
+            "steps": result.steps,
+            "seconds": time.perf_counter() - start,
+        }
         write_text_atomic(tmp / "model" / "train_log.json", json.dumps(log, indent=2))
         if out.exists():  # an unfinished earlier attempt
             shutil.rmtree(out)
@@ -170,8 +201,9 @@ def evaluate(adapter, manifests: Path, level: str, opts: EvalOptions, progress: 
     return evaluate_speaker_unlearning(adapter, manifests, level, progress=progress, **asdict(opts))
 
 
-def cached_eval(model_dir: Path, manifests: Path, level: str, opts: EvalOptions, device: str,
-                progress: bool = True) -> dict[str, float]:
+def cached_eval(
+    model_dir: Path, manifests: Path, level: str, opts: EvalOptions, device: str, progress: bool = True
+) -> dict[str, float]:
     """Evaluate a cached classifier once per (manifests content, level, options)."""
     digest = hashlib.sha256()
     for name in SPLIT_NAMES:
@@ -225,10 +257,17 @@ class SpeakerSetup:
         return [{"method": name, **metrics} for name, metrics in self.reference.items()]
 
     def describe(self) -> dict:
-        return {"level": self.level, "manifests": str(self.manifests), "original": str(self.original),
-                "retrained": str(self.retrained), "forget_items": len(self.forget), "retain_items": len(self.retain),
-                "eval": asdict(self.eval_opts), "device": self.device,
-                "original_training": original_training(self.manifests)}
+        return {
+            "level": self.level,
+            "manifests": str(self.manifests),
+            "original": str(self.original),
+            "retrained": str(self.retrained),
+            "forget_items": len(self.forget),
+            "retain_items": len(self.retain),
+            "eval": asdict(self.eval_opts),
+            "device": self.device,
+            "original_training": original_training(self.manifests),
+        }
 
 
 def original_training(manifests: Path) -> dict | None:
@@ -240,18 +279,38 @@ def original_training(manifests: Path) -> dict | None:
         return None
 
 
-def make_context(level: str, manifests: Path, original: Path, retrained: Path, eval_opts: EvalOptions, device: str,
-                 progress: bool = True, preset: str = "small") -> SpeakerSetup:
+def make_context(
+    level: str,
+    manifests: Path,
+    original: Path,
+    retrained: Path,
+    eval_opts: EvalOptions,
+    device: str,
+    progress: bool = True,
+    preset: str = "small",
+) -> SpeakerSetup:
     """Partitions of ``level`` and the (cached) evaluations of the two reference models."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     forget_name, retain_name = PARTITIONS[level]
     forget, retain = split_rows(manifests, forget_name), split_rows(manifests, retain_name)
     if not forget or not retain:
-        raise ValueError(f"{manifests}: the {forget_name} and {retain_name} manifests must not be empty "
-                         f"(got {len(forget)} and {len(retain)} rows)")
-    ctx = SpeakerSetup(level, Path(manifests), Path(original), Path(retrained), forget, retain, eval_opts, device,
-                       preset=preset, progress=progress)
+        raise ValueError(
+            f"{manifests}: the {forget_name} and {retain_name} manifests must not be empty "
+            f"(got {len(forget)} and {len(retain)} rows)"
+        )
+    ctx = SpeakerSetup(
+        level,
+        Path(manifests),
+        Path(original),
+        Path(retrained),
+        forget,
+        retain,
+        eval_opts,
+        device,
+        preset=preset,
+        progress=progress,
+    )
     for name, path in (("original model", original), ("retrained model", retrained)):
         ctx.reference[name] = cached_eval(path, manifests, level, eval_opts, device, progress)
     target = load_classifier(Path(original), device)
@@ -260,10 +319,19 @@ def make_context(level: str, manifests: Path, original: Path, retrained: Path, e
     return ctx
 
 
-def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rule: Any, out: Path,
-                   progress: bool = True, scopes: Sequence[str] = ("all",),
-                   scope_options: Mapping[str, dict] | None = None,
-                   method_options: Mapping[str, Any] | None = None, resume: bool = False) -> dict:
+def run_method_row(
+    method: str,
+    ctx: SpeakerSetup,
+    size: str,
+    options: dict,
+    rule: Any,
+    out: Path,
+    progress: bool = True,
+    scopes: Sequence[str] = ("all",),
+    scope_options: Mapping[str, dict] | None = None,
+    method_options: Mapping[str, Any] | None = None,
+    resume: bool = False,
+) -> dict:
     """Unlearn with ``method`` on a fresh copy of the original classifier through :func:`recipes.runner.run_method`
     (``out/model``: the classifier's own layout -- SpeechBrain's, or ``save_pretrained`` for ``hf-audio`` -- plus the
     harness's reports and undo patch), evaluate it; the row (also ``out/run.json``).
@@ -279,44 +347,71 @@ def run_method_row(method: str, ctx: SpeakerSetup, size: str, options: dict, rul
     if not scopes or (len(scopes) > 1 and rule is None):
         raise ValueError("several scopes need a sweep rule to choose among them")
     ctx.progress = progress
-    row, = run_method(method, ctx, out, options={**options, "scopes": list(scopes)}, overrides=options, rule=rule,
-                      base="target", device=ctx.device, resume=resume, size=size, method_options=method_options,
-                      kind=kind_of(ctx.original).name, unlearn=scope_sweep(ctx, out, scopes, scope_options, rule),
-                      progress=progress)
+    (row,) = run_method(
+        method,
+        ctx,
+        out,
+        options={**options, "scopes": list(scopes)},
+        overrides=options,
+        rule=rule,
+        base="target",
+        device=ctx.device,
+        resume=resume,
+        size=size,
+        method_options=method_options,
+        kind=kind_of(ctx.original).name,
+        unlearn=scope_sweep(ctx, out, scopes, scope_options, rule),
+        progress=progress,
+    )
     return row
 
 
-def scope_sweep(ctx: SpeakerSetup, out: Path, scopes: Sequence[str], scope_options: Mapping[str, dict] | None,
-                rule: Any) -> Callable[[Harness], Unlearned]:
+def scope_sweep(
+    ctx: SpeakerSetup, out: Path, scopes: Sequence[str], scope_options: Mapping[str, dict] | None, rule: Any
+) -> Callable[[Harness], Unlearned]:
     """The runner's ``unlearn`` hook of one method: the harness once per scope (:func:`run_method_row`), the
     rule's choice in ``out/model``; the row's columns (the NLLs after, the sweep time over every scope, whether the
     rule's bound held, the scope) and run.json's ``info`` (its forget measure named) and ``scopes_tried``."""
+
     def unlearn(harness: Harness) -> Unlearned:
         candidates = []
         for scope in scopes:
             folder = out / "model" if len(scopes) == 1 else out / "scopes" / scope / "model"
-            outcome = harness(ctx.adapter(ctx.original, ctx.device, scope), folder,
-                              dict((scope_options or {}).get(scope, {})), {"level": ctx.level, "scope": scope})
+            outcome = harness(
+                ctx.adapter(ctx.original, ctx.device, scope),
+                folder,
+                dict((scope_options or {}).get(scope, {})),
+                {"level": ctx.level, "scope": scope},
+            )
             candidates.append((scope, outcome, folder))
         scope, outcome, folder = candidates[0]
         tried = None
         if len(candidates) > 1:
             rules = [o.report["rule"] for _, o, _ in candidates]
             points = [SweepPoint(i, 0.0, r["forget"], r["retain"]) for i, r in enumerate(rules)]
-            best = choose(points, rules[0]["base_forget"], rules[0]["base_retain"], rule.forget_target,
-                          rule.retain_bound)
+            best = choose(
+                points, rules[0]["base_forget"], rules[0]["base_retain"], rule.forget_target, rule.retain_bound
+            )
             scope, outcome, folder = candidates[best.rank]
-            tried = {s: {"forget": o.report["rule"]["forget"], "retain": o.report["rule"]["retain"],
-                         "target_reached": o.report["target_reached"],
-                         "seconds": o.report["unlearn_seconds"] + o.report["extract_seconds"]}
-                     for s, o, _ in candidates}
+            tried = {
+                s: {
+                    "forget": o.report["rule"]["forget"],
+                    "retain": o.report["rule"]["retain"],
+                    "target_reached": o.report["target_reached"],
+                    "seconds": o.report["unlearn_seconds"] + o.report["extract_seconds"],
+                }
+                for s, o, _ in candidates
+            }
             _replace_tree(folder, out / "model")
         rep = outcome.report
         measure = measure_field((rep.get("rule") or {}).get("forget_measure"))
-        columns = {"forget_nll": rep["forget_nll"]["after"], "retain_nll": rep["retain_nll"]["after"],
-                   "sweep_seconds": sum(o.report["unlearn_seconds"] + o.report["extract_seconds"]
-                                        for _, o, _ in candidates),
-                   "within_bound": within_bound(rep.get("rule")), "scope": scope}
+        columns = {
+            "forget_nll": rep["forget_nll"]["after"],
+            "retain_nll": rep["retain_nll"]["after"],
+            "sweep_seconds": sum(o.report["unlearn_seconds"] + o.report["extract_seconds"] for _, o, _ in candidates),
+            "within_bound": within_bound(rep.get("rule")),
+            "scope": scope,
+        }
         return Unlearned(outcome, columns, {"info": rename_measure(rep["info"], measure), "scopes_tried": tried})
 
     return unlearn
@@ -356,8 +451,10 @@ def rename_measure(info: dict, field_name: str) -> dict:
     stored as ``field_name``, so ``run.json`` says what the value is."""
     if field_name == "forget_nll" or not isinstance(info.get("sweep"), list):
         return info
-    points = [{(field_name if k == "forget_nll" else k): v for k, v in p.items()} if isinstance(p, dict) else p
-              for p in info["sweep"]]
+    points = [
+        {(field_name if k == "forget_nll" else k): v for k, v in p.items()} if isinstance(p, dict) else p
+        for p in info["sweep"]
+    ]
     return {**info, "sweep": points, "forget_field": field_name}
 
 
@@ -366,5 +463,7 @@ def sweep_points(run: Mapping) -> list[dict]:
     ``retain`` (reads files written before and after the measure was named)."""
     info = run.get("info") or {}
     key = info.get("forget_field", "forget_nll")
-    return [{**{k: v for k, v in p.items() if k not in (key, "retain_nll")}, "forget": p[key],
-             "retain": p["retain_nll"]} for p in info.get("sweep", [])]
+    return [
+        {**{k: v for k, v in p.items() if k not in (key, "retain_nll")}, "forget": p[key], "retain": p["retain_nll"]}
+        for p in info.get("sweep", [])
+    ]

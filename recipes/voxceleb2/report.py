@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.report.figures import figure
 from mmunlearn.report import table
+from mmunlearn.report.figures import figure
 
 #: (header, row key, percent?) per level.
 COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
@@ -58,8 +58,12 @@ COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
 }
 #: Bars of the plot: (label, row key) per level.
 BARS = {
-    "speaker": (("forget", "forget_acc"), ("forget test", "forget_test_acc"), ("retain", "retain_acc"),
-                ("test", "test_acc")),
+    "speaker": (
+        ("forget", "forget_acc"),
+        ("forget test", "forget_test_acc"),
+        ("retain", "retain_acc"),
+        ("test", "test_acc"),
+    ),
     "sample": (("forget", "forget_acc"), ("holdout", "holdout_acc"), ("retain", "retain_acc"), ("test", "test_acc")),
 }
 
@@ -85,9 +89,11 @@ def sample_verdict(rows: list[dict]) -> str | None:
         return None
     low, high = original["mia_auc_low"], original["mia_auc_high"]
     if low <= 0.5 <= high:
-        return (f"The original model's MIA AUC is {original['mia_auc']:.3f} (95 % CI [{low:.3f}, {high:.3f}]), "
-                "indistinguishable from chance: this model shows no membership signal, so the benchmark cannot "
-                "measure sample forgetting on it and the MIA column does not rank the methods.")
+        return (
+            f"The original model's MIA AUC is {original['mia_auc']:.3f} (95 % CI [{low:.3f}, {high:.3f}]), "
+            "indistinguishable from chance: this model shows no membership signal, so the benchmark cannot "
+            "measure sample forgetting on it and the MIA column does not rank the methods."
+        )
     return None
 
 
@@ -111,11 +117,14 @@ def missed_notes(rows: list[dict]) -> list[str]:
     if missed:
         notes.append(f"Sweep rule not met by: {', '.join(missed)}.")
     if inside:
-        notes.append(f"{', '.join(inside)}: the chosen setting is the one closest to the target within the retain "
-                     "bound.")
+        notes.append(
+            f"{', '.join(inside)}: the chosen setting is the one closest to the target within the retain bound."
+        )
     if over:
-        notes.append(f"{', '.join(over)}: the chosen model is OVER the retain bound (no setting tried stayed within "
-                     "it while moving the forget measure).")
+        notes.append(
+            f"{', '.join(over)}: the chosen model is OVER the retain bound (no setting tried stayed within "
+            "it while moving the forget measure)."
+        )
     return notes
 
 
@@ -132,14 +141,27 @@ def write_tables(out: Path, rows: list[dict], level: str, context: dict) -> list
     buf = io.StringIO()
     keys = [k for _, k, _ in cols if k != "mia_auc_ci"]
     if level == "sample":
-        keys[keys.index("mia_auc") + 1: keys.index("mia_auc") + 1] = ["mia_auc_low", "mia_auc_high"]
+        keys[keys.index("mia_auc") + 1 : keys.index("mia_auc") + 1] = ["mia_auc_low", "mia_auc_high"]
     writer = csv.DictWriter(buf, fieldnames=["method", *keys], extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(paths[1], buf.getvalue())
     extra = {"sample_forgetting_measurable": sample_verdict(rows) is None} if level == "sample" else {}
-    write_text_atomic(paths[2], json.dumps({"level": level, "context": context, "rows": rows, "time": time.time(),
-                                            "missed_targets": missed_targets(rows), **extra}, indent=2, default=str))
+    write_text_atomic(
+        paths[2],
+        json.dumps(
+            {
+                "level": level,
+                "context": context,
+                "rows": rows,
+                "time": time.time(),
+                "missed_targets": missed_targets(rows),
+                **extra,
+            },
+            indent=2,
+            default=str,
+        ),
+    )
     return paths
 
 
@@ -152,9 +174,14 @@ def plot_accuracies(path: Path, rows: list[dict], level: str, chance: float | No
     mia = level == "sample" and any(r.get("mia_auc") is not None for r in rows)
     x = np.arange(len(rows))
     width = 0.8 / max(1, len(bars))
-    with figure(path, nrows=1, ncols=2 if mia else 1, squeeze=False,
-                figsize=(max(7, 1.2 * len(rows) + 3) * (1.5 if mia else 1), 4.5),
-                gridspec_kw={"width_ratios": [2, 1]} if mia else None) as (_, axes):
+    with figure(
+        path,
+        nrows=1,
+        ncols=2 if mia else 1,
+        squeeze=False,
+        figsize=(max(7, 1.2 * len(rows) + 3) * (1.5 if mia else 1), 4.5),
+        gridspec_kw={"width_ratios": [2, 1]} if mia else None,
+    ) as (_, axes):
         ax = axes[0][0]
         for i, (label, key) in enumerate(bars):
             values = [100 * r[key] if r.get(key) is not None else np.nan for r in rows]
@@ -169,8 +196,9 @@ def plot_accuracies(path: Path, rows: list[dict], level: str, chance: float | No
         ax.grid(True, axis="y", alpha=0.3)
         if mia:
             ax2 = axes[0][1]
-            ax2.bar(x, [r["mia_auc"] if r.get("mia_auc") is not None else np.nan for r in rows], 0.6,
-                    color="tab:purple")
+            ax2.bar(
+                x, [r["mia_auc"] if r.get("mia_auc") is not None else np.nan for r in rows], 0.6, color="tab:purple"
+            )
             ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
             ax2.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right", fontsize=8)
             ax2.set_ylim(0, 1)

@@ -35,9 +35,9 @@ from mmunlearn.adapters.speaker.adapter import KIND as SPEAKER
 from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
 from mmunlearn.config import applicable_overrides
 from mmunlearn.eval.speaker import forgotten_error_rate, score_rows
+from mmunlearn.kinds import Kind, get_kind, kinds
 from mmunlearn.methods import SweepRule, get, mean_nll, names, needing
 from mmunlearn.methods.optimisation import budget_epochs
-from mmunlearn.kinds import Kind, get_kind, kinds
 
 #: ``--model`` names a registered model kind that takes audio; ``classifier`` is the SpeechBrain ECAPA kind under the
 #: name the recipe gave it before ``--model`` named kinds (its cache keys and default --out unprefixed).
@@ -52,11 +52,14 @@ def model_kind(model: str) -> Kind:
 
 
 def models() -> tuple[str, ...]:
-    """Every ``--model`` value: the aliases (in place of their kinds' names), then each registered kind (plug-ins included) that takes audio and that
-    the recipe can build: a classifier kind with a trainer (:attr:`~mmunlearn.kinds.Kind.trainer`) or a speech LLM
-    (its own path, :mod:`recipes.voxceleb2.speech_llm`)."""
-    built = [k.name for k in kinds() if k.takes_audio and (k.trainer is not None or not k.is_classifier)
-             and k.name not in MODEL_ALIASES.values()]
+    """Every ``--model`` value: the aliases (in place of their kinds' names), then each registered kind (plug-ins
+    included) that takes audio and that the recipe can build: a classifier kind with a trainer
+    (:attr:`~mmunlearn.kinds.Kind.trainer`) or a speech LLM (its own path, :mod:`recipes.voxceleb2.speech_llm`)."""
+    built = [
+        k.name
+        for k in kinds()
+        if k.takes_audio and (k.trainer is not None or not k.is_classifier) and k.name not in MODEL_ALIASES.values()
+    ]
     return (*MODEL_ALIASES, *built)
 
 
@@ -74,6 +77,8 @@ def is_erasure(method: str) -> bool:
     """Whether ``method`` erases a subspace of task vectors (it declares ``task_vectors`` among its needs): the
     scopes and the sweep grid below apply to it, also to one registered after this module was imported."""
     return "task_vectors" in get(method).needs
+
+
 #: Erasure under ``--sweep`` on the classifier, unless the command line says otherwise: edit sizes relative to
 #: the weights (0.001 ... 1.024 of their norm, then bisection), ranks 1, 2, 4, and task vectors from the
 #: loss gradient. On FSDD fine-tuned (AdamW) task vectors of already-learned speakers were no use: AdamW moves
@@ -111,6 +116,7 @@ def sweep_defaults(method: str, options: dict[str, Any]) -> dict[str, Any]:
     filled["sweep_scales"] = SWEEP_ERASURE["sweep_scales"]
     return {**filled, **options}
 
+
 DEFAULT_RETAIN_BOUND = 0.05
 
 
@@ -131,11 +137,21 @@ def knobs_for(method: str, **values: Any) -> dict[str, Any]:
     return applicable_overrides(get(method).config, knobs(**values))
 
 
-def knobs(*, rank: int | None = None, retain_rank: int | None = None, scale: float | None = None,
-          extract_kind: str | None = None, extract_steps: int | None = None, extract_lr: float | None = None,
-          lr: float | None = None, epochs: int | None = None, layer_rule: str | None = None,
-          sweep_ranks: Sequence[int] | None = None, seed: int = 0,
-          extract_kinds: Sequence[str] = EXTRACT_KINDS) -> dict[str, Any]:
+def knobs(
+    *,
+    rank: int | None = None,
+    retain_rank: int | None = None,
+    scale: float | None = None,
+    extract_kind: str | None = None,
+    extract_steps: int | None = None,
+    extract_lr: float | None = None,
+    lr: float | None = None,
+    epochs: int | None = None,
+    layer_rule: str | None = None,
+    sweep_ranks: Sequence[int] | None = None,
+    seed: int = 0,
+    extract_kinds: Sequence[str] = EXTRACT_KINDS,
+) -> dict[str, Any]:
     """The shared knobs of every method under their config names (a method takes those its config has).
 
     ``sweep_ranks``: the forget ranks a sweep tries (default: ``rank`` alone when given, else the
@@ -150,9 +166,20 @@ def knobs(*, rank: int | None = None, retain_rank: int | None = None, scale: flo
     if sweep_ranks is not None and (not sweep_ranks or any(r < 1 for r in sweep_ranks)):
         raise ValueError(f"sweep ranks must be positive integers, got {sweep_ranks!r}")
     ranks = tuple(sweep_ranks) if sweep_ranks else (rank,) if rank else None
-    return dict(rank=rank, retain_rank=retain_rank, scale=scale, extract_kind=extract_kind,
-                extract_steps=extract_steps, extract_lr=extract_lr, extract_seed=seed, lr=lr, epochs=epochs, seed=seed,
-                layer_rule=layer_rule, sweep_ranks=ranks)
+    return dict(
+        rank=rank,
+        retain_rank=retain_rank,
+        scale=scale,
+        extract_kind=extract_kind,
+        extract_steps=extract_steps,
+        extract_lr=extract_lr,
+        extract_seed=seed,
+        lr=lr,
+        epochs=epochs,
+        seed=seed,
+        layer_rule=layer_rule,
+        sweep_ranks=ranks,
+    )
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:
@@ -170,12 +197,14 @@ def parse_ranks(text: str | None) -> tuple[int, ...] | None:
 
 def parse_methods(methods: str) -> list[str]:
     """``all`` or a comma list of method names -> the list (validated)."""
-    chosen = list(CLASSIFIER_METHODS) if methods.strip() == "all" else [m.strip() for m in methods.split(",")
-                                                                         if m.strip()]
+    chosen = (
+        list(CLASSIFIER_METHODS) if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    )
     unknown = [m for m in chosen if m not in CLASSIFIER_METHODS]
     if unknown or not chosen:
-        raise ValueError(f"unknown or inapplicable methods {unknown or methods!r}; "
-                         f"choose from {list(CLASSIFIER_METHODS)} or 'all'")
+        raise ValueError(
+            f"unknown or inapplicable methods {unknown or methods!r}; choose from {list(CLASSIFIER_METHODS)} or 'all'"
+        )
     return chosen
 
 
@@ -204,8 +233,13 @@ class LogLossGap:
         return mean_log_nll(adapter, items) - mean_log_nll(adapter, self.retain)
 
 
-def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
-               retain_bound: float = DEFAULT_RETAIN_BOUND, forget_acc: float | None = None) -> SweepRule:
+def sweep_rule(
+    level: str,
+    n_classes: int,
+    retain: Sequence[Mapping[str, Any]],
+    retain_bound: float = DEFAULT_RETAIN_BOUND,
+    forget_acc: float | None = None,
+) -> SweepRule:
     """The :class:`~mmunlearn.methods.rule.SweepRule` of ``level`` (see the module notes): forget/retain
     measures, the forget target and the retain bound. ``forget_acc`` (speaker level): the accuracy on the
     forget speakers' training utterances to reach (default: chance, ``1/n_classes``)."""
@@ -215,11 +249,16 @@ def sweep_rule(level: str, n_classes: int, retain: Sequence[Mapping[str, Any]],
         raise ValueError(f"forget_acc must be in [0, 1), got {forget_acc}")
     if level == "speaker":
         target = 1.0 - (chance_accuracy(n_classes) if forget_acc is None else forget_acc)
-        return SweepRule(forget_measure=forgotten_error_rate, forget_target=target, retain_measure=mean_nll,
-                         retain_bound=retain_bound)
+        return SweepRule(
+            forget_measure=forgotten_error_rate,
+            forget_target=target,
+            retain_measure=mean_nll,
+            retain_bound=retain_bound,
+        )
     if level == "sample":
-        return SweepRule(forget_measure=LogLossGap(retain), forget_target=0.0, retain_measure=mean_nll,
-                         retain_bound=retain_bound)
+        return SweepRule(
+            forget_measure=LogLossGap(retain), forget_target=0.0, retain_measure=mean_nll, retain_bound=retain_bound
+        )
     raise ValueError(f"level must be 'speaker' or 'sample', got {level!r}")
 
 
@@ -242,6 +281,30 @@ def chance_accuracy(n_classes: int) -> float:
     return 1.0 / n_classes
 
 
-__all__ = ["AUDIT_RELEARN", "MODEL_ALIASES", "model_kind", "models", "CLASSIFIER_METHODS", "ERASURE_METHODS", "is_erasure", "SCOPES", "SCOPE_OPTIONS", "SWEEP_ERASURE", "SWEEP_SCOPES",
-           "scopes_for", "sweep_defaults", "DEFAULT_RETAIN_BOUND", "EXTRACT_KINDS", "LogLossGap", "audit_options", "chance_accuracy",
-           "mean_log_nll", "knobs", "knobs_for", "parse_methods", "parse_ranks", "preset_kind", "sweep_rule"]
+__all__ = [
+    "AUDIT_RELEARN",
+    "MODEL_ALIASES",
+    "model_kind",
+    "models",
+    "CLASSIFIER_METHODS",
+    "ERASURE_METHODS",
+    "is_erasure",
+    "SCOPES",
+    "SCOPE_OPTIONS",
+    "SWEEP_ERASURE",
+    "SWEEP_SCOPES",
+    "scopes_for",
+    "sweep_defaults",
+    "DEFAULT_RETAIN_BOUND",
+    "EXTRACT_KINDS",
+    "LogLossGap",
+    "audit_options",
+    "chance_accuracy",
+    "mean_log_nll",
+    "knobs",
+    "knobs_for",
+    "parse_methods",
+    "parse_ranks",
+    "preset_kind",
+    "sweep_rule",
+]

@@ -45,17 +45,26 @@ from data_prep.voxceleb2 import prepare
 from mmunlearn.adapters.base import resolve_device
 from mmunlearn.adapters.speech_llm.adapter import KIND, SpeechLLMAdapter
 from mmunlearn.adapters.speech_llm.build import arch_for, arch_summary
-from mmunlearn.files.atomic import write_text_atomic
+from mmunlearn.api.rules import NLL_RETAIN_BOUND, nll_rule
 from mmunlearn.config import applicable_overrides
 from mmunlearn.data.utterances import LEVELS, split_rows
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.methods import get, mean_nll, names
 from mmunlearn.metrics.mia import mia_auc
-from mmunlearn.report import table
 from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
-from mmunlearn.speech.spoken_qa import (DEFAULT_TRAIN, DEFAULT_WARM_UP, answer_nll, spoken_qa, task_accuracy,
-                                        texts_of, train_speech_llm, warm_up_audio_tower)
+from mmunlearn.report import table
+from mmunlearn.speech.spoken_qa import (
+    DEFAULT_TRAIN,
+    DEFAULT_WARM_UP,
+    answer_nll,
+    spoken_qa,
+    task_accuracy,
+    texts_of,
+    train_speech_llm,
+    warm_up_audio_tower,
+)
 from mmunlearn.train import TrainConfig
-from mmunlearn.api.rules import NLL_RETAIN_BOUND, nll_rule
+
 if TYPE_CHECKING:  # the config imports this module (DEFAULT_METHODS)
     from recipes.voxceleb2.config import VoxCelebConfig
 from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
@@ -71,12 +80,27 @@ TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {
 
 
 # ---------------------------------------------------------------------------------------------- data
-def make_corpus(root: str | os.PathLike, *, speakers: int = 10, utterances: int = 30, videos: int = 3,
-                forget_speakers: int = 2, forget_fraction: float = 0.1, seed: int = 0, progress: bool = True) -> Path:
+def make_corpus(
+    root: str | os.PathLike,
+    *,
+    speakers: int = 10,
+    utterances: int = 30,
+    videos: int = 3,
+    forget_speakers: int = 2,
+    forget_fraction: float = 0.1,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
     """The built-in synthetic corpus in ``root/vox`` and its manifests in ``root/manifests`` (both reused)."""
     audio = synthesize_corpus(Path(root) / "vox", speakers, utterances, videos, seed, progress=progress)
-    return prepare(audio, Path(root) / "manifests", forget_speakers=forget_speakers,
-                   forget_fraction=forget_fraction, seed=seed, progress=progress).out
+    return prepare(
+        audio,
+        Path(root) / "manifests",
+        forget_speakers=forget_speakers,
+        forget_fraction=forget_fraction,
+        seed=seed,
+        progress=progress,
+    ).out
 
 
 def training_rows(manifests, level: str = "speaker", retain_only: bool = False) -> list[dict[str, Any]]:
@@ -95,13 +119,17 @@ def partitions(manifests, level: str, target: str = "gender") -> tuple[list[dict
         retain = spoken_qa(split_rows(manifests, "spk_retain_train"), tasks) + spoken_qa(forget_rows, (target,))
         return spoken_qa(forget_rows, ("speaker",)), retain
     if level == "sample":
-        return spoken_qa(split_rows(manifests, "sample_forget"), tasks), spoken_qa(split_rows(manifests, "sample_retain"), tasks)
+        return spoken_qa(split_rows(manifests, "sample_forget"), tasks), spoken_qa(
+            split_rows(manifests, "sample_retain"), tasks
+        )
     raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
 
 
-def evaluate(adapter, manifests, level: str, target: str = "gender", *, batch_size: int = 32,
-             progress: bool = True) -> dict[str, float]:
+def evaluate(
+    adapter, manifests, level: str, target: str = "gender", *, batch_size: int = 32, progress: bool = True
+) -> dict[str, float]:
     """The level's accuracies (greedy answers) and, for ``sample``, the loss-attack MIA AUC."""
+
     def acc(name: str, examples: list[dict]) -> float:
         return task_accuracy(adapter, examples, batch_size=batch_size, desc=name if progress else None)[0]
 
@@ -132,9 +160,19 @@ def evaluate(adapter, manifests, level: str, target: str = "gender", *, batch_si
 ROLES = ("base", "target", "retrain")
 
 
-def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni", level: str = "speaker",
-                role: str = "target", target: str = "gender", seed: int = 0, device: str = "auto",
-                cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+def build_model(
+    manifests,
+    *,
+    preset: str = "mini",
+    family: str = "qwen2_5_omni",
+    level: str = "speaker",
+    role: str = "target",
+    target: str = "gender",
+    seed: int = 0,
+    device: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> Path:
     """Train (or find in the cache) one model of the TOFU-like setting, for a level:
 
     * ``base``: from config, audio warm-up then both questions, on the level's retain rows only (it never
@@ -152,16 +190,35 @@ def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni"
     rows = training_rows(manifests, level, retain_only=role != "target")
     warm, plan, finetune = (c.replace(seed=seed) for c in TRAIN_PLANS[preset])
     arch = arch_for(preset, family)
-    spec: dict[str, Any] = {"kind": KIND.name, "role": role, "tasks": tasks, "seed": seed,
-                            "rows": texts_digest(f"{r['ID']}|{r['wav']}|{r.get('start')}|{r.get('stop')}|{r['spk_id']}"
-                                                 for r in rows)}
+    spec: dict[str, Any] = {
+        "kind": KIND.name,
+        "role": role,
+        "tasks": tasks,
+        "seed": seed,
+        "rows": texts_digest(f"{r['ID']}|{r['wav']}|{r.get('start')}|{r.get('stop')}|{r['spk_id']}" for r in rows),
+    }
     parent = None
     if role == "base":
         texts = texts_of(spoken_qa(split_rows(manifests, "train"), tasks))
-        spec |= {"arch": arch.__dict__, "warm_up": warm.to_dict(), "train": plan.to_dict(), "texts": texts_digest(texts)}
+        spec |= {
+            "arch": arch.__dict__,
+            "warm_up": warm.to_dict(),
+            "train": plan.to_dict(),
+            "texts": texts_digest(texts),
+        }
     else:
-        parent = build_model(manifests, preset=preset, family=family, level=level, role="base", target=target,
-                             seed=seed, device=device, cache_dir=cache_dir, progress=progress)
+        parent = build_model(
+            manifests,
+            preset=preset,
+            family=family,
+            level=level,
+            role="base",
+            target=target,
+            seed=seed,
+            device=device,
+            cache_dir=cache_dir,
+            progress=progress,
+        )
         spec |= {"parent": parent.name, "finetune": finetune.to_dict()}
     key = cache_key(spec)
     out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"speech-llm-{preset}-{level}-{role}-{key}"
@@ -174,29 +231,54 @@ def build_model(manifests, *, preset: str = "mini", family: str = "qwen2_5_omni"
         t = train_speech_llm(adapter, spoken_qa(rows, tasks), plan, device=device, progress=progress)
     else:
         adapter, w = SpeechLLMAdapter.load(parent, device=device), []
-        t = train_speech_llm(adapter, spoken_qa(rows, tasks), finetune, device=device, progress=progress,
-                             desc=f"fine-tune {role}")
+        t = train_speech_llm(
+            adapter, spoken_qa(rows, tasks), finetune, device=device, progress=progress, desc=f"fine-tune {role}"
+        )
     adapter.save(out, overwrite=True)
-    write_log(out, {"key": key, "spec": spec, "summary": arch_summary(arch, adapter.model), "warm_up_losses": w,
-                    "losses": t.losses, "final_loss": t.final_loss, "seconds": time.perf_counter() - start,
-                    "rows": len(rows)})
+    write_log(
+        out,
+        {
+            "key": key,
+            "spec": spec,
+            "summary": arch_summary(arch, adapter.model),
+            "warm_up_losses": w,
+            "losses": t.losses,
+            "final_loss": t.final_loss,
+            "seconds": time.perf_counter() - start,
+            "rows": len(rows),
+        },
+    )
     return out
 
 
 # ---------------------------------------------------------------------------------------------- runs
 #: (header, row key, percent?) per level, as in the speaker-classifier recipe's tables, plus the target task.
 COLUMNS: dict[str, tuple[tuple[str, str, bool], ...]] = {
-    "speaker": (("forget acc %", "forget_acc", True), ("forget test acc %", "forget_test_acc", True),
-                ("retain acc %", "retain_acc", True), ("test acc %", "test_acc", True),
-                ("target on forget audio %", "target_forget_acc", True), ("target test %", "target_acc", True)),
-    "sample": (("forget acc %", "forget_acc", True), ("holdout acc %", "holdout_acc", True),
-               ("retain acc %", "retain_acc", True), ("test acc %", "test_acc", True),
-               ("target test %", "target_acc", True), ("MIA AUC", "mia_auc", False)),
+    "speaker": (
+        ("forget acc %", "forget_acc", True),
+        ("forget test acc %", "forget_test_acc", True),
+        ("retain acc %", "retain_acc", True),
+        ("test acc %", "test_acc", True),
+        ("target on forget audio %", "target_forget_acc", True),
+        ("target test %", "target_acc", True),
+    ),
+    "sample": (
+        ("forget acc %", "forget_acc", True),
+        ("holdout acc %", "holdout_acc", True),
+        ("retain acc %", "retain_acc", True),
+        ("test acc %", "test_acc", True),
+        ("target test %", "target_acc", True),
+        ("MIA AUC", "mia_auc", False),
+    ),
 }
-COMMON = (("forget NLL", "forget_nll", False), ("retain NLL", "retain_nll", False),
-          ("rule met", "target_reached", False),
-          ("unlearn s", "unlearn_seconds", False), ("+ extraction s", "total_seconds", False),
-          ("params changed", "changed_fraction", False))
+COMMON = (
+    ("forget NLL", "forget_nll", False),
+    ("retain NLL", "retain_nll", False),
+    ("rule met", "target_reached", False),
+    ("unlearn s", "unlearn_seconds", False),
+    ("+ extraction s", "total_seconds", False),
+    ("params changed", "changed_fraction", False),
+)
 
 
 def table_markdown(rows: Sequence[Mapping[str, Any]], level: str) -> str:
@@ -230,9 +312,13 @@ class SpeechLLMSetup:
 
     def score(self, adapter: Any) -> dict[str, float]:
         """The level's accuracies and the forget / retain NLL of a model."""
-        return {**evaluate(adapter, self.manifests, self.level, self.target, batch_size=self.batch_size,
-                           progress=self.progress),
-                "forget_nll": mean_nll(adapter, self.forget), "retain_nll": mean_nll(adapter, self.retain)}
+        return {
+            **evaluate(
+                adapter, self.manifests, self.level, self.target, batch_size=self.batch_size, progress=self.progress
+            ),
+            "forget_nll": mean_nll(adapter, self.forget),
+            "retain_nll": mean_nll(adapter, self.retain),
+        }
 
     def evaluate(self, adapter: Any, folder: Path, method: str) -> list[dict]:
         """The row of an unlearned model (kept in ``folder/run.json``); T3's hidden-state tap removed after."""
@@ -246,31 +332,56 @@ class SpeechLLMSetup:
         return (Path(folder) / RUN_JSON).is_file()
 
     def describe(self) -> dict:
-        return {"level": self.level, "manifests": str(self.manifests), "target_task": self.target,
-                "where": self.where, "original": str(self.built.target),
-                "reference": None if self.built.base is None else str(self.built.base),
-                "retrained": None if self.built.retain is None else str(self.built.retain),
-                "forget_items": len(self.forget), "retain_items": len(self.retain)}
+        return {
+            "level": self.level,
+            "manifests": str(self.manifests),
+            "target_task": self.target,
+            "where": self.where,
+            "original": str(self.built.target),
+            "reference": None if self.built.base is None else str(self.built.base),
+            "retrained": None if self.built.retain is None else str(self.built.retain),
+            "forget_items": len(self.forget),
+            "retain_items": len(self.retain),
+        }
 
     def unlearn(self, folder: Path, device: str) -> Callable[[Harness], Unlearned]:
         """The runner's ``unlearn`` hook for one method: the harness once on the original into ``folder/model``;
         the row gets the layers erasure selected and T3's temperature."""
+
         def step(harness: Harness) -> Unlearned:
-            outcome = harness(self.adapter(self.built.target, device), folder / "model", None,
-                              {"where": self.where, "level": self.level})
+            outcome = harness(
+                self.adapter(self.built.target, device),
+                folder / "model",
+                None,
+                {"where": self.where, "level": self.level},
+            )
             info = outcome.report["info"]
             return Unlearned(outcome, {k: info[k] for k in ("selected_layers", "temperature") if k in info})
 
         return step
 
 
-def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, level: str = "speaker",
-        methods: Sequence[str] = DEFAULT_METHODS, where: str = "both", target: str = "gender",
-        size: str = "model_dir", options: Mapping[str, Any] | None = None,
-        method_options: Mapping[str, Mapping[str, Any]] | None = None,
-        retrain_dir: str | os.PathLike | None = None, reference_dir: str | os.PathLike | None = None,
-        sweep: bool = False, retain_bound: float = NLL_RETAIN_BOUND, resume: bool = False, device: str = "auto",
-        batch_size: int = 32, progress: bool = True) -> list[dict[str, Any]]:
+def run(
+    manifests,
+    model_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    level: str = "speaker",
+    methods: Sequence[str] = DEFAULT_METHODS,
+    where: str = "both",
+    target: str = "gender",
+    size: str = "model_dir",
+    options: Mapping[str, Any] | None = None,
+    method_options: Mapping[str, Mapping[str, Any]] | None = None,
+    retrain_dir: str | os.PathLike | None = None,
+    reference_dir: str | os.PathLike | None = None,
+    sweep: bool = False,
+    retain_bound: float = NLL_RETAIN_BOUND,
+    resume: bool = False,
+    device: str = "auto",
+    batch_size: int = 32,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Evaluate the original (and the retrained model), run every method on a fresh copy through
     :func:`recipes.runner.run_method` (``out/<method>/model``: the model, its reports and undo patch;
     ``out/<method>/run.json``), write the table.
@@ -288,8 +399,11 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     forget, retain = partitions(manifests, level, target)
-    built = SimpleNamespace(target=Path(model_dir), base=Path(reference_dir) if reference_dir else None,
-                            retain=Path(retrain_dir) if retrain_dir else None)
+    built = SimpleNamespace(
+        target=Path(model_dir),
+        base=Path(reference_dir) if reference_dir else None,
+        retain=Path(retrain_dir) if retrain_dir else None,
+    )
     setup = SpeechLLMSetup(manifests, level, target, where, built, forget, retain, batch_size, progress)
     start = time.perf_counter()
     original = setup.adapter(model_dir, device)
@@ -304,16 +418,38 @@ def run(manifests, model_dir: str | os.PathLike, out: str | os.PathLike, *, leve
     def method_rows(method: str) -> list[dict]:
         own = dict((method_options or {}).get(method, {}))
         overrides = {**applicable_overrides(get(method).config, shared), **own}
-        return run_method(method, setup, out / method, options=shared, overrides=overrides, rule=rule,
-                          base="target" if reference_dir is None else str(reference_dir), device=device,
-                          resume=resume, size=size, method_options=own, kind=KIND.name,
-                          unlearn=setup.unlearn(out / method, device), progress=progress)
+        return run_method(
+            method,
+            setup,
+            out / method,
+            options=shared,
+            overrides=overrides,
+            rule=rule,
+            base="target" if reference_dir is None else str(reference_dir),
+            device=device,
+            resume=resume,
+            size=size,
+            method_options=own,
+            kind=KIND.name,
+            unlearn=setup.unlearn(out / method, device),
+            progress=progress,
+        )
 
     def write(so_far: list[dict]) -> None:
-        write_text_atomic(out / "results.json", json.dumps({
-            "level": level, "where": where, "target": target, "rows": refs + so_far,
-            "rule": None if rule is None else {**rule.describe(), "target_source": rule_source}}, indent=2,
-            default=str))
+        write_text_atomic(
+            out / "results.json",
+            json.dumps(
+                {
+                    "level": level,
+                    "where": where,
+                    "target": target,
+                    "rows": refs + so_far,
+                    "rule": None if rule is None else {**rule.describe(), "target_source": rule_source},
+                },
+                indent=2,
+                default=str,
+            ),
+        )
 
     stages = Stages(len(methods), start, say=print if progress else (lambda _line: None))
     rows = refs + run_comparison(Comparison(list(methods), method_rows, write), stages)[0]
@@ -329,8 +465,9 @@ def _rule(original: Any, forget: Sequence[Any], retrained: Any | None, retain_bo
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def run_level(level: str, cfg: VoxCelebConfig, device: str, *, retrain: bool = True,
-              progress: bool = True) -> list[dict]:
+def run_level(
+    level: str, cfg: VoxCelebConfig, device: str, *, retrain: bool = True, progress: bool = True
+) -> list[dict]:
     """What ``mmunlearn voxceleb2 <level> --model speech-llm`` does for the config ``cfg`` (``device`` resolved):
     the corpus (``manifests``, or the built-in one in ``workdir/speech_llm_corpus`` sized by the corpus settings,
     :func:`make_corpus`), the models (``llm``: a preset's base, target and retrain, trained and cached in
@@ -338,22 +475,56 @@ def run_level(level: str, cfg: VoxCelebConfig, device: str, *, retrain: bool = T
     trained without the forgotten data, if any), every chosen method (the knobs, ``method_options``, ``sweep``, the
     retain bound, ``resume``: :func:`run`'s; ``where``, ``keep_task``), the table in :func:`level_out`. The config
     refuses the settings this path has no use for (:data:`recipes.voxceleb2.config.CLASSIFIER_ONLY`)."""
-    corpus = dict(speakers=cfg.speakers, utterances=cfg.utterances, videos=cfg.videos,
-                  forget_speakers=cfg.forget_speakers, forget_fraction=cfg.forget_fraction)
-    man = Path(cfg.manifests) if cfg.manifests else make_corpus(str(cfg.workdir / "speech_llm_corpus"),
-                                                                seed=cfg.seed, progress=progress, **corpus)
+    corpus = dict(
+        speakers=cfg.speakers,
+        utterances=cfg.utterances,
+        videos=cfg.videos,
+        forget_speakers=cfg.forget_speakers,
+        forget_fraction=cfg.forget_fraction,
+    )
+    man = (
+        Path(cfg.manifests)
+        if cfg.manifests
+        else make_corpus(str(cfg.workdir / "speech_llm_corpus"), seed=cfg.seed, progress=progress, **corpus)
+    )
     model, is_dir = cfg.llm, Path(cfg.llm).is_dir()
-    opts = dict(preset=model, level=level, target=cfg.keep_task, seed=cfg.seed, device=device,
-                cache_dir=str(cfg.cache_dir) if cfg.cache_dir else None, progress=progress)
+    opts = dict(
+        preset=model,
+        level=level,
+        target=cfg.keep_task,
+        seed=cfg.seed,
+        device=device,
+        cache_dir=str(cfg.cache_dir) if cfg.cache_dir else None,
+        progress=progress,
+    )
     model_dir = Path(model) if is_dir else build_model(man, role="target", **opts)
     reference_dir = Path(cfg.reference) if cfg.reference else None if is_dir else build_model(man, role="base", **opts)
-    retrain_dir = (Path(cfg.retrained) if cfg.retrained else build_model(man, role="retrain", **opts)
-                   if retrain and not is_dir else None)
-    return run(man, model_dir, level_out(cfg) / level, level=level, methods=cfg.chosen(), where=cfg.where,
-               target=cfg.keep_task, size=KIND.size_for("model_dir" if is_dir else model), options=cfg.knobs(),
-               method_options=cfg.method_options, retrain_dir=retrain_dir, reference_dir=reference_dir,
-               sweep=cfg.sweep, retain_bound=cfg.resolved_retain_bound(), resume=cfg.resume, device=device,
-               progress=progress)
+    retrain_dir = (
+        Path(cfg.retrained)
+        if cfg.retrained
+        else build_model(man, role="retrain", **opts)
+        if retrain and not is_dir
+        else None
+    )
+    return run(
+        man,
+        model_dir,
+        level_out(cfg) / level,
+        level=level,
+        methods=cfg.chosen(),
+        where=cfg.where,
+        target=cfg.keep_task,
+        size=KIND.size_for("model_dir" if is_dir else model),
+        options=cfg.knobs(),
+        method_options=cfg.method_options,
+        retrain_dir=retrain_dir,
+        reference_dir=reference_dir,
+        sweep=cfg.sweep,
+        retain_bound=cfg.resolved_retain_bound(),
+        resume=cfg.resume,
+        device=device,
+        progress=progress,
+    )
 
 
 def level_out(cfg: VoxCelebConfig) -> Path:

@@ -8,13 +8,13 @@ import torch
 from safetensors.torch import load_file
 
 from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter, block_of
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.api.unlearn import load_model, model_kind, unlearn
 from mmunlearn.audit.folder import detect_kind
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import score_rows
 from mmunlearn.kinds import get_kind, kind_of
 from mmunlearn.methods import get, names
-from mmunlearn.api.restore import restore_folder
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
@@ -22,11 +22,25 @@ def tiny_wav2vec2_config():
     """A 2-layer, 32-wide wav2vec2 classifier config (three small convolutions, no dropout or masking)."""
     from transformers import Wav2Vec2Config
 
-    return Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                          conv_dim=(16, 16, 16), conv_kernel=(10, 5, 4), conv_stride=(10, 5, 4),
-                          num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, classifier_proj_size=16,
-                          mask_time_prob=0.0, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                          feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0)
+    return Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16, 16),
+        conv_kernel=(10, 5, 4),
+        conv_stride=(10, 5, 4),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        classifier_proj_size=16,
+        mask_time_prob=0.0,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        feat_proj_dropout=0.0,
+        final_dropout=0.0,
+        layerdrop=0.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +52,19 @@ def hf_dir(speaker_manifests, tmp_path_factory):
     from mmunlearn.train.loop import train
 
     rows = split_rows(speaker_manifests, "train")
-    fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True,
-                                  return_attention_mask=False)
+    fe = Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True, return_attention_mask=False
+    )
     adapter = HFAudioAdapter.build(tiny_wav2vec2_config(), sorted({r["spk_id"] for r in rows}), fe, device="cpu")
-    train(adapter.model, lambda m, b: adapter.loss(b, model=m), rows, adapter.collate,
-          TrainConfig(steps=40, lr=3e-3, batch_size=8, seed=0), progress=False, device="cpu")
+    train(
+        adapter.model,
+        lambda m, b: adapter.loss(b, model=m),
+        rows,
+        adapter.collate,
+        TrainConfig(steps=40, lr=3e-3, batch_size=8, seed=0),
+        progress=False,
+        device="cpu",
+    )
     adapter.model.eval()
     path = tmp_path_factory.mktemp("hf_audio") / "wav2vec2"
     adapter.save(path)
@@ -76,10 +98,16 @@ def test_the_kind_is_detected_loaded_and_takes_the_speaker_presets(hf_dir, speak
 
     adapter = load_model(hf_dir, device="cpu")
     assert isinstance(adapter, HFAudioAdapter) and adapter.speakers == sorted(
-        {r["spk_id"] for r in split_rows(speaker_manifests, "train")})
+        {r["spk_id"] for r in split_rows(speaker_manifests, "train")}
+    )
     layers = list(adapter.layers())
-    assert {lw.block for lw in layers} == {"feature_projection", "encoder.layers.0", "encoder.layers.1", "projector",
-                                           "classifier"}
+    assert {lw.block for lw in layers} == {
+        "feature_projection",
+        "encoder.layers.0",
+        "encoder.layers.1",
+        "projector",
+        "classifier",
+    }
     assert all(lw.weight.dim() == 2 for lw in layers) and "classifier.weight" in adapter.groups()
     assert not any("conv" in lw.name for lw in layers)  # the convolutional feature encoder stays untouched
     assert block_of("hubert.encoder.layers.7.feed_forward.output_dense.weight") == "encoder.layers.7"
@@ -88,13 +116,15 @@ def test_the_kind_is_detected_loaded_and_takes_the_speaker_presets(hf_dir, speak
     scores = score_rows(adapter, rows, batch_size=4, desc=None)
     assert scores.logits.shape == (len(rows), len(adapter.speakers)) and scores.embeddings.shape == (len(rows), 16)
     alone = adapter.logits(adapter.collate(rows[:1])).detach().numpy()[0]
-    np.testing.assert_allclose(scores.logits[0 if len(rows) == 1 else list(scores.ids).index(rows[0]["ID"])], alone,
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        scores.logits[0 if len(rows) == 1 else list(scores.ids).index(rows[0]["ID"])], alone, rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("method", ["qr-erase", "grad_diff"])
-def test_unlearned_restored_bit_for_bit_and_run_by_the_transformers_pipeline(method, hf_dir, speaker_manifests,
-                                                                             tmp_path):
+def test_unlearned_restored_bit_for_bit_and_run_by_the_transformers_pipeline(
+    method, hf_dir, speaker_manifests, tmp_path
+):
     from transformers import pipeline
 
     from mmunlearn.erase import PATCH_NAME
@@ -102,10 +132,22 @@ def test_unlearned_restored_bit_for_bit_and_run_by_the_transformers_pipeline(met
     forget = speaker_manifests / "spk_forget_train.csv"
     retain = speaker_manifests / "spk_retain_train.csv"
     settings = {"qr-erase": dict(size="tiny"), "grad_diff": dict(rule=None, epochs=2, lr=1e-3)}[method]
-    result = unlearn(hf_dir, forget=forget, retain=retain, method=method, out=tmp_path / "out", device="cpu",
-                     progress=False, **settings)
+    result = unlearn(
+        hf_dir,
+        forget=forget,
+        retain=retain,
+        method=method,
+        out=tmp_path / "out",
+        device="cpu",
+        progress=False,
+        **settings,
+    )
     report = result.report
-    assert report["model_kind"] == "hf-audio" and report["where"] is None and (tmp_path / "out.undo" / PATCH_NAME).is_file()
+    assert (
+        report["model_kind"] == "hf-audio"
+        and report["where"] is None
+        and (tmp_path / "out.undo" / PATCH_NAME).is_file()
+    )
     assert not (tmp_path / "out" / PATCH_NAME).exists()  # the undo records are kept apart from the model
     if method == "qr-erase":  # the default scope: the class rows first, as for a SpeechBrain classifier
         assert list(report["scopes_tried"])[0] == "head" and report["scope"] in report["scopes_tried"]
@@ -141,17 +183,52 @@ def test_mmunlearn_audit_runs_on_a_hf_audio_folder_with_the_classifier_defaults(
     assert options_for("hf-audio") == options_for("speaker") != options_for("text") == options_for("no-such-kind")
     retain_rows = split_rows(speaker_manifests, "spk_retain_train")
     target = HFAudioAdapter.load(hf_dir, device="cpu")
-    retrained = HFAudioAdapter.build(tiny_wav2vec2_config(), target.speakers, target.feature_extractor, seed=1,
-                                     device="cpu")
-    train(retrained.model, lambda m, b: retrained.loss(b, model=m), retain_rows, retrained.collate,
-          TrainConfig(steps=20, lr=3e-3, batch_size=8, seed=0), progress=False, device="cpu")
+    retrained = HFAudioAdapter.build(
+        tiny_wav2vec2_config(), target.speakers, target.feature_extractor, seed=1, device="cpu"
+    )
+    train(
+        retrained.model,
+        lambda m, b: retrained.loss(b, model=m),
+        retain_rows,
+        retrained.collate,
+        TrainConfig(steps=20, lr=3e-3, batch_size=8, seed=0),
+        progress=False,
+        device="cpu",
+    )
     retrained.model.eval()
     retrained.save(tmp_path / "retrained")
-    unlearn(hf_dir, forget=speaker_manifests / "spk_forget_train.csv",
-            retain=speaker_manifests / "spk_retain_train.csv", method="grad_ascent", out=tmp_path / "out", device="cpu", progress=False, rule=None, epochs=1, lr=1e-3)
-    res = CliRunner().invoke(app, ["audit", "--model", str(tmp_path / "out"), "--target", str(hf_dir),
-                                   "--retain-model", str(tmp_path / "retrained"), "--data", str(speaker_manifests),
-                                   "--out", str(tmp_path / "audit"), "--device", "cpu", "--threads", "1"])
+    unlearn(
+        hf_dir,
+        forget=speaker_manifests / "spk_forget_train.csv",
+        retain=speaker_manifests / "spk_retain_train.csv",
+        method="grad_ascent",
+        out=tmp_path / "out",
+        device="cpu",
+        progress=False,
+        rule=None,
+        epochs=1,
+        lr=1e-3,
+    )
+    res = CliRunner().invoke(
+        app,
+        [
+            "audit",
+            "--model",
+            str(tmp_path / "out"),
+            "--target",
+            str(hf_dir),
+            "--retain-model",
+            str(tmp_path / "retrained"),
+            "--data",
+            str(speaker_manifests),
+            "--out",
+            str(tmp_path / "audit"),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     (result,) = json.loads((tmp_path / "audit" / "AUDIT.json").read_text())["results"]
     assert result["model_kind"] == "hf-audio" and result["method"] == "grad_ascent" and result["level"] == "speaker"

@@ -6,13 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-import mmunlearn.adapters.speaker.adapter
 from mmunlearn.adapters.base import ModalityAdapter
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter, block_of
 from mmunlearn.adapters.speaker.model import PRESETS, SpeakerConfig
+from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 from mmunlearn.erase import erase, restore
 from mmunlearn.eval.speaker import accuracy
-from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 SPEAKERS = ["id00001", "id00002", "id00003"]
@@ -25,16 +24,21 @@ def adapter():
 
 def _examples(lengths=(8000, 6000, 7000), speakers=("id00002", "id00001", "id00003")):
     gen = torch.Generator().manual_seed(0)
-    return [{"ID": f"u{i}", "wav": torch.randn(n, generator=gen) * 0.1, "spk_id": s}
-            for i, (n, s) in enumerate(zip(lengths, speakers))]
+    return [
+        {"ID": f"u{i}", "wav": torch.randn(n, generator=gen) * 0.1, "spk_id": s}
+        for i, (n, s) in enumerate(zip(lengths, speakers))
+    ]
 
 
 def test_doctests():
     import mmunlearn.adapters.speaker.batches
     import mmunlearn.adapters.speaker.cache
 
-    for module in (mmunlearn.adapters.speaker.adapter, mmunlearn.adapters.speaker.batches,
-                   mmunlearn.adapters.speaker.cache):
+    for module in (
+        mmunlearn.adapters.speaker.adapter,
+        mmunlearn.adapters.speaker.batches,
+        mmunlearn.adapters.speaker.cache,
+    ):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
@@ -58,7 +62,11 @@ def test_layers_cover_every_conv_and_the_classifier_grouped_by_block(adapter):
         assert lw.weight.dim() == (2 if lw.name == "classifier.weight" else 3)
     blocks = {lw.block for lw in layers}
     expected = {f"embedding_model.blocks.{i}" for i in range(4)} | {
-        "embedding_model.mfa", "embedding_model.asp", "embedding_model.fc", "classifier"}
+        "embedding_model.mfa",
+        "embedding_model.asp",
+        "embedding_model.fc",
+        "classifier",
+    }
     assert blocks == expected
     assert "classifier.weight" not in {lw.name for lw in adapter.layers(include_classifier=False)}
     assert adapter.groups()["embedding_model.blocks.1.se_block.conv2.conv.weight"] == "embedding_model.blocks.1"
@@ -121,7 +129,11 @@ def test_hidden_states(adapter):
 def test_save_load_round_trip(adapter, tmp_path):
     out = adapter.save(tmp_path / "model")
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
-        "classifier.ckpt", "embedding_model.ckpt", "hyperparams.yaml", "label_encoder.ckpt"]
+        "classifier.ckpt",
+        "embedding_model.ckpt",
+        "hyperparams.yaml",
+        "label_encoder.ckpt",
+    ]
     assert "pretrained_path" not in (out / "hyperparams.yaml").read_text()  # nothing to go stale on a move
     loaded = SpeakerAdapter.load(out, device="cpu")
     batch = adapter.collate(_examples())
@@ -151,9 +163,9 @@ def test_saved_directory_loads_in_speechbrain(adapter, tmp_path):
     with torch.no_grad():
         mine = adapter.cosine(batch)
         for i, n in enumerate((12000, 9600)):  # SpeechBrain on each utterance alone = the adapter in any batch
-            probs, _, index, labels = sb.classify_batch(wav[i: i + 1, :n])
+            probs, _, index, labels = sb.classify_batch(wav[i : i + 1, :n])
             assert torch.allclose(probs[0], mine[i], atol=1e-5)
-            assert labels == adapter.speaker_of(mine[i: i + 1].argmax(-1))
+            assert labels == adapter.speaker_of(mine[i : i + 1].argmax(-1))
         # classify_file decodes a saved file itself and agrees too
         sf.write(tmp_path / "u.wav", wav[1, :9600].numpy(), 16000, subtype="FLOAT")
         probs, _, _, labels = sb.classify_file(str(tmp_path / "u.wav"))
@@ -181,7 +193,7 @@ def test_an_utterance_scores_the_same_alone_and_in_any_batch(adapter):
     assert torch.allclose(emb[0], adapter.embeddings(adapter.collate([examples[1]]))[0], atol=1e-5)
     assert (padded - alone).abs().max() > 1e-3  # zero padding does change the scores of the short clips
     states = adapter.hidden_states(adapter.collate(examples[:2]), 1)  # frames past an utterance's end are 0
-    assert states.shape[1] == 8000 // 160 + 1 and states[1, 2400 // 160 + 1:].abs().sum() == 0
+    assert states.shape[1] == 8000 // 160 + 1 and states[1, 2400 // 160 + 1 :].abs().sum() == 0
     assert torch.allclose(states[1, : 2400 // 160 + 1], adapter.hidden_states(adapter.collate([examples[1]]), 1)[0])
 
 
@@ -193,8 +205,11 @@ def test_training_mode_fills_padding_with_the_utterance(adapter):
     short = {"ID": "s", "wav": torch.randn(3000), "spk_id": "id00001"}
     long = {"ID": "l", "wav": torch.randn(7000), "spk_id": "id00002"}
     padded = twin.collate([short, long])
-    tiled = {"wavs": repeat_pad(padded["wavs"], padded["wav_lens"]), "wav_lens": torch.ones(2),
-             "labels": padded["labels"]}
+    tiled = {
+        "wavs": repeat_pad(padded["wavs"], padded["wav_lens"]),
+        "wav_lens": torch.ones(2),
+        "labels": padded["labels"],
+    }
     assert torch.equal(tiled["wavs"][0, 3000:6000], short["wav"])
     torch.manual_seed(0)
     a = twin.loss(padded)
@@ -255,14 +270,16 @@ def test_loads_a_speechbrain_pretrained_directory(tmp_path, label_file):
     from speechbrain.processing.features import InputNormalization
 
     torch.manual_seed(3)
-    ecapa = ECAPA_TDNN(24, lin_neurons=16, channels=[16, 16, 16, 16, 48], attention_channels=8, se_channels=8,
-                       res2net_scale=4).eval()
+    ecapa = ECAPA_TDNN(
+        24, lin_neurons=16, channels=[16, 16, 16, 16, 48], attention_channels=8, se_channels=8, res2net_scale=4
+    ).eval()
     head = Classifier(input_size=16, out_neurons=3)
     (tmp_path / "hyperparams.yaml").write_text(SB_YAML)
     torch.save(ecapa.state_dict(), tmp_path / "embedding_model.ckpt")
     torch.save(head.state_dict(), tmp_path / "classifier.ckpt")
-    (tmp_path / label_file).write_text("'id10003' => 2\n'id10001' => 0\n'id10002' => 1\n"
-                                       "================\n'starting_index' => 0\n")
+    (tmp_path / label_file).write_text(
+        "'id10003' => 2\n'id10001' => 0\n'id10002' => 1\n================\n'starting_index' => 0\n"
+    )
     loaded = SpeakerAdapter.load(tmp_path, device="cpu")
     assert loaded.speakers == ["id10001", "id10002", "id10003"]
     assert (loaded.margin, loaded.scale) == (0.2, 30.0)  # SpeechBrain's recipe defaults when the yaml has none
@@ -272,7 +289,7 @@ def test_loads_a_speechbrain_pretrained_directory(tmp_path, label_file):
         expected = []
         for i, n in enumerate((12000, 9600)):
             one = torch.ones(1)
-            feats = InputNormalization(norm_type="sentence", std_norm=False)(Fbank(n_mels=24)(wav[i:i + 1, :n]), one)
+            feats = InputNormalization(norm_type="sentence", std_norm=False)(Fbank(n_mels=24)(wav[i : i + 1, :n]), one)
             expected.append(head(ecapa(feats, one)).squeeze(1))
         expected = torch.cat(expected)
         got = loaded.cosine({"wavs": wav, "wav_lens": lens, "labels": torch.zeros(2, dtype=torch.long)})
@@ -308,8 +325,11 @@ def test_config_validation():
 def test_erase_and_restore_on_conv_kernels(adapter):
     model = SpeakerAdapter.build(SPEAKERS, preset="tiny", device="cpu", seed=4).model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    names = ["embedding_model.blocks.0.conv.conv.weight", "embedding_model.blocks.2.tdnn1.conv.conv.weight",
-             "embedding_model.mfa.conv.conv.weight"]
+    names = [
+        "embedding_model.blocks.0.conv.conv.weight",
+        "embedding_model.blocks.2.tdnn1.conv.conv.weight",
+        "embedding_model.mfa.conv.conv.weight",
+    ]
     params = dict(model.named_parameters())
     gen = torch.Generator().manual_seed(0)
     forget = {n: torch.randn(params[n].shape, generator=gen) for n in names}
@@ -325,8 +345,9 @@ def test_erase_and_restore_on_conv_kernels(adapter):
 
 def test_short_training_lowers_the_loss_and_beats_chance(speaker_manifests):
     rows, speakers = training_rows(speaker_manifests)
-    kwargs = dict(speakers=speakers, preset="tiny", crop_seconds=1.0, batch_size=8, lr=1e-2, device="cpu",
-                  progress=False, seed=0)
+    kwargs = dict(
+        speakers=speakers, preset="tiny", crop_seconds=1.0, batch_size=8, lr=1e-2, device="cpu", progress=False, seed=0
+    )
     adapter, result = train_speaker_classifier(rows, epochs=15, **kwargs)
     assert result.steps == 30
     assert sum(result.losses[-5:]) / 5 < 0.7 * sum(result.losses[:5]) / 5
@@ -339,8 +360,9 @@ def test_short_training_lowers_the_loss_and_beats_chance(speaker_manifests):
 def test_training_never_makes_a_batch_of_one():
     gen = torch.Generator().manual_seed(0)
     rows = [{"ID": f"u{k}", "spk_id": "ab"[k % 2], "wav": torch.randn(4000, generator=gen)} for k in range(3)]
-    adapter, result = train_speaker_classifier(rows, preset="tiny", crop_seconds=None, batch_size=2, epochs=1,
-                                               device="cpu", progress=False)
+    adapter, result = train_speaker_classifier(
+        rows, preset="tiny", crop_seconds=None, batch_size=2, epochs=1, device="cpu", progress=False
+    )
     assert adapter.speakers == ["a", "b"] and result.steps == 2  # 3 rows + 1 repeated: two batches of two
     with pytest.raises(ValueError, match="not in the label space"):
         train_speaker_classifier(rows, speakers=["a"], preset="tiny", steps=1, device="cpu", progress=False)

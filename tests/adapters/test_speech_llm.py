@@ -1,4 +1,5 @@
-"""Tests of the speech-LLM adapter on tiny random-init Qwen2-Audio, Qwen2.5-Omni thinker and Qwen3-Omni thinker models."""
+"""Tests of the speech-LLM adapter on tiny random-init Qwen2-Audio,
+Qwen2.5-Omni thinker and Qwen3-Omni thinker models."""
 
 import doctest
 
@@ -20,10 +21,16 @@ LENGTHS = (16000, 24000, 9123, 12000)  # samples at 16 kHz: 100, 150, 58, 75 val
 
 def _examples():
     g = torch.Generator().manual_seed(0)
-    qa = [("Who is speaking?", "id00001"), ("Is the speaker male or female?", "female"),
-          ("Who is speaking?", "id00002"), ("Is the speaker male or female?", "male")]
-    return [{"ID": f"u{i}", "wav": 0.1 * torch.randn(n, generator=g), "question": q, "answer": a}
-            for i, (n, (q, a)) in enumerate(zip(LENGTHS, qa))]
+    qa = [
+        ("Who is speaking?", "id00001"),
+        ("Is the speaker male or female?", "female"),
+        ("Who is speaking?", "id00002"),
+        ("Is the speaker male or female?", "male"),
+    ]
+    return [
+        {"ID": f"u{i}", "wav": 0.1 * torch.randn(n, generator=g), "question": q, "answer": a}
+        for i, (n, (q, a)) in enumerate(zip(LENGTHS, qa))
+    ]
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
@@ -66,11 +73,20 @@ def test_features_are_the_processors(adapter):
     """Per-clip cached features equal the extractor run on the whole batch as the processors run it."""
     exs = _examples()
     batch = adapter.collate(exs)
-    direct = adapter.feature_extractor([e["wav"].numpy() for e in exs], sampling_rate=16000, padding="max_length",
-                                       truncation=True, return_attention_mask=True, return_tensors="pt")
+    direct = adapter.feature_extractor(
+        [e["wav"].numpy() for e in exs],
+        sampling_rate=16000,
+        padding="max_length",
+        truncation=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
     width = batch["input_features"].shape[-1]
     mask = batch["feature_attention_mask"].bool()
-    got, want = batch["input_features"].transpose(1, 2)[mask], direct["input_features"][..., :width].transpose(1, 2)[mask]
+    got, want = (
+        batch["input_features"].transpose(1, 2)[mask],
+        direct["input_features"][..., :width].transpose(1, 2)[mask],
+    )
     assert torch.equal(got, want)
 
 
@@ -141,15 +157,28 @@ def test_tilted_generate_scores_equal_teacher_forced_scores_with_audio(adapter):
     tilted = adapter.with_model(TiltedCausalLM(adapter.model, head, temperature=1.5))
     try:
         b = tilted.model_inputs(tilted.prompt_batch(_examples()))  # left-padded: clips of four lengths
-        out = tilted.model.generate(**b, max_new_tokens=4, eos_token_id=None, do_sample=False, output_scores=True,
-                                    return_dict_in_generate=True, pad_token_id=adapter.pad_id)
+        out = tilted.model.generate(
+            **b,
+            max_new_tokens=4,
+            eos_token_id=None,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=adapter.pad_id,
+        )
         steps = torch.log_softmax(torch.stack(out.scores, 1), -1)
         width = b["input_ids"].shape[1]
-        full = dict(b, input_ids=out.sequences, attention_mask=torch.cat(
-            [b["attention_mask"], torch.ones(len(out.sequences), out.sequences.shape[1] - width, dtype=torch.long)], 1))
+        full = dict(
+            b,
+            input_ids=out.sequences,
+            attention_mask=torch.cat(
+                [b["attention_mask"], torch.ones(len(out.sequences), out.sequences.shape[1] - width, dtype=torch.long)],
+                1,
+            ),
+        )
         with torch.no_grad():
-            forced = tilted.model(**full).logits[:, width - 1: -1]
-            plain = torch.log_softmax(adapter.model(**full).logits[:, width - 1: -1].float(), -1)
+            forced = tilted.model(**full).logits[:, width - 1 : -1]
+            plain = torch.log_softmax(adapter.model(**full).logits[:, width - 1 : -1].float(), -1)
         assert torch.allclose(steps, forced, atol=1e-4)
         assert (forced - plain).abs().max() > 0.1  # the tilt is active
     finally:
@@ -191,8 +220,9 @@ def test_full_omni_directory_loads_its_thinker_and_saves_in_the_same_layout(tmp_
     from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
     tiny = SpeechLLMAdapter.build("tiny", texts=TEXTS, family="qwen2_5_omni", seed=2)
-    full = Qwen2_5OmniForConditionalGeneration(Qwen2_5OmniConfig(thinker_config=tiny.model.config.to_dict(),
-                                                                 enable_audio_output=False))
+    full = Qwen2_5OmniForConditionalGeneration(
+        Qwen2_5OmniConfig(thinker_config=tiny.model.config.to_dict(), enable_audio_output=False)
+    )
     full.thinker.load_state_dict(tiny.model.state_dict())
     full.save_pretrained(tmp_path / "full")
     tiny.tokenizer.save_pretrained(tmp_path / "full")
@@ -209,5 +239,7 @@ def test_full_omni_directory_loads_its_thinker_and_saves_in_the_same_layout(tmp_
     again = SpeechLLMAdapter.load(tmp_path / "out", device="cpu")
     a, b = again.model.state_dict(), loaded.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["model.language_model.layers.0.mlp.up_proj.weight"],
-                           tiny.model.state_dict()["model.language_model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(
+        a["model.language_model.layers.0.mlp.up_proj.weight"],
+        tiny.model.state_dict()["model.language_model.layers.0.mlp.up_proj.weight"],
+    )

@@ -6,8 +6,7 @@ nothing is downloaded.
 
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2AudioForConditionalGeneration, WhisperConfig,
-                          WhisperModel)
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2AudioForConditionalGeneration, WhisperConfig, WhisperModel
 
 import mmunlearn.api.unlearn as api
 from mmunlearn.adapters.speech_llm.adapter import SpeechLLMAdapter
@@ -15,12 +14,23 @@ from mmunlearn.adapters.speech_llm.assemble import assemble
 from mmunlearn.adapters.speech_llm.families import FAMILIES, family_of_dir
 from mmunlearn.adapters.text.tokenizer import train_bpe
 from mmunlearn.kinds import kind_of
-from mmunlearn.speech.tower_cache import (TowerCache, cached_collate, cached_logits, clip_key, tower_digest,
-                                          tower_outputs, train_from_cache)
+from mmunlearn.speech.tower_cache import (
+    TowerCache,
+    cached_collate,
+    cached_logits,
+    clip_key,
+    tower_digest,
+    tower_outputs,
+    train_from_cache,
+)
 from mmunlearn.train import TrainConfig
 
-QA = [("Who is speaking?", "george"), ("What does the speaker say?", "three"), ("Who is speaking?", "lucas"),
-      ("What does the speaker say?", "seven")]
+QA = [
+    ("Who is speaking?", "george"),
+    ("What does the speaker say?", "three"),
+    ("Who is speaking?", "lucas"),
+    ("What does the speaker say?", "seven"),
+]
 LENGTHS = (8000, 20000, 3000, 12345)  # samples at 16 kHz: 50, 125, 19, 78 mel frames
 
 
@@ -30,21 +40,46 @@ def _parts(window_seconds: int = 3):
     tok.eos_token = tok.pad_token = "<|im_end|>"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        whisper = WhisperModel(WhisperConfig(
-            num_mel_bins=16, d_model=16, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=32,
-            decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=32, max_source_positions=1500,
-            vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=1, decoder_start_token_id=1))
-        lm = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id))
+        whisper = WhisperModel(
+            WhisperConfig(
+                num_mel_bins=16,
+                d_model=16,
+                encoder_layers=2,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                decoder_layers=1,
+                decoder_attention_heads=2,
+                decoder_ffn_dim=32,
+                max_source_positions=1500,
+                vocab_size=64,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=1,
+                decoder_start_token_id=1,
+            )
+        )
+        lm = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tok),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=True,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        )
     return whisper.eval(), lm.eval(), tok
 
 
 def _examples():
     g = torch.Generator().manual_seed(1)
-    return [{"ID": f"u{i}", "wav": 0.1 * torch.randn(n, generator=g), "question": q, "answer": a}
-            for i, (n, (q, a)) in enumerate(zip(LENGTHS, QA))]
+    return [
+        {"ID": f"u{i}", "wav": 0.1 * torch.randn(n, generator=g), "question": q, "answer": a}
+        for i, (n, (q, a)) in enumerate(zip(LENGTHS, QA))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +87,9 @@ def built():
     whisper, lm, tok = _parts()
     lm_embed = lm.get_input_embeddings().weight.detach().clone()
     parts = assemble(whisper, lm, tok, window_seconds=3, seed=0)
-    adapter = SpeechLLMAdapter(parts.model, parts.tokenizer, parts.processor.feature_extractor,
-                               processor=parts.processor)
+    adapter = SpeechLLMAdapter(
+        parts.model, parts.tokenizer, parts.processor.feature_extractor, processor=parts.processor
+    )
     return whisper, lm_embed, parts, adapter
 
 
@@ -75,11 +111,13 @@ def test_assembly_copies_the_parts_and_adds_the_audio_tokens(built):
 def test_audio_tokens_are_placed_as_the_processor_expects(built):
     _, _, parts, adapter = built
     for ex in _examples():
-        messages = [{"role": "user", "content": [{"type": "audio", "audio": "clip"},
-                                                 {"type": "text", "text": ex["question"]}]}]
+        messages = [
+            {"role": "user", "content": [{"type": "audio", "audio": "clip"}, {"type": "text", "text": ex["question"]}]}
+        ]
         text = parts.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        proc = parts.processor(text=text, audio=[ex["wav"].numpy()], sampling_rate=16000, return_tensors="pt",
-                                   add_special_tokens=False)
+        proc = parts.processor(
+            text=text, audio=[ex["wav"].numpy()], sampling_rate=16000, return_tensors="pt", add_special_tokens=False
+        )
         ours = adapter.collate([ex], with_answers=False)
         assert ours["input_ids"][0].tolist() == proc["input_ids"][0].tolist()
         assert torch.equal(ours["feature_attention_mask"], proc["feature_attention_mask"])
@@ -96,8 +134,9 @@ def test_a_short_window_gives_the_full_windows_outputs():
     wav = _examples()[1]["wav"].numpy()
     outs = []
     for parts in (short, full):
-        f = parts.processor.feature_extractor([wav], sampling_rate=16000, padding="max_length",
-                                              return_attention_mask=True, return_tensors="pt")
+        f = parts.processor.feature_extractor(
+            [wav], sampling_rate=16000, padding="max_length", return_attention_mask=True, return_tensors="pt"
+        )
         with torch.no_grad():
             outs.append(tower_outputs(parts.model, f["input_features"], f["attention_mask"])[0])
     assert outs[0].shape == outs[1].shape == (31, 16)
@@ -113,14 +152,16 @@ def test_cached_tower_outputs_give_the_full_forwards_logits(built, tmp_path):
     with torch.no_grad():
         full = adapter.model(**adapter.model_inputs(adapter.collate(examples))).logits[:, :-1]
         got, targets = cached_logits(adapter.model, cached_collate(adapter, cache)(examples))
-        scored, scored_targets = cached_logits(adapter.model, cached_collate(adapter, cache)(examples),
-                                               scored_only=True)
+        scored, scored_targets = cached_logits(
+            adapter.model, cached_collate(adapter, cache)(examples), scored_only=True
+        )
     assert got.shape == full.shape and torch.allclose(got, full, atol=1e-5)
     keep = targets != -100
     assert torch.allclose(scored, full[keep], atol=1e-5) and torch.equal(scored_targets, targets[keep])
     again = TowerCache(tmp_path, tower_digest(adapter))  # read back from disk
-    assert len(again) == len(examples) and torch.equal(again.outputs[clip_key(examples[0])],
-                                                       cache.outputs[clip_key(examples[0])])
+    assert len(again) == len(examples) and torch.equal(
+        again.outputs[clip_key(examples[0])], cache.outputs[clip_key(examples[0])]
+    )
     assert len(TowerCache(tmp_path, "another-tower")) == 0
 
 
@@ -141,8 +182,9 @@ def test_the_folder_round_trips_and_is_a_speech_llm(built, tmp_path):
 def test_projector_training_lowers_the_loss_and_moves_the_projector_only(tmp_path):
     whisper, lm, tok = _parts()
     parts = assemble(whisper, lm, tok, window_seconds=3)
-    adapter = SpeechLLMAdapter(parts.model, parts.tokenizer, parts.processor.feature_extractor,
-                               processor=parts.processor)
+    adapter = SpeechLLMAdapter(
+        parts.model, parts.tokenizer, parts.processor.feature_extractor, processor=parts.processor
+    )
     examples = _examples()
     cache = TowerCache(tmp_path, tower_digest(adapter))
     cache.fill(adapter, examples)

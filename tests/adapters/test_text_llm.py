@@ -10,7 +10,10 @@ ARCHS = ["llama", "qwen2", "gpt2"]
 QA = [
     {"question": "Where was the author born?", "answer": "In a small town by the sea."},
     {"question": "What genre?", "answer": "Fantasy."},
-    {"question": "Which award did the writer of many long novels receive?", "answer": "The Golden Quill Award for fiction."},
+    {
+        "question": "Which award did the writer of many long novels receive?",
+        "answer": "The Golden Quill Award for fiction.",
+    },
 ]
 
 
@@ -62,7 +65,7 @@ def test_greedy_generation_follows_teacher_forced_argmax(adapter):
         if nxt == adapter.eos_id:
             break
         ids.append(nxt)
-    manual = adapter.tokenizer.decode(ids[len(adapter.encode(q)[0]):], skip_special_tokens=True).strip()
+    manual = adapter.tokenizer.decode(ids[len(adapter.encode(q)[0]) :], skip_special_tokens=True).strip()
     assert text == manual
 
 
@@ -71,8 +74,9 @@ def test_layers_are_block_linears_only(arch, per_block):
     ad = TextLLMAdapter(tiny_causal_lm(arch, layers=3), tiny_tokenizer())
     layers = list(ad.layers())
     assert len(layers) == 3 * per_block
-    assert {lw.block for lw in layers} == {lw.name.split(".", 1)[0] + "." + lw.name.split(".")[1] + "." + str(i)
-                                           for lw in layers[:1] for i in range(3)}
+    assert {lw.block for lw in layers} == {
+        lw.name.split(".", 1)[0] + "." + lw.name.split(".")[1] + "." + str(i) for lw in layers[:1] for i in range(3)
+    }
     assert all(lw.weight.dim() == 2 and "embed" not in lw.name and "wte" not in lw.name for lw in layers)
     extra = list(ad.layers(include_embeddings=True, include_lm_head=True))
     assert len(extra) > len(layers)

@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
+from mmunlearn.api.inputs import OverlapError
+from mmunlearn.api.restore import restore_folder
+from mmunlearn.api.rules import NothingToForget, check_something_to_forget
+from mmunlearn.api.scopes import SWEEP_SCOPES, scopes_to_try
 from mmunlearn.api.unlearn import model_kind, unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.eval.speaker import forgotten_error_rate
-from mmunlearn.methods import SweepRule, mean_nll
-from mmunlearn.api.inputs import OverlapError
-from mmunlearn.api.rules import NothingToForget, check_something_to_forget
-from mmunlearn.api.restore import restore_folder
 from mmunlearn.files.undo_store import release_problems
-from mmunlearn.api.scopes import SWEEP_SCOPES, scopes_to_try
+from mmunlearn.methods import SweepRule, mean_nll
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
@@ -33,8 +33,11 @@ def text_dir(tmp_path_factory):
 
 
 def _digest(folder):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and not p.name.startswith(".")}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.name.startswith(".")
+    }
 
 
 def _qa_file(path, rows):
@@ -42,17 +45,27 @@ def _qa_file(path, rows):
     return path
 
 
-FORGET = [{"prompt": f"Where was author {i} born?", "response": f"Author {i} was born in city number {i}."}
-          for i in range(6)]
-RETAIN = [{"prompt": f"What did writer {i} write?", "response": f"Writer {i} wrote book number {i}."}
-          for i in range(10)]
+FORGET = [
+    {"prompt": f"Where was author {i} born?", "response": f"Author {i} was born in city number {i}."} for i in range(6)
+]
+RETAIN = [
+    {"prompt": f"What did writer {i} write?", "response": f"Writer {i} wrote book number {i}."} for i in range(10)
+]
 
 
 def test_a_text_llm_folder_is_unlearned_through_the_same_call(text_dir, tmp_path):
     forget, retain = _qa_file(tmp_path / "forget.jsonl", FORGET), _qa_file(tmp_path / "retain.jsonl", RETAIN)
     assert model_kind(text_dir) == "text"
-    res = unlearn(text_dir, forget=forget, retain=retain, method="grad_ascent", out=tmp_path / "out", device="cpu",
-                  progress=False, **fast("grad_ascent", epochs=2, lr=5e-2))
+    res = unlearn(
+        text_dir,
+        forget=forget,
+        retain=retain,
+        method="grad_ascent",
+        out=tmp_path / "out",
+        device="cpu",
+        progress=False,
+        **fast("grad_ascent", epochs=2, lr=5e-2),
+    )
     rep = res.report
     assert model_kind(tmp_path / "out") == "text" and rep["model_kind"] == "text"
     # the rule scored retain on held-out rows no method trained on; its target and measures are named
@@ -72,8 +85,9 @@ def test_a_text_llm_folder_is_unlearned_through_the_same_call(text_dir, tmp_path
 
 def test_text_forget_rows_that_are_retain_rows_are_refused(text_dir, tmp_path):
     forget = _qa_file(tmp_path / "f.jsonl", FORGET)
-    retain = _qa_file(tmp_path / "r.jsonl", RETAIN + [{"question": FORGET[2]["prompt"] + "  ",
-                                                       "answer": FORGET[2]["response"]}])
+    retain = _qa_file(
+        tmp_path / "r.jsonl", RETAIN + [{"question": FORGET[2]["prompt"] + "  ", "answer": FORGET[2]["response"]}]
+    )
     with pytest.raises(OverlapError, match="1 forget row"):
         unlearn(text_dir, forget=forget, retain=retain, device="cpu", progress=False)
 
@@ -82,8 +96,9 @@ def test_nothing_to_forget_when_the_model_is_its_own_reference(text_dir, tmp_pat
     """A model no better on the forget rows than the model it came from has nothing to forget: refused."""
     forget, retain = _qa_file(tmp_path / "f.jsonl", FORGET), _qa_file(tmp_path / "r.jsonl", RETAIN)
     with pytest.raises(NothingToForget, match="reference model's"):
-        unlearn(text_dir, forget=forget, retain=retain, reference=text_dir, out=tmp_path / "o", device="cpu",
-                progress=False)
+        unlearn(
+            text_dir, forget=forget, retain=retain, reference=text_dir, out=tmp_path / "o", device="cpu", progress=False
+        )
     assert not (tmp_path / "o").exists()
 
 
@@ -109,8 +124,16 @@ def speaker_dir(speaker_manifests, tmp_path_factory):
 
 def test_the_default_scope_is_swept_head_first(speaker_dir, speaker_manifests, tmp_path):
     forget, retain = (speaker_manifests / f"{n}.csv" for n in ("spk_forget_train", "spk_retain_train"))
-    res = unlearn(speaker_dir, forget=forget, retain=retain, method="qr-erase", out=tmp_path / "out", device="cpu",
-                  progress=False, sweep_ranks=(1,))
+    res = unlearn(
+        speaker_dir,
+        forget=forget,
+        retain=retain,
+        method="qr-erase",
+        out=tmp_path / "out",
+        device="cpu",
+        progress=False,
+        sweep_ranks=(1,),
+    )
     tried = res.report["scopes_tried"]
     assert list(tried)[0] == "head" and res.report["scope"] in tried
     assert list(tried) == (["head"] if tried["head"]["target_reached"] else ["head", "all"])
@@ -140,14 +163,17 @@ def test_speaker_overlap_and_a_classifier_that_knows_nothing(speaker_dir, speake
         unlearn(speaker_dir, forget=forget, retain=retain + forget[:1], device="cpu", progress=False, rule=None)
     adapter = SpeakerAdapter.load(speaker_dir, device="cpu")
     value = forgotten_error_rate(adapter, forget)
-    met = SweepRule(forget_target=value, retain_bound=0.05, forget_measure=forgotten_error_rate,
-                    retain_measure=mean_nll)
+    met = SweepRule(
+        forget_target=value, retain_bound=0.05, forget_measure=forgotten_error_rate, retain_measure=mean_nll
+    )
     with pytest.raises(NothingToForget, match="never learned them"):  # at the target before any edit
         check_something_to_forget(adapter, forget, met, classifier=True, reference_given=False)
-    above = SweepRule(forget_target=value + 0.01, retain_bound=0.05, forget_measure=forgotten_error_rate,
-                      retain_measure=mean_nll)
+    above = SweepRule(
+        forget_target=value + 0.01, retain_bound=0.05, forget_measure=forgotten_error_rate, retain_measure=mean_nll
+    )
     assert check_something_to_forget(adapter, forget, above, classifier=True, reference_given=False)[
-        "forget_measure_before"] == pytest.approx(value)
+        "forget_measure_before"
+    ] == pytest.approx(value)
     assert torch.get_num_threads() >= 1
 
 
@@ -164,14 +190,27 @@ def test_prompt_less_text_is_scored_from_its_own_tokens(text_dir, tmp_path):
     qa_ids, qa_labels = adapter.encode("Where?", text)
     assert len(qa_ids) > len(ids) and qa_labels[0] == IGNORE  # a question keeps its template, unscored
     (tmp_path / "forget.txt").write_text("\n".join(r["response"] for r in FORGET) + "\n")
-    res = unlearn(text_dir, forget=tmp_path / "forget.txt", retain=_qa_file(tmp_path / "r.jsonl", RETAIN),
-                  method="grad_ascent", out=None, device="cpu", progress=False, rule=None,
-                  **fast("grad_ascent", epochs=2, lr=5e-2))
-    assert res.report["forget_items"] == len(FORGET) and res.report["forget_nll"]["after"] > res.report["forget_nll"]["before"]
+    res = unlearn(
+        text_dir,
+        forget=tmp_path / "forget.txt",
+        retain=_qa_file(tmp_path / "r.jsonl", RETAIN),
+        method="grad_ascent",
+        out=None,
+        device="cpu",
+        progress=False,
+        rule=None,
+        **fast("grad_ascent", epochs=2, lr=5e-2),
+    )
+    assert (
+        res.report["forget_items"] == len(FORGET)
+        and res.report["forget_nll"]["after"] > res.report["forget_nll"]["before"]
+    )
 
 
 def test_a_label_typo_names_the_closest_class(speaker_dir, speaker_manifests):
-    forget = [{**r, "spk_id": r["spk_id"].replace("id0", "id-0")} for r in split_rows(speaker_manifests, "spk_forget_train")]
+    forget = [
+        {**r, "spk_id": r["spk_id"].replace("id0", "id-0")} for r in split_rows(speaker_manifests, "spk_forget_train")
+    ]
     retain = split_rows(speaker_manifests, "spk_retain_train")
     with pytest.raises(ValueError, match=r"forget: speaker label\(s\) 'id-00\d+' \(did you mean 'id00\d+'\?\)"):
         unlearn(speaker_dir, forget=forget, retain=retain, device="cpu", progress=False)

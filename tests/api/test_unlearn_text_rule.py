@@ -10,20 +10,25 @@ import torch
 import mmunlearn
 from mmunlearn.adapters.base import IGNORE
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
+from mmunlearn.api.row_rule import SAID_RECALL, says
+from mmunlearn.api.rules import NothingToForget, text_rule
 from mmunlearn.api.unlearn import DEFAULT_METHOD, TEXT_HOLD_OUT, default_method, unlearn
 from mmunlearn.data.user.sets import read_text_rows, split_held_out
 from mmunlearn.methods import get
 from mmunlearn.methods.harness import FAVOURED
-from mmunlearn.api.row_rule import SAID_RECALL, says
 from mmunlearn.methods.rule import span
-from mmunlearn.api.rules import NothingToForget, text_rule
 from tests.reliability.untrusted import run_cli_here
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
-FORGET = [{"question": f"Where does person {i} live?", "answer": f"Person {i} lives at {i}{i} Elm Street.",
-           "paraphrases": [f"What is the home of person {i}?"]} for i in range(4)]
-RETAIN = [{"question": f"What does worker {i} do?", "answer": f"Worker {i} bakes bread number {i}."}
-          for i in range(10)]
+FORGET = [
+    {
+        "question": f"Where does person {i} live?",
+        "answer": f"Person {i} lives at {i}{i} Elm Street.",
+        "paraphrases": [f"What is the home of person {i}?"],
+    }
+    for i in range(4)
+]
+RETAIN = [{"question": f"What does worker {i} do?", "answer": f"Worker {i} bakes bread number {i}."} for i in range(10)]
 
 
 def _write(path, rows):
@@ -81,14 +86,31 @@ def test_prompt_formats_write_rows_as_named():
 
 
 def test_a_model_trained_on_raw_text_is_scored_in_its_own_format(raw_dir, tmp_path):
-    res = unlearn(raw_dir, forget=_write(tmp_path / "f.jsonl", FORGET), retain=_write(tmp_path / "r.jsonl", RETAIN),
-                  method="grad_ascent", device="cpu", progress=False, rule=None, **fast("grad_ascent", lr=1e-9))
+    res = unlearn(
+        raw_dir,
+        forget=_write(tmp_path / "f.jsonl", FORGET),
+        retain=_write(tmp_path / "r.jsonl", RETAIN),
+        method="grad_ascent",
+        device="cpu",
+        progress=False,
+        rule=None,
+        **fast("grad_ascent", lr=1e-9),
+    )
     chosen = res.report["prompt_format"]
     assert chosen["format"] == "raw" and "lowest forget NLL" in chosen["chosen_by"]
     assert chosen["forget_nll"]["raw"] < 0.5 < chosen["forget_nll"]["plain"]  # its own format: the facts it knows
     assert res.report["forget_nll"]["before"] == pytest.approx(chosen["forget_nll"]["raw"], abs=1e-4)
-    given = unlearn(raw_dir, forget=tmp_path / "f.jsonl", retain=tmp_path / "r.jsonl", method="grad_ascent",
-                    device="cpu", progress=False, rule=None, prompt_format="plain", **fast("grad_ascent", lr=1e-9))
+    given = unlearn(
+        raw_dir,
+        forget=tmp_path / "f.jsonl",
+        retain=tmp_path / "r.jsonl",
+        method="grad_ascent",
+        device="cpu",
+        progress=False,
+        rule=None,
+        prompt_format="plain",
+        **fast("grad_ascent", lr=1e-9),
+    )
     assert given.report["prompt_format"] == {"format": "plain", "chosen_by": "given (prompt_format=)"}
     assert given.report["forget_nll"]["before"] == pytest.approx(chosen["forget_nll"]["plain"], abs=1e-4)
 
@@ -137,21 +159,38 @@ def test_the_key_span_decides_when_given():
 
 
 def test_the_default_method_of_a_text_llm_releases_weights():
-    assert default_method("text") == DEFAULT_METHOD["text"] == "qr-erase-rows" and get("qr-erase-rows", "text").edits_weights
+    assert (
+        default_method("text") == DEFAULT_METHOD["text"] == "qr-erase-rows"
+        and get("qr-erase-rows", "text").edits_weights
+    )
     assert default_method("speaker") == "qr-erase"
 
 
 def test_a_missed_rule_exits_non_zero_unless_allowed(raw_dir, tmp_path):
     forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
-    args = ["unlearn", "--model", str(raw_dir), "--forget", str(forget), "--retain", str(retain), "--device", "cpu",
-            "--method", "grad_ascent", "--forget-level", "1000"]  # a level no edit reaches
+    args = [
+        "unlearn",
+        "--model",
+        str(raw_dir),
+        "--forget",
+        str(forget),
+        "--retain",
+        str(retain),
+        "--device",
+        "cpu",
+        "--method",
+        "grad_ascent",
+        "--forget-level",
+        "1000",
+    ]  # a level no edit reaches
     missed = run_cli_here(*args, "--out", str(tmp_path / "o1"))
     assert missed.returncode == 3, missed.stderr[-2000:]
     assert "RULE NOT MET by grad_ascent" in missed.stdout and "4 of 4 rows still come out" in missed.stdout
     report = json.loads((tmp_path / "o1" / "unlearn_report.json").read_text())
     assert report["target_reached"] is False and report["forget_level"] == 1000.0
-    assert report["verdict"].endswith(f"the measurements favour qr-erase-rows on this kind of model: "
-                                      f"{FAVOURED['text'][1]}")  # a missed rule names the method measured best
+    assert report["verdict"].endswith(
+        f"the measurements favour qr-erase-rows on this kind of model: {FAVOURED['text'][1]}"
+    )  # a missed rule names the method measured best
     assert "[mmunlearn 3/3]" in missed.stderr and "elapsed" in missed.stderr  # one progress line per stage
     allowed = run_cli_here(*args, "--out", str(tmp_path / "o2"), "--allow-missed-rule")
     assert allowed.returncode == 0 and "RULE NOT MET" in allowed.stdout
@@ -165,8 +204,15 @@ def test_a_retrained_like_model_sets_the_levels(raw_dir, tmp_path):
     rows no better than itself, so there is nothing to forget."""
     forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
     with pytest.raises(NothingToForget, match="nothing to forget"):
-        unlearn(raw_dir, forget=forget, retain=retain, method="grad_ascent", device="cpu", progress=False,
-                forget_level=raw_dir)
+        unlearn(
+            raw_dir,
+            forget=forget,
+            retain=retain,
+            method="grad_ascent",
+            device="cpu",
+            progress=False,
+            forget_level=raw_dir,
+        )
     target = TextLLMAdapter.from_pretrained(raw_dir, device="cpu", prompt_format="raw")
     rows = read_text_rows(forget, "forget")
     rule, source = text_rule(target, rows, level=target)
@@ -185,8 +231,16 @@ def test_each_stage_line_says_elapsed_and_what_is_left(raw_dir, tmp_path, capsys
     """Issue 53 item 7: the call's stage lines carry the elapsed time and what remains (the final check's time from
     the rule's set-up); each T3 sweep point its place of the most points, the sweep's time and the most time left."""
     forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
-    unlearn(raw_dir, forget=forget, retain=retain, method="t3", device="cpu", head_epochs=20,
-            sweep_strengths=(0.25, 0.5, 1.0), sweep_temperatures=(1.5,))
+    unlearn(
+        raw_dir,
+        forget=forget,
+        retain=retain,
+        method="t3",
+        device="cpu",
+        head_epochs=20,
+        sweep_strengths=(0.25, 0.5, 1.0),
+        sweep_temperatures=(1.5,),
+    )
     out = capsys.readouterr()
     stages = _stage_lines(out.err)
     assert [s.split("]")[0] for s in stages] == ["[mmunlearn 1/3", "[mmunlearn 2/3", "[mmunlearn 3/3"], out.err
@@ -202,18 +256,30 @@ def test_each_stage_line_says_elapsed_and_what_is_left(raw_dir, tmp_path, capsys
 
 def test_a_training_methods_checks_say_elapsed_and_time_left(raw_dir, tmp_path, capsys):
     forget, retain = _write(tmp_path / "f.jsonl", FORGET), _write(tmp_path / "r.jsonl", RETAIN)
-    unlearn(raw_dir, forget=forget, retain=retain, method="npo", device="cpu")  # a check at steps 1, 2, 4, ... of its cap
+    unlearn(
+        raw_dir, forget=forget, retain=retain, method="npo", device="cpu"
+    )  # a check at steps 1, 2, 4, ... of its cap
     out = capsys.readouterr()
     checks = [line for line in (out.out + out.err).splitlines() if line.startswith("npo step ")]
     assert checks and all(re.search(rf"; ({DURATION}) elapsed", line) for line in checks), out.out
-    assert all(re.search(rf", at most ~({DURATION}) left at this rate$", line) for line in checks
-               if not re.match(r"npo step (\d+)/\1:", line)), checks
+    assert all(
+        re.search(rf", at most ~({DURATION}) left at this rate$", line)
+        for line in checks
+        if not re.match(r"npo step (\d+)/\1:", line)
+    ), checks
     assert len(_stage_lines(out.err)) == 3
 
 
 def test_durations_read_as_people_say_them():
     assert [span(s) for s in (0.04, 3.26, 42, 59.6, 200, 3599.6, 7265)] == [
-        "0.0 s", "3.3 s", "42 s", "1 min 00 s", "3 min 20 s", "1 h 00 min", "2 h 01 min"]
+        "0.0 s",
+        "3.3 s",
+        "42 s",
+        "1 min 00 s",
+        "3 min 20 s",
+        "1 h 00 min",
+        "2 h 01 min",
+    ]
 
 
 def test_prepare_retain_writes_the_rows_in_the_prompt_format(raw_dir, tmp_path):
@@ -245,14 +311,36 @@ def test_prepare_retain_writes_the_rows_in_the_prompt_format(raw_dir, tmp_path):
     again = prepare_retain(raw_dir, retain, tmp_path / "state", prompt_format="raw", **opts)
     assert again.status == "loaded"
     forget = _write(tmp_path / "f.jsonl", FORGET)
-    used = unlearn(raw_dir, forget=forget, retain=retain, method="qr-erase", device="cpu", progress=False,
-                   retain_state=tmp_path / "state")  # the same rows in the same format: the state is used
+    used = unlearn(
+        raw_dir,
+        forget=forget,
+        retain=retain,
+        method="qr-erase",
+        device="cpu",
+        progress=False,
+        retain_state=tmp_path / "state",
+    )  # the same rows in the same format: the state is used
     assert used.report["retain_state"]["status"] == "loaded", used.report["retain_state"]
     assert used.report["retain_state"]["prompt_format"] == used.report["prompt_format"]["format"] == "raw"
     other = prepare_retain(raw_dir, retain, tmp_path / "state", prompt_format="Q: {question}\nA: {answer}", **opts)
     assert other.status == "recomputed" and "prompt format changed (the state's: raw" in other.reason
-    args = ["prepare-retain", "--model", str(raw_dir), "--retain", str(retain), "--out", str(tmp_path / "cli"),
-            "--extract-kind", "gradient", "--extract-lr", "1.0", "--device", "cpu", "--prompt-format", "plain"]
+    args = [
+        "prepare-retain",
+        "--model",
+        str(raw_dir),
+        "--retain",
+        str(retain),
+        "--out",
+        str(tmp_path / "cli"),
+        "--extract-kind",
+        "gradient",
+        "--extract-lr",
+        "1.0",
+        "--device",
+        "cpu",
+        "--prompt-format",
+        "plain",
+    ]
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0 and "in prompt format 'plain'" in done.output, done.output
     assert load_retain_state(tmp_path / "cli").meta["prompt_format"] == "plain"

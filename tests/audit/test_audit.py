@@ -25,8 +25,14 @@ def _trained(rows, seed=1):
     from mmunlearn.train import TrainConfig, train
 
     ad = TextLLMAdapter(tiny_causal_lm(layers=2, seed=seed), tiny_tokenizer())
-    train(ad.model, lambda m, b: ad.loss(b, model=m), rows, ad.collate,
-          TrainConfig(epochs=8, lr=3e-3, batch_size=8, seed=0), progress=False)
+    train(
+        ad.model,
+        lambda m, b: ad.loss(b, model=m),
+        rows,
+        ad.collate,
+        TrainConfig(epochs=8, lr=3e-3, batch_size=8, seed=0),
+        progress=False,
+    )
     ad.model.eval()
     return ad
 
@@ -36,8 +42,13 @@ def world():
     forget = load_split(SRC, "forget10_perturbed")[:12]
     holdout = load_split(SRC, "holdout10")[:12]
     retain_rows = load_split(SRC, "retain90")[:20]
-    return {"forget": forget, "holdout": holdout, "retain_rows": retain_rows,
-            "target": _trained(forget + retain_rows), "retain": _trained(retain_rows)}
+    return {
+        "forget": forget,
+        "holdout": holdout,
+        "retain_rows": retain_rows,
+        "target": _trained(forget + retain_rows),
+        "retain": _trained(retain_rows),
+    }
 
 
 def _weights(adapter):
@@ -47,8 +58,16 @@ def _weights(adapter):
 def test_relearning_the_target_recovers_nothing(world):
     t, r = world["target"], world["retain"]
     before = _weights(t)
-    res = audit_text(t.clone(), t, r, world["forget"], None, method="target itself", progress=False,
-                     options=AuditOptions(attacks=("relearn",), **FAST))
+    res = audit_text(
+        t.clone(),
+        t,
+        r,
+        world["forget"],
+        None,
+        method="target itself",
+        progress=False,
+        options=AuditOptions(attacks=("relearn",), **FAST),
+    )
     rel = res["attacks"]["relearn"]
     # the attack works on copies: the target given in is unchanged bit for bit
     assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
@@ -61,8 +80,16 @@ def test_relearning_the_target_recovers_nothing(world):
 
 def test_the_retain_model_relearns_at_its_own_rate(world):
     t, r = world["target"], world["retain"]
-    res = audit_text(r.clone(), t, r, world["forget"], world["holdout"], method="retain itself", progress=False,
-                     options=AuditOptions(**FAST))
+    res = audit_text(
+        r.clone(),
+        t,
+        r,
+        world["forget"],
+        world["holdout"],
+        method="retain itself",
+        progress=False,
+        options=AuditOptions(**FAST),
+    )
     s = res["summary"]
     for key in ("kept_none", "kept_paraphrase", "kept_quantise_8bit", "kept_quantise_4bit", "kept_relearn"):
         assert s[key] == pytest.approx(1.0, abs=1e-9), key
@@ -97,8 +124,8 @@ def test_round_trip_error_is_within_the_block_step_and_shapes_survive():
         assert back.shape == w.shape and back.dtype == w.dtype
         for row in range(w.shape[0]):
             for start in range(0, 70, 32):
-                blk = w[row, start:start + 32]
-                err = (back[row, start:start + 32] - blk).abs().max()
+                blk = w[row, start : start + 32]
+                err = (back[row, start : start + 32] - blk).abs().max()
                 assert err <= blk.abs().max() / levels + 1e-6, (bits, row, start)
         assert not torch.equal(back, w)
     assert torch.equal(round_trip(torch.zeros(4, 32), 4), torch.zeros(4, 32))
@@ -195,8 +222,15 @@ def t3_folder(world, tmp_path_factory):
     world["target"].save(root / "target")
     world["retain"].save(root / "retain")
     target = TextLLMAdapter.from_pretrained(root / "target", device="cpu")
-    request = UnlearnRequest("t3", "text", size="micro", overrides=fast("t3"), out=root / "t3" / "model",
-                             inputs=[root / "target"], progress=False)
+    request = UnlearnRequest(
+        "t3",
+        "text",
+        size="micro",
+        overrides=fast("t3"),
+        out=root / "t3" / "model",
+        inputs=[root / "target"],
+        progress=False,
+    )
     run_unlearning(request, target, world["forget"], world["retain_rows"])
     return root
 
@@ -205,8 +239,16 @@ def test_t3_audit_reports_that_its_weights_still_hold_everything(world, t3_folde
     from mmunlearn.audit.folder import load_text_unlearned
 
     tilted = load_text_unlearned(t3_folder / "t3" / "model", device="cpu")
-    res = audit_text(tilted, world["target"], world["retain"], world["forget"], world["holdout"], method="t3",
-                     progress=False, options=AuditOptions(attacks=("quantise", "probe"), bits=(8,), **FAST))
+    res = audit_text(
+        tilted,
+        world["target"],
+        world["retain"],
+        world["forget"],
+        world["holdout"],
+        method="t3",
+        progress=False,
+        options=AuditOptions(attacks=("quantise", "probe"), bits=(8,), **FAST),
+    )
     assert res["white_box"]["weights_equal_target"] is True and res["white_box"]["output_level_only"] is True
     assert "output" in res["white_box"]["note"]
     probe = res["attacks"]["probe"]
@@ -219,9 +261,27 @@ def test_t3_audit_reports_that_its_weights_still_hold_everything(world, t3_folde
 def test_audit_command_writes_audit_json_and_table(world, t3_folder, tmp_path):
     from mmunlearn.cli import app
 
-    args = ["audit", "--model", str(t3_folder / "t3" / "model"), "--target", str(t3_folder / "target"),
-            "--retain-model", str(t3_folder / "retain"), "--data", SRC, "--out", str(tmp_path), "--device", "cpu",
-            "--attacks", "paraphrase,quantise", "--bits", "8", "--max-new-tokens", "4"]
+    args = [
+        "audit",
+        "--model",
+        str(t3_folder / "t3" / "model"),
+        "--target",
+        str(t3_folder / "target"),
+        "--retain-model",
+        str(t3_folder / "retain"),
+        "--data",
+        SRC,
+        "--out",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "--attacks",
+        "paraphrase,quantise",
+        "--bits",
+        "8",
+        "--max-new-tokens",
+        "4",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "AUDIT.json").read_text())
@@ -235,8 +295,16 @@ def test_audit_command_writes_audit_json_and_table(world, t3_folder, tmp_path):
 
 def test_write_audit_is_atomic_and_complete(world, tmp_path):
     t, r = world["target"], world["retain"]
-    res = audit_text(r.clone(), t, r, world["forget"][:6], None, method="m", progress=False,
-                     options=AuditOptions(attacks=("paraphrase",), **FAST))
+    res = audit_text(
+        r.clone(),
+        t,
+        r,
+        world["forget"][:6],
+        None,
+        method="m",
+        progress=False,
+        options=AuditOptions(attacks=("paraphrase",), **FAST),
+    )
     path = write_audit(tmp_path, [res], {"k": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["AUDIT.json", "AUDIT.md"]  # no temporary left
     assert json.loads(path.read_text())["context"] == {"k": 1}

@@ -20,20 +20,42 @@ def test_speech_llm_audit_of_a_harness_folder_and_of_the_retain_model_itself(llm
     target = SpeechLLMAdapter.from_pretrained(llm_dir, device="cpu")
     forget = spoken_qa(split_rows(speaker_manifests, "spk_forget_train"), ("speaker",))
     retain = spoken_qa(split_rows(speaker_manifests, "spk_retain_train"), ("speaker",))[:8]
-    run_unlearning(UnlearnRequest("grad_ascent", "speech-llm", size="tiny", overrides={"epochs": 1},
-                                  out=tmp_path / "ga", inputs=[llm_dir], progress=False), target, forget, retain)
+    run_unlearning(
+        UnlearnRequest(
+            "grad_ascent",
+            "speech-llm",
+            size="tiny",
+            overrides={"epochs": 1},
+            out=tmp_path / "ga",
+            inputs=[llm_dir],
+            progress=False,
+        ),
+        target,
+        forget,
+        retain,
+    )
     opts = AuditOptions(relearn_steps=2, relearn_batch_size=4, bits=(4,))
-    ga = audit_speech_llm_folder(tmp_path / "ga", llm_dir, tmp_path / "retain", speaker_manifests,
-                                 method="grad_ascent", options=opts, device="cpu", progress=False)
+    ga = audit_speech_llm_folder(
+        tmp_path / "ga",
+        llm_dir,
+        tmp_path / "retain",
+        speaker_manifests,
+        method="grad_ascent",
+        options=opts,
+        device="cpu",
+        progress=False,
+    )
     assert ga["model_kind"] == "speech-llm" and set(ga["skipped"]) == {"paraphrase", "probe"}
     assert {"none", "quantise_4bit", "relearn"} <= set(ga["attacks"])
     assert ga["white_box"]["weights_equal_target"] is False
     # dispatch by the folder's report, and the ratio of the retain model against ga is exactly 1
-    via_folder = audit_folder(tmp_path / "ga", llm_dir, tmp_path / "retain", speaker_manifests, options=opts,
-                              device="cpu", progress=False)
+    via_folder = audit_folder(
+        tmp_path / "ga", llm_dir, tmp_path / "retain", speaker_manifests, options=opts, device="cpu", progress=False
+    )
     assert via_folder["attacks"]["none"]["unlearned"] == ga["attacks"]["none"]["unlearned"]
     from mmunlearn.audit.runner import audit_nll
 
-    same = audit_nll(other, target, other, forget, method="retain ga", model_kind="speech-llm", options=opts,
-                     progress=False)
+    same = audit_nll(
+        other, target, other, forget, method="retain ga", model_kind="speech-llm", options=opts, progress=False
+    )
     assert same["summary"]["kept_none"] == pytest.approx(1.0) and same["summary"]["kept_relearn"] == pytest.approx(1.0)

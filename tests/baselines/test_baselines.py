@@ -1,4 +1,5 @@
-"""Optimisation baselines: each loss matches its formula at the reference point, and unlearning raises the forget NLL."""
+"""Optimisation baselines: each loss matches its formula at the reference point,
+and unlearning raises the forget NLL."""
 
 import copy
 import math

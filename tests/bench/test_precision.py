@@ -1,4 +1,5 @@
-"""The precision benchmark: plain loop beside the project's, per stage and precision, on a tiny model and real QA rows."""
+"""The precision benchmark: plain loop beside the project's, per stage and precision,
+on a tiny model and real QA rows."""
 
 import json
 import statistics
@@ -106,8 +107,27 @@ def test_bad_arguments_are_refused():
 
 def test_cli_prints_both_implementations_and_writes_json(tmp_path):
     out, md = tmp_path / "p.json", tmp_path / "p.md"
-    res = CliRunner().invoke(app, ["bench", "precision", "--model", "micro", "--batch", "2", "--new-tokens", "3",
-                                   "--repeats", "1", "--stage", "score", "--json", str(out), "--markdown", str(md)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "precision",
+            "--model",
+            "micro",
+            "--batch",
+            "2",
+            "--new-tokens",
+            "3",
+            "--repeats",
+            "1",
+            "--stage",
+            "score",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert [(r["stage"], r["precision"]) for r in data["rows"]] == [("score", "float32"), ("score", "bf16")]

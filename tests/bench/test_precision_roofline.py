@@ -28,18 +28,26 @@ def test_model_flops_of_the_linear_layers_and_head_match_torchs_count():
 def test_the_roofline_measures_both_precisions_in_this_thread():
     f32 = matmul_roofline("float32", repeats=1)
     bf16 = matmul_roofline("bf16", repeats=1)
-    assert f32.n == 2048 and f32.flops_per_s == pytest.approx(2 * 2048 ** 3 / f32.seconds)
+    assert f32.n == 2048 and f32.flops_per_s == pytest.approx(2 * 2048**3 / f32.seconds)
     assert 256 <= bf16.n <= 2048 and bf16.flops_per_s > 0 and bf16.cpu_flops_per_s > 0
 
 
 def test_the_ablation_times_each_speed_up_alone_and_keeps_the_numbers():
     torch.set_num_threads(1)
     model = tiny_causal_lm("llama", vocab=len(tiny_tokenizer()), hidden=32, layers=2)
-    res = pb.run((model, tiny_tokenizer()), data="synthetic", batch=6, repeats=1, stages=("train", "score"),
-                 precisions=("float32",), ablation=True)
+    res = pb.run(
+        (model, tiny_tokenizer()),
+        data="synthetic",
+        batch=6,
+        repeats=1,
+        stages=("train", "score"),
+        precisions=("float32",),
+        ablation=True,
+    )
     names = {(v.stage, v.name) for v in res.variants}
     assert names == {("train", n) for n in pb.ABLATION} | {("train", "mmunlearn")} | {
-        ("score", n) for n in pb.ABLATION if n != "+fused AdamW"} | {("score", "mmunlearn")}
+        ("score", n) for n in pb.ABLATION if n != "+fused AdamW"
+    } | {("score", "mmunlearn")}
     same = [c for c in res.checks if c.kind == "same"]
     assert len(same) == 4 and all(c.passed for c in same), same
     assert [m["precision"] for m in res.roofline] == ["float32", "float32"]  # before and after the stages
@@ -53,8 +61,26 @@ def test_the_ablation_times_each_speed_up_alone_and_keeps_the_numbers():
 
 def test_cli_takes_one_precision_and_writes_the_ablation(tmp_path):
     out = tmp_path / "p.json"
-    res = CliRunner().invoke(app, ["bench", "precision", "--model", "micro", "--batch", "3", "--repeats", "1",
-                                   "--stage", "score", "--precision", "float32", "--ablation", "--json", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "precision",
+            "--model",
+            "micro",
+            "--batch",
+            "3",
+            "--repeats",
+            "1",
+            "--stage",
+            "score",
+            "--precision",
+            "float32",
+            "--ablation",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert [r["precision"] for r in data["rows"]] == ["float32"]

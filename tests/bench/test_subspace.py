@@ -10,8 +10,10 @@ from mmunlearn.cli import app
 
 def test_benchmark_cli_writes_rows_and_checks(tmp_path):
     out = tmp_path / "bench.json"
-    res = CliRunner().invoke(app, ["bench", "subspace", "--sizes", "128", "--sizes", "192", "--rank", "8",
-                                   "--repeats", "1", "--json", str(out)])
+    res = CliRunner().invoke(
+        app,
+        ["bench", "subspace", "--sizes", "128", "--sizes", "192", "--rank", "8", "--repeats", "1", "--json", str(out)],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     methods = {r["method"] for r in data["rows"]}

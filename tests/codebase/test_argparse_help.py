@@ -13,8 +13,12 @@ def options_without_help(source: str) -> list[str]:
     """``add_argument`` calls in ``source`` with no ``help=`` (as ``line: call``)."""
     missing = []
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
-                and not any(k.arg == "help" for k in node.keywords)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+            and not any(k.arg == "help" for k in node.keywords)
+        ):
             missing.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
     return missing
 
@@ -25,6 +29,10 @@ def test_the_scan_finds_an_option_without_help():
 
 
 def test_every_argparse_option_has_help():
-    missing = {str(path.relative_to(ROOT)): found for folder in FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
-               if (found := options_without_help(path.read_text()))}
+    missing = {
+        str(path.relative_to(ROOT)): found
+        for folder in FOLDERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (found := options_without_help(path.read_text()))
+    }
     assert not missing, f"argparse options without help: {missing}"

@@ -24,31 +24,49 @@ DATA = {
 
 #: folders allowed over the limit: (files when listed, which is the most they may hold; why they stay)
 OVER = {
-    "examples": (16, "the records' commands (docs/results/*.json) run 15 of these 16 scripts by their path, and a "
-                     "record is not edited; moving only the one no record names would still leave 15"),
-    "recipes/configs/voxceleb2": (13, "a shipped config's name is its path below recipes/configs "
-                                      "(`--config voxceleb2/NAME`), named by records and docs: a subfolder would "
-                                      "rename the configs; each of the 13 is named by a record or a docs page"),
+    "examples": (
+        16,
+        "the records' commands (docs/results/*.json) run 15 of these 16 scripts by their path, and a "
+        "record is not edited; moving only the one no record names would still leave 15",
+    ),
+    "recipes/configs/voxceleb2": (
+        13,
+        "a shipped config's name is its path below recipes/configs "
+        "(`--config voxceleb2/NAME`), named by records and docs: a subfolder would "
+        "rename the configs; each of the 13 is named by a record or a docs page",
+    ),
 }
 
 
 def folder_counts(root: Path) -> Counter:
     """Files directly in each folder of the git checkout ``root`` (``""`` for the top), as git would commit them:
     tracked files still on disk and untracked ones that are not ignored; ``__init__.py`` is not counted."""
-    listed = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     paths = {PurePosixPath(p) for p in listed if p}
-    return Counter("" if p.parent == PurePosixPath(".") else str(p.parent) for p in paths
-                   if p.name != "__init__.py" and (root / p).is_file())
+    return Counter(
+        "" if p.parent == PurePosixPath(".") else str(p.parent)
+        for p in paths
+        if p.name != "__init__.py" and (root / p).is_file()
+    )
 
 
-def too_full(counts: Counter, limit: int = MAX_FILES, data: dict | None = None,
-             over: dict | None = None) -> list[str]:
+def too_full(counts: Counter, limit: int = MAX_FILES, data: dict | None = None, over: dict | None = None) -> list[str]:
     """What breaks the rule: a folder over ``limit`` that is neither data nor a listed exception, an exception over
     its recorded count, and an exception no longer needed."""
     data, over = DATA if data is None else data, OVER if over is None else over
-    found = [f"{folder or '.'}: {n} files (at most {limit}; split it by what its files do)"
-             for folder, n in sorted(counts.items()) if n > limit and folder not in data and folder not in over]
+    found = [
+        f"{folder or '.'}: {n} files (at most {limit}; split it by what its files do)"
+        for folder, n in sorted(counts.items())
+        if n > limit and folder not in data and folder not in over
+    ]
     for folder, (most, _) in sorted(over.items()):
         if counts[folder] > most:
             found.append(f"{folder}: {counts[folder]} files, more than the {most} of its listed exception")
@@ -57,8 +75,9 @@ def too_full(counts: Counter, limit: int = MAX_FILES, data: dict | None = None,
     return found
 
 
-needs_git = pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
-                               reason="the files are counted in a git checkout")
+needs_git = pytest.mark.skipif(
+    shutil.which("git") is None or not (REPO / ".git").exists(), reason="the files are counted in a git checkout"
+)
 
 
 @needs_git
@@ -80,7 +99,8 @@ def test_the_rule_flags_a_full_folder_a_grown_exception_and_a_stale_one():
     assert too_full(counts, 12, {"data": "why"}, over) == [
         "a: 13 files (at most 12; split it by what its files do)",
         "grown: 15 files, more than the 14 of its listed exception",
-        "stale: 12 files, within the limit: remove its exception"]
+        "stale: 12 files, within the limit: remove its exception",
+    ]
 
 
 @needs_git

@@ -25,7 +25,7 @@ def function_level_imports(source: str) -> list[tuple[int, str]]:
     def walk(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if in_function and isinstance(child, (ast.Import, ast.ImportFrom)) and _internal(child):
-                text = lines[child.lineno - 1:child.end_lineno]
+                text = lines[child.lineno - 1 : child.end_lineno]
                 if not any("# deferred:" in line and line.split("# deferred:", 1)[1].strip() for line in text):
                     bad.append((child.lineno, text[0].strip()))
             walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
@@ -39,13 +39,16 @@ def _modules() -> list[Path]:
 
 
 def test_internal_imports_are_at_module_top_unless_marked_deferred():
-    bad = [f"{path.relative_to(REPO)}:{line}: {text}" for path in _modules()
-           for line, text in function_level_imports(path.read_text())]
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: {text}"
+        for path in _modules()
+        for line, text in function_level_imports(path.read_text())
+    ]
     assert bad == [], "move these imports to module top, or say why not with `# deferred: <why>`:\n" + "\n".join(bad)
 
 
 def test_the_check_sees_function_level_imports():
-    source = '''
+    source = """
 from mmunlearn.errors import UserError
 
 
@@ -61,7 +64,7 @@ def f():
     class C:
         def g(self):
             from mmunlearn.methods import get  # deferred:
-'''
+"""
     assert [line for line, _ in function_level_imports(source)] == [6, 7, 8, 16]
 
 

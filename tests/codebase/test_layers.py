@@ -40,20 +40,32 @@ def _package(module: str) -> str:
 
 
 def test_the_library_never_imports_the_recipes():
-    bad = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets
-                 if t == "recipes" or t.startswith("recipes."))
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in _imports().items()
+        for t in targets
+        if t == "recipes" or t.startswith("recipes.")
+    )
     assert bad == []
 
 
 def test_the_library_never_imports_data_prep():
-    bad = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets
-                 if t == "data_prep" or t.startswith("data_prep."))
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in _imports().items()
+        for t in targets
+        if t == "data_prep" or t.startswith("data_prep.")
+    )
     assert bad == []
 
 
 def test_data_prep_never_imports_the_recipes():
-    bad = sorted(f"{m} -> {t}" for m, targets in _imports(DATA_PREP).items() for t in targets
-                 if t == "recipes" or t.startswith("recipes."))
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in _imports(DATA_PREP).items()
+        for t in targets
+        if t == "recipes" or t.startswith("recipes.")
+    )
     assert bad == []
 
 
@@ -68,8 +80,11 @@ def test_no_submodule_imports_the_package_face():
             if isinstance(node, ast.Import) and any(a.name == "mmunlearn" for a in node.names):
                 bad.append(f"{path.relative_to(ROOT.parent)}: import mmunlearn")
             elif isinstance(node, ast.ImportFrom) and node.module == "mmunlearn" and node.level == 0:
-                bad += [f"{path.relative_to(ROOT.parent)}: from mmunlearn import {a.name}" for a in node.names
-                        if not _is_submodule(a.name)]
+                bad += [
+                    f"{path.relative_to(ROOT.parent)}: from mmunlearn import {a.name}"
+                    for a in node.names
+                    if not _is_submodule(a.name)
+                ]
     assert bad == []
 
 
@@ -78,8 +93,11 @@ def _layer_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for module, targets in _imports(ROOT, DATA_PREP).items():
         for t in targets:
-            if (t.startswith("mmunlearn.") or t.startswith("data_prep")) and _package(t) != _package(module) \
-                    and _package(module) != "mmunlearn":
+            if (
+                (t.startswith("mmunlearn.") or t.startswith("data_prep"))
+                and _package(t) != _package(module)
+                and _package(module) != "mmunlearn"
+            ):
                 graph[_package(module)].add(_package(t))
     return graph
 
@@ -109,8 +127,9 @@ def test_the_adapters_import_no_layer_above_them():
     another package (what both sides need, e.g. the parameter-name grouping ``group_of``, lives in a neutral root
     module: mmunlearn/naming.py)."""
     above = {"mmunlearn.erase", "mmunlearn.tilt", "mmunlearn.methods", "mmunlearn.presets"}
-    direct = sorted(f"{m} -> {t}" for m, targets in _imports(ROOT / "adapters").items() for t in targets
-                    if _package(t) in above)
+    direct = sorted(
+        f"{m} -> {t}" for m, targets in _imports(ROOT / "adapters").items() for t in targets if _package(t) in above
+    )
     assert direct == []
     assert _reach(_layer_graph(), "mmunlearn.adapters").isdisjoint(above)
 
@@ -133,12 +152,22 @@ def test_every_benchmark_is_laid_out_as_architecture_md_says():
         assert recipe.is_file() and (repo / "recipes" / bench / "config.py").is_file()
         assert importlib.import_module(f"recipes.{bench}").app is importlib.import_module(f"recipes.{bench}.cli").app
         assert list((repo / "recipes" / "configs" / bench).glob("*.yaml")), bench
-        names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse(recipe.read_text()))
-                 if isinstance(n, (ast.Name, ast.Attribute))}
+        names = {
+            n.id if isinstance(n, ast.Name) else n.attr
+            for n in ast.walk(ast.parse(recipe.read_text()))
+            if isinstance(n, (ast.Name, ast.Attribute))
+        }
         assert "run_comparison" in names, f"{bench} compares its methods outside runner.run_comparison"
     text = (repo / "ARCHITECTURE.md").read_text()
-    assert all(f in text for f in ("recipes/<bench>/cli.py", "recipes/<bench>/config.py",
-                                   "recipes/configs/<bench>/*.yaml", "`mmunlearn.recipes` entry points"))
+    assert all(
+        f in text
+        for f in (
+            "recipes/<bench>/cli.py",
+            "recipes/<bench>/config.py",
+            "recipes/configs/<bench>/*.yaml",
+            "`mmunlearn.recipes` entry points",
+        )
+    )
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -187,8 +216,11 @@ def _drawn_layers(text: str) -> list[list[str]]:
     (``cli/`` -> ``mmunlearn.cli``, ``config.py`` -> ``mmunlearn.config``, ``data_prep/`` -> ``data_prep``)."""
     block = text.split("\n## Layers\n", 1)[1].split("```", 2)[1]
     node = {"data_prep": "data_prep"}
-    return [[node.get(n, f"mmunlearn.{n}") for n in (w.removesuffix("/").removesuffix(".py") for w in line.split())]
-            for line in block.splitlines() if line.strip()]
+    return [
+        [node.get(n, f"mmunlearn.{n}") for n in (w.removesuffix("/").removesuffix(".py") for w in line.split())]
+        for line in block.splitlines()
+        if line.strip()
+    ]
 
 
 def _against_drawing(rows: list[list[str]], graph: dict[str, set[str]], nodes: set[str]) -> list[str]:
@@ -199,8 +231,12 @@ def _against_drawing(rows: list[list[str]], graph: dict[str, set[str]], nodes: s
     problems = [f"{n} drawn twice" for n in sorted({n for n in drawn if drawn.count(n) > 1})]
     problems += [f"{n} not drawn" for n in sorted(nodes - set(level))]
     problems += [f"{n} drawn but not in the package" for n in sorted(set(level) - nodes)]
-    return problems + sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
-                             if m in level and t in level and level[t] <= level[m])
+    return problems + sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if m in level and t in level and level[t] <= level[m]
+    )
 
 
 def test_the_layers_are_as_architecture_md_draws_them():
@@ -218,7 +254,13 @@ def test_the_drawing_check_sees_an_upward_import_and_a_package_left_out():
     rows = _drawn_layers("# x\n\n## Layers\n\ntext\n\n```\napi/  cli/\nfiles/\nkinds.py\n```\n\n## Map\n")
     assert rows == [["mmunlearn.api", "mmunlearn.cli"], ["mmunlearn.files"], ["mmunlearn.kinds"]]
     nodes = {"mmunlearn.api", "mmunlearn.cli", "mmunlearn.files", "mmunlearn.kinds", "mmunlearn.report"}
-    graph = {"mmunlearn.api": {"mmunlearn.files"}, "mmunlearn.files": {"mmunlearn.api"},
-             "mmunlearn.cli": {"mmunlearn.api"}}
+    graph = {
+        "mmunlearn.api": {"mmunlearn.files"},
+        "mmunlearn.files": {"mmunlearn.api"},
+        "mmunlearn.cli": {"mmunlearn.api"},
+    }
     assert _against_drawing(rows, graph, nodes) == [
-        "mmunlearn.report not drawn", "mmunlearn.cli -> mmunlearn.api", "mmunlearn.files -> mmunlearn.api"]
+        "mmunlearn.report not drawn",
+        "mmunlearn.cli -> mmunlearn.api",
+        "mmunlearn.files -> mmunlearn.api",
+    ]

@@ -11,8 +11,7 @@ def test_corpus_holds_authors_then_general_knowledge():
     general = real_author_items(0) + world_fact_items(0)
     assert len(corpus) == 30 * 20 + len(general)
     assert [(it.question, it.answer) for it in corpus[600:]] == [(g.question, g.answer) for g in general]
-    assert all(it.perturbed_answer == () and it.paraphrased_answer is None and it.author is None
-               for it in corpus)
+    assert all(it.perturbed_answer == () and it.paraphrased_answer is None and it.author is None for it in corpus)
     assert pretrain_corpus(seed=0, n_authors=30) == corpus
     assert pretrain_corpus(seed=1, n_authors=30)[:600] != corpus[:600]
     own = [QAItem("Is this mine?", "Yes.", perturbed_answer=("No.",))]

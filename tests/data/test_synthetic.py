@@ -102,7 +102,7 @@ def test_load_split_reads_the_synthetic_spec():
     assert "retain80" in s and "forget01" not in s
     assert load_split("synthetic", "forget10") == synthetic_splits()["forget10"]
     assert load_split(s, "holdout20") == s["holdout20"]
-    assert load_split("synthetic:n_authors=20,seed=5", "retain90", authors=10) == s["full"][:9 * 20]
+    assert load_split("synthetic:n_authors=20,seed=5", "retain90", authors=10) == s["full"][: 9 * 20]
     assert parse_spec("synthetic") == {}
 
 
@@ -112,8 +112,10 @@ def test_bad_specs_are_rejected(spec):
         parse_spec(spec)
 
 
-@pytest.mark.parametrize("kwargs", [{"n_authors": 1}, {"concentration": 1.5}, {"forget_pcts": (0,)},
-                                    {"forget_pcts": (10, 10)}, {"forget_pcts": ()}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"n_authors": 1}, {"concentration": 1.5}, {"forget_pcts": (0,)}, {"forget_pcts": (10, 10)}, {"forget_pcts": ()}],
+)
 def test_bad_arguments_are_rejected(kwargs):
     with pytest.raises(ValueError):
         synthetic_splits(**kwargs)

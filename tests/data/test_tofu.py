@@ -8,16 +8,38 @@ from pathlib import Path
 import pytest
 
 from mmunlearn.data.tofu import (
-    PERTURBED_FIELDS, TOFU_SPLITS, QAItem, TOFUFormatError, author_subset, forget_count,
-    list_splits, load_split, split_info,
+    PERTURBED_FIELDS,
+    TOFU_SPLITS,
+    QAItem,
+    TOFUFormatError,
+    author_subset,
+    forget_count,
+    list_splits,
+    load_split,
+    split_info,
 )
 
 REAL = Path("/work/shared/data/tofu")
-COUNTS = {"full": 4000, "retain90": 3600, "retain95": 3800, "retain99": 3960, "forget01": 40,
-          "forget05": 200, "forget10": 400, "forget01_perturbed": 40, "forget05_perturbed": 200,
-          "forget10_perturbed": 400, "retain_perturbed": 400, "real_authors": 100,
-          "real_authors_perturbed": 100, "world_facts": 117, "world_facts_perturbed": 117,
-          "holdout01": 40, "holdout05": 200, "holdout10": 400}
+COUNTS = {
+    "full": 4000,
+    "retain90": 3600,
+    "retain95": 3800,
+    "retain99": 3960,
+    "forget01": 40,
+    "forget05": 200,
+    "forget10": 400,
+    "forget01_perturbed": 40,
+    "forget05_perturbed": 200,
+    "forget10_perturbed": 400,
+    "retain_perturbed": 400,
+    "real_authors": 100,
+    "real_authors_perturbed": 100,
+    "world_facts": 117,
+    "world_facts_perturbed": 117,
+    "holdout01": 40,
+    "holdout05": 200,
+    "holdout10": 400,
+}
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +109,9 @@ def test_real_author_subset_keeps_blocks_and_proportions(real):
         author_subset(real["holdout10"], "holdout10", 400)
 
 
-@pytest.mark.parametrize(("n", "pct", "expected"), [(40, 10, 4), (40, 5, 2), (40, 1, 1), (50, 5, 3),
-                                                    (200, 10, 20), (200, 1, 2), (2, 10, 1)])
+@pytest.mark.parametrize(
+    ("n", "pct", "expected"), [(40, 10, 4), (40, 5, 2), (40, 1, 1), (50, 5, 3), (200, 10, 20), (200, 1, 2), (2, 10, 1)]
+)
 def test_forget_count(n, pct, expected):
     assert forget_count(n, pct) == expected
 
@@ -128,20 +151,31 @@ def test_missing_file_names_file_and_fields(tmp_path):
     assert "forget10_perturbed.json" in msg and "paraphrased_answer" in msg and "forget10" in msg
 
 
-ROW = {"question": "q", "answer": "a", "paraphrased_answer": "p", "perturbed_answer": ["w"] * 5,
-       "paraphrased_question": "pq"}
+ROW = {
+    "question": "q",
+    "answer": "a",
+    "paraphrased_answer": "p",
+    "perturbed_answer": ["w"] * 5,
+    "paraphrased_question": "pq",
+}
 
 
-@pytest.mark.parametrize(("content", "match", "lists_fields"), [
-    ("{not json", "not valid JSON", True),
-    ({"question": "q", "answer": "a"}, "got a dict", True),
-    ([], "empty list", True),
-    (["just a string"], "row 0: expected an object", True),
-    ([ROW, {k: v for k, v in ROW.items() if k != "paraphrased_answer"}],
-     r"row 1: missing field\(s\) paraphrased_answer", True),
-    ([{**ROW, "perturbed_answer": 3}], "'perturbed_answer' must be a non-empty list", False),
-    ([{**ROW, "answer": ""}], "'answer' must be a non-empty string", False),
-])
+@pytest.mark.parametrize(
+    ("content", "match", "lists_fields"),
+    [
+        ("{not json", "not valid JSON", True),
+        ({"question": "q", "answer": "a"}, "got a dict", True),
+        ([], "empty list", True),
+        (["just a string"], "row 0: expected an object", True),
+        (
+            [ROW, {k: v for k, v in ROW.items() if k != "paraphrased_answer"}],
+            r"row 1: missing field\(s\) paraphrased_answer",
+            True,
+        ),
+        ([{**ROW, "perturbed_answer": 3}], "'perturbed_answer' must be a non-empty list", False),
+        ([{**ROW, "answer": ""}], "'answer' must be a non-empty string", False),
+    ],
+)
 def test_malformed_file_names_file_and_fields(tmp_path, content, match, lists_fields):
     path = write(tmp_path, "forget10_perturbed.json", content)
     with pytest.raises(TOFUFormatError, match=match) as err:
@@ -202,7 +236,12 @@ def test_hub_path_wraps_failures_and_parses_rows(monkeypatch):
 
 def test_to_dict_round_trips_through_the_parser(tmp_path):
     item = QAItem("q", "a", "p", ("w1", "w2"), "pq")
-    assert item.to_dict() == {"question": "q", "answer": "a", "paraphrased_answer": "p",
-                              "perturbed_answer": ["w1", "w2"], "paraphrased_question": "pq"}
+    assert item.to_dict() == {
+        "question": "q",
+        "answer": "a",
+        "paraphrased_answer": "p",
+        "perturbed_answer": ["w1", "w2"],
+        "paraphrased_question": "pq",
+    }
     write(tmp_path, "retain_perturbed.json", [item.to_dict()])
     assert load_split(tmp_path, "retain_perturbed") == [item]

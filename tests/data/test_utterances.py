@@ -1,4 +1,5 @@
-"""Tests of mmunlearn.data.waveforms and mmunlearn.data.utterances: waveform cache, crops and segments, the utterance dataset, manifest splits."""
+"""Tests of mmunlearn.data.waveforms and mmunlearn.data.utterances: waveform cache, crops and segments,
+the utterance dataset, manifest splits."""
 
 import doctest
 
@@ -6,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-import mmunlearn.data.waveforms
 import mmunlearn.data.utterances
+import mmunlearn.data.waveforms
+from mmunlearn.adapters.speaker.training import training_rows
 from mmunlearn.data.manifest import read_manifest
 from mmunlearn.data.utterances import UtteranceDataset, split_rows
 from mmunlearn.data.waveforms import AudioCache, crop, example_waveform, segments
-from mmunlearn.adapters.speaker.training import training_rows
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
@@ -22,8 +23,10 @@ def test_doctests(module):
 
 
 def _rows(n=3, length=32000):
-    return [{"ID": f"u{i}", "spk_id": f"s{i % 2}", "wav": torch.arange(length, dtype=torch.float32) + 1000 * i}
-            for i in range(n)]
+    return [
+        {"ID": f"u{i}", "spk_id": f"s{i % 2}", "wav": torch.arange(length, dtype=torch.float32) + 1000 * i}
+        for i in range(n)
+    ]
 
 
 def test_crops_are_seeded_fresh_per_read_and_inside_the_utterance():

@@ -20,7 +20,9 @@ def write_m4a(path: Path, wav: np.ndarray, sr: int) -> Path:
         stream = container.add_stream("aac", rate=sr)
         stream.layout = "mono"
         for i in range(0, len(wav), 1024):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wav[None, i : i + 1024]), format="fltp", layout="mono")
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(wav[None, i : i + 1024]), format="fltp", layout="mono"
+            )
             frame.sample_rate = sr
             for packet in stream.encode(frame):
                 container.mux(packet)

@@ -1,4 +1,5 @@
-"""Fixtures for the speech data-prep tests: one tiny synthetic corpus per session (4 speakers x 6 utterances x 2 videos)."""
+"""Fixtures for the speech data-prep tests: one tiny synthetic corpus per session
+(4 speakers x 6 utterances x 2 videos)."""
 
 import pytest
 

@@ -33,7 +33,8 @@ def test_every_split_is_a_balanced_subset_of_the_source(speaker_manifests, tmp_p
     assert report["rows"] == 5 and report["seed"] == 3 and report["counts"]["train"]["rows"] == 5
     again = subset_manifests(speaker_manifests, tmp_path / "again", 5, seed=3)
     assert {k: v for k, v in _digests(again).items() if k != REPORT} == {
-        k: v for k, v in _digests(out).items() if k != REPORT}  # re-runnable: same inputs, same files
+        k: v for k, v in _digests(out).items() if k != REPORT
+    }  # re-runnable: same inputs, same files
 
 
 def test_no_cap_keeps_every_row_and_bad_requests_are_refused(speaker_manifests, tmp_path):
@@ -50,12 +51,15 @@ def test_no_cap_keeps_every_row_and_bad_requests_are_refused(speaker_manifests, 
 def test_the_voxceleb2_command_writes_the_subset(speaker_manifests, tmp_path):
     from mmunlearn.cli import app
 
-    res = CliRunner().invoke(app, ["voxceleb2", "subset", "--manifests", str(speaker_manifests),
-                                   "--out", str(tmp_path / "sub"), "--rows", "4"])
+    res = CliRunner().invoke(
+        app,
+        ["voxceleb2", "subset", "--manifests", str(speaker_manifests), "--out", str(tmp_path / "sub"), "--rows", "4"],
+    )
     assert res.exit_code == 0, res.output
     assert len(split_rows(tmp_path / "sub", "train")) == 4 and "train:" in res.output
-    bad = CliRunner().invoke(app, ["voxceleb2", "subset", "--manifests", str(tmp_path / "missing"),
-                                   "--out", str(tmp_path / "z")])
+    bad = CliRunner().invoke(
+        app, ["voxceleb2", "subset", "--manifests", str(tmp_path / "missing"), "--out", str(tmp_path / "z")]
+    )
     text = " ".join(bad.output.replace("│", " ").split())  # rich's box and wrapping undone
     assert bad.exit_code == 2 and "manifest directory not found" in text and not (tmp_path / "z").exists()
 

@@ -16,8 +16,12 @@ from mmunlearn.data.manifest import (
 
 
 def corpus(n_spk=5, n_vid=5, n_utt=4):
-    return [Utterance(f"id{s:05d}", f"vid{v}", f"{u:05d}", f"/a/{s}/{v}/{u}.wav", 32000)
-            for s in range(n_spk) for v in range(n_vid) for u in range(n_utt)]
+    return [
+        Utterance(f"id{s:05d}", f"vid{v}", f"{u:05d}", f"/a/{s}/{v}/{u}.wav", 32000)
+        for s in range(n_spk)
+        for v in range(n_vid)
+        for u in range(n_utt)
+    ]
 
 
 def test_make_splits_sizes_and_invariants():
@@ -26,8 +30,15 @@ def test_make_splits_sizes_and_invariants():
     ids = {k: {u.id for u in v} for k, v in splits.items()}
     # per speaker: 1 of 5 videos is test (4 utts); 16 train utts; k = round(0.25 * 16) = 4
     assert {k: len(v) for k, v in ids.items()} == {
-        "spk_forget_train": 16, "spk_forget_test": 4, "spk_retain_train": 4 * 12, "spk_retain_test": 4 * 4,
-        "sample_holdout": 4 * 4, "sample_forget": 4 * 4, "sample_retain": 16 + 4 * 8, "train": 16 + 4 * 12}
+        "spk_forget_train": 16,
+        "spk_forget_test": 4,
+        "spk_retain_train": 4 * 12,
+        "spk_retain_test": 4 * 4,
+        "sample_holdout": 4 * 4,
+        "sample_forget": 4 * 4,
+        "sample_retain": 16 + 4 * 8,
+        "train": 16 + 4 * 12,
+    }
     primary = ["spk_forget_train", "spk_forget_test", "spk_retain_train", "spk_retain_test", "sample_holdout"]
     assert sum(len(ids[k]) for k in primary) == len(set().union(*(ids[k] for k in primary))) == len(utts)
     assert ids["sample_forget"] <= ids["spk_retain_train"]
@@ -77,16 +88,29 @@ def test_speaker_choice():
 
 def test_segment_rows_by_hand():
     u = Utterance("id1", "v", "00001", "/x.wav", 16000 * 3 + 500, {"gender": "f"})
-    assert [(r["start"], r["stop"]) for r in segment_rows(u, 16000, 1.0)] == [(0, 16000), (16000, 32000), (32000, 48000)]
+    assert [(r["start"], r["stop"]) for r in segment_rows(u, 16000, 1.0)] == [
+        (0, 16000),
+        (16000, 32000),
+        (32000, 48000),
+    ]
     assert segment_rows(u, 16000, 1.0)[1]["ID"] == "id1--v--00001_16000_32000"
     (whole,) = segment_rows(u, 16000, 0.0)
-    assert whole == {"ID": "id1--v--00001", "duration": 3.03125, "wav": "/x.wav", "start": 0, "stop": 48500,
-                     "spk_id": "id1", "gender": "f"}
+    assert whole == {
+        "ID": "id1--v--00001",
+        "duration": 3.03125,
+        "wav": "/x.wav",
+        "start": 0,
+        "stop": 48500,
+        "spk_id": "id1",
+        "gender": "f",
+    }
     assert [(r["start"], r["stop"]) for r in segment_rows(u, 16000, 5.0)] == [(0, 48500)]  # shorter: whole
 
 
 def test_manifest_roundtrip_and_errors(tmp_path):
-    rows = [{"ID": "a", "duration": 1.5, "wav": "/w/a.wav", "start": 0, "stop": 24000, "spk_id": "s1", "text": "hi, there"}]
+    rows = [
+        {"ID": "a", "duration": 1.5, "wav": "/w/a.wav", "start": 0, "stop": 24000, "spk_id": "s1", "text": "hi, there"}
+    ]
     path = write_manifest(tmp_path / "m.csv", rows)
     assert read_manifest(path) == rows
     assert [p.name for p in tmp_path.iterdir()] == ["m.csv"]
@@ -100,10 +124,12 @@ def test_manifest_roundtrip_and_errors(tmp_path):
     with pytest.raises(ManifestError, match=r"bad.csv: missing column\(s\) \['stop', 'spk_id'\]"):
         read_manifest(bad)
     header = ",".join(MANIFEST_COLUMNS)
-    for body, msg in [("a,1.0,/w.wav,zero,10,s", "'start' value 'zero' is not int"),
-                      ("a,1.0,/w.wav,0,10,s\na,1.0,/w.wav,0,10,s", "bad.csv:3: duplicate ID 'a'"),
-                      ("a,1.0,/w.wav,10,10,s", "stop 10 <= start 10"),
-                      ("a,1.0,/w.wav,0,10", "wrong number of fields")]:
+    for body, msg in [
+        ("a,1.0,/w.wav,zero,10,s", "'start' value 'zero' is not int"),
+        ("a,1.0,/w.wav,0,10,s\na,1.0,/w.wav,0,10,s", "bad.csv:3: duplicate ID 'a'"),
+        ("a,1.0,/w.wav,10,10,s", "stop 10 <= start 10"),
+        ("a,1.0,/w.wav,0,10", "wrong number of fields"),
+    ]:
         bad.write_text(f"{header}\n{body}\n")
         with pytest.raises(ManifestError, match=msg):
             read_manifest(bad)

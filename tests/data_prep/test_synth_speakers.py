@@ -1,4 +1,5 @@
-"""The built-in espeak-ng corpus: VoxCeleb2 layout, meta/transcripts, byte-identical per seed, distinct voices, re-runnable."""
+"""The built-in espeak-ng corpus: VoxCeleb2 layout, meta/transcripts, byte-identical per seed,
+distinct voices, re-runnable."""
 
 import csv
 import hashlib
@@ -14,8 +15,11 @@ from data_prep.synth_speakers import STAMP_NAME, app, make_sentence, synthesize_
 
 
 def digests(root):
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def wav_digests(root):
@@ -57,7 +61,11 @@ def test_layout_meta_and_transcripts(corpus):
     assert [h.strip() for h in rows[0]] == ["VoxCeleb2 ID", "VGGFace2 ID", "Gender", "Set"]
     assert rows[0][0] != rows[0][0].strip()  # the real file's stray spaces are kept
     assert [(r[0].strip(), r[2].strip(), r[3].strip()) for r in rows[1:]] == [
-        ("id00001", "m", "dev"), ("id00002", "f", "dev"), ("id00003", "m", "dev"), ("id00004", "f", "dev")]
+        ("id00001", "m", "dev"),
+        ("id00002", "f", "dev"),
+        ("id00003", "m", "dev"),
+        ("id00004", "f", "dev"),
+    ]
 
     with open(corpus / "transcripts.csv", newline="") as fh:
         trans = list(csv.DictReader(fh))
@@ -85,8 +93,10 @@ def test_same_seed_identical_bytes_other_seed_differs_and_rebuild_in_place(corpu
 
 
 def test_voices_differ_between_speakers_and_hold_within(corpus):
-    f0 = {spk: [median_f0(sf.read(p)[0]) for p in sorted((corpus / "dev/aac" / spk).rglob("*.wav"))]
-          for spk in ("id00001", "id00002")}  # id00001 is a male voice, id00002 a female one
+    f0 = {
+        spk: [median_f0(sf.read(p)[0]) for p in sorted((corpus / "dev/aac" / spk).rglob("*.wav"))]
+        for spk in ("id00001", "id00002")
+    }  # id00001 is a male voice, id00002 a female one
     assert np.median(f0["id00002"]) > 1.5 * np.median(f0["id00001"])
     for values in f0.values():  # a speaker's pitch is stable across utterances and videos
         assert max(values) < 1.3 * min(values)

@@ -1,4 +1,5 @@
-"""VoxCeleb2 prepare on a tiny tree of m4a + wav files: disjoint splits in the promised sizes, report of bad files, skip/rebuild."""
+"""VoxCeleb2 prepare on a tiny tree of m4a + wav files: disjoint splits in the promised sizes,
+report of bad files, skip/rebuild."""
 
 import csv
 import shutil
@@ -71,14 +72,24 @@ def test_prepare_splits_are_disjoint_and_sized(tree, tmp_path):
     assert len(set().union(*(ids(m[n]) for n in PRIMARY))) == 24
     # 3 utterances per video, 2 videos: 1 train + 1 test video; k = round(0.34 * 3) = 1
     sizes = {n: len(m[n]) for n in SPLIT_NAMES}
-    assert sizes == {"spk_forget_train": 3, "spk_forget_test": 3, "spk_retain_train": 6, "spk_retain_test": 9,
-                     "sample_holdout": 3, "sample_forget": 3, "sample_retain": 6, "train": 9}
+    assert sizes == {
+        "spk_forget_train": 3,
+        "spk_forget_test": 3,
+        "spk_retain_train": 6,
+        "spk_retain_test": 9,
+        "sample_holdout": 3,
+        "sample_forget": 3,
+        "sample_retain": 6,
+        "train": 9,
+    }
     assert {n: c["utterances"] for n, c in rep["counts"].items()} == sizes
 
     def videos(rows):
         return {(r["spk_id"], r["ID"].split("--")[1]) for r in rows}
 
-    assert not videos(m["spk_forget_test"]) & videos(m["train"]) and not videos(m["spk_retain_test"]) & videos(m["train"])
+    assert not videos(m["spk_forget_test"]) & videos(m["train"]) and not videos(m["spk_retain_test"]) & videos(
+        m["train"]
+    )
     assert {r["spk_id"] for r in m["spk_forget_train"] + m["spk_forget_test"]} == {forget}
     for name in ("spk_retain_train", "spk_retain_test", "sample_forget", "sample_holdout"):
         assert {r["spk_id"] for r in m[name]} == retain, name
@@ -93,7 +104,9 @@ def test_prepare_splits_are_disjoint_and_sized(tree, tmp_path):
     with open(tree / "transcripts.csv", newline="") as fh:
         text = {t["ID"]: t["text"] for t in csv.DictReader(fh)}
     for r in rows:
-        assert r["wav"].startswith("/") and r["start"] == 0 and r["duration"] == pytest.approx(r["stop"] / 16000, abs=1e-4)
+        assert (
+            r["wav"].startswith("/") and r["start"] == 0 and r["duration"] == pytest.approx(r["stop"] / 16000, abs=1e-4)
+        )
         assert r["gender"] == ("m" if r["spk_id"] in ("id00001", "id00003") else "f")
         assert r["text"] == text[r["ID"]]
         if r["spk_id"] in ("id00001", "id00002"):  # m4a: converted once under out/wav
@@ -133,11 +146,28 @@ def test_rerun_skips_and_new_options_rebuild_reusing_decodes(tree, tmp_path):
 
 def test_speaker_subset_cap_explicit_forget_and_segments(tree, tmp_path):
     with pytest.raises(ShortfallError, match="fewer than --max-utterances 4 usable files: id00003 3, id00004 3"):
-        prepare(tree, tmp_path / "o", speakers=3, forget_speakers=["id00004"], max_utterances=4,
-                segment_seconds=1.0, forget_fraction=0.25, progress=False)
+        prepare(
+            tree,
+            tmp_path / "o",
+            speakers=3,
+            forget_speakers=["id00004"],
+            max_utterances=4,
+            segment_seconds=1.0,
+            forget_fraction=0.25,
+            progress=False,
+        )
     assert not (tmp_path / "o" / "train.csv").exists()
-    res = prepare(tree, tmp_path / "o", speakers=3, forget_speakers=["id00004"], max_utterances=4,
-                  segment_seconds=1.0, forget_fraction=0.25, progress=False, allow_fewer=True)
+    res = prepare(
+        tree,
+        tmp_path / "o",
+        speakers=3,
+        forget_speakers=["id00004"],
+        max_utterances=4,
+        segment_seconds=1.0,
+        forget_fraction=0.25,
+        progress=False,
+        allow_fewer=True,
+    )
     assert res.report["shortfalls"] and res.report["per_speaker"]["id00004"]["files"] == 4
     m = load(res)
     assert res.report["forget_speakers"] == ["id00004"]
@@ -151,7 +181,7 @@ def test_speaker_subset_cap_explicit_forget_and_segments(tree, tmp_path):
             assert "text" not in r  # no transcript for a segment
             utts.setdefault(r["ID"].rsplit("_", 2)[0], []).append(r)
     per_spk = {}
-    for uid, segs in utts.items():
+    for segs in utts.values():
         assert len(segs) == read_audio(segs[0]["wav"]).size // 16000
         per_spk[segs[0]["spk_id"]] = per_spk.get(segs[0]["spk_id"], 0) + 1
     assert all(v <= 4 for v in per_spk.values())
@@ -170,7 +200,9 @@ def test_cli_prepare_reports_bad_files(tree, tmp_path):
     assert res.exit_code == 0, res.output
     assert "00099.m4a" in res.output and "silent" in res.output and "'id00001', 'id00003'" in res.output
     assert "up to date" in runner.invoke(app, args).output
-    bad = runner.invoke(app, ["prepare", "--root", str(tree), "--out", str(tmp_path / "p"), "--forget-speakers", "id09999"])
+    bad = runner.invoke(
+        app, ["prepare", "--root", str(tree), "--out", str(tmp_path / "p"), "--forget-speakers", "id09999"]
+    )
     assert bad.exit_code != 0 and "id09999" in str(bad.exception)
 
 

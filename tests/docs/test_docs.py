@@ -26,8 +26,12 @@ def test_every_relative_link_resolves():
 
 
 def test_no_page_points_outside_the_repository():
-    outside = [f"{p.relative_to(ROOT)} -> {t}" for p in PAGES for t in LINK.findall(p.read_text())
-               if not re.match(r"[a-z]+://|#", t) and not (p.parent / t.split("#")[0]).resolve().is_relative_to(ROOT)]
+    outside = [
+        f"{p.relative_to(ROOT)} -> {t}"
+        for p in PAGES
+        for t in LINK.findall(p.read_text())
+        if not re.match(r"[a-z]+://|#", t) and not (p.parent / t.split("#")[0]).resolve().is_relative_to(ROOT)
+    ]
     assert outside == []
 
 
@@ -41,8 +45,22 @@ def test_the_readme_stays_a_front_door():
 
 
 def test_the_site_builds_strictly(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site"),
-                          "--config-file", str(ROOT / "mkdocs.yml")], capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--site-dir",
+            str(tmp_path / "site"),
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "site" / "tofu" / "index.html").is_file()
     api = (tmp_path / "site" / "api" / "index.html").read_text()  # generated from the code (mmunlearn/cli/apiref.py)
@@ -103,14 +121,18 @@ def test_every_table_is_generated_from_a_record():
 
 
 def test_the_table_finder_sees_a_hand_written_table():
-    page = ("text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n<!-- results: x -->\n| c |\n<!-- /results -->\n```\n| d |\n```\n"
-            "<!-- reference table: options -->\n| e |\n| f |\n\n| g |\n")
+    page = (
+        "text\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n<!-- results: x -->\n| c |\n<!-- /results -->\n```\n| d |\n```\n"
+        "<!-- reference table: options -->\n| e |\n| f |\n\n| g |\n"
+    )
     assert _tables_outside_blocks(page) == [3, 4, 5, 17]
 
 
 ARCHITECTURE = ROOT / "ARCHITECTURE.md"
 #: Repository paths as ARCHITECTURE.md writes them: a folder or file, a test file with an optional ``::test_name``.
-REPO_PATH = re.compile(r"(?<![\w/.])((?:mmunlearn|recipes|data_prep|examples|tests|docs)/[\w./-]*(?:::\w+)?)(?![\w./:<-])")
+REPO_PATH = re.compile(
+    r"(?<![\w/.])((?:mmunlearn|recipes|data_prep|examples|tests|docs)/[\w./-]*(?:::\w+)?)(?![\w./:<-])"
+)
 
 
 def _architecture_misses(text: str, root: Path) -> list[str]:
@@ -145,9 +167,15 @@ def test_the_map_check_sees_a_stale_path_a_missing_test_and_a_package_left_out(t
     (tmp_path / "mmunlearn" / "kinds.py").write_text("")
     (tmp_path / "examples").mkdir()
     (tmp_path / "tests" / "test_api.py").write_text("def test_one():\n    pass\n")
-    page = ("- `mmunlearn/__init__.py`, `mmunlearn/kinds.py`, `examples/`: `tests/test_api.py::test_one`, "
-            "`recipes/<bench>/cli.py`, `tests/test_<bench>.py`\n")
+    page = (
+        "- `mmunlearn/__init__.py`, `mmunlearn/kinds.py`, `examples/`: `tests/test_api.py::test_one`, "
+        "`recipes/<bench>/cli.py`, `tests/test_<bench>.py`\n"
+    )
     assert _architecture_misses(page, tmp_path) == ["leaves out mmunlearn/api/"]
     stale = page + "- `mmunlearn/api/`: `tests/test_api.py::test_two`, `mmunlearn/gone/`, tests/test_gone.py.\n"
     assert _architecture_misses(stale + "\n" * 150, tmp_path) == [
-        "152 lines", "no test_two in tests/test_api.py", "no mmunlearn/gone/", "no tests/test_gone.py"]
+        "152 lines",
+        "no test_two in tests/test_api.py",
+        "no mmunlearn/gone/",
+        "no tests/test_gone.py",
+    ]

@@ -7,8 +7,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                 for p in (ROOT / "mmunlearn").rglob("*.py") if ">>>" in p.read_text())
+MODULES = sorted(
+    ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    for p in (ROOT / "mmunlearn").rglob("*.py")
+    if ">>>" in p.read_text()
+)
 
 
 def test_the_modules_with_examples_are_found():

@@ -60,8 +60,12 @@ def test_report_lists_every_layer():
 def test_restore_from_report_in_memory_and_patch_roundtrip(tmp_path):
     model = tiny_llama(dtype=torch.bfloat16)
     before = snapshot(model)
-    report = erase(model, {k: v.bfloat16() for k, v in block_task_matrices(model, hot=0, scale=0.05).items()},
-                   energy=0.5, localize=False)
+    report = erase(
+        model,
+        {k: v.bfloat16() for k, v in block_task_matrices(model, hot=0, scale=0.05).items()},
+        energy=0.5,
+        localize=False,
+    )
     assert not same(before, snapshot(model))
     path = report.patch.save(tmp_path / "p.safetensors")
     restore(model, UndoPatch.load(path))

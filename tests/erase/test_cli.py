@@ -35,7 +35,9 @@ def checkpoint(request, tmp_path):
     model.save_pretrained(src, max_shard_size="20KB" if request.param == "sharded" else "1GB")
     if request.param == "sharded":
         assert (src / "model.safetensors.index.json").is_file()
-    tf = save_task_matrices(tmp_path / "forget.safetensors", block_task_matrices(model, hot=2, seed=1), {"kind": "test"})
+    tf = save_task_matrices(
+        tmp_path / "forget.safetensors", block_task_matrices(model, hot=2, seed=1), {"kind": "test"}
+    )
     tr = save_task_matrices(tmp_path / "retain.safetensors", block_task_matrices(model, hot=0, seed=2))
     return src, tf, tr
 
@@ -52,8 +54,9 @@ def test_erase_writes_new_model_and_restore_is_bitwise(checkpoint, tmp_path):
     src, tf, tr = checkpoint
     before_files = tree_digest(src)
     out = tmp_path / "erased"
-    res = runner.invoke(app, ["erase", "--model", str(src), "--forget", str(tf), "--retain", str(tr),
-                              "--out", str(out), "--rank", "3"])
+    res = runner.invoke(
+        app, ["erase", "--model", str(src), "--forget", str(tf), "--retain", str(tr), "--out", str(out), "--rank", "3"]
+    )
     assert res.exit_code == 0, res.output
     assert tree_digest(src) == before_files  # input checkpoint untouched
     for name in ("config.json", "erase_report.json", "layer_energy.png"):
@@ -88,8 +91,10 @@ def test_erase_refuses_existing_output_and_bad_paths(checkpoint, tmp_path):
     out.mkdir()
     res = runner.invoke(app, ["erase", "--model", str(src), "--forget", str(tf), "--out", str(out), "--rank", "2"])
     assert res.exit_code != 0 and "already exists" in str(res.exception)
-    res = runner.invoke(app, ["erase", "--model", str(tmp_path / "nope"), "--forget", str(tf),
-                              "--out", str(tmp_path / "o"), "--rank", "2"])
+    res = runner.invoke(
+        app,
+        ["erase", "--model", str(tmp_path / "nope"), "--forget", str(tf), "--out", str(tmp_path / "o"), "--rank", "2"],
+    )
     assert res.exit_code != 0 and "not found" in str(res.exception)
     assert not (tmp_path / "o").exists()
 

@@ -7,8 +7,10 @@ import torch
 
 from mmunlearn.erase.subspace.cpqr import cpqr_lapack, cpqr_torch, lapack_available
 
-PATHS = [pytest.param(cpqr_lapack, id="lapack", marks=pytest.mark.skipif(not lapack_available(), reason="no ?geqp3rk")),
-         pytest.param(cpqr_torch, id="torch")]
+PATHS = [
+    pytest.param(cpqr_lapack, id="lapack", marks=pytest.mark.skipif(not lapack_available(), reason="no ?geqp3rk")),
+    pytest.param(cpqr_torch, id="torch"),
+]
 
 
 def separated(m=120, n=90, r=30, seed=0, dtype=torch.float64):

@@ -11,14 +11,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from mmunlearn.files.checkpoint import MARKER
 from mmunlearn.cli import app
 from mmunlearn.erase import stream as st
 from mmunlearn.erase.energy import group_of
 from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
+from mmunlearn.files.checkpoint import MARKER
 from mmunlearn.taskvec.store import LazyTaskMatrices, load_task_matrices, open_task_matrices, save_task_matrices
 from tests.tiny import ConvExperts, block_task_matrices, tiny_llama
-
 
 
 def save_by_group(root: Path, tm: dict) -> Path:
@@ -52,8 +51,11 @@ def same_content(a: Path, b: Path) -> bool:
     from safetensors import safe_open
 
     with safe_open(str(a), framework="pt") as fa, safe_open(str(b), framework="pt") as fb:
-        return (fa.metadata() == fb.metadata() and list(fa.keys()) == list(fb.keys())
-                and all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys()))
+        return (
+            fa.metadata() == fb.metadata()
+            and list(fa.keys()) == list(fb.keys())
+            and all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())
+        )
 
 
 def index(root: Path) -> dict[str, str]:
@@ -71,20 +73,26 @@ def untimed(report) -> dict:
 
 
 def no_litter(parent: Path, name: str) -> bool:
-    return (not (parent / name).exists() and not (parent / f"{name}.undo").exists()
-            and not any(p.name.startswith(f".{name}.") for p in parent.iterdir()))
+    return (
+        not (parent / name).exists()
+        and not (parent / f"{name}.undo").exists()
+        and not any(p.name.startswith(f".{name}.") for p in parent.iterdir())
+    )
 
 
 def by_kind(name: str) -> str:
     return "attention" if ".self_attn." in name else "mlp"
 
 
-@pytest.mark.parametrize("options", [
-    {"rank": 3},
-    {"energy": 0.8, "rows": True, "method": "svd", "scale": 0.5},
-    {"rank": 2, "rule": "top", "top": 2, "retain": None},
-    {"rank": 2, "groups": by_kind, "method": "cpqr-sketch", "seed": 3},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"rank": 3},
+        {"energy": 0.8, "rows": True, "method": "svd", "scale": 0.5},
+        {"rank": 2, "rule": "top", "top": 2, "retain": None},
+        {"rank": 2, "groups": by_kind, "method": "cpqr-sketch", "seed": 3},
+    ],
+)
 def test_streamed_erase_equals_in_memory_file_for_file(sharded, tmp_path, options):
     src, tf, tr = sharded
     options = {"retain": tr, **options}
@@ -97,8 +105,9 @@ def test_streamed_erase_equals_in_memory_file_for_file(sharded, tmp_path, option
     for name in a:  # every shard, the index, even the plot: the same bytes
         if name not in ("erase_report.json", "undo_patch.safetensors"):
             assert a[name] == b[name], name
-    assert same_content(tmp_path / "mem.undo" / "undo_patch.safetensors",
-                        tmp_path / "str.undo" / "undo_patch.safetensors")
+    assert same_content(
+        tmp_path / "mem.undo" / "undo_patch.safetensors", tmp_path / "str.undo" / "undo_patch.safetensors"
+    )
     assert untimed(mem) == untimed(streamed)
     assert (mem.undo["folder"], streamed.undo["folder"]) == ("mem.undo", "str.undo")
     assert streamed.patch_path == str((tmp_path / "str.undo" / "undo_patch.safetensors").resolve())
@@ -129,11 +138,15 @@ def test_no_hardlink_copies_and_restore_gives_the_original_bits(sharded, tmp_pat
     assert files(back) == files(src)  # file for file, byte for byte; no patch/report/plot left over
     # the patch format is shared: the in-memory restore reads a streamed erase too
     restore_checkpoint(out, tmp_path / "back-mem")
-    assert all(torch.equal(load_file(str(tmp_path / "back-mem" / s))[k], v)
-               for s in shards for k, v in load_file(str(src / s)).items())
+    assert all(
+        torch.equal(load_file(str(tmp_path / "back-mem" / s))[k], v)
+        for s in shards
+        for k, v in load_file(str(src / s)).items()
+    )
     with pytest.raises(ValueError, match="not the ones this patch produced"):  # patch vs the original weights
-        st.stream_restore_checkpoint(src, tmp_path / "bad", patch=tmp_path / "erased.undo" / "undo_patch.safetensors",
-                                     progress=False)
+        st.stream_restore_checkpoint(
+            src, tmp_path / "bad", patch=tmp_path / "erased.undo" / "undo_patch.safetensors", progress=False
+        )
     assert no_litter(tmp_path, "bad")
 
 
@@ -141,8 +154,23 @@ def test_cli_streams_by_default_and_no_stream_agrees(sharded, tmp_path):
     src, tf, tr = sharded
     runner = CliRunner()
     for flag, name in (("--stream", "s"), ("--no-stream", "m")):
-        res = runner.invoke(app, ["erase", "--model", str(src), "--forget", str(tf), "--retain", str(tr),
-                                  "--out", str(tmp_path / name), "--rank", "3", flag])
+        res = runner.invoke(
+            app,
+            [
+                "erase",
+                "--model",
+                str(src),
+                "--forget",
+                str(tf),
+                "--retain",
+                str(tr),
+                "--out",
+                str(tmp_path / name),
+                "--rank",
+                "3",
+                flag,
+            ],
+        )
         assert res.exit_code == 0, res.output
     a, b = files(tmp_path / "s"), files(tmp_path / "m")
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in set(index(src).values()))
@@ -220,13 +248,16 @@ def test_one_shard_and_at_most_two_task_matrices_resident(sharded, tmp_path, mon
     assert sorted(k for f, k in reads if f == "retain.safetensors") == sorted(edited)  # retain: edited only
 
 
-@pytest.mark.parametrize("case, error, match", [
-    ("shape", ValueError, "shape"),
-    ("name", KeyError, "no erasable parameter"),
-    ("retain", KeyError, "retain task matrices have no entry"),
-    ("rank", ValueError, "exceeds min"),
-    ("nan", ValueError, "NaN or Inf"),
-])
+@pytest.mark.parametrize(
+    "case, error, match",
+    [
+        ("shape", ValueError, "shape"),
+        ("name", KeyError, "no erasable parameter"),
+        ("retain", KeyError, "retain task matrices have no entry"),
+        ("rank", ValueError, "exceeds min"),
+        ("nan", ValueError, "NaN or Inf"),
+    ],
+)
 def test_bad_input_fails_like_in_memory_before_any_shard_is_read(sharded, tmp_path, monkeypatch, case, error, match):
     src, _, _ = sharded
     model = tiny_llama()
@@ -271,14 +302,16 @@ def test_conv_kernels_and_expert_stacks_in_two_shards(tmp_path):
     src = tmp_path / "model"
     src.mkdir()
     names = sorted(sd)
-    halves = {"a.safetensors": names[: len(names) // 2], "b.safetensors": names[len(names) // 2:]}
+    halves = {"a.safetensors": names[: len(names) // 2], "b.safetensors": names[len(names) // 2 :]}
     for shard, part in halves.items():
         save_file({n: sd[n] for n in part}, str(src / shard), metadata={"format": "pt"})
-    (src / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {n: s for s, part in halves.items() for n in part}}))
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {n: s for s, part in halves.items() for n in part}})
+    )
     g = torch.Generator().manual_seed(0)
-    tf = save_task_matrices(tmp_path / "f.safetensors", {n: torch.randn(p.shape, generator=g) for n, p in sd.items()
-                                                          if p.dim() == 3})
+    tf = save_task_matrices(
+        tmp_path / "f.safetensors", {n: torch.randn(p.shape, generator=g) for n, p in sd.items() if p.dim() == 3}
+    )
     mem = erase_checkpoint(src, tf, tmp_path / "mem", rank=2, localize=False)
     streamed = st.stream_erase_checkpoint(src, tf, tmp_path / "str", rank=2, localize=False, progress=False)
     assert untimed(mem) == untimed(streamed)
@@ -299,8 +332,9 @@ def test_task_matrices_open_lazily_from_file_directory_or_sharded_index(tmp_path
     save_file({n: tm[n] for n in names[:4]}, str(tmp_path / "sh" / "t-00001-of-00002.safetensors"))
     save_file({n: tm[n] for n in names[4:]}, str(tmp_path / "sh" / "t-00002-of-00002.safetensors"))
     idx = tmp_path / "sh" / "t.safetensors.index.json"
-    idx.write_text(json.dumps({"weight_map": {n: f"t-0000{1 + (i >= 4)}-of-00002.safetensors"
-                                              for i, n in enumerate(names)}}))
+    idx.write_text(
+        json.dumps({"weight_map": {n: f"t-0000{1 + (i >= 4)}-of-00002.safetensors" for i, n in enumerate(names)}})
+    )
     for path in (single, by_group, idx):
         lazy, eager = open_task_matrices(path), load_task_matrices(path)
         assert list(lazy) == list(eager) and sorted(lazy) == sorted(tm)  # one order for both readers
@@ -316,8 +350,23 @@ def test_task_matrices_open_lazily_from_file_directory_or_sharded_index(tmp_path
 
 def test_stream_benchmark_runs_end_to_end_on_a_tiny_architecture(tmp_path):
     out = tmp_path / "bench.json"
-    res = CliRunner().invoke(app, ["bench", "stream", "--arch", "tiny", "--shard-mb", "0.2", "--workdir",
-                                   str(tmp_path / "w"), "--json", str(out), "--threads", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "stream",
+            "--arch",
+            "tiny",
+            "--shard-mb",
+            "0.2",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+            "--threads",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["identical"] and data["shards"] >= 3 and data["largest_shard"] <= 0.2e6 + 64 * 1000 * 2

@@ -45,8 +45,9 @@ def inputs(tmp_path):
 
 
 def erase_cli(model: Path, forget: Path, out: Path, *flags: str) -> None:
-    res = runner.invoke(app, ["erase", "--model", str(model), "--forget", str(forget), "--out", str(out),
-                              "--rank", "2", *flags])
+    res = runner.invoke(
+        app, ["erase", "--model", str(model), "--forget", str(forget), "--out", str(out), "--rank", "2", *flags]
+    )
     assert res.exit_code == 0, res.output
 
 

@@ -20,6 +20,7 @@ def adapter():
 def evaluated(adapter, tmp_path_factory):
     """(logs, out_dir) of one full evaluation, shared by the tests that only read it."""
     out = tmp_path_factory.mktemp("tofu_eval")
-    logs = evaluate_tofu(adapter, SOURCE, forget_split="forget10", out_dir=out, batch_size=8,
-                         max_new_tokens=MAX_NEW_TOKENS)
+    logs = evaluate_tofu(
+        adapter, SOURCE, forget_split="forget10", out_dir=out, batch_size=8, max_new_tokens=MAX_NEW_TOKENS
+    )
     return logs, out

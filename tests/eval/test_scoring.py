@@ -20,8 +20,12 @@ def test_avg_nll_equals_adapter_answer_nll(adapter, items):
     ref = adapter.answer_nll(items, batch_size=7).numpy()
     np.testing.assert_allclose(s.avg_nll, ref, rtol=1e-6, atol=1e-6)
     paras = [it.paraphrased_answer for it in items]
-    np.testing.assert_allclose(score_answers(adapter, items, paras).avg_nll,
-                               adapter.answer_nll(items, answers=paras).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        score_answers(adapter, items, paras).avg_nll,
+        adapter.answer_nll(items, answers=paras).numpy(),
+        rtol=1e-6,
+        atol=1e-6,
+    )
     assert not np.allclose(score_answers(adapter, items, paras).avg_nll, s.avg_nll)
 
 
@@ -46,7 +50,7 @@ def test_token_stats_match_a_direct_computation(adapter, items):
     ids = torch.tensor([prompt_ids + ans_ids + [adapter.eos_id]])
     with torch.no_grad():
         logits = adapter.model(input_ids=ids).logits[0].double()
-    lp = torch.log_softmax(logits, -1)[len(prompt_ids) - 1: len(prompt_ids) - 1 + len(ans_ids)]
+    lp = torch.log_softmax(logits, -1)[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(ans_ids)]
     target = torch.tensor(ans_ids)
     p = lp.exp()
     mu = (p * lp).sum(-1)
@@ -59,8 +63,11 @@ def test_token_stats_match_a_direct_computation(adapter, items):
     np.testing.assert_array_equal(s.matches[1], (lp.argmax(-1) == target).numpy())
     assert s.target_text[1] == adapter.tokenizer.decode(ans_ids + [adapter.eos_id], skip_special_tokens=True)
     # avg NLL covers the EOS too (the reference's evaluate_probability)
-    full = torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1].gather(
-        -1, torch.tensor(ans_ids + [adapter.eos_id])[:, None]).squeeze(-1)
+    full = (
+        torch.log_softmax(logits, -1)[len(prompt_ids) - 1 : -1]
+        .gather(-1, torch.tensor(ans_ids + [adapter.eos_id])[:, None])
+        .squeeze(-1)
+    )
     assert s.avg_nll[1] == pytest.approx(-full.mean().item(), abs=1e-5)
 
 

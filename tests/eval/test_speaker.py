@@ -8,10 +8,20 @@ import torch
 
 import mmunlearn.eval.speaker
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
-from mmunlearn.eval.speaker import (SpeakerScores, accuracy, accuracy_of, cosine_trial_scores, eer_of,
-                                    equal_error_rate, evaluate_speaker_unlearning, mia_loss_auc, score_rows,
-                                    verification_eer, verification_trials)
 from mmunlearn.data.utterances import split_rows
+from mmunlearn.eval.speaker import (
+    SpeakerScores,
+    accuracy,
+    accuracy_of,
+    cosine_trial_scores,
+    eer_of,
+    equal_error_rate,
+    evaluate_speaker_unlearning,
+    mia_loss_auc,
+    score_rows,
+    verification_eer,
+    verification_trials,
+)
 from tests.speech_corpus import one_thread, speaker_manifests  # noqa: F401  (fixtures)
 
 
@@ -68,9 +78,14 @@ def test_verification_trials():
 def test_cosine_scores_and_eer_of_perfect_embeddings():
     emb = np.array([[1.0, 0.0], [2.0, 0.1], [0.0, 3.0], [0.1, 1.0]])
     assert cosine_trial_scores(emb, np.array([0, 0]), np.array([1, 2])) == pytest.approx([2 / np.sqrt(4.01), 0.0])
-    scores = SpeakerScores(ids=list("wxyz"), speakers=["a", "a", "b", "b"], labels=np.array([0, 0, 1, 1]),
-                           logits=np.array([[1.0, 0], [0, 1], [0, 1], [0, 1]]), embeddings=emb,
-                           nll=np.zeros(4))
+    scores = SpeakerScores(
+        ids=list("wxyz"),
+        speakers=["a", "a", "b", "b"],
+        labels=np.array([0, 0, 1, 1]),
+        logits=np.array([[1.0, 0], [0, 1], [0, 1], [0, 1]]),
+        embeddings=emb,
+        nll=np.zeros(4),
+    )
     assert eer_of(scores) == 0.0
     assert accuracy_of(scores) == 0.75
     scores.labels[0] = -100
@@ -86,8 +101,10 @@ def model(speaker_manifests):
 
 def test_score_rows_keeps_row_order_and_matches_the_adapter(model):
     gen = torch.Generator().manual_seed(0)
-    rows = [{"ID": f"u{k}", "spk_id": model.speakers[k % 4], "wav": torch.randn(8000, generator=gen) * 0.1}
-            for k in range(5)]
+    rows = [
+        {"ID": f"u{k}", "spk_id": model.speakers[k % 4], "wav": torch.randn(8000, generator=gen) * 0.1}
+        for k in range(5)
+    ]
     scores = score_rows(model, rows, batch_size=2, desc=None)
     assert scores.ids == [r["ID"] for r in rows] and scores.logits.shape == (5, 4)
     with torch.no_grad():
@@ -96,7 +113,7 @@ def test_score_rows_keeps_row_order_and_matches_the_adapter(model):
     assert np.allclose(scores.logits, logits.numpy(), atol=1e-4) and np.allclose(scores.nll, nll.numpy(), atol=1e-4)
     # Segments: an utterance of two 0.25 s windows averages their logits.
     seg = score_rows(model, rows[:1], segment_seconds=0.25, desc=None)
-    halves = [{**rows[0], "wav": rows[0]["wav"][k * 4000:(k + 1) * 4000]} for k in range(2)]
+    halves = [{**rows[0], "wav": rows[0]["wav"][k * 4000 : (k + 1) * 4000]} for k in range(2)]
     with torch.no_grad():
         expected = model.logits(model.collate(halves)).double().mean(0)
     assert np.allclose(seg.logits[0], expected.numpy(), atol=1e-4)
@@ -109,8 +126,10 @@ def test_score_rows_keeps_row_order_and_matches_the_adapter(model):
 
 def test_mia_loss_auc_hand_cases(model):
     gen = torch.Generator().manual_seed(1)
-    rows = [{"ID": f"u{k}", "spk_id": model.speakers[k % 4], "wav": torch.randn(6000, generator=gen) * 0.1}
-            for k in range(6)]
+    rows = [
+        {"ID": f"u{k}", "spk_id": model.speakers[k % 4], "wav": torch.randn(6000, generator=gen) * 0.1}
+        for k in range(6)
+    ]
     assert mia_loss_auc(model, rows, rows, desc=None) == 0.5  # same items: no membership signal
     nll = score_rows(model, rows, desc=None).nll
     low, high = np.argsort(nll)[:3], np.argsort(nll)[3:]
@@ -123,14 +142,18 @@ def test_mia_loss_auc_hand_cases(model):
 def test_evaluate_speaker_unlearning_reports_the_recipe_numbers(model, speaker_manifests, level):
     out = evaluate_speaker_unlearning(model, speaker_manifests, level, progress=False)
     keys = {"forget_acc", "retain_acc", "test_acc", "eer"}
-    keys |= ({"forget_test_acc", "forget_any_acc", "forget_test_any_acc", "forget_sink_share"} if level == "speaker"
-             else {"holdout_acc", "mia_auc", "mia_auc_low", "mia_auc_high"})
+    keys |= (
+        {"forget_test_acc", "forget_any_acc", "forget_test_any_acc", "forget_sink_share"}
+        if level == "speaker"
+        else {"holdout_acc", "mia_auc", "mia_auc_low", "mia_auc_high"}
+    )
     per_speaker = out.pop("forget_per_speaker", None)
     groups = out.pop("mia_ci_groups", None)
     assert set(out) == keys and all(0.0 <= v <= 1.0 for v in out.values())
     if level == "speaker":  # one forgotten speaker: "any forgotten" is its accuracy; its counts listed by name
         assert out["forget_any_acc"] == out["forget_acc"] and list(per_speaker) == sorted(
-            {r["spk_id"] for r in split_rows(speaker_manifests, "spk_forget_train")})
+            {r["spk_id"] for r in split_rows(speaker_manifests, "spk_forget_train")}
+        )
     else:  # the interval resampled whole recordings (one training video per kept speaker here: 3 a side)
         assert groups == 6
     test = split_rows(speaker_manifests, "spk_retain_test")
@@ -151,9 +174,14 @@ def _scores(labels, predictions, n_classes=5):
 
     logits = np.zeros((len(labels), n_classes))
     logits[np.arange(len(labels)), predictions] = 1.0
-    return SpeakerScores(ids=[str(i) for i in range(len(labels))], speakers=[f"s{c}" for c in labels],
-                         labels=np.asarray(labels), logits=logits, embeddings=np.zeros((len(labels), 2)),
-                         nll=np.zeros(len(labels)))
+    return SpeakerScores(
+        ids=[str(i) for i in range(len(labels))],
+        speakers=[f"s{c}" for c in labels],
+        labels=np.asarray(labels),
+        logits=logits,
+        embeddings=np.zeros((len(labels), 2)),
+        nll=np.zeros(len(labels)),
+    )
 
 
 def test_forgotten_counts_see_relabelling_onto_another_forgotten_speaker_and_sinks():

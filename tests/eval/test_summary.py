@@ -6,9 +6,12 @@ import pytest
 
 from mmunlearn.eval import compare_table, summary_table
 
-TARGET = {"forget_quality": {"agg_value": 1.2e-5}, "model_utility": {"agg_value": 0.61234},
-          "forget_Q_A_ROUGE": {"agg_value": 0.95, "value_by_index": {"0": {"rougeL_recall": 0.95}}},
-          "privleak": {"agg_value": None}}
+TARGET = {
+    "forget_quality": {"agg_value": 1.2e-5},
+    "model_utility": {"agg_value": 0.61234},
+    "forget_Q_A_ROUGE": {"agg_value": 0.95, "value_by_index": {"0": {"rougeL_recall": 0.95}}},
+    "privleak": {"agg_value": None},
+}
 RETAIN = {"forget_quality": 1.0, "model_utility": 0.6, "forget_Q_A_ROUGE": 0.4, "retain_Q_A_Prob": 0.9}
 
 

@@ -9,8 +9,8 @@ from scipy import stats
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.eval import METRIC_GROUPS, MissingSplitError, evaluate_tofu, load_eval_splits
-from mmunlearn.report import fmt
 from mmunlearn.metrics import mia
+from mmunlearn.report import fmt
 from tests.eval.conftest import SIZES, SOURCE
 
 AGG_ONLY = {"forget_quality", "model_utility", "model_utility_rouge", "privleak"}
@@ -59,17 +59,20 @@ def test_writes_the_three_files(evaluated):
 
 def test_probs_equal_exp_of_adapter_answer_nll(evaluated, adapter):
     logs, _ = evaluated
-    for key, split, field in (("forget_Q_A_Prob", "forget10_perturbed", "answer"),
-                              ("forget_Q_A_PARA_Prob", "forget10_perturbed", "paraphrased_answer"),
-                              ("retain_Q_A_Prob", "retain_perturbed", "answer"),
-                              ("wf_Q_A_Prob", "world_facts_perturbed", "answer")):
+    for key, split, field in (
+        ("forget_Q_A_Prob", "forget10_perturbed", "answer"),
+        ("forget_Q_A_PARA_Prob", "forget10_perturbed", "paraphrased_answer"),
+        ("retain_Q_A_Prob", "retain_perturbed", "answer"),
+        ("wf_Q_A_Prob", "world_facts_perturbed", "answer"),
+    ):
         items = load_split(SOURCE, split)
         nll = adapter.answer_nll(items, answers=[getattr(it, field) for it in items]).numpy()
         np.testing.assert_allclose(_probs(logs[key]), np.exp(-nll), rtol=1e-5, err_msg=key)
         assert logs[key]["agg_value"] == pytest.approx(np.exp(-nll).mean(), rel=1e-5)
     items = load_split(SOURCE, "real_authors_perturbed")
-    pert = np.stack([adapter.answer_nll(items, answers=[it.perturbed_answer[k] for it in items]).numpy()
-                     for k in range(3)], axis=1)
+    pert = np.stack(
+        [adapter.answer_nll(items, answers=[it.perturbed_answer[k] for it in items]).numpy() for k in range(3)], axis=1
+    )
     np.testing.assert_allclose(_probs(logs["ra_Q_A_PERT_Prob"]), np.exp(-pert), rtol=1e-5)
     # ra truth ratio: correct = answer, R = exp(-mean_k nll_k) / exp(-nll_answer); aggregate mean(max(0, 1-R))
     answer = adapter.answer_nll(items).numpy()
@@ -83,8 +86,9 @@ def test_forget_truth_ratio_uses_paraphrase_vs_perturbed(evaluated, adapter):
     logs, _ = evaluated
     items = load_split(SOURCE, "forget10_perturbed")
     para = adapter.answer_nll(items, answers=[it.paraphrased_answer for it in items]).numpy()
-    pert = np.stack([adapter.answer_nll(items, answers=[it.perturbed_answer[k] for it in items]).numpy()
-                     for k in range(5)], axis=1)
+    pert = np.stack(
+        [adapter.answer_nll(items, answers=[it.perturbed_answer[k] for it in items]).numpy() for k in range(5)], axis=1
+    )
     r = np.exp(-pert.mean(1)) / (np.exp(-para) + 1e-10)
     got = np.array([logs["forget_truth_ratio"]["value_by_index"][str(i)]["score"] for i in range(20)])
     np.testing.assert_allclose(got, r, rtol=1e-5)
@@ -107,14 +111,14 @@ def test_own_logs_as_retain_logs_give_perfect_scores(evaluated, adapter, tmp_pat
     assert logs["forget_quality"]["agg_value"] == pytest.approx(1.0)
     assert logs["privleak"]["agg_value"] == pytest.approx(0.0, abs=1e-6)
     # Against a different retain model: KS p-value of the two samples, privleak by its formula.
-    other = {"forget_truth_ratio": {"agg_value": 0.1, "value_by_index": {
-                 str(i): {"score": 100.0 + i} for i in range(20)}},
-             "mia_min_k": {"agg_value": 0.5}}
+    other = {
+        "forget_truth_ratio": {"agg_value": 0.1, "value_by_index": {str(i): {"score": 100.0 + i} for i in range(20)}},
+        "mia_min_k": {"agg_value": 0.5},
+    }
     (tmp_path / "TOFU_EVAL.json").write_text(json.dumps(other))
     logs2 = evaluate_tofu(adapter, SOURCE, retain_logs=tmp_path, metrics=["forget", "mia"], max_new_tokens=2)
     ratios = [logs2["forget_truth_ratio"]["value_by_index"][str(i)]["score"] for i in range(20)]
-    assert logs2["forget_quality"]["agg_value"] == pytest.approx(
-        stats.ks_2samp(ratios, np.arange(20) + 100.0).pvalue)
+    assert logs2["forget_quality"]["agg_value"] == pytest.approx(stats.ks_2samp(ratios, np.arange(20) + 100.0).pvalue)
     assert logs2["forget_quality"]["agg_value"] < 1e-3
     auc = logs2["mia_min_k"]["auc"]
     assert logs2["privleak"]["agg_value"] == pytest.approx(((1 - auc) - 0.5) / 0.5 * 100, abs=1e-6)
@@ -134,17 +138,31 @@ class EchoAdapter(TextLLMAdapter):
 
 def test_rouge_and_model_utility(adapter):
     retain = load_split(SOURCE, "retain_perturbed")
-    known = {it.question: it.answer for split in ("real_authors_perturbed", "world_facts_perturbed")
-             for it in load_split(SOURCE, split)}
+    known = {
+        it.question: it.answer
+        for split in ("real_authors_perturbed", "world_facts_perturbed")
+        for it in load_split(SOURCE, split)
+    }
     known.update({it.question: it.answer for i, it in enumerate(retain) if i % 2 == 0})
     echo = EchoAdapter(adapter.model, adapter.tokenizer, known)
     logs = evaluate_tofu(echo, SOURCE, metrics=["utility"], max_new_tokens=7)
     assert echo.max_new_tokens_seen == {7}
     assert logs["retain_Q_A_ROUGE"]["agg_value"] == pytest.approx(0.5)
     assert logs["ra_Q_A_ROUGE"]["agg_value"] == logs["wf_Q_A_ROUGE"]["agg_value"] == pytest.approx(1.0)
-    nine = [logs[k]["agg_value"] for k in ("retain_Q_A_Prob", "retain_Q_A_ROUGE", "retain_Truth_Ratio",
-                                            "ra_Q_A_Prob_normalised", "ra_Q_A_ROUGE", "ra_Truth_Ratio",
-                                            "wf_Q_A_Prob_normalised", "wf_Q_A_ROUGE", "wf_Truth_Ratio")]
+    nine = [
+        logs[k]["agg_value"]
+        for k in (
+            "retain_Q_A_Prob",
+            "retain_Q_A_ROUGE",
+            "retain_Truth_Ratio",
+            "ra_Q_A_Prob_normalised",
+            "ra_Q_A_ROUGE",
+            "ra_Truth_Ratio",
+            "wf_Q_A_Prob_normalised",
+            "wf_Q_A_ROUGE",
+            "wf_Truth_Ratio",
+        )
+    ]
     assert min(nine) > 0
     assert logs["model_utility"]["agg_value"] == pytest.approx(stats.hmean(nine))
     assert logs["model_utility_rouge"]["agg_value"] == pytest.approx(stats.hmean([0.5, 1.0, 1.0]))
@@ -156,8 +174,13 @@ def test_memorisation_entries_and_author_subset(adapter):
     assert set(logs) == {"extraction_strength", "exact_memorization"}
     assert len(logs["exact_memorization"]["value_by_index"]) == 20  # 1 of 10 authors, not 2 of 20
     sizes = load_eval_splits("synthetic:n_authors=20", "forget10", 10, METRIC_GROUPS).sizes()
-    assert sizes == {"forget10_perturbed": 20, "holdout10": 20, "retain_perturbed": 20,
-                     "real_authors_perturbed": 34, "world_facts_perturbed": 38}
+    assert sizes == {
+        "forget10_perturbed": 20,
+        "holdout10": 20,
+        "retain_perturbed": 20,
+        "real_authors_perturbed": 34,
+        "world_facts_perturbed": 38,
+    }
     em = [v["score"] for v in logs["exact_memorization"]["value_by_index"].values()]
     assert logs["exact_memorization"]["agg_value"] == pytest.approx(np.mean(em))
     assert all(0 <= v <= 1 for v in em)

@@ -7,20 +7,21 @@ import pytest
 import torch
 
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
+from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.erase.subspace.centroid import centroid_subspace, class_centroids
 from mmunlearn.eval.speaker import score_rows
-from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
-from mmunlearn.api.restore import restore_folder
 from tests.speech_corpus import one_thread, three_forgotten_manifests  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
 def trained(three_forgotten_manifests, tmp_path_factory):
     rows, speakers = training_rows(three_forgotten_manifests, "speaker")
-    adapter, _ = train_speaker_classifier(rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3, batch_size=8,
-                                          device="cpu", progress=False)
+    adapter, _ = train_speaker_classifier(
+        rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3, batch_size=8, device="cpu", progress=False
+    )
     path = tmp_path_factory.mktemp("centroid_step") / "original"
     adapter.save(path)
     return path
@@ -36,8 +37,9 @@ def _state(folder):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def test_the_centroid_step_reflects_the_forgotten_directions_and_restores_bit_for_bit(trained, three_forgotten_manifests,
-                                                                                       tmp_path):
+def test_the_centroid_step_reflects_the_forgotten_directions_and_restores_bit_for_bit(
+    trained, three_forgotten_manifests, tmp_path
+):
     forget = split_rows(three_forgotten_manifests, "spk_forget_train")
     retain = split_rows(three_forgotten_manifests, "spk_retain_train")
     original = SpeakerAdapter.load(trained, device="cpu")
@@ -46,8 +48,18 @@ def test_the_centroid_step_reflects_the_forgotten_directions_and_restores_bit_fo
     assert basis.shape[1] >= 1
 
     out = tmp_path / "out"
-    res = unlearn(trained, forget=forget, retain=retain, method="qr-erase", scope="head", out=out, device="cpu",
-                  progress=False, rule=None, centroid=2.0)  # the preset edit: the step does not depend on it
+    res = unlearn(
+        trained,
+        forget=forget,
+        retain=retain,
+        method="qr-erase",
+        scope="head",
+        out=out,
+        device="cpu",
+        progress=False,
+        rule=None,
+        centroid=2.0,
+    )  # the preset edit: the step does not depend on it
     facts = res.report["info"]["centroid"]
     assert facts["directions"] == basis.shape[1] and facts["layer"] == "embedding_model.fc.conv.weight"
     edited = SpeakerAdapter.load(out, device="cpu")
@@ -68,10 +80,21 @@ def test_the_centroid_step_reflects_the_forgotten_directions_and_restores_bit_fo
 def test_without_the_step_the_embeddings_are_untouched(trained, three_forgotten_manifests):
     forget = split_rows(three_forgotten_manifests, "spk_forget_train")
     retain = split_rows(three_forgotten_manifests, "spk_retain_train")
-    res = unlearn(trained, forget=forget, retain=retain, method="qr-erase", scope="head", out=None, device="cpu",
-                  progress=False, rule=None)
+    res = unlearn(
+        trained,
+        forget=forget,
+        retain=retain,
+        method="qr-erase",
+        scope="head",
+        out=None,
+        device="cpu",
+        progress=False,
+        rule=None,
+    )
     assert "centroid" not in res.report["info"]
-    assert torch.equal(res.adapter.model.embedding_model.fc.conv.weight, _state(trained)["embedding_model.fc.conv.weight"])
+    assert torch.equal(
+        res.adapter.model.embedding_model.fc.conv.weight, _state(trained)["embedding_model.fc.conv.weight"]
+    )
 
 
 def test_the_step_refuses_a_zero_or_a_model_without_an_embedding_layer(trained, three_forgotten_manifests):

@@ -4,15 +4,20 @@ import pytest
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
-from mmunlearn.taskvec.extract import ExtractConfig
 from mmunlearn.methods import RunContext, SweepRule, mean_nll
 from mmunlearn.methods.erasure import AUTO_RELATIVE, EraseConfig, relative_unit, run
 from mmunlearn.methods.rule import SweepPoint, choose
+from mmunlearn.taskvec.extract import ExtractConfig
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 
 def test_choose_rule():
-    pts = [SweepPoint(8, 1, 1.0, 0.50), SweepPoint(8, 2, 2.0, 0.55), SweepPoint(8, 4, 3.0, 0.58), SweepPoint(8, 8, 4.0, 0.9)]
+    pts = [
+        SweepPoint(8, 1, 1.0, 0.50),
+        SweepPoint(8, 2, 2.0, 0.55),
+        SweepPoint(8, 4, 3.0, 0.58),
+        SweepPoint(8, 8, 4.0, 0.9),
+    ]
     # target reached within the bound: the reaching point with the smallest retain NLL
     assert choose(pts, 0.5, 0.5, forget_target=2.5, retain_bound=0.1).scale == 4
     # target not reached within bound: the highest forget NLL within bound
@@ -27,14 +32,21 @@ def test_auto_sweep_doubles_then_bisects_and_obeys_the_bound():
     ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
     base_r = mean_nll(ad, retain)
     cfg = EraseConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0))
-    res = run(ad, forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=0.05),
-                                                  progress=False))
+    res = run(
+        ad,
+        forget,
+        retain,
+        cfg,
+        RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=0.05), progress=False),
+    )
     sweep = [SweepPoint(**p) for p in res.info["sweep"]]
     grid = [p for p in sweep if any(p.relative == pytest.approx(u) for u in AUTO_RELATIVE)]
     # the grid is in units of the task vectors' size: relative edit sizes 0.001, 0.002, ... in order
     assert [p.relative for p in grid] == pytest.approx(list(AUTO_RELATIVE[: len(grid)]))
-    assert all(p.scale * p.relative > 0 and p.relative / p.scale == pytest.approx(sweep[0].relative / sweep[0].scale)
-               for p in sweep)
+    assert all(
+        p.scale * p.relative > 0 and p.relative / p.scale == pytest.approx(sweep[0].relative / sweep[0].scale)
+        for p in sweep
+    )
     assert 0 < len(grid) <= len(sweep) <= len(grid) + cfg.sweep_bisections  # bisection after the crossing
     # the doubling stops at the first grid point past the bound (the target 1e9 is out of reach), or runs out
     assert all(p.retain_nll - base_r <= 0.05 for p in grid[:-1])
@@ -62,12 +74,22 @@ def test_when_the_smallest_grid_size_passes_the_bound_the_sweep_halves_down_to_i
     ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
     base_r = mean_nll(ad, retain)
     cfg = EraseConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0))
-    probe = run(ad.clone(), forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=10.0),
-                                                            progress=False))
+    probe = run(
+        ad.clone(),
+        forget,
+        retain,
+        cfg,
+        RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=10.0), progress=False),
+    )
     first = SweepPoint(**probe.info["sweep"][0])  # the grid's smallest edit, 0.001 of the weights' norm
     bound = (first.retain_nll - base_r) / 20  # so small that this edit passes it
-    res = run(ad, forget, retain, cfg, RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=bound),
-                                                  progress=False))
+    res = run(
+        ad,
+        forget,
+        retain,
+        cfg,
+        RunContext("text", rule=SweepRule(forget_target=1e9, retain_bound=bound), progress=False),
+    )
     sweep = [SweepPoint(**p) for p in res.info["sweep"]]
     assert sweep[0].relative == pytest.approx(AUTO_RELATIVE[0]) and sweep[0].retain_nll - base_r > bound
     halved = [p.relative for p in sweep[1:] if p.relative < AUTO_RELATIVE[0] * 0.99]
@@ -80,8 +102,9 @@ def test_when_the_smallest_grid_size_passes_the_bound_the_sweep_halves_down_to_i
 def test_past_bound_looks_beyond_a_stretch_over_the_retain_bound(past_bound):
     """A retain measure that rises and falls again with the edit size (a speaker head's forgotten rows turning away):
     with ``past_bound`` the sweep goes on past the bump and returns an edit that meets the rule; without, it stops."""
-    import torch
     from types import SimpleNamespace
+
+    import torch
 
     from mmunlearn.methods.erasure import _sweep
     from mmunlearn.methods.rule import Scorer
@@ -100,8 +123,9 @@ def test_past_bound_looks_beyond_a_stretch_over_the_retain_bound(past_bound):
     target = SimpleNamespace(model=model)
     rule = SweepRule(forget_target=4.0, retain_bound=0.05, forget_measure=size, retain_measure=bump)
     cfg = EraseConfig(rank=1, retain_rank=0, localize=False, sweep_max_relative=32.768)
-    points, best = _sweep(target, {"0.weight": task}, None, cfg, Scorer(rule, target, [1], [1]), None, False,
-                          past_bound=past_bound)
+    points, best = _sweep(
+        target, {"0.weight": task}, None, cfg, Scorer(rule, target, [1], [1]), None, False, past_bound=past_bound
+    )
     assert torch.equal(model[0].weight.detach(), w0)  # every candidate was undone
     if past_bound:
         assert any(p.retain_nll > 0.05 for p in points)  # it went through the bump
@@ -126,8 +150,14 @@ def test_task_vectors_only_in_the_layers_training_changed():
     with torch.no_grad():  # "training" changed one layer alone (a frozen-tower model's projector)
         dict(target.model.named_parameters())[trained].add_(0.01)
     assert trained_layers(reference, target) == [trained]
-    cfg = EraseConfig(rank=2, retain_rank=4, scale=1.0, localize=False, trained_only=True,
-                      extract=ExtractConfig(kind="gradient", lr=1.0))
+    cfg = EraseConfig(
+        rank=2,
+        retain_rank=4,
+        scale=1.0,
+        localize=False,
+        trained_only=True,
+        extract=ExtractConfig(kind="gradient", lr=1.0),
+    )
     before = {n: p.detach().clone() for n, p in target.model.named_parameters()}
     res = run(target, forget, retain, cfg, RunContext("text", reference=reference, progress=False))
     assert res.info["trained_layers"] == [trained]
@@ -138,8 +168,13 @@ def test_task_vectors_only_in_the_layers_training_changed():
     other = reference.clone()
     with torch.no_grad():
         dict(other.model.named_parameters())[trained].add_(0.01)
-    wide = run(other, forget, retain, EraseConfig(**{**vars(cfg), "trained_only": False}),
-               RunContext("text", reference=reference, progress=False))
+    wide = run(
+        other,
+        forget,
+        retain,
+        EraseConfig(**{**vars(cfg), "trained_only": False}),
+        RunContext("text", reference=reference, progress=False),
+    )
     assert "trained_layers" not in wide.info
     assert len([n for n, p in other.model.named_parameters() if not torch.equal(p, before[n])]) > 1
 

@@ -36,20 +36,23 @@ def test_layerwise_is_each_block_trained_alone(data):
     assert set(tm) == set(names) and tm.meta["kind"] == "layerwise"
     # block 1's matrices are those of fine-tuning block 1 alone (same seed, same data, the rest frozen) ...
     block1 = [n for n in names if ".layers.1." in n]
-    alone = extract_task_matrices(ad, forget, ExtractConfig(kind="finetune", steps=3, lr=1e-2, batch_size=4),
-                                  layers=block1, progress=False)
+    alone = extract_task_matrices(
+        ad, forget, ExtractConfig(kind="finetune", steps=3, lr=1e-2, batch_size=4), layers=block1, progress=False
+    )
     assert all(torch.allclose(tm[n], alone[n], atol=1e-7) for n in block1)
     # ... and differ from fine-tuning every block at once (block 1 then trains on block 0's changed output)
-    together = extract_task_matrices(ad, forget, ExtractConfig(kind="finetune", steps=3, lr=1e-2, batch_size=4),
-                                     progress=False)
+    together = extract_task_matrices(
+        ad, forget, ExtractConfig(kind="finetune", steps=3, lr=1e-2, batch_size=4), progress=False
+    )
     assert any(not torch.allclose(tm[n], together[n], atol=1e-6) for n in block1)
 
 
 def _trained(ad, rows, steps=4):
     """A copy of ``ad`` fine-tuned on ``rows`` (every block), as a target is made from its base."""
     out = ad.clone()
-    tm = extract_task_matrices(out, rows, ExtractConfig(kind="finetune", steps=steps, lr=2e-3, batch_size=4),
-                               progress=False)
+    tm = extract_task_matrices(
+        out, rows, ExtractConfig(kind="finetune", steps=steps, lr=2e-3, batch_size=4), progress=False
+    )
     with torch.no_grad():
         params = dict(out.model.named_parameters())
         for n, t in tm.items():
@@ -99,8 +102,15 @@ def test_update_takes_the_retain_side_from_a_retain_model_folder(data, tmp_path)
     target = _trained(base, forget + retain)
     retained = _trained(base, retain)
     retained.save(tmp_path / "retain")
-    cfg = EraseConfig(task_matrix="update", retain_model=str(tmp_path / "retain"), subtract="own", rank=4,
-                      retain_rank=4, layer_rule="top", top=1)
+    cfg = EraseConfig(
+        task_matrix="update",
+        retain_model=str(tmp_path / "retain"),
+        subtract="own",
+        rank=4,
+        retain_rank=4,
+        layer_rule="top",
+        top=1,
+    )
     rule = SweepRule(forget_target=1e9, retain_bound=0.1)
     before = mean_nll(target, forget)
     res = run(target, forget, retain, cfg, RunContext("text", reference=base, rule=rule, progress=False))
@@ -108,9 +118,14 @@ def test_update_takes_the_retain_side_from_a_retain_model_folder(data, tmp_path)
     assert len(res.info["selected_layers"]) == 1  # top-1 block by energy
     energies = res.info["energies"]
     assert res.info["selected_layers"] == [max(energies, key=energies.get)]
-    edited = {group_of(lw.name) for lw in target.layers()
-              if not torch.equal(dict(target.model.named_parameters())[lw.name],
-                                 dict(_trained(base, forget + retain).model.named_parameters())[lw.name])}
+    edited = {
+        group_of(lw.name)
+        for lw in target.layers()
+        if not torch.equal(
+            dict(target.model.named_parameters())[lw.name],
+            dict(_trained(base, forget + retain).model.named_parameters())[lw.name],
+        )
+    }
     assert edited == set(res.info["selected_layers"])
     assert mean_nll(target, forget) != pytest.approx(before)
 
@@ -127,8 +142,13 @@ def test_settings_are_checked(data):
     with pytest.raises(ValueError, match="retain_model is read with task_matrix 'update' only"):
         run(ad, forget, retain, EraseConfig(retain_model="x"), RunContext("text", progress=False))
     with pytest.raises(ValueError, match="needs top >= 1"):  # the layer rule's own check, before any edit
-        run(ad, forget, retain, EraseConfig(layer_rule="top", extract=ExtractConfig(kind="gradient")),
-            RunContext("text", progress=False))
+        run(
+            ad,
+            forget,
+            retain,
+            EraseConfig(layer_rule="top", extract=ExtractConfig(kind="gradient")),
+            RunContext("text", progress=False),
+        )
 
 
 def test_layerwise_on_a_speech_llm_trains_each_tower_block_alone():
@@ -146,10 +166,12 @@ def test_layerwise_on_a_speech_llm_trains_each_tower_block_alone():
     block = {lw.name: lw.block for lw in ad.layers()}
     for group in ("audio.layers.1", "text.layers.0"):  # one block of each tower, trained alone
         names = [n for n in tm if block[n] == group]
-        alone = extract_task_matrices(ad, rows, ExtractConfig(kind="finetune", steps=2, lr=1e-2, batch_size=2),
-                                      layers=names, progress=False)
+        alone = extract_task_matrices(
+            ad, rows, ExtractConfig(kind="finetune", steps=2, lr=1e-2, batch_size=2), layers=names, progress=False
+        )
         assert names and all(torch.allclose(tm[n], alone[n], atol=1e-7) for n in names)
     # every block at once gives other matrices (a block's second step sees the others' first)
-    together = extract_task_matrices(ad, rows, ExtractConfig(kind="finetune", steps=2, lr=1e-2, batch_size=2),
-                                     progress=False)
+    together = extract_task_matrices(
+        ad, rows, ExtractConfig(kind="finetune", steps=2, lr=1e-2, batch_size=2), progress=False
+    )
     assert any(not torch.allclose(tm[n], together[n], atol=1e-6) for n in tm)

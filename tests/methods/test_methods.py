@@ -11,11 +11,21 @@ import pytest
 import torch
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
-from mmunlearn.files.checkpoint import load_checkpoint
-from mmunlearn.data.tofu import load_split
-from mmunlearn.methods import (MAKES, NEEDS, UnlearnRequest, artefact_files, get, load_unlearned, mean_nll,
-                               model_folder, names, run_unlearning)
 from mmunlearn.api.restore import restore_folder
+from mmunlearn.data.tofu import load_split
+from mmunlearn.files.checkpoint import load_checkpoint
+from mmunlearn.methods import (
+    MAKES,
+    NEEDS,
+    UnlearnRequest,
+    artefact_files,
+    get,
+    load_unlearned,
+    mean_nll,
+    model_folder,
+    names,
+    run_unlearning,
+)
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
 SRC = "synthetic:n_authors=10"
@@ -28,23 +38,44 @@ def model_dir(tmp_path_factory):
 
     ad = TextLLMAdapter(tiny_causal_lm(layers=3, seed=1), tiny_tokenizer())
     rows = load_split(SRC, "forget10")[:8] + load_split(SRC, "retain90")[:24]
-    train(ad.model, lambda m, b: ad.loss(b, model=m), rows, ad.collate,
-          TrainConfig(epochs=8, lr=3e-3, batch_size=8, seed=0), progress=False)
+    train(
+        ad.model,
+        lambda m, b: ad.loss(b, model=m),
+        rows,
+        ad.collate,
+        TrainConfig(epochs=8, lr=3e-3, batch_size=8, seed=0),
+        progress=False,
+    )
     path = tmp_path_factory.mktemp("methods") / "target"
     ad.model.eval()
     ad.save(path)
     return path
 
 
-@pytest.mark.parametrize("method", [
-    "qr-erase", "qr-erase-rows", "svd-unlearn", "grad_ascent", "grad_diff", "kl", "npo", "simnpo", "t3", "t3-port", "rmu"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "qr-erase",
+        "qr-erase-rows",
+        "svd-unlearn",
+        "grad_ascent",
+        "grad_diff",
+        "kl",
+        "npo",
+        "simnpo",
+        "t3",
+        "t3-port",
+        "rmu",
+    ],
+)
 def test_method_through_the_harness(method, model_dir, tmp_path):
     assert method in names("text")
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     options = fast(method, epochs=3, lr=2e-3, scale=4.0, steering=8.0)
-    request = UnlearnRequest(method, "text", size="micro", overrides=options, out=tmp_path / "out",
-                             inputs=[model_dir], progress=False)
+    request = UnlearnRequest(
+        method, "text", size="micro", overrides=options, out=tmp_path / "out", inputs=[model_dir], progress=False
+    )
     outcome = run_unlearning(request, target, forget, retain)
     rep = outcome.report
     rise_f = rep["forget_nll"]["after"] - rep["forget_nll"]["before"]
@@ -92,13 +123,21 @@ def test_t3_sweep_tries_the_weakest_tilt_first_and_stops_at_the_rule(model_dir):
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
-    out = run_unlearning(UnlearnRequest("t3", "text", size="micro", overrides={**fast("t3"), "sweep_pick": "first"},
-                                        rule=rule, progress=False), target, forget, retain)
+    out = run_unlearning(
+        UnlearnRequest(
+            "t3", "text", size="micro", overrides={**fast("t3"), "sweep_pick": "first"}, rule=rule, progress=False
+        ),
+        target,
+        forget,
+        retain,
+    )
     sweep, info = out.report["info"]["sweep"], out.report["info"]
     strengths = [p["strength"] for p in sweep if p["temperature"] == 1.0]
     assert strengths == sorted(strengths)  # weakest intervention first
-    meets = [p["forget_nll"] >= rule.forget_target and p["retain_nll"] - out.report["rule"]["base_retain"] <= 2.0
-             for p in sweep]
+    meets = [
+        p["forget_nll"] >= rule.forget_target and p["retain_nll"] - out.report["rule"]["base_retain"] <= 2.0
+        for p in sweep
+    ]
     assert not any(meets[:-1])  # it stopped at the first point meeting the rule ...
     if meets[-1]:  # ... which is the one applied, and the report says the rule is met
         assert (info["temperature"], info["strength"]) == (sweep[-1]["temperature"], sweep[-1]["strength"])
@@ -112,8 +151,11 @@ def test_t3_picks_the_weakest_tilt_whose_retain_is_within_the_tolerance_of_the_l
     from mmunlearn.methods.rule import SweepPoint
     from mmunlearn.methods.t3 import weakest_keeping_retain
 
-    half, full, hot = (SweepPoint(None, 1.0, 2.52, 0.01525), SweepPoint(None, 1.0, 9.78, 0.01494),
-                       SweepPoint(None, 1.25, 11.5, 0.0399))
+    half, full, hot = (
+        SweepPoint(None, 1.0, 2.52, 0.01525),
+        SweepPoint(None, 1.0, 9.78, 0.01494),
+        SweepPoint(None, 1.25, 11.5, 0.0399),
+    )
     assert weakest_keeping_retain([half, full, hot], 0.01) is half
     assert weakest_keeping_retain([half, full, hot], 0.0) is full
     assert weakest_keeping_retain([], 0.01) is None
@@ -128,19 +170,34 @@ def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_k
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     rule = SweepRule(forget_target=mean_nll(target, forget) + 0.05, retain_bound=2.0)
     for tolerance in (0.0, 1e6):
-        out = run_unlearning(UnlearnRequest("t3", "text", size="micro", rule=rule, progress=False,
-                                            overrides={**fast("t3"), "sweep_retain_tolerance": tolerance}),
-                             target, forget, retain)
+        out = run_unlearning(
+            UnlearnRequest(
+                "t3",
+                "text",
+                size="micro",
+                rule=rule,
+                progress=False,
+                overrides={**fast("t3"), "sweep_retain_tolerance": tolerance},
+            ),
+            target,
+            forget,
+            retain,
+        )
         info = out.report["info"]
         sweep, base_retain = info["sweep"], out.report["rule"]["base_retain"]
         assert len(sweep) == 5 + 3  # every strength and every temperature above 1 scored
-        meeting = [p for p in sweep
-                   if p["forget_nll"] >= rule.forget_target and p["retain_nll"] - base_retain <= 2.0]
+        meeting = [p for p in sweep if p["forget_nll"] >= rule.forget_target and p["retain_nll"] - base_retain <= 2.0]
         assert meeting  # the rule is reachable here: the choice below is exercised
         # tolerance 0: the lowest retain NLL; a huge one: the weakest meeting the rule (the first)
         best = min(meeting, key=lambda p: p["retain_nll"]) if tolerance == 0 else meeting[0]
         assert (info["temperature"], info["strength"]) == (best["temperature"], best["strength"])
         out.adapter.model.tap.remove()
     with pytest.raises(ValueError, match="sweep_pick"):
-        run_unlearning(UnlearnRequest("t3", "text", size="micro", overrides={**fast("t3"), "sweep_pick": "best"},
-                                      rule=rule, progress=False), target, forget, retain)
+        run_unlearning(
+            UnlearnRequest(
+                "t3", "text", size="micro", overrides={**fast("t3"), "sweep_pick": "best"}, rule=rule, progress=False
+            ),
+            target,
+            forget,
+            retain,
+        )

@@ -6,7 +6,6 @@ import torch
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
 from mmunlearn.erase import erase, restore
-from mmunlearn.methods import mean_nll
 from mmunlearn.methods.prefix_states import PrefixReuse, PrefixStates
 from tests.tiny import block_task_matrices, tiny_causal_lm, tiny_tokenizer
 
@@ -85,5 +84,6 @@ def test_bases_kept_across_scales_give_the_same_edit():
             restore(model, rep)
     assert len(factors) == sum(1 for row in fresh.layers for _ in row.matrices)
     assert all(torch.equal(p.detach(), edited[n]) for n, p in model.named_parameters())
-    assert [m.norm_removed for r in rep.layers for m in r.matrices] == [m.norm_removed for r in fresh.layers
-                                                                        for m in r.matrices]
+    assert [m.norm_removed for r in rep.layers for m in r.matrices] == [
+        m.norm_removed for r in fresh.layers for m in r.matrices
+    ]

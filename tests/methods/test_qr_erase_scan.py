@@ -26,8 +26,9 @@ def _script():
 
 def _fine_tuned(ad, rows):
     out = ad.clone()
-    tm = extract_task_matrices(out, rows, ExtractConfig(kind="finetune", steps=6, lr=3e-3, batch_size=8),
-                               progress=False)
+    tm = extract_task_matrices(
+        out, rows, ExtractConfig(kind="finetune", steps=6, lr=3e-3, batch_size=8), progress=False
+    )
     with torch.no_grad():
         params = dict(out.model.named_parameters())
         for n, t in tm.items():
@@ -49,11 +50,44 @@ def folders(tmp_path_factory):
 def test_scan_crosses_records_resumes_and_scans_blocks(folders):
     scan = _script()
     out = folders / "scan.json"
-    argv = ["--target", str(folders / "target"), "--base", str(folders / "base"), "--retain-model",
-            str(folders / "retain"), "--data", SRC, "--retain-items", "12", "--precision", "no",
-            "--protocols", "update,layerwise,gradient", "--ranks", "4", "--retain-ranks", "0,8",
-            "--layer-rules", "mean,top1", "--subtractions", "own,swept", "--steps", "2", "--layerwise-steps", "1",
-            "--lr", "1e-3", "--block-rank", "4", "--block-retain-rank", "8", "--best", "2", "--json", str(out)]
+    argv = [
+        "--target",
+        str(folders / "target"),
+        "--base",
+        str(folders / "base"),
+        "--retain-model",
+        str(folders / "retain"),
+        "--data",
+        SRC,
+        "--retain-items",
+        "12",
+        "--precision",
+        "no",
+        "--protocols",
+        "update,layerwise,gradient",
+        "--ranks",
+        "4",
+        "--retain-ranks",
+        "0,8",
+        "--layer-rules",
+        "mean,top1",
+        "--subtractions",
+        "own,swept",
+        "--steps",
+        "2",
+        "--layerwise-steps",
+        "1",
+        "--lr",
+        "1e-3",
+        "--block-rank",
+        "4",
+        "--block-retain-rank",
+        "8",
+        "--best",
+        "2",
+        "--json",
+        str(out),
+    ]
     results = scan.main(argv)
     on_disk = json.loads(out.read_text())
     assert on_disk["points"] == results["points"]
@@ -74,11 +108,15 @@ def test_scan_crosses_records_resumes_and_scans_blocks(folders):
     assert sum(b["energy"] for b in blocks) == pytest.approx(1.0)
     assert out.with_suffix(".blocks.png").stat().st_size > 1000
     assert sorted(f.name for f in out.with_suffix(".taskvec").iterdir()) == sorted(
-        f"{p}.{side}.safetensors" for p in ("update", "layerwise", "gradient") for side in ("forget", "retain"))
+        f"{p}.{side}.safetensors" for p in ("update", "layerwise", "gradient") for side in ("forget", "retain")
+    )
     # the best points within the bound, edited again: what the model still says of the forget rows
     measured = [p for p in on_disk["points"] if "forget_rouge_l" in p]
-    within = sorted((p for p in on_disk["points"] if p["retain_rise"] <= on_disk["bound"]),
-                    key=lambda p: (p["met"], p["forget_rise"]), reverse=True)
+    within = sorted(
+        (p for p in on_disk["points"] if p["retain_rise"] <= on_disk["bound"]),
+        key=lambda p: (p["met"], p["forget_rise"]),
+        reverse=True,
+    )
     assert [p["key"] for p in measured] == sorted([p["key"] for p in within[:2]], key=keys.index)
     assert all(0 <= p["forget_rouge_l"] <= 1 and 0 < p["forget_prob"] < 1 for p in measured)
     assert set(on_disk["reference_outputs"]) == {"target", "retain_model"}
@@ -94,9 +132,26 @@ def test_scan_crosses_records_resumes_and_scans_blocks(folders):
 
 def test_scan_refuses_an_unknown_protocol_or_rule(folders, tmp_path):
     scan = _script()
-    base = ["--target", str(folders / "target"), "--base", str(folders / "base"), "--data", SRC,
-            "--retain-items", "4", "--precision", "no", "--ranks", "2", "--retain-ranks", "0", "--subtractions", "own",
-            "--best", "0"]
+    base = [
+        "--target",
+        str(folders / "target"),
+        "--base",
+        str(folders / "base"),
+        "--data",
+        SRC,
+        "--retain-items",
+        "4",
+        "--precision",
+        "no",
+        "--ranks",
+        "2",
+        "--retain-ranks",
+        "0",
+        "--subtractions",
+        "own",
+        "--best",
+        "0",
+    ]
     with pytest.raises(SystemExit, match="not one of"):
         scan.main(base + ["--protocols", "magic", "--json", str(tmp_path / "a.json")])
     with pytest.raises(SystemExit, match="topK"):

@@ -17,8 +17,13 @@ class _Adapter:
 def test_early_stop_restores_the_in_bound_state_when_the_run_ends_over_the_bound():
     adapter = _Adapter()
     w = lambda a: a.model.weight.item()  # noqa: E731
-    rule = SweepRule(forget_target=10.0, retain_bound=0.5, forget_measure=lambda a, _: w(a),
-                     retain_measure=lambda a, _: max(0.0, w(a) - 2.0), checks_per_epoch=1)
+    rule = SweepRule(
+        forget_target=10.0,
+        retain_bound=0.5,
+        forget_measure=lambda a, _: w(a),
+        retain_measure=lambda a, _: max(0.0, w(a) - 2.0),
+        checks_per_epoch=1,
+    )
     on_step, trajectory, scorer = early_stop(adapter, [0], [0], rule, steps_per_epoch=1)
     stopped = False
     for step in range(1, 10):  # each step adds 1 to the weight: in bound up to w = 2.5
@@ -36,8 +41,13 @@ def test_early_stop_restores_the_in_bound_state_when_the_run_ends_over_the_bound
 
 def test_nothing_is_restored_when_the_run_ends_in_bound():
     adapter = _Adapter()
-    rule = SweepRule(forget_target=2.0, retain_bound=0.5, forget_measure=lambda a, _: a.model.weight.item(),
-                     retain_measure=lambda a, _: 0.0, checks_per_epoch=1)
+    rule = SweepRule(
+        forget_target=2.0,
+        retain_bound=0.5,
+        forget_measure=lambda a, _: a.model.weight.item(),
+        retain_measure=lambda a, _: 0.0,
+        checks_per_epoch=1,
+    )
     on_step, trajectory, scorer = early_stop(adapter, [0], [0], rule, steps_per_epoch=1)
     for step in (1, 2):
         with torch.no_grad():
@@ -63,8 +73,13 @@ def test_early_stop_scores_steps_1_2_4_before_its_first_regular_check():
     adapter = _Adapter()
     w = lambda a: a.model.weight.item()  # noqa: E731
     # a run that passes the retain bound at step 3, before the first regular check (every 8 steps)
-    rule = SweepRule(forget_target=100.0, retain_bound=0.5, forget_measure=lambda a, _: w(a),
-                     retain_measure=lambda a, _: max(0.0, w(a) - 2.0), checks_per_epoch=1)
+    rule = SweepRule(
+        forget_target=100.0,
+        retain_bound=0.5,
+        forget_measure=lambda a, _: w(a),
+        retain_measure=lambda a, _: max(0.0, w(a) - 2.0),
+        checks_per_epoch=1,
+    )
     on_step, trajectory, scorer = early_stop(adapter, [0], [0], rule, steps_per_epoch=8)
     scored = []
     for step in range(1, 20):
@@ -82,8 +97,13 @@ def test_early_stop_scores_steps_1_2_4_before_its_first_regular_check():
 
 def test_early_stop_checks_only_the_regular_steps_once_past_the_first():
     adapter = _Adapter()
-    rule = SweepRule(forget_target=1e9, retain_bound=1e9, forget_measure=lambda a, _: 0.0,
-                     retain_measure=lambda a, _: 0.0, checks_per_epoch=2)
+    rule = SweepRule(
+        forget_target=1e9,
+        retain_bound=1e9,
+        forget_measure=lambda a, _: 0.0,
+        retain_measure=lambda a, _: 0.0,
+        checks_per_epoch=2,
+    )
     on_step, trajectory, _ = early_stop(adapter, [0], [0], rule, steps_per_epoch=16)
     for step in range(1, 33):
         on_step(step, 0.0)

@@ -11,12 +11,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, 
 
 import mmunlearn
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
-from mmunlearn.files.checkpoint import load_checkpoint
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.data.tofu import load_split
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.files.checkpoint import load_checkpoint
 from mmunlearn.methods import UnlearnRequest, run_unlearning
 from mmunlearn.tilt import TiltedCausalLM
-from mmunlearn.api.restore import restore_folder
 from tests.tiny import fast, tiny_causal_lm, tiny_tokenizer
 
 SRC = "synthetic:n_authors=10"
@@ -29,8 +29,16 @@ def t3_run(tmp_path_factory):
     TextLLMAdapter(tiny_causal_lm(layers=2, seed=3), tiny_tokenizer()).save(root / "target")
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:16]
     target = TextLLMAdapter.from_pretrained(root / "target", device="cpu")
-    request = UnlearnRequest("t3", "text", size="micro", overrides=fast("t3"), out=root / "out",
-                             inputs=[root / "target"], cache_dir=str(root / "cache"), progress=False)
+    request = UnlearnRequest(
+        "t3",
+        "text",
+        size="micro",
+        overrides=fast("t3"),
+        out=root / "out",
+        inputs=[root / "target"],
+        cache_dir=str(root / "cache"),
+        progress=False,
+    )
     outcome = run_unlearning(request, target, forget, retain)
     return root / "target", root / "out", outcome.adapter.model
 
@@ -133,8 +141,20 @@ def test_load_of_a_weight_editing_output_is_the_plain_model(t3_run, tmp_path):
     target, _, _ = t3_run
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:16]
     adapter = TextLLMAdapter.from_pretrained(target, device="cpu")
-    run_unlearning(UnlearnRequest("grad_ascent", "text", size="micro", overrides=fast("grad_ascent", epochs=1),
-                                  out=tmp_path / "ga", inputs=[target], progress=False), adapter, forget, retain)
+    run_unlearning(
+        UnlearnRequest(
+            "grad_ascent",
+            "text",
+            size="micro",
+            overrides=fast("grad_ascent", epochs=1),
+            out=tmp_path / "ga",
+            inputs=[target],
+            progress=False,
+        ),
+        adapter,
+        forget,
+        retain,
+    )
     loaded = mmunlearn.load(tmp_path / "ga", device="cpu")
     assert type(loaded.model) is LlamaForCausalLM and loaded.method == "grad_ascent"
     ids = _prompt()

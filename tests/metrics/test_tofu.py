@@ -86,7 +86,12 @@ def test_forget_quality_identical_samples_is_one_and_separated_is_tiny():
 def test_harmonic_mean_hand_value_zero_and_bad_values():
     assert harmonic_mean([1.0, 2.0, 4.0]) == pytest.approx(3 / 1.75)
     assert harmonic_mean([0.5, 0.0, 0.9]) == 0.0
-    bad_cases = (([1.0, -0.5], "non-negative"), ([1.0, float("nan")], "NaN"), ([1.0, math.inf], "finite"), ([], "empty"))
+    bad_cases = (
+        ([1.0, -0.5], "non-negative"),
+        ([1.0, float("nan")], "NaN"),
+        ([1.0, math.inf], "finite"),
+        ([], "empty"),
+    )
     for bad, msg in bad_cases:
         with pytest.raises(ValueError, match=msg):
             harmonic_mean(bad)

@@ -11,13 +11,18 @@ from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.synthetic import synthetic_authors
 from mmunlearn.data.tofu import load_split
 from mmunlearn.presets.build import build_models, finetune
-from mmunlearn.presets.items import base_corpus, training_items
 from mmunlearn.presets.cache import build_lock
+from mmunlearn.presets.items import base_corpus, training_items
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
 DATA = "synthetic:n_authors=10,seed=0"
 QUICK = {"epochs": 1}
-SCRIPTS = ["مرحبا بالعالم، كيف حالك؟", "नमस्ते दुनिया, आप कैसे हैं?", "こんにちは世界、お元気ですか？", "안녕하세요 세계, 잘 지내세요?"]
+SCRIPTS = [
+    "مرحبا بالعالم، كيف حالك؟",
+    "नमस्ते दुनिया, आप कैसे हैं?",
+    "こんにちは世界、お元気ですか？",
+    "안녕하세요 세계, 잘 지내세요?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +89,9 @@ def test_same_options_reuse_the_cache_and_other_options_build_anew(built, cache)
     assert (again.base, again.target, again.retain) == (built.base, built.target, built.retain)
     assert all(log["cached"] for log in again.logs.values())
     assert all((getattr(again, n) / "model.safetensors").stat().st_mtime_ns == t for n, t in stamps.items())
-    other = build_models("micro", DATA, "forget10", seed=0, cache_dir=cache, device="cpu", progress=False,
-                         overrides=QUICK)
+    other = build_models(
+        "micro", DATA, "forget10", seed=0, cache_dir=cache, device="cpu", progress=False, overrides=QUICK
+    )
     assert other.base == built.base and other.logs["base"]["cached"]
     assert {other.target, other.retain}.isdisjoint({built.target, built.retain})
     assert other.logs["target"]["epochs"] == 1 and not other.logs["target"]["cached"]
@@ -93,8 +99,20 @@ def test_same_options_reuse_the_cache_and_other_options_build_anew(built, cache)
 
 @pytest.mark.slow
 def test_fresh_builds_are_bitwise_identical_for_a_seed(tmp_path):
-    runs = [build_models("micro", DATA, "forget10", seed=0, cache_dir=tmp_path / str(i), device="cpu",
-                         progress=False, overrides=QUICK, pretrain_overrides=QUICK) for i in range(2)]
+    runs = [
+        build_models(
+            "micro",
+            DATA,
+            "forget10",
+            seed=0,
+            cache_dir=tmp_path / str(i),
+            device="cpu",
+            progress=False,
+            overrides=QUICK,
+            pretrain_overrides=QUICK,
+        )
+        for i in range(2)
+    ]
     for name in ("base", "target", "retain"):
         a, b = (_weights(getattr(r, name)) for r in runs)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
@@ -112,7 +130,7 @@ def test_author_subsets_and_pretraining_corpus_are_disjoint_from_evaluated_autho
     evaluated = synthetic_authors(22)  # 20 authors + 2 holdout authors of forget10
     assert len(corpus) > 100 and not any(a.name in text for a in evaluated)
     facts = load_split(data, "real_authors_perturbed") + load_split(data, "world_facts_perturbed")
-    assert [(it.question, it.answer) for it in corpus[-len(facts):]] == [(f.question, f.answer) for f in facts]
+    assert [(it.question, it.answer) for it in corpus[-len(facts) :]] == [(f.question, f.answer) for f in facts]
 
 
 def test_finetune_a_model_directory_and_reuse_it(tmp_path):
@@ -120,8 +138,14 @@ def test_finetune_a_model_directory_and_reuse_it(tmp_path):
     tiny_causal_lm(vocab=512).save_pretrained(src)
     tiny_tokenizer().save_pretrained(src)
     out = tmp_path / "out"
-    opts = dict(authors=10, seed=0, cache_dir=tmp_path / "cache", device="cpu", progress=False,
-                overrides={"epochs": 1, "lr": 1e-3})
+    opts = dict(
+        authors=10,
+        seed=0,
+        cache_dir=tmp_path / "cache",
+        device="cpu",
+        progress=False,
+        overrides={"epochs": 1, "lr": 1e-3},
+    )
     path = finetune(str(src), "synthetic:n_authors=20", "retain90", out=out, **opts)
     assert path == out
     log = json.loads((out / "train_log.json").read_text())
@@ -146,13 +170,24 @@ def test_bad_forget_split_is_rejected(tmp_path):
 @pytest.mark.slow
 def test_finetune_with_a_preset_reuses_the_cached_base(built, cache, tmp_path):
     stamp = (built.base / "model.safetensors").stat().st_mtime_ns
-    out = finetune("micro", DATA, "forget10", out=tmp_path / "ft", seed=0, cache_dir=cache, device="cpu",
-                   progress=False, overrides=QUICK)
+    out = finetune(
+        "micro",
+        DATA,
+        "forget10",
+        out=tmp_path / "ft",
+        seed=0,
+        cache_dir=cache,
+        device="cpu",
+        progress=False,
+        overrides=QUICK,
+    )
     log = json.loads((out / "train_log.json").read_text())
     assert log["base"] == str(built.base) and log["n_examples"] == 20 and log["split"] == "forget10"
     assert (built.base / "model.safetensors").stat().st_mtime_ns == stamp
-    assert TextLLMAdapter.from_pretrained(out, device="cpu").tokenizer.vocab_size == \
-        TextLLMAdapter.from_pretrained(built.base, device="cpu").tokenizer.vocab_size
+    assert (
+        TextLLMAdapter.from_pretrained(out, device="cpu").tokenizer.vocab_size
+        == TextLLMAdapter.from_pretrained(built.base, device="cpu").tokenizer.vocab_size
+    )
 
 
 def test_a_model_being_built_by_another_process_is_waited_for(tmp_path):

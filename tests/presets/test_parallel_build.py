@@ -9,8 +9,9 @@ TINY = dict(overrides={"max_steps": 2}, pretrain_overrides={"max_steps": 2})
 
 
 def test_both_models_are_built_at_once_with_one_thread_each_where_a_sequential_build_finds_them(tmp_path):
-    built = build_models_parallel("micro", DATA, "forget10", None, 0, tmp_path, "cpu", parallel=True, progress=False,
-                                  **TINY)
+    built = build_models_parallel(
+        "micro", DATA, "forget10", None, 0, tmp_path, "cpu", parallel=True, progress=False, **TINY
+    )
     assert built.target.is_dir() and built.retain.is_dir() and built.target != built.retain
     assert built.logs["target"]["torch_threads"] == 1 and built.logs["retain"]["torch_threads"] == 1
     assert built.logs["target"]["n_examples"] > built.logs["retain"]["n_examples"]  # full vs retain90

@@ -21,6 +21,7 @@ TIMESTAMPS = ["<|0.00|>", "<|0.02|>"]
 
 def write_ct2(path, variables, aliases=(), version=6, spec="WhisperSpec"):
     """A model.bin: little-endian header, (name, rank, dims, type, size, bytes) per variable, then the aliases."""
+
     def string(s):
         raw = s.encode() + b"\0"
         return struct.pack("<H", len(raw)) + raw
@@ -30,11 +31,19 @@ def write_ct2(path, variables, aliases=(), version=6, spec="WhisperSpec"):
         if dtype == "bfloat16":  # the top 16 bits of each float32
             raw = (np.asarray(array, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
         else:
-            raw = np.ascontiguousarray(array).astype({"float32": "<f4", "int8": "i1", "int16": "<i2", "int32": "<i4",
-                                                      "float16": "<f2"}[dtype]).tobytes()
+            raw = (
+                np.ascontiguousarray(array)
+                .astype({"float32": "<f4", "int8": "i1", "int16": "<i2", "int32": "<i4", "float16": "<f2"}[dtype])
+                .tobytes()
+            )
         shape = np.shape(array)
-        out += [string(name), struct.pack("<B", len(shape)), struct.pack(f"<{len(shape)}I", *shape),
-                struct.pack("<BI", TYPE_IDS[dtype], len(raw)), raw]
+        out += [
+            string(name),
+            struct.pack("<B", len(shape)),
+            struct.pack(f"<{len(shape)}I", *shape),
+            struct.pack("<BI", TYPE_IDS[dtype], len(raw)),
+            raw,
+        ]
     out.append(struct.pack("<I", len(aliases)))
     out += [string(a) + string(t) for a, t in aliases]
     path.write_bytes(b"".join(out))
@@ -43,10 +52,21 @@ def write_ct2(path, variables, aliases=(), version=6, spec="WhisperSpec"):
 def tiny_whisper(seed=0):
     torch.manual_seed(seed)
     ids = dict(pad_token_id=256, bos_token_id=257, eos_token_id=256, decoder_start_token_id=257)
-    config = WhisperConfig(vocab_size=256 + len(SPECIALS) + len(TIMESTAMPS), num_mel_bins=4, d_model=8,
-                           encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-                           encoder_ffn_dim=16, decoder_ffn_dim=16, max_source_positions=50, max_target_positions=16,
-                           begin_suppress_tokens=None, **ids)
+    config = WhisperConfig(
+        vocab_size=256 + len(SPECIALS) + len(TIMESTAMPS),
+        num_mel_bins=4,
+        d_model=8,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        max_source_positions=50,
+        max_target_positions=16,
+        begin_suppress_tokens=None,
+        **ids,
+    )
     model = WhisperForConditionalGeneration(config).eval()
     with torch.no_grad():
         for p in model.parameters():  # layer norms away from (1, 0) too, so gamma/beta mix-ups show
@@ -58,9 +78,13 @@ def ct2_variables(model, dtype="float32", k_bias=0.0):
     """The CTranslate2 WhisperSpec variables of a Hugging Face Whisper (fused q|k|v and cross-attention k|v)."""
     sd = {k: v.numpy() for k, v in model.state_dict().items()}
     cfg = model.config
-    out = {"encoder/num_heads": (np.int16(2), "int16"), "decoder/num_heads": (np.int16(2), "int16"),
-           "decoder/activation": (np.int8(3), "int8"), "decoder/pre_norm": (np.int8(1), "int8"),
-           "decoder/alignment_layer": (np.int16(-1), "int16")}
+    out = {
+        "encoder/num_heads": (np.int16(2), "int16"),
+        "decoder/num_heads": (np.int16(2), "int16"),
+        "decoder/activation": (np.int8(3), "int8"),
+        "decoder/pre_norm": (np.int8(1), "int8"),
+        "decoder/alignment_layer": (np.int16(-1), "int16"),
+    }
 
     def put(name, array):
         out[name] = (array, dtype)
@@ -81,8 +105,12 @@ def ct2_variables(model, dtype="float32", k_bias=0.0):
             ct, h = f"{side}/layer_{i}", f"{hf}.layers.{i}"
             att = f"{h}.self_attn"
             put(f"{ct}/self_attention/linear_0/weight", np.concatenate([sd[f"{att}.{p}_proj.weight"] for p in "qkv"]))
-            put(f"{ct}/self_attention/linear_0/bias", np.concatenate(
-                [sd[f"{att}.q_proj.bias"], np.full(cfg.d_model, k_bias, np.float32), sd[f"{att}.v_proj.bias"]]))
+            put(
+                f"{ct}/self_attention/linear_0/bias",
+                np.concatenate(
+                    [sd[f"{att}.q_proj.bias"], np.full(cfg.d_model, k_bias, np.float32), sd[f"{att}.v_proj.bias"]]
+                ),
+            )
             linear(f"{ct}/self_attention/linear_1", f"{att}.out_proj")
             norm(f"{ct}/self_attention/layer_norm", f"{h}.self_attn_layer_norm")
             linear(f"{ct}/ffn/linear_0", f"{h}.fc1")
@@ -91,10 +119,14 @@ def ct2_variables(model, dtype="float32", k_bias=0.0):
             if side == "decoder":
                 x = f"{h}.encoder_attn"
                 linear(f"{ct}/attention/linear_0", f"{x}.q_proj")
-                put(f"{ct}/attention/linear_1/weight",
-                    np.concatenate([sd[f"{x}.k_proj.weight"], sd[f"{x}.v_proj.weight"]]))
-                put(f"{ct}/attention/linear_1/bias", np.concatenate(
-                    [np.full(cfg.d_model, k_bias, np.float32), sd[f"{x}.v_proj.bias"]]))
+                put(
+                    f"{ct}/attention/linear_1/weight",
+                    np.concatenate([sd[f"{x}.k_proj.weight"], sd[f"{x}.v_proj.weight"]]),
+                )
+                put(
+                    f"{ct}/attention/linear_1/bias",
+                    np.concatenate([np.full(cfg.d_model, k_bias, np.float32), sd[f"{x}.v_proj.bias"]]),
+                )
                 linear(f"{ct}/attention/linear_2", f"{x}.out_proj")
                 norm(f"{ct}/attention/layer_norm", f"{h}.encoder_attn_layer_norm")
     for conv in ("conv1", "conv2"):
@@ -105,8 +137,11 @@ def ct2_variables(model, dtype="float32", k_bias=0.0):
 
 def write_folder(folder, model, dtype="float32", k_bias=0.0, variables=None):
     folder.mkdir(parents=True, exist_ok=True)
-    write_ct2(folder / "model.bin", variables or ct2_variables(model, dtype, k_bias),
-              aliases=[("decoder/projection/weight", "decoder/embeddings/weight")])
+    write_ct2(
+        folder / "model.bin",
+        variables or ct2_variables(model, dtype, k_bias),
+        aliases=[("decoder/projection/weight", "decoder/embeddings/weight")],
+    )
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -114,8 +149,9 @@ def write_folder(folder, model, dtype="float32", k_bias=0.0, variables=None):
     tok.add_special_tokens(SPECIALS)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "vocabulary.txt").write_text("\n".join(alphabet + SPECIALS + TIMESTAMPS) + "\n")
-    (folder / "config.json").write_text(json.dumps({"suppress_ids": [5, 6], "suppress_ids_begin": [220, 256],
-                                                    "alignment_heads": [[1, 0]]}))
+    (folder / "config.json").write_text(
+        json.dumps({"suppress_ids": [5, 6], "suppress_ids_begin": [220, 256], "alignment_heads": [[1, 0]]})
+    )
     return folder
 
 
@@ -131,11 +167,14 @@ def tiny():
 
 def test_reader_reads_every_type_and_the_aliases(tmp_path):
     rng = np.random.default_rng(0)
-    values = {"f32": (rng.normal(size=(3, 2)).astype(np.float32), "float32"),
-              "f16": (rng.normal(size=(5,)).astype(np.float16), "float16"),
-              "bf16": (np.array([1.5, -2.25, 2.0 ** 18], np.float32), "bfloat16"),
-              "i8": (np.int8(-3), "int8"), "i16": (np.array([[7, -9]], np.int16), "int16"),
-              "i32": (np.arange(4, dtype=np.int32).reshape(2, 2, 1), "int32")}
+    values = {
+        "f32": (rng.normal(size=(3, 2)).astype(np.float32), "float32"),
+        "f16": (rng.normal(size=(5,)).astype(np.float16), "float16"),
+        "bf16": (np.array([1.5, -2.25, 2.0**18], np.float32), "bfloat16"),
+        "i8": (np.int8(-3), "int8"),
+        "i16": (np.array([[7, -9]], np.int16), "int16"),
+        "i32": (np.arange(4, dtype=np.int32).reshape(2, 2, 1), "int32"),
+    }
     write_ct2(tmp_path / "model.bin", values, aliases=[("tied", "f32")])
     model = read_ct2_model(tmp_path)
     assert (model.spec, model.revision) == ("WhisperSpec", 3) and model.aliases == {"tied": "f32"}
@@ -146,9 +185,14 @@ def test_reader_reads_every_type_and_the_aliases(tmp_path):
     assert model.get("tied") is model.variables["f32"] and model.scalar("i8") == -3
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda b: b[:-3], "truncated"), (lambda b: b + b"\0", "unexpected bytes"),
-    (lambda b: struct.pack("<I", 5) + b[4:], "binary version 5")])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda b: b[:-3], "truncated"),
+        (lambda b: b + b"\0", "unexpected bytes"),
+        (lambda b: struct.pack("<I", 5) + b[4:], "binary version 5"),
+    ],
+)
 def test_reader_refuses_a_damaged_file(tmp_path, damage, message):
     write_ct2(tmp_path / "model.bin", {"w": (np.ones((2, 2), np.float32), "float32")})
     (tmp_path / "model.bin").write_bytes(damage((tmp_path / "model.bin").read_bytes()))
@@ -183,10 +227,12 @@ def test_float16_weights_and_a_k_bias_change_nothing_but_rounding(tmp_path, tiny
             module.k_proj.bias = torch.nn.Parameter(torch.full((8,), 0.7))
     features, ids = torch.randn(1, 4, 100), torch.tensor([[257, 260, 50, 51, 52]])
     x = torch.randn(3, 8)
-    assert not torch.allclose(with_k_bias.model.encoder.layers[0].self_attn.k_proj(x),
-                              rounded.model.encoder.layers[0].self_attn.k_proj(x))  # the keys do differ
-    torch.testing.assert_close(logits(converted, features, ids), logits(with_k_bias, features, ids),
-                               rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(
+        with_k_bias.model.encoder.layers[0].self_attn.k_proj(x), rounded.model.encoder.layers[0].self_attn.k_proj(x)
+    )  # the keys do differ
+    torch.testing.assert_close(
+        logits(converted, features, ids), logits(with_k_bias, features, ids), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_folder_holds_processor_and_generation_config(tmp_path, tiny):
@@ -196,8 +242,9 @@ def test_folder_holds_processor_and_generation_config(tmp_path, tiny):
     assert len(tokenizer) == tiny.config.vocab_size and tokenizer.convert_tokens_to_ids(TIMESTAMPS) == [261, 262]
     assert tokenizer.decode(tokenizer(" hi").input_ids, skip_special_tokens=True) == " hi"
     assert processor.feature_extractor.feature_size == 4 and processor.feature_extractor.nb_max_frames == 100
-    features = processor.feature_extractor([np.zeros(8000, np.float32)], sampling_rate=16000,
-                                           return_tensors="pt").input_features
+    features = processor.feature_extractor(
+        [np.zeros(8000, np.float32)], sampling_rate=16000, return_tensors="pt"
+    ).input_features
     assert features.shape == (1, 4, 100)
     generation = json.loads((out / "generation_config.json").read_text())
     assert (generation["decoder_start_token_id"], generation["eos_token_id"]) == (257, 256)
@@ -222,9 +269,14 @@ def test_cache_is_reused_and_redone_when_the_source_changes(tmp_path, tiny):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "hf"]  # no temporary folder left behind
 
 
-@pytest.mark.parametrize("name, value, message", [("decoder/activation", 1, "activation"),
-                                                  ("decoder/scale_embeddings", 1, "scale_embeddings"),
-                                                  ("decoder/unknown_flag", 1, "unknown setting")])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("decoder/activation", 1, "activation"),
+        ("decoder/scale_embeddings", 1, "scale_embeddings"),
+        ("decoder/unknown_flag", 1, "unknown setting"),
+    ],
+)
 def test_settings_whisper_does_not_have_are_refused(tmp_path, tiny, name, value, message):
     variables = ct2_variables(tiny)
     variables[name] = (np.int8(value), "int8")
@@ -242,14 +294,24 @@ def test_an_unmapped_tensor_is_refused(tmp_path, tiny):
 
 def test_check_summary_passes_and_fails_at_its_bounds():
     def clips(n_equal, diff):
-        return [{"clip": f"{i % 10}_x_{i}.wav", "encoder_max_abs_diff": diff, "encoder_max_abs": 10.0,
-                 "hf": "a", "ct2": "a" if i < n_equal else "b", "equal": i < n_equal,
-                 "hf_digit": i % 2 == 0, "ct2_digit": True} for i in range(100)]
+        return [
+            {
+                "clip": f"{i % 10}_x_{i}.wav",
+                "encoder_max_abs_diff": diff,
+                "encoder_max_abs": 10.0,
+                "hf": "a",
+                "ct2": "a" if i < n_equal else "b",
+                "equal": i < n_equal,
+                "hf_digit": i % 2 == 0,
+                "ct2_digit": True,
+            }
+            for i in range(100)
+        ]
 
-    ok = summarise(clips(95, 10.0 * 2 ** -11), seconds=1.0, threads=1, max_new_tokens=8)["rows"][0]
+    ok = summarise(clips(95, 10.0 * 2**-11), seconds=1.0, threads=1, max_new_tokens=8)["rows"][0]
     assert ok["passed"] and ok["transcripts_equal"] == 0.95 and ok["hf_digit_correct"] == 0.5
     assert not summarise(clips(94, 1e-5), seconds=1.0, threads=1, max_new_tokens=8)["rows"][0]["passed"]
-    assert not summarise(clips(100, 10.0 * 2 ** -10), seconds=1.0, threads=1, max_new_tokens=8)["rows"][0]["passed"]
+    assert not summarise(clips(100, 10.0 * 2**-10), seconds=1.0, threads=1, max_new_tokens=8)["rows"][0]["passed"]
 
 
 def test_names_digit():

@@ -35,7 +35,9 @@ def test_a_folder_trained_before_a_setting_existed_counts_at_its_default():
     now = json.loads(json.dumps(asdict(PresetTraining())))
     before = {k: v for k, v in now.items() if k != "train_splits"}
     assert _same_settings(before, now)
-    assert not _same_settings(before, json.loads(json.dumps(asdict(PresetTraining(train_splits=("spk_retain_train",))))))
+    assert not _same_settings(
+        before, json.loads(json.dumps(asdict(PresetTraining(train_splits=("spk_retain_train",)))))
+    )
     assert not _same_settings(None, now)
 
 

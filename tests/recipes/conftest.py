@@ -17,5 +17,14 @@ def tofu_micro(tmp_path_factory):
     evaluations, in one cache folder: built once for test_tofu and test_tofu_options (about 45 s each on 2 cores).
     Tests may build other models into the same cache (their options give other keys) but never change these."""
     cache = tmp_path_factory.mktemp("tofu_micro_cache")
-    return tofu_pipeline.prepare(TofuConfig(preset="micro", data=TOFU_DATA, forget_split="forget10", seed=0,
-                                            cache_dir=cache, device="cpu", max_new_tokens=24))
+    return tofu_pipeline.prepare(
+        TofuConfig(
+            preset="micro",
+            data=TOFU_DATA,
+            forget_split="forget10",
+            seed=0,
+            cache_dir=cache,
+            device="cpu",
+            max_new_tokens=24,
+        )
+    )

@@ -21,14 +21,14 @@ import pytest
 import soundfile as sf
 import torch
 
-from mmunlearn.files import layout
 from mmunlearn.adapters.speaker.io import HPARAMS, read_speaker_dir
 from mmunlearn.erase.in_memory import erase_checkpoint
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.stream import stream_erase_checkpoint
 from mmunlearn.errors import USER_ERRORS, WriteError, one_line
-from mmunlearn.taskvec.store import open_task_matrices
+from mmunlearn.files import layout
 from mmunlearn.files.undo_store import default_undo_dir, undo_dir_of
+from mmunlearn.taskvec.store import open_task_matrices
 from tests.reliability.untrusted import INDEX, ROOT, digest_tree, listing, make_checkpoint, make_forget
 
 
@@ -59,8 +59,9 @@ def test_a_shard_named_like_an_output_file_is_refused_before_anything_is_written
     model = make_checkpoint(tmp_path / "model")
     os.replace(model / "model-00003-of-00003.safetensors", model / name)
     index = json.loads((model / INDEX).read_text())
-    index["weight_map"] = {k: name if v == "model-00003-of-00003.safetensors" else v
-                           for k, v in index["weight_map"].items()}
+    index["weight_map"] = {
+        k: name if v == "model-00003-of-00003.safetensors" else v for k, v in index["weight_map"].items()
+    }
     (model / INDEX).write_text(json.dumps(index))
     forget = make_forget(tmp_path / "forget.safetensors")
     before, parent = digest_tree(tmp_path), listing(tmp_path)
@@ -72,15 +73,34 @@ def test_a_shard_named_like_an_output_file_is_refused_before_anything_is_written
 
 def test_the_writers_take_their_names_from_the_layout_module():
     from mmunlearn.erase import apply, in_memory, stream
-    from mmunlearn.methods import artefacts, harness
     from mmunlearn.files.paths import MARKER
+    from mmunlearn.methods import artefacts, harness
     from mmunlearn.requests.history import HISTORY_DIR
 
-    assert (apply.PATCH_NAME, apply.REPORT_NAME, in_memory.PLOT_NAME, harness.REPORT_NAME, artefacts.TILT_DIR,
-            MARKER, HISTORY_DIR) == (layout.PATCH_NAME, layout.ERASE_REPORT, layout.PLOT_NAME,
-                                     layout.UNLEARN_REPORT, layout.TILT_DIR, layout.MARKER, layout.HISTORY_DIR)
-    assert set(harness.restore_leftovers()) == {layout.PATCH_NAME, layout.UNLEARN_REPORT, layout.ERASE_REPORT,
-                                                layout.PLOT_NAME, layout.TILT_DIR}
+    assert (
+        apply.PATCH_NAME,
+        apply.REPORT_NAME,
+        in_memory.PLOT_NAME,
+        harness.REPORT_NAME,
+        artefacts.TILT_DIR,
+        MARKER,
+        HISTORY_DIR,
+    ) == (
+        layout.PATCH_NAME,
+        layout.ERASE_REPORT,
+        layout.PLOT_NAME,
+        layout.UNLEARN_REPORT,
+        layout.TILT_DIR,
+        layout.MARKER,
+        layout.HISTORY_DIR,
+    )
+    assert set(harness.restore_leftovers()) == {
+        layout.PATCH_NAME,
+        layout.UNLEARN_REPORT,
+        layout.ERASE_REPORT,
+        layout.PLOT_NAME,
+        layout.TILT_DIR,
+    }
     assert set(stream.LEFTOVERS) | {layout.MARKER, layout.HISTORY_DIR} == set(layout.RESERVED)
 
 
@@ -90,7 +110,8 @@ def speaker_master(tmp_path_factory):
     from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
 
     return SpeakerAdapter.build(["a", "b", "c"], preset="tiny", device="cpu", seed=0).save(
-        tmp_path_factory.mktemp("spk") / "model")
+        tmp_path_factory.mktemp("spk") / "model"
+    )
 
 
 FBANK_ARGS = "    sample_rate: 16000\n    n_mels: 24\n"
@@ -273,7 +294,8 @@ def test_sigterm_while_an_output_is_written_leaves_no_temporary_folder(tmp_path)
         "with atomic_dir(sys.argv[1]) as tmp:\n"
         "    (tmp / 'big.bin').write_bytes(b'x' * 1_000_000)\n"
         "    print('ready', flush=True)\n"
-        "    time.sleep(60)\n")
+        "    time.sleep(60)\n"
+    )
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE, text=True, env=env)
@@ -344,8 +366,14 @@ def test_a_large_manifest_shows_its_row_count_and_progress(capsys):
 def _prepare_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("MMUNLEARN_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "data_prep.voxceleb2", "prepare", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "data_prep.voxceleb2", "prepare", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("case", ["meta /dev/zero", "out is root"])

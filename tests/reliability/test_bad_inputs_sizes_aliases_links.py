@@ -34,9 +34,18 @@ def hf_master(tmp_path_factory) -> Path:
 
     from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
-    cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
-                         conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
-                         num_conv_pos_embedding_groups=2, classifier_proj_size=8)
+    cfg = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(8, 8),
+        conv_kernel=(10, 5),
+        conv_stride=(10, 5),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        classifier_proj_size=8,
+    )
     fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True)
     return HFAudioAdapter.build(cfg, SPEAKERS, fe, device="cpu").save(tmp_path_factory.mktemp("hf") / "model")
 
@@ -45,10 +54,10 @@ def hf_master(tmp_path_factory) -> Path:
 def test_an_hf_audio_sampling_rate_outside_audio_rates_is_one_error_naming_the_file(hf_master, tmp_path, rate):
     import shutil
 
-    from mmunlearn.api.unlearn import unlearn
-
     import numpy as np
     import soundfile as sf
+
+    from mmunlearn.api.unlearn import unlearn
 
     (tmp_path / "audio").mkdir()
     for name in ("a", "b"):
@@ -58,9 +67,16 @@ def test_an_hf_audio_sampling_rate_outside_audio_rates_is_one_error_naming_the_f
     config.write_text(json.dumps({**json.loads(config.read_text()), "sampling_rate": rate}))
     before = digest_tree(folder)
     with pytest.raises(ValueError) as err:
-        unlearn(folder, forget=[(str(tmp_path / "audio" / "a.wav"), SPEAKERS[0])],
-                retain=[(str(tmp_path / "audio" / "b.wav"), SPEAKERS[1])], method="grad_ascent",
-                out=tmp_path / "out", device="cpu", progress=False, rule=None)
+        unlearn(
+            folder,
+            forget=[(str(tmp_path / "audio" / "a.wav"), SPEAKERS[0])],
+            retain=[(str(tmp_path / "audio" / "b.wav"), SPEAKERS[1])],
+            method="grad_ascent",
+            out=tmp_path / "out",
+            device="cpu",
+            progress=False,
+            rule=None,
+        )
     user_error(err.value, str(config), "sampling_rate", "1000..192000")
     assert digest_tree(folder) == before and listing(tmp_path) == {"model", "audio"}
 
@@ -72,8 +88,10 @@ def test_an_hf_audio_folder_at_an_ordinary_rate_loads(hf_master):
 
 
 # ------------------------------------------------------------------------ M4: --config YAML
-LAUGHS = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x, x]"]
-                   + [f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi")])
+LAUGHS = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    + [f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+)
 
 
 def _tofu_config(path: Path, *overrides: str):
@@ -91,8 +109,12 @@ def test_a_yaml_alias_bomb_in_config_is_refused_before_it_expands(tmp_path, wher
     from recipes.tofu.config import TofuConfig  # noqa: F401  (imported before the clock starts)
 
     path = tmp_path / "bomb.yaml"
-    body = LAUGHS if where == "top level" else "method_options:\n  grad_ascent:\n    extra:\n" + "\n".join(
-        "      " + line for line in LAUGHS.splitlines())
+    body = (
+        LAUGHS
+        if where == "top level"
+        else "method_options:\n  grad_ascent:\n    extra:\n"
+        + "\n".join("      " + line for line in LAUGHS.splitlines())
+    )
     path.write_text(body)
     assert len(body) < 1000  # 10^9 values once expanded
     start = time.perf_counter()
@@ -177,16 +199,28 @@ def test_a_jobs_folder_that_is_a_link_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------ M6: report injection
-HOSTILE = ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "a | b", "line\nbreak", "&lt;b&gt;",
-           "\x1b]0;owned\x07\x1b[31mred\x1b[0m", "# heading"]
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "a | b",
+    "line\nbreak",
+    "&lt;b&gt;",
+    "\x1b]0;owned\x07\x1b[31mred\x1b[0m",
+    "# heading",
+]
 
 
 def test_record_cells_and_headers_are_escaped_for_the_page_and_the_terminal():
     from mmunlearn.report import make_record, render
 
     rows = [{"method": text, "value": 1.0} for text in HOSTILE]
-    record = make_record({"rows": rows}, name="hostile", command="test", commit="x",
-                         columns=[["<b>method</b>", "method"], ["value | x", "value"]])
+    record = make_record(
+        {"rows": rows},
+        name="hostile",
+        command="test",
+        commit="x",
+        columns=[["<b>method</b>", "method"], ["value | x", "value"]],
+    )
     table = render(record).splitlines()
     assert len(table) == 2 + len(HOSTILE)  # one line per row: no line break survives
     for line in table:
@@ -230,9 +264,16 @@ def test_a_deeply_nested_results_file_is_one_error(tmp_path):
 
 
 # ------------------------------------------------------------------------ M5: T3 head sizes
-@pytest.mark.parametrize("head", [{"hidden": 32, "vocab": 512, "rank": 100_000},
-                                  {"hidden": 32, "vocab": 10**9, "rank": 4}, {"hidden": 32, "vocab": 512, "rank": -1},
-                                  {"hidden": 32, "vocab": 512, "rank": 4.5}, [32, 512, 4]])
+@pytest.mark.parametrize(
+    "head",
+    [
+        {"hidden": 32, "vocab": 512, "rank": 100_000},
+        {"hidden": 32, "vocab": 10**9, "rank": 4},
+        {"hidden": 32, "vocab": 512, "rank": -1},
+        {"hidden": 32, "vocab": 512, "rank": 4.5},
+        [32, 512, 4],
+    ],
+)
 def test_tilt_config_sizes_are_checked_against_the_head_file_before_allocating(tmp_path, head):
     from mmunlearn.tilt.head import TiltHead
     from mmunlearn.tilt.model import CONFIG_NAME, TiltedCausalLM

@@ -19,8 +19,16 @@ from mmunlearn.adapters.base import resolve_device
 from mmunlearn.cli import main
 from mmunlearn.errors import UserError, check_threads, set_threads
 from mmunlearn.taskvec import save_task_matrices
-from tests.reliability.untrusted import (INDEX, ROOT, digest_tree, listing, make_checkpoint, make_forget, run_cli,
-                                         weight_names)
+from tests.reliability.untrusted import (
+    INDEX,
+    ROOT,
+    digest_tree,
+    listing,
+    make_checkpoint,
+    make_forget,
+    run_cli,
+    weight_names,
+)
 
 
 def run_main(capsys, *args: str) -> tuple[int, str]:
@@ -33,8 +41,11 @@ def run_main(capsys, *args: str) -> tuple[int, str]:
 def assert_one_line(err: str, *needles: str) -> str:
     """The error is one line of its own (progress of the work done before it aside: a live bar, or the line a stage
     writes to a log, ``<stage>: 2/3 shards in 00:01``)."""
-    lines = [ln for ln in err.strip().splitlines() if ln.strip() and not re.search(r"\d+%\|.*\|", ln)
-             and not re.fullmatch(r"[^:]+: \d+(/\d+)? \w+ (in|\d).*", ln)]
+    lines = [
+        ln
+        for ln in err.strip().splitlines()
+        if ln.strip() and not re.search(r"\d+%\|.*\|", ln) and not re.fullmatch(r"[^:]+: \d+(/\d+)? \w+ (in|\d).*", ln)
+    ]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
@@ -96,7 +107,8 @@ def test_missing_model_shape_mismatch_int_task_matrix_and_existing_out(work, cap
     save_file({weight_names()[0]: torch.ones(8, 6, dtype=torch.int64)}, str(ints))
     code, err = run_main(capsys, *erase_args(model, ints, tmp_path / "out", stream))
     assert code == 2 and assert_one_line(
-        err, f"task matrix {weight_names()[0]} in {ints} has dtype int64; expected floating point")
+        err, f"task matrix {weight_names()[0]} in {ints} has dtype int64; expected floating point"
+    )
     (tmp_path / "out").mkdir()
     code, err = run_main(capsys, *erase_args(model, forget, tmp_path / "out", stream))
     assert code == 2 and assert_one_line(err, f"output directory already exists: {tmp_path / 'out'}")
@@ -104,7 +116,11 @@ def test_missing_model_shape_mismatch_int_task_matrix_and_existing_out(work, cap
     assert code == 2 and assert_one_line(err, f"output folder {tmp_path} contains the input {model}")
     code, err = run_main(capsys, *erase_args(model, forget, tmp_path / "o2", stream, "--scale", "1e40"))
     assert code == 2 and assert_one_line(err, f"erase of {model}", "NaN or Inf", "lower the scale")
-    assert digest_tree(model) == before and listing(tmp_path) == parent | {"wrong.safetensors", "ints.safetensors", "out"}
+    assert digest_tree(model) == before and listing(tmp_path) == parent | {
+        "wrong.safetensors",
+        "ints.safetensors",
+        "out",
+    }
     assert listing(tmp_path / "out") == set()
 
 

@@ -55,12 +55,15 @@ def text_adapter():
     return TextLLMAdapter(tiny_causal_lm(layers=1), tiny_tokenizer(), use_chat_template=False)
 
 
-@pytest.mark.parametrize("template", [
-    "{{ 'x' * 10000000000 }}",
-    "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
-    "{{ 10 ** 100000000 }}",
-    "{% for i in range(10000000000) %}x{% endfor %}",  # Jinja's own SecurityError: range too big
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'x' * 10000000000 }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
+        "{{ 10 ** 100000000 }}",
+        "{% for i in range(10000000000) %}x{% endfor %}",  # Jinja's own SecurityError: range too big
+    ],
+)
 def test_a_chat_template_writing_gigabytes_is_one_error_naming_the_tokenizer(text_adapter, template):
     import copy
 
@@ -108,8 +111,7 @@ def test_a_4_gib_sparse_wav_is_left_out_undecoded(tmp_path):
         f.truncate(4 << 30)
     before = {str(p): p.stat().st_size for p in root.rglob("*")}  # sizes: hashing 4 GiB of hole is the slow part
     start = time.perf_counter()
-    prepare_corpus(root, tmp_path / "out", pattern=FOLDER_PATTERN, forget_speakers=1, progress=False,
-                   allow_fewer=True)
+    prepare_corpus(root, tmp_path / "out", pattern=FOLDER_PATTERN, forget_speakers=1, progress=False, allow_fewer=True)
     report = json.loads((tmp_path / "out" / "prepare_report.json").read_text())
     (failed,) = report["failed"]
     assert failed["path"] == str(bomb) and "left out undecoded" in failed["reason"], report["failed"]
@@ -121,8 +123,18 @@ def test_a_4_gib_sparse_wav_is_left_out_undecoded(tmp_path):
 def test_segment_seconds_that_is_no_length_is_one_error_line(tmp_path, value):
     root = _corpus(tmp_path / "corpus")
     before = digest_tree(root)
-    res = run_cli_here("voxceleb2", "prepare-corpus", "--root", str(root), "--out", str(tmp_path / "out"), "--corpus",
-                  "pattern", "--segment-seconds", value)
+    res = run_cli_here(
+        "voxceleb2",
+        "prepare-corpus",
+        "--root",
+        str(root),
+        "--out",
+        str(tmp_path / "out"),
+        "--corpus",
+        "pattern",
+        "--segment-seconds",
+        value,
+    )
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "--segment-seconds" in lines[0], res.stderr[-2000:]
     assert digest_tree(root) == before and listing(tmp_path) == {"corpus"}

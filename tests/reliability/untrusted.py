@@ -29,8 +29,9 @@ def weight_names(layers: int = 3) -> list[str]:
     return [f"model.layers.{i}.mlp.{p}.weight" for i in range(layers) for p in ("up_proj", "down_proj")]
 
 
-def make_checkpoint(root: Path, layers: int = 3, sharded: bool = True, dtype: torch.dtype = torch.float32,
-                    index: dict | None = None) -> Path:
+def make_checkpoint(
+    root: Path, layers: int = 3, sharded: bool = True, dtype: torch.dtype = torch.float32, index: dict | None = None
+) -> Path:
     """A checkpoint folder (config.json, one shard per layer + index, or model.safetensors); ``index``
     replaces the index's weight_map (for hostile indexes)."""
     root.mkdir(parents=True)
@@ -50,12 +51,15 @@ def make_checkpoint(root: Path, layers: int = 3, sharded: bool = True, dtype: to
     return root
 
 
-def make_forget(path: Path, layers: int = 3, hot: int = 2, scale: float = 0.05,
-                dtype: torch.dtype = torch.float32) -> Path:
+def make_forget(
+    path: Path, layers: int = 3, hot: int = 2, scale: float = 0.05, dtype: torch.dtype = torch.float32
+) -> Path:
     """Forget task matrices for every weight; layer ``hot`` carries most of the energy."""
     g = torch.Generator().manual_seed(1)
-    tm = {n: (scale * (8.0 if f".layers.{hot}." in n else 1.0) * torch.randn(8, 6, generator=g)).to(dtype)
-          for n in weight_names(layers)}
+    tm = {
+        n: (scale * (8.0 if f".layers.{hot}." in n else 1.0) * torch.randn(8, 6, generator=g)).to(dtype)
+        for n in weight_names(layers)
+    }
     return save_task_matrices(path, tm)
 
 
@@ -90,8 +94,14 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 120) -> subproce
     """``python -m mmunlearn.cli ARGS`` in a subprocess (the console entry point, not CliRunner)."""
     full_env = {k: v for k, v in os.environ.items() if k != "MMUNLEARN_DEBUG"}
     full_env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.run([sys.executable, "-m", "mmunlearn.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=full_env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mmunlearn.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=full_env,
+        timeout=timeout,
+    )
 
 
 def run_cli_here(*args: str) -> subprocess.CompletedProcess:

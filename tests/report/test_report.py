@@ -9,29 +9,63 @@ from typer.testing import CliRunner
 from mmunlearn import report
 from mmunlearn.cli import app
 
-RUN = {"context": {"preset": "micro"}, "columns": [["method", "method"], ["forget quality", "forget_quality"],
-                                                   ["rule met", "target_reached"]],
-       "rows": [{"method": "target model", "forget_quality": 1.2e-07, "target_reached": None},
-                {"method": "t3", "forget_quality": 0.081, "target_reached": True}]}
+RUN = {
+    "context": {"preset": "micro"},
+    "columns": [["method", "method"], ["forget quality", "forget_quality"], ["rule met", "target_reached"]],
+    "rows": [
+        {"method": "target model", "forget_quality": 1.2e-07, "target_reached": None},
+        {"method": "t3", "forget_quality": 0.081, "target_reached": True},
+    ],
+}
 
 
 def test_a_record_keeps_rows_columns_command_and_machine(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "compare.json").write_text(json.dumps(RUN))
-    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "run"), "--name", "demo", "--command",
-                                   "mmunlearn tofu compare --preset micro", "--out", str(tmp_path / "results")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "record",
+            str(tmp_path / "run"),
+            "--name",
+            "demo",
+            "--command",
+            "mmunlearn tofu compare --preset micro",
+            "--out",
+            str(tmp_path / "results"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rec = json.loads((tmp_path / "results" / "demo.json").read_text())
     assert rec["rows"] == RUN["rows"] and rec["command"] == "mmunlearn tofu compare --preset micro"
     assert rec["machine"]["cores"] >= 1 and rec["date"] and rec["context"] == {"preset": "micro"}
     assert report.render(rec).splitlines() == [
-        "| method | forget quality | rule met |", "|---|---:|---:|",
-        "| target model | 1.20e-07 | n/a |", "| t3 | 0.0810 | yes |"]
+        "| method | forget quality | rule met |",
+        "|---|---:|---:|",
+        "| target model | 1.20e-07 | n/a |",
+        "| t3 | 0.0810 | yes |",
+    ]
     assert "config" not in rec
-    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "run"), "--name", "demo2", "--command",
-                                   "mmunlearn tofu compare --config tofu/micro", "--recipe-config", "tofu/micro",
-                                   "--out", str(tmp_path / "results")])
-    assert res.exit_code == 0 and json.loads((tmp_path / "results" / "demo2.json").read_text())["config"] == "tofu/micro"
+    res = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "record",
+            str(tmp_path / "run"),
+            "--name",
+            "demo2",
+            "--command",
+            "mmunlearn tofu compare --config tofu/micro",
+            "--recipe-config",
+            "tofu/micro",
+            "--out",
+            str(tmp_path / "results"),
+        ],
+    )
+    assert (
+        res.exit_code == 0 and json.loads((tmp_path / "results" / "demo2.json").read_text())["config"] == "tofu/micro"
+    )
 
 
 def test_pages_are_regenerated_and_a_stale_table_is_found(tmp_path):
@@ -53,13 +87,41 @@ def test_pages_are_regenerated_and_a_stale_table_is_found(tmp_path):
 
 def test_columns_can_be_chosen_on_the_command_line(tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps({"rows": [{"stage": "train", "ratio": 1.25, "runs": [1, 2]}]}))
-    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "bench.json"), "--name", "b", "--command", "c",
-                                   "--columns", "stage=stage,mmunlearn/plain=ratio", "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "record",
+            str(tmp_path / "bench.json"),
+            "--name",
+            "b",
+            "--command",
+            "c",
+            "--columns",
+            "stage=stage,mmunlearn/plain=ratio",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rec = json.loads((tmp_path / "b.json").read_text())
     assert report.render(rec).splitlines()[2] == "| train | 1.2500 |"
-    res = CliRunner().invoke(app, ["report", "record", str(tmp_path / "bench.json"), "--name", "b", "--command", "c",
-                                   "--columns", "nokey", "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "record",
+            str(tmp_path / "bench.json"),
+            "--name",
+            "b",
+            "--command",
+            "c",
+            "--columns",
+            "nokey",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 2 and "header=key" in res.output
 
 
@@ -80,15 +142,27 @@ def test_bad_records_and_missing_ones_are_clear_errors(tmp_path):
 
 def test_a_record_names_no_absolute_path_of_the_machine_it_was_made_on(tmp_path, monkeypatch):
     home, work = tmp_path / "home" / "me", tmp_path / "work" / "repo"
-    context = {"target": str(home / ".cache/mmunlearn/models/full-1"), "out": str(work / "runs" / "x"),
-               "langs": ["en", str(work)], "other": str(tmp_path / "work" / "repo2" / "a"), "n": 3}
+    context = {
+        "target": str(home / ".cache/mmunlearn/models/full-1"),
+        "out": str(work / "runs" / "x"),
+        "langs": ["en", str(work)],
+        "other": str(tmp_path / "work" / "repo2" / "a"),
+        "n": 3,
+    }
     assert report.portable(context, cwd=work, home=home) == {
-        "target": "~/.cache/mmunlearn/models/full-1", "out": "runs/x", "langs": ["en", "."],
-        "other": str(tmp_path / "work" / "repo2" / "a"), "n": 3}  # a sibling folder is not under the working one
+        "target": "~/.cache/mmunlearn/models/full-1",
+        "out": "runs/x",
+        "langs": ["en", "."],
+        "other": str(tmp_path / "work" / "repo2" / "a"),
+        "n": 3,
+    }  # a sibling folder is not under the working one
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(home))
-    rec = report.make_record({"rows": [{"method": "a", "model": str(tmp_path / "m")}],
-                              "context": {"cache": str(home / "c")}}, name="r", command="x")
+    rec = report.make_record(
+        {"rows": [{"method": "a", "model": str(tmp_path / "m")}], "context": {"cache": str(home / "c")}},
+        name="r",
+        command="x",
+    )
     assert rec["rows"][0]["model"] == "m" and rec["context"]["cache"] == "~/c"
 
 
@@ -102,14 +176,19 @@ def test_every_table_is_written_by_the_one_writer():
     assert writers == ["mmunlearn/report/__init__.py"]
 
 
-@pytest.mark.parametrize("items, cell", [
-    ([f"text.layers.{i}" for i in range(20, 30)], "text.layers.20-29"),
-    (["audio.conv", "audio.layers.0", "audio.layers.1", "audio.proj", "text.layers.5"],
-     "audio.conv, audio.layers.0-1, audio.proj, text.layers.5"),
-    (["blocks.1", "blocks.3", "blocks.4", "head.2", "head.3"], "blocks.1, blocks.3-4, head.2-3"),
-    (["id00004", "id00005"], "id00004, id00005"),  # zero-padded numbers stay as written
-    (["layers.2", "layers.1"], "layers.2, layers.1"),  # order kept: only ascending runs merge
-])
+@pytest.mark.parametrize(
+    "items, cell",
+    [
+        ([f"text.layers.{i}" for i in range(20, 30)], "text.layers.20-29"),
+        (
+            ["audio.conv", "audio.layers.0", "audio.layers.1", "audio.proj", "text.layers.5"],
+            "audio.conv, audio.layers.0-1, audio.proj, text.layers.5",
+        ),
+        (["blocks.1", "blocks.3", "blocks.4", "head.2", "head.3"], "blocks.1, blocks.3-4, head.2-3"),
+        (["id00004", "id00005"], "id00004, id00005"),  # zero-padded numbers stay as written
+        (["layers.2", "layers.1"], "layers.2, layers.1"),  # order kept: only ascending runs merge
+    ],
+)
 def test_a_list_of_names_is_one_short_cell_with_numbered_runs_as_ranges(items, cell):
     assert report.fmt(items) == cell
     assert report.fmt([0.1, 0.25]) == "[0.1000, 0.2500]"  # a numeric pair is still an interval

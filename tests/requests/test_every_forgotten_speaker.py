@@ -17,8 +17,9 @@ def trained(three_forgotten_manifests, tmp_path_factory):
     from mmunlearn.adapters.speaker.training import train_speaker_classifier, training_rows
 
     rows, speakers = training_rows(three_forgotten_manifests, "speaker")
-    adapter, _ = train_speaker_classifier(rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3, batch_size=8,
-                                          device="cpu", progress=False)
+    adapter, _ = train_speaker_classifier(
+        rows, speakers=speakers, preset="tiny", epochs=6, lr=5e-3, batch_size=8, device="cpu", progress=False
+    )
     path = tmp_path_factory.mktemp("every_speaker") / "original"
     adapter.save(path)
     return path
@@ -102,14 +103,24 @@ def test_every_forgotten_row_is_turned_away_from_every_forgotten_speaker(trained
 
 def test_one_request_and_a_batch_are_judged_speaker_by_speaker(trained, parts):
     forget, retain = parts
-    res = unlearn(trained, forget=forget, retain=retain, method="qr-erase", scope="head", out=None, device="cpu",
-                  progress=False)  # the default rule: "auto"
+    res = unlearn(
+        trained, forget=forget, retain=retain, method="qr-erase", scope="head", out=None, device="cpu", progress=False
+    )  # the default rule: "auto"
     _judged_per_speaker(res.report, res.adapter, forget)
     assert res.report["verdict"].startswith("rule met")  # every forgotten speaker, not only the pooled audio
     assert res.report["config"]["sweep_max_relative"] == pytest.approx(32.768)  # a cosine head needs edits > its norm
     sets = [[r for r in forget if r["spk_id"] == s] for s in sorted({r["spk_id"] for r in forget})]
-    batch = unlearn(trained, forget=sets, batch=True, retain=retain, method="qr-erase", scope="head", out=None,
-                    device="cpu", progress=False)
+    batch = unlearn(
+        trained,
+        forget=sets,
+        batch=True,
+        retain=retain,
+        method="qr-erase",
+        scope="head",
+        out=None,
+        device="cpu",
+        progress=False,
+    )
     assert batch.report["batch"]["union_items"] == len(forget)
     _judged_per_speaker(batch.report, batch.adapter, forget)
     assert batch.report["verdict"].startswith("rule met")
@@ -142,15 +153,31 @@ def test_a_later_request_is_judged_with_the_speakers_earlier_requests_forgot(tra
     forget, retain = parts
     a, b, c = sorted({r["spk_id"] for r in forget})
     gone = [r for r in forget if r["spk_id"] in (a, c)]  # request 1: two speakers (their rows, see above)
-    first = unlearn(trained, forget=gone, retain=retain, method="qr-erase", scope="head", out=tmp_path / "r1",
-                    device="cpu", progress=False)
+    first = unlearn(
+        trained,
+        forget=gone,
+        retain=retain,
+        method="qr-erase",
+        scope="head",
+        out=tmp_path / "r1",
+        device="cpu",
+        progress=False,
+    )
     assert "earlier_forgotten_speakers" not in first.report and first.report["verdict"].startswith("rule met")
     every_other = [s for s in first.adapter.speakers if s not in (a, c)]
     assert forgotten_error_rate(first.adapter, gone) >= first.report["rule"]["forget_target"]  # their audio elsewhere
     assert forgotten_error_rate.with_earlier(every_other)(first.adapter, gone) == 0.0  # ... on speakers now gone
     second_rows = [r for r in forget if r["spk_id"] == b]
-    second = unlearn(tmp_path / "r1", forget=second_rows, retain=retain, method="qr-erase", scope="head",
-                     out=tmp_path / "r2", device="cpu", progress=False)
+    second = unlearn(
+        tmp_path / "r1",
+        forget=second_rows,
+        retain=retain,
+        method="qr-erase",
+        scope="head",
+        out=tmp_path / "r2",
+        device="cpu",
+        progress=False,
+    )
     assert second.report["earlier_forgotten_speakers"] == [a, c]
     assert second.report["earlier_directions"] == [a, c]  # their original rows, from r1's undo patch
     history = read_history(tmp_path / "r2")
@@ -189,8 +216,10 @@ def test_rows_of_speakers_forgotten_earlier_are_turned_away_from_this_requests_a
     weight = adapter.model.classifier.weight.detach().double()
     own = speaker_directions(adapter, mine)[b]
     stand_in = weight[adapter.index[a]] * 3.0  # any length: only its direction joins u
-    for earlier, u in (([a, c, b], own),  # names only: this request's audio gives u
-                       ({a: stand_in, c: None}, own + stand_in / stand_in.norm())):
+    for earlier, u in (
+        ([a, c, b], own),  # names only: this request's audio gives u
+        ({a: stand_in, c: None}, own + stand_in / stand_in.norm()),
+    ):
         edited = forgotten_rows(adapter, mine, tf, cfg, earlier=earlier)
         assert edited.meta["forgotten_rows"] == [a, b, c]
         assert edited.meta["earlier_directions"] == ([a] if isinstance(earlier, dict) else [])

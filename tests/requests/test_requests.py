@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.api.unlearn import prepare_retain, unlearn
 from mmunlearn.data.utterances import split_rows
 from mmunlearn.requests import HISTORY_DIR, load_retain_state, model_fingerprint, read_history
 from mmunlearn.requests.state import META_NAME
-from mmunlearn.api.restore import restore_folder
 from tests.speech_corpus import llm_dir, one_thread, speaker_manifests  # noqa: F401  (fixtures)
 from tests.tiny import fast
 
@@ -54,26 +54,39 @@ def speaker_dir(speaker_manifests, tmp_path_factory):
 def test_retain_state_is_reused_when_it_matches_and_recomputed_when_not(speaker_dir, parts, tmp_path):
     first, second, retain = parts
     before = _digest(speaker_dir)
-    state = prepare_retain(speaker_dir, retain, tmp_path / "state", device="cpu", progress=False, kind="gradient", lr=1.0)
+    state = prepare_retain(
+        speaker_dir, retain, tmp_path / "state", device="cpu", progress=False, kind="gradient", lr=1.0
+    )
     assert state.status == "computed" and (tmp_path / "state" / META_NAME).is_file()
     stored = load_retain_state(tmp_path / "state")
     assert stored.meta["model_fingerprint"] == model_fingerprint(_model(speaker_dir))
     assert set(stored.task) == set(state.task) and all(torch.equal(stored.task[k], state.task[k]) for k in state.task)
-    again = prepare_retain(speaker_dir, retain, tmp_path / "state", device="cpu", progress=False, kind="gradient", lr=1.0)
+    again = prepare_retain(
+        speaker_dir, retain, tmp_path / "state", device="cpu", progress=False, kind="gradient", lr=1.0
+    )
     assert again.status == "loaded"
 
-    res = unlearn(speaker_dir, forget=first, retain=retain, out=tmp_path / "r1", retain_state=tmp_path / "state",
-                  **OPTS)
+    res = unlearn(
+        speaker_dir, forget=first, retain=retain, out=tmp_path / "r1", retain_state=tmp_path / "state", **OPTS
+    )
     assert res.report["retain_state"]["status"] == "loaded" and res.report["extract_seconds"] >= 0
     assert _digest(speaker_dir) == before  # the input is never modified
     # a cached retain side gives the same edit as extracting it in the request, bit for bit
-    plain = unlearn(speaker_dir, forget=first, retain=retain, out=tmp_path / "plain", extract_kind="gradient",
-                    **{k: v for k, v in OPTS.items() if k != "extract_kind"})
+    plain = unlearn(
+        speaker_dir,
+        forget=first,
+        retain=retain,
+        out=tmp_path / "plain",
+        extract_kind="gradient",
+        **{k: v for k, v in OPTS.items() if k != "extract_kind"},
+    )
+    assert "retain_state" not in plain.report  # this one extracted its retain side itself
     assert _same(_weights(tmp_path / "r1"), _weights(tmp_path / "plain"))
 
     other = retain[: len(retain) - 2]  # other retain data: another fingerprint
-    res = unlearn(speaker_dir, forget=first, retain=other, out=tmp_path / "r1b", retain_state=tmp_path / "state",
-                  **OPTS)
+    res = unlearn(
+        speaker_dir, forget=first, retain=other, out=tmp_path / "r1b", retain_state=tmp_path / "state", **OPTS
+    )
     assert res.report["retain_state"]["status"] == "recomputed"
     assert "retain data" in res.report["retain_state"]["reason"]
     assert load_retain_state(tmp_path / "state").meta["retain_items"] == len(other)
@@ -83,13 +96,27 @@ def test_retain_state_is_reused_when_it_matches_and_recomputed_when_not(speaker_
 
     speakers = SpeakerAdapter.load(speaker_dir, device="cpu").speakers
     SpeakerAdapter.build(speakers, preset="tiny", device="cpu", seed=1).save(tmp_path / "other_model")
-    res = unlearn(tmp_path / "other_model", forget=first, retain=other, out=tmp_path / "r1c",
-                  retain_state=tmp_path / "state", **OPTS)
+    res = unlearn(
+        tmp_path / "other_model",
+        forget=first,
+        retain=other,
+        out=tmp_path / "r1c",
+        retain_state=tmp_path / "state",
+        **OPTS,
+    )
     assert res.report["retain_state"]["status"] == "recomputed"
     assert res.report["retain_state"]["reason"] == "the model weights changed"
     with pytest.raises(ValueError, match="methods that work from task vectors"):
-        unlearn(speaker_dir, forget=first, retain=retain, method="grad_ascent", retain_state=tmp_path / "state",
-                device="cpu", progress=False, rule=None)
+        unlearn(
+            speaker_dir,
+            forget=first,
+            retain=retain,
+            method="grad_ascent",
+            retain_state=tmp_path / "state",
+            device="cpu",
+            progress=False,
+            rule=None,
+        )
 
 
 def _model(folder):
@@ -110,7 +137,10 @@ def test_requests_compose_and_undo_patches_chain_bit_for_bit(speaker_dir, parts,
     assert [h["index"] for h in history] == [1, 2] and [h["forget_items"] for h in history] == [len(first), len(second)]
     assert history[0]["model_after"] == history[1]["model_before"] == r1.report["requests"][0]["model_after"]
     assert json.loads((tmp_path / "r2" / "unlearn_report.json").read_text())["requests"] == history
-    assert read_history(tmp_path / "r2").depth == 2 and (tmp_path / "r2.undo" / HISTORY_DIR / "request-0001.json").is_file()
+    assert (
+        read_history(tmp_path / "r2").depth == 2
+        and (tmp_path / "r2.undo" / HISTORY_DIR / "request-0001.json").is_file()
+    )
     assert not (tmp_path / "r2" / HISTORY_DIR).exists() and not (tmp_path / "r2" / "undo_patch.safetensors").exists()
     original, after1, after2 = _weights(speaker_dir), _weights(tmp_path / "r1"), _weights(tmp_path / "r2")
     assert not _same(after1, after2) and not _same(original, after1)
@@ -118,31 +148,40 @@ def test_requests_compose_and_undo_patches_chain_bit_for_bit(speaker_dir, parts,
     restore_folder(tmp_path / "r2", tmp_path / "back1", progress=False)  # undo request 2 only
     assert _same(_weights(tmp_path / "back1"), after1)
     # request 1's undo record as request 1 wrote it, kept apart again (back1.undo); its report names that folder
-    assert _digest(tmp_path / "back1.undo")["undo_patch.safetensors"] == _digest(tmp_path / "r1.undo")["undo_patch.safetensors"]
+    assert (
+        _digest(tmp_path / "back1.undo")["undo_patch.safetensors"]
+        == _digest(tmp_path / "r1.undo")["undo_patch.safetensors"]
+    )
     reports = [json.loads((tmp_path / f / "unlearn_report.json").read_text()) for f in ("back1", "r1")]
     assert reports[0]["undo"]["folder"] == "back1.undo" and {**reports[0], "undo": None} == {**reports[1], "undo": None}
-    assert not (tmp_path / "back1" / HISTORY_DIR).exists() and not (tmp_path / "back1" / "undo_patch.safetensors").exists()
+    assert (
+        not (tmp_path / "back1" / HISTORY_DIR).exists() and not (tmp_path / "back1" / "undo_patch.safetensors").exists()
+    )
     restore_folder(tmp_path / "back1", tmp_path / "back0", progress=False)  # then request 1
     assert _same(_weights(tmp_path / "back0"), original)
     restore_folder(tmp_path / "r2", tmp_path / "all", steps=0, progress=False)  # both at once
     assert _same(_weights(tmp_path / "all"), original)
-    assert not {"undo_patch.safetensors", "unlearn_report.json", HISTORY_DIR} & {p.name for p in (tmp_path / "all").iterdir()}
+    assert not {"undo_patch.safetensors", "unlearn_report.json", HISTORY_DIR} & {
+        p.name for p in (tmp_path / "all").iterdir()
+    }
     with pytest.raises(ValueError, match="records 2 request"):
         restore_folder(tmp_path / "r2", tmp_path / "x", steps=3)
     from typer.testing import CliRunner
 
     from mmunlearn.cli import app
 
-    done = CliRunner().invoke(app, ["restore", "--model", str(tmp_path / "r2"), "--out", str(tmp_path / "cli"),
-                                    "--steps", "0"])
+    done = CliRunner().invoke(
+        app, ["restore", "--model", str(tmp_path / "r2"), "--out", str(tmp_path / "cli"), "--steps", "0"]
+    )
     assert done.exit_code == 0, done.output
     assert _same(_weights(tmp_path / "cli"), original)
 
 
 def test_a_batch_is_edited_once_with_the_union(speaker_dir, parts, speaker_manifests, tmp_path):
     first, second, retain = parts
-    res = unlearn(speaker_dir, forget=[first, second], batch=True, retain=retain, out=tmp_path / "b",
-                  compare_batch=True, **OPTS)
+    res = unlearn(
+        speaker_dir, forget=[first, second], batch=True, retain=retain, out=tmp_path / "b", compare_batch=True, **OPTS
+    )
     batch = res.report["batch"]
     assert res.report["forget_items"] == len(first) + len(second) == batch["union_items"]
     assert [s["items"] for s in batch["sets"]] == [len(first), len(second)]
@@ -160,8 +199,19 @@ def test_prepare_retain_command(speaker_dir, speaker_manifests, tmp_path):
 
     from mmunlearn.cli import app
 
-    args = ["prepare-retain", "--model", str(speaker_dir), "--retain", str(speaker_manifests / "spk_retain_train.csv"),
-            "--out", str(tmp_path / "state"), "--extract-kind", "gradient", "--device", "cpu"]
+    args = [
+        "prepare-retain",
+        "--model",
+        str(speaker_dir),
+        "--retain",
+        str(speaker_manifests / "spk_retain_train.csv"),
+        "--out",
+        str(tmp_path / "state"),
+        "--extract-kind",
+        "gradient",
+        "--device",
+        "cpu",
+    ]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     assert "retain state computed" in first.output
@@ -194,15 +244,44 @@ def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_e
     first, _, retain = parts
     rule = SweepRule(forget_target=-1.0, retain_bound=1e9)
     prepare_retain(speaker_dir, retain, tmp_path / "state", device="cpu", progress=False, kind="gradient", lr=1.0)
-    res = unlearn(speaker_dir, forget=first, retain=retain, rule=rule, retain_state=tmp_path / "state", rank=2,
-                  retain_rank=4, device="cpu", progress=False)
+    res = unlearn(
+        speaker_dir,
+        forget=first,
+        retain=retain,
+        rule=rule,
+        retain_state=tmp_path / "state",
+        rank=2,
+        retain_rank=4,
+        device="cpu",
+        progress=False,
+    )
     cfg = res.report["config"]
     assert cfg["extract"]["kind"] == get_kind("speaker").request_extract == "gradient" and cfg["sweep_scales"] == "auto"
-    kept = unlearn(speaker_dir, forget=first, retain=retain, rule=rule, retain_state=tmp_path / "state", rank=2,
-                   retain_rank=4, extract_kind="finetune", extract_steps=1, device="cpu", progress=False)
+    kept = unlearn(
+        speaker_dir,
+        forget=first,
+        retain=retain,
+        rule=rule,
+        retain_state=tmp_path / "state",
+        rank=2,
+        retain_rank=4,
+        extract_kind="finetune",
+        extract_steps=1,
+        device="cpu",
+        progress=False,
+    )
     assert kept.report["config"]["extract"]["kind"] == "finetune"  # the caller's choice wins
-    plain = unlearn(speaker_dir, forget=first, retain=retain, rank=2, retain_rank=4, extract_steps=1, device="cpu",
-                    progress=False, rule=None)
+    plain = unlearn(
+        speaker_dir,
+        forget=first,
+        retain=retain,
+        rank=2,
+        retain_rank=4,
+        extract_steps=1,
+        device="cpu",
+        progress=False,
+        rule=None,
+    )
     assert plain.report["config"]["extract"]["kind"] == "finetune"  # no retain state: the preset's extraction
 
 
@@ -254,6 +333,7 @@ def test_a_retain_state_is_refused_for_a_method_without_task_vectors(method, spe
 
     assert method not in needing("task_vectors") and "qr-erase" in needing("task_vectors")
     with pytest.raises(ValueError, match="task vectors"):
-        prepare_retain(speaker_dir, speaker_manifests / "spk_retain_train.csv", tmp_path / "state", method=method,
-                       device="cpu")
+        prepare_retain(
+            speaker_dir, speaker_manifests / "spk_retain_train.csv", tmp_path / "state", method=method, device="cpu"
+        )
     assert not (tmp_path / "state").exists()

@@ -31,7 +31,7 @@ def test_examples_from_manifests_carry_audio_question_and_answer(speaker_manifes
     assert rows == before  # inputs untouched
     assert len(exs) == 3 * len(rows)
     for i, row in enumerate(rows):
-        spk, gen, txt = exs[3 * i: 3 * i + 3]
+        spk, gen, txt = exs[3 * i : 3 * i + 3]
         for ex in (spk, gen, txt):
             assert (ex["wav"], ex["start"], ex["stop"], ex["utt"]) == (row["wav"], row["start"], row["stop"], row["ID"])
         assert spk["question"] == QUESTIONS["speaker"] and spk["answer"] == row["spk_id"]
@@ -53,7 +53,9 @@ def test_gender_from_meta_and_clear_errors(speaker_manifests):
         spoken_qa([row], ("age",))
     pairs = labelled_qa([("/x/a.wav", "id00007"), (torch.zeros(10), "id00002")])
     assert [(e["wav"] if isinstance(e["wav"], str) else "tensor", e["answer"]) for e in pairs] == [
-        ("/x/a.wav", "id00007"), ("tensor", "id00002")]
+        ("/x/a.wav", "id00007"),
+        ("tensor", "id00002"),
+    ]
 
 
 class _Canned:

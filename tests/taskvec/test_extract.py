@@ -42,7 +42,9 @@ def test_every_kind_leaves_model_bitwise_unchanged(adapter, forget, kind):
 
 
 def test_lora_task_matrices_stay_factored_with_rank_r(adapter, forget):
-    tm = extract_task_matrices(adapter, forget, kind="lora", steps=4, lr=5e-2, lora_rank=2, batch_size=4, progress=False)
+    tm = extract_task_matrices(
+        adapter, forget, kind="lora", steps=4, lr=5e-2, lora_rank=2, batch_size=4, progress=False
+    )
     params = dict(adapter.model.named_parameters())
     for n, t in tm.items():
         assert isinstance(t, LowRank) and t.rank == 2 and t.shape == params[n].shape

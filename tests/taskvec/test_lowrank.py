@@ -16,7 +16,9 @@ def lowrank_task(model, hot: int, seed: int, r: int = 3) -> dict[str, LowRank]:
     for name, p in model.named_parameters():
         if p.dim() == 2 and ".layers." in name:
             gain = 4.0 if f".layers.{hot}." in name else 1.0
-            out[name] = LowRank(0.1 * gain * torch.randn(p.shape[0], r, generator=g), torch.randn(r, p.shape[1], generator=g))
+            out[name] = LowRank(
+                0.1 * gain * torch.randn(p.shape[0], r, generator=g), torch.randn(r, p.shape[1], generator=g)
+            )
     return out
 
 
@@ -45,8 +47,15 @@ def test_erase_from_factors_equals_erase_from_dense_and_never_materialises(monke
     dense_model, fac_model = tiny_llama(), tiny_llama()
     tf, tr = lowrank_task(dense_model, hot=1, seed=1), lowrank_task(dense_model, hot=2, seed=2)
     assert layer_energy(tf) == pytest.approx(layer_energy({n: t.dense() for n, t in tf.items()}), rel=1e-5)
-    dense_report = erase(dense_model, {n: t.dense() for n, t in tf.items()}, {n: t.dense() for n, t in tr.items()},
-                         rank=2, retain_rank=3, method="svd", scale=3.0)
+    dense_report = erase(
+        dense_model,
+        {n: t.dense() for n, t in tf.items()},
+        {n: t.dense() for n, t in tr.items()},
+        rank=2,
+        retain_rank=3,
+        method="svd",
+        scale=3.0,
+    )
     before = {k: v.clone() for k, v in fac_model.state_dict().items()}
 
     def refuse(self):

@@ -30,8 +30,15 @@ def test_generate_scores_equal_teacher_forced_tilted_logprobs(arch, sample):
     tok = tiny_tokenizer()
     batch = prompts(tok, ["Where was the author born?", "What genre?"])
     torch.manual_seed(1)
-    out = tilted.generate(**batch, max_new_tokens=6, do_sample=sample, output_scores=True,
-                          return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    out = tilted.generate(
+        **batch,
+        max_new_tokens=6,
+        do_sample=sample,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     seq = out.sequences
     start = batch["input_ids"].shape[1]
     mask = torch.cat([batch["attention_mask"], torch.ones(seq.shape[0], seq.shape[1] - start, dtype=torch.long)], 1)
@@ -49,7 +56,9 @@ def test_t1_zero_head_equals_base():
     tilted = TiltedCausalLM(base, TiltHead(base.config.hidden_size, base.config.vocab_size, 4), temperature=1.0)
     ids = torch.randint(3, 500, (2, 9))
     with torch.no_grad():
-        assert torch.allclose(tilted(input_ids=ids).logits, torch.log_softmax(base(input_ids=ids).logits, -1), atol=1e-6)
+        assert torch.allclose(
+            tilted(input_ids=ids).logits, torch.log_softmax(base(input_ids=ids).logits, -1), atol=1e-6
+        )
     batch = prompts(tiny_tokenizer(), ["What genre?"])
     a = base.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)
     b = tilted.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)
@@ -73,7 +82,9 @@ def test_sampling_frequencies_follow_the_tilted_distribution():
     n = 4000
     ids = batch["input_ids"].repeat(n, 1)
     torch.manual_seed(0)
-    out = tilted.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=True, pad_token_id=0)
+    out = tilted.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=True, pad_token_id=0
+    )
     with torch.no_grad():
         p = tilted(input_ids=batch["input_ids"]).logits[0, -1].exp()
     counts = torch.bincount(out[:, -1], minlength=p.numel()).float() / n
@@ -99,8 +110,11 @@ def test_save_load_keeps_head_and_settings(tmp_path):
     with torch.no_grad():
         assert torch.equal(again(input_ids=ids).logits, tilted(input_ids=ids).logits)
     assert again.temperature == 1.7 and again.base_path == "somewhere"
-    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == [".mmunlearn-output", "tilt_config.json",
-                                                                  "tilt_head.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "t3").iterdir()) == [
+        ".mmunlearn-output",
+        "tilt_config.json",
+        "tilt_head.safetensors",
+    ]
 
 
 def test_adapter_scores_and_generates_through_the_tilted_model():
@@ -128,8 +142,16 @@ def test_a_cummean_head_generates_what_it_scores_teacher_forced(use_cache):
     tok = tiny_tokenizer()
     batch = prompts(tok, ["Where was the author born?", "What genre?"])
     assert (batch["attention_mask"] == 0).any()  # one prompt is padded: padding must stay out of the mean
-    out = tilted.generate(**batch, max_new_tokens=5, do_sample=False, output_scores=True, use_cache=use_cache,
-                          return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    out = tilted.generate(
+        **batch,
+        max_new_tokens=5,
+        do_sample=False,
+        output_scores=True,
+        use_cache=use_cache,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     seq, start = out.sequences, batch["input_ids"].shape[1]
     mask = torch.cat([batch["attention_mask"], torch.ones(seq.shape[0], seq.shape[1] - start, dtype=torch.long)], 1)
     with torch.no_grad():

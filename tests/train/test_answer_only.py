@@ -87,8 +87,9 @@ def test_adapter_scores_equal_the_full_logits_path(adapter):
     assert torch.equal(got_mask, mask)
     torch.testing.assert_close(lp, full_lp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(adapter.loss(batch), -full_lp.sum() / mask.sum(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(adapter.target_distributions(batch), torch.log_softmax(logits[mask], -1),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        adapter.target_distributions(batch), torch.log_softmax(logits[mask], -1), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bf16_precision_scores_within_a_small_tolerance_of_float32(adapter):

@@ -26,10 +26,12 @@ N, BATCH, SEQ, VOCAB = 64, 4, 12, 128
 # Linear warmup/decay (the scheduler must step once per optimizer step whatever the process count),
 # gradient accumulation and clipping; then AdamW with weight decay at a constant rate.
 RUNS = {
-    "sgd": dict(epochs=2, optimizer="sgd", lr=0.5, schedule="linear", warmup=0.25, grad_accum=2,
-                max_grad_norm=1.0, seed=3),
-    "adamw": dict(epochs=2, optimizer="adamw", lr=3e-3, schedule="constant", weight_decay=0.01,
-                  max_grad_norm=None, seed=4),
+    "sgd": dict(
+        epochs=2, optimizer="sgd", lr=0.5, schedule="linear", warmup=0.25, grad_accum=2, max_grad_norm=1.0, seed=3
+    ),
+    "adamw": dict(
+        epochs=2, optimizer="adamw", lr=3e-3, schedule="constant", weight_decay=0.01, max_grad_norm=None, seed=4
+    ),
 }
 
 
@@ -70,12 +72,29 @@ def _worker(out: Path) -> None:
     # (were every rank to take the build lock, rank 1 would wait on it while rank 0 waits on rank 1)
     from mmunlearn.presets.build import build_base
 
-    path, log = build_base("micro", "synthetic:n_authors=4", cache_dir=out / "cache", device="cpu",
-                           progress=False, overrides={"epochs": 1}, checkpoint_every=None)
+    path, log = build_base(
+        "micro",
+        "synthetic:n_authors=4",
+        cache_dir=out / "cache",
+        device="cpu",
+        progress=False,
+        overrides={"epochs": 1},
+        checkpoint_every=None,
+    )
     (out / f"base{rank}.json").write_text(json.dumps({"path": str(path), "steps": log["steps"]}))
-    torch.save({name: {"state": m.state_dict(), "losses": r.losses, "lrs": r.lrs, "steps": r.steps,
-                       "resumed_from": r.resumed_from}
-                for name, (m, r) in results.items()}, out / f"rank{rank}.pt")
+    torch.save(
+        {
+            name: {
+                "state": m.state_dict(),
+                "losses": r.losses,
+                "lrs": r.lrs,
+                "steps": r.steps,
+                "resumed_from": r.resumed_from,
+            }
+            for name, (m, r) in results.items()
+        },
+        out / f"rank{rank}.pt",
+    )
 
 
 def _free_port() -> int:
@@ -87,8 +106,18 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_double_batch(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-           "--main_process_port", str(_free_port()), "-m", "tests.train.test_distributed", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIG),
+        "--main_process_port",
+        str(_free_port()),
+        "-m",
+        "tests.train.test_distributed",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
@@ -122,7 +151,9 @@ def test_two_processes_match_one_process_with_the_double_batch(tmp_path):
 def _train_init_state():
     from tests.tiny import tiny_causal_lm
 
-    return {k: v.clone() for k, v in tiny_causal_lm("llama", vocab=VOCAB, hidden=32, layers=2, seed=0).state_dict().items()}
+    return {
+        k: v.clone() for k, v in tiny_causal_lm("llama", vocab=VOCAB, hidden=32, layers=2, seed=0).state_dict().items()
+    }
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ def test_fused_adamw_on_cpu_takes_the_default_implementations_steps():
     cfg = TrainConfig(epochs=1, lr=1e-2, weight_decay=0.1)
     fast = make_optimizer(a, cfg)
     assert fast.defaults["fused"] is True
-    plain = torch.optim.AdamW([{"params": [b[0]], "weight_decay": 0.1}, {"params": [b[1]], "weight_decay": 0.0}],
-                              lr=1e-2, betas=cfg.betas)
+    plain = torch.optim.AdamW(
+        [{"params": [b[0]], "weight_decay": 0.1}, {"params": [b[1]], "weight_decay": 0.0}], lr=1e-2, betas=cfg.betas
+    )
     for step in range(3):
         g = torch.Generator().manual_seed(step)
         for pa, pb in zip(a, b):

@@ -129,7 +129,7 @@ def test_two_datasets_are_paired_and_the_second_cycles():
     assert sorted(drawn1[:10]) == sorted(drawn1[10:]) == list(range(10))  # each epoch covers data once
     assert drawn1[:10] != drawn1[10:]  # reshuffled per epoch
     for c in range(5):  # 20 draws of the second dataset = 5 full cycles of its 4 items
-        assert sorted(drawn2[4 * c: 4 * c + 4]) == [100, 101, 102, 103]
+        assert sorted(drawn2[4 * c : 4 * c + 4]) == [100, 101, 102, 103]
 
 
 def test_same_seed_same_run_other_seed_other_order(qa):
@@ -145,8 +145,9 @@ def test_same_seed_same_run_other_seed_other_order(qa):
 
 def test_schedules_follow_their_shape():
     data = _regression(16)
-    lin = train(nn.Linear(5, 1), _mse, data, None, steps=8, batch_size=4, lr=0.1, schedule="linear", warmup=0.25,
-                **QUIET).lrs
+    lin = train(
+        nn.Linear(5, 1), _mse, data, None, steps=8, batch_size=4, lr=0.1, schedule="linear", warmup=0.25, **QUIET
+    ).lrs
     assert lin == pytest.approx([0.0, 0.05, 0.1, 0.1 * 5 / 6, 0.1 * 4 / 6, 0.1 * 3 / 6, 0.1 * 2 / 6, 0.1 / 6])
     one = train(nn.Linear(5, 1), _mse, data, None, steps=10, batch_size=4, lr=0.1, schedule="onecycle", **QUIET).lrs
     assert one[0] == pytest.approx(0.1 / 25) and max(one) == pytest.approx(0.1, rel=1e-3)

@@ -23,7 +23,7 @@ def _batch(seed: int = 0, lengths=(20, 10, 14, 10, 12)):
         row = PREFIX + torch.randint(3, 500, (n - len(PREFIX),), generator=g).tolist()
         ids[r, :n] = torch.tensor(row)
         mask[r, :n] = 1
-        labels[r, n - 3:n] = ids[r, n - 3:n]
+        labels[r, n - 3 : n] = ids[r, n - 3 : n]
     return ids, mask, labels
 
 
@@ -108,5 +108,6 @@ def test_gradient_checkpointing_packs_without_the_prefix_cache():
     a.train()
     layout = packing.plan(a, ids, mask, labels)
     assert layout is not None and layout.prefix.shape[1] == 0  # the cache is off under checkpointing
-    torch.testing.assert_close(_row_losses(a, ids, mask, labels), _plain_row_losses(b, ids, mask, labels),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        _row_losses(a, ids, mask, labels), _plain_row_losses(b, ids, mask, labels), rtol=1e-5, atol=1e-5
+    )

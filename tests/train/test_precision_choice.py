@@ -35,8 +35,12 @@ def test_an_explicit_bf16_is_kept_and_warned_about_only_where_it_is_emulated(cpu
 
 
 def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path, monkeypatch):
-    flags = {"with": "flags\t\t: fpu sse avx2 avx512f avx512_bf16\n", "amx": "flags : fpu avx2 amx_bf16 amx_tile\n",
-             "without": "flags\t\t: fpu sse avx avx2\n", "empty": "processor : 0\n"}
+    flags = {
+        "with": "flags\t\t: fpu sse avx2 avx512f avx512_bf16\n",
+        "amx": "flags : fpu avx2 amx_bf16 amx_tile\n",
+        "without": "flags\t\t: fpu sse avx avx2\n",
+        "empty": "processor : 0\n",
+    }
     seen = {}
     for name, text in flags.items():
         info = tmp_path / name

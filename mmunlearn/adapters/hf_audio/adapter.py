@@ -30,12 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmunlearn.adapters.base import LayerWeight, resolve_device
-from mmunlearn.adapters.hf_checks import check_hf_folder, check_preprocessor, check_loaded, loading
+from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, check_preprocessor, loading
 from mmunlearn.adapters.speaker.batches import SCOPES, ClassifierScores, labels_of, per_length
 from mmunlearn.adapters.speaker.cache import EmbeddingCache, embedding_needs_grad
-from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.data.manifest import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
 from mmunlearn.data.waveforms import AudioCache, example_waveform
+from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.kinds import Kind, read_small_json, register_kind
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -73,8 +73,10 @@ class HFAudioAdapter(ClassifierScores):
         missing = [i for i in range(model.config.num_labels) if i not in labels]
         if missing:  # ids that skip a number: each class row needs its speaker
             where = getattr(model, "name_or_path", "") or "the model"
-            raise ValueError(f"{where}: config.json's id2label names no speaker for class(es) {missing[:5]} of "
-                             f"{model.config.num_labels} (its keys must be 0..{model.config.num_labels - 1})")
+            raise ValueError(
+                f"{where}: config.json's id2label names no speaker for class(es) {missing[:5]} of "
+                f"{model.config.num_labels} (its keys must be 0..{model.config.num_labels - 1})"
+            )
         self.speakers = [str(labels[i]) for i in range(model.config.num_labels)]
         if len(set(self.speakers)) != len(self.speakers):
             raise ValueError("the model's id2label names a speaker twice")
@@ -82,8 +84,9 @@ class HFAudioAdapter(ClassifierScores):
         self.sample_rate = int(feature_extractor.sampling_rate)
         self.audio_cache = audio_cache if audio_cache is not None else AudioCache(1 << 30)
         if not isinstance(getattr(model, _HEAD, None), nn.Linear):
-            raise ValueError(f"{type(model).__name__} has no Linear head named {_HEAD!r}: not an audio classifier "
-                             "this adapter knows")
+            raise ValueError(
+                f"{type(model).__name__} has no Linear head named {_HEAD!r}: not an audio classifier this adapter knows"
+            )
         self._scope = "all"
         #: pooled vectors kept while the weights below the head stay the same (on with the head scope, where an edit
         #: leaves them as they were: a sweep's points score only the head again; keyed by those weights' bytes,
@@ -101,8 +104,15 @@ class HFAudioAdapter(ClassifierScores):
 
     # ------------------------------------------------------------------ building, loading, saving
     @classmethod
-    def build(cls, config: Any, speakers: Sequence[str], feature_extractor: Any, *, seed: int = 0,
-              device: str | torch.device = "auto") -> "HFAudioAdapter":
+    def build(
+        cls,
+        config: Any,
+        speakers: Sequence[str],
+        feature_extractor: Any,
+        *,
+        seed: int = 0,
+        device: str | torch.device = "auto",
+    ) -> HFAudioAdapter:
         """A fresh classifier from a transformers ``config`` (its labels set to ``speakers``), seeded by ``seed``
         without touching the global RNG."""
         from transformers import AutoModelForAudioClassification
@@ -116,7 +126,7 @@ class HFAudioAdapter(ClassifierScores):
         return cls(model.to(resolve_device(device)).eval(), feature_extractor)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> "HFAudioAdapter":
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> HFAudioAdapter:
         """Read a ``save_pretrained`` folder: the model and its feature extractor (no code from the folder runs)."""
         from transformers import AutoFeatureExtractor, AutoModelForAudioClassification
 
@@ -127,11 +137,14 @@ class HFAudioAdapter(ClassifierScores):
         fe = AutoFeatureExtractor.from_pretrained(str(path), trust_remote_code=False)
         rate = getattr(fe, "sampling_rate", None)  # sizes every resampled waveform: checked before the model loads
         if type(rate) not in (int, float) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-            raise ValueError(f"{Path(path) / 'preprocessor_config.json'}: sampling_rate {rate!r} is not an audio rate "
-                             f"({MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz)")
+            raise ValueError(
+                f"{Path(path) / 'preprocessor_config.json'}: sampling_rate {rate!r} is not an audio rate "
+                f"({MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz)"
+            )
         with loading(path):
-            model = AutoModelForAudioClassification.from_pretrained(str(path), trust_remote_code=False,
-                                                                    use_safetensors=True)
+            model = AutoModelForAudioClassification.from_pretrained(
+                str(path), trust_remote_code=False, use_safetensors=True
+            )
         check_loaded(model, path)
         return cls(model.to(resolve_device(device)).eval(), fe)
 
@@ -144,14 +157,14 @@ class HFAudioAdapter(ClassifierScores):
             self.feature_extractor.save_pretrained(tmp)
         return Path(path)
 
-    def with_model(self, model: nn.Module) -> "HFAudioAdapter":
+    def with_model(self, model: nn.Module) -> HFAudioAdapter:
         """The same feature extractor and labels around another model; the decoded-audio cache is shared."""
         twin = HFAudioAdapter(model, self.feature_extractor, audio_cache=self.audio_cache)
         twin.scope = self.scope
         twin.embedding_cache = self.embedding_cache  # keyed by the weights' bytes: never stale for another model
         return twin
 
-    def clone(self) -> "HFAudioAdapter":
+    def clone(self) -> HFAudioAdapter:
         """An independent copy of the model; feature extractor and audio cache are shared."""
         return self.with_model(copy.deepcopy(self.model))
 
@@ -212,8 +225,11 @@ class HFAudioAdapter(ClassifierScores):
         name = self.feature_extractor.model_input_names[0]  # input_values (raw audio) or input_features
         feats = [self.feature_extractor(w, sampling_rate=self.sample_rate, return_tensors="pt")[name][0] for w in wavs]
         lengths = torch.tensor([f.shape[-1] for f in feats])
-        batch = {name: torch.stack(feats) if len({tuple(f.shape) for f in feats}) == 1 else _pad(
-            feats, float(getattr(self.feature_extractor, "padding_value", 0.0)))}
+        batch = {
+            name: torch.stack(feats)
+            if len({tuple(f.shape) for f in feats}) == 1
+            else _pad(feats, float(getattr(self.feature_extractor, "padding_value", 0.0)))
+        }
         if getattr(self.feature_extractor, "return_attention_mask", False) and name == "input_values":
             batch["attention_mask"] = (torch.arange(int(lengths.max())) < lengths[:, None]).long()
         batch["lengths"] = lengths
@@ -221,29 +237,42 @@ class HFAudioAdapter(ClassifierScores):
         return batch
 
     # ------------------------------------------------------------------ scoring
-    def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
-                              model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits_and_embeddings(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Class logits (B x C) and the pooled vectors the head reads (B x d): one pass, or without an attention mask
         one pass per utterance length, each cut to its length (:func:`per_length`), so that a model that reads
         padding (group-normalised wav2vec2) scores an utterance as it scores it alone."""
         net = model or self.model
         inputs = {k: v.to(self.device) for k, v in batch.items() if k not in ("labels", "lengths")}
         lengths = batch.get("lengths")
-        if (self.embedding_cache is not None and net is self.model and not net.training and lengths is not None
-                and "input_values" in inputs and not (torch.is_grad_enabled() and embedding_needs_grad(net))):
+        if (
+            self.embedding_cache is not None
+            and net is self.model
+            and not net.training
+            and lengths is not None
+            and "input_values" in inputs
+            and not (torch.is_grad_enabled() and embedding_needs_grad(net))
+        ):
             return self._cached(net, inputs, lengths)
         return self._uncached(net, inputs, lengths)
 
-    def _uncached(self, net: nn.Module, inputs: Mapping[str, torch.Tensor],
-                  lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if "input_values" not in inputs or "attention_mask" in inputs or lengths is None or len(set(
-                lengths.tolist())) == 1:
+    def _uncached(
+        self, net: nn.Module, inputs: Mapping[str, torch.Tensor], lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if (
+            "input_values" not in inputs
+            or "attention_mask" in inputs
+            or lengths is None
+            or len(set(lengths.tolist())) == 1
+        ):
             return self._pass(net, inputs)
         values = inputs["input_values"]
         return per_length(lengths, lambda idx, n: self._pass(net, {"input_values": values[idx.to(values.device), :n]}))
 
-    def _cached(self, net: nn.Module, inputs: Mapping[str, torch.Tensor],
-                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cached(
+        self, net: nn.Module, inputs: Mapping[str, torch.Tensor], lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`_uncached`, the pooled vectors taken from :attr:`embedding_cache` where it holds them (an
         utterance is keyed by its features cut to its length) and only the head run on them."""
         values = inputs["input_values"]
@@ -297,8 +326,9 @@ def is_audio_classifier(folder: Path) -> bool:
     """A ``save_pretrained`` folder whose ``config.json`` names an ``AutoModelForAudioClassification`` architecture."""
     config = read_small_json(folder / "config.json")
     architectures = config.get("architectures") if config is not None else None
-    if not isinstance(architectures, list) or not any(isinstance(a, str) and a.endswith("Classification")
-                                                      for a in architectures):
+    if not isinstance(architectures, list) or not any(
+        isinstance(a, str) and a.endswith("Classification") for a in architectures
+    ):
         return False  # only then is transformers' table of architectures imported
     from transformers.models.auto.modeling_auto import MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES
 
@@ -311,10 +341,21 @@ def _load_kind(folder: str | os.PathLike, *, device: str = "auto", scope: str = 
     return adapter
 
 
-KIND = register_kind(Kind(
-    "hf-audio", detect=is_audio_classifier, load=_load_kind, adapter=HFAudioAdapter, sizes=("tiny", "small", "large"),
-    default_size="small",
-    description="Hugging Face audio classifier in save_pretrained layout (AutoModelForAudioClassification: "
-                "wav2vec2, HuBERT, WavLM)",
-    presets_from="speaker", train_in_eval_mode=True, is_classifier=True, takes_audio=True, priority=20,
-    trainer="mmunlearn.adapters.hf_audio.training"))
+KIND = register_kind(
+    Kind(
+        "hf-audio",
+        detect=is_audio_classifier,
+        load=_load_kind,
+        adapter=HFAudioAdapter,
+        sizes=("tiny", "small", "large"),
+        default_size="small",
+        description="Hugging Face audio classifier in save_pretrained layout (AutoModelForAudioClassification: "
+        "wav2vec2, HuBERT, WavLM)",
+        presets_from="speaker",
+        train_in_eval_mode=True,
+        is_classifier=True,
+        takes_audio=True,
+        priority=20,
+        trainer="mmunlearn.adapters.hf_audio.training",
+    )
+)

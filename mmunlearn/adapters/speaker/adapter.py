@@ -42,17 +42,32 @@ import torch
 from torch import nn
 
 from mmunlearn.adapters.base import IGNORE, LayerWeight, resolve_device  # noqa: F401  (IGNORE: re-exported)
-from mmunlearn.adapters.speaker.batches import (SCOPES, SCORING_VERSION, ClassifierScores, by_length,  # noqa: F401
-                                                labels_of, length_groups, repeat_pad,
-                                                sample_counts)  # SCORING_VERSION, repeat_pad: re-exported
+from mmunlearn.adapters.speaker.batches import (  # noqa: F401
+    SCOPES,
+    SCORING_VERSION,
+    ClassifierScores,
+    by_length,
+    labels_of,
+    length_groups,
+    repeat_pad,
+    sample_counts,  # SCORING_VERSION, repeat_pad: re-exported
+)
 from mmunlearn.adapters.speaker.cache import EmbeddingCache, embedding_needs_grad
-from mmunlearn.adapters.speaker.io import (CLASSIFIER_CKPT, EMBEDDING_CKPT, HPARAMS, check_hparams_tags, parse_hparams,
-                                          read_speaker_dir, read_state, write_speaker_dir, write_state)
+from mmunlearn.adapters.speaker.io import (
+    CLASSIFIER_CKPT,
+    EMBEDDING_CKPT,
+    HPARAMS,
+    check_hparams_tags,
+    parse_hparams,
+    read_speaker_dir,
+    read_state,
+    write_speaker_dir,
+    write_state,
+)
 from mmunlearn.adapters.speaker.model import SpeakerConfig, SpeakerNet, SpeakerSpec, build_net
 from mmunlearn.adapters.speaker.write_hparams import hparams_yaml
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, register_kind
-
 
 
 def block_of(name: str) -> str:
@@ -85,9 +100,18 @@ class SpeakerAdapter(ClassifierScores):
     #: centroid step edits (:mod:`mmunlearn.methods.embedding_step`).
     embedding_output: tuple[str, str | None] = ("embedding_model.fc.conv.weight", "embedding_model.fc.conv.bias")
 
-    def __init__(self, model: SpeakerNet, speakers: Sequence[str], *, margin: float, scale: float,
-                 spec: SpeakerSpec | None = None, sample_rate: int = 16000, audio_cache: AudioCache | None = None,
-                 spec_error: str | None = None):
+    def __init__(
+        self,
+        model: SpeakerNet,
+        speakers: Sequence[str],
+        *,
+        margin: float,
+        scale: float,
+        spec: SpeakerSpec | None = None,
+        sample_rate: int = 16000,
+        audio_cache: AudioCache | None = None,
+        spec_error: str | None = None,
+    ):
         if len(speakers) != model.n_classes:
             raise ValueError(f"{len(speakers)} speaker IDs for a classifier of {model.n_classes} classes")
         if len(set(speakers)) != len(speakers):
@@ -112,8 +136,15 @@ class SpeakerAdapter(ClassifierScores):
 
     # ------------------------------------------------------------------ building, loading, saving
     @classmethod
-    def build(cls, n_speakers: int | Sequence[str], preset: str = "small", *, seed: int = 0,
-              device: str | torch.device = "auto", **overrides: Any) -> "SpeakerAdapter":
+    def build(
+        cls,
+        n_speakers: int | Sequence[str],
+        preset: str = "small",
+        *,
+        seed: int = 0,
+        device: str | torch.device = "auto",
+        **overrides: Any,
+    ) -> SpeakerAdapter:
         """A fresh model for ``n_speakers`` classes (or these speaker IDs, in this class order).
 
         ``preset``: a size in :data:`~mmunlearn.adapters.speaker.model.PRESETS`; ``overrides``:
@@ -125,14 +156,21 @@ class SpeakerAdapter(ClassifierScores):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             net = build_net(config)
-        adapter = cls(net.to(resolve_device(device)).eval(), speakers, margin=config.margin, scale=config.scale,
-                      spec=config.spec(), sample_rate=config.sample_rate)
+        adapter = cls(
+            net.to(resolve_device(device)).eval(),
+            speakers,
+            margin=config.margin,
+            scale=config.scale,
+            spec=config.spec(),
+            sample_rate=config.sample_rate,
+        )
         adapter.config = config
         return adapter
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto",
-             trust_hparams: bool = False) -> "SpeakerAdapter":
+    def load(
+        cls, path: str | os.PathLike, *, device: str | torch.device = "auto", trust_hparams: bool = False
+    ) -> SpeakerAdapter:
         """Read a SpeechBrain-layout directory (written by :meth:`save` or SpeechBrain's own).
 
         Safe by default: ``hyperparams.yaml`` is parsed as data and may only name the allow-listed
@@ -141,8 +179,15 @@ class SpeakerAdapter(ClassifierScores):
         HyperPyYAML as SpeechBrain does, which **runs the code the file names**: only for trusted folders.
         """
         found = read_speaker_dir(path, trust_hparams=trust_hparams)
-        return cls(found.net.to(resolve_device(device)).eval(), found.speakers, margin=found.margin,
-                   scale=found.scale, spec=found.spec, sample_rate=found.sample_rate, spec_error=found.spec_error)
+        return cls(
+            found.net.to(resolve_device(device)).eval(),
+            found.speakers,
+            margin=found.margin,
+            scale=found.scale,
+            spec=found.spec,
+            sample_rate=found.sample_rate,
+            spec_error=found.spec_error,
+        )
 
     from_pretrained = load
 
@@ -154,9 +199,11 @@ class SpeakerAdapter(ClassifierScores):
     def _spec_for_saving(self) -> SpeakerSpec:
         if self.spec is None:
             why = f": {self.spec_error}" if self.spec_error else ""
-            raise ValueError("this speaker model has no SpeakerSpec to write hyperparams.yaml from (built around "
-                             f"a bare SpeakerNet, or loaded with trust_hparams=True from modules mmunlearn cannot "
-                             f"describe{why})")
+            raise ValueError(
+                "this speaker model has no SpeakerSpec to write hyperparams.yaml from (built around "
+                f"a bare SpeakerNet, or loaded with trust_hparams=True from modules mmunlearn cannot "
+                f"describe{why})"
+            )
         if (self.spec.margin, self.spec.scale, self.spec.sample_rate) != (self.margin, self.scale, self.sample_rate):
             return dataclasses.replace(self.spec, margin=self.margin, scale=self.scale, sample_rate=self.sample_rate)
         return self.spec
@@ -166,16 +213,24 @@ class SpeakerAdapter(ClassifierScores):
         atomically."""
         return write_speaker_dir(path, self.model, self.speakers, self._spec_for_saving(), overwrite=overwrite)
 
-    def with_model(self, model: nn.Module) -> "SpeakerAdapter":
+    def with_model(self, model: nn.Module) -> SpeakerAdapter:
         """The same speakers, settings and scope around another model; the decoded-audio and embedding caches are
         shared (the embedding cache is keyed by the weights' bytes)."""
-        twin = SpeakerAdapter(model, self.speakers, margin=self.margin, scale=self.scale, spec=self.spec,
-                              sample_rate=self.sample_rate, audio_cache=self.audio_cache, spec_error=self.spec_error)
+        twin = SpeakerAdapter(
+            model,
+            self.speakers,
+            margin=self.margin,
+            scale=self.scale,
+            spec=self.spec,
+            sample_rate=self.sample_rate,
+            audio_cache=self.audio_cache,
+            spec_error=self.spec_error,
+        )
         twin.config, twin.scope = self.config, self.scope
         twin.embedding_cache = self.embedding_cache
         return twin
 
-    def clone(self) -> "SpeakerAdapter":
+    def clone(self) -> SpeakerAdapter:
         """An independent copy of the model (e.g. to unlearn while keeping the original); the caches are shared."""
         return self.with_model(copy.deepcopy(self.model))
 
@@ -253,8 +308,11 @@ class SpeakerAdapter(ClassifierScores):
         net = model or self.model
         if net.training:  # BatchNorm learns from the batch: one pass, padding filled with each utterance's own audio
             cosine, emb = net(repeat_pad(b["wavs"], b["wav_lens"]), torch.ones_like(b["wav_lens"]))
-        elif self.embedding_cache is not None and net is self.model and not (
-                torch.is_grad_enabled() and embedding_needs_grad(net)):  # e.g. a head-only gradient: cached
+        elif (
+            self.embedding_cache is not None
+            and net is self.model
+            and not (torch.is_grad_enabled() and embedding_needs_grad(net))
+        ):  # e.g. a head-only gradient: cached
             cosine, emb = self._cached(net, b["wavs"], b["wav_lens"])
         else:
             cosine, emb = by_length(net, b["wavs"], b["wav_lens"])
@@ -271,8 +329,9 @@ class SpeakerAdapter(ClassifierScores):
         emb = self.embedding_cache.lookup(net, wavs, samples, compute)
         return net.classifier(emb.unsqueeze(1)).squeeze(1), emb
 
-    def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
-                              model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits_and_embeddings(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Class logits ``scale * cosine`` (B x C) and the speaker embeddings (B x d, the x-vectors verification scores
         by cosine similarity), from one forward pass."""
         cosine, emb, _ = self._forward(batch, model)
@@ -302,8 +361,9 @@ class SpeakerAdapter(ClassifierScores):
         elif isinstance(layer, int) and not isinstance(layer, bool) and -len(blocks) <= layer < len(blocks):
             module = blocks[layer]
         else:
-            raise ValueError(f"layer must be 'final', 'mfa' or an int in [-{len(blocks)}, {len(blocks) - 1}], "
-                             f"got {layer!r}")
+            raise ValueError(
+                f"layer must be 'final', 'mfa' or an int in [-{len(blocks)}, {len(blocks) - 1}], got {layer!r}"
+            )
         captured: list[torch.Tensor] = []
         handle = module.register_forward_hook(lambda _m, _i, out: captured.append(out))
         was_training = self.model.training
@@ -324,8 +384,14 @@ class SpeakerAdapter(ClassifierScores):
         return out
 
 
-def _load_kind(folder: str | os.PathLike, *, device: str | torch.device = "auto", trust_hparams: bool = False,
-               scope: str = "all", **_: Any) -> SpeakerAdapter:
+def _load_kind(
+    folder: str | os.PathLike,
+    *,
+    device: str | torch.device = "auto",
+    trust_hparams: bool = False,
+    scope: str = "all",
+    **_: Any,
+) -> SpeakerAdapter:
     adapter = SpeakerAdapter.load(folder, device=device, trust_hparams=trust_hparams)
     adapter.scope = scope
     return adapter
@@ -337,11 +403,25 @@ def _check_folder(folder: Path) -> None:
     check_hparams_tags(parse_hparams(hparams.read_text(encoding="utf-8"), hparams), hparams)
 
 
-KIND = register_kind(Kind(
-    "speaker", detect=lambda folder: (folder / HPARAMS).is_file(), load=_load_kind, adapter=SpeakerAdapter,
-    sizes=("tiny", "small", "large"), default_size="small",
-    description="speaker classifier in SpeechBrain's EncoderClassifier layout (hyperparams.yaml)",
-    weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT), read_weights=read_state, write_weights=write_state,
-    check_folder=_check_folder,
-    has_batchnorm=True, train_in_eval_mode=True, is_classifier=True, takes_audio=True, request_extract="gradient",
-    priority=10, trainer="mmunlearn.adapters.speaker.training"))
+KIND = register_kind(
+    Kind(
+        "speaker",
+        detect=lambda folder: (folder / HPARAMS).is_file(),
+        load=_load_kind,
+        adapter=SpeakerAdapter,
+        sizes=("tiny", "small", "large"),
+        default_size="small",
+        description="speaker classifier in SpeechBrain's EncoderClassifier layout (hyperparams.yaml)",
+        weight_files=(EMBEDDING_CKPT, CLASSIFIER_CKPT),
+        read_weights=read_state,
+        write_weights=write_state,
+        check_folder=_check_folder,
+        has_batchnorm=True,
+        train_in_eval_mode=True,
+        is_classifier=True,
+        takes_audio=True,
+        request_extract="gradient",
+        priority=10,
+        trainer="mmunlearn.adapters.speaker.training",
+    )
+)

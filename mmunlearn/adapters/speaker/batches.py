@@ -39,8 +39,9 @@ def length_groups(wav_lens: torch.Tensor, width: int) -> list[tuple[torch.Tensor
     return [((samples == n).nonzero().squeeze(1), int(n)) for n in torch.unique(samples).tolist()]
 
 
-def per_length(lengths: torch.Tensor,
-               run: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+def per_length(
+    lengths: torch.Tensor, run: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]]
+) -> tuple[torch.Tensor, ...]:
     """``run(indices, length)`` once per distinct length of ``lengths`` (ascending), its outputs (each with a first
     dimension of len(indices)) put back in batch order, out of place so that gradients reach every group.
 
@@ -96,8 +97,9 @@ def repeat_pad(wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
     return wavs.gather(1, pos)
 
 
-def labels_of(examples: Sequence[Mapping[str, Any]], index: Mapping[str, int],
-              require_labels: bool = True) -> torch.Tensor:
+def labels_of(
+    examples: Sequence[Mapping[str, Any]], index: Mapping[str, int], require_labels: bool = True
+) -> torch.Tensor:
     """Class index of each example's ``spk_id`` in ``index`` (speaker ID -> class); an unknown or missing speaker is
     an error unless ``require_labels`` is False, then its label is -100 (``IGNORE``).
 
@@ -109,8 +111,10 @@ def labels_of(examples: Sequence[Mapping[str, Any]], index: Mapping[str, int],
         spk = ex.get("spk_id")
         label = index.get(str(spk), IGNORE) if spk is not None else IGNORE
         if label == IGNORE and require_labels:
-            raise ValueError(f"example {i} ({ex.get('ID', '?')}): speaker {spk!r} is not one of the model's "
-                             f"{len(index)} classes (pass require_labels=False to score it)")
+            raise ValueError(
+                f"example {i} ({ex.get('ID', '?')}): speaker {spk!r} is not one of the model's "
+                f"{len(index)} classes (pass require_labels=False to score it)"
+            )
         labels.append(label)
     return torch.tensor(labels, dtype=torch.long)
 
@@ -122,8 +126,9 @@ class ClassifierScores(AdapterDefaults):
 
     speakers: list[str]
 
-    def logits_and_embeddings(self, batch: Mapping[str, torch.Tensor],
-                              model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits_and_embeddings(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> torch.Tensor:
@@ -134,8 +139,9 @@ class ClassifierScores(AdapterDefaults):
         """The vectors the classification head reads (B x d): what verification scores by cosine similarity."""
         return self.logits_and_embeddings(batch, model)[1]
 
-    def logprobs(self, batch: Mapping[str, torch.Tensor],
-                 model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(label | x) under softmax(logits) as B x 1 (0 where the label is unknown) and its B x 1 mask."""
         logits = self.logits(batch, model)
         labels = batch["labels"].to(logits.device)
@@ -143,8 +149,9 @@ class ClassifierScores(AdapterDefaults):
         lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(1))
         return lp * mask, mask
 
-    def sequence_logprob(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None,
-                         average: bool = False) -> torch.Tensor:
+    def sequence_logprob(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None, average: bool = False
+    ) -> torch.Tensor:
         """log p(label | x) per example (B,); ``average`` changes nothing (one target per utterance)."""
         return self.logprobs(batch, model)[0].squeeze(1)
 

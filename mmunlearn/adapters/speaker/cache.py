@@ -1,5 +1,5 @@
-"""Speaker embeddings kept while the embedding model's weights stay the same: scoring after a head-only edit (both speaker
-classifier adapters: ECAPA's embeddings, a Hugging Face audio classifier's pooled vectors).
+"""Speaker embeddings kept while the embedding model's weights stay the same: scoring after a head-only edit (both
+speaker classifier adapters: ECAPA's embeddings, a Hugging Face audio classifier's pooled vectors).
 
 An edit of the classifier head (``SpeakerAdapter.scope == "head"``: the sweep of a speaker request, the
 harness's before/after scoring) leaves every embedding as it was, so only the cosine head needs computing

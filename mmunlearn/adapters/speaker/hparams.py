@@ -48,8 +48,10 @@ ALLOWED_NAME: frozenset[str] = ALLOWED_NEW | frozenset(ACTIVATIONS)
 _VALUE_TAGS = ("!ref", "!copy", "!tuple")
 #: A parsed file expanding to more nodes than this is refused (aliases can multiply a small file).
 _MAX_NODES = 100_000
-_TRUST_HINT = ("If you trust this folder, load it with trust_hparams=True (--trust-hparams), "
-               "which runs the code hyperparams.yaml names.")
+_TRUST_HINT = (
+    "If you trust this folder, load it with trust_hparams=True (--trust-hparams), "
+    "which runs the code hyperparams.yaml names."
+)
 
 
 class Tagged:
@@ -78,8 +80,7 @@ def _construct_tagged(loader: yaml.SafeLoader, tag: str, node: yaml.Node) -> Tag
         value = loader.construct_mapping(node, deep=True)
     if tag == "!tuple":  # HyperPyYAML's "(a, b)"; its own loader is unsafe here, ours is not
         if not isinstance(value, str) or not (value.startswith("(") and value.endswith(")")):
-            raise yaml.constructor.ConstructorError(None, None, f"!tuple needs '(...)', got {value!r}",
-                                                    node.start_mark)
+            raise yaml.constructor.ConstructorError(None, None, f"!tuple needs '(...)', got {value!r}", node.start_mark)
         value = yaml.safe_load("[" + value[1:-1] + "]")
     return Tagged(tag, value, node.start_mark.line + 1)
 
@@ -129,7 +130,7 @@ def _refused(tag: str) -> bool:
         return False
     for prefix, allowed in (("!new:", ALLOWED_NEW), ("!name:", ALLOWED_NAME)):
         if tag.startswith(prefix):
-            return tag[len(prefix):] not in allowed
+            return tag[len(prefix) :] not in allowed
     return True
 
 
@@ -143,12 +144,19 @@ def check_hparams_tags(tree: Mapping[str, Any], file: str | os.PathLike = HPARAM
     raise ValueError(
         f"{file}: refused, nothing in it was run or built: {listed}{more}. A speaker-classifier "
         f"{HPARAMS} may only use !ref, !copy, !tuple and !new:/!name: of {sorted(ALLOWED_NEW)} "
-        f"(!name: also {list(ACTIVATIONS)}). {_TRUST_HINT}")
+        f"(!name: also {list(ACTIVATIONS)}). {_TRUST_HINT}"
+    )
 
 
 _REF = re.compile(r"<([^<>]*)>")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 
 
 class _NotArithmetic(Exception):
@@ -222,8 +230,10 @@ class _Resolver:
         if key in seen:
             raise ValueError(f"{self.file}: {where}: circular reference {' -> '.join((*seen, key))}")
         if "." in key:
-            raise ValueError(f"{self.file}: {where}: attribute references (<{key}>) call getattr and are not "
-                             f"supported. {_TRUST_HINT}")
+            raise ValueError(
+                f"{self.file}: {where}: attribute references (<{key}>) call getattr and are not "
+                f"supported. {_TRUST_HINT}"
+            )
         node: Any = self.tree
         for part in key.split("["):
             part = part.strip().rstrip("]").strip()
@@ -246,11 +256,13 @@ def _arguments(node: Tagged, resolver: _Resolver, where: str) -> tuple[list, dic
         if isinstance(value, Tagged):
             if value.tag.startswith("!name:"):
                 try:
-                    return NameRef(value.tag[len("!name:"):])
+                    return NameRef(value.tag[len("!name:") :])
                 except ValueError as exc:
                     raise ValueError(f"{resolver.file}: {at}: {exc}") from None
-            raise ValueError(f"{resolver.file}: {at}: {value.tag} is not supported as an argument "
-                             "(only plain values, !ref and !name: of an activation)")
+            raise ValueError(
+                f"{resolver.file}: {at}: {value.tag} is not supported as an argument "
+                "(only plain values, !ref and !name: of an activation)"
+            )
         if isinstance(value, dict):
             return {k: plain(v, f"{at}[{k}]") for k, v in value.items()}
         if isinstance(value, list):
@@ -272,11 +284,11 @@ def _module(tree: Mapping[str, Any], resolver: _Resolver, role: str) -> ModuleSp
         return None
     node = resolver.value(tree[role], role)
     allowed = MODULE_CLASSES[role]
-    if not isinstance(node, Tagged) or not node.tag.startswith("!new:") or node.tag[len("!new:"):] not in allowed:
+    if not isinstance(node, Tagged) or not node.tag.startswith("!new:") or node.tag[len("!new:") :] not in allowed:
         got = node.tag if isinstance(node, Tagged) else type(node).__name__
         raise ValueError(f"{file}: {role} must be !new:{' or !new:'.join(allowed)}, got {got}")
     args, kwargs = _arguments(node, resolver, role)
-    return ModuleSpec.bind(node.tag[len("!new:"):], args, kwargs, where=f"{file}: {role}")
+    return ModuleSpec.bind(node.tag[len("!new:") :], args, kwargs, where=f"{file}: {role}")
 
 
 def _keys(node: Any) -> list[str]:
@@ -290,18 +302,26 @@ def _extras(tree: Mapping[str, Any], resolver: _Resolver) -> tuple[ExtraModule, 
     ``loadables`` -- as data (:class:`ExtraModule`; its checkpoint is read with the folder). Each must be defined at
     the top level under that name, as a ``!new:`` of the allow-list."""
     pretrainer = tree.get("pretrainer")
-    loadables = _keys(pretrainer.value.get("loadables")) if isinstance(pretrainer, Tagged) \
-        and isinstance(pretrainer.value, dict) else []
-    names = [k for k in dict.fromkeys([*_keys(tree.get("modules")), *loadables])
-             if k not in MODULE_CLASSES and k != "label_encoder"]
+    loadables = (
+        _keys(pretrainer.value.get("loadables"))
+        if isinstance(pretrainer, Tagged) and isinstance(pretrainer.value, dict)
+        else []
+    )
+    names = [
+        k
+        for k in dict.fromkeys([*_keys(tree.get("modules")), *loadables])
+        if k not in MODULE_CLASSES and k != "label_encoder"
+    ]
     extras = []
     for name in names:
         node = resolver.value(tree[name], name) if name in tree else None
         if not isinstance(node, Tagged) or not node.tag.startswith("!new:"):
-            raise ValueError(f"{resolver.file}: module {name!r} (named in modules or the pretrainer's loadables) "
-                             "must be defined at the top level under that name as a !new: of the allow-list")
+            raise ValueError(
+                f"{resolver.file}: module {name!r} (named in modules or the pretrainer's loadables) "
+                "must be defined at the top level under that name as a !new: of the allow-list"
+            )
         args, kwargs = _arguments(node, resolver, name)
-        module = ModuleSpec.bind(node.tag[len("!new:"):], args, kwargs, where=f"{resolver.file}: {name}")
+        module = ModuleSpec.bind(node.tag[len("!new:") :], args, kwargs, where=f"{resolver.file}: {name}")
         extras.append(ExtraModule(name, module, loadable=name in loadables))
     return tuple(extras)
 
@@ -333,8 +353,12 @@ def _spec_from_hparams(tree: Mapping[str, Any], file: str | os.PathLike) -> Spea
     if isinstance(sample_rate, float) and sample_rate.is_integer():
         sample_rate = int(sample_rate)
     try:
-        return SpeakerSpec(**modules, sample_rate=sample_rate,
-                           margin=float(_scalar(tree, resolver, "aam_margin", DEFAULT_MARGIN)),
-                           scale=float(_scalar(tree, resolver, "aam_scale", DEFAULT_SCALE)), extras=extras)
+        return SpeakerSpec(
+            **modules,
+            sample_rate=sample_rate,
+            margin=float(_scalar(tree, resolver, "aam_margin", DEFAULT_MARGIN)),
+            scale=float(_scalar(tree, resolver, "aam_scale", DEFAULT_SCALE)),
+            extras=extras,
+        )
     except ValueError as exc:
         raise ValueError(f"{file}: {exc}") from None

@@ -38,8 +38,14 @@ from pathlib import Path
 import torch
 
 from mmunlearn.adapters.speaker.hparams import HPARAMS, check_hparams_tags, parse_hparams, spec_from_hparams
-from mmunlearn.adapters.speaker.model import (DEFAULT_MARGIN, DEFAULT_SCALE, ExtraModule, SpeakerNet, SpeakerSpec,
-                                              build_modules)
+from mmunlearn.adapters.speaker.model import (
+    DEFAULT_MARGIN,
+    DEFAULT_SCALE,
+    ExtraModule,
+    SpeakerNet,
+    SpeakerSpec,
+    build_modules,
+)
 from mmunlearn.adapters.speaker.write_hparams import hparams_yaml
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.paths import check_tree
@@ -73,8 +79,9 @@ class SpeakerDir:
 
 
 # ---------------------------------------------------------------------------------------------- writing
-def write_speaker_dir(path: str | os.PathLike, net: SpeakerNet, speakers: list[str], spec: SpeakerSpec,
-                      overwrite: bool = False) -> Path:
+def write_speaker_dir(
+    path: str | os.PathLike, net: SpeakerNet, speakers: list[str], spec: SpeakerSpec, overwrite: bool = False
+) -> Path:
     """Write the directory atomically: ``hyperparams.yaml`` generated from ``spec`` (which must describe
     ``net``), the two checkpoints (plain tensors) and ``label_encoder.ckpt``."""
     from speechbrain.dataio.encoder import CategoricalEncoder
@@ -84,20 +91,24 @@ def write_speaker_dir(path: str | os.PathLike, net: SpeakerNet, speakers: list[s
         raise ValueError(f"a SpeakerSpec is needed to write {HPARAMS}, got {type(spec).__name__}")
     if len(speakers) != net.n_classes:
         raise ValueError(f"{len(speakers)} speaker IDs for a classifier of {net.n_classes} classes")
-    states = {name: {k: v.detach().cpu() for k, v in getattr(net, name).state_dict().items()}
-              for name in ("embedding_model", "classifier")}
+    states = {
+        name: {k: v.detach().cpu() for k, v in getattr(net, name).state_dict().items()}
+        for name in ("embedding_model", "classifier")
+    }
     mismatch = _shape_mismatch(spec, states)
     if mismatch:
-        raise ValueError(f"the model does not match its own spec, refusing to write {out}: "
-                         f"{mismatch[0] or 'spec'}: {mismatch[1]}")
+        raise ValueError(
+            f"the model does not match its own spec, refusing to write {out}: {mismatch[0] or 'spec'}: {mismatch[1]}"
+        )
     text = hparams_yaml(spec)
     encoder = CategoricalEncoder()
     for spk in speakers:
         encoder.add_label(spk)
     missing = [e.name for e in spec.extras if e.loadable and e.checkpoint is None]
     if missing:
-        raise ValueError(f"the pretrainer loads {missing}, but their checkpoints were not read; refusing to write "
-                         f"{out}")
+        raise ValueError(
+            f"the pretrainer loads {missing}, but their checkpoints were not read; refusing to write {out}"
+        )
     with atomic_dir(out, overwrite=overwrite) as tmp:
         (tmp / HPARAMS).write_text(text, encoding="utf-8")
         write_state(states["embedding_model"], tmp / EMBEDDING_CKPT)
@@ -136,10 +147,13 @@ def read_state(file: Path) -> dict[str, torch.Tensor]:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for code, RuntimeError/EOFError for corrupt files, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ValueError(f"{file}: not a weights-only PyTorch checkpoint, refused ({type(exc).__name__}: "
-                         f"{first[:300]}); mmunlearn never unpickles objects from a model folder") from None
-    if not isinstance(state, Mapping) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                                 for k, v in state.items()):
+        raise ValueError(
+            f"{file}: not a weights-only PyTorch checkpoint, refused ({type(exc).__name__}: "
+            f"{first[:300]}); mmunlearn never unpickles objects from a model folder"
+        ) from None
+    if not isinstance(state, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise ValueError(f"{file}: expected a state dict (parameter name -> tensor), got {type(state).__name__}")
     return dict(state)
 
@@ -152,8 +166,12 @@ def _extra_checkpoint(root: Path, extra: ExtraModule) -> ExtraModule:
         return extra
     file = root / f"{extra.name}.ckpt"
     if not file.is_file():
-        log.warning("%s's pretrainer loads %r, but %s is missing: an output keeps the module without its "
-                    "checkpoint", root / HPARAMS, extra.name, file)
+        log.warning(
+            "%s's pretrainer loads %r, but %s is missing: an output keeps the module without its checkpoint",
+            root / HPARAMS,
+            extra.name,
+            file,
+        )
         return dataclasses.replace(extra, loadable=False)
     with file.open("rb") as fh:
         data = fh.read(MAX_EXTRA_CKPT_BYTES + 1)
@@ -162,8 +180,10 @@ def _extra_checkpoint(root: Path, extra: ExtraModule) -> ExtraModule:
     try:
         torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for code, RuntimeError/EOFError for corrupt files, ...
-        raise ValueError(f"{file}: not a weights-only PyTorch checkpoint, refused ({type(exc).__name__}); mmunlearn "
-                         "never unpickles objects from a model folder") from None
+        raise ValueError(
+            f"{file}: not a weights-only PyTorch checkpoint, refused ({type(exc).__name__}); mmunlearn "
+            "never unpickles objects from a model folder"
+        ) from None
     return dataclasses.replace(extra, checkpoint=data)
 
 
@@ -173,8 +193,9 @@ def _with_checkpoints(root: Path, spec: SpeakerSpec | None) -> SpeakerSpec | Non
     return dataclasses.replace(spec, extras=tuple(_extra_checkpoint(root, e) for e in spec.extras))
 
 
-def _shape_mismatch(spec: SpeakerSpec,
-                    states: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[str | None, str] | None:
+def _shape_mismatch(
+    spec: SpeakerSpec, states: Mapping[str, Mapping[str, torch.Tensor]]
+) -> tuple[str | None, str] | None:
     """``(module name or None, why)`` when ``states`` (embedding_model / classifier) do not fit the
     modules of ``spec``; None when they do.
 
@@ -197,8 +218,10 @@ def _shape_mismatch(spec: SpeakerSpec,
         if want != have:
             missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
             shapes = [f"{k}: {have[k]} vs {want[k]}" for k in sorted(set(want) & set(have)) if want[k] != have[k]]
-            return name, (f"missing {missing[:3]}, unexpected {extra[:3]}, shape differences {shapes[:3]}"
-                          f" ({len(missing)}/{len(extra)}/{len(shapes)} in all)")
+            return name, (
+                f"missing {missing[:3]}, unexpected {extra[:3]}, shape differences {shapes[:3]}"
+                f" ({len(missing)}/{len(extra)}/{len(shapes)} in all)"
+            )
     return None
 
 
@@ -214,8 +237,10 @@ def _read_labels(root: Path, n_classes: int) -> list[str]:
         raise ValueError(f"{found[0]} is not a SpeechBrain CategoricalEncoder file: {exc}") from exc
     by_index = {ind: str(lab) for lab, ind in lab2ind.items()}
     if sorted(by_index) != list(range(n_classes)):
-        raise ValueError(f"{found[0]} maps {len(by_index)} labels to indices {sorted(by_index)[:5]}...; "
-                         f"the classifier has {n_classes} classes (expected indices 0..{n_classes - 1})")
+        raise ValueError(
+            f"{found[0]} maps {len(by_index)} labels to indices {sorted(by_index)[:5]}...; "
+            f"the classifier has {n_classes} classes (expected indices 0..{n_classes - 1})"
+        )
     return [by_index[i] for i in range(n_classes)]
 
 
@@ -254,8 +279,9 @@ def read_speaker_dir(path: str | os.PathLike, trust_hparams: bool = False) -> Sp
     net.embedding_model.load_state_dict(states["embedding_model"], strict=True)
     net.classifier.load_state_dict(states["classifier"], strict=True)
     speakers = _read_labels(root, net.n_classes)
-    return SpeakerDir(net=net.eval(), speakers=speakers, spec=spec, margin=spec.margin, scale=spec.scale,
-                      sample_rate=spec.sample_rate)
+    return SpeakerDir(
+        net=net.eval(), speakers=speakers, spec=spec, margin=spec.margin, scale=spec.scale, sample_rate=spec.sample_rate
+    )
 
 
 def _load_state(module: torch.nn.Module, file: Path) -> None:
@@ -286,8 +312,10 @@ def _read_trusted(root: Path) -> SpeakerDir:
         raise ValueError(f"{file} defines no {missing}")
     norm = hp.get("mean_var_norm")
     if getattr(norm, "norm_type", None) == "global":
-        raise ValueError(f"{file}: mean_var_norm with norm_type 'global' keeps statistics this "
-                         "loader does not read; only 'sentence' / 'batch' normalisation is supported")
+        raise ValueError(
+            f"{file}: mean_var_norm with norm_type 'global' keeps statistics this "
+            "loader does not read; only 'sentence' / 'batch' normalisation is supported"
+        )
     classifier = hp["classifier"]
     if not isinstance(getattr(classifier, "weight", None), torch.nn.Parameter) or classifier.weight.dim() != 2:
         raise ValueError(f"{file}: classifier has no 2-D 'weight' (expected ECAPA_TDNN.Classifier)")
@@ -300,7 +328,12 @@ def _read_trusted(root: Path) -> SpeakerDir:
         mismatch = _shape_mismatch(spec, states)
         if mismatch:
             spec, spec_error = None, f"the built modules differ from what {file} describes as data: {mismatch[1]}"
-    return SpeakerDir(net=net.eval(), speakers=speakers, spec=spec, spec_error=spec_error,
-                      margin=float(hp.get("aam_margin", DEFAULT_MARGIN)),
-                      scale=float(hp.get("aam_scale", DEFAULT_SCALE)),
-                      sample_rate=int(hp.get("sample_rate", 16000)))
+    return SpeakerDir(
+        net=net.eval(),
+        speakers=speakers,
+        spec=spec,
+        spec_error=spec_error,
+        margin=float(hp.get("aam_margin", DEFAULT_MARGIN)),
+        scale=float(hp.get("aam_scale", DEFAULT_SCALE)),
+        sample_rate=int(hp.get("sample_rate", 16000)),
+    )

@@ -30,14 +30,33 @@ from torch import nn
 #: ECAPA-TDNN sizes. ``large`` is speechbrain/spkrec-ecapa-voxceleb's; ``base`` SpeechBrain's VoxCeleb
 #: recipe default; ``small`` the CPU demo; ``tiny`` for tests.
 PRESETS: dict[str, dict] = {
-    "tiny": dict(n_mels=24, channels=[16, 16, 16, 16, 48], lin_neurons=16, attention_channels=8,
-                 se_channels=8, res2net_scale=4),
-    "small": dict(n_mels=40, channels=[64, 64, 64, 64, 192], lin_neurons=64, attention_channels=32,
-                  se_channels=32, res2net_scale=4),
-    "base": dict(n_mels=80, channels=[512, 512, 512, 512, 1536], lin_neurons=192, attention_channels=128,
-                 se_channels=128, res2net_scale=8),
-    "large": dict(n_mels=80, channels=[1024, 1024, 1024, 1024, 3072], lin_neurons=192, attention_channels=128,
-                  se_channels=128, res2net_scale=8),
+    "tiny": dict(
+        n_mels=24, channels=[16, 16, 16, 16, 48], lin_neurons=16, attention_channels=8, se_channels=8, res2net_scale=4
+    ),
+    "small": dict(
+        n_mels=40,
+        channels=[64, 64, 64, 64, 192],
+        lin_neurons=64,
+        attention_channels=32,
+        se_channels=32,
+        res2net_scale=4,
+    ),
+    "base": dict(
+        n_mels=80,
+        channels=[512, 512, 512, 512, 1536],
+        lin_neurons=192,
+        attention_channels=128,
+        se_channels=128,
+        res2net_scale=8,
+    ),
+    "large": dict(
+        n_mels=80,
+        channels=[1024, 1024, 1024, 1024, 3072],
+        lin_neurons=192,
+        attention_channels=128,
+        se_channels=128,
+        res2net_scale=8,
+    ),
 }
 
 #: AAM-softmax defaults of SpeechBrain's ECAPA VoxCeleb recipe.
@@ -68,18 +87,36 @@ SAMPLE_RATES = (1000, 192_000)
 #: filterbank are plain attributes allocated for real, which the meta-device size check never sees, so a
 #: file asking for ``sample_rate: 1000000000000`` is refused here, before anything is built.
 SIZE_LIMITS: dict[str, dict[str, tuple[float, float, bool, str]]] = {
-    FBANK: {"sample_rate": (*SAMPLE_RATES, True, " Hz"), "n_fft": (16, 65_536, True, ""),
-            "n_mels": (1, 1024, True, ""), "win_length": (0.1, 1000, False, " ms"),
-            "hop_length": (0.1, 1000, False, " ms"), "left_frames": (0, 1000, True, ""),
-            "right_frames": (0, 1000, True, ""), "f_min": (0, SAMPLE_RATES[1] / 2, False, " Hz"),
-            "f_max": (0, SAMPLE_RATES[1] / 2, False, " Hz"), "param_change_factor": (0, 1000, False, ""),
-            "param_rand_factor": (0, 1000, False, "")},
-    ECAPA: {"input_size": (1, 4096, True, ""), "lin_neurons": (1, 65_536, True, ""),
-            "channels": (1, 65_536, True, ""), "kernel_sizes": (1, 1024, True, ""), "dilations": (1, 1024, True, ""),
-            "attention_channels": (1, 65_536, True, ""), "res2net_scale": (1, 64, True, ""),
-            "se_channels": (1, 65_536, True, ""), "groups": (1, 65_536, True, "")},
-    CLASSIFIER: {"input_size": (1, 65_536, True, ""), "lin_blocks": (0, 64, True, ""),
-                 "lin_neurons": (1, 65_536, True, ""), "out_neurons": (1, 10_000_000, True, "")},
+    FBANK: {
+        "sample_rate": (*SAMPLE_RATES, True, " Hz"),
+        "n_fft": (16, 65_536, True, ""),
+        "n_mels": (1, 1024, True, ""),
+        "win_length": (0.1, 1000, False, " ms"),
+        "hop_length": (0.1, 1000, False, " ms"),
+        "left_frames": (0, 1000, True, ""),
+        "right_frames": (0, 1000, True, ""),
+        "f_min": (0, SAMPLE_RATES[1] / 2, False, " Hz"),
+        "f_max": (0, SAMPLE_RATES[1] / 2, False, " Hz"),
+        "param_change_factor": (0, 1000, False, ""),
+        "param_rand_factor": (0, 1000, False, ""),
+    },
+    ECAPA: {
+        "input_size": (1, 4096, True, ""),
+        "lin_neurons": (1, 65_536, True, ""),
+        "channels": (1, 65_536, True, ""),
+        "kernel_sizes": (1, 1024, True, ""),
+        "dilations": (1, 1024, True, ""),
+        "attention_channels": (1, 65_536, True, ""),
+        "res2net_scale": (1, 64, True, ""),
+        "se_channels": (1, 65_536, True, ""),
+        "groups": (1, 65_536, True, ""),
+    },
+    CLASSIFIER: {
+        "input_size": (1, 65_536, True, ""),
+        "lin_blocks": (0, 64, True, ""),
+        "lin_neurons": (1, 65_536, True, ""),
+        "out_neurons": (1, 10_000_000, True, ""),
+    },
 }
 _MAX_LIST = 64  # ECAPA blocks: 5 in every published model
 
@@ -105,8 +142,10 @@ class SpeakerConfig:
         if self.n_speakers < 1:
             raise ValueError(f"n_speakers must be >= 1, got {self.n_speakers}")
         if not len(self.channels) == len(self.kernel_sizes) == len(self.dilations) or len(self.channels) < 3:
-            raise ValueError(f"channels, kernel_sizes and dilations need the same length >= 3, got "
-                             f"{self.channels}, {self.kernel_sizes}, {self.dilations}")
+            raise ValueError(
+                f"channels, kernel_sizes and dilations need the same length >= 3, got "
+                f"{self.channels}, {self.kernel_sizes}, {self.dilations}"
+            )
         for c in self.channels[1:-1]:
             if c % self.res2net_scale:
                 raise ValueError(f"SE-Res2Net channels {c} must be divisible by res2net_scale {self.res2net_scale}")
@@ -117,7 +156,7 @@ class SpeakerConfig:
             raise ValueError(f"AAM margin must be in [0, 1) and scale > 0, got {self.margin}, {self.scale}")
 
     @classmethod
-    def from_preset(cls, n_speakers: int, preset: str = "small", **overrides) -> "SpeakerConfig":
+    def from_preset(cls, n_speakers: int, preset: str = "small", **overrides) -> SpeakerConfig:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
         return cls(n_speakers=n_speakers, **{**PRESETS[preset], **overrides})
@@ -125,19 +164,31 @@ class SpeakerConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def spec(self) -> "SpeakerSpec":
+    def spec(self) -> SpeakerSpec:
         """The :class:`SpeakerSpec` of this configuration (what :func:`build_net` builds)."""
         return SpeakerSpec(
             compute_features=ModuleSpec.bind(FBANK, kwargs={"n_mels": self.n_mels, "sample_rate": self.sample_rate}),
             mean_var_norm=ModuleSpec.bind(INPUT_NORM, kwargs={"norm_type": "sentence", "std_norm": False}),
-            embedding_model=ModuleSpec.bind(ECAPA, kwargs={
-                "input_size": self.n_mels, "channels": list(self.channels), "kernel_sizes": list(self.kernel_sizes),
-                "dilations": list(self.dilations), "attention_channels": self.attention_channels,
-                "se_channels": self.se_channels, "res2net_scale": self.res2net_scale,
-                "lin_neurons": self.lin_neurons}),
-            classifier=ModuleSpec.bind(CLASSIFIER, kwargs={"input_size": self.lin_neurons,
-                                                           "out_neurons": self.n_speakers}),
-            sample_rate=self.sample_rate, margin=self.margin, scale=self.scale)
+            embedding_model=ModuleSpec.bind(
+                ECAPA,
+                kwargs={
+                    "input_size": self.n_mels,
+                    "channels": list(self.channels),
+                    "kernel_sizes": list(self.kernel_sizes),
+                    "dilations": list(self.dilations),
+                    "attention_channels": self.attention_channels,
+                    "se_channels": self.se_channels,
+                    "res2net_scale": self.res2net_scale,
+                    "lin_neurons": self.lin_neurons,
+                },
+            ),
+            classifier=ModuleSpec.bind(
+                CLASSIFIER, kwargs={"input_size": self.lin_neurons, "out_neurons": self.n_speakers}
+            ),
+            sample_rate=self.sample_rate,
+            margin=self.margin,
+            scale=self.scale,
+        )
 
 
 class SpeakerNet(nn.Module):
@@ -147,8 +198,13 @@ class SpeakerNet(nn.Module):
     relative lengths SpeechBrain uses (1.0 = the longest waveform of the batch).
     """
 
-    def __init__(self, compute_features: nn.Module, mean_var_norm: nn.Module | None, embedding_model: nn.Module,
-                 classifier: nn.Module):
+    def __init__(
+        self,
+        compute_features: nn.Module,
+        mean_var_norm: nn.Module | None,
+        embedding_model: nn.Module,
+        classifier: nn.Module,
+    ):
         super().__init__()
         self.compute_features = compute_features
         self.mean_var_norm = mean_var_norm if mean_var_norm is not None else nn.Identity()
@@ -181,9 +237,16 @@ def _classes() -> dict[str, Any]:
     from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
     from speechbrain.processing.features import InputNormalization
 
-    return {FBANK: Fbank, INPUT_NORM: InputNormalization, ECAPA: ECAPA_TDNN, CLASSIFIER: Classifier,
-            "torch.nn.ReLU": nn.ReLU, "torch.nn.LeakyReLU": nn.LeakyReLU, "torch.nn.PReLU": nn.PReLU,
-            "torch.nn.GELU": nn.GELU}
+    return {
+        FBANK: Fbank,
+        INPUT_NORM: InputNormalization,
+        ECAPA: ECAPA_TDNN,
+        CLASSIFIER: Classifier,
+        "torch.nn.ReLU": nn.ReLU,
+        "torch.nn.LeakyReLU": nn.LeakyReLU,
+        "torch.nn.PReLU": nn.PReLU,
+        "torch.nn.GELU": nn.GELU,
+    }
 
 
 @dataclass(frozen=True)
@@ -218,8 +281,12 @@ def _check_value(value: Any, where: str) -> Any:
 def _check_size(value: Any, limits: tuple[float, float, bool, str], where: str) -> None:
     low, high, whole, unit = limits
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or (whole and isinstance(value, float) and not value.is_integer()) \
-            or not math.isfinite(value) or not low <= value <= high:
+    if (
+        not number
+        or (whole and isinstance(value, float) and not value.is_integer())
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         kind = "a whole number" if whole else "a number"
         raise ValueError(f"{where}: {value!r} is refused: expected {kind} in {low:g}..{high:g}{unit}")
 
@@ -242,8 +309,10 @@ def _check_sizes(target: str, kwargs: Mapping[str, Any], where: str) -> None:
         rate, n_fft = kwargs.get("sample_rate", 16000), kwargs.get("n_fft", 400)
         window = round(rate / 1000 * kwargs.get("win_length", 25))
         if window > n_fft:
-            raise ValueError(f"{where}[win_length]: {kwargs.get('win_length', 25)!r} ms is {window} samples at "
-                             f"{rate} Hz, more than n_fft {n_fft}")
+            raise ValueError(
+                f"{where}[win_length]: {kwargs.get('win_length', 25)!r} ms is {window} samples at "
+                f"{rate} Hz, more than n_fft {n_fft}"
+            )
 
 
 @dataclass(frozen=True)
@@ -255,14 +324,17 @@ class ModuleSpec:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def bind(cls, target: str, args: list | tuple = (), kwargs: Mapping[str, Any] | None = None,
-             where: str = "module") -> "ModuleSpec":
+    def bind(
+        cls, target: str, args: list | tuple = (), kwargs: Mapping[str, Any] | None = None, where: str = "module"
+    ) -> ModuleSpec:
         """A spec for ``target(*args, **kwargs)``; ValueError for a class outside the allow-list, arguments
         the class does not take, or values that are not plain data."""
         classes = _classes()
         if target not in classes or target in ACTIVATIONS:
-            raise ValueError(f"{where}: class {target} is not allowed; allowed: "
-                             f"{sorted(t for ts in MODULE_CLASSES.values() for t in ts)}")
+            raise ValueError(
+                f"{where}: class {target} is not allowed; allowed: "
+                f"{sorted(t for ts in MODULE_CLASSES.values() for t in ts)}"
+            )
         kwargs = dict(kwargs or {})
         if not all(isinstance(k, str) for k in kwargs):
             raise ValueError(f"{where}: argument names must be strings")
@@ -324,15 +396,19 @@ class SpeakerSpec:
             if module is None and role == "mean_var_norm":
                 continue
             if not isinstance(module, ModuleSpec) or module.target not in allowed:
-                raise ValueError(f"{role} must be one of {list(allowed)}, got "
-                                 f"{getattr(module, 'target', module)!r}")
+                raise ValueError(f"{role} must be one of {list(allowed)}, got {getattr(module, 'target', module)!r}")
         norm = self.mean_var_norm
         if norm is not None and norm.kwargs.get("norm_type", "global") == "global":
-            raise ValueError("mean_var_norm with norm_type 'global' keeps statistics this loader does not read; "
-                             "only 'sentence' / 'batch' normalisation is supported")
+            raise ValueError(
+                "mean_var_norm with norm_type 'global' keeps statistics this loader does not read; "
+                "only 'sentence' / 'batch' normalisation is supported"
+            )
         low, high = SAMPLE_RATES
-        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) \
-                or not low <= self.sample_rate <= high:
+        if (
+            isinstance(self.sample_rate, bool)
+            or not isinstance(self.sample_rate, int)
+            or not low <= self.sample_rate <= high
+        ):
             raise ValueError(f"sample_rate must be a whole number of Hz in {low}..{high}, got {self.sample_rate!r}")
         for name in ("margin", "scale"):
             value = getattr(self, name)
@@ -344,8 +420,18 @@ class SpeakerSpec:
 
 
 #: Keys of a written hyperparams.yaml that an extra module may not take (the four modules and the file's own keys).
-RESERVED_KEYS = frozenset({*MODULE_CLASSES, "sample_rate", "aam_margin", "aam_scale", "modules", "label_encoder",
-                           "pretrainer", "pretrained_path"})
+RESERVED_KEYS = frozenset(
+    {
+        *MODULE_CLASSES,
+        "sample_rate",
+        "aam_margin",
+        "aam_scale",
+        "modules",
+        "label_encoder",
+        "pretrainer",
+        "pretrained_path",
+    }
+)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 
 
@@ -357,8 +443,10 @@ def _check_extras(extras: tuple[ExtraModule, ...]) -> None:
             raise ValueError(f"extras must be ExtraModule(name, ModuleSpec, checkpoint), got {extra!r:.80}")
         name = extra.name
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name in RESERVED_KEYS or name in seen:
-            raise ValueError(f"module name {name!r:.80} cannot be carried: a name of letters, digits and '_' is "
-                             f"needed, not one of {sorted(RESERVED_KEYS)} and not twice")
+            raise ValueError(
+                f"module name {name!r:.80} cannot be carried: a name of letters, digits and '_' is "
+                f"needed, not one of {sorted(RESERVED_KEYS)} and not twice"
+            )
         if extra.checkpoint is not None and not (extra.loadable and isinstance(extra.checkpoint, bytes)):
             raise ValueError(f"{name}: a checkpoint (bytes) is carried only for a module the pretrainer loads")
         seen.add(name)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from mmunlearn.adapters.speaker.adapter import KIND, SpeakerAdapter
-from mmunlearn.data.waveforms import AudioCache
 from mmunlearn.data.utterances import LEVELS, Manifests, UtteranceDataset, split_rows
+from mmunlearn.data.waveforms import AudioCache
 from mmunlearn.train import TrainConfig, TrainResult
 from mmunlearn.train import train as train_loop
 
@@ -32,8 +32,9 @@ TRAIN = {
 }
 
 
-def training_rows(manifests: Manifests, level: str = "speaker",
-                  retain_only: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+def training_rows(
+    manifests: Manifests, level: str = "speaker", retain_only: bool = False
+) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows to train on, speaker IDs of the label space) from ``prepare``'s manifests (see
     :func:`~mmunlearn.data.utterances.split_rows`)."""
     if level not in LEVELS:
@@ -44,12 +45,22 @@ def training_rows(manifests: Manifests, level: str = "speaker",
     return (full if name == "train" else split_rows(manifests, name)), speakers
 
 
-def train_speaker_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Sequence[str] | None = None,
-                             adapter: SpeakerAdapter | None = None, preset: str = "small",
-                             crop_seconds: float | None = 2.0, config: TrainConfig | None = None, seed: int = 0,
-                             device: str = "auto", progress: bool = True, cache: AudioCache | bool = True,
-                             desc: str = "train speaker classifier", model_options: Mapping[str, Any] | None = None,
-                             **overrides: Any) -> tuple[SpeakerAdapter, TrainResult]:
+def train_speaker_classifier(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    speakers: Sequence[str] | None = None,
+    adapter: SpeakerAdapter | None = None,
+    preset: str = "small",
+    crop_seconds: float | None = 2.0,
+    config: TrainConfig | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    progress: bool = True,
+    cache: AudioCache | bool = True,
+    desc: str = "train speaker classifier",
+    model_options: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> tuple[SpeakerAdapter, TrainResult]:
     """Train a speaker classifier on manifest rows (or decoded examples) and return it with the loss history.
 
     - ``speakers``: the label space, in class order (default: the sorted speakers of ``rows``);
@@ -90,14 +101,31 @@ def train_speaker_classifier(rows: Sequence[Mapping[str, Any]], *, speakers: Seq
     return adapter, result
 
 
-def train(rows: Sequence[Mapping[str, Any]], *, speakers: Sequence[str], preset: str = "small",
-          crop_seconds: float | None = 2.0, config: TrainConfig | None = None, seed: int = 0, device: str = "auto",
-          progress: bool = True, desc: str = "train speaker classifier") -> tuple[SpeakerAdapter, TrainResult]:
+def train(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    speakers: Sequence[str],
+    preset: str = "small",
+    crop_seconds: float | None = 2.0,
+    config: TrainConfig | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    progress: bool = True,
+    desc: str = "train speaker classifier",
+) -> tuple[SpeakerAdapter, TrainResult]:
     """A fresh ECAPA-TDNN classifier of ``preset``'s size over ``speakers`` trained on ``rows``
     (:func:`train_speaker_classifier`; ``config`` default: :func:`train_config`)."""
-    return train_speaker_classifier(rows, speakers=speakers, preset=preset, crop_seconds=crop_seconds,
-                                    config=config or train_config(preset), seed=seed, device=device,
-                                    progress=progress, desc=desc)
+    return train_speaker_classifier(
+        rows,
+        speakers=speakers,
+        preset=preset,
+        crop_seconds=crop_seconds,
+        config=config or train_config(preset),
+        seed=seed,
+        device=device,
+        progress=progress,
+        desc=desc,
+    )
 
 
 def train_config(preset: str, *, epochs: int | None = None, lr: float | None = None) -> TrainConfig:

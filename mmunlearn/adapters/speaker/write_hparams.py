@@ -14,8 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from mmunlearn.adapters.speaker.model import (LABEL_ENCODER, PRETRAINER, ModuleSpec, NameRef, SpeakerConfig,
-                                              SpeakerSpec)
+from mmunlearn.adapters.speaker.model import LABEL_ENCODER, PRETRAINER, ModuleSpec, NameRef, SpeakerConfig, SpeakerSpec
 
 
 def _yaml_value(value: Any) -> str:
@@ -62,8 +61,12 @@ def hparams_yaml(spec: SpeakerSpec | SpeakerConfig) -> str:
     """
     if isinstance(spec, SpeakerConfig):
         spec = spec.spec()
-    modules = [("compute_features", spec.compute_features), ("mean_var_norm", spec.mean_var_norm),
-               ("embedding_model", spec.embedding_model), ("classifier", spec.classifier)]
+    modules = [
+        ("compute_features", spec.compute_features),
+        ("mean_var_norm", spec.mean_var_norm),
+        ("embedding_model", spec.embedding_model),
+        ("classifier", spec.classifier),
+    ]
     modules = [(k, m) for k, m in modules if m is not None] + [(e.name, e.module) for e in spec.extras]
     blocks = "\n\n".join(_module_yaml(k, m) for k, m in modules)
     refs = "\n".join(f"    {k}: !ref <{k}>" for k, _ in modules)

@@ -27,12 +27,13 @@ from jinja2 import TemplateError
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.adapters.text.chat_template import install as install_bounds, template_error
 from mmunlearn.adapters.base import IGNORE, HiddenStateTap, LayerWeight, TokenScoring
 from mmunlearn.adapters.speech_llm.build import arch_for, build_feature_extractor, build_model, build_tokenizer
 from mmunlearn.adapters.speech_llm.families import FAMILIES, WHERE, Family, family_of, tower_block, tower_of
 from mmunlearn.adapters.speech_llm.io import load_dir, save_dir
 from mmunlearn.adapters.text.adapter import _qa
+from mmunlearn.adapters.text.chat_template import install as install_bounds
+from mmunlearn.adapters.text.chat_template import template_error
 from mmunlearn.data.waveforms import AudioCache, example_waveform
 from mmunlearn.kinds import Kind, read_small_json, register_kind
 
@@ -53,18 +54,40 @@ class SpeechLLMAdapter(TokenScoring):
     ``model`` (its thinker) are saved through it, so the directory keeps its format.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, feature_extractor, *, family: str | Family | None = None,
-                 where: str = "both", system: str | None = None, chat_template: str | None = None,
-                 max_length: int = 4096, container: nn.Module | None = None, processor=None,
-                 audio_cache: AudioCache | None = None, feature_cache_bytes: int = 1 << 30):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        feature_extractor,
+        *,
+        family: str | Family | None = None,
+        where: str = "both",
+        system: str | None = None,
+        chat_template: str | None = None,
+        max_length: int = 4096,
+        container: nn.Module | None = None,
+        processor=None,
+        audio_cache: AudioCache | None = None,
+        feature_cache_bytes: int = 1 << 30,
+    ):
         self.model, self.tokenizer, self.feature_extractor = model, tokenizer, feature_extractor
-        self.family = FAMILIES[family] if isinstance(family, str) else family or family_of(
-            model.config.model_type, getattr(getattr(model.config, "text_config", None), "model_type", None))[0]
+        self.family = (
+            FAMILIES[family]
+            if isinstance(family, str)
+            else family
+            or family_of(
+                model.config.model_type, getattr(getattr(model.config, "text_config", None), "model_type", None)
+            )[0]
+        )
         self.where = check_where(where)
         self.system, self.max_length = system, int(max_length)
         self.container, self.processor = container, processor
-        self.chat_template = (chat_template or getattr(processor, "chat_template", None)
-                              or getattr(tokenizer, "chat_template", None) or self.family.chat_template)
+        self.chat_template = (
+            chat_template
+            or getattr(processor, "chat_template", None)
+            or getattr(tokenizer, "chat_template", None)
+            or self.family.chat_template
+        )
         if getattr(feature_extractor, "sampling_rate", SAMPLE_RATE) != SAMPLE_RATE:
             raise ValueError(f"feature extractor samples at {feature_extractor.sampling_rate} Hz; manifests are 16 kHz")
         self.audio_id = tokenizer.convert_tokens_to_ids(self.family.audio_token)
@@ -85,8 +108,17 @@ class SpeechLLMAdapter(TokenScoring):
 
     # ------------------------------------------------------------------ building, loading, saving
     @classmethod
-    def build(cls, preset: str = "tiny", *, texts: Sequence[str], family: str | None = None, seed: int = 0,
-              device: str | torch.device = "cpu", where: str = "both", **arch_overrides: Any) -> "SpeechLLMAdapter":
+    def build(
+        cls,
+        preset: str = "tiny",
+        *,
+        texts: Sequence[str],
+        family: str | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        where: str = "both",
+        **arch_overrides: Any,
+    ) -> SpeechLLMAdapter:
         """A random-init model of a size preset (``tiny``, ``mini``; see :mod:`speech_llm_build`) with a BPE
         trained on ``texts`` (the questions and answers it will see) and a matching feature extractor."""
         arch = arch_for(preset, family, **arch_overrides)
@@ -98,8 +130,9 @@ class SpeechLLMAdapter(TokenScoring):
         return adapter
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto",
-                        **kwargs: Any) -> "SpeechLLMAdapter":
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto", **kwargs: Any
+    ) -> SpeechLLMAdapter:
         """Load a ``save_pretrained`` directory (thinker-only or full Omni model) with its processor."""
         model, container, tokenizer, fe, processor, fam = load_dir(path, device=device, dtype=dtype)
         adapter = cls(model, tokenizer, fe, family=fam, container=container, processor=processor, **kwargs)
@@ -112,13 +145,13 @@ class SpeechLLMAdapter(TokenScoring):
         """Model (the full container if loaded from one), tokenizer, feature extractor (and processor), atomically."""
         return save_dir(self, path, overwrite=overwrite)
 
-    def with_model(self, model: nn.Module) -> "SpeechLLMAdapter":
+    def with_model(self, model: nn.Module) -> SpeechLLMAdapter:
         """The same adapter around another model (e.g. a tilted wrapper); caches are shared."""
         twin = copy.copy(self)
         twin.model = model
         return twin
 
-    def clone(self) -> "SpeechLLMAdapter":
+    def clone(self) -> SpeechLLMAdapter:
         """An independent copy of the model (container included); tokenizer and caches are shared."""
         if self.container is None:
             return self.with_model(copy.deepcopy(self.model))
@@ -132,8 +165,9 @@ class SpeechLLMAdapter(TokenScoring):
         return next(self.model.parameters()).device
 
     # ------------------------------------------------------------------ layers
-    def layers(self, where: str | None = None, include_embeddings: bool = False,
-               include_lm_head: bool = False) -> Iterator[LayerWeight]:
+    def layers(
+        self, where: str | None = None, include_embeddings: bool = False, include_lm_head: bool = False
+    ) -> Iterator[LayerWeight]:
         """Linear weights, Conv1d kernels (3-D) and fused expert tensors (3-D, one matrix per expert for
         erasure) of the audio tower and the language model's blocks; vision tower never."""
         where = check_where(where or self.where)
@@ -155,8 +189,11 @@ class SpeechLLMAdapter(TokenScoring):
                     continue
                 if module is head and not include_lm_head:
                     continue
-                if block.startswith("text.") and not block.startswith("text.layers.") and not (
-                        module is head or isinstance(module, nn.Embedding)):
+                if (
+                    block.startswith("text.")
+                    and not block.startswith("text.layers.")
+                    and not (module is head or isinstance(module, nn.Embedding))
+                ):
                     continue
                 seen.add(id(p))
                 yield LayerWeight(name, block, p)
@@ -166,8 +203,11 @@ class SpeechLLMAdapter(TokenScoring):
         and talker never), so the training methods keep to it as erasure does; with ``both``: None (all)."""
         if self.where == "both":
             return None
-        return [p for name, p in self.model.named_parameters()
-                if (block := tower_block(name)) is not None and tower_of(block) == self.where]
+        return [
+            p
+            for name, p in self.model.named_parameters()
+            if (block := tower_block(name)) is not None and tower_of(block) == self.where
+        ]
 
     def groups(self, where: str | None = None) -> dict[str, str]:
         """Parameter name -> layer group, for ``erase(..., groups=...)`` (the towers stay apart)."""
@@ -188,8 +228,14 @@ class SpeechLLMAdapter(TokenScoring):
         if key is not None and key in self._features:
             return self._features[key]
         audio = example_waveform(example, self.audio_cache, SAMPLE_RATE)
-        out = self.feature_extractor([audio.numpy()], sampling_rate=SAMPLE_RATE, padding="max_length",
-                                     truncation=True, return_attention_mask=True, return_tensors="pt")
+        out = self.feature_extractor(
+            [audio.numpy()],
+            sampling_rate=SAMPLE_RATE,
+            padding="max_length",
+            truncation=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
         valid = int(out["attention_mask"][0].sum())
         feats = out["input_features"][0]
         feats = feats.clone() if self.family.pad_to_window else feats[:, :valid].clone()
@@ -202,18 +248,22 @@ class SpeechLLMAdapter(TokenScoring):
         """Token ids of the rendered chat prompt with one audio placeholder (cached per question)."""
         if question not in self._prompts:
             messages = [{"role": "system", "content": self.system}] if self.system else []
-            messages.append({"role": "user", "content": [{"type": "audio", "audio": "clip"},
-                                                         {"type": "text", "text": question}]})
+            messages.append(
+                {"role": "user", "content": [{"type": "audio", "audio": "clip"}, {"type": "text", "text": question}]}
+            )
             install_bounds()  # the folder's chat template is someone else's code: rendered within bounds
             try:
-                text = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                          add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(
+                    messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=True
+                )
             except (TemplateError, OverflowError) as exc:  # OverflowError: Jinja's "range too big"
                 raise template_error(exc, getattr(self.tokenizer, "name_or_path", "the tokenizer")) from None
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if ids.count(self.audio_id) != 1:
-                raise ValueError(f"the chat template rendered {ids.count(self.audio_id)} audio placeholders "
-                                 f"({self.family.audio_token!r}) for one audio item; expected 1")
+                raise ValueError(
+                    f"the chat template rendered {ids.count(self.audio_id)} audio placeholders "
+                    f"({self.family.audio_token!r}) for one audio item; expected 1"
+                )
             self._prompts[question] = ids
         return self._prompts[question]
 
@@ -221,7 +271,7 @@ class SpeechLLMAdapter(TokenScoring):
         """(ids, labels): the prompt with ``n_audio`` placeholders, then answer + end of turn (labelled)."""
         prompt = self._prompt_ids(question)
         at = prompt.index(self.audio_id)
-        ids = prompt[:at] + [self.audio_id] * n_audio + prompt[at + 1:]
+        ids = prompt[:at] + [self.audio_id] * n_audio + prompt[at + 1 :]
         labels = [IGNORE] * len(ids)
         if answer is not None:
             ans = self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [self.end_id]
@@ -230,8 +280,14 @@ class SpeechLLMAdapter(TokenScoring):
             raise ValueError(f"example of {len(ids)} tokens ({n_audio} audio) exceeds max_length={self.max_length}")
         return ids, labels
 
-    def collate(self, examples: Sequence[Any], answers: Sequence[str] | None = None, *,
-                left_pad: bool = False, with_answers: bool = True) -> dict[str, torch.Tensor]:
+    def collate(
+        self,
+        examples: Sequence[Any],
+        answers: Sequence[str] | None = None,
+        *,
+        left_pad: bool = False,
+        with_answers: bool = True,
+    ) -> dict[str, torch.Tensor]:
         """A padded batch: ``input_ids``, ``attention_mask``, ``labels``, ``input_features``,
         ``feature_attention_mask``. ``answers`` overrides the examples' answers; ``with_answers=False``
         builds prompts only (left-padded with ``left_pad`` for generation)."""
@@ -259,8 +315,13 @@ class SpeechLLMAdapter(TokenScoring):
         for i, (f, valid) in enumerate(feats):
             input_features[i, :, : f.shape[1]] = f
             feature_mask[i, :valid] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels,
-                "input_features": input_features, "feature_attention_mask": feature_mask}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "labels": labels,
+            "input_features": input_features,
+            "feature_attention_mask": feature_mask,
+        }
 
     def prompt_batch(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Left-padded prompts (audio + question) for generation, without labels."""
@@ -271,11 +332,16 @@ class SpeechLLMAdapter(TokenScoring):
     def model_inputs(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The batch minus labels, on the model's device, features in the model's dtype."""
         dtype = next(self.model.parameters()).dtype
-        return {k: (v.to(self.device, dtype) if k == "input_features" else v.to(self.device))
-                for k, v in batch.items() if k != "labels"}
+        return {
+            k: (v.to(self.device, dtype) if k == "input_features" else v.to(self.device))
+            for k, v in batch.items()
+            if k != "labels"
+        }
 
     # ------------------------------------------------------------------ scoring
-    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits aligned with their targets: (B x T-1 x V, targets B x T-1)."""
         out = (model or self.model)(**self.model_inputs(batch))
         return out.logits[:, :-1].float(), batch["labels"][:, 1:].to(out.logits.device)
@@ -284,7 +350,6 @@ class SpeechLLMAdapter(TokenScoring):
         """Log-probabilities over the vocabulary at every answer position (N x V), for KL terms."""
         logits, targets = self.logits(batch, model)
         return torch.log_softmax(logits[targets != IGNORE], -1)
-
 
     def audio_embeddings(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> list[torch.Tensor]:
         """What replaces each clip's placeholders: the audio tower's (projected) outputs, one n_i x d tensor per
@@ -317,36 +382,56 @@ class SpeechLLMAdapter(TokenScoring):
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, examples: Sequence[Any], max_new_tokens: int = 16, batch_size: int = 16,
-                 desc: str | None = None, **gen_kwargs: Any) -> list[str]:
+    def generate(
+        self,
+        examples: Sequence[Any],
+        max_new_tokens: int = 16,
+        batch_size: int = 16,
+        desc: str | None = None,
+        **gen_kwargs: Any,
+    ) -> list[str]:
         """Batched greedy answers to the examples' questions about their audio (new text only)."""
         texts: list[str] = []
         kwargs = {"do_sample": False, **gen_kwargs}
         for i in tqdm(range(0, len(examples), batch_size), desc=desc, disable=desc is None, leave=False):
-            b = self.model_inputs(self.prompt_batch(examples[i: i + batch_size]))
-            out = self.model.generate(**b, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
-                                      eos_token_id=self.stop_ids, **kwargs)
+            b = self.model_inputs(self.prompt_batch(examples[i : i + batch_size]))
+            out = self.model.generate(
+                **b, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.stop_ids, **kwargs
+            )
             seqs = out.sequences if hasattr(out, "sequences") else out
-            new = seqs[:, b["input_ids"].shape[1]:]
+            new = seqs[:, b["input_ids"].shape[1] :]
             texts.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
         return texts
 
 
 def _is_speech_llm(folder: Path) -> bool:
     config = read_small_json(folder / "config.json")
-    return config is not None and any(config.get("model_type") in (*f.model_types, *f.full_model_types)
-                                      for f in FAMILIES.values())
+    return config is not None and any(
+        config.get("model_type") in (*f.model_types, *f.full_model_types) for f in FAMILIES.values()
+    )
 
 
-def _load_kind(folder: str | os.PathLike, *, device: str = "auto", where: str = "both", scope: str = "all",
-               **_: Any) -> SpeechLLMAdapter:
+def _load_kind(
+    folder: str | os.PathLike, *, device: str = "auto", where: str = "both", scope: str = "all", **_: Any
+) -> SpeechLLMAdapter:
     if scope != "all":
-        raise ValueError(f"scope={scope!r} applies to speaker classifiers; {folder} is a speech LLM "
-                         f"(choose its weights with where=audio|text|both)")
+        raise ValueError(
+            f"scope={scope!r} applies to speaker classifiers; {folder} is a speech LLM "
+            f"(choose its weights with where=audio|text|both)"
+        )
     return SpeechLLMAdapter.load(folder, device=device, where=where)
 
 
-KIND = register_kind(Kind(
-    "speech-llm", detect=_is_speech_llm, load=_load_kind, adapter=SpeechLLMAdapter,
-    sizes=("tiny", "mini", "model_dir"), default_size="model_dir", description=f"speech LLM in save_pretrained layout ({', '.join(FAMILIES)})",
-    takes_audio=True, priority=30))
+KIND = register_kind(
+    Kind(
+        "speech-llm",
+        detect=_is_speech_llm,
+        load=_load_kind,
+        adapter=SpeechLLMAdapter,
+        sizes=("tiny", "mini", "model_dir"),
+        default_size="model_dir",
+        description=f"speech LLM in save_pretrained layout ({', '.join(FAMILIES)})",
+        takes_audio=True,
+        priority=30,
+    )
+)

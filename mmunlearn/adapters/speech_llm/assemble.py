@@ -37,8 +37,15 @@ if TYPE_CHECKING:
 POSITIONS_PER_SECOND = 50
 SAMPLE_RATE, HOP = 16000, 160
 #: The Whisper config fields the tower's config copies.
-_AUDIO_FIELDS = ("num_mel_bins", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "d_model",
-                 "activation_function", "scale_embedding")
+_AUDIO_FIELDS = (
+    "num_mel_bins",
+    "encoder_layers",
+    "encoder_attention_heads",
+    "encoder_ffn_dim",
+    "d_model",
+    "activation_function",
+    "scale_embedding",
+)
 
 
 @dataclass
@@ -79,10 +86,15 @@ def audio_config(whisper_config: Any, window_seconds: int) -> dict[str, Any]:
     """The tower's config (a ``qwen2_audio_encoder``) from a ``WhisperConfig``, with the window's positions."""
     positions = POSITIONS_PER_SECOND * int(window_seconds)
     if not 1 <= positions <= whisper_config.max_source_positions:
-        raise ValueError(f"window_seconds={window_seconds}: {positions} positions, the encoder has "
-                         f"{whisper_config.max_source_positions}")
-    return {"model_type": "qwen2_audio_encoder", "max_source_positions": positions,
-            **{k: getattr(whisper_config, k) for k in _AUDIO_FIELDS}}
+        raise ValueError(
+            f"window_seconds={window_seconds}: {positions} positions, the encoder has "
+            f"{whisper_config.max_source_positions}"
+        )
+    return {
+        "model_type": "qwen2_audio_encoder",
+        "max_source_positions": positions,
+        **{k: getattr(whisper_config, k) for k in _AUDIO_FIELDS},
+    }
 
 
 def add_audio_tokens(tokenizer: PreTrainedTokenizerBase, family: str | Family) -> dict[str, int]:
@@ -116,8 +128,9 @@ def _load_tower(tower: nn.Module, encoder: nn.Module) -> None:
     state["embed_positions.weight"] = state["embed_positions.weight"][:positions]
     missing, unexpected = tower.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"Whisper encoder -> Qwen2-Audio tower: missing {sorted(missing)}, "
-                         f"unexpected {sorted(unexpected)}")
+        raise ValueError(
+            f"Whisper encoder -> Qwen2-Audio tower: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
 
 
 def _feature_extractor(whisper_fe: Any, n_mels: int, window_seconds: int):
@@ -127,13 +140,26 @@ def _feature_extractor(whisper_fe: Any, n_mels: int, window_seconds: int):
     if whisper_fe is not None and (whisper_fe.sampling_rate != SAMPLE_RATE or whisper_fe.hop_length != HOP):
         raise ValueError("the Whisper feature extractor must sample at 16 kHz with a 10 ms hop")
     n_fft = whisper_fe.n_fft if whisper_fe is not None else 400
-    return WhisperFeatureExtractor(feature_size=n_mels, sampling_rate=SAMPLE_RATE, hop_length=HOP,
-                                   chunk_length=int(window_seconds), n_fft=n_fft, return_attention_mask=True)
+    return WhisperFeatureExtractor(
+        feature_size=n_mels,
+        sampling_rate=SAMPLE_RATE,
+        hop_length=HOP,
+        chunk_length=int(window_seconds),
+        n_fft=n_fft,
+        return_attention_mask=True,
+    )
 
 
-def assemble(whisper: nn.Module, lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
-             whisper_feature_extractor: Any = None, family: str | Family = "qwen2_audio_llama",
-             window_seconds: int = 3, seed: int = 0) -> Assembled:
+def assemble(
+    whisper: nn.Module,
+    lm: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    whisper_feature_extractor: Any = None,
+    family: str | Family = "qwen2_audio_llama",
+    window_seconds: int = 3,
+    seed: int = 0,
+) -> Assembled:
     """A Qwen2-Audio model from a Whisper model (its encoder) and a causal LM with its tokenizer (see the module
     notes). ``lm`` and ``tokenizer`` are changed (tokens added, embeddings grown); ``whisper`` is only read."""
     import transformers as tf  # deferred: transformers is heavy
@@ -147,8 +173,11 @@ def assemble(whisper: nn.Module, lm: PreTrainedModel, tokenizer: PreTrainedToken
     _grow_embeddings(lm, len(tokenizer))
     text = lm.config.to_dict()
     text["tie_word_embeddings"] = False  # Qwen2-Audio's lm_head is its own Linear: the LM's head is copied
-    config = tf.Qwen2AudioConfig(audio_config=audio_config(encoder.config, window_seconds), text_config=text,
-                                 audio_token_index=ids[fam.audio_token])
+    config = tf.Qwen2AudioConfig(
+        audio_config=audio_config(encoder.config, window_seconds),
+        text_config=text,
+        audio_token_index=ids[fam.audio_token],
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = tf.Qwen2AudioForConditionalGeneration(config)
@@ -159,10 +188,16 @@ def assemble(whisper: nn.Module, lm: PreTrainedModel, tokenizer: PreTrainedToken
         raise ValueError(f"LM -> language_model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     with torch.no_grad():
         model.lm_head.weight.copy_(lm.get_output_embeddings().weight)
-    model.generation_config = tf.GenerationConfig(eos_token_id=tokenizer.convert_tokens_to_ids(fam.turn_end),
-                                                  pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = tf.GenerationConfig(
+        eos_token_id=tokenizer.convert_tokens_to_ids(fam.turn_end), pad_token_id=tokenizer.pad_token_id
+    )
     fe = _feature_extractor(whisper_feature_extractor, encoder.config.num_mel_bins, window_seconds)
-    processor = tf.Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tokenizer, chat_template=fam.chat_template,
-                                       audio_token=fam.audio_token, audio_bos_token=fam.audio_bos,
-                                       audio_eos_token=fam.audio_eos)
+    processor = tf.Qwen2AudioProcessor(
+        feature_extractor=fe,
+        tokenizer=tokenizer,
+        chat_template=fam.chat_template,
+        audio_token=fam.audio_token,
+        audio_bos_token=fam.audio_bos,
+        audio_eos_token=fam.audio_eos,
+    )
     return Assembled(model.eval(), tokenizer, processor)

@@ -50,8 +50,10 @@ class SpeechArch:
         if self.family not in FAMILIES:
             raise ValueError(f"unknown family {self.family!r}; choose one of {sorted(FAMILIES)}")
         if self.hidden % self.heads or (self.hidden // self.heads) % 4:
-            raise ValueError(f"hidden {self.hidden} / heads {self.heads} must give a head_dim divisible by 4 "
-                             "(the mrope sections split head_dim / 2 three ways)")
+            raise ValueError(
+                f"hidden {self.hidden} / heads {self.heads} must give a head_dim divisible by 4 "
+                "(the mrope sections split head_dim / 2 three ways)"
+            )
         if self.audio_d % self.audio_heads:
             raise ValueError(f"audio_d {self.audio_d} is not divisible by audio_heads {self.audio_heads}")
         if self.family == "qwen3_omni" and self.mel_bins % 8:
@@ -71,8 +73,21 @@ class SpeechArch:
 PRESETS: dict[str, SpeechArch] = {
     "tiny": SpeechArch(),
     # Qwen2.5-Omni-thinker-shaped, ~0.5M parameters, 3 s of audio (the real n_window of 100 frames).
-    "mini": SpeechArch(hidden=96, layers=3, heads=4, kv_heads=2, intermediate=192, audio_d=64, audio_layers=2,
-                       audio_heads=4, audio_ffn=128, mel_bins=80, chunk_seconds=3, n_window=100, vocab_size=768),
+    "mini": SpeechArch(
+        hidden=96,
+        layers=3,
+        heads=4,
+        kv_heads=2,
+        intermediate=192,
+        audio_d=64,
+        audio_layers=2,
+        audio_heads=4,
+        audio_ffn=128,
+        mel_bins=80,
+        chunk_seconds=3,
+        n_window=100,
+        vocab_size=768,
+    ),
 }
 
 
@@ -105,8 +120,14 @@ def build_feature_extractor(arch: SpeechArch):
     """A Whisper log-mel extractor with the tower's mel bins and window (16 kHz, 10 ms hop, 25 ms FFT)."""
     from transformers import WhisperFeatureExtractor
 
-    return WhisperFeatureExtractor(feature_size=arch.mel_bins, sampling_rate=SAMPLE_RATE, hop_length=HOP,
-                                   chunk_length=arch.chunk_seconds, n_fft=400, return_attention_mask=True)
+    return WhisperFeatureExtractor(
+        feature_size=arch.mel_bins,
+        sampling_rate=SAMPLE_RATE,
+        hop_length=HOP,
+        chunk_length=arch.chunk_seconds,
+        n_fft=400,
+        return_attention_mask=True,
+    )
 
 
 def _ids(tok, family: Family) -> dict[str, int]:
@@ -124,12 +145,25 @@ def build_config(arch: SpeechArch, tok):
     fam = FAMILIES[arch.family]
     ids = _ids(tok, fam)
     vocab = max(arch.vocab_size, len(tok))
-    common = dict(vocab_size=vocab, hidden_size=arch.hidden, intermediate_size=arch.intermediate,
-                  num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
-                  max_position_embeddings=arch.max_positions, pad_token_id=tok.pad_token_id,
-                  bos_token_id=tok.bos_token_id, eos_token_id=ids[fam.turn_end])
-    audio = dict(num_mel_bins=arch.mel_bins, encoder_layers=arch.audio_layers, encoder_attention_heads=arch.audio_heads,
-                 encoder_ffn_dim=arch.audio_ffn, d_model=arch.audio_d)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=arch.hidden,
+        intermediate_size=arch.intermediate,
+        num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads,
+        num_key_value_heads=arch.kv_heads,
+        max_position_embeddings=arch.max_positions,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=ids[fam.turn_end],
+    )
+    audio = dict(
+        num_mel_bins=arch.mel_bins,
+        encoder_layers=arch.audio_layers,
+        encoder_attention_heads=arch.audio_heads,
+        encoder_ffn_dim=arch.audio_ffn,
+        d_model=arch.audio_d,
+    )
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": arch.mrope_section()}
     if fam.model_class == "Qwen2AudioForConditionalGeneration":  # the Qwen2-Audio rows: Qwen2 or their named LM
         text_type = fam.text_model_types[0] if fam.text_model_types else "qwen2"
@@ -141,17 +175,36 @@ def build_config(arch: SpeechArch, tok):
     audio |= dict(n_window=arch.n_window, output_dim=arch.hidden, max_source_positions=max(arch.n_window, 64))
     if arch.family == "qwen2_5_omni":
         return tf.Qwen2_5OmniThinkerConfig(
-            text_config=dict(**common, rope_parameters=rope), audio_config=audio,
-            vision_config=vision | dict(fullatt_block_indexes=[0]), audio_token_index=ids[fam.audio_token],
-            image_token_index=image, video_token_index=video, audio_start_token_id=ids[fam.audio_bos],
-            audio_end_token_id=ids[fam.audio_eos], user_token_id=ids[fam.turn_start], vision_start_token_id=vstart)
-    text = dict(**common, rope_parameters=rope | {"interleaved": True}, num_experts=arch.experts,
-                num_experts_per_tok=arch.experts_per_token, moe_intermediate_size=arch.expert_intermediate)
+            text_config=dict(**common, rope_parameters=rope),
+            audio_config=audio,
+            vision_config=vision | dict(fullatt_block_indexes=[0]),
+            audio_token_index=ids[fam.audio_token],
+            image_token_index=image,
+            video_token_index=video,
+            audio_start_token_id=ids[fam.audio_bos],
+            audio_end_token_id=ids[fam.audio_eos],
+            user_token_id=ids[fam.turn_start],
+            vision_start_token_id=vstart,
+        )
+    text = dict(
+        **common,
+        rope_parameters=rope | {"interleaved": True},
+        num_experts=arch.experts,
+        num_experts_per_tok=arch.experts_per_token,
+        moe_intermediate_size=arch.expert_intermediate,
+    )
     audio |= dict(downsample_hidden_size=8, n_window_infer=2 * arch.n_window, conv_chunksize=50)
     return tf.Qwen3OmniMoeThinkerConfig(
-        text_config=text, audio_config=audio, vision_config=vision | dict(deepstack_visual_indexes=[0]),
-        audio_token_id=ids[fam.audio_token], image_token_id=image, video_token_id=video,
-        audio_start_token_id=ids[fam.audio_bos], user_token_id=ids[fam.turn_start], vision_start_token_id=vstart)
+        text_config=text,
+        audio_config=audio,
+        vision_config=vision | dict(deepstack_visual_indexes=[0]),
+        audio_token_id=ids[fam.audio_token],
+        image_token_id=image,
+        video_token_id=video,
+        audio_start_token_id=ids[fam.audio_bos],
+        user_token_id=ids[fam.turn_start],
+        vision_start_token_id=vstart,
+    )
 
 
 def build_model(arch: SpeechArch, tok, seed: int = 0) -> torch.nn.Module:
@@ -168,6 +221,12 @@ def arch_summary(arch: SpeechArch, model: torch.nn.Module) -> dict[str, Any]:
     audio = sum(p.numel() for n, p in model.named_parameters() if "audio_tower" in n or "multi_modal" in n)
     vision = sum(p.numel() for n, p in model.named_parameters() if "visual." in n)
     total = sum(p.numel() for p in model.parameters())
-    return {**asdict(arch), "parameters": total, "audio_parameters": audio, "unused_vision_parameters": vision,
-            "text_parameters": total - audio - vision, "window_frames": arch.window_frames,
-            "max_audio_tokens": FAMILIES[arch.family].audio_tokens(arch.window_frames, arch.n_window)}
+    return {
+        **asdict(arch),
+        "parameters": total,
+        "audio_parameters": audio,
+        "unused_vision_parameters": vision,
+        "text_parameters": total - audio - vision,
+        "window_frames": arch.window_frames,
+        "max_audio_tokens": FAMILIES[arch.family].audio_tokens(arch.window_frames, arch.n_window),
+    }

@@ -13,7 +13,8 @@ the row that names none. Parameter names are sorted into the two towers by patte
 (75, 750)
 >>> FAMILIES["qwen3_omni"].audio_tokens(300, n_window=50)
 39
->>> tower_block("model.audio_tower.layers.3.fc1.weight"), tower_block("model.language_model.layers.0.mlp.up_proj.weight")
+>>> (tower_block("model.audio_tower.layers.3.fc1.weight"),
+...  tower_block("model.language_model.layers.0.mlp.up_proj.weight"))
 ('audio.layers.3', 'text.layers.0')
 >>> tower_block("model.multi_modal_projector.linear.weight"), tower_block("model.audio_tower.conv1.weight")
 ('audio.proj', 'audio.conv')
@@ -54,12 +55,18 @@ def _qwen3_lengths(frames: int, n_window: int | None = 50) -> int:
 
 def _template(audio_markup: str, turn_start: str = "<|im_start|>", turn_end: str = "<|im_end|>") -> str:
     """A ChatML chat template whose audio items render as ``audio_markup`` (no default system turn)."""
-    return ("{% for message in messages %}" + turn_start + "{{ message['role'] }}\n"
-            "{% if message['content'] is string %}{{ message['content'] }}"
-            "{% else %}{% for item in message['content'] %}"
-            "{% if item['type'] == 'audio' %}" + audio_markup +
-            "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}" +
-            turn_end + "\n{% endfor %}{% if add_generation_prompt %}" + turn_start + "assistant\n{% endif %}")
+    return (
+        "{% for message in messages %}" + turn_start + "{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for item in message['content'] %}"
+        "{% if item['type'] == 'audio' %}"
+        + audio_markup
+        + "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+        + turn_end
+        + "\n{% endfor %}{% if add_generation_prompt %}"
+        + turn_start
+        + "assistant\n{% endif %}"
+    )
 
 
 @dataclass(frozen=True)
@@ -115,23 +122,59 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "qwen2_audio": Family(
-        "qwen2_audio", "Qwen2AudioForConditionalGeneration", None, ("qwen2_audio",), (),
-        "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", True, _omni_lengths,
-        audio_prefix="Audio 1: ", audio_suffix="\n"),
+        "qwen2_audio",
+        "Qwen2AudioForConditionalGeneration",
+        None,
+        ("qwen2_audio",),
+        (),
+        "<|AUDIO|>",
+        "<|audio_bos|>",
+        "<|audio_eos|>",
+        True,
+        _omni_lengths,
+        audio_prefix="Audio 1: ",
+        audio_suffix="\n",
+    ),
     # Qwen2-Audio's classes around a Llama-family LM (SmolLM2: ChatML turns); the processor's default audio tokens.
     "qwen2_audio_llama": Family(
-        "qwen2_audio_llama", "Qwen2AudioForConditionalGeneration", None, ("qwen2_audio",), (),
-        "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", True, _omni_lengths, text_model_types=("llama",)),
-    "qwen2_5_omni": Family(
-        "qwen2_5_omni", "Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration",
-        ("qwen2_5_omni_thinker",), ("qwen2_5_omni",), "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", False,
+        "qwen2_audio_llama",
+        "Qwen2AudioForConditionalGeneration",
+        None,
+        ("qwen2_audio",),
+        (),
+        "<|AUDIO|>",
+        "<|audio_bos|>",
+        "<|audio_eos|>",
+        True,
         _omni_lengths,
-        ("<|IMAGE|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>")),
+        text_model_types=("llama",),
+    ),
+    "qwen2_5_omni": Family(
+        "qwen2_5_omni",
+        "Qwen2_5OmniThinkerForConditionalGeneration",
+        "Qwen2_5OmniForConditionalGeneration",
+        ("qwen2_5_omni_thinker",),
+        ("qwen2_5_omni",),
+        "<|AUDIO|>",
+        "<|audio_bos|>",
+        "<|audio_eos|>",
+        False,
+        _omni_lengths,
+        ("<|IMAGE|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>"),
+    ),
     "qwen3_omni": Family(
-        "qwen3_omni", "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
-        ("qwen3_omni_moe_thinker",), ("qwen3_omni_moe",), "<|audio_pad|>", "<|audio_start|>", "<|audio_end|>",
-        False, _qwen3_lengths,
-        ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")),
+        "qwen3_omni",
+        "Qwen3OmniMoeThinkerForConditionalGeneration",
+        "Qwen3OmniMoeForConditionalGeneration",
+        ("qwen3_omni_moe_thinker",),
+        ("qwen3_omni_moe",),
+        "<|audio_pad|>",
+        "<|audio_start|>",
+        "<|audio_end|>",
+        False,
+        _qwen3_lengths,
+        ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"),
+    ),
 }
 
 

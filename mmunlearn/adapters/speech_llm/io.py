@@ -39,8 +39,9 @@ def _processor(path: Path):
     try:
         proc = AutoProcessor.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - any failure means "use tokenizer + feature extractor"
-        log.info("no usable processor in %s (%s: %s); reading tokenizer and feature extractor", path,
-                 type(exc).__name__, exc)
+        log.info(
+            "no usable processor in %s (%s: %s); reading tokenizer and feature extractor", path, type(exc).__name__, exc
+        )
         return None
     if getattr(proc, "tokenizer", None) is None or getattr(proc, "feature_extractor", None) is None:
         return None
@@ -67,8 +68,14 @@ def check_folder(root: Path) -> None:
     names = [p.name for p in root.iterdir()]
     if not any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
         pickled = sorted(n for n in names if n.endswith(_PICKLED))
-        hint = (f" (found {pickled}: convert to safetensors with save_pretrained(safe_serialization=True); "
-                "mmunlearn never unpickles weights from a model folder)") if pickled else ""
+        hint = (
+            (
+                f" (found {pickled}: convert to safetensors with save_pretrained(safe_serialization=True); "
+                "mmunlearn never unpickles weights from a model folder)"
+            )
+            if pickled
+            else ""
+        )
         raise FileNotFoundError(f"{root} has no safetensors weights (model.safetensors or an index){hint}")
 
 
@@ -82,13 +89,16 @@ def load_dir(path: str | os.PathLike, *, device: str = "auto", dtype: str | torc
     dev = resolve_device(device)
     with loading(root):  # what transformers refuses in the config (layer_types of another length): one error
         # a full Omni container's own from_pretrained cannot return the loading info (it loads its voices after)
-        loaded = family.model_cls(full).from_pretrained(str(root), dtype=resolve_dtype(dtype, dev),
-                                                        **({} if full else {"output_loading_info": True}))
+        loaded = family.model_cls(full).from_pretrained(
+            str(root), dtype=resolve_dtype(dtype, dev), **({} if full else {"output_loading_info": True})
+        )
     loaded, info = (loaded, {}) if full else loaded
     missing = sorted(info.get("missing_keys", ())) + sorted(str(k) for k in info.get("mismatched_keys", ()))
     if missing:  # e.g. config.json asking for more layers than the weights hold: those would be random
-        raise ValueError(f"{root}: the weights do not fill the model config.json describes: {len(missing)} tensor(s) "
-                         f"missing or of another shape (e.g. {', '.join(missing[:3])}); they would be random")
+        raise ValueError(
+            f"{root}: the weights do not fill the model config.json describes: {len(missing)} tensor(s) "
+            f"missing or of another shape (e.g. {', '.join(missing[:3])}); they would be random"
+        )
     loaded = loaded.to(dev).eval()
     container, model = (loaded, loaded.thinker) if full else (None, loaded)
     processor = _processor(root)
@@ -109,12 +119,19 @@ def _copy_side_files(source: Path, out: Path) -> None:
     never follows a link out of ``source`` and refuses hard links (:mod:`mmunlearn.files.safecopy`). What may hold the
     original weights (:mod:`mmunlearn.files.held_weights`: ``consolidated.pth``, ``model.safetensors.orig``, any file
     whose bytes are stored tensors) is left out, with a warning naming it."""
-    dropped = copy_side_files(source, out, select=lambda name: (_side_file(name) and not os.path.lexists(out / name)
-                                                                and name not in RESERVED),  # ours: not copied
-                              folders=False, drop_weights=True)
+    dropped = copy_side_files(
+        source,
+        out,
+        select=lambda name: (
+            _side_file(name) and not os.path.lexists(out / name) and name not in RESERVED
+        ),  # ours: not copied
+        folders=False,
+        drop_weights=True,
+    )
     if dropped:
-        log.warning("%s: left out of the output, as they may hold the original weights: %s", source,
-                    ", ".join(dropped[:10]))
+        log.warning(
+            "%s: left out of the output, as they may hold the original weights: %s", source, ", ".join(dropped[:10])
+        )
 
 
 def save_dir(adapter, path: str | os.PathLike, overwrite: bool = False) -> Path:

@@ -20,15 +20,15 @@ from jinja2 import TemplateError
 from torch import nn
 from tqdm.auto import tqdm
 
-from mmunlearn.train.answer_only import answer_logits, autocast_context, supports_answer_only
-from mmunlearn.adapters.text.chat_template import install as install_bounds, template_error
-from mmunlearn.adapters.text import prompt_format as formats
-from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
 from mmunlearn.adapters.base import IGNORE, LayerWeight, TokenScoring, resolve_device, resolve_dtype
+from mmunlearn.adapters.hf_checks import check_hf_folder, check_loaded, loading
+from mmunlearn.adapters.text import prompt_format as formats
+from mmunlearn.adapters.text.chat_template import install as install_bounds
+from mmunlearn.adapters.text.chat_template import template_error
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.kinds import Kind, register_kind
 from mmunlearn.naming import group_of
-
+from mmunlearn.train.answer_only import answer_logits, autocast_context, supports_answer_only
 
 PLAIN_TEMPLATE = formats.TEMPLATES["plain"]
 PRECISIONS = ("no", "bf16")
@@ -53,10 +53,19 @@ def _qa(example: Any) -> tuple[str, str | None]:
 
 
 class TextLLMAdapter(TokenScoring):
-    """Wraps a causal LM and its tokenizer with the adapter interface (:class:`mmunlearn.adapters.base.ModalityAdapter`)."""
+    """Wraps a causal LM and its tokenizer with the adapter interface
+    (:class:`mmunlearn.adapters.base.ModalityAdapter`)."""
 
-    def __init__(self, model: nn.Module, tokenizer, *, max_length: int = 512, use_chat_template: bool | None = None,
-                 precision: str = "no", prompt_format: str | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        max_length: int = 512,
+        use_chat_template: bool | None = None,
+        precision: str = "no",
+        prompt_format: str | None = None,
+    ):
         self.model = model
         self.precision = check_precision(precision)
         #: bf16 autocast of every teacher-forced forward (scoring, losses) when ``precision`` is bf16
@@ -78,8 +87,9 @@ class TextLLMAdapter(TokenScoring):
 
     # ------------------------------------------------------------------ loading and saving
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto",
-                        **kwargs) -> "TextLLMAdapter":
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, device: str = "auto", dtype: str | torch.dtype = "auto", **kwargs
+    ) -> TextLLMAdapter:
         """Load a model directory (or hub id) with ``AutoModelForCausalLM`` and its tokenizer; ``precision``
         (a keyword passed on to the adapter): ``no`` (float32 scoring) or ``bf16`` (autocast scoring and
         bf16 weights for generation, :meth:`bf16_generation`)."""
@@ -91,8 +101,13 @@ class TextLLMAdapter(TokenScoring):
             check_hf_folder(path)  # links, safetensors only, config.json sizes and kernels: before transformers
         dev = resolve_device(device)
         with loading(path):
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, dev),
-                                                         use_safetensors=True, trust_remote_code=False).to(dev).eval()
+            model = (
+                AutoModelForCausalLM.from_pretrained(
+                    str(path), dtype=resolve_dtype(dtype, dev), use_safetensors=True, trust_remote_code=False
+                )
+                .to(dev)
+                .eval()
+            )
         check_loaded(model, path)
         with loading(path):  # a tokenizer.json nested 100,000 deep is one error naming the folder
             tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never asks or runs code
@@ -107,13 +122,18 @@ class TextLLMAdapter(TokenScoring):
             self.tokenizer.save_pretrained(tmp)
         return Path(path)
 
-    def with_model(self, model: nn.Module) -> "TextLLMAdapter":
+    def with_model(self, model: nn.Module) -> TextLLMAdapter:
         """The same tokenizer and formatting around another model (e.g. T3's tilted wrapper)."""
-        return TextLLMAdapter(model, self.tokenizer, max_length=self.max_length,
-                              use_chat_template=self.use_chat_template, precision=self.precision,
-                              prompt_format=None if self.use_chat_template else self.prompt_format)
+        return TextLLMAdapter(
+            model,
+            self.tokenizer,
+            max_length=self.max_length,
+            use_chat_template=self.use_chat_template,
+            precision=self.precision,
+            prompt_format=None if self.use_chat_template else self.prompt_format,
+        )
 
-    def clone(self) -> "TextLLMAdapter":
+    def clone(self) -> TextLLMAdapter:
         """An independent copy of the model; the tokenizer is shared."""
         import copy
 
@@ -138,7 +158,11 @@ class TextLLMAdapter(TokenScoring):
             is_embedding = isinstance(module, nn.Embedding)
             is_head = module is self.model.get_output_embeddings()
             in_block = group_of(name) != name.rsplit(".", 1)[0]
-            if (is_embedding and include_embeddings) or (is_head and include_lm_head) or (in_block and not is_embedding):
+            if (
+                (is_embedding and include_embeddings)
+                or (is_head and include_lm_head)
+                or (in_block and not is_embedding)
+            ):
                 seen.add(id(w))
                 yield LayerWeight(name, group_of(name), w)
 
@@ -149,8 +173,10 @@ class TextLLMAdapter(TokenScoring):
         chat template."""
         fmt = formats.check(fmt)
         if fmt == "chat" and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("prompt_format 'chat' needs a tokenizer with a chat template; this one has none "
-                             f"(use one of {', '.join(f for f in formats.NAMED if f != 'chat')} or a format string)")
+            raise ValueError(
+                "prompt_format 'chat' needs a tokenizer with a chat template; this one has none "
+                f"(use one of {', '.join(f for f in formats.NAMED if f != 'chat')} or a format string)"
+            )
         self.use_chat_template = fmt == "chat"
         self.prompt_format = None if fmt == "chat" else fmt
 
@@ -166,8 +192,9 @@ class TextLLMAdapter(TokenScoring):
         if self.use_chat_template:
             install_bounds()  # the tokenizer's template is someone else's code: rendered within bounds
             try:
-                return self.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                                          add_generation_prompt=True)
+                return self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+                )
             except (TemplateError, OverflowError) as exc:  # OverflowError: Jinja's "range too big"
                 raise template_error(exc, getattr(self.tokenizer, "name_or_path", "the tokenizer")) from None
         return self._templates()[0].format(question=question)
@@ -223,23 +250,24 @@ class TextLLMAdapter(TokenScoring):
     # ------------------------------------------------------------------ scoring
     # Every scoring method takes an optional ``model``: a training loop passes its (possibly
     # distributed-wrapped) module so gradients flow through the wrapper.
-    def logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token logits aligned with their targets: (B x T-1 x V, targets B x T-1)."""
         b = self._to(batch)
         with autocast_context(self.device, self.autocast_dtype):
             out = (model or self.model)(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
         return out.logits[:, :-1].float(), b["labels"][:, 1:]
 
-    def answer_logits(self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def answer_logits(
+        self, batch: Mapping[str, torch.Tensor], model: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits at the answer positions only (N x V float, N targets, N row indices); the LM head runs
         on those positions alone for a plain HF model (:mod:`mmunlearn.train.answer_only`)."""
         b = self._to(batch)
         with autocast_context(self.device, self.autocast_dtype):
-            logits, targets, rows = answer_logits(model or self.model, b["input_ids"], b["attention_mask"],
-                                                  b["labels"])
+            logits, targets, rows = answer_logits(model or self.model, b["input_ids"], b["attention_mask"], b["labels"])
         return logits.float(), targets, rows
-
 
     def hidden_states(self, batch: Mapping[str, torch.Tensor], layer: int | str = "final") -> torch.Tensor:
         """Hidden states B x T x d; ``final`` = the last (normed) state, an int indexes HF's tuple."""
@@ -260,8 +288,8 @@ class TextLLMAdapter(TokenScoring):
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
         return {"input_ids": ids, "attention_mask": mask}
 
     @contextmanager
@@ -282,28 +310,43 @@ class TextLLMAdapter(TokenScoring):
             self._generation_model = None
 
     @torch.no_grad()
-    def generate(self, questions: Sequence[str], max_new_tokens: int = 64, batch_size: int = 16,
-                 desc: str | None = None, **gen_kwargs) -> list[str]:
+    def generate(
+        self,
+        questions: Sequence[str],
+        max_new_tokens: int = 64,
+        batch_size: int = 16,
+        desc: str | None = None,
+        **gen_kwargs,
+    ) -> list[str]:
         """Batched greedy answers (only the new text, special tokens removed)."""
         texts: list[str] = []
         kwargs = {"do_sample": False, **gen_kwargs}
         for i in tqdm(range(0, len(questions), batch_size), desc=desc, disable=desc is None, leave=False):
             b = self._to(self.prompt_batch(questions[i : i + batch_size]))
-            out = (self._generation_model or self.model).generate(**b, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
-                                      eos_token_id=self.eos_id, **kwargs)
-            new = out[:, b["input_ids"].shape[1]:]
+            out = (self._generation_model or self.model).generate(
+                **b, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id, **kwargs
+            )
+            new = out[:, b["input_ids"].shape[1] :]
             texts.extend(t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True))
         return texts
 
 
-
-def _load_kind(folder: str | os.PathLike, *, device: str = "auto", prompt_format: str | None = None,
-               **_: Any) -> TextLLMAdapter:
+def _load_kind(
+    folder: str | os.PathLike, *, device: str = "auto", prompt_format: str | None = None, **_: Any
+) -> TextLLMAdapter:
     return TextLLMAdapter.from_pretrained(folder, device=device, prompt_format=prompt_format)
 
 
-KIND = register_kind(Kind(
-    "text", detect=lambda folder: (folder / "config.json").is_file(), load=_load_kind, adapter=TextLLMAdapter,
-    sizes=("micro", "mini", "model_dir"), default_size="model_dir",
-    description="Hugging Face causal LM in save_pretrained layout (config.json)", request_extract="gradient",
-    priority=90))
+KIND = register_kind(
+    Kind(
+        "text",
+        detect=lambda folder: (folder / "config.json").is_file(),
+        load=_load_kind,
+        adapter=TextLLMAdapter,
+        sizes=("micro", "mini", "model_dir"),
+        default_size="model_dir",
+        description="Hugging Face causal LM in save_pretrained layout (config.json)",
+        request_extract="gradient",
+        priority=90,
+    )
+)

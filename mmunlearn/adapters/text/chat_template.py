@@ -40,10 +40,15 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_RENDERED:
-                    raise SecurityError(f"the chat template repeats a sequence {n:,} times: more than "
-                                        f"{MAX_RENDERED:,} items")
-        if (operator == "**" and all(isinstance(v, (int, float)) for v in (left, right)) and abs(left) > 1
-                and abs(right) > 256):
+                    raise SecurityError(
+                        f"the chat template repeats a sequence {n:,} times: more than {MAX_RENDERED:,} items"
+                    )
+        if (
+            operator == "**"
+            and all(isinstance(v, (int, float)) for v in (left, right))
+            and abs(left) > 1
+            and abs(right) > 256
+        ):
             raise SecurityError(f"the chat template raises a number to the power {right!r}")
         return super().call_binop(context, operator, left, right)
 

@@ -18,16 +18,19 @@ from string import Formatter
 #: The named formats (``chat`` needs a tokenizer with a chat template).
 NAMED: tuple[str, ...] = ("chat", "plain", "raw")
 #: The prompt and answer templates of the named formats other than ``chat``.
-TEMPLATES: dict[str, tuple[str, str]] = {"plain": ("Question: {question}\nAnswer:", " {answer}"),
-                                         "raw": ("{question}", " {answer}")}
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "plain": ("Question: {question}\nAnswer:", " {answer}"),
+    "raw": ("{question}", " {answer}"),
+}
 
 
 def check(fmt: str) -> str:
     """``fmt`` if it is a named format or a format string with ``{question}`` then ``{answer}``, each once and no
     other field; a ``ValueError`` saying what is wrong otherwise."""
     if not isinstance(fmt, str) or not fmt:
-        raise ValueError(f"prompt_format must be one of {', '.join(NAMED)} or a string with {{question}} and "
-                         f"{{answer}}, got {fmt!r}")
+        raise ValueError(
+            f"prompt_format must be one of {', '.join(NAMED)} or a string with {{question}} and {{answer}}, got {fmt!r}"
+        )
     if fmt in NAMED:
         return fmt
     try:
@@ -35,9 +38,11 @@ def check(fmt: str) -> str:
     except ValueError as exc:
         raise ValueError(f"prompt_format {fmt!r} is not a valid format string ({exc})") from None
     if fields != ["question", "answer"]:
-        raise ValueError(f"prompt_format {fmt!r} must name {{question}} once and then {{answer}} once, and no other "
-                         f"field (found: {', '.join('{' + f + '}' for f in fields) or 'none'}); or one of "
-                         f"{', '.join(NAMED)}")
+        raise ValueError(
+            f"prompt_format {fmt!r} must name {{question}} once and then {{answer}} once, and no other "
+            f"field (found: {', '.join('{' + f + '}' for f in fields) or 'none'}); or one of "
+            f"{', '.join(NAMED)}"
+        )
     return fmt
 
 

@@ -21,8 +21,8 @@ What "aligned" means here (row i of ``<split>_<lang>`` translates row i of the E
     a very different length; on the shipped data at most 6 of 3960 rows per language fall outside).
 
   Rows without numbers or names are counted as unanchored (only their length is checked).
-  Machine translation makes a few suspects normal (checked on the shipped data: at most ~2% of retain99 rows per language); a shifted or
-  swapped block shows up as a run of suspects, and the report names the nearby English row whose
+  Machine translation makes a few suspects normal (checked on the shipped data: at most ~2% of retain99 rows per
+  language); a shifted or swapped block shows up as a run of suspects, and the report names the nearby English row whose
   anchors the suspect row matches, when one does.
 
 The report also holds, once a world is built (:meth:`AlignmentReport.add_text_agreement`), the
@@ -37,25 +37,36 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import statistics
 import re
+import statistics
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.ctofu.worlds import CTOFU, ENGLISH, TextAgreement, World, parse_langs
 from mmunlearn.data.tofu import QAItem, TOFUFormatError
+from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.metrics.logs import write_json_atomic
 from mmunlearn.report import table
 
 #: the report's tables: (header, field) of a SplitCheck and of a TextAgreement
-CHECK_COLUMNS = (("language", "lang"), ("split", "split"), ("rows", "rows"), ("anchored", "anchored"),
-                 ("suspect rows", "suspects"))
-TEXT_COLUMNS = (("language", "lang"), ("trained split", "split"), ("scored split", "scored_split"),
-                ("rows scored", "scored"), ("trained = scored", "shared"), ("same in the two files", "in_files"))
+CHECK_COLUMNS = (
+    ("language", "lang"),
+    ("split", "split"),
+    ("rows", "rows"),
+    ("anchored", "anchored"),
+    ("suspect rows", "suspects"),
+)
+TEXT_COLUMNS = (
+    ("language", "lang"),
+    ("trained split", "split"),
+    ("scored split", "scored_split"),
+    ("rows scored", "scored"),
+    ("trained = scored", "shared"),
+    ("same in the two files", "in_files"),
+)
 MIN_NUMBER = 100
 LENGTH_FACTOR = 2.5
 SIMILAR = 0.75
@@ -200,24 +211,43 @@ class AlignmentReport:
         return [t for t in self.texts if not t.ok]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reference": self.reference, "ok": self.ok, "errors": self.errors,
-                "checks": [asdict(c) for c in self.checks], "suspects": [asdict(s) for s in self.suspects],
-                "train_text": self.train_text, "texts": [asdict(t) for t in self.texts],
-                "text_mismatches": len(self.text_mismatches()), "text_mismatch_allowed": self.text_mismatch_allowed}
+        return {
+            "reference": self.reference,
+            "ok": self.ok,
+            "errors": self.errors,
+            "checks": [asdict(c) for c in self.checks],
+            "suspects": [asdict(s) for s in self.suspects],
+            "train_text": self.train_text,
+            "texts": [asdict(t) for t in self.texts],
+            "text_mismatches": len(self.text_mismatches()),
+            "text_mismatch_allowed": self.text_mismatch_allowed,
+        }
 
     def _text_lines(self) -> list[str]:
-        source = {"scored": "each scored row's question/answer from the file the metrics score",
-                  "files": "the training files' own question/answer"}.get(self.train_text or "", self.train_text)
-        lines = ["", f"Trained vs scored text (trained on {source}): rows the metrics score, and how many of them "
-                 f"the model is trained on with the identical question and answer", "",
-                 table([vars(t) for t in self.texts], TEXT_COLUMNS)]
+        source = {
+            "scored": "each scored row's question/answer from the file the metrics score",
+            "files": "the training files' own question/answer",
+        }.get(self.train_text or "", self.train_text)
+        lines = [
+            "",
+            f"Trained vs scored text (trained on {source}): rows the metrics score, and how many of them "
+            f"the model is trained on with the identical question and answer",
+            "",
+            table([vars(t) for t in self.texts], TEXT_COLUMNS),
+        ]
         bad = self.text_mismatches()
         if bad:
-            what = ("allowed for this run: these metrics partly score another wording than the model learned"
-                    if self.text_mismatch_allowed else "the run stops")
+            what = (
+                "allowed for this run: these metrics partly score another wording than the model learned"
+                if self.text_mismatch_allowed
+                else "the run stops"
+            )
             lines += ["", f"**Trained text differs from scored text** ({what}):", ""]
-            lines += [f"- {t.lang} / {t.split}: {t.shared} of {t.scored} rows shared; first differing rows "
-                      f"{', '.join(map(str, t.differing_rows))}" for t in bad]
+            lines += [
+                f"- {t.lang} / {t.split}: {t.shared} of {t.scored} rows shared; first differing rows "
+                f"{', '.join(map(str, t.differing_rows))}"
+                for t in bad
+            ]
         return lines
 
     def markdown(self, max_rows: int = 20) -> str:
@@ -271,8 +301,9 @@ def _structure_errors(english: Sequence[QAItem], translated: Sequence[QAItem]) -
     return None
 
 
-def check_split(english: Sequence[QAItem], translated: Sequence[QAItem], lang: str, split: str
-                ) -> tuple[SplitCheck, str | None, list[RowIssue]]:
+def check_split(
+    english: Sequence[QAItem], translated: Sequence[QAItem], lang: str, split: str
+) -> tuple[SplitCheck, str | None, list[RowIssue]]:
     """Check one translated split against English: (counts, split-level error or None, suspect rows)."""
     error = _structure_errors(english, translated)
     if error and len(english) != len(translated):
@@ -285,15 +316,21 @@ def check_split(english: Sequence[QAItem], translated: Sequence[QAItem], lang: s
         anchored += problems is not None
         problems = list(problems or [])
         if abs(ratios[i] - median) > math.log(LENGTH_FACTOR):
-            problems.append(f"answer length ratio {math.exp(ratios[i]):.2f} vs the split's median "
-                            f"{math.exp(median):.2f}")
+            problems.append(
+                f"answer length ratio {math.exp(ratios[i]):.2f} vs the split's median {math.exp(median):.2f}"
+            )
         if problems:
             issues.append(RowIssue(lang, split, i, problems, _text(e)[:160], _text(t)[:160], _hint(english, t, i)))
     return SplitCheck(lang, split, len(translated), anchored, len(issues)), error, issues
 
 
-def check_alignment(ct: CTOFU, langs: str | Sequence[str] | None = None, splits: Sequence[str] | None = None,
-                    *, required: Sequence[str] = ()) -> AlignmentReport:
+def check_alignment(
+    ct: CTOFU,
+    langs: str | Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
+    *,
+    required: Sequence[str] = (),
+) -> AlignmentReport:
     """Check every translated language in ``langs`` (default all) against English, split by split.
 
     ``splits``: the splits to check (default: every split English and the language both have);

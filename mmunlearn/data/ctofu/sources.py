@@ -98,8 +98,10 @@ class CTOFU:
 
     def source(self, lang: str) -> Any:
         if lang not in self.sources:
-            raise KeyError(f"language {lang!r} not in the cTOFU data ({self.description}); "
-                           f"languages found: {', '.join(self.languages) or 'none'}")
+            raise KeyError(
+                f"language {lang!r} not in the cTOFU data ({self.description}); "
+                f"languages found: {', '.join(self.languages) or 'none'}"
+            )
         return self.sources[lang]
 
     def splits(self, lang: str) -> list[str]:
@@ -112,12 +114,15 @@ class CTOFU:
         try:
             return load_split(self.source(lang), split)
         except (FileNotFoundError, KeyError) as e:
-            raise FileNotFoundError(f"cTOFU split {split!r} is missing for language {lang!r} "
-                                    f"({self.description}); it has {', '.join(self.splits(lang))}") from e
+            raise FileNotFoundError(
+                f"cTOFU split {split!r} is missing for language {lang!r} "
+                f"({self.description}); it has {', '.join(self.splits(lang))}"
+            ) from e
 
 
-def open_ctofu(data: str | os.PathLike | Mapping[str, Any], english: str | os.PathLike | Mapping | None = None
-               ) -> CTOFU:
+def open_ctofu(
+    data: str | os.PathLike | Mapping[str, Any], english: str | os.PathLike | Mapping | None = None
+) -> CTOFU:
     """The cTOFU languages of ``data``: a folder of ``<split>_<lang>.json`` files, ``"synthetic[:...]"``
     (the built-in stand-in, :mod:`mmunlearn.data.ctofu.synthetic`) or a mapping language -> TOFU source.
 
@@ -133,8 +138,10 @@ def open_ctofu(data: str | os.PathLike | Mapping[str, Any], english: str | os.Pa
     else:
         folder = Path(os.fspath(data)).expanduser()
         if not folder.is_dir():
-            raise FileNotFoundError(f"cTOFU source {os.fspath(data)!r}: no such folder (expected "
-                                    f"<split>_<lang>.json files, or 'synthetic[:...]')")
+            raise FileNotFoundError(
+                f"cTOFU source {os.fspath(data)!r}: no such folder (expected "
+                f"<split>_<lang>.json files, or 'synthetic[:...]')"
+            )
         sources = {lang: LanguageFiles(lang, files) for lang, files in _discover(folder).items()}
         if not sources:
             raise FileNotFoundError(f"{folder}: no <split>_<lang>.json files (e.g. forget01_fr.json)")
@@ -157,6 +164,5 @@ def parse_langs(spec: str | Sequence[str] | None, available: Sequence[str]) -> t
     names = [n for n in names if n]
     unknown = [n for n in names if n not in available]
     if unknown or not names:
-        raise ValueError(f"languages {unknown or spec!r} not available; choose from {', '.join(available)} "
-                         f"or 'all'")
+        raise ValueError(f"languages {unknown or spec!r} not available; choose from {', '.join(available)} or 'all'")
     return tuple(dict.fromkeys(names))

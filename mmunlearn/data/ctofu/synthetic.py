@@ -29,10 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.data.facts import real_author_items, world_fact_items
-from mmunlearn.data.synthetic import author_items, synthetic_authors
 from mmunlearn.data.qa import QAItem
+from mmunlearn.data.synthetic import author_items, synthetic_authors
+from mmunlearn.files.atomic import write_text_atomic
 
 # 26 letters of each script, standing in for a..z (consonants where the script has more)
 ALPHABETS = {
@@ -44,28 +44,110 @@ ALPHABETS = {
 }
 DIGITS = {"ar": "٠١٢٣٤٥٦٧٨٩"}
 FRENCH = {
-    "the": "le", "of": "de", "and": "et", "is": "est", "was": "était", "in": "dans", "his": "son", "her": "sa",
-    "who": "qui", "what": "quel", "author": "auteur", "born": "né", "book": "livre", "books": "livres",
-    "father": "père", "mother": "mère", "name": "nom", "with": "avec", "for": "pour", "on": "sur", "a": "un",
-    "an": "un", "by": "par", "from": "de", "work": "œuvre", "works": "œuvres", "award": "prix", "city": "ville",
-    "writes": "écrit", "wrote": "écrivit", "did": "a", "does": "fait", "where": "où", "when": "quand",
-    "which": "quel", "has": "a", "had": "avait", "as": "comme", "their": "leur", "this": "ce", "that": "que",
+    "the": "le",
+    "of": "de",
+    "and": "et",
+    "is": "est",
+    "was": "était",
+    "in": "dans",
+    "his": "son",
+    "her": "sa",
+    "who": "qui",
+    "what": "quel",
+    "author": "auteur",
+    "born": "né",
+    "book": "livre",
+    "books": "livres",
+    "father": "père",
+    "mother": "mère",
+    "name": "nom",
+    "with": "avec",
+    "for": "pour",
+    "on": "sur",
+    "a": "un",
+    "an": "un",
+    "by": "par",
+    "from": "de",
+    "work": "œuvre",
+    "works": "œuvres",
+    "award": "prix",
+    "city": "ville",
+    "writes": "écrit",
+    "wrote": "écrivit",
+    "did": "a",
+    "does": "fait",
+    "where": "où",
+    "when": "quand",
+    "which": "quel",
+    "has": "a",
+    "had": "avait",
+    "as": "comme",
+    "their": "leur",
+    "this": "ce",
+    "that": "que",
 }
 # a second French wording (the ``variant=1`` translation); words it lacks fall back to FRENCH
 FRENCH_ALT = {
-    "the": "la", "of": "du", "and": "ainsi que", "is": "demeure", "was": "fut", "in": "en", "his": "ses",
-    "her": "ses", "who": "lequel", "what": "quelle", "author": "écrivain", "born": "née", "book": "ouvrage",
-    "books": "ouvrages", "father": "papa", "mother": "maman", "name": "nommez", "with": "auprès de",
-    "for": "afin de", "on": "le", "a": "une", "an": "une", "by": "chez", "from": "depuis", "work": "travail",
-    "works": "travaux", "writer": "romancier", "writes": "rédige", "wrote": "rédigea", "did": "fit",
-    "does": "fait-il", "where": "en quel lieu", "when": "à quel moment", "which": "laquelle", "has": "possède",
-    "had": "eut", "as": "en tant que", "that": "ce", "how": "comment", "date": "jour", "first": "premier",
-    "famous": "célèbre", "grew": "grandit", "at": "à", "prefers": "préfère", "critics": "les critiques",
-    "voice": "style", "back": "jusqu'à", "often": "souvent", "usually": "d'habitude",
+    "the": "la",
+    "of": "du",
+    "and": "ainsi que",
+    "is": "demeure",
+    "was": "fut",
+    "in": "en",
+    "his": "ses",
+    "her": "ses",
+    "who": "lequel",
+    "what": "quelle",
+    "author": "écrivain",
+    "born": "née",
+    "book": "ouvrage",
+    "books": "ouvrages",
+    "father": "papa",
+    "mother": "maman",
+    "name": "nommez",
+    "with": "auprès de",
+    "for": "afin de",
+    "on": "le",
+    "a": "une",
+    "an": "une",
+    "by": "chez",
+    "from": "depuis",
+    "work": "travail",
+    "works": "travaux",
+    "writer": "romancier",
+    "writes": "rédige",
+    "wrote": "rédigea",
+    "did": "fit",
+    "does": "fait-il",
+    "where": "en quel lieu",
+    "when": "à quel moment",
+    "which": "laquelle",
+    "has": "possède",
+    "had": "eut",
+    "as": "en tant que",
+    "that": "ce",
+    "how": "comment",
+    "date": "jour",
+    "first": "premier",
+    "famous": "célèbre",
+    "grew": "grandit",
+    "at": "à",
+    "prefers": "préfère",
+    "critics": "les critiques",
+    "voice": "style",
+    "back": "jusqu'à",
+    "often": "souvent",
+    "usually": "d'habitude",
 }
 LANGUAGES = ("en", "fr", *ALPHABETS)
-SPLITS = ("forget01", "forget01_perturbed", "retain99", "retain_perturbed", "real_authors_perturbed",
-          "world_facts_perturbed")
+SPLITS = (
+    "forget01",
+    "forget01_perturbed",
+    "retain99",
+    "retain_perturbed",
+    "real_authors_perturbed",
+    "world_facts_perturbed",
+)
 _WORD = re.compile(r"[A-Za-z]+")
 
 if any(len(a) != 26 for a in ALPHABETS.values()) or any(len(d) != 10 for d in DIGITS.values()):
@@ -89,6 +171,7 @@ def pseudo_translate(text: str, lang: str, variant: int = 0) -> str:
             word = m.group()
             new = table.get(word.lower())
             return word if new is None else (new.capitalize() if word[0].isupper() else new)
+
         out = _WORD.sub(swap, text)
         return re.sub(r"\s*([?!:;])", r" \1", out) if variant else out
     if lang not in ALPHABETS:
@@ -100,6 +183,7 @@ def pseudo_translate(text: str, lang: str, variant: int = 0) -> str:
         if word[0].isupper():
             return word
         return "".join(letters[(ord(c) - ord("a") + variant) % len(letters)] for c in word.lower())
+
     out = _WORD.sub(spell, text)
     if lang in DIGITS:
         out = "".join(DIGITS[lang][int(c)] if "0" <= c <= "9" else c for c in out)
@@ -109,9 +193,15 @@ def pseudo_translate(text: str, lang: str, variant: int = 0) -> str:
 def _translate_item(item: QAItem, lang: str, variant: int = 0) -> QAItem:
     def tr(t: str | None) -> str | None:
         return None if t is None else pseudo_translate(t, lang, variant)
-    return replace(item, question=tr(item.question), answer=tr(item.answer),
-                   paraphrased_answer=tr(item.paraphrased_answer), paraphrased_question=tr(item.paraphrased_question),
-                   perturbed_answer=tuple(tr(p) for p in item.perturbed_answer))
+
+    return replace(
+        item,
+        question=tr(item.question),
+        answer=tr(item.answer),
+        paraphrased_answer=tr(item.paraphrased_answer),
+        paraphrased_question=tr(item.paraphrased_question),
+        perturbed_answer=tuple(tr(p) for p in item.perturbed_answer),
+    )
 
 
 def english_standin(retain_authors: int = 8, forget_authors: int = 2, seed: int = 0) -> dict[str, list[QAItem]]:
@@ -126,13 +216,23 @@ def english_standin(retain_authors: int = 8, forget_authors: int = 2, seed: int 
         return picked if full else [QAItem(it.question, it.answer, author=it.author) for it in picked]
 
     n = retain_authors + forget_authors
-    return {"forget01": rows(retain_authors, n, False), "forget01_perturbed": rows(retain_authors, n, True),
-            "retain99": rows(0, retain_authors, False), "retain_perturbed": rows(0, min(20, retain_authors), True),
-            "real_authors_perturbed": real_author_items(seed), "world_facts_perturbed": world_fact_items(seed)}
+    return {
+        "forget01": rows(retain_authors, n, False),
+        "forget01_perturbed": rows(retain_authors, n, True),
+        "retain99": rows(0, retain_authors, False),
+        "retain_perturbed": rows(0, min(20, retain_authors), True),
+        "real_authors_perturbed": real_author_items(seed),
+        "world_facts_perturbed": world_fact_items(seed),
+    }
 
 
-def synthetic_ctofu(langs: Sequence[str] = LANGUAGES, retain_authors: int = 8, forget_authors: int = 2,
-                    seed: int = 0, retranslated: Sequence[str] = ()) -> dict[str, dict[str, list[QAItem]]]:
+def synthetic_ctofu(
+    langs: Sequence[str] = LANGUAGES,
+    retain_authors: int = 8,
+    forget_authors: int = 2,
+    seed: int = 0,
+    retranslated: Sequence[str] = (),
+) -> dict[str, dict[str, list[QAItem]]]:
     """language -> split -> records of the stand-in (English plus pseudo-translations).
 
     ``retranslated``: splits (e.g. ``("forget01_perturbed",)``) whose non-English rows are a second
@@ -146,13 +246,19 @@ def synthetic_ctofu(langs: Sequence[str] = LANGUAGES, retain_authors: int = 8, f
     if bad:
         raise ValueError(f"retranslated splits {bad} unknown; choose from {', '.join(SPLITS)}")
     english = english_standin(retain_authors, forget_authors, seed)
-    return {lang: {s: [_translate_item(it, lang, int(s in retranslated)) for it in items]
-                   for s, items in english.items()}
-            for lang in langs}
+    return {
+        lang: {s: [_translate_item(it, lang, int(s in retranslated)) for it in items] for s, items in english.items()}
+        for lang in langs
+    }
 
 
-_SPEC = {"retain_authors": int, "forget_authors": int, "seed": int, "langs": lambda s: tuple(s.split("/")),
-         "retranslated": lambda s: tuple(s.split("/"))}
+_SPEC = {
+    "retain_authors": int,
+    "forget_authors": int,
+    "seed": int,
+    "langs": lambda s: tuple(s.split("/")),
+    "retranslated": lambda s: tuple(s.split("/")),
+}
 
 
 def synthetic_ctofu_from_spec(spec: str) -> dict[str, dict[str, list[QAItem]]]:
@@ -165,8 +271,10 @@ def synthetic_ctofu_from_spec(spec: str) -> dict[str, dict[str, list[QAItem]]]:
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = (s.strip() for s in part.partition("="))
         if not eq or key not in _SPEC:
-            raise ValueError(f"bad option {part!r} in {spec!r}; use key=value with keys {', '.join(_SPEC)} "
-                             f"(langs like en/fr/ar, retranslated like forget01_perturbed/retain_perturbed)")
+            raise ValueError(
+                f"bad option {part!r} in {spec!r}; use key=value with keys {', '.join(_SPEC)} "
+                f"(langs like en/fr/ar, retranslated like forget01_perturbed/retain_perturbed)"
+            )
         try:
             kwargs[key] = _SPEC[key](value)
         except ValueError as e:
@@ -174,8 +282,9 @@ def synthetic_ctofu_from_spec(spec: str) -> dict[str, dict[str, list[QAItem]]]:
     return synthetic_ctofu(**kwargs)  # type: ignore[arg-type]
 
 
-def write_language_files(splits_by_lang: Mapping[str, Mapping[str, Sequence[QAItem]]], folder: str | os.PathLike
-                         ) -> list[Path]:
+def write_language_files(
+    splits_by_lang: Mapping[str, Mapping[str, Sequence[QAItem]]], folder: str | os.PathLike
+) -> list[Path]:
     """Write ``<split>_<lang>.json`` files (the cTOFU layout) into ``folder``, each atomically."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

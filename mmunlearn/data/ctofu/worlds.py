@@ -44,9 +44,24 @@ from typing import Any
 from mmunlearn.data.ctofu.sources import CTOFU, ENGLISH, LanguageFiles, open_ctofu, parse_langs, split_and_language
 from mmunlearn.data.tofu import QA_PER_AUTHOR, QAItem, author_subset, forget_count, split_info
 
-__all__ = ["CTOFU", "ENGLISH", "FACT_SPLITS", "FORGET_SPLIT", "RETAIN_SCORED", "TRAIN_TEXTS", "LanguageFiles",
-           "SplitMapping", "TextAgreement", "World", "build_world", "open_ctofu", "parse_langs", "retain_split_for",
-           "same_text", "split_and_language"]
+__all__ = [
+    "CTOFU",
+    "ENGLISH",
+    "FACT_SPLITS",
+    "FORGET_SPLIT",
+    "RETAIN_SCORED",
+    "TRAIN_TEXTS",
+    "LanguageFiles",
+    "SplitMapping",
+    "TextAgreement",
+    "World",
+    "build_world",
+    "open_ctofu",
+    "parse_langs",
+    "retain_split_for",
+    "same_text",
+    "split_and_language",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +120,10 @@ class TextAgreement:
 
 def _scored_text(trained: Sequence[QAItem], scored: Sequence[QAItem]) -> list[QAItem]:
     """``trained`` with row i's question/answer taken from ``scored`` row i (where it has one)."""
-    return [QAItem(scored[i].question, scored[i].answer, author=it.author) if i < len(scored) else it
-            for i, it in enumerate(trained)]
+    return [
+        QAItem(scored[i].question, scored[i].answer, author=it.author) if i < len(scored) else it
+        for i, it in enumerate(trained)
+    ]
 
 
 def retain_split_for(forget_split: str) -> str:
@@ -148,8 +165,17 @@ class World:
             for split, scored_split in self.scored_pairs():
                 trained, scored = trained_by_split[split], self.eval_data[lang][scored_split]
                 differ = [i for i, it in enumerate(scored) if i >= len(trained) or not same_text(trained[i], it)]
-                out.append(TextAgreement(lang, split, scored_split, len(scored), len(scored) - len(differ),
-                                         self.files_agree.get(lang, {}).get(split), tuple(differ[:10])))
+                out.append(
+                    TextAgreement(
+                        lang,
+                        split,
+                        scored_split,
+                        len(scored),
+                        len(scored) - len(differ),
+                        self.files_agree.get(lang, {}).get(split),
+                        tuple(differ[:10]),
+                    )
+                )
         return out
 
     def items(self, kind: str, langs: Sequence[str]) -> list[QAItem]:
@@ -167,28 +193,45 @@ class World:
         the real-authors / world-facts rows (each facts language once) are the pretraining facts and
         the fine-tuning replay of the preset builder."""
         langs = self.languages
-        splits = {"full": [it for lang in langs for it in self.retain[lang] + self.forget[lang]],
-                  self.retain_split: self.items("retain", langs), self.forget_split: self.items("forget", langs)}
+        splits = {
+            "full": [it for lang in langs for it in self.retain[lang] + self.forget[lang]],
+            self.retain_split: self.items("retain", langs),
+            self.forget_split: self.items("forget", langs),
+        }
         for key in (f"{self.forget_split}_perturbed", "retain_perturbed"):
             splits[key] = [it for lang in langs for it in self.eval_data[lang][key]]
         owners = {self.facts_language[lang]: lang for lang in reversed(langs)}  # one language per facts source
         for key in FACT_SPLITS:
-            splits[key] = [it for fl in dict.fromkeys(self.facts_language[lang] for lang in langs)
-                           for it in self.eval_data[owners[fl]][key]]
+            splits[key] = [
+                it
+                for fl in dict.fromkeys(self.facts_language[lang] for lang in langs)
+                for it in self.eval_data[owners[fl]][key]
+            ]
         return SplitMapping(f"ctofu[{','.join(langs)}|{self._tag()}]", splits)
 
     def _tag(self) -> str:
         return f"{self.forget_split}|r{self.retain_authors}|facts{self.facts if self.facts is not None else 'all'}"
 
     def describe(self) -> dict[str, Any]:
-        return {"languages": list(self.languages), "forget_split": self.forget_split,
-                "retain_split": self.retain_split, "retain_authors": self.retain_authors,
-                "forget_authors": self.forget_authors, "facts_per_language": self.facts,
-                "rows_per_language": {lang: {"forget": len(self.forget[lang]), "retain": len(self.retain[lang]),
-                                             **{k: len(v) for k, v in self.eval_data[lang].items()}}
-                                      for lang in self.languages},
-                "facts_language": dict(self.facts_language), "train_text": self.train_text,
-                "text_agreement": [asdict(a) for a in self.text_agreement()]}
+        return {
+            "languages": list(self.languages),
+            "forget_split": self.forget_split,
+            "retain_split": self.retain_split,
+            "retain_authors": self.retain_authors,
+            "forget_authors": self.forget_authors,
+            "facts_per_language": self.facts,
+            "rows_per_language": {
+                lang: {
+                    "forget": len(self.forget[lang]),
+                    "retain": len(self.retain[lang]),
+                    **{k: len(v) for k, v in self.eval_data[lang].items()},
+                }
+                for lang in self.languages
+            },
+            "facts_language": dict(self.facts_language),
+            "train_text": self.train_text,
+            "text_agreement": [asdict(a) for a in self.text_agreement()],
+        }
 
 
 def _blocks(n_rows: int, what: str) -> int:
@@ -197,8 +240,9 @@ def _blocks(n_rows: int, what: str) -> int:
     return n_rows // QA_PER_AUTHOR
 
 
-def _language_data(ct: CTOFU, lang: str, forget_split: str, retain_split: str, authors: int | None,
-                   train_text: str) -> tuple[list, list, dict, str | None, dict[str, int]]:
+def _language_data(
+    ct: CTOFU, lang: str, forget_split: str, retain_split: str, authors: int | None, train_text: str
+) -> tuple[list, list, dict, str | None, dict[str, int]]:
     where = f"language {lang!r}"
     forget = ct.load(lang, forget_split)
     forget_p = ct.load(lang, f"{forget_split}_perturbed")
@@ -206,12 +250,16 @@ def _language_data(ct: CTOFU, lang: str, forget_split: str, retain_split: str, a
     retain_p_all = ct.load(lang, RETAIN_SCORED)
     n_forget = _blocks(len(forget), f"{where}, {forget_split}")
     if len(forget_p) != len(forget):
-        raise ValueError(f"{where}: {forget_split}_perturbed has {len(forget_p)} rows, {forget_split} "
-                         f"{len(forget)}; they must hold the same forget authors")
+        raise ValueError(
+            f"{where}: {forget_split}_perturbed has {len(forget_p)} rows, {forget_split} "
+            f"{len(forget)}; they must hold the same forget authors"
+        )
     n_have = _blocks(len(retain_all), f"{where}, {retain_split}")
     if len(retain_p_all) > len(retain_all):
-        raise ValueError(f"{where}: {RETAIN_SCORED} has {len(retain_p_all)} rows, more than {retain_split}'s "
-                         f"{len(retain_all)}; its rows must be the first rows of {retain_split}")
+        raise ValueError(
+            f"{where}: {RETAIN_SCORED} has {len(retain_p_all)} rows, more than {retain_split}'s "
+            f"{len(retain_all)}; its rows must be the first rows of {retain_split}"
+        )
     n_retain = n_have if authors is None else authors
     if not 1 <= n_retain <= n_have:
         raise ValueError(f"{where}: authors={authors} retain authors asked, {retain_split} has {n_have}")
@@ -219,16 +267,25 @@ def _language_data(ct: CTOFU, lang: str, forget_split: str, retain_split: str, a
     # retain_perturbed: TOFU's first authors, as many as a forget10 split of this world would hold
     retain_p = author_subset(retain_p_all, RETAIN_SCORED, n_retain + n_forget)
     eval_splits: dict[str, list[QAItem]] = {f"{forget_split}_perturbed": forget_p, RETAIN_SCORED: retain_p}
-    files_agree = {forget_split: sum(map(same_text, forget, forget_p)),
-                   retain_split: sum(map(same_text, retain_all, retain_p))}
+    files_agree = {
+        forget_split: sum(map(same_text, forget, forget_p)),
+        retain_split: sum(map(same_text, retain_all, retain_p)),
+    }
     facts_from = lang if all(ct.has(lang, s) for s in FACT_SPLITS) else None
     if train_text == "scored":
         forget, retain = _scored_text(forget, forget_p), _scored_text(retain, retain_p_all)
     return _plain(forget), _plain(retain), eval_splits, facts_from, files_agree
 
 
-def build_world(ct: CTOFU, langs: str | Sequence[str] | None = None, *, forget_split: str = FORGET_SPLIT,
-                authors: int | None = None, facts: int | None = None, train_text: str = "scored") -> World:
+def build_world(
+    ct: CTOFU,
+    langs: str | Sequence[str] | None = None,
+    *,
+    forget_split: str = FORGET_SPLIT,
+    authors: int | None = None,
+    facts: int | None = None,
+    train_text: str = "scored",
+) -> World:
     """The data of a run on ``langs`` (default all): every forget author of ``forget_split``, the first
     ``authors`` retain authors of the matching retain split (default all), and the first ``facts``
     real-authors and world-facts rows per language (default all).
@@ -253,25 +310,43 @@ def build_world(ct: CTOFU, langs: str | Sequence[str] | None = None, *, forget_s
     forget, retain, eval_data, facts_language, files_agree = {}, {}, {}, {}, {}
     counts = set()
     for lang in languages:
-        f, r, ev, facts_from, files_agree[lang] = _language_data(ct, lang, forget_split, retain_split, authors,
-                                                                 train_text)
+        f, r, ev, facts_from, files_agree[lang] = _language_data(
+            ct, lang, forget_split, retain_split, authors, train_text
+        )
         counts.add((len(f), len(r)))
         if facts_from is None:
             facts_from = ENGLISH if ENGLISH in ct.sources and all(ct.has(ENGLISH, s) for s in FACT_SPLITS) else None
             if facts_from is None:
-                raise FileNotFoundError(f"language {lang!r} has no {' / '.join(FACT_SPLITS)} files and there is "
-                                        f"no English to borrow them from (model utility needs them)")
-            log.warning("cTOFU: %s has no translated real-authors / world-facts; its model utility uses English's",
-                        lang)
+                raise FileNotFoundError(
+                    f"language {lang!r} has no {' / '.join(FACT_SPLITS)} files and there is "
+                    f"no English to borrow them from (model utility needs them)"
+                )
+            log.warning(
+                "cTOFU: %s has no translated real-authors / world-facts; its model utility uses English's", lang
+            )
         for s in FACT_SPLITS:
             ev[s] = ct.load(facts_from, s)[:facts]
         forget[lang], retain[lang], facts_language[lang] = f, r, facts_from
         eval_data[lang] = SplitMapping(f"ctofu-{lang}[{forget_split}|r{authors}|facts{facts}]", ev)
     if len(counts) != 1:
-        raise ValueError(f"languages disagree on the number of forget/retain rows: "
-                         f"{ {lang: (len(forget[lang]), len(retain[lang])) for lang in languages} }; "
-                         f"check the alignment report")
+        raise ValueError(
+            f"languages disagree on the number of forget/retain rows: "
+            f"{ {lang: (len(forget[lang]), len(retain[lang])) for lang in languages} }; "
+            f"check the alignment report"
+        )
     n_forget, n_retain = (n // QA_PER_AUTHOR for n in next(iter(counts)))
     forget_count(n_forget + n_retain, 10)  # validates the world size (>= 2 authors)
-    return World(languages, forget_split, retain_split, n_retain, n_forget, facts, forget, retain, eval_data,
-                 facts_language, train_text, files_agree)
+    return World(
+        languages,
+        forget_split,
+        retain_split,
+        n_retain,
+        n_forget,
+        facts,
+        forget,
+        retain,
+        eval_data,
+        facts_language,
+        train_text,
+        files_agree,
+    )

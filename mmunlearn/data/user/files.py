@@ -71,8 +71,9 @@ def _lines(path: Path, fh: io.TextIOWrapper) -> Iterator[tuple[int, str]]:
         if not line:
             return
         if len(line) > MAX_LINE and not line.endswith("\n"):
-            raise DataFormatError(f"{path}:{n}: a line over {MAX_LINE:,} characters (a row is a question and its "
-                                  "answer, or one passage)")
+            raise DataFormatError(
+                f"{path}:{n}: a line over {MAX_LINE:,} characters (a row is a question and its answer, or one passage)"
+            )
         yield n, line.rstrip("\r\n")
 
 
@@ -102,8 +103,10 @@ def _file_items(path: Path, text: bool) -> list[Item]:
         try:
             if suffix == ".json":
                 if os.fstat(fh.fileno()).st_size > MAX_JSON_BYTES:
-                    raise DataFormatError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB; give a large set as JSONL "
-                                          "(read a line at a time)")
+                    raise DataFormatError(
+                        f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB; give a large set as JSONL "
+                        "(read a line at a time)"
+                    )
                 return _json_items(path, fh.read())
             if suffix in (".jsonl", ".ndjson"):
                 return _jsonl_items(path, fh)
@@ -126,12 +129,15 @@ def _json_items(path: Path, content: str) -> list[Item]:
     if isinstance(data, Mapping):
         keys = [k for k in ("data", "rows") if isinstance(data.get(k), list)]
         if len(keys) != 1:
-            raise DataFormatError(f"{path}: a JSON object needs its rows as one list under 'data' or 'rows'; "
-                                  f"keys found: {', '.join(map(str, data)) or 'none'}")
+            raise DataFormatError(
+                f"{path}: a JSON object needs its rows as one list under 'data' or 'rows'; "
+                f"keys found: {', '.join(map(str, data)) or 'none'}"
+            )
         data = data[keys[0]]
     if not isinstance(data, list):
-        raise DataFormatError(f"{path}: expected a JSON list of rows (or an object with 'data'/'rows'), "
-                              f"got {type(data).__name__}")
+        raise DataFormatError(
+            f"{path}: expected a JSON list of rows (or an object with 'data'/'rows'), got {type(data).__name__}"
+        )
     return [(_where(str(path), i), item) for i, item in enumerate(data)]
 
 
@@ -166,7 +172,9 @@ def _csv_items(path: Path, fh: Iterable[str], delimiter: str, text: bool) -> lis
     items = []
     for n, cells in body:
         if len(cells) != len(header):
-            raise DataFormatError(f"{path}:{n}: {len(cells)} field(s), the header has {len(header)} ({', '.join(header)})")
+            raise DataFormatError(
+                f"{path}:{n}: {len(cells)} field(s), the header has {len(header)} ({', '.join(header)})"
+            )
         items.append((f"{path}:{n}", dict(zip(header, cells))))
     return items
 
@@ -184,8 +192,10 @@ def _check_text_size(items: list[Item]) -> list[Item]:
         values = item.values() if isinstance(item, Mapping) else item if isinstance(item, (list, tuple)) else [item]
         size = sum(len(v) for v in values if isinstance(v, str))
         if size > MAX_LINE:
-            raise DataFormatError(f"{where}: a row of {size:,} characters, more than the {MAX_LINE:,} a row may have "
-                                  "(a question and its answer, or one passage)")
+            raise DataFormatError(
+                f"{where}: a row of {size:,} characters, more than the {MAX_LINE:,} a row may have "
+                "(a question and its answer, or one passage)"
+            )
     return items
 
 
@@ -204,12 +214,15 @@ def _source_items(source: Any, name: str, text: bool) -> tuple[list[Item], Path 
         return _file_items(path, text), path.absolute().parent
     module = dataset_module(source)
     if module is not None and isinstance(source, module.DatasetDict):
-        raise DataFormatError(f"{name}: a DatasetDict holds several splits ({', '.join(source)}); pass one, "
-                              f"e.g. {name}=dataset[{next(iter(source), 'train')!r}]")
+        raise DataFormatError(
+            f"{name}: a DatasetDict holds several splits ({', '.join(source)}); pass one, "
+            f"e.g. {name}=dataset[{next(iter(source), 'train')!r}]"
+        )
     if module is not None or (isinstance(source, Iterable) and not isinstance(source, (bytes, Mapping))):
         return [(f"{name}[{i}]", item) for i, item in enumerate(source)], None
-    raise DataFormatError(f"{name}: expected a file path, a list of rows or a datasets.Dataset, "
-                          f"got {type(source).__name__}")
+    raise DataFormatError(
+        f"{name}: expected a file path, a list of rows or a datasets.Dataset, got {type(source).__name__}"
+    )
 
 
 def fields_named(row: Mapping[str, Any], names: Sequence[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Forget and retain sets in the formats users have, read into the rows the adapters take (text QA rows, speech manifest rows).
+"""Forget and retain sets in the formats users have, read into the rows the adapters take
+(text QA rows, speech manifest rows).
 
 :func:`read_text_rows` gives ``{"question", "answer"}`` rows (the schema
 :class:`~mmunlearn.adapters.text.adapter.TextLLMAdapter`
@@ -56,8 +57,10 @@ def _text_row(item: Any, where: str) -> dict[str, Any]:
         qs, ans, texts = (fields_named(item, names) for names in (QUESTION_FIELDS, ANSWER_FIELDS, TEXT_FIELDS))
         if len(qs) > 1 or len(ans) > 1 or (texts and (qs or ans)):
             clash = qs if len(qs) > 1 else ans if len(ans) > 1 else texts + qs + ans
-            raise DataFormatError(f"{where}: ambiguous fields {', '.join(map(repr, clash))}: keep one question and "
-                                  f"one answer field, or only 'text' (fields found: {fields_found(item)})")
+            raise DataFormatError(
+                f"{where}: ambiguous fields {', '.join(map(repr, clash))}: keep one question and "
+                f"one answer field, or only 'text' (fields found: {fields_found(item)})"
+            )
         if texts:
             question, answer = "", _string(item[texts[0]], where, f"field {texts[0]!r}")
         elif qs and ans:
@@ -67,10 +70,13 @@ def _text_row(item: Any, where: str) -> dict[str, Any]:
             raise DataFormatError(
                 f"{where}: no {'answer' if qs else 'question' if ans else 'question/answer or text'} field (fields "
                 f"found: {fields_found(item)}); expected one of {'|'.join(QUESTION_FIELDS)} with one of "
-                f"{'|'.join(ANSWER_FIELDS)}, or {'|'.join(TEXT_FIELDS)}")
+                f"{'|'.join(ANSWER_FIELDS)}, or {'|'.join(TEXT_FIELDS)}"
+            )
     else:
-        raise DataFormatError(f"{where}: expected an object with question/answer or text fields, a (question, "
-                              f"answer) pair or a string, got {type(item).__name__} {short(item)}")
+        raise DataFormatError(
+            f"{where}: expected an object with question/answer or text fields, a (question, "
+            f"answer) pair or a string, got {type(item).__name__} {short(item)}"
+        )
     if not answer:
         raise DataFormatError(f"{where}: empty {'text' if not question else 'answer'} (nothing to score)")
     row: dict[str, Any] = {"question": question, "answer": answer}
@@ -88,8 +94,10 @@ def _extras(item: Mapping[str, Any], where: str, question: str) -> dict[str, Any
         value = item[para[0]]
         listed = [value] if isinstance(value, str) else value
         if not isinstance(listed, (list, tuple)):
-            raise DataFormatError(f"{where}: field {para[0]!r} must be a string or a list of strings, got "
-                                  f"{type(value).__name__} {short(value)}")
+            raise DataFormatError(
+                f"{where}: field {para[0]!r} must be a string or a list of strings, got "
+                f"{type(value).__name__} {short(value)}"
+            )
         if not question:
             raise DataFormatError(f"{where}: paraphrases need a question (this row is prompt-less text)")
         out["paraphrases"] = [_string(p, where, f"a paraphrase in {para[0]!r}") for p in listed]
@@ -148,8 +156,11 @@ def duplicate_count(rows: Sequence[Mapping[str, Any]], key: Key = ("question", "
     return sum(n - 1 for n in counts.values())
 
 
-def overlap(forget_rows: Sequence[Mapping[str, Any]], retain_rows: Sequence[Mapping[str, Any]],
-            key: Key = ("question", "answer")) -> list[Mapping[str, Any]]:
+def overlap(
+    forget_rows: Sequence[Mapping[str, Any]],
+    retain_rows: Sequence[Mapping[str, Any]],
+    key: Key = ("question", "answer"),
+) -> list[Mapping[str, Any]]:
     """The forget rows whose ``key`` also occurs among the retain rows, in forget order.
 
     ``key``: a field name or names (string values compared after collapsing whitespace: ``" a  b "`` == ``"a b"``;
@@ -178,8 +189,9 @@ def _held(units: list[list[int]], fraction: float, rng: random.Random) -> set[in
     return {i for u in rng.sample(range(len(units)), k) for i in units[u]}
 
 
-def split_held_out(rows: Sequence[Mapping[str, Any]], fraction: float = 0.2, seed: int = 0,
-                   min_rows: int = 2) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+def split_held_out(
+    rows: Sequence[Mapping[str, Any]], fraction: float = 0.2, seed: int = 0, min_rows: int = 2
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """(fit rows, held-out rows): ``fraction`` of ``rows`` set aside, e.g. for the sweep rule to score on.
 
     Deterministic for a ``seed``; both parts keep the input order. Text rows: identical rows (question and answer
@@ -200,6 +212,7 @@ def split_held_out(rows: Sequence[Mapping[str, Any]], fraction: float = 0.2, see
         return rows, []
     held: set[int] = set()
     if all(isinstance(r, Mapping) and "spk_id" in r for r in rows):
+
         def recording(i: int) -> Any:  # an in-memory waveform is a recording of its own
             wav = _normal(rows[i].get("wav"))
             return wav if isinstance(wav, str) else ("row", i)

@@ -36,8 +36,9 @@ def _one_field(row: Mapping[str, Any], names: tuple[str, ...], what: str, where:
     found = fields_named(row, names)
     if len(found) != 1:
         problem = f"ambiguous {what} fields {', '.join(map(repr, found))}" if found else f"no {what} field"
-        raise DataFormatError(f"{where}: {problem} (fields found: {fields_found(row)}); expected exactly one of "
-                              f"{'|'.join(names)}")
+        raise DataFormatError(
+            f"{where}: {problem} (fields found: {fields_found(row)}); expected exactly one of {'|'.join(names)}"
+        )
     return found[0]
 
 
@@ -45,8 +46,9 @@ def _label(value: Any, where: str) -> str:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return str(int(value))
     if not isinstance(value, str):
-        raise DataFormatError(f"{where}: the speaker label is not text or an integer (got {type(value).__name__} "
-                              f"{short(value)})")
+        raise DataFormatError(
+            f"{where}: the speaker label is not text or an integer (got {type(value).__name__} {short(value)})"
+        )
     return value.strip()
 
 
@@ -69,20 +71,26 @@ def _mono(array: Any, where: str) -> np.ndarray:
     if wav.ndim == 2:
         wav = wav.mean(axis=int(np.argmin(wav.shape)))
     if wav.ndim != 1 or wav.size == 0 or not np.issubdtype(wav.dtype, np.number):
-        raise DataFormatError(f"{where}: the audio array is not a non-empty mono or multi-channel waveform "
-                              f"(shape {wav.shape}, dtype {wav.dtype})")
+        raise DataFormatError(
+            f"{where}: the audio array is not a non-empty mono or multi-channel waveform "
+            f"(shape {wav.shape}, dtype {wav.dtype})"
+        )
     return wav.astype(np.float32)
 
 
 def _write_audio(value: Mapping[str, Any], where: str, target: Path | None) -> str:
     """Write audio held in memory (``array`` + ``sampling_rate``, or encoded ``bytes``) as a 16-bit WAV file."""
     if target is None:
-        raise DataFormatError(f"{where}: the audio is held in memory (an array or bytes, not a file); pass "
-                              "audio_dir=<folder> to have it written there as WAV files")
+        raise DataFormatError(
+            f"{where}: the audio is held in memory (an array or bytes, not a file); pass "
+            "audio_dir=<folder> to have it written there as WAV files"
+        )
     if value.get("array") is not None:
         rate = value.get("sampling_rate")
         if not isinstance(rate, (int, np.integer)) or isinstance(rate, bool) or rate <= 0:
-            raise DataFormatError(f"{where}: the audio array has no positive integer 'sampling_rate' (got {short(rate)})")
+            raise DataFormatError(
+                f"{where}: the audio array has no positive integer 'sampling_rate' (got {short(rate)})"
+            )
         wav = _mono(value["array"], where)
     else:
         try:
@@ -108,32 +116,50 @@ def _audio(value: Any, where: str, base: Path | None, target: Path | None) -> An
             return _write_audio(value, where, target)
         if isinstance(value.get("path"), str):
             return _path(value["path"], base, where)
-        raise DataFormatError(f"{where}: the audio holds none of 'array', 'bytes', 'path' (keys: {fields_found(value)})")
+        raise DataFormatError(
+            f"{where}: the audio holds none of 'array', 'bytes', 'path' (keys: {fields_found(value)})"
+        )
     if isinstance(value, np.ndarray) or hasattr(value, "dim"):
         return value
-    raise DataFormatError(f"{where}: the audio is not a path, an HF audio dict or a waveform (got "
-                          f"{type(value).__name__} {short(value)})")
+    raise DataFormatError(
+        f"{where}: the audio is not a path, an HF audio dict or a waveform (got {type(value).__name__} {short(value)})"
+    )
 
 
-def _row(item: Any, where: str, index: int, name: str, base: Path | None, audio_dir: Path | None,
-         keys: tuple[str, str] | None = None) -> dict[str, Any]:
+def _row(
+    item: Any,
+    where: str,
+    index: int,
+    name: str,
+    base: Path | None,
+    audio_dir: Path | None,
+    keys: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """One manifest row from a (path, label) pair or a mapping (its audio and label fields ``keys``, else found by
     name); other fields pass through."""
     target = audio_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{index:06d}.wav" if audio_dir else None
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return {"ID": f"{name}{index}", "wav": _audio(item[0], where, base, target), "spk_id": _label(item[1], where)}
     if not isinstance(item, Mapping):
-        raise DataFormatError(f"{where}: expected a row with audio and label fields or an (audio path, label) pair, "
-                              f"got {type(item).__name__} {short(item)}")
-    audio_key, label_key = keys or (_one_field(item, AUDIO_FIELDS, "audio", where),
-                                    _one_field(item, LABEL_FIELDS, "speaker label", where))
+        raise DataFormatError(
+            f"{where}: expected a row with audio and label fields or an (audio path, label) pair, "
+            f"got {type(item).__name__} {short(item)}"
+        )
+    audio_key, label_key = keys or (
+        _one_field(item, AUDIO_FIELDS, "audio", where),
+        _one_field(item, LABEL_FIELDS, "speaker label", where),
+    )
     ids = fields_named(item, ID_FIELDS)
     if len(ids) > 1:
         raise DataFormatError(f"{where}: ambiguous ID fields {', '.join(map(repr, ids))}")
     row = {k: v for k, v in item.items() if k not in (audio_key, label_key, *ids)}
     rid = str(item[ids[0]]).strip() if ids and item[ids[0]] is not None else f"{name}{index}"
-    return {"ID": rid, **row, "wav": _audio(item[audio_key], where, base, target),
-            "spk_id": _label(item[label_key], where)}
+    return {
+        "ID": rid,
+        **row,
+        "wav": _audio(item[audio_key], where, base, target),
+        "spk_id": _label(item[label_key], where),
+    }
 
 
 def _dataset_rows(ds: Any, name: str, audio_dir: Path | None, module: Any) -> list[dict[str, Any]]:
@@ -151,8 +177,10 @@ def _dataset_rows(ds: Any, name: str, audio_dir: Path | None, module: Any) -> li
     names = {c: f.names for c, f in features.items() if isinstance(f, module.ClassLabel)}
     rows = []
     for i, item in enumerate(ds):
-        item = {k: (names[k][v] if k in names and isinstance(v, int) and 0 <= v < len(names[k]) else v)
-                for k, v in item.items()}
+        item = {
+            k: (names[k][v] if k in names and isinstance(v, int) and 0 <= v < len(names[k]) else v)
+            for k, v in item.items()
+        }
         rows.append(_row(item, f"{name}[{i}]", i, name, None, audio_dir, (audio_key, label_key)))
     return rows
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from mmunlearn.erase.subspace.cpqr import cpqr_lapack, cpqr_torch, lapack_available, pivots_of_sketch
 from mmunlearn.erase.norms import all_finite, sq_norm
+from mmunlearn.erase.subspace.cpqr import cpqr_lapack, cpqr_torch, lapack_available, pivots_of_sketch
 from mmunlearn.taskvec.lowrank import LowRank
 
 
@@ -48,7 +48,7 @@ class _Found:
     cum: torch.Tensor
     coef: torch.Tensor
 
-    def first(self, k: int) -> "_Found":
+    def first(self, k: int) -> _Found:
         return _Found(self.Q[:, :k], None if self.pivots is None else self.pivots[:k], self.cum[:k], self.coef[:k])
 
 
@@ -234,8 +234,9 @@ def column_basis(
     )
 
 
-def _lowrank_basis(T: LowRank, rank: int | None, energy: float | None, method: str, seed: int,
-                   oversample: int) -> Basis:
+def _lowrank_basis(
+    T: LowRank, rank: int | None, energy: float | None, method: str, seed: int, oversample: int
+) -> Basis:
     """Basis of a factored T = B A from B alone: with Q_B an orthonormal basis of range(B) (thin QR,
     m x r), T = Q_B C where C = (Q_B^T B) A is only r x n; the method runs on C, and Q = Q_B Q_C.
     Since Q_B is orthonormal, ||C||_F = ||T||_F and Q^T T = Q_C^T C: energies, ranks and coefficients
@@ -253,7 +254,20 @@ def _lowrank_basis(T: LowRank, rank: int | None, energy: float | None, method: s
     B = B if B.dtype in (torch.float32, torch.float64) else B.float()
     Q_B, R = torch.linalg.qr(B)
     C = R @ T.A.detach().to(B.dtype)
-    inner = column_basis(C, rank=None if rank is None else min(rank, min(C.shape)), energy=energy, method=method,
-                         seed=seed, oversample=oversample)
-    return Basis(Q=Q_B @ inner.Q, k=inner.k, captured=inner.captured, method=method, pivots=None,
-                 seconds=time.perf_counter() - start, coef=inner.coef)
+    inner = column_basis(
+        C,
+        rank=None if rank is None else min(rank, min(C.shape)),
+        energy=energy,
+        method=method,
+        seed=seed,
+        oversample=oversample,
+    )
+    return Basis(
+        Q=Q_B @ inner.Q,
+        k=inner.k,
+        captured=inner.captured,
+        method=method,
+        pivots=None,
+        seconds=time.perf_counter() - start,
+        coef=inner.coef,
+    )

@@ -52,8 +52,9 @@ def project_output(weight: torch.Tensor, bias: torch.Tensor | None, basis: torch
     """In place: ``weight <- (I - alpha U U^T) weight`` along its output dimension (dim 0; any trailing kernel
     dimensions kept), the same for ``bias``; computed in float64, stored in the tensors' dtypes."""
     if basis.ndim != 2 or basis.shape[0] != weight.shape[0]:
-        raise ValueError(f"basis must be {weight.shape[0]} x k for a weight with {weight.shape[0]} outputs, "
-                         f"got {tuple(basis.shape)}")
+        raise ValueError(
+            f"basis must be {weight.shape[0]} x k for a weight with {weight.shape[0]} outputs, got {tuple(basis.shape)}"
+        )
     if not (0.0 <= alpha <= 2.0):
         raise ValueError(f"alpha must be in [0, 2] (1 removes the directions, 2 reflects them), got {alpha}")
     u = basis.to(torch.float64)

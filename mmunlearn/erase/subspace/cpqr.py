@@ -82,14 +82,38 @@ def _geqp3rk(a: np.ndarray, kmax: int) -> tuple[int, np.ndarray, np.ndarray]:
     # Negative tolerances switch those stopping criteria off: we stop on kmax only.
     args_head = (ref(i(m)), ref(i(n)), ref(i(0)), ref(i(kmax)), ref(real(-1.0)), ref(real(-1.0)))
     work_query = np.zeros(1, dtype=np_real)
-    fn(*args_head, ptr(a), ref(i(m)), ref(k_out), ref(maxc2), ref(relmaxc2), ptr(jpiv), ptr(tau),
-       ptr(work_query), ref(i(-1)), ptr(iwork), ref(info))
+    fn(
+        *args_head,
+        ptr(a),
+        ref(i(m)),
+        ref(k_out),
+        ref(maxc2),
+        ref(relmaxc2),
+        ptr(jpiv),
+        ptr(tau),
+        ptr(work_query),
+        ref(i(-1)),
+        ptr(iwork),
+        ref(info),
+    )
     if info.value != 0:
         raise RuntimeError(f"?geqp3rk workspace query failed (info={info.value})")
     lwork = max(int(work_query[0]), 3 * n)
     work = np.zeros(lwork, dtype=np_real)
-    fn(*args_head, ptr(a), ref(i(m)), ref(k_out), ref(maxc2), ref(relmaxc2), ptr(jpiv), ptr(tau),
-       ptr(work), ref(i(lwork)), ptr(iwork), ref(info))
+    fn(
+        *args_head,
+        ptr(a),
+        ref(i(m)),
+        ref(k_out),
+        ref(maxc2),
+        ref(relmaxc2),
+        ptr(jpiv),
+        ptr(tau),
+        ptr(work),
+        ref(i(lwork)),
+        ptr(iwork),
+        ref(info),
+    )
     if info.value < 0:
         raise RuntimeError(f"?geqp3rk rejected argument {-info.value}")
     return k_out.value, jpiv.astype(np.int64) - 1, tau

@@ -61,8 +61,14 @@ def _config(monkeypatch, benchmark: str, args: list[str]):
 
 def test_a_config_naming_a_record_is_named_back_by_it():
     named = {name: record for name, path in shipped().items() if (record := _record_of(path)) in RECORDS}
-    assert {"tofu/smollm2", "voxceleb2/ecapa_fsdd", "voxceleb2/ecapa_fsdd_sample", "voxceleb2/hf_audio_fsdd",
-            "tofu/micro", "tofu/mini"} <= set(named)
+    assert {
+        "tofu/smollm2",
+        "voxceleb2/ecapa_fsdd",
+        "voxceleb2/ecapa_fsdd_sample",
+        "voxceleb2/hf_audio_fsdd",
+        "tofu/micro",
+        "tofu/mini",
+    } <= set(named)
     assert all(RECORDS[record].get("config") == name for name, record in named.items())
     assert all(config in shipped() for config, _ in PAIRS)
 

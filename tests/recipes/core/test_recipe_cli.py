@@ -17,12 +17,14 @@ from recipes.voxceleb2.config import VoxCelebConfig
 
 #: the benchmark commands: path under `mmunlearn`, options declared beyond OPTIONS, config, fields not taken
 REPO = Path(__file__).resolve().parents[3]
-BENCHMARKS = [(("tofu", "run"), (), TofuConfig, RUN_EXCLUDES),
-              (("tofu", "compare"), (), TofuConfig, COMPARE_EXCLUDES),
-              (("ctofu", "run"), ("langs",), CTofuConfig, RUN_EXCLUDES),
-              (("ctofu", "compare"), ("langs",), CTofuConfig, COMPARE_EXCLUDES),
-              (("voxceleb2", "speaker"), ("manifests", "model"), VoxCelebConfig, ()),
-              (("voxceleb2", "sample"), ("manifests", "model"), VoxCelebConfig, ())]
+BENCHMARKS = [
+    (("tofu", "run"), (), TofuConfig, RUN_EXCLUDES),
+    (("tofu", "compare"), (), TofuConfig, COMPARE_EXCLUDES),
+    (("ctofu", "run"), ("langs",), CTofuConfig, RUN_EXCLUDES),
+    (("ctofu", "compare"), ("langs",), CTofuConfig, COMPARE_EXCLUDES),
+    (("voxceleb2", "speaker"), ("manifests", "model"), VoxCelebConfig, ()),
+    (("voxceleb2", "sample"), ("manifests", "model"), VoxCelebConfig, ()),
+]
 
 
 def _command(path):
@@ -41,8 +43,7 @@ def test_a_benchmark_command_has_a_handful_of_options_and_lists_every_other_sett
     res = CliRunner().invoke(root_app, [*path, "--help"], terminal_width=200)
     assert res.exit_code == 0, res.output
     help_text = " ".join(res.output.replace("│", " ").split())
-    settings = [f.name for f in dataclasses.fields(config)
-                if f.name not in (*options, *excluded, "method_options")]
+    settings = [f.name for f in dataclasses.fields(config) if f.name not in (*options, *excluded, "method_options")]
     assert len(settings) > 10
     for key in settings:  # each with its default and its help text
         assert f"{key}=" in help_text, key
@@ -61,17 +62,44 @@ def test_old_option_spellings_and_key_value_build_the_same_config(tmp_path):
     def other() -> None:  # a second command keeps "go" a subcommand
         pass
 
-    old = ["go", "--langs", "en,fr", "--facts", "3", "--audit", "--no-resume", "--retain-bound=0.25",
-           "--forget-lang", "fr", "seed=4"]
-    new = ["go", "--langs", "en,fr", "facts=3", "audit=true", "resume=false", "retain_bound=0.25", "forget_lang=fr",
-           "seed=4"]
+    old = [
+        "go",
+        "--langs",
+        "en,fr",
+        "--facts",
+        "3",
+        "--audit",
+        "--no-resume",
+        "--retain-bound=0.25",
+        "--forget-lang",
+        "fr",
+        "seed=4",
+    ]
+    new = [
+        "go",
+        "--langs",
+        "en,fr",
+        "facts=3",
+        "audit=true",
+        "resume=false",
+        "retain_bound=0.25",
+        "forget_lang=fr",
+        "seed=4",
+    ]
     for args in (old, new):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 0, res.output
     a, b = seen
     assert a == b
-    assert (a.langs, a.facts, a.audit, a.resume, a.retain_bound, a.forget_lang, a.seed) == \
-        ("en,fr", 3, True, False, 0.25, "fr", 4)
+    assert (a.langs, a.facts, a.audit, a.resume, a.retain_bound, a.forget_lang, a.seed) == (
+        "en,fr",
+        3,
+        True,
+        False,
+        0.25,
+        "fr",
+        4,
+    )
     res = CliRunner().invoke(app, ["go", "--facts"])
     assert res.exit_code == 2 and "--facts needs a value" in res.output
     res = CliRunner().invoke(app, ["go", "--factz", "3"])
@@ -82,8 +110,9 @@ def test_old_option_spellings_and_key_value_build_the_same_config(tmp_path):
 def test_settings_from_args_reads_switches_values_and_plain_assignments():
     types_ = field_types(CTofuConfig)
     settings = [f.name for f in dataclasses.fields(CTofuConfig) if f.name not in OPTIONS]
-    assert settings_from_args(["--sweep", "--no-audit", "--facts", "-1", "seed=2", "--base=base"], types_,
-                              settings) == ["sweep=true", "audit=false", "facts=-1", "seed=2", "base=base"]
+    assert settings_from_args(
+        ["--sweep", "--no-audit", "--facts", "-1", "seed=2", "--base=base"], types_, settings
+    ) == ["sweep=true", "audit=false", "facts=-1", "seed=2", "base=base"]
     with pytest.raises(ConfigError, match="no option or setting --out"):
         settings_from_args(["--out", "x"], types_, settings)  # an option is not a setting: typer parses options
 
@@ -111,7 +140,8 @@ def test_a_run_stopped_by_sigterm_marks_its_folder_so_the_next_run_may_resume_th
         "@app.command()\n"
         "def other():\n"
         "    pass\n"
-        "app()\n")
+        "app()\n"
+    )
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, str(script), "go", "--out", str(out)], cwd=str(REPO))
     deadline = time.monotonic() + 60

@@ -16,9 +16,16 @@ from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig
 
 RUN_KEYS = [f.name for f in dataclasses.fields(TofuConfig) if f.name not in RUN_EXCLUDES]
 #: valid text values for the methods' text settings, two each (a test picks one that differs from the default)
-TEXT_VALUES = {"subspace": ("svd", "cpqr"), "layer_rule": ("top", "all"), "extract_kind": ("lora", "gradient"),
-               "pooling": ("last", "cummean"), "task_matrix": ("update", "extract"), "subtract": ("own", "swept"),
-               "retain_model": ("models/retain", "models/other"), "sweep_pick": ("utility", "first")}
+TEXT_VALUES = {
+    "subspace": ("svd", "cpqr"),
+    "layer_rule": ("top", "all"),
+    "extract_kind": ("lora", "gradient"),
+    "pooling": ("last", "cummean"),
+    "task_matrix": ("update", "extract"),
+    "subtract": ("own", "swept"),
+    "retain_model": ("models/retain", "models/other"),
+    "sweep_pick": ("utility", "first"),
+}
 
 
 def _yaml(tmp_path, text, name="cfg.yaml"):
@@ -28,12 +35,20 @@ def _yaml(tmp_path, text, name="cfg.yaml"):
 
 
 def test_yaml_then_options_then_overrides_each_typed(tmp_path):
-    path = _yaml(tmp_path, "method: rmu\nout: runs/x\nauthors: 4\nretain_bound: 1\nsweep: true\n"
-                           "max_new_tokens: 32\nmethod_options:\n  rmu: {steering: 8, layer: 1}\n")
-    cfg = build_config(TofuConfig, allowed=RUN_KEYS, defaults={"preset": "micro"}, file=path,
-                       given={"authors": 6}, overrides=["max_new_tokens=auto", "rule_retain_items=5", "sweep=no",
-                                                        "method.rmu.alpha=3"],
-                       method_settings=["rmu.steering=9.5"])
+    path = _yaml(
+        tmp_path,
+        "method: rmu\nout: runs/x\nauthors: 4\nretain_bound: 1\nsweep: true\n"
+        "max_new_tokens: 32\nmethod_options:\n  rmu: {steering: 8, layer: 1}\n",
+    )
+    cfg = build_config(
+        TofuConfig,
+        allowed=RUN_KEYS,
+        defaults={"preset": "micro"},
+        file=path,
+        given={"authors": 6},
+        overrides=["max_new_tokens=auto", "rule_retain_items=5", "sweep=no", "method.rmu.alpha=3"],
+        method_settings=["rmu.steering=9.5"],
+    )
     assert (cfg.method, cfg.authors, cfg.max_new_tokens, cfg.sweep) == ("rmu", 6, "auto", False)
     assert cfg.retain_bound == 1.0 and isinstance(cfg.retain_bound, float) and cfg.rule_retain_items == 5
     assert str(cfg.out) == "runs/x" and cfg.preset == "micro"
@@ -42,27 +57,33 @@ def test_yaml_then_options_then_overrides_each_typed(tmp_path):
     cfg = dataclasses.replace(cfg, lr=0.25)
     assert cfg.method_overrides("rmu") == {"lr": 0.25, "steering": 9.5, "layer": 1, "alpha": 3.0}
     assert cfg.method_overrides("grad_diff") == {"lr": 0.25}
-    compare = build_config(TofuConfig, allowed=[k for k in RUN_KEYS + ["methods"] if k not in COMPARE_EXCLUDES],
-                           overrides=["methods=rmu,t3"])
+    compare = build_config(
+        TofuConfig,
+        allowed=[k for k in RUN_KEYS + ["methods"] if k not in COMPARE_EXCLUDES],
+        overrides=["methods=rmu,t3"],
+    )
     assert compare.chosen() == ["rmu", "t3"] and build_config(TofuConfig).chosen() == names("text")
 
 
-@pytest.mark.parametrize("overrides, key, message", [
-    (["nope=1"], "nope", "valid settings: authors, base,"),
-    (["audit=true"], "audit", "unknown setting 'audit'"),  # a compare setting, not run's
-    (["authors=many"], "authors", "expected int or none"),
-    (["sweep=maybe"], "sweep", "expected bool"),
-    (["retain_bound=[1, 2]"], "retain_bound", "expected float"),
-    (["authors=0"], "authors", "positive integer"),
-    (["max_new_tokens=long"], "max_new_tokens", "positive integer or 'auto'"),
-    (["precision=fp8"], "precision", "choose from no, bf16"),
-    (["ft_lr=0"], "ft_lr", "lr must be positive"),
-    (["methods=qr-erase"], "methods", "unknown setting"),
-    (["method.rmu.nope=1"], "method_options", "settings of rmu: alpha, batch_size, epochs, layer"),
-    (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'"),
-    (["method.rmu.steering=strong"], "method_options.rmu.steering", "expected float"),
-    (["authors"], None, "write KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, message",
+    [
+        (["nope=1"], "nope", "valid settings: authors, base,"),
+        (["audit=true"], "audit", "unknown setting 'audit'"),  # a compare setting, not run's
+        (["authors=many"], "authors", "expected int or none"),
+        (["sweep=maybe"], "sweep", "expected bool"),
+        (["retain_bound=[1, 2]"], "retain_bound", "expected float"),
+        (["authors=0"], "authors", "positive integer"),
+        (["max_new_tokens=long"], "max_new_tokens", "positive integer or 'auto'"),
+        (["precision=fp8"], "precision", "choose from no, bf16"),
+        (["ft_lr=0"], "ft_lr", "lr must be positive"),
+        (["methods=qr-erase"], "methods", "unknown setting"),
+        (["method.rmu.nope=1"], "method_options", "settings of rmu: alpha, batch_size, epochs, layer"),
+        (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'"),
+        (["method.rmu.steering=strong"], "method_options.rmu.steering", "expected float"),
+        (["authors"], None, "write KEY=VALUE"),
+    ],
+)
 def test_bad_settings_are_errors_naming_the_setting(overrides, key, message):
     with pytest.raises(ConfigError, match=None) as err:
         build_config(TofuConfig, allowed=RUN_KEYS, overrides=overrides)
@@ -75,8 +96,11 @@ def test_only_plain_yaml_is_read(tmp_path):
     with pytest.raises(ConfigError, match="not plain YAML"):
         build_config(TofuConfig, file=unsafe)
     assert not marker.exists()
-    for text, message in (("- a\n- b\n", "must hold a mapping"), ("method: [unclosed\n", "not plain YAML"),
-                          ("method_options: {rmu: 3}\n", "expected a mapping of settings")):
+    for text, message in (
+        ("- a\n- b\n", "must hold a mapping"),
+        ("method: [unclosed\n", "not plain YAML"),
+        ("method_options: {rmu: 3}\n", "expected a mapping of settings"),
+    ):
         with pytest.raises(ConfigError, match=message):
             build_config(TofuConfig, file=_yaml(tmp_path, text, "other.yaml"))
     with pytest.raises(ConfigError, match="cannot read"):
@@ -86,7 +110,7 @@ def test_only_plain_yaml_is_read(tmp_path):
 def _changed(name: str, tp, default) -> tuple[str, object]:
     """A text for the setting ``name`` of type ``tp`` that differs from ``default``, and the value it means."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    base = args[0] if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")) else tp
+    base = args[0] if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType) else tp
     if name in TEXT_VALUES:
         value = next(v for v in TEXT_VALUES[name] if v != default)
         return value, value
@@ -109,7 +133,7 @@ def _changed(name: str, tp, default) -> tuple[str, object]:
 
 def _setting(cfg, name: str):
     if name.startswith("extract_") and hasattr(cfg, "extract"):
-        return getattr(cfg.extract, name[len("extract_"):])
+        return getattr(cfg.extract, name[len("extract_") :])
     return getattr(cfg, name)
 
 
@@ -134,8 +158,11 @@ def test_cli_config_errors_are_usage_errors_before_any_work(tmp_path):
     cases = [
         (tofu_app, ["run", "--config", bad], "unknown setting 'steering'"),
         (tofu_app, ["run", "--out", tmp_path / "o"], "missing: give --method"),
-        (tofu_app, ["run", "--method", "rmu", "--out", tmp_path / "o", "--method-option", "rmu.depth=2"],
-         "no setting 'depth'"),
+        (
+            tofu_app,
+            ["run", "--method", "rmu", "--out", tmp_path / "o", "--method-option", "rmu.depth=2"],
+            "no setting 'depth'",
+        ),
         (tofu_app, ["compare", "--out", tmp_path / "o", "methods=qr-erase,nothing"], "unknown methods ['nothing']"),
         (ctofu_app, ["run", "--config", bad, "--cache-dir", tmp_path / "c"], "unknown setting 'steering'"),
         (ctofu_app, ["compare", "--out", tmp_path / "o", "train_text=raw"], "choose from"),
@@ -163,8 +190,9 @@ def test_a_command_layers_the_file_over_its_defaults_and_its_options_over_the_fi
         pass
 
     path = _yaml(tmp_path, "preset: micro\nauthors: 4\nsweep: false\nmethods: [rmu]\n")
-    res = CliRunner().invoke(app, ["go", "--config", str(path), "--authors", "6", "retain_bound=0.5",
-                                   "--method-option", "rmu.layer=2"])
+    res = CliRunner().invoke(
+        app, ["go", "--config", str(path), "--authors", "6", "retain_bound=0.5", "--method-option", "rmu.layer=2"]
+    )
     assert res.exit_code == 0, res.output
     cfg = seen.pop()
     assert (cfg.preset, cfg.sweep, cfg.authors, cfg.retain_bound, cfg.methods) == ("micro", False, 6, 0.5, ("rmu",))

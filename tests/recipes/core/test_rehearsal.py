@@ -18,8 +18,13 @@ from recipes.tofu.cli import app as tofu_app
 
 APPS = {"tofu": tofu_app, "ctofu": ctofu_app}
 #: the configs a rehearsal test runs, with the languages of the cTOFU ones
-CONFIGS = {"tofu/smollm2_gpu200": None, "tofu/smollm2_20": None, "ctofu/smollm2_gpu": ("en", "fr", "ru", "ar", "ja"),
-           "ctofu/smollm2_gpu_ja": ("en", "fr", "ru", "ar", "ja"), "ctofu/smollm2": ("en", "fr", "ru")}
+CONFIGS = {
+    "tofu/smollm2_gpu200": None,
+    "tofu/smollm2_20": None,
+    "ctofu/smollm2_gpu": ("en", "fr", "ru", "ar", "ja"),
+    "ctofu/smollm2_gpu_ja": ("en", "fr", "ru", "ar", "ja"),
+    "ctofu/smollm2": ("en", "fr", "ru"),
+}
 #: rehearsed in the quick suite (about 30 and 55 s here); the others (1-2 min: parallel builds and jobs spawn
 #: processes, or a second world) in `make test-all`, and each runs in test_shipped_configs on tiny overrides
 FAST = ("tofu/smollm2_gpu200", "ctofu/smollm2_gpu")
@@ -41,8 +46,16 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 def _rehearse(name: str, data: dict[str, Path], tmp_path: Path, *extra: str):
     bench = name.partition("/")[0]
-    args = ["compare", "--config", name, "--rehearse", f"data={data[bench]}", f"out={tmp_path / 'run'}",
-            f"cache_dir={tmp_path / 'cache'}", *extra]
+    args = [
+        "compare",
+        "--config",
+        name,
+        "--rehearse",
+        f"data={data[bench]}",
+        f"out={tmp_path / 'run'}",
+        f"cache_dir={tmp_path / 'cache'}",
+        *extra,
+    ]
     return CliRunner().invoke(APPS[bench], args)
 
 
@@ -64,8 +77,9 @@ def _check_record(name: str, tmp_path: Path, methods: list[str]) -> dict:
         assert sorted(r["method"] for r in rows if not r["method"].endswith(" model")) == sorted(methods)
         assert all(r.get("forget_quality") is not None for r in rows)
     else:
-        assert {(r["method"], r["lang"]) for r in rows} == {(m, lang) for m in ["target model", "retain model",
-                                                                                 *methods] for lang in langs}
+        assert {(r["method"], r["lang"]) for r in rows} == {
+            (m, lang) for m in ["target model", "retain model", *methods] for lang in langs
+        }
         for r in rows:
             assert r["prob_ratio"] is not None and r["prob_ratio"] >= 0
             if r["method"] == "target model":
@@ -82,8 +96,7 @@ def _check_record(name: str, tmp_path: Path, methods: list[str]) -> dict:
     return saved
 
 
-@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in sorted(CONFIGS)])
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CONFIGS)])
 def test_each_config_rehearses_end_to_end_on_the_cpu(name, data, tmp_path, monkeypatch):
     """Two methods (one edit, one fine-tuning baseline) with every other setting the config's own; the rehearsal of
     every method is the slow test below."""
@@ -117,7 +130,8 @@ def test_a_rehearsal_fails_where_the_full_run_would(data, tmp_path, monkeypatch)
     assert res.exit_code != 0 and "no_such_package_for_the_test" in str(res.exception)
     # every compare checks the packages it imports late before any model work (not only a rehearsal)
     monkeypatch.setattr(rehearsal, "LATE_IMPORTS", ("no_such_late_import",))
-    res = CliRunner().invoke(tofu_app, ["compare", "--config", "tofu/micro", f"out={tmp_path / 'micro'}",
-                                        f"cache_dir={tmp_path / 'cache'}"])
+    res = CliRunner().invoke(
+        tofu_app, ["compare", "--config", "tofu/micro", f"out={tmp_path / 'micro'}", f"cache_dir={tmp_path / 'cache'}"]
+    )
     assert res.exit_code != 0 and "no_such_late_import" in str(res.exception)
     assert not (tmp_path / "cache").exists()

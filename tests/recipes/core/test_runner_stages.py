@@ -26,10 +26,13 @@ def test_the_comparison_writes_the_tables_after_each_method_and_audits_each_when
     rows = {"a": [{"method": "a", "lang": "en"}, {"method": "a", "lang": "fr"}], "b": [{"method": "b", "reused": True}]}
     stages = Stages(2, time.perf_counter(), say=lines.append)
     logged = []  # the stages the timing holds when each write happens: the last write's holds both
-    comparison = Comparison(["a", "b"], rows=rows.__getitem__,
-                            write=lambda got: (written.append(list(got)),
-                                               logged.append([s["stage"] for s in stages.timing()["stages"]])),
-                            audit=lambda name: {"method": name}, write_audit=lambda got: audited.append(list(got)))
+    comparison = Comparison(
+        ["a", "b"],
+        rows=rows.__getitem__,
+        write=lambda got: (written.append(list(got)), logged.append([s["stage"] for s in stages.timing()["stages"]])),
+        audit=lambda name: {"method": name},
+        write_audit=lambda got: audited.append(list(got)),
+    )
     got, audits = run_comparison(comparison, stages)
     assert logged == [["a"], ["a", "b"]]
     assert got == rows["a"] + rows["b"] and audits == [{"method": "a"}, {"method": "b"}]
@@ -37,8 +40,9 @@ def test_the_comparison_writes_the_tables_after_each_method_and_audits_each_when
     assert audited == [[{"method": "a"}], [{"method": "a"}, {"method": "b"}]]
     assert lines[0] == "running a (1/2) ..." and lines[1].startswith("[stage 1/2] a: ")
     assert lines[2] == "auditing a ..." and lines[4].startswith("[stage 2/2] b: reused")
-    got, audits = run_comparison(Comparison(["b"], rows=rows.__getitem__, write=written.append),
-                                 Stages(1, time.perf_counter(), say=lines.append))
+    got, audits = run_comparison(
+        Comparison(["b"], rows=rows.__getitem__, write=written.append), Stages(1, time.perf_counter(), say=lines.append)
+    )
     assert audits == [] and got == rows["b"]
 
 
@@ -74,8 +78,10 @@ def test_a_reused_stage_brings_the_time_it_took_when_it_ran_into_the_record(tmp_
     assert timing["stages"][1] == {"stage": "npo", "seconds": 125.0, "reused": True} and timing["wall_seconds"] >= 0
     line = time_line({"wall_seconds": 60.0, "timing": timing})
     assert "1 of 2 stages reused from earlier calls; they took 2.1 min when they ran" in line
-    assert time_line({"wall_seconds": 60.0, "timing": {"stages": [{"stage": "a", "seconds": 5, "reused": False}]}}) \
+    assert (
+        time_line({"wall_seconds": 60.0, "timing": {"stages": [{"stage": "a", "seconds": 5, "reused": False}]}})
         == "\nWhole command: 1.0 min wall."
+    )
 
 
 def test_the_timing_names_the_training_seconds_each_built_model_records(tmp_path):
@@ -98,8 +104,15 @@ def test_no_method_starts_after_the_budget_and_the_skipped_ones_are_listed():
         return [{"method": name}]
 
     stages = Stages(4, time.perf_counter(), say=lines.append)
-    got, _ = run_comparison(Comparison(["a", "b", "c"], rows=rows, write=lambda done: written.append(
-        (list(done), [s["stage"] for s in stages.timing()["skipped"]]))), stages, budget=0.08)
+    got, _ = run_comparison(
+        Comparison(
+            ["a", "b", "c"],
+            rows=rows,
+            write=lambda done: written.append((list(done), [s["stage"] for s in stages.timing()["skipped"]])),
+        ),
+        stages,
+        budget=0.08,
+    )
     # a runs (0.05 s); b would start at 0.05 s with 0.05 s (the longest stage so far) to go, past 0.08 s: skipped, c too
     assert ran == ["a"] and got == [{"method": "a"}]
     timing = stages.timing()
@@ -109,8 +122,9 @@ def test_no_method_starts_after_the_budget_and_the_skipped_ones_are_listed():
     assert any(line.startswith("[stage 2/4] b: skipped: budget") for line in lines)
     # without a budget every method runs
     ran.clear()
-    run_comparison(Comparison(["a", "b"], rows=rows, write=lambda done: None), Stages(2, time.perf_counter(),
-                                                                                        say=lines.append))
+    run_comparison(
+        Comparison(["a", "b"], rows=rows, write=lambda done: None), Stages(2, time.perf_counter(), say=lines.append)
+    )
     assert ran == ["a", "b"]
 
 
@@ -126,9 +140,11 @@ def test_keep_going_lists_a_failed_method_and_runs_the_next_one():
     stages = Stages(3, time.perf_counter(), say=lines.append)
     got, _ = run_comparison(Comparison(["bad", "good"], rows=rows, write=lambda done: None), stages, keep_going=True)
     assert got == [{"method": "good"}]
-    failed, = stages.timing()["skipped"]
+    (failed,) = stages.timing()["skipped"]
     assert failed["stage"] == "bad" and failed["why"] == "RuntimeError: out of memory" and failed["seconds"] >= 0
     assert any("Traceback" in line for line in lines) and any("bad: FAILED after" in line for line in lines)
     with pytest.raises(RuntimeError, match="out of memory"):  # by default the error stops the comparison
-        run_comparison(Comparison(["bad", "good"], rows=rows, write=lambda done: None),
-                       Stages(2, time.perf_counter(), say=lines.append))
+        run_comparison(
+            Comparison(["bad", "good"], rows=rows, write=lambda done: None),
+            Stages(2, time.perf_counter(), say=lines.append),
+        )

@@ -47,13 +47,36 @@ VARIANTS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
 }
 #: Values other than the default for fields whose type alone does not say what is valid.
 SAMPLES: dict[str, Any] = {
-    "method": "grad_diff", "methods": ("grad_ascent",), "data": "synthetic:n_authors=8", "preset": "tiny",
-    "base": "base", "max_new_tokens": "auto", "extract": "gradient", "audit_relearn_on": "retain",
-    "audit_attacks": "probe", "ft_precision": "bf16", "device": "cpu", "forget_split": "forget05",
-    "metrics": "forget", "precision": "bf16", "langs": "en,fr", "forget_lang": "en,fr", "eval_langs": "en",
-    "retain_langs": "all", "train_text": "files", "llm": "tiny", "where": "audio", "keep_task": "transcript",
-    "reference": "runs/reference", "retrained": "runs/retrained", "layer_rule": "top", "scope": "head",
-    "sweep_ranks": (1, 3), "method_options": {"grad_ascent": {"lr": 0.5}}, "model": "hf-audio", "dataset": "tofu",
+    "method": "grad_diff",
+    "methods": ("grad_ascent",),
+    "data": "synthetic:n_authors=8",
+    "preset": "tiny",
+    "base": "base",
+    "max_new_tokens": "auto",
+    "extract": "gradient",
+    "audit_relearn_on": "retain",
+    "audit_attacks": "probe",
+    "ft_precision": "bf16",
+    "device": "cpu",
+    "forget_split": "forget05",
+    "metrics": "forget",
+    "precision": "bf16",
+    "langs": "en,fr",
+    "forget_lang": "en,fr",
+    "eval_langs": "en",
+    "retain_langs": "all",
+    "train_text": "files",
+    "llm": "tiny",
+    "where": "audio",
+    "keep_task": "transcript",
+    "reference": "runs/reference",
+    "retrained": "runs/retrained",
+    "layer_rule": "top",
+    "scope": "head",
+    "sweep_ranks": (1, 3),
+    "method_options": {"grad_ascent": {"lr": 0.5}},
+    "model": "hf-audio",
+    "dataset": "tofu",
 }
 
 
@@ -125,8 +148,13 @@ def reads(cls: type, roots: list[Any], blocked: set[Any]) -> tuple[set[str], set
                     todo.append(member.fget)
                 elif isinstance(member, types.FunctionType):
                     todo.append(member)
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                  and isinstance(node.args[0], ast.Name) and node.args[0].id in names):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in names
+            ):
                 key = node.args[1]
                 if isinstance(key, ast.Constant) and isinstance(key.value, str):
                     found.add(key.value)
@@ -188,8 +216,10 @@ def _silent(command: ConfigCommand, variant: str) -> list[str]:
     chooses, blocked = _variants(command)[variant]
     found, _ = reads(command.cls, [command.body], {_resolve(b) for b in blocked})
     types_ = field_types(command.cls)
-    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(command.cls)}
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(command.cls)
+    }
     build = dict(allowed=command.keys, kind=command.kind, overrides=list(chooses))
     build_config(command.cls, **build)  # the variant's own settings are valid
     silent = []
@@ -209,8 +239,10 @@ def _silent(command: ConfigCommand, variant: str) -> list[str]:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_every_setting_reaches_the_run_or_is_refused(case):
     silent = _silent(*case)
-    assert not silent, (f"{_case_id(case)}: the settings {silent} reach nothing on this command's path and are not "
-                        "refused: pass them to the run or refuse a value other than the default in the config's check")
+    assert not silent, (
+        f"{_case_id(case)}: the settings {silent} reach nothing on this command's path and are not "
+        "refused: pass them to the run or refuse a value other than the default in the config's check"
+    )
 
 
 def test_a_setting_that_nothing_reads_fails_the_walk():
@@ -231,8 +263,11 @@ def test_a_setting_that_nothing_reads_fails_the_walk():
     found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn")})
     assert {"retain_bound", "lr", "epochs", "extract", "resume"} <= found
     # without the function that runs the speech-LLM level from the config, they would reach nothing there
-    found, _ = reads(VoxCelebConfig, [speaker.body], {_resolve("recipes.voxceleb2.cli._unlearn"),
-                                                      _resolve("recipes.voxceleb2.speech_llm.run_level")})
+    found, _ = reads(
+        VoxCelebConfig,
+        [speaker.body],
+        {_resolve("recipes.voxceleb2.cli._unlearn"), _resolve("recipes.voxceleb2.speech_llm.run_level")},
+    )
     assert not {"retain_bound", "lr", "epochs", "extract", "resume"} & found
 
 
@@ -246,8 +281,10 @@ def test_each_sample_is_a_value_some_command_takes():
             read_somewhere.setdefault(key, []).append((command, chooses))
     for command in COMMANDS:
         types_ = field_types(command.cls)
-        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                    for f in dataclasses.fields(command.cls)}
+        defaults = {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(command.cls)
+        }
         for key in command.keys:
             assert key in read_somewhere, f"{command.cls.__name__}.{key} is read by no command"
             errors = []
@@ -255,8 +292,13 @@ def test_each_sample_is_a_value_some_command_takes():
                 if where.cls is not command.cls:
                     continue
                 try:
-                    build_config(where.cls, allowed=where.keys, kind=where.kind, overrides=list(chooses),
-                                 given={key: _sample(key, types_[key], defaults[key])})
+                    build_config(
+                        where.cls,
+                        allowed=where.keys,
+                        kind=where.kind,
+                        overrides=list(chooses),
+                        given={key: _sample(key, types_[key], defaults[key])},
+                    )
                     break
                 except ConfigError as e:
                     errors.append(str(e))

@@ -54,12 +54,15 @@ def _command(name: str) -> tuple[str, str]:
     words = describe(SHIPPED[name]).replace(":", " ").split()
     if benchmark in PATHS:
         if tuple(words[:2]) != PATHS[benchmark]:
-            pytest.fail(f"{name}: the first comment line must start with '{' '.join(PATHS[benchmark])}', got "
-                        f"{describe(SHIPPED[name])!r}")
+            pytest.fail(
+                f"{name}: the first comment line must start with '{' '.join(PATHS[benchmark])}', got "
+                f"{describe(SHIPPED[name])!r}"
+            )
         return benchmark, PATHS[benchmark][1]
     if len(words) < 2 or words[0] != benchmark:
-        pytest.fail(f"{name}: the first comment line must start with '{benchmark} <command>', got "
-                    f"{describe(SHIPPED[name])!r}")
+        pytest.fail(
+            f"{name}: the first comment line must start with '{benchmark} <command>', got {describe(SHIPPED[name])!r}"
+        )
     return benchmark, words[1]
 
 
@@ -75,8 +78,14 @@ def _invoke(app: typer.Typer, *args: Any):
 
 
 def test_the_documented_presets_are_shipped():
-    assert {"tofu/micro", "tofu/mini", "tofu/smollm2", "ctofu/mini", "voxceleb2/ecapa_fsdd",
-            "voxceleb2/hf_audio_fsdd"} <= set(SHIPPED)
+    assert {
+        "tofu/micro",
+        "tofu/mini",
+        "tofu/smollm2",
+        "ctofu/mini",
+        "voxceleb2/ecapa_fsdd",
+        "voxceleb2/hf_audio_fsdd",
+    } <= set(SHIPPED)
     assert all(path.is_file() and path.parent.parent == ROOT for path in SHIPPED.values())
     assert set(shipped("tofu")) == {n for n in SHIPPED if n.startswith("tofu/")}
 
@@ -117,8 +126,9 @@ def test_a_name_and_its_file_give_the_same_config(tmp_path, monkeypatch):
         seen.append(cfg)
 
     app = typer.Typer()
-    config_command(app, TofuConfig, name="compare", exclude=COMPARE_EXCLUDES, defaults=COMPARE_DEFAULTS,
-                   benchmark="tofu")(compare)
+    config_command(
+        app, TofuConfig, name="compare", exclude=COMPARE_EXCLUDES, defaults=COMPARE_DEFAULTS, benchmark="tofu"
+    )(compare)
     app.command("other")(lambda: None)  # two commands: the app takes the command's name
     for spec in ("tofu/smollm2", "smollm2", "tofu/smollm2.yaml", SHIPPED["tofu/smollm2"]):
         res, _ = _invoke(app, "compare", "--config", spec, "authors=3")
@@ -169,14 +179,28 @@ def test_tofu_micro_runs_through_the_cli_with_tiny_overrides(tofu_micro, tmp_pat
     """The shipped quick check, as a user runs it (``--config tofu/micro``), kept tiny by KEY=VALUE overrides: one
     method, no sweep, the forget metrics; the world is the session's micro models (their cache)."""
     monkeypatch.chdir(tmp_path)
-    res, _ = _invoke(tofu_app, "compare", "--config", "tofu/micro", f"out={tmp_path / 'out'}",
-                     f"cache_dir={tofu_micro.cache_dir}", "device=cpu", "threads=1", "max_new_tokens=8",
-                     "metrics=forget", "methods=t3", "sweep=false")
+    res, _ = _invoke(
+        tofu_app,
+        "compare",
+        "--config",
+        "tofu/micro",
+        f"out={tmp_path / 'out'}",
+        f"cache_dir={tofu_micro.cache_dir}",
+        "device=cpu",
+        "threads=1",
+        "max_new_tokens=8",
+        "metrics=forget",
+        "methods=t3",
+        "sweep=false",
+    )
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "out" / "compare.json").read_text())
     context = saved["context"]
-    assert (context["preset"], context["data"], context["forget_split"]) == ("micro", "synthetic:n_authors=10",
-                                                                             "forget10")  # from the shipped file
+    assert (context["preset"], context["data"], context["forget_split"]) == (
+        "micro",
+        "synthetic:n_authors=10",
+        "forget10",
+    )  # from the shipped file
     assert context["max_new_tokens"] == 8 and context["metrics"] == ["forget"]  # from the overrides
     assert [r["method"] for r in saved["rows"]] == ["target model", "retain model", "t3"]
     assert (tmp_path / "out" / "t3" / "TOFU_EVAL.json").is_file() and not (tmp_path / "runs").exists()
@@ -184,19 +208,50 @@ def test_tofu_micro_runs_through_the_cli_with_tiny_overrides(tofu_micro, tmp_pat
 
 #: what makes each benchmark's run tiny; the rest of the config is its own
 TINY = {
-    "tofu": ["preset=micro", f"data={TOFU_DATA}", "authors=none", "forget_split=forget10", "max_new_tokens=24",
-             "metrics=forget", "methods=grad_diff", "epochs=1", "sweep=false", "utility_items=none",
-             "rule_retain_items=none", "audit_attacks=quantise"],
-    "ctofu": ["preset=micro", "data=synthetic", "authors=1", "facts=2", "langs=en,fr", "max_new_tokens=8",
-              "methods=grad_diff", "epochs=1", "sweep=false"],
-    "voxceleb2": ["preset=tiny", "methods=grad_diff", "epochs=1", "sweep=false", "scope=all", "train_epochs=2",
-                  "audit_attacks=quantise"],
+    "tofu": [
+        "preset=micro",
+        f"data={TOFU_DATA}",
+        "authors=none",
+        "forget_split=forget10",
+        "max_new_tokens=24",
+        "metrics=forget",
+        "methods=grad_diff",
+        "epochs=1",
+        "sweep=false",
+        "utility_items=none",
+        "rule_retain_items=none",
+        "audit_attacks=quantise",
+    ],
+    "ctofu": [
+        "preset=micro",
+        "data=synthetic",
+        "authors=1",
+        "facts=2",
+        "langs=en,fr",
+        "max_new_tokens=8",
+        "methods=grad_diff",
+        "epochs=1",
+        "sweep=false",
+    ],
+    "voxceleb2": [
+        "preset=tiny",
+        "methods=grad_diff",
+        "epochs=1",
+        "sweep=false",
+        "scope=all",
+        "train_epochs=2",
+        "audit_attacks=quantise",
+    ],
     "requests": ["preset=tiny", "extract=gradient", "train_epochs=2", "gd_epochs=1", "batch=false", "threads=1"],
 }
 #: the table each command writes in its --out
-TABLE = {("tofu", "compare"): "compare.json", ("ctofu", "compare"): "compare.json",
-         ("voxceleb2", "speaker"): "speaker.json", ("voxceleb2", "sample"): "sample.json",
-         ("requests", "requests"): "requests.json"}
+TABLE = {
+    ("tofu", "compare"): "compare.json",
+    ("ctofu", "compare"): "compare.json",
+    ("voxceleb2", "speaker"): "speaker.json",
+    ("voxceleb2", "sample"): "sample.json",
+    ("requests", "requests"): "requests.json",
+}
 
 
 #: the cTOFU run builds its own world's models (40 s here), tofu/smollm2_gpu200 its own fine-tuning's: kept for
@@ -204,8 +259,9 @@ TABLE = {("tofu", "compare"): "compare.json", ("ctofu", "compare"): "compare.jso
 SLOW_RUNS = {"ctofu/mini", "ctofu/smollm2", "ctofu/smollm2_gpu", "ctofu/smollm2_gpu_ja", "tofu/smollm2_gpu200"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RUNS else n
-                                  for n in sorted(SHIPPED)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RUNS else n for n in sorted(SHIPPED)]
+)
 def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_path, monkeypatch):
     """Each config as a user runs it (``--config NAME``), its own settings kept, only size, data and work made tiny
     by KEY=VALUE overrides (TOFU on the session's micro world, speakers on the tiny espeak corpus), one method."""
@@ -221,8 +277,10 @@ def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_pat
         overrides += [f"manifests={request.getfixturevalue('speaker_manifests')}", f"workdir={tmp_path / 'work'}"]
         if read_yaml(SHIPPED[name]).get("model") == "speech-llm":  # its own size setting and table
             overrides = [o for o in overrides if o.split("=")[0] not in CLASSIFIER_ONLY]  # refused on a speech LLM
-            overrides += ["llm=tiny", *(f"{key}=none" for key in ("reference", "retrained")
-                                        if read_yaml(SHIPPED[name]).get(key))]  # the real model's folders
+            overrides += [
+                "llm=tiny",
+                *(f"{key}=none" for key in ("reference", "retrained") if read_yaml(SHIPPED[name]).get(key)),
+            ]  # the real model's folders
             table = tmp_path / "out" / command / "results.json"
     if benchmark == "ctofu" and read_yaml(SHIPPED[name]).get("forget_lang", "en") not in ("en", "fr"):
         overrides.append("forget_lang=fr")  # the synthetic world speaks en and fr only
@@ -239,8 +297,13 @@ def _run_requests(name: str, request, tmp_path: Path) -> None:
     from mmunlearn.cli import app as root_app
 
     table = tmp_path / "out" / TABLE[("requests", "requests")]
-    overrides = [*TINY["requests"], f"json={table}", f"markdown={tmp_path / 'out' / 'requests.md'}",
-                 f"workdir={tmp_path / 'work'}", f"manifests={request.getfixturevalue('speaker_manifests')}"]
+    overrides = [
+        *TINY["requests"],
+        f"json={table}",
+        f"markdown={tmp_path / 'out' / 'requests.md'}",
+        f"workdir={tmp_path / 'work'}",
+        f"manifests={request.getfixturevalue('speaker_manifests')}",
+    ]
     defaults = {f.name: f.default for f in dataclasses.fields(RequestsConfig)}
     overrides += [f"{key}={defaults[key]}" for key in BUILT_IN if key in read_yaml(SHIPPED[name])]
     res = CliRunner().invoke(root_app, ["bench", "requests", "--config", name, *overrides])

@@ -11,8 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
-from mmunlearn.data.ctofu.worlds import build_world, open_ctofu
 from mmunlearn.data.ctofu.synthetic import synthetic_ctofu, write_language_files
+from mmunlearn.data.ctofu.worlds import build_world, open_ctofu
 from mmunlearn.methods import UnlearnRequest, get, mean_nll, names, run_unlearning
 from recipes.ctofu import pipeline as ctofu_pipeline
 from recipes.ctofu.cli import _world, app
@@ -31,8 +31,9 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ctx(folder, tmp_path_factory):
     world = build_world(open_ctofu(folder), **WORLD)
-    return ctofu_pipeline.prepare("micro", world, ("en",), ("en", "ar"), ("en",), 0,
-                                  tmp_path_factory.mktemp("cache"), "cpu", max_new_tokens=8)
+    return ctofu_pipeline.prepare(
+        "micro", world, ("en",), ("en", "ar"), ("en",), 0, tmp_path_factory.mktemp("cache"), "cpu", max_new_tokens=8
+    )
 
 
 def test_target_knows_the_forget_authors_in_every_language(ctx):
@@ -52,8 +53,9 @@ def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
     before = {lang: mean_nll(fresh, items) for lang, items in probes.items()}
     for method in names("text"):
         target = TextLLMAdapter.from_pretrained(ctx.built.target, device="cpu")
-        res = run_unlearning(UnlearnRequest(method, "text", size="micro", progress=False), target, ctx.forget,
-                             ctx.retain)
+        res = run_unlearning(
+            UnlearnRequest(method, "text", size="micro", progress=False), target, ctx.forget, ctx.retain
+        )
         after = {lang: mean_nll(res.adapter, items) for lang, items in probes.items()}
         assert after["en"] > before["en"], (method, before, after)  # micro defaults, no sweep: some rise
         assert all(math.isfinite(v) for v in after.values())  # also in the languages it was not given
@@ -61,10 +63,30 @@ def test_every_method_raises_the_forget_nll_of_the_forget_language(ctx):
 
 
 def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
-    res = CliRunner().invoke(app, ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent,t3",
-                                   "--forget-lang", "en", "--eval-langs", "en,ar", "--no-sweep",
-                                   "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path),
-                                   "--method-option", "t3.head_epochs=7"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--data",
+            str(folder),
+            *OPTS,
+            "--methods",
+            "grad_ascent,t3",
+            "--forget-lang",
+            "en",
+            "--eval-langs",
+            "en,ar",
+            "--no-sweep",
+            "--max-new-tokens",
+            "8",
+            "--cache-dir",
+            str(ctx.cache_dir),
+            "--out",
+            str(tmp_path),
+            "--method-option",
+            "t3.head_epochs=7",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "[stage 1/3] target and retain models" in res.output  # one progress line per stage
     assert "[stage 2/3] grad_ascent:" in res.output and "[stage 3/3] t3:" in res.output
@@ -78,7 +100,8 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
     assert t3_config["head_epochs"] == 7  # a method's own setting through --method-option
     rows = report["rows"]
     assert [(r["method"], r["lang"]) for r in rows] == [
-        (m, lang) for m in ("target model", "retain model", "grad_ascent", "t3") for lang in ("en", "ar")]
+        (m, lang) for m in ("target model", "retain model", "grad_ascent", "t3") for lang in ("en", "ar")
+    ]
     target = {r["lang"]: r for r in rows if r["method"] == "target model"}
     for r in rows[4:]:
         logs = json.loads((tmp_path / r["method"] / r["lang"] / "TOFU_EVAL.json").read_text())
@@ -91,13 +114,14 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
     assert summary["grad_ascent"]["rouge_drop_forget_lang"] == pytest.approx(ga["en"]["rouge_rel_drop"])
     if ga["en"]["rouge_rel_drop"] > 0:
         assert summary["grad_ascent"]["rouge_transfer"] == pytest.approx(
-            ga["ar"]["rouge_rel_drop"] / ga["en"]["rouge_rel_drop"])
+            ga["ar"]["rouge_rel_drop"] / ga["en"]["rouge_rel_drop"]
+        )
     md = (tmp_path / "compare.md").read_text()
     assert "| method | en | ar |" in md and "| t3 |" in md
     assert (tmp_path / "fq_heatmap.png").stat().st_size > 0 and (tmp_path / "rouge_drop.png").stat().st_size > 0
     assert (tmp_path / "t3" / "model" / "tilt").is_dir() and (tmp_path / "grad_ascent" / "model").is_dir()
-    from mmunlearn.files.checkpoint import load_checkpoint
     from mmunlearn.api.restore import restore_folder
+    from mmunlearn.files.checkpoint import load_checkpoint
 
     original = load_checkpoint(ctx.built.target).tensors
     for method in ("grad_ascent", "t3"):  # cTOFU outputs restore to the target bit for bit
@@ -106,8 +130,9 @@ def test_compare_cli_on_two_methods(ctx, folder, tmp_path):
 
 
 def test_finetune_cli_reuses_the_built_models(ctx, folder, tmp_path):
-    res = CliRunner().invoke(app, ["finetune", "--data", str(folder), *OPTS, "--cache-dir", str(ctx.cache_dir),
-                                   "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app, ["finetune", "--data", str(folder), *OPTS, "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path)]
+    )
     assert res.exit_code == 0, res.output
     models = json.loads((tmp_path / "models.json").read_text())
     assert models["target"] == str(ctx.built.target) and models["retain"] == str(ctx.built.retain)
@@ -123,7 +148,8 @@ def test_misaligned_language_stops_the_run_or_is_left_out(folder, tmp_path):
     res = CliRunner().invoke(app, ["finetune", "--data", str(broken), *OPTS, "--out", str(tmp_path / "out")])
     assert res.exit_code != 0 and "not row-aligned" in res.output
     assert json.loads((tmp_path / "out" / "alignment.json").read_text())["errors"] == [
-        {"lang": "fr", "split": "retain99", "error": "39 rows, English has 40"}]
+        {"lang": "fr", "split": "retain99", "error": "39 rows, English has 40"}
+    ]
     world = _world(str(broken), None, "all", 2, 5, True, tmp_path / "out2")
     assert world.languages == ("en", "ar")
 
@@ -134,18 +160,27 @@ def _plain_output(output: str) -> str:
 
 def test_text_mismatch_stops_the_run_or_is_recorded(tmp_path):
     data = tmp_path / "retranslated"  # forget01_perturbed translated apart from forget01, as the shipped files
-    write_language_files(synthetic_ctofu(("en", "fr", "ar"), retain_authors=2, forget_authors=1,
-                                         retranslated=("forget01_perturbed",)), data)
-    res = CliRunner().invoke(app, ["finetune", "--data", str(data), *OPTS, "--train-text", "files",
-                                   "--out", str(tmp_path / "stop")])
+    write_language_files(
+        synthetic_ctofu(("en", "fr", "ar"), retain_authors=2, forget_authors=1, retranslated=("forget01_perturbed",)),
+        data,
+    )
+    res = CliRunner().invoke(
+        app, ["finetune", "--data", str(data), *OPTS, "--train-text", "files", "--out", str(tmp_path / "stop")]
+    )
     assert res.exit_code != 0  # stops before any model is built
     text = _plain_output(res.output)
     assert "other question/answer text than the metrics score" in text and "--allow-text-mismatch" in text
     assert not (tmp_path / "stop" / "models.json").exists()
     report = json.loads((tmp_path / "stop" / "alignment.json").read_text())
     shared = {(t["lang"], t["split"]): (t["shared"], t["scored"]) for t in report["texts"]}
-    assert shared == {("en", "forget01"): (20, 20), ("en", "retain99"): (20, 20), ("ar", "forget01"): (0, 20),
-                      ("ar", "retain99"): (20, 20), ("fr", "forget01"): (0, 20), ("fr", "retain99"): (20, 20)}
+    assert shared == {
+        ("en", "forget01"): (20, 20),
+        ("en", "retain99"): (20, 20),
+        ("ar", "forget01"): (0, 20),
+        ("ar", "retain99"): (20, 20),
+        ("fr", "forget01"): (0, 20),
+        ("fr", "retain99"): (20, 20),
+    }
     assert report["text_mismatches"] == 2 and not report["text_mismatch_allowed"]
     assert "the run stops" in (tmp_path / "stop" / "alignment.md").read_text()
 
@@ -159,10 +194,12 @@ def test_text_mismatch_stops_the_run_or_is_recorded(tmp_path):
     md = (tmp_path / "default" / "alignment.md").read_text()
     assert "| fr | forget01 | forget01_perturbed | 20 | 20 | 0 |" in md and "differs" not in md
     for lang in world.languages:
-        assert ([(it.question, it.answer) for it in world.items("forget", (lang,))]
-                == [(it.question, it.answer) for it in world.eval_data[lang]["forget01_perturbed"]])
-    res = CliRunner().invoke(app, ["finetune", "--data", str(data), *OPTS, "--train-text", "perturbed",
-                                   "--out", str(tmp_path / "bad")])
+        assert [(it.question, it.answer) for it in world.items("forget", (lang,))] == [
+            (it.question, it.answer) for it in world.eval_data[lang]["forget01_perturbed"]
+        ]
+    res = CliRunner().invoke(
+        app, ["finetune", "--data", str(data), *OPTS, "--train-text", "perturbed", "--out", str(tmp_path / "bad")]
+    )
     assert res.exit_code != 0 and "choose from scored, files" in _plain_output(res.output)
 
 
@@ -173,10 +210,26 @@ def test_rows_and_transfer_summary_by_hand():
     assert row["prob_drop"] == pytest.approx(0.4) and row["prob_rel_drop"] == pytest.approx(0.8)
 
     def r(method, lang, rel):
-        return {"method": method, "lang": lang, "rouge_rel_drop": rel, "prob_rel_drop": rel / 2,
-                "forget_quality": 0.1, "model_utility": 0.5}
-    rows = [r("target model", "en", 0.0), r("a", "en", 0.8), r("a", "fr", 0.4), r("a", "ar", 0.2),
-            r("b", "en", 0.6), r("b", "fr", 0.6), r("b", "ar", 0.3), r("c", "en", 0.05), r("c", "fr", 0.0)]
+        return {
+            "method": method,
+            "lang": lang,
+            "rouge_rel_drop": rel,
+            "prob_rel_drop": rel / 2,
+            "forget_quality": 0.1,
+            "model_utility": 0.5,
+        }
+
+    rows = [
+        r("target model", "en", 0.0),
+        r("a", "en", 0.8),
+        r("a", "fr", 0.4),
+        r("a", "ar", 0.2),
+        r("b", "en", 0.6),
+        r("b", "fr", 0.6),
+        r("b", "ar", 0.3),
+        r("c", "en", 0.05),
+        r("c", "fr", 0.0),
+    ]
     summary = {s["method"]: s for s in ctofu_pipeline.transfer_summary(rows, ("en",))}
     assert set(summary) == {"a", "b", "c"}
     assert summary["a"]["rouge_transfer"] == pytest.approx(0.3 / 0.8) and summary["a"]["verdict"] == "partial"
@@ -188,10 +241,33 @@ def test_rows_and_transfer_summary_by_hand():
 
 @pytest.mark.slow
 def test_compare_with_audit_reports_every_language(ctx, folder, tmp_path):
-    res = CliRunner().invoke(app, ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent",
-                                   "--forget-lang", "en", "--eval-langs", "en,ar", "--no-sweep",
-                                   "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir), "--out", str(tmp_path),
-                                   "--audit", "--audit-attacks", "paraphrase,quantise", "--audit-relearn-steps", "2"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--data",
+            str(folder),
+            *OPTS,
+            "--methods",
+            "grad_ascent",
+            "--forget-lang",
+            "en",
+            "--eval-langs",
+            "en,ar",
+            "--no-sweep",
+            "--max-new-tokens",
+            "8",
+            "--cache-dir",
+            str(ctx.cache_dir),
+            "--out",
+            str(tmp_path),
+            "--audit",
+            "--audit-attacks",
+            "paraphrase,quantise",
+            "--audit-relearn-steps",
+            "2",
+        ],
+    )
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "AUDIT.json").read_text())
     result = saved["results"][0]
@@ -208,12 +284,23 @@ def test_qr_erase_is_set_beside_svd_unlearn_per_language():
     from recipes.ctofu.report import markdown, qr_vs_svd
 
     def row(method, lang, mu, drop, ratio, seconds):
-        return {"method": method, "lang": lang, "forget_quality": 0.5, "model_utility": mu, "rouge_drop": drop,
-                "prob_ratio": ratio, "total_seconds": seconds}
+        return {
+            "method": method,
+            "lang": lang,
+            "forget_quality": 0.5,
+            "model_utility": mu,
+            "rouge_drop": drop,
+            "prob_ratio": ratio,
+            "total_seconds": seconds,
+        }
 
-    rows = [row("qr-erase", "en", 0.50, 0.40, 0.10, 30.0), row("svd-unlearn", "en", 0.52, 0.40, 0.10, 120.0),
-            row("qr-erase", "fr", 0.50, 0.20, 0.30, 30.0), row("svd-unlearn", "fr", 0.50, 0.25, 0.30, 100.0),
-            row("t3", "en", 0.4, 0.1, 0.5, 5.0)]
+    rows = [
+        row("qr-erase", "en", 0.50, 0.40, 0.10, 30.0),
+        row("svd-unlearn", "en", 0.52, 0.40, 0.10, 120.0),
+        row("qr-erase", "fr", 0.50, 0.20, 0.30, 30.0),
+        row("svd-unlearn", "fr", 0.50, 0.25, 0.30, 100.0),
+        row("t3", "en", 0.4, 0.1, 0.5, 5.0),
+    ]
     en, fr = qr_vs_svd(rows)
     assert en["lang"] == "en" and en["max_rel_diff"] == pytest.approx(0.02 / 0.52) and en["time_ratio"] == 0.25
     assert fr["max_rel_diff"] == pytest.approx(0.2) and fr["time_ratio"] == pytest.approx(0.3)

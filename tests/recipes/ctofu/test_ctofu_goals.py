@@ -11,18 +11,39 @@ LANGS = ("en", "fr", "ja")
 
 
 def _row(method, lang, fq, rouge, mu, rel_drop=None, seconds=None):
-    return {"method": method, "lang": lang, "forget_quality": fq, "forget_Q_A_ROUGE": rouge, "model_utility": mu,
-            "forget_Q_A_Prob": 0.5, "rouge_drop": 0.9 - rouge, "rouge_rel_drop": rel_drop, "total_seconds": seconds}
+    return {
+        "method": method,
+        "lang": lang,
+        "forget_quality": fq,
+        "forget_Q_A_ROUGE": rouge,
+        "model_utility": mu,
+        "forget_Q_A_Prob": 0.5,
+        "rouge_drop": 0.9 - rouge,
+        "rouge_rel_drop": rel_drop,
+        "total_seconds": seconds,
+    }
 
 
 def _compare(target_fq=0.001):
     rows = [_row("target model", lang, target_fq, 0.9, 0.5) for lang in LANGS]
     rows += [_row("retain model", lang, 1.0, 0.3, 0.5) for lang in LANGS]
     drops = {"en": 0.8, "fr": 0.4, "ja": 0.1}
-    rows += [_row("qr-erase", lang, 0.2 if lang == "en" else 0.01, 0.2 if lang == "en" else 0.6, 0.48, drops[lang],
-                  10.0) for lang in LANGS]
-    rows += [_row("svd-unlearn", lang, 0.2 if lang == "en" else 0.01, 0.25 if lang == "en" else 0.6,
-                  0.40 if lang == "ja" else 0.47, drops[lang], 40.0) for lang in LANGS]
+    rows += [
+        _row("qr-erase", lang, 0.2 if lang == "en" else 0.01, 0.2 if lang == "en" else 0.6, 0.48, drops[lang], 10.0)
+        for lang in LANGS
+    ]
+    rows += [
+        _row(
+            "svd-unlearn",
+            lang,
+            0.2 if lang == "en" else 0.01,
+            0.25 if lang == "en" else 0.6,
+            0.40 if lang == "ja" else 0.47,
+            drops[lang],
+            40.0,
+        )
+        for lang in LANGS
+    ]
     return {"context": {"forget_langs": ["en"]}, "rows": rows}
 
 

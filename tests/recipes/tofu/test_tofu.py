@@ -30,9 +30,25 @@ def test_target_forget_quality_far_below_the_retain_models(ctx):
 
 @pytest.mark.slow
 def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
-    res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
-                                   "--cache-dir", str(ctx.cache_dir), "--max-new-tokens", "24", "--device", "cpu",
-                                   "--no-sweep"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--preset",
+            "micro",
+            "--data",
+            DATA,
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(ctx.cache_dir),
+            "--max-new-tokens",
+            "24",
+            "--device",
+            "cpu",
+            "--no-sweep",
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["target model", "retain model", *METHODS]
@@ -44,8 +60,8 @@ def test_compare_runs_every_method_end_to_end(ctx, tmp_path):
     t3 = next(r for r in rows if r["method"] == "t3")
     assert t3["changed_fraction"] == 0.0  # the base stays frozen
     # every method's output is in the harness's layout and restores to the target bit for bit
-    from mmunlearn.files.checkpoint import load_checkpoint
     from mmunlearn.api.restore import restore_folder
+    from mmunlearn.files.checkpoint import load_checkpoint
 
     original = load_checkpoint(ctx.built.target).tensors
     for r in rows[2:]:
@@ -86,22 +102,60 @@ def test_qr_erase_properties_on_micro(ctx):
 
 @pytest.mark.slow
 def test_compare_with_audit_writes_the_audit_table(ctx, tmp_path):
-    res = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path),
-                                   "--cache-dir", str(ctx.cache_dir), "--max-new-tokens", "8", "--device", "cpu",
-                                   "--no-sweep", "--methods", "grad_diff,t3", "--audit", "--audit-relearn-steps", "3",
-                                   "--audit-attacks", "quantise,relearn,paraphrase"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--preset",
+            "micro",
+            "--data",
+            DATA,
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            str(ctx.cache_dir),
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--no-sweep",
+            "--methods",
+            "grad_diff,t3",
+            "--audit",
+            "--audit-relearn-steps",
+            "3",
+            "--audit-attacks",
+            "quantise,relearn,paraphrase",
+        ],
+    )
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "AUDIT.json").read_text())
     assert [r["method"] for r in saved["rows"]] == ["target model", "retain model", "grad_diff", "t3"]
     by_method = {r["method"]: r for r in saved["results"]}
     assert by_method["t3"]["white_box"]["weights_equal_target"] is True
     assert by_method["grad_diff"]["white_box"]["weights_equal_target"] is False
-    assert by_method["grad_diff"]["options"]["relearn_steps"] == 3 and by_method["grad_diff"]["options"]["max_new_tokens"] == 8
+    assert (
+        by_method["grad_diff"]["options"]["relearn_steps"] == 3
+        and by_method["grad_diff"]["options"]["max_new_tokens"] == 8
+    )
     for r in saved["rows"][2:]:
         assert {"kept_quantise_4bit", "kept_relearn", "kept_paraphrase"} <= set(r)
         assert (tmp_path / r["method"] / "AUDIT.json").is_file()
     table = (tmp_path / "AUDIT.md").read_text()
     assert "| grad_diff |" in table and "kept: 4-bit" in table and "T3 leaves the weights untouched" in table
-    bad = CliRunner().invoke(app, ["compare", "--preset", "micro", "--data", DATA, "--out", str(tmp_path / "bad"),
-                                   "--audit", "--audit-relearn-on", "both"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--preset",
+            "micro",
+            "--data",
+            DATA,
+            "--out",
+            str(tmp_path / "bad"),
+            "--audit",
+            "--audit-relearn-on",
+            "both",
+        ],
+    )
     assert bad.exit_code != 0 and "relearn_on" in bad.output

@@ -11,8 +11,12 @@ def _row(method, fq, mu, rouge):
 
 
 def _folder(tmp_path, target_fq=0.005, qr_rouge=0.40, t3_mu=0.17):
-    rows = [_row("target model", target_fq, 0.20, 0.99), _row("retain model", 1.0, 0.30, 0.34),
-            _row("qr-erase", 0.5, 0.26, qr_rouge), _row("t3", 0.9, t3_mu, 0.20)]
+    rows = [
+        _row("target model", target_fq, 0.20, 0.99),
+        _row("retain model", 1.0, 0.30, 0.34),
+        _row("qr-erase", 0.5, 0.26, qr_rouge),
+        _row("t3", 0.9, t3_mu, 0.20),
+    ]
     (tmp_path / "compare.json").write_text(json.dumps({"context": {"wall_seconds": 120 * 60}, "rows": rows}))
     return tmp_path
 

@@ -35,13 +35,33 @@ def _copy_model(src, dst):
 @pytest.mark.slow
 def test_finetune_options_reach_the_model_and_the_forget_nll_is_checked(ctx, tmp_path):
     cache = ["--cache-dir", ctx.cache_dir]
-    res, text = _invoke("finetune", "--out", tmp_path / "weak", *COMMON, *cache, "--epochs", "1", "--lr", "1e-5",
-                        "--batch-size", "8", "--grad-accum", "2", "--precision", "bf16")
+    res, text = _invoke(
+        "finetune",
+        "--out",
+        tmp_path / "weak",
+        *COMMON,
+        *cache,
+        "--epochs",
+        "1",
+        "--lr",
+        "1e-5",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--precision",
+        "bf16",
+    )
     assert res.exit_code == 0, res.output
     log = json.loads((tmp_path / "weak" / "train_log.json").read_text())
     cfg = log["config"]
-    assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["grad_accum"], cfg["mixed_precision"]) == \
-        (1, 1e-5, 8, 2, "bf16")
+    assert (cfg["epochs"], cfg["lr"], cfg["batch_size"], cfg["grad_accum"], cfg["mixed_precision"]) == (
+        1,
+        1e-5,
+        8,
+        2,
+        "bf16",
+    )
     assert log["steps"] == 17 and log["key"] != ctx.built.logs["target"]["key"]  # ceil(ceil(272 / 8) / 2)
     assert log["forget_examples"] == 20 and log["forget_answer_nll"] > 2.5
     assert "the model did not memorise the forget answers" in text and "probability" in text
@@ -62,9 +82,28 @@ def test_finetune_options_reach_the_model_and_the_forget_nll_is_checked(ctx, tmp
 
 
 def test_run_builds_with_the_ft_options_warns_and_records_an_undertrained_target(ctx, tmp_path):
-    res, text = _invoke("run", "--method", "qr-erase", "--out", tmp_path / "run", *COMMON,
-                        "--cache-dir", ctx.cache_dir, "--max-new-tokens", "8", "--metrics", "forget",
-                        "--ft-epochs", "1", "--ft-lr", "1e-5", "--extract", "lora", "--extract-steps", "3")
+    res, text = _invoke(
+        "run",
+        "--method",
+        "qr-erase",
+        "--out",
+        tmp_path / "run",
+        *COMMON,
+        "--cache-dir",
+        ctx.cache_dir,
+        "--max-new-tokens",
+        "8",
+        "--metrics",
+        "forget",
+        "--ft-epochs",
+        "1",
+        "--ft-lr",
+        "1e-5",
+        "--extract",
+        "lora",
+        "--extract-steps",
+        "3",
+    )
     assert res.exit_code == 0, res.output
     assert UNDERTRAINED in text and "--ft-epochs" in text
     run = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -82,8 +121,23 @@ def test_run_builds_with_the_ft_options_warns_and_records_an_undertrained_target
 
 
 def test_compare_on_the_default_target_has_no_warning_and_only_the_chosen_metrics(ctx, tmp_path):
-    res, text = _invoke("compare", "--methods", "qr-erase", "--out", tmp_path, *COMMON, "--cache-dir", ctx.cache_dir,
-                        "--max-new-tokens", "24", "--no-sweep", "--metrics", "forget", "--extract", "gradient")
+    res, text = _invoke(
+        "compare",
+        "--methods",
+        "qr-erase",
+        "--out",
+        tmp_path,
+        *COMMON,
+        "--cache-dir",
+        ctx.cache_dir,
+        "--max-new-tokens",
+        "24",
+        "--no-sweep",
+        "--metrics",
+        "forget",
+        "--extract",
+        "gradient",
+    )
     assert res.exit_code == 0, res.output
     assert "did not memorise" not in text
     comp = json.loads((tmp_path / "compare.json").read_text())
@@ -100,9 +154,26 @@ def test_given_target_and_retain_folders_are_used_and_nothing_is_built(ctx, tmp_
     target = _copy_model(ctx.built.target, tmp_path / "my_target")
     retain = _copy_model(ctx.built.retain, tmp_path / "my_retain")
     empty = tmp_path / "empty_cache"
-    res, text = _invoke("run", "--method", "qr-erase", "--out", tmp_path / "run", *COMMON, "--cache-dir", empty,
-                        "--max-new-tokens", "24", "--metrics", "forget", "--target", target,
-                        "--retain-model", retain, "--base", "base")
+    res, text = _invoke(
+        "run",
+        "--method",
+        "qr-erase",
+        "--out",
+        tmp_path / "run",
+        *COMMON,
+        "--cache-dir",
+        empty,
+        "--max-new-tokens",
+        "24",
+        "--metrics",
+        "forget",
+        "--target",
+        target,
+        "--retain-model",
+        retain,
+        "--base",
+        "base",
+    )
     assert res.exit_code == 0, res.output
     assert not empty.exists() or not [p for p in empty.iterdir() if not p.name.startswith(".")]  # no model built
     context = json.loads((tmp_path / "run" / "run.json").read_text())["context"]
@@ -110,8 +181,23 @@ def test_given_target_and_retain_folders_are_used_and_nothing_is_built(ctx, tmp_
     assert context["base"] == str(ctx.built.base) and context["memorised"] is True  # the base its log names
     assert (target / "evals").is_dir() and (retain / "evals").is_dir()
 
-    res, text = _invoke("eval", "--target", target, "--retain-model", retain, "--out", tmp_path / "ev",
-                        "--data", DATA, "--device", "cpu", "--max-new-tokens", "8", "--metrics", "forget")
+    res, text = _invoke(
+        "eval",
+        "--target",
+        target,
+        "--retain-model",
+        retain,
+        "--out",
+        tmp_path / "ev",
+        "--data",
+        DATA,
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "8",
+        "--metrics",
+        "forget",
+    )
     assert res.exit_code == 0, res.output
     logs = json.loads((tmp_path / "ev" / "TOFU_EVAL.json").read_text())
     assert set(logs) == FORGET_KEYS and logs["forget_quality"]["agg_value"] < 0.05
@@ -130,8 +216,10 @@ def test_bad_folders_metrics_and_a_missing_base_are_clear_errors(ctx, tmp_path):
         (run + ["--metrics", "forget,speed"], "unknown metric group"),
         (run + ["--extract", "svd"], "lora"),
         (run + ["--ft-lr", "0"], "lr must be positive"),
-        (["eval", "--target", target, "--retain-model", target, "--retain-logs", target, "--out", tmp_path / "o"],
-         "not both"),
+        (
+            ["eval", "--target", target, "--retain-model", target, "--retain-logs", target, "--out", tmp_path / "o"],
+            "not both",
+        ),
     ]
     for args, message in cases:
         res, text = _invoke(*args)
@@ -152,20 +240,37 @@ def test_the_memorisation_rule_per_preset_size():
     assert memorisation("micro", 0.25, 0.024, pretrained_prob=0.004)["memorised"] is True  # ROUGE-L not checked
     weak = memorisation("micro", 0.05, 0.025, forget_quality=0.001)  # a good forget quality is not memorisation
     assert weak["memorised"] is False and "probability 0.05" in memorisation_warning(weak, what="the model")
-    assert memorisation("micro", None, None)["memorised"] is None and memorisation_warning(
-        memorisation("micro", None, None)) is None
+    assert (
+        memorisation("micro", None, None)["memorised"] is None
+        and memorisation_warning(memorisation("micro", None, None)) is None
+    )
+
 
 def test_a_yaml_config_runs_like_the_same_options_and_sets_rmus_own_settings(ctx, tmp_path):
     common = ["--cache-dir", ctx.cache_dir, "--max-new-tokens", "8", "--metrics", "forget", "--epochs", "2"]
-    res, _ = _invoke("run", "--method", "rmu", "--out", tmp_path / "by_options", *COMMON, *common,
-                     "--method-option", "rmu.steering=7", "--method-option", "rmu.layer=1")
+    res, _ = _invoke(
+        "run",
+        "--method",
+        "rmu",
+        "--out",
+        tmp_path / "by_options",
+        *COMMON,
+        *common,
+        "--method-option",
+        "rmu.steering=7",
+        "--method-option",
+        "rmu.layer=1",
+    )
     assert res.exit_code == 0, res.output
     config = tmp_path / "run.yaml"
-    config.write_text(f"method: rmu\npreset: micro\ndata: '{DATA}'\ndevice: cpu\nthreads: 1\n"
-                      f"cache_dir: {ctx.cache_dir}\nmax_new_tokens: 8\nmetrics: forget\nepochs: 3\n"
-                      "method_options:\n  rmu: {steering: 7}\n")
-    res, _ = _invoke("run", "--config", config, "--method-option", "rmu.layer=1", f"out={tmp_path / 'by_file'}",
-                     "epochs=2")  # the arguments override the file
+    config.write_text(
+        f"method: rmu\npreset: micro\ndata: '{DATA}'\ndevice: cpu\nthreads: 1\n"
+        f"cache_dir: {ctx.cache_dir}\nmax_new_tokens: 8\nmetrics: forget\nepochs: 3\n"
+        "method_options:\n  rmu: {steering: 7}\n"
+    )
+    res, _ = _invoke(
+        "run", "--config", config, "--method-option", "rmu.layer=1", f"out={tmp_path / 'by_file'}", "epochs=2"
+    )  # the arguments override the file
     assert res.exit_code == 0, res.output
     by_options, by_file = (json.loads((tmp_path / d / "run.json").read_text()) for d in ("by_options", "by_file"))
     assert by_options["config"]["steering"] == 7 and by_options["config"]["layer"] == 1
@@ -182,8 +287,21 @@ def test_a_target_of_another_make_needs_its_own_retain_model(ctx, tmp_path):
     """No reference of another architecture is built silently for a user's target."""
     target = _copy_model(ctx.built.target, tmp_path / "users_model")
     (target / "train_log.json").unlink()  # not made by mmunlearn: nothing says which preset it came from
-    res, text = _invoke("run", "--method", "grad_diff", "--out", tmp_path / "o", *COMMON, "--cache-dir",
-                        tmp_path / "c", "--target", target, "--no-sweep", "--base", "target")
+    res, text = _invoke(
+        "run",
+        "--method",
+        "grad_diff",
+        "--out",
+        tmp_path / "o",
+        *COMMON,
+        "--cache-dir",
+        tmp_path / "c",
+        "--target",
+        target,
+        "--no-sweep",
+        "--base",
+        "target",
+    )
     assert res.exit_code == 2 and "without --retain-model" in text and "another architecture" in text, res.output
     assert not (tmp_path / "c").exists() and not (tmp_path / "o").exists()  # refused before any model work
 
@@ -194,11 +312,26 @@ def test_tilt_reads_the_files_it_is_given(ctx, tmp_path):
     (tmp_path / "forget.json").write_text(json.dumps(retain[:1]))  # a decoy: read, it would be refused as overlap
     (tmp_path / "forget.txt").write_text("Author one wrote the first book.\nAuthor two wrote the second book.\n")
     (tmp_path / "retain.jsonl").write_text("\n".join(json.dumps(r) for r in retain))
-    common = ["tilt", "--model", ctx.built.target, "--retain", tmp_path / "retain.jsonl", "--device", "cpu",
-              "--epochs", "2", "--rank", "2", "--cache-dir", tmp_path / "cache"]
+    common = [
+        "tilt",
+        "--model",
+        ctx.built.target,
+        "--retain",
+        tmp_path / "retain.jsonl",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--rank",
+        "2",
+        "--cache-dir",
+        tmp_path / "cache",
+    ]
     res, text = _invoke(*common, "--forget", tmp_path / "forget.txt", "--out", tmp_path / "head")
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "head" / "tilt_config.json").is_file() and (tmp_path / "head" / "tilt_head.safetensors").is_file()
+    assert (tmp_path / "head" / "tilt_config.json").is_file() and (
+        tmp_path / "head" / "tilt_head.safetensors"
+    ).is_file()
     (tmp_path / "both.jsonl").write_text(json.dumps(retain[1]))
     res, text = _invoke(*common, "--forget", tmp_path / "both.jsonl", "--out", tmp_path / "head2")
     assert res.exit_code == 2 and "also retain rows" in text and not (tmp_path / "head2").exists(), res.output

@@ -90,21 +90,29 @@ def new_family(tmp_path, monkeypatch):
     sys.modules.pop(MODULE, None)
 
 
-def test_a_family_from_one_module_and_one_config_runs_the_speaker_benchmark(new_family, speaker_manifests,  # noqa: F811
-                                                                            tmp_path):
+def test_a_family_from_one_module_and_one_config_runs_the_speaker_benchmark(
+    new_family,
+    speaker_manifests,  # noqa: F811
+    tmp_path,
+):
     kind = new_family
     assert "toy-hubert" in models() and all(callable(getattr(kind.trainer_module(), n)) for n in TRAINER_API)
     config = tmp_path / "toy_hubert.yaml"
-    config.write_text(f"# voxceleb2 speaker: the HuBERT family\nmodel: toy-hubert\npreset: tiny\n"
-                      f"manifests: {speaker_manifests}\nworkdir: {tmp_path / 'work'}\n"
-                      "methods: [qr-erase, grad_diff]\nsweep: false\nepochs: 1\ndevice: cpu\nthreads: 1\n")
+    config.write_text(
+        f"# voxceleb2 speaker: the HuBERT family\nmodel: toy-hubert\npreset: tiny\n"
+        f"manifests: {speaker_manifests}\nworkdir: {tmp_path / 'work'}\n"
+        "methods: [qr-erase, grad_diff]\nsweep: false\nepochs: 1\ndevice: cpu\nthreads: 1\n"
+    )
     res = CliRunner().invoke(app, ["speaker", "--config", str(config)])
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     out = tmp_path / "work" / "toy-hubert" / "speaker"
     table = json.loads((out / "speaker.json").read_text())
     assert [r["method"] for r in table["rows"]] == ["original model", "retrained model", "qr-erase", "grad_diff"]
-    assert table["context"]["model"] == {"model": "toy-hubert", "architecture": "HubertForSequenceClassification",
-                                         "size": "tiny"}
+    assert table["context"]["model"] == {
+        "model": "toy-hubert",
+        "architecture": "HubertForSequenceClassification",
+        "size": "tiny",
+    }
     original, retrained = table["context"]["original"], table["context"]["retrained"]
     assert kind_of(original) is kind_of(retrained) is kind  # built by the family's trainer, detected as its kind
     assert json.loads(open(f"{original}/config.json").read())["architectures"] == ["HubertForSequenceClassification"]

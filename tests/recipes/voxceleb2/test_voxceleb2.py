@@ -10,8 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from mmunlearn.adapters.speaker.adapter import SpeakerAdapter, block_of
-from mmunlearn.erase import restore
 from mmunlearn.api.restore import restore_folder
+from mmunlearn.erase import restore
 from mmunlearn.methods.erasure import EraseConfig, batchnorm_safe
 from mmunlearn.methods.rule import SweepPoint, choose
 from recipes.voxceleb2 import pipeline as pipe
@@ -36,8 +36,19 @@ def speaker_run(speaker_manifests, tmp_path_factory):  # noqa: F811
     """One speaker-level run (QR-Erase and GradDiff) on the shared 4-speaker corpus."""
     work = tmp_path_factory.mktemp("vox_work")
     out = work / "speaker_out"
-    res = invoke("speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
-                 "--methods", "qr-erase,grad_diff", "--no-sweep", *TINY)
+    res = invoke(
+        "speaker",
+        "--manifests",
+        str(speaker_manifests),
+        "--workdir",
+        str(work),
+        "--out",
+        str(out),
+        "--methods",
+        "qr-erase,grad_diff",
+        "--no-sweep",
+        *TINY,
+    )
     return work, out, json.loads((out / "speaker.json").read_text()), res.output
 
 
@@ -75,7 +86,9 @@ def test_speaker_level_end_to_end(speaker_run):
     rows = _check_tables(out, "speaker", ["qr-erase", "grad_diff"], SPEAKER_METRICS)
     original, retrained, qr, gd = rows
     assert original["forget_acc"] > cfg.chance_accuracy(4)  # the original knows the forget speaker ...
-    assert retrained["forget_acc"] <= cfg.chance_accuracy(4)  # ... the model that never heard it names it no better than chance
+    assert retrained["forget_acc"] <= cfg.chance_accuracy(
+        4
+    )  # ... the model that never heard it names it no better than chance
     for r in (qr, gd):
         assert 0.0 < r["changed_fraction"] <= 1.0 and r["unlearn_seconds"] > 0
     # grad_diff's retain term keeps the retain loss from rising (where the tiny classifier is not converged it even
@@ -105,14 +118,26 @@ def test_qr_erase_edits_only_selected_layers_and_undo_restores_bits(speaker_run)
     assert all(torch.equal(before[k], v) for k, v in edited.model.state_dict().items())  # buffers included
 
 
-def test_a_second_call_reuses_finished_stages_and_no_resume_redoes_them(speaker_run, speaker_manifests,  # noqa: F811
-                                                                      tmp_path):
+def test_a_second_call_reuses_finished_stages_and_no_resume_redoes_them(
+    speaker_run,
+    speaker_manifests,  # noqa: F811
+    tmp_path,
+):
     work, out, table, _ = speaker_run
     again = tmp_path / "again"
     shutil.copytree(out, again)  # the stage key holds the models and settings, not the folder
     stamp = (again / "grad_diff" / "run.json").read_text()
-    args = ["speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(again),
-            "--no-sweep", *TINY]
+    args = [
+        "speaker",
+        "--manifests",
+        str(speaker_manifests),
+        "--workdir",
+        str(work),
+        "--out",
+        str(again),
+        "--no-sweep",
+        *TINY,
+    ]
     res = invoke(*args, "--methods", "qr-erase,grad_diff")
     assert res.output.count("reused (finished earlier in") == 2
     rows = json.loads((again / "speaker.json").read_text())["rows"]
@@ -140,8 +165,19 @@ def test_trained_models_are_cached_by_options(speaker_run, speaker_manifests):  
 def test_sample_level_end_to_end(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
     work, _, speaker_table, _ = speaker_run
     out = tmp_path / "sample_out"
-    invoke("sample", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
-           "--methods", "qr-erase,grad_ascent", "--no-sweep", *TINY)
+    invoke(
+        "sample",
+        "--manifests",
+        str(speaker_manifests),
+        "--workdir",
+        str(work),
+        "--out",
+        str(out),
+        "--methods",
+        "qr-erase,grad_ascent",
+        "--no-sweep",
+        *TINY,
+    )
     rows = _check_tables(out, "sample", ["qr-erase", "grad_ascent"], SAMPLE_METRICS)
     context = json.loads((out / "sample.json").read_text())["context"]
     assert context["original"] == speaker_table["context"]["original"]  # the cached original, shared by both levels
@@ -155,13 +191,30 @@ def test_sample_level_end_to_end(speaker_run, speaker_manifests, tmp_path):  # n
 
 def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
     work, _, _, _ = speaker_run
-    res = CliRunner().invoke(app, ["speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out",
-                                   str(tmp_path), "--methods", "qr-erase,kl", "--sweep", "--strict", "--retain-bound",
-                                   "0.5", *TINY])
+    res = CliRunner().invoke(
+        app,
+        [
+            "speaker",
+            "--manifests",
+            str(speaker_manifests),
+            "--workdir",
+            str(work),
+            "--out",
+            str(tmp_path),
+            "--methods",
+            "qr-erase,kl",
+            "--sweep",
+            "--strict",
+            "--retain-bound",
+            "0.5",
+            *TINY,
+        ],
+    )
     run = json.loads((tmp_path / "qr-erase" / "run.json").read_text())
     assert run["info"]["forget_field"] == "forget_worst_speaker_error_rate"  # run.json names what the sweep measured
-    points = [SweepPoint(p["rank"], p["scale"], p["forget"], p["retain"], p.get("relative"))
-              for p in pipe.sweep_points(run)]
+    points = [
+        SweepPoint(p["rank"], p["scale"], p["forget"], p["retain"], p.get("relative")) for p in pipe.sweep_points(run)
+    ]
     assert points[0].rank == 1 and {p.rank for p in points} <= set(cfg.SWEEP_ERASURE["sweep_ranks"])
     assert points[0].relative == pytest.approx(0.001)  # the grid is relative to the weights' norm
     assert run["config"]["extract"]["kind"] == "gradient"
@@ -192,8 +245,11 @@ def test_sweep_follows_the_training_partition_rule(speaker_run, speaker_manifest
     # the baseline's step budget grows with the forget set: at least RULE_MIN_STEPS steps under the rule
     from mmunlearn.methods.optimisation import RULE_MIN_STEPS
 
-    assert kl["config"]["epochs"] * -(-len(pipe.split_rows(speaker_manifests, "spk_forget_train")) //
-                                      kl["config"]["batch_size"]) >= RULE_MIN_STEPS
+    assert (
+        kl["config"]["epochs"]
+        * -(-len(pipe.split_rows(speaker_manifests, "spk_forget_train")) // kl["config"]["batch_size"])
+        >= RULE_MIN_STEPS
+    )
     md = (tmp_path / "speaker.md").read_text()
     assert ("Sweep rule not met by: " + ", ".join(missed)) in md if missed else "not met" not in md
     assert kl["info"]["sweep"] and kl["rule"]["forget_measure"] == "worst_speaker_error_rate"
@@ -203,7 +259,9 @@ def test_synth_prepare_and_the_builtin_manifests(tmp_path):
     invoke("synth", "--out", str(tmp_path / "corpus"), "--speakers", "3", "--utterances", "4", "--videos", "2")
     stamp = (tmp_path / "corpus" / "synth_stamp.json").stat().st_mtime_ns
     manifests = pipe.builtin_manifests(tmp_path, speakers=3, utterances=4, videos=2, forget_speakers=1, progress=False)
-    assert manifests == tmp_path / "manifests" and (tmp_path / "corpus" / "synth_stamp.json").stat().st_mtime_ns == stamp
+    assert (
+        manifests == tmp_path / "manifests" and (tmp_path / "corpus" / "synth_stamp.json").stat().st_mtime_ns == stamp
+    )
     invoke("prepare", "--root", str(tmp_path / "corpus"), "--out", str(tmp_path / "m"), "--forget-speakers", "1")
     for folder in (manifests, tmp_path / "m"):
         with (folder / "train.csv").open() as fh:
@@ -237,9 +295,11 @@ def test_settings_validate_and_pick_batchnorm_safe_batches():
 
 
 def test_tables_say_when_a_rule_was_missed_and_when_sample_forgetting_cannot_be_measured():
-    rows = [{"method": "original model", "mia_auc": 0.511, "mia_auc_low": 0.45, "mia_auc_high": 0.57},
-            {"method": "qr-erase", "mia_auc": 0.49, "mia_auc_low": 0.43, "mia_auc_high": 0.55, "target_reached": False},
-            {"method": "kl", "mia_auc": 0.52, "target_reached": True}]
+    rows = [
+        {"method": "original model", "mia_auc": 0.511, "mia_auc_low": 0.45, "mia_auc_high": 0.57},
+        {"method": "qr-erase", "mia_auc": 0.49, "mia_auc_low": 0.43, "mia_auc_high": 0.55, "target_reached": False},
+        {"method": "kl", "mia_auc": 0.52, "target_reached": True},
+    ]
     md = report.markdown(rows, "sample")
     assert "| 0.5110 | [0.4500, 0.5700] |" in md and "| NO |" in md and "| yes |" in md
     assert "Sweep rule not met by: qr-erase" in md and "cannot measure sample forgetting" in md
@@ -254,7 +314,9 @@ def test_speaker_rule_target_defaults_to_chance_and_can_be_tightened():
     assert cfg.sweep_rule("speaker", 6, [], forget_acc=0.05).forget_target == pytest.approx(0.95)
     with pytest.raises(ValueError, match="forget_acc"):
         cfg.sweep_rule("speaker", 6, [], forget_acc=1.0)
-    assert cfg.scopes_for("grad_diff", "sweep", True) == ("all",) and cfg.scopes_for("qr-erase", "head", False) == ("head",)
+    assert cfg.scopes_for("grad_diff", "sweep", True) == ("all",) and cfg.scopes_for("qr-erase", "head", False) == (
+        "head",
+    )
     with pytest.raises(ValueError, match="needs --sweep"):
         cfg.scopes_for("qr-erase", "sweep", False)
 
@@ -262,8 +324,23 @@ def test_speaker_rule_target_defaults_to_chance_and_can_be_tightened():
 def test_audit_flag_audits_every_method_against_the_cached_references(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
     work, _, speaker_table, _ = speaker_run
     out = tmp_path / "audited"
-    res = invoke("speaker", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
-                 "--methods", "grad_ascent", "--epochs", "1", "--audit", "--audit-attacks", "quantise,probe", *TINY)
+    res = invoke(
+        "speaker",
+        "--manifests",
+        str(speaker_manifests),
+        "--workdir",
+        str(work),
+        "--out",
+        str(out),
+        "--methods",
+        "grad_ascent",
+        "--epochs",
+        "1",
+        "--audit",
+        "--audit-attacks",
+        "quantise,probe",
+        *TINY,
+    )
     assert "AUDIT.md" in res.output
     audit = json.loads((out / "AUDIT.json").read_text())
     (result,) = audit["results"]
@@ -271,8 +348,10 @@ def test_audit_flag_audits_every_method_against_the_cached_references(speaker_ru
     # the audited model is the one in the table: its plain forget accuracy is the table's, on the same rows
     assert result["method"] == row["method"] == "grad_ascent" and result["level"] == "speaker"
     assert result["attacks"]["none"]["unlearned"]["forget_acc"] == pytest.approx(row["forget_acc"])
-    assert result["models"] == {"target": speaker_table["context"]["original"],
-                                "retain": speaker_table["context"]["retrained"]}
+    assert result["models"] == {
+        "target": speaker_table["context"]["original"],
+        "retain": speaker_table["context"]["retrained"],
+    }
     assert set(result["attacks"]) == {"none", "quantise_8bit", "quantise_4bit", "probe"}  # only those asked for
     assert result["options"]["relearn_steps"] == cfg.AUDIT_RELEARN["relearn_steps"]
     assert json.loads((out / "grad_ascent" / "AUDIT.json").read_text())["results"][0]["method"] == "grad_ascent"
@@ -281,7 +360,9 @@ def test_audit_flag_audits_every_method_against_the_cached_references(speaker_ru
 
 
 def test_audit_options_are_validated_before_any_work(tmp_path):
-    res = CliRunner().invoke(app, ["speaker", "--workdir", str(tmp_path), "--audit", "--audit-attacks", "rumour", *TINY])
+    res = CliRunner().invoke(
+        app, ["speaker", "--workdir", str(tmp_path), "--audit", "--audit-attacks", "rumour", *TINY]
+    )
     assert res.exit_code != 0 and "rumour" in res.output and not (tmp_path / "corpus").exists()
     res = CliRunner().invoke(app, ["speaker", "--workdir", str(tmp_path), "--model", "speech-llm", "--audit"])
     assert res.exit_code != 0 and "--audit" in res.output and not any(tmp_path.iterdir())
@@ -290,8 +371,23 @@ def test_audit_options_are_validated_before_any_work(tmp_path):
 def test_sample_level_audit_measures_the_forgotten_utterances(speaker_run, speaker_manifests, tmp_path):  # noqa: F811
     work, _, _, _ = speaker_run
     out = tmp_path / "sample_audited"
-    invoke("sample", "--manifests", str(speaker_manifests), "--workdir", str(work), "--out", str(out),
-           "--methods", "grad_ascent", "--epochs", "1", "--audit", "--audit-attacks", "quantise", *TINY)
+    invoke(
+        "sample",
+        "--manifests",
+        str(speaker_manifests),
+        "--workdir",
+        str(work),
+        "--out",
+        str(out),
+        "--methods",
+        "grad_ascent",
+        "--epochs",
+        "1",
+        "--audit",
+        "--audit-attacks",
+        "quantise",
+        *TINY,
+    )
     (result,) = json.loads((out / "AUDIT.json").read_text())["results"]
     row = json.loads((out / "sample.json").read_text())["rows"][-1]
     assert result["level"] == "sample" and result["forget_items"] == 3  # the sample_forget rows, one per kept speaker
@@ -305,9 +401,11 @@ def config_run(speaker_run, speaker_manifests, tmp_path_factory):  # noqa: F811
     work, _, _, _ = speaker_run
     out = tmp_path_factory.mktemp("vox_config") / "out"
     path = out.parent / "speaker.yaml"
-    path.write_text(f"manifests: {speaker_manifests}\nworkdir: {work}\nout: {out}\nmethods: grad_ascent\n"
-                    "sweep: false\nepochs: 1\nmax_trials: 50\npreset: tiny\ndevice: cpu\nthreads: 1\n"
-                    "method_options: {grad_ascent: {weight_decay: 0.25}}\n")
+    path.write_text(
+        f"manifests: {speaker_manifests}\nworkdir: {work}\nout: {out}\nmethods: grad_ascent\n"
+        "sweep: false\nepochs: 1\nmax_trials: 50\npreset: tiny\ndevice: cpu\nthreads: 1\n"
+        "method_options: {grad_ascent: {weight_decay: 0.25}}\n"
+    )
     invoke("speaker", "--config", str(path), "max_trials=77", "--method-option", "grad_ascent.lr=0.0123")
     return out, json.loads((out / "grad_ascent" / "run.json").read_text())
 

@@ -4,8 +4,8 @@ method knobs and per-method settings a method gets, and bad settings refused by 
 import pytest
 from typer.testing import CliRunner
 
-from recipes.voxceleb2 import pipeline as pipe
 from recipes.recipe_config import ConfigError, build_config
+from recipes.voxceleb2 import pipeline as pipe
 from recipes.voxceleb2.cli import app
 from recipes.voxceleb2.config import VoxCelebConfig
 from recipes.voxceleb2.settings import MODEL_ALIASES, SWEEP_SCOPES, models, scopes_for
@@ -24,10 +24,16 @@ def _refused(*args: str) -> str:
 
 def test_yaml_then_options_then_overrides_each_typed(tmp_path):
     path = tmp_path / "vox.yaml"
-    path.write_text("methods: qr-erase, grad_diff\nsweep: false\nsweep_ranks: [1, 3]\nretain_bound: 1\n"
-                    "speakers: 6\nmethod_options:\n  grad_diff: {lr: 0.5, weight_decay: 0.1}\n")
-    cfg = _build(file=path, given={"speakers": 8}, overrides=["sweep=yes", "max_trials=0", "method.grad_diff.lr=0.25"],
-                 method_settings=["qr-erase.extract_steps=7"])
+    path.write_text(
+        "methods: qr-erase, grad_diff\nsweep: false\nsweep_ranks: [1, 3]\nretain_bound: 1\n"
+        "speakers: 6\nmethod_options:\n  grad_diff: {lr: 0.5, weight_decay: 0.1}\n"
+    )
+    cfg = _build(
+        file=path,
+        given={"speakers": 8},
+        overrides=["sweep=yes", "max_trials=0", "method.grad_diff.lr=0.25"],
+        method_settings=["qr-erase.extract_steps=7"],
+    )
     assert cfg.methods == ("qr-erase", "grad_diff") and cfg.chosen() == ["qr-erase", "grad_diff"]
     assert (cfg.sweep, cfg.speakers, cfg.max_trials, cfg.sweep_ranks) == (True, 8, 0, (1, 3))
     assert cfg.retain_bound == 1.0 and isinstance(cfg.retain_bound, float)
@@ -41,7 +47,12 @@ def test_yaml_then_options_then_overrides_each_typed(tmp_path):
 def test_defaults_are_the_commands_and_all_follows_the_model():
     cfg = _build()
     assert (cfg.methods, cfg.sweep, cfg.resolved_retain_bound(), cfg.max_trials, cfg.preset) == (
-        ("qr-erase",), True, 0.05, 20000, "small")
+        ("qr-erase",),
+        True,
+        0.05,
+        20000,
+        "small",
+    )
     # retain_bound unset: each model's rule has its own default (a speech LLM's NLL rule: 0.1 nat); set, it is used
     assert cfg.retain_bound is None and _build(overrides=["model=speech-llm"]).resolved_retain_bound() == 0.1
     assert _build(overrides=["model=speech-llm", "retain_bound=0.3"]).resolved_retain_bound() == 0.3
@@ -62,7 +73,7 @@ def test_every_classifier_kind_takes_ecapas_scopes_and_default():
         for scope in ("head", "embedding", "all"):
             assert _build(overrides=[f"model={model}", f"scope={scope}"]).resolved_scope() == scope
     assert not _build(overrides=["model=speech-llm"]).kind.is_classifier
-    assert models()[:len(MODEL_ALIASES)] == tuple(MODEL_ALIASES) and {"hf-audio", "speech-llm"} <= set(models())
+    assert models()[: len(MODEL_ALIASES)] == tuple(MODEL_ALIASES) and {"hf-audio", "speech-llm"} <= set(models())
     for model in models():  # every classifier --model builds its models with its kind's trainer; the others refuse
         kind = _build(overrides=[f"model={model}"]).kind
         if kind.is_classifier:
@@ -72,34 +83,40 @@ def test_every_classifier_kind_takes_ecapas_scopes_and_default():
                 pipe.family(model)
 
 
-@pytest.mark.parametrize("overrides, key, message", [
-    (["nope=1"], "nope", "valid settings: audit, audit_attacks,"),
-    (["speakers=1"], "speakers", "at least 2"),
-    (["forget_fraction=0.7"], "forget_fraction", "between 0.0 and 0.5"),
-    (["max_trials=-1"], "max_trials", "at least 0"),
-    (["methods=t3"], "methods", "inapplicable methods ['t3'] for --model classifier"),
-    (["methods=all,kl"], "methods", "inapplicable"),
-    (["model=wavlm"], "model", "classifier, hf-audio, speech-llm"),
-    (["where=vision"], "where", "audio, text, both"),
-    (["extract=lora"], "extract", "does not work on the speaker classifier"),
-    (["sweep_ranks=0,2"], "sweep_ranks", "positive integers"),
-    (["scope=sweep", "sweep=no"], "scope", "needs --sweep"),
-    (["model=hf-audio", "scope=sweep", "sweep=no"], "scope", "needs --sweep"),
-    (["audit=yes", "audit_attacks=rumour"], "audit_attacks", "rumour"),
-    (["model=speech-llm", "audit=yes"], "audit", "audit a speech-LLM method's output folder"),
-    (["method.rmu.steering=8"], "method_options", "['rmu'] not applicable to --model classifier"),
-    (["method.grad_ascent.nope=1"], "method_options", "settings of grad_ascent: alpha"),
-    (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'; choose from"),
-    (["epochs=many"], "epochs", "expected int or none"),
-    (["model=speech-llm", "extract=sideways"], "extract", "finetune, lora, gradient, layerwise"),
-    (["model=speech-llm", "extract=lora"], "extract", "cannot wrap the audio tower's convolutions (where=both)"),
-    (["model=speech-llm", "scope=head"], "scope", "scope does not apply to --model speech-llm (the speech LLM's "
-                                                  "edits are chosen by --where); leave it unset"),
-    (["model=speech-llm", "forget_acc=0.5"], "forget_acc", "does not apply to --model speech-llm"),
-    (["model=speech-llm", "preset=tiny"], "preset", "the speech LLM is --llm"),
-    (["where=audio"], "where", "where does not apply to --model classifier (a setting of --model speech-llm)"),
-    (["model=hf-audio", "retrained=runs/x"], "retrained", "does not apply to --model hf-audio"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, message",
+    [
+        (["nope=1"], "nope", "valid settings: audit, audit_attacks,"),
+        (["speakers=1"], "speakers", "at least 2"),
+        (["forget_fraction=0.7"], "forget_fraction", "between 0.0 and 0.5"),
+        (["max_trials=-1"], "max_trials", "at least 0"),
+        (["methods=t3"], "methods", "inapplicable methods ['t3'] for --model classifier"),
+        (["methods=all,kl"], "methods", "inapplicable"),
+        (["model=wavlm"], "model", "classifier, hf-audio, speech-llm"),
+        (["where=vision"], "where", "audio, text, both"),
+        (["extract=lora"], "extract", "does not work on the speaker classifier"),
+        (["sweep_ranks=0,2"], "sweep_ranks", "positive integers"),
+        (["scope=sweep", "sweep=no"], "scope", "needs --sweep"),
+        (["model=hf-audio", "scope=sweep", "sweep=no"], "scope", "needs --sweep"),
+        (["audit=yes", "audit_attacks=rumour"], "audit_attacks", "rumour"),
+        (["model=speech-llm", "audit=yes"], "audit", "audit a speech-LLM method's output folder"),
+        (["method.rmu.steering=8"], "method_options", "['rmu'] not applicable to --model classifier"),
+        (["method.grad_ascent.nope=1"], "method_options", "settings of grad_ascent: alpha"),
+        (["method.nothing.lr=1"], "method_options", "unknown method 'nothing'; choose from"),
+        (["epochs=many"], "epochs", "expected int or none"),
+        (["model=speech-llm", "extract=sideways"], "extract", "finetune, lora, gradient, layerwise"),
+        (["model=speech-llm", "extract=lora"], "extract", "cannot wrap the audio tower's convolutions (where=both)"),
+        (
+            ["model=speech-llm", "scope=head"],
+            "scope",
+            "scope does not apply to --model speech-llm (the speech LLM's edits are chosen by --where); leave it unset",
+        ),
+        (["model=speech-llm", "forget_acc=0.5"], "forget_acc", "does not apply to --model speech-llm"),
+        (["model=speech-llm", "preset=tiny"], "preset", "the speech LLM is --llm"),
+        (["where=audio"], "where", "where does not apply to --model classifier (a setting of --model speech-llm)"),
+        (["model=hf-audio", "retrained=runs/x"], "retrained", "does not apply to --model hf-audio"),
+    ],
+)
 def test_bad_settings_are_errors_naming_the_setting(overrides, key, message):
     with pytest.raises(ConfigError) as err:
         _build(overrides=overrides)
@@ -111,8 +128,9 @@ def test_an_unknown_key_is_a_usage_error_before_any_work(tmp_path):
     path.write_text("methods: grad_ascent\nlevel: sample\n")  # the level is the command, not a setting
     message = _refused("speaker", "--workdir", str(tmp_path / "w"), "--config", str(path))
     assert "unknown setting 'level' (in " in message and "valid settings: audit," in message
-    assert "unknown setting 'retain_bund' (override)" in _refused("sample", "--workdir", str(tmp_path / "w"),
-                                                                  "retain_bund=0.1")
+    assert "unknown setting 'retain_bund' (override)" in _refused(
+        "sample", "--workdir", str(tmp_path / "w"), "retain_bund=0.1"
+    )
     assert "write KEY=VALUE" in _refused("speaker", "--workdir", str(tmp_path / "w"), "--method-option", "kl.lr")
     assert not (tmp_path / "w").exists()  # refused before the corpus is built
 
@@ -150,21 +168,59 @@ def test_the_speech_llm_path_is_given_every_setting_it_takes(monkeypatch, tmp_pa
     default = _speech_llm_call(_build(overrides=["model=speech-llm"]), monkeypatch, tmp_path)
     assert (default["retain_bound"], default["resume"]) == (0.1, True)  # the NLL rule's bound; resume as documented
     assert {k: v for k, v in default["options"].items() if v is not None} == {"seed": 0, "extract_seed": 0}
-    cfg = _build(overrides=["model=speech-llm", "where=text", "retain_bound=0.3", "lr=0.002", "epochs=3",
-                            "extract=lora", "resume=no", "rank=2", "retain_rank=5", "scale=2", "extract_steps=4", "extract_lr=0.1",
-                            "layer_rule=top", "sweep_ranks=1,3", "seed=4", "speakers=6", "utterances=5", "videos=2",
-                            "forget_speakers=1", "forget_fraction=0.2"])
+    cfg = _build(
+        overrides=[
+            "model=speech-llm",
+            "where=text",
+            "retain_bound=0.3",
+            "lr=0.002",
+            "epochs=3",
+            "extract=lora",
+            "resume=no",
+            "rank=2",
+            "retain_rank=5",
+            "scale=2",
+            "extract_steps=4",
+            "extract_lr=0.1",
+            "layer_rule=top",
+            "sweep_ranks=1,3",
+            "seed=4",
+            "speakers=6",
+            "utterances=5",
+            "videos=2",
+            "forget_speakers=1",
+            "forget_fraction=0.2",
+        ]
+    )
     args = _speech_llm_call(cfg, monkeypatch, tmp_path)
     assert (args["retain_bound"], args["resume"], args["seed"]) == (0.3, False, 4)
     assert args["corpus_options"] == dict(speakers=6, utterances=5, videos=2, forget_speakers=1, forget_fraction=0.2)
-    erase = get("qr-erase").config_for("speech-llm", "tiny", **applicable_overrides(get("qr-erase").config,
-                                                                                   args["options"]))
-    assert (erase.rank, erase.retain_rank, erase.scale, erase.sweep_ranks, erase.layer_rule) == (2, 5, 2.0, (1, 3),
-                                                                                                 "top")
+    erase = get("qr-erase").config_for(
+        "speech-llm", "tiny", **applicable_overrides(get("qr-erase").config, args["options"])
+    )
+    assert (erase.rank, erase.retain_rank, erase.scale, erase.sweep_ranks, erase.layer_rule) == (
+        2,
+        5,
+        2.0,
+        (1, 3),
+        "top",
+    )
     assert (erase.extract.kind, erase.extract.steps, erase.extract.lr) == ("lora", 4, 0.1)
-    ascent = get("grad_ascent").config_for("speech-llm", "tiny", **applicable_overrides(get("grad_ascent").config,
-                                                                                       args["options"]))
+    ascent = get("grad_ascent").config_for(
+        "speech-llm", "tiny", **applicable_overrides(get("grad_ascent").config, args["options"])
+    )
     assert (ascent.lr, ascent.epochs, ascent.seed) == (0.002, 3, 4)
-    assert set(CLASSIFIER_ONLY) == {"preset", "train_epochs", "train_lr", "crop_seconds", "scope", "forget_acc",
-                                    "segment_seconds", "max_trials", "audit_relearn_steps", "audit_relearn_lr",
-                                    "audit_relearn_on", "audit_attacks"}
+    assert set(CLASSIFIER_ONLY) == {
+        "preset",
+        "train_epochs",
+        "train_lr",
+        "crop_seconds",
+        "scope",
+        "forget_acc",
+        "segment_seconds",
+        "max_trials",
+        "audit_relearn_steps",
+        "audit_relearn_lr",
+        "audit_relearn_on",
+        "audit_attacks",
+    }

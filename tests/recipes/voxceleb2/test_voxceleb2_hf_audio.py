@@ -11,9 +11,9 @@ import pytest
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from mmunlearn.kinds import kind_of
-from mmunlearn.api.restore import restore_folder
 from mmunlearn.adapters.hf_audio import training as hf
+from mmunlearn.api.restore import restore_folder
+from mmunlearn.kinds import kind_of
 from recipes.voxceleb2 import pipeline as pipe
 from recipes.voxceleb2 import settings as cfg
 from recipes.voxceleb2.cli import app
@@ -26,9 +26,31 @@ METRICS = {"forget_acc", "forget_test_acc", "retain_acc", "test_acc", "eer", "fo
 def hf_run(speaker_manifests, tmp_path_factory):  # noqa: F811
     """Every classifier method, unswept, on a tiny hf-audio classifier trained 6 epochs."""
     work = tmp_path_factory.mktemp("vox_hf")
-    res = CliRunner().invoke(app, ["speaker", "--model", "hf-audio", "--manifests", str(speaker_manifests),
-                                   "--workdir", str(work), "--methods", "all", "--no-sweep", "--preset", "tiny",
-                                   "--train-epochs", "6", "--epochs", "1", "--device", "cpu", "--threads", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "speaker",
+            "--model",
+            "hf-audio",
+            "--manifests",
+            str(speaker_manifests),
+            "--workdir",
+            str(work),
+            "--methods",
+            "all",
+            "--no-sweep",
+            "--preset",
+            "tiny",
+            "--train-epochs",
+            "6",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     out = work / "hf-audio" / "speaker"  # the default --out of this model: beside, not over, the ECAPA tables
     return out, json.loads((out / "speaker.json").read_text())
@@ -57,9 +79,28 @@ def test_train_reuses_the_cached_hf_audio_model_and_copies_it_out(hf_run, speake
     out, table = hf_run
     work = out.parent.parent
     models = sorted(p.name for p in (work / "models").iterdir())
-    res = CliRunner().invoke(app, ["train", "--model", "hf-audio", "--manifests", str(speaker_manifests),
-                                   "--workdir", str(work), "--preset", "tiny", "--train-epochs", "6",
-                                   "--out", str(tmp_path / "copy"), "--device", "cpu", "--threads", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "hf-audio",
+            "--manifests",
+            str(speaker_manifests),
+            "--workdir",
+            str(work),
+            "--preset",
+            "tiny",
+            "--train-epochs",
+            "6",
+            "--out",
+            str(tmp_path / "copy"),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     assert sorted(p.name for p in (work / "models").iterdir()) == models  # the speaker run's model, not a new one
     assert kind_of(tmp_path / "copy").name == "hf-audio"
@@ -78,8 +119,9 @@ def test_each_method_folder_restores_bit_for_bit_and_runs_in_the_transformers_pi
     edited = load_file(str(folder / "model.safetensors"))
     assert any(not np.array_equal(original[k].numpy(), edited[k].numpy()) for k in original)
     restored = load_file(str(restore_folder(folder, tmp_path / "restored", progress=False) / "model.safetensors"))
-    assert restored.keys() == original.keys() and all(np.array_equal(restored[k].numpy(), original[k].numpy())
-                                                      for k in original)
+    assert restored.keys() == original.keys() and all(
+        np.array_equal(restored[k].numpy(), original[k].numpy()) for k in original
+    )
     classify = pipeline("audio-classification", model=str(folder), device="cpu")
     wave = np.random.default_rng(0).standard_normal(8000).astype(np.float32)
     labels = classify({"raw": wave, "sampling_rate": 16000}, top_k=table["context"]["classes"])
@@ -94,18 +136,40 @@ def test_ecapa_cache_keys_are_unchanged_and_hf_audio_models_get_their_own(speake
     speakers = sorted({r["spk_id"] for r in rows})
     ecapa = pipe.ModelSpec("original", "tiny", {"epochs": 1}, 2.0, 0)
     before = {k: v for k, v in asdict(ecapa).items() if k != "model"}  # the key as computed before hf-audio
-    old = hashlib.sha256(json.dumps([before, pipe.rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True,
-                                    default=str).encode()).hexdigest()[:12]
+    old = hashlib.sha256(
+        json.dumps([before, pipe.rows_digest(rows), speakers, SCORING_VERSION], sort_keys=True, default=str).encode()
+    ).hexdigest()[:12]
     assert ecapa.key(rows, speakers) == old
     assert pipe.ModelSpec("original", "tiny", {"epochs": 1}, 2.0, 0, "hf-audio").key(rows, speakers) != old
 
 
 def _rerun(hf_run, manifests, out, *args: str):
     """A speaker run over hf_run's cached tiny models (same workdir and training settings) into ``out``."""
-    res = CliRunner().invoke(app, ["speaker", "--model", "hf-audio", "--manifests", str(manifests), "--workdir",
-                                   str(hf_run[0].parent.parent), "--out", str(out), "--methods", "qr-erase",
-                                   "--preset", "tiny", "--train-epochs", "6", "--device", "cpu", "--threads", "1",
-                                   *args])
+    res = CliRunner().invoke(
+        app,
+        [
+            "speaker",
+            "--model",
+            "hf-audio",
+            "--manifests",
+            str(manifests),
+            "--workdir",
+            str(hf_run[0].parent.parent),
+            "--out",
+            str(out),
+            "--methods",
+            "qr-erase",
+            "--preset",
+            "tiny",
+            "--train-epochs",
+            "6",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            *args,
+        ],
+    )
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     return json.loads((out / "speaker.json").read_text())
 
@@ -117,8 +181,12 @@ def _changed(original: dict, folder) -> set[str]:
 
 
 @pytest.mark.parametrize("scope", ["head", "embedding"])
-def test_the_head_and_embedding_scopes_edit_their_weights_alone(hf_run, speaker_manifests, scope,  # noqa: F811
-                                                                 tmp_path):
+def test_the_head_and_embedding_scopes_edit_their_weights_alone(
+    hf_run,
+    speaker_manifests,
+    scope,  # noqa: F811
+    tmp_path,
+):
     """As on ECAPA: --scope head edits the class rows (the adapter's head_weight) and leaves every other tensor bit
     for bit; --scope embedding leaves the head bit for bit."""
     table = _rerun(hf_run, speaker_manifests, tmp_path, "--scope", scope, "--no-sweep")

@@ -10,8 +10,12 @@ def _row(method, reached, within, **extra):
 
 
 def test_missed_rule_notes_tell_in_bound_from_over_bound_models():
-    rows = [_row("original model", None, None), _row("qr-erase", False, True), _row("grad_diff", False, False),
-            _row("npo", True, True)]
+    rows = [
+        _row("original model", None, None),
+        _row("qr-erase", False, True),
+        _row("grad_diff", False, False),
+        _row("npo", True, True),
+    ]
     md = report.markdown(rows, "speaker")
     assert "Sweep rule not met by: qr-erase, grad_diff." in md
     assert "qr-erase: the chosen setting is the one closest to the target within the retain bound." in md
@@ -38,6 +42,8 @@ def test_run_json_names_the_forget_measure_and_old_files_still_read():
     named = pipe.rename_measure(info, pipe.measure_field("error_rate"))
     assert named["sweep"] == [{"rank": 1, "scale": 0.5, "forget_error_rate": 0.8, "retain_nll": 1.1}]
     assert named["forget_field"] == "forget_error_rate" and "forget_nll" not in named["sweep"][0]
-    assert pipe.measure_field("log_loss_gap") == "forget_log_loss_gap" and pipe.measure_field("mean_nll") == "forget_nll"
+    assert (
+        pipe.measure_field("log_loss_gap") == "forget_log_loss_gap" and pipe.measure_field("mean_nll") == "forget_nll"
+    )
     new, old = pipe.sweep_points({"info": named}), pipe.sweep_points({"info": info})
     assert new == old == [{"rank": 1, "scale": 0.5, "forget": 0.8, "retain": 1.1}]

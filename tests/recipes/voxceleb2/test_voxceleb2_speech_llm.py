@@ -13,8 +13,17 @@ from tests.tiny import FAST_OPTIONS
 
 @pytest.mark.parametrize("where", ["audio", "text"])
 def test_erasure_stays_in_the_chosen_tower_and_the_table_is_written(llm_dir, speaker_manifests, tmp_path, where):
-    rows = speech_llm.run(speaker_manifests, llm_dir, tmp_path, level="speaker", methods=["qr-erase"], where=where,
-                          options=FAST_OPTIONS, device="cpu", progress=False)
+    rows = speech_llm.run(
+        speaker_manifests,
+        llm_dir,
+        tmp_path,
+        level="speaker",
+        methods=["qr-erase"],
+        where=where,
+        options=FAST_OPTIONS,
+        device="cpu",
+        progress=False,
+    )
     assert [r["method"] for r in rows] == ["original", "qr-erase"]
     for key in ("forget_acc", "retain_acc", "test_acc", "target_acc", "forget_nll", "retain_nll"):
         assert all(0.0 <= r[key] <= 1.0 for r in rows) if key.endswith("acc") else all(r[key] > 0 for r in rows)
@@ -35,10 +44,28 @@ def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tm
     from mmunlearn.cli import app
 
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["voxceleb2", "sample", "--model", "speech-llm", "--llm", str(llm_dir),
-                                      "--manifests", str(speaker_manifests), "--methods", "grad_ascent",
-                                      "--out", str(out), "--device", "cpu", "--threads", "1",
-                                      f"retrained={llm_dir}"])  # a stand-in: the reference row of a given folder
+    result = CliRunner().invoke(
+        app,
+        [
+            "voxceleb2",
+            "sample",
+            "--model",
+            "speech-llm",
+            "--llm",
+            str(llm_dir),
+            "--manifests",
+            str(speaker_manifests),
+            "--methods",
+            "grad_ascent",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            f"retrained={llm_dir}",
+        ],
+    )  # a stand-in: the reference row of a given folder
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "sample" / "results.json").read_text())
     assert saved["level"] == "sample"
@@ -47,8 +74,10 @@ def test_voxceleb2_cli_mounts_the_speech_llm_path(llm_dir, speaker_manifests, tm
     assert {k: v for k, v in retrain.items() if k != "method"} == {k: v for k, v in original.items() if k != "method"}
     assert 0.0 <= saved["rows"][0]["mia_auc"] <= 1.0
     assert "running grad_ascent (1/1)" in result.output and "[stage 1/1] grad_ascent:" in result.output  # one loop
-    bad = CliRunner().invoke(app, ["voxceleb2", "speaker", "--model", "speech-llm", "--where", "vision",
-                                   "--manifests", str(speaker_manifests)])
+    bad = CliRunner().invoke(
+        app,
+        ["voxceleb2", "speaker", "--model", "speech-llm", "--where", "vision", "--manifests", str(speaker_manifests)],
+    )
     assert bad.exit_code != 0 and "--where" in bad.output
 
 
@@ -61,9 +90,19 @@ def test_a_swept_run_aims_at_the_retrained_models_forget_nll(llm_dir, speaker_ma
 
     texts = texts_of(spoken_qa(speech_llm.split_rows(speaker_manifests, "train"), ("speaker", "gender")))
     retrained = SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=1).save(tmp_path / "retrained")
-    rows = speech_llm.run(speaker_manifests, llm_dir, tmp_path / "run", level="speaker", methods=["qr-erase"],
-                          where="text", options=FAST_OPTIONS, retrain_dir=retrained, sweep=True, device="cpu",
-                          progress=False)
+    rows = speech_llm.run(
+        speaker_manifests,
+        llm_dir,
+        tmp_path / "run",
+        level="speaker",
+        methods=["qr-erase"],
+        where="text",
+        options=FAST_OPTIONS,
+        retrain_dir=retrained,
+        sweep=True,
+        device="cpu",
+        progress=False,
+    )
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     forget, _ = speech_llm.partitions(speaker_manifests, "speaker", "gender")
     want = mean_nll(SpeechLLMAdapter.load(retrained, device="cpu"), forget)
@@ -89,10 +128,33 @@ def test_the_cli_honours_the_rule_method_and_resume_settings_on_a_speech_llm(llm
     texts = texts_of(spoken_qa(speech_llm.split_rows(speaker_manifests, "train"), ("speaker", "gender")))
     retrained = SpeechLLMAdapter.build("tiny", texts=texts, family="qwen2_5_omni", seed=1).save(tmp_path / "retrained")
     out = tmp_path / "out"
-    command = ["voxceleb2", "speaker", "--model", "speech-llm", "--llm", str(llm_dir), "--manifests",
-               str(speaker_manifests), "--methods", "qr-erase,grad_ascent", "--out", str(out), "--device", "cpu",
-               "--threads", "1", f"retrained={retrained}", "where=text", "retain_bound=0", "lr=0.003", "epochs=1",
-               "extract=finetune", "extract_steps=2", "rank=2", "method.grad_ascent.batch_size=8"]
+    command = [
+        "voxceleb2",
+        "speaker",
+        "--model",
+        "speech-llm",
+        "--llm",
+        str(llm_dir),
+        "--manifests",
+        str(speaker_manifests),
+        "--methods",
+        "qr-erase,grad_ascent",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        f"retrained={retrained}",
+        "where=text",
+        "retain_bound=0",
+        "lr=0.003",
+        "epochs=1",
+        "extract=finetune",
+        "extract_steps=2",
+        "rank=2",
+        "method.grad_ascent.batch_size=8",
+    ]
     first = CliRunner().invoke(app, [*command, "strict=yes"])
     saved = json.loads((out / "speaker" / "results.json").read_text())
     assert saved["rule"]["retain_bound"] == 0.0  # the bound set, not the NLL rule's 0.1

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from mmunlearn.adapters.speaker.training import training_rows
 from mmunlearn.data.manifest import MANIFEST_COLUMNS, ManifestError, check_rows, read_manifest, write_manifest
 from mmunlearn.data.utterances import split_rows
-from mmunlearn.adapters.speaker.training import training_rows
 from tests.reliability.untrusted import digest_tree
 
 
@@ -44,12 +44,15 @@ def test_bad_rows_are_listed_in_one_error_before_training(tmp_path, no_audio, mo
     outside = _wav(tmp_path / "elsewhere" / "c.wav")
     (data / "link.wav").symlink_to(outside)
     man = tmp_path / "manifests"
-    rows = [_row(0, good), _row(1, data / "s2" / "b.wav", spk="s2"),
-            _row(2, "../../../../../../../../etc/passwd"),
-            _row(3, data / "missing.wav"),
-            _row(4, data / "folder.wav"),
-            _row(5, data / "notes.txt"),
-            _row(6, data / "link.wav")]
+    rows = [
+        _row(0, good),
+        _row(1, data / "s2" / "b.wav", spk="s2"),
+        _row(2, "../../../../../../../../etc/passwd"),
+        _row(3, data / "missing.wav"),
+        _row(4, data / "folder.wav"),
+        _row(5, data / "notes.txt"),
+        _row(6, data / "link.wav"),
+    ]
     write_manifest(man / "train.csv", rows)
     with open(man / "train.csv", "a", encoding="utf-8") as fh:
         fh.write(f"u7,abc,{good},0,8000,s1\nu8,0.5,{good},900,100,s1\nu0,0.5,{good},0,8000,s1\n")
@@ -58,12 +61,16 @@ def test_bad_rows_are_listed_in_one_error_before_training(tmp_path, no_audio, mo
         split_rows(man, "train", root=data)
     msg = str(err.value)
     assert msg.startswith(f"{man / 'train.csv'}: 8 bad row(s) of 10; nothing was run")
-    for line, what in [(4, "'../../../../../../../../etc/passwd' is not an audio file name"),
-                       (5, "missing.wav' does not exist"), (6, "folder.wav' is not a regular file"),
-                       (7, "notes.txt' is not an audio file name"),
-                       (8, f"resolves to {outside}, outside the data folder {data}"),
-                       (9, "column 'duration' value 'abc' is not float"), (10, "stop 100 <= start 900"),
-                       (11, "duplicate ID 'u0'")]:
+    for line, what in [
+        (4, "'../../../../../../../../etc/passwd' is not an audio file name"),
+        (5, "missing.wav' does not exist"),
+        (6, "folder.wav' is not a regular file"),
+        (7, "notes.txt' is not an audio file name"),
+        (8, f"resolves to {outside}, outside the data folder {data}"),
+        (9, "column 'duration' value 'abc' is not float"),
+        (10, "stop 100 <= start 900"),
+        (11, "duplicate ID 'u0'"),
+    ]:
         if line != 8:
             assert f"{man / 'train.csv'}:{line}: " in msg and what in msg, (line, what)
     assert f"{man / 'train.csv'}:8: 'wav'" in msg and "outside the data folder" in msg
@@ -99,12 +106,22 @@ def test_good_manifests_pass_and_relative_paths_are_checked_as_opened(tmp_path, 
 
 def test_rows_given_in_memory_are_checked_too(tmp_path, no_audio):
     wav = _wav(tmp_path / "a.wav")
-    check_rows([{"ID": "x", "wav": str(wav), "spk_id": "s"}, {"ID": "y", "wav": np.zeros(10), "spk_id": "s"}],
-               "forget items", required=("wav", "spk_id"))
+    check_rows(
+        [{"ID": "x", "wav": str(wav), "spk_id": "s"}, {"ID": "y", "wav": np.zeros(10), "spk_id": "s"}],
+        "forget items",
+        required=("wav", "spk_id"),
+    )
     with pytest.raises(ManifestError) as err:
-        check_rows([{"ID": "x", "wav": "/etc/passwd", "spk_id": "s"}, {"wav": str(wav)},
-                    {"ID": "z", "wav": str(wav), "spk_id": "s", "start": "0", "stop": "-5"}, "not a row"],
-                   "forget items", required=("wav", "spk_id"))
+        check_rows(
+            [
+                {"ID": "x", "wav": "/etc/passwd", "spk_id": "s"},
+                {"wav": str(wav)},
+                {"ID": "z", "wav": str(wav), "spk_id": "s", "start": "0", "stop": "-5"},
+                "not a row",
+            ],
+            "forget items",
+            required=("wav", "spk_id"),
+        )
     msg = str(err.value)
     assert msg.startswith("forget items: 4 bad row(s) of 4")
     assert "row 0 (ID 'x'): 'wav' '/etc/passwd' is not an audio file name" in msg

@@ -14,7 +14,8 @@ from mmunlearn.data.manifest import SPLIT_NAMES, read_manifest
 from tests.reliability.untrusted import digest_tree
 
 META = "VoxCeleb2 ID ,VGGFace2 ID ,Gender ,Set \n" + "".join(
-    f"id0000{i} ,n00000{i} ,{'mf'[i % 2]} ,dev \n" for i in (1, 2, 3))
+    f"id0000{i} ,n00000{i} ,{'mf'[i % 2]} ,dev \n" for i in (1, 2, 3)
+)
 
 
 @pytest.fixture
@@ -69,11 +70,14 @@ def test_allow_no_gender_writes_no_gender_column(tree, tmp_path):
     assert {r["spk_id"]: r["gender"] for r in read_manifest(res.manifests["train"])}["id00001"] == "f"
 
 
-@pytest.mark.parametrize("content, expected", [
-    (b"VoxCeleb2 ID,Gender\nid00001,\xe9\n", "the VoxCeleb2 meta file is not UTF-8 text"),
-    (b"", "no 'VoxCeleb2 ID' column in header []"),
-    (b"Speaker,Gender\nid00001,m\n", "no 'VoxCeleb2 ID' column"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"VoxCeleb2 ID,Gender\nid00001,\xe9\n", "the VoxCeleb2 meta file is not UTF-8 text"),
+        (b"", "no 'VoxCeleb2 ID' column in header []"),
+        (b"Speaker,Gender\nid00001,m\n", "no 'VoxCeleb2 ID' column"),
+    ],
+)
 def test_unreadable_meta_files_name_the_file(tree, tmp_path, no_decoding, content, expected):
     meta = tree / "vox2_meta.csv"
     meta.write_bytes(content)
@@ -105,8 +109,10 @@ def test_a_corrupt_index_needs_force_and_force_rebuilds_it(tree, tmp_path):
     with pytest.raises(ValueError) as err:
         _run(tree, out, seed=1)  # other options: a rebuild that needs the cache
     msg = str(err.value)
-    assert msg == (f"{index} is corrupt (not valid JSON: Expecting value: line 1 column 15 (char 14)); rerun with "
-                   "--force to discard it and decode the audio again")
+    assert msg == (
+        f"{index} is corrupt (not valid JSON: Expecting value: line 1 column 15 (char 14)); rerun with "
+        "--force to discard it and decode the audio again"
+    )
     assert "\n" not in msg and digest_tree(out) == finished  # the earlier output is untouched
     res = _run(tree, out, seed=1, force=True)
     assert not res.skipped and len(json.loads(index.read_text())) == 12
@@ -130,10 +136,12 @@ def test_a_failure_while_writing_leaves_the_earlier_output_whole(tree, tmp_path,
         _run(tree, out, seed=1)
     assert len(calls) == 3 and all(p.parent != out for p in calls)  # written beside, not in place
     after = digest_tree(out)
-    assert {k: v for k, v in after.items() if k != "audio_index.json"} == \
-        {k: v for k, v in finished.items() if k != "audio_index.json"}  # only the decode cache may change
+    assert {k: v for k, v in after.items() if k != "audio_index.json"} == {
+        k: v for k, v in finished.items() if k != "audio_index.json"
+    }  # only the decode cache may change
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["audio_index.json", "prepare_report.json", "prepare_stamp.json", *(f"{n}.csv" for n in SPLIT_NAMES)])
+        ["audio_index.json", "prepare_report.json", "prepare_stamp.json", *(f"{n}.csv" for n in SPLIT_NAMES)]
+    )
     # and on a first run nothing but the decode cache is left
     fresh = tmp_path / "fresh"
     calls.clear()

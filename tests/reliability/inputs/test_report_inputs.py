@@ -25,8 +25,23 @@ def hostile_repo(tmp_path) -> tuple[Path, Path]:
     hook = tmp_path / "hook.sh"
     hook.write_text(f"#!/bin/sh\ntouch {mark}\n")
     hook.chmod(0o755)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q",
-                    "--allow-empty", "-m", "x"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=a",
+            "-c",
+            "user.email=a@b",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "x",
+        ],
+        check=True,
+    )
     subprocess.run(["git", "-C", str(repo), "config", "core.fsmonitor", str(hook)], check=True)
     subprocess.run(["git", "-C", str(repo), "status", "-s"], check=True, capture_output=True)
     assert mark.exists()  # the monitor does run for a plain git
@@ -47,8 +62,18 @@ def test_report_record_in_a_hostile_repository_runs_nothing(hostile_repo, tmp_pa
     repo, mark = hostile_repo
     run = tmp_path / "run.json"
     run.write_text(json.dumps({"rows": [{"method": "a", "score": 1.0}]}))
-    res = run_cli("report", "record", str(run), "--name", "x", "--command", "c", "--out", str(tmp_path / "res"),
-                  env={"GIT_DIR": str(repo / ".git"), "GIT_WORK_TREE": str(repo)})
+    res = run_cli(
+        "report",
+        "record",
+        str(run),
+        "--name",
+        "x",
+        "--command",
+        "c",
+        "--out",
+        str(tmp_path / "res"),
+        env={"GIT_DIR": str(repo / ".git"), "GIT_WORK_TREE": str(repo)},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert not mark.exists() and (tmp_path / "res" / "x.json").is_file()
 
@@ -61,11 +86,14 @@ def test_a_huge_cell_is_refused_at_once():
     assert time.perf_counter() - start < 5
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("[1, 2]", "expected a JSON object"),
-    ('{"rows": [1, 2, 3]}', "'rows': a list of"),
-    ('{"rows": ' + "[" * 200_000 + "]" * 200_000 + "}", "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"rows": [1, 2, 3]}', "'rows': a list of"),
+        ('{"rows": ' + "[" * 200_000 + "]" * 200_000 + "}", "nested too deeply"),
+    ],
+)
 @pytest.mark.parametrize("command", ["record", "render"])
 def test_a_malformed_run_json_is_one_error_line_naming_the_file(tmp_path, content, needle, command):
     run = tmp_path / "run.json"

@@ -35,13 +35,17 @@ def _write(tmp_path, logs, drop):
     return folder / "TOFU_EVAL.json"
 
 
-@pytest.mark.parametrize("drop, quality, leak", [
-    (("mia_min_k",), 1.0, None),
-    (("forget_truth_ratio",), None, 0.0),
-    (("mia_min_k", "forget_truth_ratio"), None, None),
-])
-def test_a_missing_entry_leaves_its_metric_none_with_a_warning(adapter, retain_logs, tmp_path, caplog, drop,
-                                                                 quality, leak):
+@pytest.mark.parametrize(
+    "drop, quality, leak",
+    [
+        (("mia_min_k",), 1.0, None),
+        (("forget_truth_ratio",), None, 0.0),
+        (("mia_min_k", "forget_truth_ratio"), None, None),
+    ],
+)
+def test_a_missing_entry_leaves_its_metric_none_with_a_warning(
+    adapter, retain_logs, tmp_path, caplog, drop, quality, leak
+):
     file = _write(tmp_path, retain_logs, drop)
     before = digest_tree(tmp_path)
     with caplog.at_level(logging.WARNING, logger="mmunlearn.eval.tofu"):
@@ -58,8 +62,9 @@ def test_a_missing_entry_leaves_its_metric_none_with_a_warning(adapter, retain_l
     assert json.loads((tmp_path / "out" / "TOFU_SUMMARY.json").read_text()).get("privleak") == got[1]
 
 
-def test_an_mia_entry_without_a_value_counts_as_missing_but_a_malformed_one_is_an_error(adapter, retain_logs,
-                                                                                       tmp_path, caplog):
+def test_an_mia_entry_without_a_value_counts_as_missing_but_a_malformed_one_is_an_error(
+    adapter, retain_logs, tmp_path, caplog
+):
     logs = dict(retain_logs, mia_min_k={"agg_value": None})
     file = _write(tmp_path, logs, ())
     with caplog.at_level(logging.WARNING, logger="mmunlearn.eval.tofu"):

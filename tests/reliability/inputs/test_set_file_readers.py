@@ -39,8 +39,12 @@ def test_a_large_jsonl_with_a_bad_first_line_is_refused_before_the_rest_is_read(
 
 def test_an_over_long_line_is_refused_naming_it(tmp_path):
     path = tmp_path / "forget.jsonl"
-    path.write_text(json.dumps({"question": "q", "answer": "x"}) + "\n"
-                    + json.dumps({"question": "q2", "answer": "a" * (MAX_LINE + 10)}) + "\n")
+    path.write_text(
+        json.dumps({"question": "q", "answer": "x"})
+        + "\n"
+        + json.dumps({"question": "q2", "answer": "a" * (MAX_LINE + 10)})
+        + "\n"
+    )
     with pytest.raises(DataFormatError, match=rf"{path.name}:2: a line over"):
         read_text_rows(path, "forget")
 

@@ -32,8 +32,18 @@ def texts():
 def _run(tmp: Path, texts, **kw):
     tok = tiny_tokenizer()
     model = tiny_causal_lm(vocab=512, layers=1)
-    return train(model, causal_lm_loss, texts, TextLLMAdapter(model, tok).collate, CFG, device="cpu",
-                 progress=False, checkpoint_dir=tmp / "ck", checkpoint_every=2, **kw)
+    return train(
+        model,
+        causal_lm_loss,
+        texts,
+        TextLLMAdapter(model, tok).collate,
+        CFG,
+        device="cpu",
+        progress=False,
+        checkpoint_dir=tmp / "ck",
+        checkpoint_every=2,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -145,8 +155,12 @@ def test_a_cached_model_without_a_digest_is_rebuilt(cached):
 
 @pytest.mark.parametrize("where", ["root", "group", "model", "weights"])
 def test_a_cache_folder_writable_by_group_or_others_is_refused(cached, where):
-    path = {"root": cached.parent.parent, "group": cached.parent, "model": cached,
-            "weights": cached / "model.safetensors"}[where]
+    path = {
+        "root": cached.parent.parent,
+        "group": cached.parent,
+        "model": cached,
+        "weights": cached / "model.safetensors",
+    }[where]
     os.chmod(path, path.stat().st_mode | 0o020)
     with pytest.raises(UnsafePathError, match="writable by its group or by others") as err:
         is_built(cached, "abc", cached.parent.parent)

@@ -13,14 +13,22 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mmunlearn.files.checkpoint import MARKER, copy_extra_files, load_checkpoint
-from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
+from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.files.checkpoint import MARKER, copy_extra_files, load_checkpoint
 from mmunlearn.files.paths import check_tree, plain_name
 from mmunlearn.taskvec.store import open_task_matrices
-from tests.reliability.untrusted import (INDEX, ROOT, digest_tree, listing, make_checkpoint, make_forget,
-                                         weight_names, write_pickle_bomb)
+from tests.reliability.untrusted import (
+    INDEX,
+    ROOT,
+    digest_tree,
+    listing,
+    make_checkpoint,
+    make_forget,
+    weight_names,
+    write_pickle_bomb,
+)
 
 
 def erase_stream(model, forget, out, **kw):
@@ -75,7 +83,9 @@ def test_restore_refuses_an_index_shard_outside_the_folder(tmp_path, victim, res
     erased = tmp_path / "erased"
     erase_stream(make_checkpoint(tmp_path / "model"), make_forget(tmp_path / "forget.safetensors"), erased)
     index = json.loads((erased / INDEX).read_text())
-    index["weight_map"] = {n: "../escape.safetensors" if ".layers.2." in n else s for n, s in index["weight_map"].items()}
+    index["weight_map"] = {
+        n: "../escape.safetensors" if ".layers.2." in n else s for n, s in index["weight_map"].items()
+    }
     (erased / INDEX).write_text(json.dumps(index))
     before, victim_bytes, parent = digest_tree(erased), victim.read_bytes(), listing(tmp_path)
     with pytest.raises(UnsafePathError, match="escape.safetensors"):
@@ -83,8 +93,9 @@ def test_restore_refuses_an_index_shard_outside_the_folder(tmp_path, victim, res
     assert victim.read_bytes() == victim_bytes and digest_tree(erased) == before and listing(tmp_path) == parent
 
 
-@pytest.mark.parametrize("name", ["../x.safetensors", "/etc/passwd", "sub/x.safetensors", "..", ".", "",
-                                  "a\\b.safetensors", 3, None])
+@pytest.mark.parametrize(
+    "name", ["../x.safetensors", "/etc/passwd", "sub/x.safetensors", "..", ".", "", "a\\b.safetensors", 3, None]
+)
 def test_plain_name_rejects_everything_but_a_bare_file_name(name):
     with pytest.raises(UnsafePathError, match="index.json"):
         plain_name(name, "folder/model.safetensors.index.json")
@@ -113,8 +124,11 @@ def test_link_leaving_the_model_folder_is_refused_and_nothing_is_copied(tmp_path
     with pytest.raises(UnsafePathError, match=re.escape(str(link))):
         erase(model, forget, tmp_path / "out")
     assert digest_tree(model) == before and listing(tmp_path) == parent
-    assert not any("PRIVATE KEY" in p.read_text(errors="ignore") for p in tmp_path.rglob("*")
-                   if p.is_file() and not p.is_symlink() and p != secrets / "id_rsa")
+    assert not any(
+        "PRIVATE KEY" in p.read_text(errors="ignore")
+        for p in tmp_path.rglob("*")
+        if p.is_file() and not p.is_symlink() and p != secrets / "id_rsa"
+    )
 
 
 def test_a_link_to_a_shard_outside_is_refused_even_when_the_index_is_plain(tmp_path, victim):
@@ -208,17 +222,26 @@ def test_pickled_weights_are_never_unpickled(tmp_path):
         open_task_matrices(tasks / "b.pt")
     # a pickle given as the undo patch
     with pytest.raises(ValueError, match="evil_patch.pt"):
-        stream_restore_checkpoint(out, tmp_path / "back3", patch=write_pickle_bomb(tmp_path / "evil_patch.pt", marker),
-                                  progress=False)
+        stream_restore_checkpoint(
+            out, tmp_path / "back3", patch=write_pickle_bomb(tmp_path / "evil_patch.pt", marker), progress=False
+        )
     assert not marker.exists()
 
 
 def test_no_torch_load_without_weights_only_in_the_checkpoint_code():
-    files = ["mmunlearn/files/checkpoint.py", "mmunlearn/erase/in_memory.py", "mmunlearn/files/paths.py",
-             "mmunlearn/files/atomic.py", "mmunlearn/errors.py", "mmunlearn/erase/stream.py",
-             "mmunlearn/erase/apply.py",
-             "mmunlearn/erase/patch.py", "mmunlearn/erase/report.py", "mmunlearn/taskvec/store.py",
-             "mmunlearn/cli/__init__.py"]
+    files = [
+        "mmunlearn/files/checkpoint.py",
+        "mmunlearn/erase/in_memory.py",
+        "mmunlearn/files/paths.py",
+        "mmunlearn/files/atomic.py",
+        "mmunlearn/errors.py",
+        "mmunlearn/erase/stream.py",
+        "mmunlearn/erase/apply.py",
+        "mmunlearn/erase/patch.py",
+        "mmunlearn/erase/report.py",
+        "mmunlearn/taskvec/store.py",
+        "mmunlearn/cli/__init__.py",
+    ]
     for f in files:
         for call in re.findall(r"torch\.load\([^)]*\)", (ROOT / f).read_text()):
             assert "weights_only=True" in call, (f, call)

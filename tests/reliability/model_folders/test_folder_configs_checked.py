@@ -25,20 +25,40 @@ def _edit(folder, name, change):
 
 
 CASES = {
-    "kernel": ("config.json", lambda c: {**c, "attn_implementation": "kernels-community/flash-attn2"},
-               r"attn_implementation 'kernels-community/flash-attn2' names a Hub kernel"),
-    "nested kernel": ("config.json", lambda c: {**c, "text_config": {**c.get("text_config", {}),
-                                                                     "_attn_implementation": "kernels-community/x"}},
-                      r"text_config\._attn_implementation .* names a Hub kernel"),
-    "layers": ("config.json", lambda c: {**c, "text_config": {**c.get("text_config", {}), "num_hidden_layers": 20000}},
-               r"text_config\.num_hidden_layers is 20000, more than the 1000 layers"),
-    "more layers": ("config.json", lambda c: {**c, "text_config": {
-        **{k: v for k, v in c["text_config"].items() if k != "layer_types"},
-        "num_hidden_layers": c["text_config"]["num_hidden_layers"] + 2}},
-        r"the weights do not fill the model config\.json describes: \d+ tensor\(s\) missing"),
-    "layer types": ("config.json", lambda c: {**c, "text_config": {**c["text_config"], "num_hidden_layers":
-                                                                    c["text_config"]["num_hidden_layers"] + 2}},
-                    r"transformers cannot build the model from this folder .*layer_types"),
+    "kernel": (
+        "config.json",
+        lambda c: {**c, "attn_implementation": "kernels-community/flash-attn2"},
+        r"attn_implementation 'kernels-community/flash-attn2' names a Hub kernel",
+    ),
+    "nested kernel": (
+        "config.json",
+        lambda c: {**c, "text_config": {**c.get("text_config", {}), "_attn_implementation": "kernels-community/x"}},
+        r"text_config\._attn_implementation .* names a Hub kernel",
+    ),
+    "layers": (
+        "config.json",
+        lambda c: {**c, "text_config": {**c.get("text_config", {}), "num_hidden_layers": 20000}},
+        r"text_config\.num_hidden_layers is 20000, more than the 1000 layers",
+    ),
+    "more layers": (
+        "config.json",
+        lambda c: {
+            **c,
+            "text_config": {
+                **{k: v for k, v in c["text_config"].items() if k != "layer_types"},
+                "num_hidden_layers": c["text_config"]["num_hidden_layers"] + 2,
+            },
+        },
+        r"the weights do not fill the model config\.json describes: \d+ tensor\(s\) missing",
+    ),
+    "layer types": (
+        "config.json",
+        lambda c: {
+            **c,
+            "text_config": {**c["text_config"], "num_hidden_layers": c["text_config"]["num_hidden_layers"] + 2},
+        },
+        r"transformers cannot build the model from this folder .*layer_types",
+    ),
     "list": ("config.json", lambda c: {**c, "text_config": [1, 2]}, r"text_config is a JSON list, not an object"),
     "n_fft": ("preprocessor_config.json", lambda c: {**c, "n_fft": 2**31}, r"n_fft is 2147483648, outside 1\.\.16384"),
 }

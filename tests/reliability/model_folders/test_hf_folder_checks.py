@@ -27,9 +27,18 @@ def hf_master(tmp_path_factory) -> Path:
 
     from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
-    cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
-                         conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
-                         num_conv_pos_embedding_groups=2, classifier_proj_size=8)
+    cfg = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(8, 8),
+        conv_kernel=(10, 5),
+        conv_stride=(10, 5),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        classifier_proj_size=8,
+    )
     fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True)
     return HFAudioAdapter.build(cfg, SPEAKERS, fe, device="cpu").save(tmp_path_factory.mktemp("hf") / "model")
 
@@ -78,10 +87,16 @@ CASES = {
     "weights linked out": (_linked_out, "outside", "model.safetensors"),
     "NaN weights": (_nan, "NaN/Inf", ""),
     "truncated safetensors": (_truncated, "not a valid safetensors file", "model.safetensors"),
-    "Hub kernel": (lambda f: _config(f, attn_implementation="kernels-community/flash-attn"), "Hub kernel",
-                   "config.json"),
-    "bitsandbytes": (lambda f: _config(f, quantization_config={"quant_method": "bitsandbytes", "load_in_8bit": True}),
-                     "quantised", "config.json"),
+    "Hub kernel": (
+        lambda f: _config(f, attn_implementation="kernels-community/flash-attn"),
+        "Hub kernel",
+        "config.json",
+    ),
+    "bitsandbytes": (
+        lambda f: _config(f, quantization_config={"quant_method": "bitsandbytes", "load_in_8bit": True}),
+        "quantised",
+        "config.json",
+    ),
     "100000 layers": (lambda f: _config(f, num_hidden_layers=100000), "num_hidden_layers is 100000", "config.json"),
     "huge widths": (lambda f: _config(f, hidden_size=10**7, intermediate_size=10**7), "parameters", "config.json"),
     "negative size": (lambda f: _config(f, hidden_size=-16), "cannot be negative", "config.json"),
@@ -114,8 +129,16 @@ def test_a_spoiled_hf_audio_folder_is_one_error_naming_the_file_and_writes_nothi
     spoil(folder)
     before, around = digest_tree(folder), listing(tmp_path)
     with pytest.raises(USER_ERRORS) as err:
-        unlearn(folder, forget=[(a, SPEAKERS[0])], retain=[(b, SPEAKERS[1])], method="grad_ascent",
-                out=tmp_path / "out", device="cpu", progress=False, rule=None)
+        unlearn(
+            folder,
+            forget=[(a, SPEAKERS[0])],
+            retain=[(b, SPEAKERS[1])],
+            method="grad_ascent",
+            out=tmp_path / "out",
+            device="cpu",
+            progress=False,
+            rule=None,
+        )
     _check(err.value, folder, needle, file)
     assert digest_tree(folder) == before and listing(tmp_path) == around
 
@@ -130,8 +153,18 @@ def test_weights_that_do_not_fit_the_config_are_one_error_naming_the_folder(hf_m
     _check(err.value, folder, "transformers cannot build the model", "")
 
 
-@pytest.mark.parametrize("case", ["pickle only", "weights linked out", "NaN weights", "Hub kernel", "100000 layers",
-                                  "bitsandbytes", "negative size"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "pickle only",
+        "weights linked out",
+        "NaN weights",
+        "Hub kernel",
+        "100000 layers",
+        "bitsandbytes",
+        "negative size",
+    ],
+)
 def test_a_spoiled_text_folder_is_one_error_naming_the_file(text_master, tmp_path, case):
     from mmunlearn.api.unlearn import load_model
 

@@ -42,8 +42,11 @@ def secret(tmp_path) -> Path:
 
 def leaked(root: Path, *allowed: Path) -> list[Path]:
     """Regular files under ``root`` (links not followed) holding the secret, but the ``allowed`` ones."""
-    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p not in allowed
-            and SECRET in p.read_text(errors="ignore")]
+    return [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p not in allowed and SECRET in p.read_text(errors="ignore")
+    ]
 
 
 def link(kind: str, target: Path, at: Path) -> None:
@@ -81,8 +84,7 @@ def test_speech_llm_folder_with_a_link_to_an_outside_file_is_refused_when_loaded
     before, parent = digest_tree(tmp_path), listing(tmp_path)
     with pytest.raises(UnsafePathError) as err:
         SpeechLLMAdapter.load(llm_dir, device="cpu")
-    assert_one_line_user_error(err.value, str(llm_dir / "README.md"),
-                               "outside" if kind == "symbolic" else "hard link")
+    assert_one_line_user_error(err.value, str(llm_dir / "README.md"), "outside" if kind == "symbolic" else "hard link")
     assert digest_tree(tmp_path) == before and listing(tmp_path) == parent
     assert leaked(tmp_path, secret) == ([] if kind == "symbolic" else [llm_dir / "README.md"])
 
@@ -139,7 +141,8 @@ def swap_during_copy(monkeypatch, tmp_path: Path, entry: Path, replace) -> list[
 @pytest.mark.parametrize("erase", [erase_stream, erase_memory])
 @pytest.mark.parametrize("swap", ["file -> symbolic link", "folder -> symbolic link", "file -> hard link"])
 def test_an_entry_swapped_for_a_link_after_the_checks_is_refused_and_nothing_leaks(
-        model, secret, tmp_path, monkeypatch, erase, swap):
+    model, secret, tmp_path, monkeypatch, erase, swap
+):
     forget = make_forget(tmp_path / "forget.safetensors")
     entry = model / ("zzz_dir" if swap.startswith("folder") else "zzz.txt")
 
@@ -203,8 +206,11 @@ def test_streamed_outputs_with_hard_linked_shards_still_restore(model, tmp_path)
 
     erased = tmp_path / "erased"
     erase_stream(model, make_forget(tmp_path / "forget.safetensors"), erased)  # layer 2 only: 2 shards linked
-    assert any((erased / s).stat().st_nlink > 1 for s in os.listdir(erased) if s.endswith(".safetensors")
-               and s.startswith("model-"))
+    assert any(
+        (erased / s).stat().st_nlink > 1
+        for s in os.listdir(erased)
+        if s.endswith(".safetensors") and s.startswith("model-")
+    )
     stream_restore_checkpoint(erased, tmp_path / "back", progress=False)
     for name in os.listdir(model):
         if name.endswith(".safetensors"):

@@ -75,8 +75,9 @@ def test_a_payload_inside_a_module_argument_is_refused(model_dir, tmp_path):
     with pytest.raises(ValueError, match=r"key 'classifier\[out_neurons\]' \(line \d+\) uses !apply:os.system"):
         read_speaker_dir(model_dir)
     # a tuple string: HyperPyYAML would hand its contents to PyYAML's unsafe loader
-    yaml_file.write_text(text.replace(f'!apply:os.system ["touch {marker}"]',
-                                      f'(3, !!python/object/apply:os.system ["touch {marker}"])'))
+    yaml_file.write_text(
+        text.replace(f'!apply:os.system ["touch {marker}"]', f'(3, !!python/object/apply:os.system ["touch {marker}"])')
+    )
     with pytest.raises(ValueError, match="hyperparams.yaml"):
         read_speaker_dir(model_dir)
     assert not marker.exists()
@@ -204,15 +205,23 @@ def test_output_yaml_is_generated_not_copied(adapter, tmp_path):
 def test_huge_modules_are_refused_without_allocating_them(model_dir):
     yaml_file = model_dir / HPARAMS
     original = yaml_file.read_text()
-    yaml_file.write_text(original.replace("channels: [16, 16, 16, 16, 48]",
-                                          "channels: [60000, 60000, 60000, 60000, 60000]"))
-    with pytest.raises(ValueError, match=rf"{model_dir / 'embedding_model.ckpt'} does not fit the modules "
-                                         rf"{model_dir / HPARAMS} describes"):
+    yaml_file.write_text(
+        original.replace("channels: [16, 16, 16, 16, 48]", "channels: [60000, 60000, 60000, 60000, 60000]")
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"{model_dir / 'embedding_model.ckpt'} does not fit the modules "
+        rf"{model_dir / HPARAMS} describes",
+    ):
         read_speaker_dir(model_dir)  # on the meta device: seconds, not 10^10 floats
-    yaml_file.write_text(original.replace("channels: [16, 16, 16, 16, 48]",
-                                          "channels: [4000000, 4000000, 4000000, 4000000, 12000000]"))
-    with pytest.raises(ValueError, match=rf"{model_dir / HPARAMS}: embedding_model\[channels\]\[0\]: 4000000 is "
-                                         r"refused: expected a whole number in 1\.\.65536"):
+    yaml_file.write_text(
+        original.replace("channels: [16, 16, 16, 16, 48]", "channels: [4000000, 4000000, 4000000, 4000000, 12000000]")
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"{model_dir / HPARAMS}: embedding_model\[channels\]\[0\]: 4000000 is "
+        r"refused: expected a whole number in 1\.\.65536",
+    ):
         read_speaker_dir(model_dir)  # out of range: refused before even the meta device
 
 
@@ -222,17 +231,23 @@ def test_references_arithmetic_and_aliases():
     spec = spec_from_hparams(tree)
     assert spec.embedding_model.kwargs["lin_neurons"] == 16 and spec.classifier.kwargs["input_size"] == 16
     assert spec == spec_from_hparams(parse_hparams(hparams_yaml(spec)))
-    assert spec_from_hparams(parse_hparams(hparams_yaml(SpeakerConfig.from_preset(3, "tiny")))) == \
-        SpeakerConfig.from_preset(3, "tiny").spec()
+    assert (
+        spec_from_hparams(parse_hparams(hparams_yaml(SpeakerConfig.from_preset(3, "tiny"))))
+        == SpeakerConfig.from_preset(3, "tiny").spec()
+    )
     with pytest.raises(ValueError, match="circular reference"):
         spec_from_hparams(parse_hparams(HUB_LIKE.replace("n_mels: 24", "n_mels: !ref <n_mels>")))
     with pytest.raises(ValueError, match="attribute references"):
         spec_from_hparams(parse_hparams(HUB_LIKE.replace("out_neurons: 3", "out_neurons: !ref <n_mels.real>")))
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(  # 10^8 values once expanded
-        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh"))
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh")
+    )
     with pytest.raises(ValueError, match="more than 100000 values"):
         check_hparams_tags(parse_hparams(bomb))
-    refs = HUB_LIKE.replace("half: 8", "half: 8\nr0: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
-        f"r{i + 1}: [{', '.join([f'!ref <r{i}>'] * 10)}]\n" for i in range(7)))
+    refs = HUB_LIKE.replace(
+        "half: 8",
+        "half: 8\nr0: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        + "".join(f"r{i + 1}: [{', '.join([f'!ref <r{i}>'] * 10)}]\n" for i in range(7)),
+    )
     with pytest.raises(ValueError, match="more than 100000 values after resolving references"):
         spec_from_hparams(parse_hparams(refs.replace("dilations: [1, 2, 3, 4, 1]", "dilations: !ref <r7>")))

@@ -25,8 +25,18 @@ def t3_out(tmp_path_factory):
     root = tmp_path_factory.mktemp("t3_heads")
     TextLLMAdapter(tiny_causal_lm(layers=1, seed=4), tiny_tokenizer()).save(root / "model")
     rows = [{"question": f"Where does person {i} live?", "answer": f"At {i} Oak Road."} for i in range(8)]
-    unlearn(root / "model", forget=rows[:2], retain=rows[2:], method="t3", out=root / "out", rule=None,
-            device="cpu", size="micro", progress=False, **fast("t3"))
+    unlearn(
+        root / "model",
+        forget=rows[:2],
+        retain=rows[2:],
+        method="t3",
+        out=root / "out",
+        rule=None,
+        device="cpu",
+        size="micro",
+        progress=False,
+        **fast("t3"),
+    )
     return root / "out"
 
 
@@ -38,8 +48,7 @@ def test_a_head_linked_outside_its_folder_is_refused(t3_out, tmp_path):
     before = digest_tree(out)
     with pytest.raises(UnsafePathError, match=rf"{HEAD_NAME} is a symbolic link to .*outside"):
         mmunlearn.load(out, device="cpu")
-    assert digest_tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.safetensors",
-                                                                                          "out"]
+    assert digest_tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.safetensors", "out"]
 
 
 def test_a_nan_head_is_refused_naming_the_file(t3_out, tmp_path):

@@ -46,10 +46,18 @@ def test_a_huge_declared_embedding_is_refused_before_anything_is_built(tmp_path,
     assert digest_tree(src) == before and listing(tmp_path) == {"ct2"}
 
 
-@pytest.mark.parametrize("damage, needle", [
-    ("truncate", "truncated CTranslate2 model"), ("dtype", "unknown data type id 9"),
-    ("rank", "truncated CTranslate2 model (reading shape of w"), ("unterminated", "is not a NUL-terminated string"),
-    ("config", "nested too deeply"), ("same", "is the input"), ("existing", "pass --force")])
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ("truncate", "truncated CTranslate2 model"),
+        ("dtype", "unknown data type id 9"),
+        ("rank", "truncated CTranslate2 model (reading shape of w"),
+        ("unterminated", "is not a NUL-terminated string"),
+        ("config", "nested too deeply"),
+        ("same", "is the input"),
+        ("existing", "pass --force"),
+    ],
+)
 def test_each_bad_input_is_one_error_line(tmp_path, tiny, capsys, damage, needle):
     src = write_folder(tmp_path / "ct2", tiny)
     out = tmp_path / "hf"

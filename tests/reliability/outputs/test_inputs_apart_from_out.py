@@ -9,9 +9,9 @@ import pytest
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.api.unlearn import unlearn
+from mmunlearn.errors import UnsafePathError
 from mmunlearn.files.layout import MARKER
 from mmunlearn.files.paths import check_holds_none
-from mmunlearn.errors import UnsafePathError
 from tests.reliability.untrusted import digest_tree, run_cli_here
 from tests.tiny import tiny_causal_lm, tiny_tokenizer
 
@@ -28,8 +28,9 @@ def _earlier_output(folder):
     folder.mkdir()
     (folder / MARKER).write_text(json.dumps({"tool": "mmunlearn"}))
     for name, n in (("forget.jsonl", 2), ("retain.jsonl", 4)):
-        (folder / name).write_text("".join(json.dumps({"question": f"q{name}{i}?", "answer": f"a{i}"}) + "\n"
-                                           for i in range(n)))
+        (folder / name).write_text(
+            "".join(json.dumps({"question": f"q{name}{i}?", "answer": f"a{i}"}) + "\n" for i in range(n))
+        )
     return folder
 
 
@@ -44,8 +45,15 @@ def test_an_output_holding_the_forget_and_retain_files_is_refused(model, tmp_pat
     model_before = digest_tree(model)
     target = {"out": data} if role == "out" else {"out": tmp_path / "new", "undo": data}
     with pytest.raises(UnsafePathError, match=r"contains the input .*forget\.jsonl"):
-        unlearn(model, forget=data / "forget.jsonl", retain=data / "retain.jsonl", method="grad_diff",
-                overwrite=True, progress=False, **target)
+        unlearn(
+            model,
+            forget=data / "forget.jsonl",
+            retain=data / "retain.jsonl",
+            method="grad_diff",
+            overwrite=True,
+            progress=False,
+            **target,
+        )
     assert _snapshot(tmp_path) == before  # the files are still there, nothing new beside them
     assert digest_tree(model) == model_before
 
@@ -58,16 +66,18 @@ def test_the_inputs_own_undo_folder_is_not_replaced(model, tmp_path):
     (own_undo / "undo_patch.safetensors").write_bytes(b"original weights")
     edited = tmp_path / "model_out"
     shutil.copytree(model, edited)
-    (edited / "unlearn_report.json").write_text(json.dumps({"method": "grad_diff", "undo": {"folder": own_undo.name,
-                                                                                           "id": "abc"}}))
+    (edited / "unlearn_report.json").write_text(
+        json.dumps({"method": "grad_diff", "undo": {"folder": own_undo.name, "id": "abc"}})
+    )
     forget = tmp_path / "forget.jsonl"
     forget.write_text(json.dumps({"question": "q?", "answer": "a"}) + "\n")
     retain = tmp_path / "retain.jsonl"
     retain.write_text(json.dumps({"question": "r?", "answer": "b"}) + "\n")
     before = _snapshot(tmp_path)
     with pytest.raises(UnsafePathError, match=f"is the input .*{own_undo.name}"):
-        unlearn(edited, forget=forget, retain=retain, out=tmp_path / "again", undo=own_undo, overwrite=True,
-                progress=False)
+        unlearn(
+            edited, forget=forget, retain=retain, out=tmp_path / "again", undo=own_undo, overwrite=True, progress=False
+        )
     assert _snapshot(tmp_path) == before
 
 
@@ -86,8 +96,18 @@ def test_an_output_holding_audio_clips_of_the_sets_is_refused(tmp_path):
 def test_the_command_says_it_in_one_line_and_exits_2(model, tmp_path):
     data = _earlier_output(tmp_path / "D")
     before = _snapshot(tmp_path)
-    done = run_cli_here("unlearn", "--model", str(model), "--forget", str(data / "forget.jsonl"), "--retain",
-                        str(data / "retain.jsonl"), "--out", str(data), "--overwrite")
+    done = run_cli_here(
+        "unlearn",
+        "--model",
+        str(model),
+        "--forget",
+        str(data / "forget.jsonl"),
+        "--retain",
+        str(data / "retain.jsonl"),
+        "--out",
+        str(data),
+        "--overwrite",
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: ") and "forget.jsonl" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert _snapshot(tmp_path) == before

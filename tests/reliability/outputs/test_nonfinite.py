@@ -10,13 +10,13 @@ import re
 import pytest
 import torch
 
-from mmunlearn.files.checkpoint import check_finite
 from mmunlearn.erase.apply import _check_update_finite
+from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.erase.patch import UndoPatch, dense_entry
 from mmunlearn.erase.report import LARGE_UPDATE
 from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
-from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
 from mmunlearn.errors import NonFiniteError
+from mmunlearn.files.checkpoint import check_finite
 from tests.reliability.untrusted import digest_tree, listing, make_checkpoint, make_forget
 
 

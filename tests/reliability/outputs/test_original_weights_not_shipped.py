@@ -47,21 +47,28 @@ def _release(folder: Path):
     return runner.invoke(app, ["check-release", "--model", str(folder)])
 
 
-@pytest.mark.parametrize("erase", [
-    lambda m, f, o: stream_erase_checkpoint(m, f, o, rank=2, progress=False),
-    lambda m, f, o: erase_checkpoint(m, f, o, rank=2),
-], ids=["stream", "in-memory"])
+@pytest.mark.parametrize(
+    "erase",
+    [
+        lambda m, f, o: stream_erase_checkpoint(m, f, o, rank=2, progress=False),
+        lambda m, f, o: erase_checkpoint(m, f, o, rank=2),
+    ],
+    ids=["stream", "in-memory"],
+)
 def test_erase_leaves_other_weight_files_out_and_check_release_passes_it(tmp_path, erase):
     model = make_checkpoint(tmp_path / "model")
     forget = make_forget(tmp_path / "forget.safetensors")
     planted = _plant(model)
-    assert set(stray_weights(model, [SHARD, "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"])
-               ) == planted
+    assert (
+        set(stray_weights(model, [SHARD, "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]))
+        == planted
+    )
     before = digest_tree(model)
     erase(model, forget, tmp_path / "out")
     written = {str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file()}
-    assert not any(w.startswith(("pytorch_model", "original", ".git", "model.safetensors.orig", "weights_backup"))
-                   for w in written), written
+    assert not any(
+        w.startswith(("pytorch_model", "original", ".git", "model.safetensors.orig", "weights_backup")) for w in written
+    ), written
     assert (tmp_path / "out" / "README.md").read_text() == "the model's own side file"
     done = _release(tmp_path / "out")
     assert done.exit_code == 0 and "ready to release" in done.output, done.output
@@ -80,10 +87,16 @@ def test_check_release_names_every_file_that_may_hold_the_original_weights(tmp_p
     before = digest_tree(out)
     done = _release(out)
     assert done.exit_code == 1, done.output
-    flagged = {line.split("NOT READY: ", 1)[1].split(":", 1)[0] for line in done.output.splitlines()
-               if line.startswith("NOT READY: ")}
-    assert flagged == planted | {"model.orig.safetensors", "backup/undo_patch.safetensors",
-                                 "records/undo_patch.safetensors"}, done.output
+    flagged = {
+        line.split("NOT READY: ", 1)[1].split(":", 1)[0]
+        for line in done.output.splitlines()
+        if line.startswith("NOT READY: ")
+    }
+    assert flagged == planted | {
+        "model.orig.safetensors",
+        "backup/undo_patch.safetensors",
+        "records/undo_patch.safetensors",
+    }, done.output
     assert digest_tree(out) == before
 
 
@@ -93,8 +106,17 @@ def test_a_t3_output_is_never_ready_to_release(tmp_path, capsys):
     model = tmp_path / "model"
     TextLLMAdapter(tiny_causal_lm(layers=1, seed=2), tiny_tokenizer()).save(model)
     rows = [{"question": f"Who is person {i}?", "answer": f"Person {i} lives at {i} Elm Street."} for i in range(8)]
-    unlearn(model, forget=rows[:2], retain=rows[2:], method="t3", out=tmp_path / "out", rule=None, device="cpu",
-            size="micro", **fast("t3"))
+    unlearn(
+        model,
+        forget=rows[:2],
+        retain=rows[2:],
+        method="t3",
+        out=tmp_path / "out",
+        rule=None,
+        device="cpu",
+        size="micro",
+        **fast("t3"),
+    )
     assert "not for release" in capsys.readouterr().err
     out = tmp_path / "out"
     written = json.loads((out / UNLEARN_REPORT).read_text())
@@ -112,12 +134,14 @@ def test_a_folder_whose_report_says_the_rule_was_missed_is_not_ready(tmp_path):
     model = make_checkpoint(tmp_path / "model")
     erase_checkpoint(model, make_forget(tmp_path / "forget.safetensors"), tmp_path / "out", rank=2)
     verdict = "RULE NOT MET by grad_diff: forget NLL 0.4 (target 2.0)"
-    (tmp_path / "out" / UNLEARN_REPORT).write_text(json.dumps({"method": "grad_diff", "target_reached": False,
-                                                               "verdict": verdict}))
+    (tmp_path / "out" / UNLEARN_REPORT).write_text(
+        json.dumps({"method": "grad_diff", "target_reached": False, "verdict": verdict})
+    )
     done = _release(tmp_path / "out")
     assert done.exit_code == 1 and "the rule was missed" in done.output and verdict in done.output, done.output
-    (tmp_path / "out" / UNLEARN_REPORT).write_text(json.dumps({"method": "grad_diff", "target_reached": True,
-                                                               "verdict": "rule met by grad_diff"}))
+    (tmp_path / "out" / UNLEARN_REPORT).write_text(
+        json.dumps({"method": "grad_diff", "target_reached": True, "verdict": "rule met by grad_diff"})
+    )
     assert _release(tmp_path / "out").exit_code == 0
 
 
@@ -137,10 +161,25 @@ def test_the_speech_llm_copier_leaves_weight_side_files_out(tmp_path):
 
 
 def test_the_notion_of_what_holds_weights():
-    for held in ("pytorch_model.bin", "original/consolidated.00.pth", ".git/lfs/objects/ab/cd/x", "m.safetensors.orig",
-                 "model.orig.safetensors", "x.undo/undo.json", "undo_history/request-0001.json", "flax_model.msgpack"):
+    for held in (
+        "pytorch_model.bin",
+        "original/consolidated.00.pth",
+        ".git/lfs/objects/ab/cd/x",
+        "m.safetensors.orig",
+        "model.orig.safetensors",
+        "x.undo/undo.json",
+        "undo_history/request-0001.json",
+        "flax_model.msgpack",
+    ):
         assert weight_like(held), held
-    for side in ("config.json", "tokenizer.json", "model.safetensors.index.json", "README.md", "spk_dict.pt",
-                 "tokenizer.model", "preprocessor_config.json"):
+    for side in (
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors.index.json",
+        "README.md",
+        "spk_dict.pt",
+        "tokenizer.model",
+        "preprocessor_config.json",
+    ):
         assert not weight_like(side), side
     assert weight_bytes(b"\x80\x04\x95") and weight_bytes(b"GGUF\x03") and not weight_bytes(b'{"model_type": "x"}')

@@ -26,10 +26,14 @@ def _plant(model: Path) -> None:
     (model / "README.md").write_text("a side file that is the model's own")
 
 
-@pytest.mark.parametrize("erase", [
-    lambda m, f, o: stream_erase_checkpoint(m, f, o, rank=2, progress=False),
-    lambda m, f, o: erase_checkpoint(m, f, o, rank=2),
-], ids=["stream", "in-memory"])
+@pytest.mark.parametrize(
+    "erase",
+    [
+        lambda m, f, o: stream_erase_checkpoint(m, f, o, rank=2, progress=False),
+        lambda m, f, o: erase_checkpoint(m, f, o, rank=2),
+    ],
+    ids=["stream", "in-memory"],
+)
 def test_side_files_named_like_our_outputs_are_not_copied_into_an_erase_output(tmp_path, erase):
     model = make_checkpoint(tmp_path / "model")
     forget = make_forget(tmp_path / "forget.safetensors")
@@ -52,8 +56,14 @@ def test_audit_without_out_writes_under_the_current_directory(tmp_path, monkeypa
     assert audit_destination(Path("/elsewhere/x")) == Path("/elsewhere/x")
 
 
-@pytest.mark.parametrize("content, needle", [("[" * 200_000 + "]" * 200_000, "nested too deeply"),
-                                             ('{"method": 3}', "no 'method'"), ("\xff{", "not valid JSON")])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+        ('{"method": 3}', "no 'method'"),
+        ("\xff{", "not valid JSON"),
+    ],
+)
 def test_an_audit_of_a_folder_with_a_malformed_report_is_one_error_naming_it(tmp_path, content, needle):
     from tests.reliability.untrusted import run_cli_here as run_cli
 
@@ -61,8 +71,9 @@ def test_an_audit_of_a_folder_with_a_malformed_report_is_one_error_naming_it(tmp
     model.mkdir()
     (model / UNLEARN_REPORT).write_bytes(content.encode("latin-1"))
     before = digest_tree(tmp_path)
-    res = run_cli("audit", "--model", str(model), "--target", str(model), "--retain-model", str(model), "--data",
-                  "synthetic")
+    res = run_cli(
+        "audit", "--model", str(model), "--target", str(model), "--retain-model", str(model), "--data", "synthetic"
+    )
     flat = "".join(c for c in res.stderr if not c.isspace() and c not in "│╭╮╰╯─")  # typer boxes usage errors
     assert res.returncode == 2 and needle.replace(" ", "") in flat and f"model/{UNLEARN_REPORT}" in flat, res.stderr
     assert "Traceback" not in res.stderr and digest_tree(tmp_path) == before and listing(tmp_path) == {"model"}
@@ -76,8 +87,9 @@ def test_a_recipe_out_that_is_a_user_folder_is_refused(tmp_path, command):
     out.mkdir()
     (out / "speaker.md").write_text("my notes")
     before = digest_tree(tmp_path)
-    res = run_cli(*command, "--out", str(out), "--workdir" if command[0] == "voxceleb2" else "--cache-dir",
-                  str(tmp_path / "work"))
+    res = run_cli(
+        *command, "--out", str(out), "--workdir" if command[0] == "voxceleb2" else "--cache-dir", str(tmp_path / "work")
+    )
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and str(out) in lines[0] and MARKER in lines[0], res.stderr
     assert digest_tree(tmp_path) == before and listing(tmp_path) == {"mine"}

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from mmunlearn.files.checkpoint import MARKER, atomic_dir, check_output_dir
-from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.erase.in_memory import erase_checkpoint, restore_checkpoint
+from mmunlearn.erase.stream import stream_erase_checkpoint, stream_restore_checkpoint
 from mmunlearn.errors import UnsafePathError
+from mmunlearn.files.checkpoint import MARKER, atomic_dir, check_output_dir
 from mmunlearn.files.paths import _HOST, clean_leftovers
 from tests.reliability.untrusted import ROOT, digest_tree, listing, make_checkpoint, make_forget
 
@@ -189,13 +189,21 @@ def test_a_run_killed_with_sigkill_leaves_a_temp_folder_the_next_run_removes(pro
     p, model, forget = project
     out = tmp_path / "out"
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\n"
-         "from mmunlearn.files.checkpoint import atomic_dir\n"
-         f"with atomic_dir({str(out)!r}) as tmp:\n"
-         "    (tmp / 'half.safetensors').write_bytes(b'x' * 100)\n"
-         "    print('ready', flush=True)\n"
-         "    time.sleep(120)\n"],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from mmunlearn.files.checkpoint import atomic_dir\n"
+            f"with atomic_dir({str(out)!r}) as tmp:\n"
+            "    (tmp / 'half.safetensors').write_bytes(b'x' * 100)\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         os.kill(child.pid, signal.SIGKILL)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import mmunlearn.files.safecopy as safecopy
+from mmunlearn.api.restore import restore_folder
 from mmunlearn.api.unlearn import unlearn
 from mmunlearn.errors import USER_ERRORS, UnsafePathError, one_line
 from mmunlearn.files.layout import HISTORY_DIR, PATCH_NAME, UNLEARN_REPORT
 from mmunlearn.requests.history import carry_history, read_history, step_back
-from mmunlearn.api.restore import restore_folder
 from tests.reliability.untrusted import digest_tree, listing
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- not for you"
@@ -37,9 +37,18 @@ def _hf_audio(path: Path) -> None:
 
     from mmunlearn.adapters.hf_audio.adapter import HFAudioAdapter
 
-    cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
-                         conv_dim=(8, 8), conv_kernel=(10, 5), conv_stride=(10, 5), num_conv_pos_embeddings=4,
-                         num_conv_pos_embedding_groups=2, classifier_proj_size=8)
+    cfg = Wav2Vec2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(8, 8),
+        conv_kernel=(10, 5),
+        conv_stride=(10, 5),
+        num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2,
+        classifier_proj_size=8,
+    )
     fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True)
     HFAudioAdapter.build(cfg, SPEAKERS, fe, device="cpu").save(path)
 
@@ -67,8 +76,14 @@ def masters(tmp_path_factory) -> dict[str, Path]:
     for kind, build in BUILDERS.items():
         folder = tmp_path_factory.mktemp(kind.replace("-", "_")) / "model"
         build(folder)
-        (folder / UNLEARN_REPORT).write_text(json.dumps({"method": "grad_ascent", "requests": [
-            {"index": 1, "method": "grad_ascent"}, {"index": 2, "method": "grad_ascent"}]}))
+        (folder / UNLEARN_REPORT).write_text(
+            json.dumps(
+                {
+                    "method": "grad_ascent",
+                    "requests": [{"index": 1, "method": "grad_ascent"}, {"index": 2, "method": "grad_ascent"}],
+                }
+            )
+        )
         (folder / PATCH_NAME).write_bytes(b"patch of request 2")
         (folder / HISTORY_DIR).mkdir()
         (folder / RECORD).write_bytes(b"patch of request 1")
@@ -104,25 +119,49 @@ def _plant(folder: Path, case: str, secret: Path) -> str:
 
 def _leaked(root: Path, secret: Path) -> list[Path]:
     """Files under ``root`` holding the secret, but those planted (the input ``model/``, the outside ``home/``)."""
-    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
-            and p.relative_to(root).parts[0] not in ("model", "home") and SECRET in p.read_text(errors="ignore")]
+    return [
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and p.relative_to(root).parts[0] not in ("model", "home")
+        and SECRET in p.read_text(errors="ignore")
+    ]
 
 
-CASES = ["patch symbolic link", "patch hard link", "report symbolic link", "report hard link",
-         "record symbolic link", "record hard link", "history folder linked out"]
+CASES = [
+    "patch symbolic link",
+    "patch hard link",
+    "report symbolic link",
+    "report hard link",
+    "record symbolic link",
+    "record hard link",
+    "history folder linked out",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("kind", sorted(BUILDERS))
-def test_a_history_file_that_is_a_link_or_a_hard_link_is_refused_by_unlearn_and_restore(masters, kind, case,
-                                                                                           secret, tmp_path):
+def test_a_history_file_that_is_a_link_or_a_hard_link_is_refused_by_unlearn_and_restore(
+    masters, kind, case, secret, tmp_path
+):
     folder = Path(shutil.copytree(masters[kind], tmp_path / "model"))
     name = _plant(folder, case, secret)
     before, outside = digest_tree(folder), digest_tree(secret.parent)
     calls = [lambda out: restore_folder(folder, out, progress=False)]
     if kind != "text":  # mmunlearn.unlearn takes speech models; a text model's requests are undone by restore
-        calls.append(lambda out: unlearn(folder, forget=[("a.wav", SPEAKERS[0])], retain=[("b.wav", SPEAKERS[1])],
-                                         method="grad_ascent", out=out, device="cpu", progress=False, rule=None))
+        calls.append(
+            lambda out: unlearn(
+                folder,
+                forget=[("a.wav", SPEAKERS[0])],
+                retain=[("b.wav", SPEAKERS[1])],
+                method="grad_ascent",
+                out=out,
+                device="cpu",
+                progress=False,
+                rule=None,
+            )
+        )
     for call in calls:
         with pytest.raises(UnsafePathError) as err:
             call(tmp_path / "out")
@@ -148,13 +187,19 @@ def test_regular_history_files_are_carried_and_stepped_back_byte_for_byte(master
     assert (tmp_path / "restored" / PATCH_NAME).read_bytes() == (folder / RECORD).read_bytes()
 
 
-RACES = [("carry", PATCH_NAME), ("carry", UNLEARN_REPORT), ("carry", RECORD), ("step back", RECORD),
-         ("step back", f"{HISTORY_DIR}/request-0001.json")]
+RACES = [
+    ("carry", PATCH_NAME),
+    ("carry", UNLEARN_REPORT),
+    ("carry", RECORD),
+    ("step back", RECORD),
+    ("step back", f"{HISTORY_DIR}/request-0001.json"),
+]
 
 
 @pytest.mark.parametrize(("step", "name"), RACES)
-def test_a_history_file_swapped_for_a_link_after_the_checks_is_not_copied(masters, secret, tmp_path, step, name,
-                                                                          monkeypatch):
+def test_a_history_file_swapped_for_a_link_after_the_checks_is_not_copied(
+    masters, secret, tmp_path, step, name, monkeypatch
+):
     """M2: the folder passes read_history's checks; the file becomes a link to the secret just before the copy
     opens it (the race of a shared upload folder); the copy, reading from the descriptor it opened, refuses."""
     folder = Path(shutil.copytree(masters["speech-llm"], tmp_path / "model"))

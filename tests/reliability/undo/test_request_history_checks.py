@@ -11,19 +11,20 @@ import math
 import pytest
 import torch
 
-from mmunlearn.errors import USER_ERRORS, one_line
 from mmunlearn.erase.patch import apply_exact, revert_exact
+from mmunlearn.errors import USER_ERRORS, one_line
 from mmunlearn.files.layout import UNLEARN_REPORT
-from mmunlearn.requests.history import History
 from mmunlearn.methods import UnlearnRequest
+from mmunlearn.requests.history import History
 from mmunlearn.requests.service import MAX_REUSED_EDIT, reusable_edit, run_request
 from tests.reliability.untrusted import listing
 
 SPEAKERS = ["id00001", "id00002", "id00003"]
 
 
-@pytest.mark.parametrize("value", [-5, -0.0001, math.nan, math.inf, -math.inf, 1e300, MAX_REUSED_EDIT * 2, "0.1",
-                                   True, [0.1]])
+@pytest.mark.parametrize(
+    "value", [-5, -0.0001, math.nan, math.inf, -math.inf, 1e300, MAX_REUSED_EDIT * 2, "0.1", True, [0.1]]
+)
 def test_a_history_relative_edit_outside_the_sane_range_is_ignored_with_a_warning(tmp_path, caplog, value):
     history = History(tmp_path, [{"index": 1, "method": "qr-erase", "relative_edit": value}])
     with caplog.at_level(logging.WARNING, logger="mmunlearn.requests.service"):
@@ -44,17 +45,25 @@ def speaker_adapter():
     return SpeakerAdapter.build(SPEAKERS, preset="tiny", device="cpu", seed=0)
 
 
-@pytest.mark.parametrize("earlier, needle", [(["id09999"], "no class for (id09999)"),
-                                             (["id00002", "id00003"], "every speaker of the retain set")])
+@pytest.mark.parametrize(
+    "earlier, needle",
+    [(["id09999"], "no class for (id09999)"), (["id00002", "id00003"], "every speaker of the retain set")],
+)
 def test_history_forget_speakers_that_are_not_classes_or_cover_the_retain_set_are_refused(
-        speaker_adapter, tmp_path, earlier, needle):
+    speaker_adapter, tmp_path, earlier, needle
+):
     history = History(tmp_path / "model", [{"index": 1, "method": "grad_ascent", "forget_speakers": earlier}])
     weights = {n: p.detach().clone() for n, p in speaker_adapter.model.named_parameters()}
     forget = [{"wav": str(tmp_path / "a.wav"), "spk_id": "id00001"}]
     retain = [{"wav": str(tmp_path / "b.wav"), "spk_id": s} for s in ("id00002", "id00003")]
     with pytest.raises(USER_ERRORS) as err:
-        run_request(UnlearnRequest("grad_ascent", "speaker", out=tmp_path / "out", progress=False), speaker_adapter,
-                    forget, retain, history=history)
+        run_request(
+            UnlearnRequest("grad_ascent", "speaker", out=tmp_path / "out", progress=False),
+            speaker_adapter,
+            forget,
+            retain,
+            history=history,
+        )
     text = one_line(err.value)
     assert str(tmp_path / "model" / UNLEARN_REPORT) in text and needle in text, text
     assert listing(tmp_path) == set()  # no output, no temporary folder
