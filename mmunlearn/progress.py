@@ -10,15 +10,18 @@ line, a long stage as a few. A bar without a description is disabled by its call
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from typing import Any
 
+from tqdm import std as tqdm_std
 from tqdm.auto import tqdm
 
 #: Seconds between the lines a long stage writes when its output is not a terminal.
 LOG_EVERY = 300.0
+_QUIETED = False  # whether this process's plain tqdm bars were turned off (quiet_library_bars)
 
 
 def is_terminal(stream: Any) -> bool:
@@ -74,14 +77,26 @@ class StageBar(tqdm):
         super().close()
 
 
+def _plain_bars_off_here() -> None:
+    """In this process: plain tqdm bars made from now on default to ``disable=True``. tqdm read ``TQDM_DISABLE`` when
+    it was imported (``import mmunlearn`` already imports it), so the variable alone reaches only new processes; a bar
+    that passes ``disable`` itself (StageBar's ``disable=False``) keeps its own value."""
+    global _QUIETED
+    if not _QUIETED:
+        tqdm_std.tqdm.__init__ = functools.partialmethod(tqdm_std.tqdm.__init__, disable=True)
+        _QUIETED = True
+
+
 def quiet_library_bars() -> None:
     """Turn off the Hub's and transformers' own bars ("Loading weights", downloads): for output that is a log file.
 
-    ``TQDM_DISABLE`` reaches the bars libraries make with plain tqdm (transformers' GGUF conversion) in the worker
-    processes this one starts (tqdm reads it when first imported); StageBar passes ``disable`` itself, so ours stay.
+    The bars libraries make with plain tqdm (transformers' GGUF conversion) are turned off in this process and, by
+    ``TQDM_DISABLE``, in the worker processes it starts (tqdm reads it when first imported); StageBar passes
+    ``disable`` itself, so ours stay.
     """
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read by huggingface_hub when first imported
     os.environ["TQDM_DISABLE"] = "1"
+    _plain_bars_off_here()
     if "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import disable_progress_bars
 

@@ -88,3 +88,22 @@ def test_worker_processes_after_quiet_library_bars_draw_no_plain_tqdm_bars_but_k
     err = subprocess.run([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, check=True).stderr
     assert "library bar" not in err and "\r" not in err
     assert "our stage: 3/3 items in" in err
+
+
+def test_quiet_library_bars_turns_off_plain_tqdm_bars_in_this_process_too():
+    """tqdm is imported before the CLI can call quiet_library_bars (``import mmunlearn`` imports it): a library's
+    plain bar made afterwards in the same process writes nothing, a StageBar still writes its stage line, and a bar
+    made before the call is untouched."""
+    code = (
+        "import sys\nfrom tqdm import tqdm\nfrom tqdm.auto import tqdm as auto_tqdm\n"
+        "from mmunlearn.progress import StageBar, quiet_library_bars\n"
+        "for _ in tqdm(range(3), desc='before the call', file=sys.stderr, mininterval=0):\n    pass\n"
+        "quiet_library_bars()\n"
+        "for _ in tqdm(range(3), desc='library bar', file=sys.stderr):\n    pass\n"
+        "for _ in auto_tqdm(range(3), desc='auto bar', file=sys.stderr):\n    pass\n"
+        "for _ in StageBar(range(3), desc='our stage', file=sys.stderr):\n    pass\n"
+    )
+    err = subprocess.run([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, check=True).stderr
+    assert "before the call" in err
+    assert "library bar" not in err and "auto bar" not in err
+    assert "our stage: 3/3 items in" in err
