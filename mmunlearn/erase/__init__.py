@@ -1,6 +1,6 @@
 """QR-Erase core: subspace recovery (CPQR, SVD), retain discrimination, layer energy, apply/undo."""
 
-from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, restore
+from mmunlearn.erase.apply import PATCH_NAME, REPORT_NAME, erase, merge_erases, restore
 from mmunlearn.erase.energy import group_of, layer_energy, select_layers
 from mmunlearn.erase.patch import UndoPatch
 from mmunlearn.erase.report import EraseReport
@@ -20,6 +20,7 @@ __all__ = [
     "erase",
     "group_of",
     "layer_energy",
+    "merge_erases",
     "restore",
     "select_layers",
 ]

@@ -285,6 +285,32 @@ def restore(model: Model, patch: UndoPatch | str | os.PathLike | EraseReport) ->
             view.copy_(original.to(view.device))
 
 
+def merge_erases(model: Model, first: EraseReport, second: EraseReport) -> EraseReport:
+    """Two successive erases of ``model`` (``second`` made on top of ``first``) as one, so that one undo patch returns
+    the original: both are undone, then every matrix gets both updates at once (its factors side by side,
+    A = [A1 A2], B = [B1; B2]); the weights equal the two-step result up to float rounding. ``first``'s report with
+    the merged patch and both times; low-rank undo records only (what ``erase`` writes)."""
+    if first.patch is None or second.patch is None:
+        raise ValueError("merge_erases needs both erases' undo patches in memory")
+    parts: dict[str, list[PatchEntry]] = {}
+    for entry in (*first.patch.entries, *second.patch.entries):
+        if entry.original is not None:
+            raise ValueError(f"{entry.label}: merge_erases merges low-rank undo records only, not a stored original")
+        parts.setdefault(entry.label, []).append(entry)
+    restore(model, second)
+    restore(model, first)
+    params = ParamTable(model)
+    views: dict[str, torch.Tensor] = {}
+    for label in parts:
+        views.update(params.views(label.split("[", 1)[0]))
+    patch = UndoPatch()
+    for label, entries in parts.items():
+        A = torch.cat([e.A for e in entries], dim=1)
+        B = torch.cat([e.B for e in entries], dim=0)
+        patch.entries.append(apply_exact(views[label], A, B, label)[0])
+    return dataclasses.replace(first, patch=patch, seconds=first.seconds + second.seconds)
+
+
 def _check_entry(entry: PatchEntry, view: torch.Tensor) -> None:
     """An undo record must fit the tensor it restores (a corrupt or foreign patch fails here, readably)."""
     if entry.original is not None:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from mmunlearn.config import PresetConfig, opt
-from mmunlearn.erase import erase, restore
+from mmunlearn.erase import erase, merge_erases, restore
 from mmunlearn.erase.norms import sq_norm
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
@@ -127,6 +127,13 @@ class EraseConfig(PresetConfig):
         "edit are recorded).",
     )
     top: int | None = opt(None, "With layer_rule 'top': how many of the most energetic layer groups are edited.")
+    rounds: int = opt(
+        1,
+        "With a rule that judges forget rows one by one (mmunlearn.unlearn's for a text LLM): up to this many edits. "
+        "The first aims at round_share of the rows; each later one is extracted from the rows still out alone and "
+        "aims at every row; one undo patch for all. With another rule: one edit (the report says so).",
+    )
+    round_share: float = opt(0.9, "With rounds > 1: the share of forget rows the first edit aims to take out.")
 
     def __post_init__(self) -> None:
         if self.task_matrix not in TASK_MATRICES:
@@ -135,6 +142,10 @@ class EraseConfig(PresetConfig):
             raise ValueError(f"subtract: choose from {', '.join(SUBTRACTIONS)}, got {self.subtract!r}")
         if self.top is not None and not (isinstance(self.top, int) and self.top >= 1):
             raise ValueError(f"top must be >= 1, got {self.top!r}")
+        if not (isinstance(self.rounds, int) and self.rounds >= 1):
+            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        if not 0 < self.round_share <= 1:
+            raise ValueError(f"round_share must be in (0, 1], got {self.round_share!r}")
 
     PRESETS: ClassVar[dict] = {
         ("text", "micro"): dict(rank=8, retain_rank=32, scale=2.0, extract=_ex(steps=20, lr=1e-3, batch_size=8)),
@@ -413,6 +424,43 @@ def _sweep(
     return points, choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
 
 
+def _later_rounds(
+    adapter, forget, retain, tf, tr, cfg: EraseConfig, ctx: RunContext, groups, report, info, reference, extract
+):
+    """Rounds 2.. of ``cfg.rounds``: while forget rows are still out after the edits so far, task matrices of those
+    rows alone (from the reference, else the edited model) and a sweep on top of the edits aiming at every row, the
+    retain bound counted from the unedited model; the edits merged into one (:func:`mmunlearn.erase.merge_erases`).
+    ``info["rounds"]``: each round's rows still out before it and its choice."""
+    measure = ctx.rule.forget_measure
+    if not hasattr(measure, "details"):
+        info["rounds"] = [{"note": "one edit: the rule judges no forget rows one by one, so rounds do not apply"}]
+        return report
+    rows = list(forget)
+    info["rounds"] = [{"rows": len(rows), **info["chosen"], "relative": info["relative"], "met": info["round_met"]}]
+    for _ in range(cfg.rounds - 1):
+        out = measure.details(adapter, greedy=False, items=rows)["out"]
+        if not out or not info["rounds"][-1]["met"]:  # all out, or the last edit missed its aim: no more edits
+            break
+        still = [rows[i] for i in out]
+        source = reference or adapter
+        tf_more = extract_task_matrices(source, still, extract, layers=list(tf), progress=ctx.progress)
+        scorer = Scorer(ctx.rule, adapter, rows, retain, base=tuple(info["unedited"]))
+        points, best = _sweep(adapter, tf_more, tr, cfg, scorer, groups, ctx.progress)
+        more = _apply(adapter.model, tf_more, tr, cfg, best.rank, best.scale, groups)
+        report = merge_erases(adapter.model, report, more)
+        info["rounds"].append(
+            {
+                "rows": len(still),
+                "rank": best.rank,
+                "scale": best.scale,
+                "relative": best.relative,
+                "met": scorer.point_meets(best),
+                "points": len(points),
+            }
+        )
+    return report
+
+
 def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig, ctx: RunContext) -> MethodResult:
     """Erase ``forget`` from ``adapter.model`` in place (sweeping rank x scale when ``ctx.rule`` is set)."""
     groups = adapter.groups()
@@ -457,19 +505,14 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         info["relative"] = relative_unit(adapter.model, tf)
     elif ctx.rule is not None:
         head_only = kind.is_classifier and set(tf) == {adapter.head_weight} and "forgotten_rows" in tf.meta
-        points, best = _sweep(
-            adapter,
-            tf,
-            tr,
-            cfg,
-            Scorer(ctx.rule, adapter, forget, retain),
-            groups,
-            ctx.progress,
-            past_bound=head_only,
-            factors=factors,
-        )
+        by_rows = hasattr(ctx.rule.forget_measure, "details")  # a rule that judges forget rows one by one
+        first_rule = replace(ctx.rule, forget_target=cfg.round_share) if cfg.rounds > 1 and by_rows else ctx.rule
+        scorer = Scorer(first_rule, adapter, forget, retain)
+        points, best = _sweep(adapter, tf, tr, cfg, scorer, groups, ctx.progress, past_bound=head_only, factors=factors)
         rank, scale = best.rank, best.scale
         info["sweep"] = [vars(p) for p in points]
+        info["unedited"] = [scorer.base_forget, scorer.base_retain]  # the rule's measures before any edit
+        info["round_met"] = scorer.point_meets(best)
         info["relative"] = best.relative
         info["sweep_seconds"] = time.perf_counter() - t1  # of the unlearn time: every candidate edit, scored
     info["chosen"] = {"rank": rank, "scale": scale}
@@ -477,6 +520,8 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: EraseConfig,
         info["trained_layers"] = layers
     report = _apply(adapter.model, tf, tr, cfg, rank, scale, groups, factors)
     info.update(selected_layers=report.selected, energies=report.energies)
+    if cfg.rounds > 1 and ctx.rule is not None and cfg.subtract != "own":
+        report = _later_rounds(adapter, forget, retain, tf, tr, cfg, ctx, groups, report, info, reference, extract)
     if cfg.centroid:
         if not kind.is_classifier:
             raise ValueError(f"centroid applies to speaker classifiers, not to a {ctx.kind!r} model")

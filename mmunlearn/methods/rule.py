@@ -107,12 +107,21 @@ class SweepPoint:
 class Scorer:
     """The rule's two measures on one adapter, with the unedited model's values as reference."""
 
-    def __init__(self, rule: SweepRule, adapter, forget: Sequence[Any], retain: Sequence[Any]):
+    def __init__(
+        self,
+        rule: SweepRule,
+        adapter,
+        forget: Sequence[Any],
+        retain: Sequence[Any],
+        base: tuple[float, float] | None = None,
+    ):
+        """``base``: the unedited model's (forget, retain) measures when ``adapter`` already holds an edit (a later
+        round of an erasure); by default they are measured on ``adapter``."""
         self.rule, self.forget = rule, list(forget)
         self.retain = list(rule.retain_items or retain)
         self.seconds, self.scored = 0.0, 0  # time spent scoring (the unedited model included): the rule's own cost
         self.started = time.perf_counter()  # the progress lines' elapsed time counts from here
-        self.base_forget, self.base_retain = self.score(adapter)
+        self.base_forget, self.base_retain = self.score(adapter) if base is None else base
         self.scored, self.points_from = 0, time.perf_counter()  # points scored after the unedited model, and since when
 
     def score(self, adapter) -> tuple[float, float]:

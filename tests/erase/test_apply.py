@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmunlearn.erase import EraseReport, UndoPatch, column_basis, erase, restore
+from mmunlearn.erase import EraseReport, UndoPatch, column_basis, erase, merge_erases, restore
 from tests.tiny import ConvExperts, block_task_matrices, tiny_llama
 
 
@@ -142,3 +142,24 @@ def test_retain_must_cover_the_forget_parameters():
     tr = dict(list(block_task_matrices(model).items())[:3])
     with pytest.raises(KeyError, match="retain task matrices have no entry"):
         erase(model, tf, tr, rank=2)
+
+
+def test_two_erases_merged_are_one_patch_that_undoes_both():
+    """merge_erases: the weights are the two-step result (to float rounding), the merged patch holds one record per
+    matrix edited by either erase and restores the original bits; the second erase alone could not undo the first."""
+    model = tiny_llama()
+    before = snapshot(model)
+    first = erase(model, block_task_matrices(model, hot=1, seed=1), None, rank=4, localize=False, scale=0.5)
+    second = erase(model, block_task_matrices(model, hot=2, seed=5), None, rank=2, localize=False, scale=0.3)
+    two_steps = snapshot(model)
+    labels = {e.label for e in (*first.patch.entries, *second.patch.entries)}
+    merged = merge_erases(model, first, second)
+    after = snapshot(model)
+    assert all(torch.allclose(after[k], two_steps[k], atol=1e-6) for k in after)
+    assert not same(after, before)
+    assert sorted(e.label for e in merged.patch.entries) == sorted(labels)
+    assert merged.seconds == pytest.approx(first.seconds + second.seconds)
+    restore(model, merged)
+    assert same(before, snapshot(model))
+    with pytest.raises(ValueError, match="merge_erases needs"):
+        merge_erases(model, EraseReport("cpqr", {}, [], 0.0), second)

@@ -1,6 +1,7 @@
 """The erasure method's sweep: the training-partition rule, auto scales and bisection."""
 
 import pytest
+import torch
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.data.tofu import load_split
@@ -186,3 +187,62 @@ def test_trained_layers_refuses_a_reference_of_another_architecture():
     b = TextLLMAdapter(tiny_causal_lm(layers=3), tiny_tokenizer())
     with pytest.raises(ValueError, match="reference's layers"):
         trained_layers(a, b)
+
+
+class RowsAtLevel:
+    """A forget measure judged row by row (as mmunlearn.unlearn's text rule is): the share of rows whose answer NLL
+    reached its own level; ``details`` names the rows still below theirs."""
+
+    __name__ = "rows_at_level"
+
+    def __init__(self, rows, levels):
+        self.rows, self.levels = rows, levels
+
+    def details(self, adapter, *, greedy, items=None):
+        nlls = adapter.answer_nll(self.rows).tolist()
+        return {"out": [i for i, (v, lv) in enumerate(zip(nlls, self.levels)) if v < lv]}
+
+    def __call__(self, adapter, items):
+        return 1.0 - len(self.details(adapter, greedy=False, items=items)["out"]) / len(self.rows)
+
+
+def test_rounds_erase_the_rows_the_first_edit_left_and_one_patch_undoes_all():
+    """rounds=2: the first edit aims at half the rows; the rows it left (a hard row whose level is far above its NLL)
+    get an edit of their own, made on top and aimed at every row; the report says each round's rows and choice, the
+    model scores as the rule judged it, and the one undo patch returns the original bits. With a rule that judges no
+    rows, one edit and the report says why."""
+    from mmunlearn.erase import restore
+
+    from mmunlearn.train import TrainConfig, train
+
+    src = "synthetic:n_authors=10"
+    forget, retain = load_split(src, "forget10")[:6], load_split(src, "retain90")[:20]
+    ad = TextLLMAdapter(tiny_causal_lm(layers=2, seed=3), tiny_tokenizer())
+    config = TrainConfig(epochs=8, lr=3e-3, batch_size=8, seed=0)
+    train(ad.model, lambda m, b: ad.loss(b, model=m), forget + retain, ad.collate, config, progress=False)
+    ad.model.eval()
+    original = {k: v.detach().clone() for k, v in ad.model.state_dict().items()}
+    before = ad.answer_nll(forget).tolist()
+    levels = [v + (0.05 if i < 4 else 0.6) for i, v in enumerate(before)]  # four easy rows, two hard ones
+    measure = RowsAtLevel(forget, levels)
+    cfg = EraseConfig(rank=4, retain_rank=8, extract=ExtractConfig(kind="gradient", lr=1.0), rounds=2, round_share=0.5)
+    rule = SweepRule(forget_target=1.0, retain_bound=10.0, forget_measure=measure)
+    res = run(ad, forget, retain, cfg, RunContext("text", rule=rule, progress=False))
+    rounds = res.info["rounds"]
+    assert rounds[0]["rows"] == 6 and rounds[0]["met"]  # the first edit took out at least half the rows
+    assert len(rounds) == 2 and 1 <= rounds[1]["rows"] <= 3  # the rows it left got a second edit
+    assert rounds[1]["met"] and measure(ad, forget) == 1.0  # every row at its level now
+    assert res.erase_report.seconds > 0 and len({e.label for e in res.erase_report.patch.entries}) == len(
+        res.erase_report.patch.entries
+    )  # one record per matrix
+    restore(ad.model, res.erase_report)
+    assert all(torch.equal(original[k], v) for k, v in ad.model.state_dict().items())
+    # a rule that judges a mean, not rows: one edit, said in the report
+    plain = run(
+        TextLLMAdapter(tiny_causal_lm(layers=2, seed=3), tiny_tokenizer()),
+        forget,
+        retain,
+        cfg,
+        RunContext("text", rule=SweepRule(forget_target=max(before) + 0.5, retain_bound=10.0), progress=False),
+    )
+    assert "rounds do not apply" in plain.info["rounds"][0]["note"]
