@@ -212,7 +212,6 @@ def test_rounds_erase_the_rows_the_first_edit_left_and_one_patch_undoes_all():
     model scores as the rule judged it, and the one undo patch returns the original bits. With a rule that judges no
     rows, one edit and the report says why."""
     from mmunlearn.erase import restore
-
     from mmunlearn.train import TrainConfig, train
 
     src = "synthetic:n_authors=10"
