@@ -3,6 +3,7 @@ terminal (one line when a stage ends, one per ``log_every`` seconds with an esti
 live bar on a terminal; the CLI turns off the libraries' own bars when stderr is a file."""
 
 import io
+import os
 import subprocess
 import sys
 
@@ -103,7 +104,8 @@ def test_quiet_library_bars_turns_off_plain_tqdm_bars_in_this_process_too():
         "for _ in auto_tqdm(range(3), desc='auto bar', file=sys.stderr):\n    pass\n"
         "for _ in StageBar(range(3), desc='our stage', file=sys.stderr):\n    pass\n"
     )
-    err = subprocess.run([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, check=True).stderr
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}  # a CLI test in this worker may have set it
+    err = subprocess.run([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True, check=True).stderr
     assert "before the call" in err
     assert "library bar" not in err and "auto bar" not in err
     assert "our stage: 3/3 items in" in err

@@ -26,6 +26,8 @@ TEXT_VALUES = {
     "retain_model": ("models/retain", "models/other"),
     "sweep_pick": ("utility", "first"),
 }
+#: valid numbers for the methods' bounded number settings (the doubling below would leave their range)
+NUMBER_VALUES = {"round_share": (0.5, 0.75)}
 
 
 def _yaml(tmp_path, text, name="cfg.yaml"):
@@ -114,6 +116,9 @@ def _changed(name: str, tp, default) -> tuple[str, object]:
     if name in TEXT_VALUES:
         value = next(v for v in TEXT_VALUES[name] if v != default)
         return value, value
+    if name in NUMBER_VALUES:
+        value = next(v for v in NUMBER_VALUES[name] if v != default)
+        return repr(value), value
     if base is bool:
         return str(not default).lower(), not default
     if base is int:
