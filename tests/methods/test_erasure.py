@@ -245,3 +245,27 @@ def test_rounds_erase_the_rows_the_first_edit_left_and_one_patch_undoes_all():
         RunContext("text", rule=SweepRule(forget_target=max(before) + 0.5, retain_bound=10.0), progress=False),
     )
     assert "rounds do not apply" in plain.info["rounds"][0]["note"]
+
+
+def test_row_retain_rank_is_used_under_a_rule_that_judges_rows_only():
+    """row_retain_rank replaces retain_rank when the rule judges forget rows one by one: the edit is the one
+    retain_rank=row_retain_rank makes, bit for bit; under a rule that judges a mean, retain_rank stays."""
+    src = "synthetic:n_authors=10"
+    forget, retain = load_split(src, "forget10")[:6], load_split(src, "retain90")[:20]
+    base = TextLLMAdapter(tiny_causal_lm(layers=2, seed=5), tiny_tokenizer())
+    levels = [v + 0.3 for v in base.answer_nll(forget).tolist()]
+    ex = ExtractConfig(kind="gradient", lr=1.0)
+
+    def edited(cfg, rule):
+        ad = TextLLMAdapter(tiny_causal_lm(layers=2, seed=5), tiny_tokenizer())
+        res = run(ad, forget, retain, cfg, RunContext("text", rule=rule, progress=False))
+        return res.info["retain_rank"], ad.model.state_dict()
+
+    rows = SweepRule(forget_target=1.0, retain_bound=10.0, forget_measure=RowsAtLevel(forget, levels))
+    got, state = edited(EraseConfig(rank=4, retain_rank=8, row_retain_rank=2, extract=ex), rows)
+    want, same = edited(EraseConfig(rank=4, retain_rank=2, extract=ex), rows)
+    assert got == want == 2 and all(torch.equal(state[k], same[k]) for k in state)
+    _, other = edited(EraseConfig(rank=4, retain_rank=8, extract=ex), rows)
+    assert any(not torch.equal(state[k], other[k]) for k in state)  # the retain rank changes the edit here
+    mean = SweepRule(forget_target=max(levels) + 0.5, retain_bound=10.0)
+    assert edited(EraseConfig(rank=4, retain_rank=8, row_retain_rank=2, extract=ex), mean)[0] == 8
