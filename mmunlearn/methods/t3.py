@@ -9,7 +9,9 @@ retain NLL is within ``sweep_retain_tolerance`` of the lowest is applied: the mo
 overshoot a stronger tilt brings for a retain gain below the tolerance (on SmolLM2 TOFU, 20 authors, full strength
 kept the retain NLL 3e-4 nats lower than half strength while its forget NLL overshot the target fourfold and the
 forget quality fell from the retain model's side to 0.014); ``sweep_pick="first"`` stops at the first candidate
-meeting the rule (fewer scoring passes). If none meets it, the rule's choice among the tried ones is
+meeting the rule (fewer scoring passes). A strength so picked is then refined (``sweep_refine`` bisection steps
+towards the strongest tilt tried below it), so the tilt applied is the weakest meeting the rule to a finer step than
+the grid's. If none meets it, the rule's choice among the tried ones is
 taken and the report says so. The returned adapter wraps the base with the head
 (:class:`mmunlearn.tilt.TiltedCausalLM`); the harness writes the head beside the unchanged base.
 """
@@ -44,6 +46,12 @@ class T3Config(PresetConfig):
     sweep_temperatures: tuple[float, ...] = opt(
         (1.25, 1.5, 2.0), "With a sweep rule: temperatures tried next, at full strength."
     )
+    sweep_refine: int = opt(
+        2,
+        "With a sweep rule: bisection steps between the tilt strength applied and the strength tried below it, "
+        "each midpoint kept when it meets the rule as the sweep's pick did: the weakest tilt to 1/2^n of that gap "
+        "(0: the grid's pick).",
+    )
     sweep_pick: str = opt(
         "utility",
         "With a sweep rule: 'utility' scores every candidate and applies, among those "
@@ -69,6 +77,8 @@ class T3Config(PresetConfig):
         check_pooling(self.pooling)
         if self.sweep_retain_tolerance < 0:
             raise ValueError(f"t3: sweep_retain_tolerance must be >= 0, not {self.sweep_retain_tolerance}")
+        if not (isinstance(self.sweep_refine, int) and self.sweep_refine >= 0):
+            raise ValueError(f"t3: sweep_refine must be an integer >= 0, not {self.sweep_refine!r}")
         if self.sweep_pick not in ("utility", "first"):
             raise ValueError(f"t3: sweep_pick must be 'utility' or 'first', not {self.sweep_pick!r}")
 
@@ -86,6 +96,33 @@ def weakest_keeping_retain(meeting: Sequence[SweepPoint], tolerance: float) -> S
         return None
     lowest = min(p.retain_nll for p in meeting)
     return next(p for p in meeting if p.retain_nll <= lowest + tolerance)
+
+
+def _refine(adapter, head, candidates, points, best, scorer: Scorer, cfg: T3Config, tried: list, progress) -> float:
+    """Bisect between ``best``'s strength (meeting the rule) and the strongest tilt tried below it: a midpoint is
+    kept when it meets the rule with its retain NLL within the tolerance of the lowest met so far ('utility'), else
+    it becomes the lower end. The weakest strength kept; each midpoint is added to ``tried``."""
+    hi = next(lam for (_, lam), p in zip(candidates, points) if p is best)
+    below = [lam for (t, lam), _ in zip(candidates, points) if t == 1.0 and lam < hi]
+    if not below:
+        return hi
+    lo = max(below)
+    lowest = min(p.retain_nll for p in points if scorer.point_meets(p))
+    tolerance = cfg.sweep_retain_tolerance if cfg.sweep_pick == "utility" else float("inf")
+    for _ in range(cfg.sweep_refine):
+        mid = (lo + hi) / 2
+        tilted = _tilted(adapter, head, 1.0, mid)
+        point = SweepPoint(None, 1.0, *scorer.score(tilted))
+        tilted.model.tap.remove()
+        tried.append(
+            {"temperature": 1.0, "strength": mid, "forget_nll": point.forget_nll, "retain_nll": point.retain_nll}
+        )
+        log_point("t3", {**tried[-1], "refine": True}, scorer, progress, total=len(candidates) + cfg.sweep_refine)
+        if scorer.point_meets(point) and point.retain_nll <= lowest + tolerance:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _tilted(adapter, head, temperature: float, strength: float = 1.0):
@@ -135,13 +172,15 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
                     "retain_nll": points[-1].retain_nll,
                 }
             )
-            log_point("t3", tried[-1], scorer, ctx.progress, total=len(candidates))
+            log_point("t3", tried[-1], scorer, ctx.progress, total=len(candidates) + cfg.sweep_refine)
             if cfg.sweep_pick == "first" and scorer.point_meets(points[-1]):
                 break  # the weakest intervention meeting the rule
         rule = ctx.rule
         best = choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
         best = weakest_keeping_retain([p for p in points if scorer.point_meets(p)], cfg.sweep_retain_tolerance) or best
         temperature, strength = next((c for c, p in zip(candidates, points) if p is best))
+        if cfg.sweep_refine and temperature == 1.0 and scorer.point_meets(best):
+            strength = _refine(adapter, fit.head, candidates, points, best, scorer, cfg, tried, ctx.progress)
         info["sweep"] = tried
         info["sweep_seconds"] = time.perf_counter() - t_sweep
     info["temperature"], info["strength"] = temperature, strength

@@ -161,6 +161,37 @@ def test_t3_picks_the_weakest_tilt_whose_retain_is_within_the_tolerance_of_the_l
     assert weakest_keeping_retain([], 0.01) is None
 
 
+def test_t3_refines_the_strength_it_picks_to_the_weakest_meeting_the_rule(model_dir):
+    """With the forget target between the forget NLLs at strengths 1/4 and 1/2, the grid picks 1/2; two bisection
+    steps then try 3/8 and the next midpoint, keep each that meets the rule, and apply the weakest kept."""
+    from mmunlearn.methods import SweepRule
+
+    forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
+    target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
+
+    def sweep(rule, refine):
+        grid = {"sweep_strengths": (0.25, 0.5, 1.0), "sweep_temperatures": (), "sweep_retain_tolerance": 1e6}
+        over = {**fast("t3"), **grid, "sweep_refine": refine}
+        out = run_unlearning(UnlearnRequest("t3", "text", size="micro", overrides=over, rule=rule, progress=False),
+                             target, forget, retain)  # fmt: skip
+        out.adapter.model.tap.remove()
+        return out.report["info"], out.adapter.model.strength
+
+    probe, _ = sweep(SweepRule(forget_target=1e9, retain_bound=1e6), 0)
+    nll = {p["strength"]: p["forget_nll"] for p in probe["sweep"]}
+    assert nll[0.25] < nll[0.5]  # the tilt raises the forget NLL: a target between the two is reachable at 1/2
+    rule = SweepRule(forget_target=(nll[0.25] + nll[0.5]) / 2, retain_bound=1e6)
+    info, applied = sweep(rule, 2)
+    grid, mids = info["sweep"][:3], info["sweep"][3:]
+    assert [p["strength"] for p in grid] == [0.25, 0.5, 1.0] and len(mids) == 2
+    assert mids[0]["strength"] == 0.375
+    lo, hi = 0.25, 0.5
+    for p in mids:  # each midpoint kept exactly when it meets the rule; the next one halves the gap left
+        assert p["strength"] == (lo + hi) / 2
+        lo, hi = (lo, p["strength"]) if p["forget_nll"] >= rule.forget_target else (p["strength"], hi)
+    assert info["strength"] == hi == applied and 0.25 < applied <= 0.5
+
+
 def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_keeps_most_retain(model_dir):
     """The default sweep scores every candidate; of those meeting the rule it applies the weakest whose retain NLL
     is within the tolerance of the lowest (tolerance 0: the lowest itself)."""
@@ -177,7 +208,7 @@ def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_k
                 size="micro",
                 rule=rule,
                 progress=False,
-                overrides={**fast("t3"), "sweep_retain_tolerance": tolerance},
+                overrides={**fast("t3"), "sweep_retain_tolerance": tolerance, "sweep_refine": 0},
             ),
             target,
             forget,
