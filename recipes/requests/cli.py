@@ -85,46 +85,6 @@ REQUESTS_OPTIONS = ("dataset", "workdir", "json", "markdown", "strict")
 _app = typer.Typer()
 
 
-def _tofu(cfg: RequestsConfig) -> rb.BenchResult:
-    """One request per forget author of the TOFU world (text LLM)."""
-    return run_tofu(
-        cfg.data,
-        preset=cfg.resolved_preset(),
-        forget_split=cfg.forget_split,
-        authors=cfg.authors,
-        extracts=cfg.extracts(),
-        retain_bound=cfg.resolved_retain_bound(),
-        gd_epochs=cfg.gd_epochs,
-        score_retain=cfg.score_retain or None,
-        workdir=cfg.workdir,
-        show=_show_request,
-        progress=cfg.progress,
-    )
-
-
-def _speaker(cfg: RequestsConfig) -> rb.BenchResult:
-    """One request per forget speaker of the built-in or prepared corpus (speaker classifier)."""
-    return rb.run_speaker(
-        cfg.workdir,
-        preset=cfg.resolved_preset(),
-        speakers=cfg.speakers,
-        utterances=cfg.utterances,
-        videos=cfg.videos,
-        requests=cfg.requests,
-        extracts=cfg.extracts(),
-        train_epochs=cfg.train_epochs,
-        retain_bound=cfg.resolved_retain_bound(),
-        gd_epochs=cfg.gd_epochs or 20,
-        gd_lr=cfg.gd_lr,
-        score_retain=cfg.score_retain or None,
-        scope=cfg.scope,
-        manifests=cfg.manifests,
-        with_batch=cfg.batch,
-        show=_show_request,
-        progress=cfg.progress,
-    )
-
-
 @config_command(
     _app, RequestsConfig, name="requests", benchmark="requests", options=REQUESTS_OPTIONS, kind=None, listed=False
 )
@@ -132,7 +92,7 @@ def requests(cfg: RequestsConfig) -> None:
     """Deletion requests at service speed: time per request after the first with the retain state cached
     (QR-Erase) against GradDiff reaching the same forget criterion, the rule's measures and peak memory."""
     set_threads(cfg.threads)
-    res = _tofu(cfg) if cfg.dataset == "tofu" else _speaker(cfg)
+    res = run_tofu(cfg, show=_show_request) if cfg.dataset == "tofu" else rb.run_speaker(cfg, show=_show_request)
     ok = _print_requests_result(res, cfg.resolved_preset())
     if cfg.json is not None:
         rb.write_json(cfg.json, res)

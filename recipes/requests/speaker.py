@@ -53,6 +53,7 @@ from mmunlearn.methods.rule import SweepRule
 from mmunlearn.report import table
 from mmunlearn.requests import History, obtain_retain_state, read_history, run_request, widened_rule
 from mmunlearn.train import TrainConfig
+from recipes.requests.config import RequestsConfig
 
 #: The goal of issue 18: a request with the retain state cached at least this many times faster than GradDiff.
 TARGET_SPEEDUP = 10.0
@@ -191,6 +192,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def spread(rows: list, n: int) -> list:
+    """``n`` of ``rows`` spread evenly over them, first and last included (0, or ``n`` >= their count: all)."""
+    if not n or n >= len(rows):
+        return rows
+    return [rows[round(i * (len(rows) - 1) / (n - 1))] for i in range(n)]
+
+
 def forgotten_share(adapter, rows: Sequence[dict]) -> tuple[float, float]:
     """(share of ``rows`` predicted as any of their speakers, largest share of one speaker's rows sent to one other
     class) -- :func:`mmunlearn.eval.speaker.forgotten_counts` on the forgotten speakers' utterances."""
@@ -259,36 +267,18 @@ def _speaker_model(
     return man, dirs[0], dirs[1]
 
 
-def run_speaker(
-    workdir: str | os.PathLike,
-    *,
-    preset: str = "tiny",
-    speakers: int = 10,
-    utterances: int = 20,
-    videos: int = 2,
-    requests: int = 3,
-    extracts: Sequence[str] = ("gradient", "finetune"),
-    train_epochs: int | None = None,
-    retain_bound: float = 0.05,
-    gd_epochs: int = 20,
-    gd_lr: float | None = None,
-    score_retain: int | None = 32,
-    with_batch: bool = True,
-    progress: bool = False,
-    scope: str = "all",
-    manifests: str | os.PathLike | None = None,
-    show: Callable[[RequestRow], None] | None = None,
-) -> BenchResult:
-    """The speaker-classifier benchmark (see the module notes). ``scope``: the weights QR-Erase edits
-    (``head``: class weights only, retain rank 0, embeddings reused by the scoring); GradDiff trains all.
-    ``manifests``: a prepared corpus (e.g. FSDD from ``voxceleb2 prepare-corpus``) instead of the built-in one;
-    each of its forget speakers is one request (``requests`` is then ignored)."""
+def run_speaker(cfg: RequestsConfig, show: Callable[[RequestRow], None] | None = None) -> BenchResult:
+    """The speaker-classifier benchmark (see the module notes) as ``cfg`` (``dataset`` speaker) sets it. ``scope``: the
+    weights QR-Erase edits (``head``: class weights only, retain rank 0, embeddings reused by the scoring); GradDiff
+    trains all. ``manifests``: a prepared corpus (e.g. FSDD from ``voxceleb2 prepare-corpus``) instead of the built-in
+    one; each of its forget speakers is one request. ``show``: called with each request's row as it is measured."""
     from dataclasses import replace
 
-    workdir = Path(workdir)
+    preset, extracts, scope, manifests = cfg.resolved_preset(), cfg.extracts(), cfg.scope, cfg.manifests
+    workdir, progress = Path(cfg.workdir), cfg.progress
     workdir.mkdir(parents=True, exist_ok=True)
     man, model_dir, retrained_dir = _speaker_model(
-        workdir, preset, speakers, utterances, videos, requests, train_epochs, progress, manifests and Path(manifests)
+        workdir, preset, cfg.speakers, cfg.utterances, cfg.videos, cfg.requests, cfg.train_epochs, progress, manifests
     )
     forget_rows, retain = split_rows(man, "spk_forget_train"), split_rows(man, "spk_retain_train")
     heldout = split_rows(man, "spk_retain_test")
@@ -301,20 +291,18 @@ def run_speaker(
     scoped.scope = scope  # validates it
     qr_over = {"sweep_scales": "auto", **({"retain_rank": 0} if scope == "head" else {})}
     n_classes = len(original.speakers)
-    scored = (
-        retain
-        if not score_retain or score_retain >= len(retain)
-        else [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    )
+    scored = spread(retain, cfg.score_retain)
     rule = replace(
-        speaker_rule(n_classes, retain_bound, chance_error_rate(n_classes)), retain_items=scored, checks_per_epoch=1
+        speaker_rule(n_classes, cfg.resolved_retain_bound(), chance_error_rate(n_classes)),
+        retain_items=scored,
+        checks_per_epoch=1,
     )
     size = SPEAKER.size_for(preset)
     accuracy(original, heldout + retain + forget_rows + forget_test, desc=None)  # decode the audio once, untimed
     retrained_row = _retrained_row(retrained_dir, original, gone[-1], heldout)
     state_dir = workdir / "retain_state"
     prepare_seconds = timed_retain_state(state_dir, scoped, retain, SPEAKER.name, size, progress)
-    gd_over = {"epochs": gd_epochs, **({"lr": gd_lr} if gd_lr is not None else {})}
+    gd_over = {"epochs": cfg.gd_epochs or 20, **({"lr": cfg.gd_lr} if cfg.gd_lr is not None else {})}
     rows = _sequential_requests(
         workdir,
         scoped,
@@ -333,7 +321,7 @@ def run_speaker(
         show=show,
     )
     batch = None
-    if with_batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
+    if cfg.batch and len(asks) > 1:  # every request at once: one edit with the union, against one by one
         batch = _batch_comparison(
             scoped,
             asks,
@@ -349,9 +337,9 @@ def run_speaker(
         )
     setup = {
         "preset": preset,
-        "speakers": speakers,
-        "utterances": utterances,
-        "videos": videos,
+        "speakers": cfg.speakers,
+        "utterances": cfg.utterances,
+        "videos": cfg.videos,
         "batch": batch,
         "classes": n_classes,
         "requests": len(asks),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,27 +15,19 @@ from mmunlearn.data.tofu import load_split, split_info
 from mmunlearn.methods import SweepRule, UnlearnRequest, get, run_unlearning
 from mmunlearn.presets.build import build_models
 from mmunlearn.requests import History, run_request
-from recipes.requests.speaker import BenchResult, PeakMemory, RequestRow, request_row, timed_retain_state
+from recipes.requests.config import RequestsConfig
+from recipes.requests.speaker import BenchResult, PeakMemory, RequestRow, request_row, spread, timed_retain_state
 
 
 def run_tofu(
-    data: str,
-    *,
-    preset: str = "mini",
-    forget_split: str = "forget10",
-    authors: int | None = 20,
-    extracts: Sequence[str] = ("gradient", "lora", "finetune"),
-    retain_bound: float = 0.1,
-    gd_epochs: int | None = None,
-    score_retain: int | None = 64,
-    cache_dir: str | os.PathLike | None = None,
-    workdir: str | os.PathLike = "runs/bench_requests",
-    progress: bool = False,
-    show: Callable[[RequestRow], None] | None = None,
+    cfg: RequestsConfig, *, cache_dir: str | os.PathLike | None = None, show: Callable[[RequestRow], None] | None = None
 ) -> BenchResult:
-    """TOFU: one request per forget author (target and base models built by :mod:`mmunlearn.presets`, cached);
-    the rule's forget target is the base model's answer NLL on that author's questions (it never saw them),
-    the retain measure the mean answer NLL (``score_retain`` retain questions spread over the set)."""
+    """TOFU (``cfg.dataset`` tofu): one request per forget author (target and base models built by
+    :mod:`mmunlearn.presets`, cached in ``cache_dir``, default the cache); the rule's forget target is the base model's
+    answer NLL on that author's questions (it never saw them), the retain measure the mean answer NLL
+    (``score_retain`` retain questions spread over the set). ``show``: called with each request's row."""
+    data, preset, forget_split, authors = cfg.data, cfg.resolved_preset(), cfg.forget_split, cfg.authors
+    workdir, progress, extracts, retain_bound = cfg.workdir, cfg.progress, cfg.extracts(), cfg.resolved_retain_bound()
     built = build_models(preset, data, forget_split, authors, 0, cache_dir, "cpu", progress=progress, roles=("target",))
     pct = split_info(forget_split).forget_pct
     forget = load_split(data, forget_split, authors=authors, forget_pct=pct)
@@ -45,15 +37,11 @@ def run_tofu(
     original = TextLLMAdapter.from_pretrained(built.target, device="cpu")
     base = TextLLMAdapter.from_pretrained(built.base, device="cpu")
     targets = [float(base.answer_nll(a).mean()) for a in asks]
-    scored = (
-        retain
-        if not score_retain or score_retain >= len(retain)
-        else [retain[round(i * (len(retain) - 1) / (score_retain - 1))] for i in range(score_retain)]
-    )
+    scored = spread(retain, cfg.score_retain)
     size = TEXT.size_for(preset)
     state_dir = Path(workdir) / "retain_state_tofu"
     prepare_seconds = timed_retain_state(state_dir, original, retain, TEXT.name, size, progress)
-    gd_over = {"epochs": gd_epochs} if gd_epochs is not None else {}
+    gd_over = {"epochs": cfg.gd_epochs} if cfg.gd_epochs is not None else {}
     rows: list[RequestRow] = []
 
     def add(row: RequestRow) -> None:

@@ -65,18 +65,21 @@ def test_peak_memory_sees_an_allocation_that_is_freed_inside_the_block():
 
 def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(speaker_manifests, tmp_path):  # noqa: F811
     from mmunlearn.adapters.speaker.adapter import SpeakerAdapter
+    from recipes.requests.config import RequestsConfig
     from recipes.requests.speaker import run_speaker
 
-    res = run_speaker(
-        tmp_path,
+    cfg = RequestsConfig(
+        workdir=tmp_path,
         preset="tiny",
         manifests=speaker_manifests,
-        extracts=("gradient",),
+        extract=("gradient",),
         train_epochs=2,
         gd_epochs=1,
-        with_batch=False,
+        batch=False,
         scope="head",
+        progress=False,
     )
+    res = run_speaker(cfg)
     assert res.setup["scope"] == "head" and res.setup["qr_erase"]["retain_rank"] == 0
     assert res.setup["manifests"] == str(speaker_manifests) and "manifests" in res.dataset
     assert sorted((r.method, r.request) for r in res.rows) == [("grad_diff", 1), ("qr-erase", 1)]  # one forget speaker
@@ -111,16 +114,13 @@ def test_the_speaker_benchmark_runs_on_prepared_manifests_in_the_head_scope(spea
 
 @pytest.mark.slow
 def test_the_tofu_benchmark_runs_one_request_per_forget_author(tmp_path):
+    from recipes.requests.config import RequestsConfig
     from recipes.requests.tofu import run_tofu
 
-    res = run_tofu(
-        "synthetic",
-        preset="micro",
-        extracts=("gradient",),
-        authors=None,
-        workdir=tmp_path / "work",
-        cache_dir=tmp_path / "cache",
+    cfg = RequestsConfig(
+        dataset="tofu", preset="micro", extract=("gradient",), authors=None, workdir=tmp_path / "work", progress=False
     )
+    res = run_tofu(cfg, cache_dir=tmp_path / "cache")
     requests = sorted({r.request for r in res.rows})
     assert requests == list(range(1, len(requests) + 1)) and len(requests) >= 2
     assert sorted((r.method, r.request) for r in res.rows) == sorted(

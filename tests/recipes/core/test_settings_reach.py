@@ -41,8 +41,8 @@ VARIANTS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         "speech-llm": (("model=speech-llm",), ("recipes.voxceleb2.cli._unlearn",)),
     },
     "RequestsConfig": {
-        "speaker": ((), ("recipes.requests.cli._tofu",)),
-        "tofu": (("dataset=tofu",), ("recipes.requests.cli._speaker",)),
+        "speaker": ((), ("recipes.requests.tofu.run_tofu",)),
+        "tofu": (("dataset=tofu",), ("recipes.requests.speaker.run_speaker",)),
     },
 }
 #: Values other than the default for fields whose type alone does not say what is valid.
