@@ -9,8 +9,8 @@ retain NLL is within ``sweep_retain_tolerance`` of the lowest is applied: the mo
 overshoot a stronger tilt brings for a retain gain below the tolerance (on SmolLM2 TOFU, 20 authors, full strength
 kept the retain NLL 3e-4 nats lower than half strength while its forget NLL overshot the target fourfold and the
 forget quality fell from the retain model's side to 0.014); ``sweep_pick="first"`` stops at the first candidate
-meeting the rule (fewer scoring passes). A strength so picked is then refined (``sweep_refine`` bisection steps
-towards the strongest tilt tried below it), so the tilt applied is the weakest meeting the rule to a finer step than
+meeting the rule (fewer scoring passes). With ``sweep_refine`` a strength so picked is then refined by bisection
+towards the strongest tilt tried below it, so the tilt applied is the weakest meeting the rule to a finer step than
 the grid's. If none meets it, the rule's choice among the tried ones is
 taken and the report says so. The returned adapter wraps the base with the head
 (:class:`mmunlearn.tilt.TiltedCausalLM`); the harness writes the head beside the unchanged base.
@@ -47,10 +47,10 @@ class T3Config(PresetConfig):
         (1.25, 1.5, 2.0), "With a sweep rule: temperatures tried next, at full strength."
     )
     sweep_refine: int = opt(
-        2,
+        0,
         "With a sweep rule: bisection steps between the tilt strength applied and the strength tried below it, "
         "each midpoint kept when it meets the rule as the sweep's pick did: the weakest tilt to 1/2^n of that gap "
-        "(0: the grid's pick).",
+        "(0: the grid's pick; on SmolLM2 TOFU, 20 authors, 2 steps kept the grid's 1/2, at 2 more scoring points).",
     )
     sweep_pick: str = opt(
         "utility",

@@ -248,9 +248,9 @@ def test_each_stage_line_says_elapsed_and_what_is_left(raw_dir, tmp_path, capsys
     assert re.search(rf"then the final check and the write \(about ({DURATION}): the rule's scoring", stages[1])
     points = [line for line in (out.out + out.err).splitlines() if line.startswith("t3 sweep: ")]
     assert points, out.out
-    for k, line in enumerate(points, 1):  # 4 candidates, then at most 2 refining the strength picked (sweep_refine)
-        assert f"; point {k} of at most 6, " in line and re.search(rf", ({DURATION}) into the sweep", line), line
-        if k < 6:  # the most time left at the seconds a point has taken so far
+    for k, line in enumerate(points, 1):
+        assert f"; point {k} of at most 4, " in line and re.search(rf", ({DURATION}) into the sweep", line), line
+        if k < 4:  # the most time left at the seconds a point has taken so far
             assert re.search(rf", at most ~({DURATION}) left at ({DURATION}) a point$", line), line
 
 
