@@ -172,8 +172,8 @@ def test_t3_refines_the_strength_it_picks_to_the_weakest_meeting_the_rule(model_
     def sweep(rule, refine):
         grid = {"sweep_strengths": (0.25, 0.5, 1.0), "sweep_temperatures": (), "sweep_retain_tolerance": 1e6}
         over = {**fast("t3"), **grid, "sweep_refine": refine}
-        out = run_unlearning(UnlearnRequest("t3", "text", size="micro", overrides=over, rule=rule, progress=False),
-                             target, forget, retain)  # fmt: skip
+        request = UnlearnRequest("t3", "text", size="micro", overrides=over, rule=rule, progress=False)
+        out = run_unlearning(request, target, forget, retain)
         out.adapter.model.tap.remove()
         return out.report["info"], out.adapter.model.strength
 
@@ -208,7 +208,7 @@ def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_k
                 size="micro",
                 rule=rule,
                 progress=False,
-                overrides={**fast("t3"), "sweep_retain_tolerance": tolerance, "sweep_refine": 0},
+                overrides={**fast("t3"), "sweep_retain_tolerance": tolerance},
             ),
             target,
             forget,
