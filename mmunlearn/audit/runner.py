@@ -71,7 +71,12 @@ def _tilt_parts(adapter: Any):
     def rewrap(base_adapter: Any) -> Any:
         return adapter.with_model(
             TiltedCausalLM(
-                base_adapter.model, model.head, model.temperature, base_path=model.base_path, strength=model.strength
+                base_adapter.model,
+                model.head,
+                model.temperature,
+                base_path=model.base_path,
+                strength=model.strength,
+                exempt_seen=model.exempt_seen,
             )
         )
 

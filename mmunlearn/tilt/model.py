@@ -26,16 +26,18 @@ from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.paths import check_entry, check_tree, plain_name
 from mmunlearn.tilt.head import POOLINGS, TiltHead, pool_states
-from mmunlearn.tilt.processor import TemperThenTilt, check_strength, tilt_logprobs
+from mmunlearn.tilt.processor import TemperThenTilt, check_strength, seen_tokens, tilt_logprobs
 
 CONFIG_NAME = "tilt_config.json"
 HEAD_NAME = "tilt_head.safetensors"
 #: Every setting a saved tilt may hold (anything else in a folder read back is refused, never passed on).
-CONFIG_KEYS = frozenset({"temperature", "strength", "base_model", "head"})
+CONFIG_KEYS = frozenset({"temperature", "strength", "base_model", "head", "exempt_seen"})
 
 
 class TiltedCausalLM(nn.Module):
-    """Frozen base LM + tilt head; the T3 distribution p^(1/T) f, renormalised."""
+    """Frozen base LM + tilt head; the T3 distribution p^(1/T) f, renormalised. ``exempt_seen``: a token already in
+    the text (the prompt or the answer so far) is not tilted, so copying the question's words (a name it gives) is
+    never penalised; scored and generated alike."""
 
     def __init__(
         self,
@@ -44,6 +46,7 @@ class TiltedCausalLM(nn.Module):
         temperature: float = 1.0,
         base_path: str | None = None,
         strength: float = 1.0,
+        exempt_seen: bool = False,
     ):
         super().__init__()
         if not temperature >= 1.0:
@@ -54,6 +57,7 @@ class TiltedCausalLM(nn.Module):
         self.head = head
         self.temperature = float(temperature)
         self.strength = check_strength(strength)
+        self.exempt_seen = bool(exempt_seen)
         self.base_path = base_path
         self.tap = HiddenStateTap(base.base_model)
         self.config = base.config
@@ -65,16 +69,22 @@ class TiltedCausalLM(nn.Module):
         if attention_mask is not None and "position_ids" not in kwargs and kwargs.get("past_key_values") is None:
             # positions as generate() numbers them, so left-padded rows score as they generate
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        if self.head is not None and self.head.pooling != "last" and kwargs.get("past_key_values") is not None:
-            raise ValueError(
-                "a cummean tilt head needs every position's state: score whole sequences (generate "
-                "keeps its own running mean)"
-            )
+        if self.head is not None and kwargs.get("past_key_values") is not None:
+            if self.head.pooling != "last":
+                raise ValueError(
+                    "a cummean tilt head needs every position's state: score whole sequences (generate "
+                    "keeps its own running mean)"
+                )
+            if self.exempt_seen:
+                raise ValueError("a tilt exempting seen tokens needs the whole text: score whole sequences")
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         states = (
             self.tap.states if self.head is None else pool_states(self.tap.states, attention_mask, self.head.pooling)
         )
-        logits = tilt_logprobs(out.logits, states, self.head, self.temperature, self.strength)
+        seen = None
+        if self.exempt_seen and self.head is not None:
+            seen = seen_tokens(input_ids, attention_mask, out.logits.shape[-1])
+        logits = tilt_logprobs(out.logits, states, self.head, self.temperature, self.strength, seen)
         return CausalLMOutputWithPast(
             logits=logits, past_key_values=out.past_key_values, hidden_states=getattr(out, "hidden_states", None)
         )
@@ -93,7 +103,12 @@ class TiltedCausalLM(nn.Module):
             )
         processors.append(
             TemperThenTilt(
-                self.head, self.tap, self.temperature, self.strength, prompt_mask=kwargs.get("attention_mask")
+                self.head,
+                self.tap,
+                self.temperature,
+                self.strength,
+                prompt_mask=kwargs.get("attention_mask"),
+                exempt_seen=self.exempt_seen,
             )
         )
         return self.base.generate(*args, logits_processor=processors, **kwargs)
@@ -112,6 +127,7 @@ class TiltedCausalLM(nn.Module):
             "strength": self.strength,
             "base_model": self.base_path,
             "head": None if self.head is None else self.head.config,
+            **({"exempt_seen": True} if self.exempt_seen else {}),  # older tilts read as False
         }
         with atomic_dir(path, overwrite=overwrite) as tmp:
             (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2))
@@ -145,7 +161,14 @@ class TiltedCausalLM(nn.Module):
                 )
             head.load_state_dict(state)
             head.to(next(base.parameters()).device)
-        return cls(base, head, cfg["temperature"], base_path=_base_name(cfg, path), strength=cfg.get("strength", 1.0))
+        return cls(
+            base,
+            head,
+            cfg["temperature"],
+            base_path=_base_name(cfg, path),
+            strength=cfg.get("strength", 1.0),
+            exempt_seen=cfg.get("exempt_seen", False),
+        )
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -165,6 +188,8 @@ def read_config(path: str | os.PathLike) -> dict:
     for key in ("temperature", "strength"):
         if key in cfg and (type(cfg[key]) not in (int, float) or cfg[key] != cfg[key]):
             raise ValueError(f"{file}: {key} must be a number, got {cfg[key]!r:.80}")
+    if type(cfg.get("exempt_seen", False)) is not bool:
+        raise ValueError(f"{file}: exempt_seen must be true or false, got {cfg['exempt_seen']!r:.80}")
     return cfg
 
 
