@@ -2,7 +2,8 @@
 
     python examples/ctofu_record_rows.py runs/ctofu_mini/compare.json runs/ctofu_mini/records
 
-writes ``fq.json`` and ``rouge_drop.json`` (one row per method, one column per language: the comparison's
+writes ``fq.json``, ``rouge_drop.json``, ``prob_ratio.json`` (the forget-set probability after / before,
+Multilingual Amnesia's measure) and ``utility.json`` (one row per method, one column per language: the comparison's
 method x language matrices) and ``transfer.json`` (the transfer summary rows as they are).
 """
 
@@ -15,7 +16,8 @@ out.mkdir(parents=True, exist_ok=True)
 rows = run["rows"]
 methods = list(dict.fromkeys(r["method"] for r in rows))
 langs = list(dict.fromkeys(r["lang"] for r in rows))
-for key, name in (("forget_quality", "fq"), ("rouge_drop", "rouge_drop")):
+matrices = (("forget_quality", "fq"), ("rouge_drop", "rouge_drop"), ("prob_ratio", "prob_ratio"))
+for key, name in (*matrices, ("model_utility", "utility")):
     cell = {(r["method"], r["lang"]): r.get(key) for r in rows}
     table = [{"method": m, **{lang: cell.get((m, lang)) for lang in langs}} for m in methods]
     (out / f"{name}.json").write_text(
