@@ -13,6 +13,7 @@ heatmap, the per-language forget ROUGE-L drop, the forget-probability ratio afte
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -40,6 +41,7 @@ from recipes.rehearsal import host_precision, rehearsal_of
 from recipes.runner import Comparison, Stages, run_comparison, run_method
 from recipes.tofu import report as tofu_report
 from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES
+from recipes.tofu.parallel import pending, run_jobs
 from recipes.tofu.settings import memorisation_warning, sweep_rule
 
 app = typer.Typer(
@@ -152,12 +154,12 @@ def _context(cfg: CTofuConfig):
     )
 
 
-def _rows(cfg: CTofuConfig, name: str, ctx, rule) -> list[dict]:
-    """One method's rows (one per evaluation language) through the runner: ``OUT/<method>/{model/, run.json}``."""
+def _rows(cfg: CTofuConfig, name: str, ctx, rule, folder: Path) -> list[dict]:
+    """One method's rows (one per evaluation language) through the runner: ``folder/{model/, run.json, <lang>/}``."""
     return run_method(
         name,
         ctx,
-        cfg.out / name,
+        folder,
         options=cfg.knobs(),
         overrides=cfg.method_overrides(name),
         rule=rule,
@@ -166,6 +168,18 @@ def _rows(cfg: CTofuConfig, name: str, ctx, rule) -> list[dict]:
         resume=cfg.resume,
         method_options=cfg.method_options.get(name),
     )
+
+
+def _parallel(cfg: CTofuConfig, ctx, chosen: list[str], rule) -> set[str]:
+    """``jobs``: the unfinished method stages in ``cfg.jobs`` ``ctofu run`` processes first (each writes
+    ``OUT/<method>/`` as the comparison does, with the same stage key); the comparison then reuses them (also with
+    resume=false: those the jobs just made). The methods whose job succeeded."""
+    todo = pending(cfg, ctx, chosen, rule)
+    if len(todo) <= 1:
+        return set()
+    say = lambda line: console.print(line, markup=False, soft_wrap=True)  # noqa: E731
+    say(f"running {len(todo)} method stages, {cfg.jobs} at a time, in separate processes")
+    return {m for m, code in run_jobs(cfg, todo, cfg.jobs, say=say, benchmark="ctofu").items() if code == 0}
 
 
 @settings_command(app, CTofuConfig, FINETUNE_SETTINGS, name="finetune")
@@ -218,14 +232,15 @@ def finetune(
 @config_command(app, CTofuConfig, name="run", exclude=RUN_EXCLUDES, benchmark="ctofu", options=("langs",))
 def run(cfg: CTofuConfig) -> None:
     """Unlearn the forget rows of --forget-lang with one method; TOFU metrics in every --eval-langs language
-    (OUT/run.md/.json, OUT/<method>/{model/, run.json, <lang>/})."""
+    (OUT/{model/, run.json, <lang>/}, as one method's folder of `compare`; the tables in OUT/summary.md/.json)."""
     require(cfg, "method", "out")
     with torch_threads(cfg.threads):
         ctx = _context(cfg)
-        mine = _rows(cfg, cfg.method, ctx, sweep_rule(ctx.forget_target() if cfg.sweep else None, cfg.retain_bound))
+        rule = sweep_rule(ctx.forget_target() if cfg.sweep else None, cfg.retain_bound)
+        mine = _rows(cfg, cfg.method, ctx, rule, cfg.out)
         rows = [*ctx.reference_rows("target"), *mine, *ctx.reference_rows("retain")]
     summary = ctofu_pipeline.transfer_summary(rows, ctx.forget_langs)
-    ctofu_report.write_report(cfg.out, "run", rows, summary, ctx.forget_langs, ctx.describe())
+    ctofu_report.write_report(cfg.out, "summary", rows, summary, ctx.forget_langs, ctx.describe())
     console.print(ctofu_report.long_table(rows))
     console.print(ctofu_report.transfer_table(summary))
 
@@ -264,10 +279,13 @@ def compare(cfg: CTofuConfig) -> None:
                 )
         stages.done("target and retain models, their evaluations", time.perf_counter() - start, setup=True)
         rule = sweep_rule(target_nll, cfg.retain_bound)
+        made = _parallel(cfg, ctx, chosen, rule) if cfg.jobs > 1 else set()
         rows, _ = run_comparison(
             Comparison(
                 chosen,
-                rows=lambda name: _rows(cfg, name, ctx, rule),
+                rows=lambda name: _rows(
+                    replace(cfg, resume=True) if name in made else cfg, name, ctx, rule, out / name
+                ),
                 write=lambda done: ctofu_report.write_report(
                     out,
                     "compare",

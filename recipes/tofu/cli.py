@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -156,16 +156,19 @@ def _warn_memorisation(ctx) -> None:
         console.print(f"warning: {message}", style="bold yellow", markup=False, soft_wrap=True)
 
 
-def _parallel(cfg: TofuConfig, ctx, chosen: list[str], rule) -> None:
-    """``--jobs``: the unfinished method stages in ``cfg.jobs`` processes first; the loop below reuses them."""
+def _parallel(cfg: TofuConfig, ctx, chosen: list[str], rule) -> set[str]:
+    """``--jobs``: the unfinished method stages in ``cfg.jobs`` processes first; the loop below reuses them (also
+    with resume=false: those the jobs just made). The methods whose job succeeded."""
     todo = pending(cfg, ctx, chosen, rule)
-    if len(todo) > 1:
-        console.print(
-            f"running {len(todo)} method stages, {cfg.jobs} at a time, in separate processes",
-            markup=False,
-            soft_wrap=True,
-        )
-        run_jobs(cfg, todo, cfg.jobs, say=lambda line: console.print(line, markup=False, soft_wrap=True))
+    if len(todo) <= 1:
+        return set()
+    console.print(
+        f"running {len(todo)} method stages, {cfg.jobs} at a time, in separate processes",
+        markup=False,
+        soft_wrap=True,
+    )
+    status = run_jobs(cfg, todo, cfg.jobs, say=lambda line: console.print(line, markup=False, soft_wrap=True))
+    return {m for m, code in status.items() if code == 0}
 
 
 @dataclass(frozen=True)
@@ -395,13 +398,12 @@ def compare(cfg: TofuConfig) -> None:
     kept = tofu_report.earlier_rows(out, context, exclude=chosen)
     target_nll = ctx.forget_target() if cfg.sweep else None
     rule = sweep_rule(target_nll, cfg.retain_bound)
-    if cfg.jobs > 1:
-        _parallel(cfg, ctx, chosen, rule)
+    made = _parallel(cfg, ctx, chosen, rule) if cfg.jobs > 1 else set()
     audit_cache, earlier_audits = {}, tofu_pipeline.earlier_audits(out, [r["method"] for r in kept])
     got, _ = run_comparison(
         Comparison(
             chosen,
-            rows=lambda name: [_stage(cfg, name, ctx, rule, out / name)],
+            rows=lambda name: [_stage(replace(cfg, resume=True) if name in made else cfg, name, ctx, rule, out / name)],
             write=lambda done: tofu_report.write_tables(
                 out, tofu_report.ordered(refs + done + kept), {**context, "timing": stages.timing(ctx.built)}
             ),

@@ -116,6 +116,11 @@ class RecipeConfig(BenchmarkSettings):
     gen_batch: int | None = opt(
         None, "Evaluation: rows per greedy-generation batch (ROUGE-L; default: the scoring batch)."
     )
+    jobs: int = opt(
+        1,
+        "compare: method stages run at once, each in its own process (`run` with these settings, `threads` torch "
+        "threads each; logs in OUT/jobs/); 2 uses both cores of a 2-core CPU.",
+    )
     budget_minutes: float | None = opt(
         None,
         "compare: wall-clock minutes (from the command's start, the models "
@@ -153,6 +158,7 @@ class RecipeConfig(BenchmarkSettings):
             "pretrain_max_steps",
             "score_batch",
             "gen_batch",
+            "jobs",
         )
         if self.ft_checkpoint_every is not None and self.ft_checkpoint_every < 0:
             raise ConfigError(
@@ -261,11 +267,6 @@ class TofuConfig(RecipeConfig):
         "Retain model folder (never trained on the forget authors) to use instead "
         "of building the preset's retain model.",
     )
-    jobs: int = opt(
-        1,
-        "compare: method stages run at once, each in its own process (`tofu run` with these "
-        "settings, `threads` torch threads each; logs in OUT/jobs/); 2 uses both cores of a 2-core CPU.",
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -275,7 +276,7 @@ class TofuConfig(RecipeConfig):
             parse_metrics(self.metrics)
         except ValueError as e:
             raise ConfigError(str(e), "metrics") from None
-        _positive(self, "utility_items", "rule_retain_items", "jobs")
+        _positive(self, "utility_items", "rule_retain_items")
 
 
 def train_overrides(prefix: str = "ft_", **values: Any) -> dict[str, Any]:

@@ -1,12 +1,13 @@
-"""``tofu compare --jobs N``: the methods' stages run N at a time, each in a process of its own.
+"""``tofu compare --jobs N`` (and ``ctofu compare``'s): the methods' stages run N at a time, each in a process of
+its own.
 
-Each job is ``tofu run`` on the comparison's settings with one ``method`` and ``out = <out>/<method>`` (written as
-a YAML config under ``<out>/jobs/``, its output in ``<out>/jobs/<method>.log``). ``tofu run`` computes the same
-stage key as ``compare`` (:func:`recipes.runner.stage_key`), so the comparison then finds every stage finished and
-reuses it: the table, plots and audits are made in the parent exactly as without ``--jobs``. A job that fails is
-reported with its log and run again in the parent, where its error shows. On a CPU each job uses ``threads`` torch
-threads (default 1): on this project's 2-core machine one thread per process was 1.6-6.5x faster than two threads
-in one process, so two jobs use both cores where one comparison used one.
+Each job is ``tofu run`` (``ctofu run``) on the comparison's settings with one ``method`` and ``out =
+<out>/<method>`` (written as a YAML config under ``<out>/jobs/``, its output in ``<out>/jobs/<method>.log``). The job
+computes the same stage key as ``compare`` (:func:`recipes.runner.stage_key`), so the comparison then finds every
+stage finished and reuses it: the table, plots and audits are made in the parent exactly as without ``--jobs``. A job
+that fails is reported with its log and run again in the parent, where its error shows. On a CPU each job uses
+``threads`` torch threads (default 1): on this project's 2-core machine one thread per process was 1.6-6.5x faster
+than two threads in one process, so two jobs use both cores where one comparison used one.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import yaml
 from mmunlearn.errors import UnsafePathError
 from mmunlearn.files.atomic import write_text_atomic
 from recipes.runner import finished_rows, stage_key
-from recipes.tofu.config import RUN_EXCLUDES, TofuConfig
+from recipes.tofu.config import RUN_EXCLUDES, RecipeConfig
 
 #: ``<out>/JOBS_DIR``: the jobs' configs and logs.
 JOBS_DIR = "jobs"
 
 
-def run_settings(cfg: TofuConfig, method: str) -> dict[str, Any]:
+def run_settings(cfg: RecipeConfig, method: str) -> dict[str, Any]:
     """The settings of the ``tofu run`` job of ``method``: every field ``run`` takes, as plain YAML values."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
@@ -49,7 +50,7 @@ def run_settings(cfg: TofuConfig, method: str) -> dict[str, Any]:
     return values
 
 
-def pending(cfg: TofuConfig, ctx: Any, methods: Sequence[str], rule: Any) -> list[str]:
+def pending(cfg: RecipeConfig, ctx: Any, methods: Sequence[str], rule: Any) -> list[str]:
     """The methods whose stage is not finished with the key the comparison computes (all of them without resume)."""
     if not cfg.resume:
         return list(methods)
@@ -62,8 +63,8 @@ def pending(cfg: TofuConfig, ctx: Any, methods: Sequence[str], rule: Any) -> lis
     ]
 
 
-def _command(config: Path) -> list[str]:
-    return [sys.executable, "-m", "mmunlearn.cli", "tofu", "run", "--config", str(config)]
+def _command(config: Path, benchmark: str) -> list[str]:
+    return [sys.executable, "-m", "mmunlearn.cli", benchmark, "run", "--config", str(config)]
 
 
 def _fresh_log(path: Path):
@@ -77,9 +78,15 @@ def _fresh_log(path: Path):
 
 
 def run_jobs(
-    cfg: TofuConfig, methods: Sequence[str], jobs: int, say: Callable[[str], None] = print, poll_seconds: float = 1.0
+    cfg: RecipeConfig,
+    methods: Sequence[str],
+    jobs: int,
+    say: Callable[[str], None] = print,
+    poll_seconds: float = 1.0,
+    benchmark: str = "tofu",
 ) -> dict[str, int]:
-    """Run ``tofu run`` for each of ``methods``, at most ``jobs`` at a time; the exit status of each."""
+    """Run ``<benchmark> run`` (``tofu``, ``ctofu``) for each of ``methods``, at most ``jobs`` at a time; the exit
+    status of each."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     folder = Path(cfg.out) / JOBS_DIR
@@ -101,7 +108,7 @@ def run_jobs(
             # a fresh temporary file renamed over the name: a link planted there is replaced, never written through
             write_text_atomic(config, yaml.safe_dump(run_settings(cfg, method), sort_keys=True))
             log = _fresh_log(folder / f"{method}.log")  # closed when the job ends
-            proc = subprocess.Popen(_command(config), stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(_command(config, benchmark), stdout=log, stderr=subprocess.STDOUT, env=env)
             running[method] = (proc, log, time.perf_counter())
             say(f"[jobs] {method}: started ({len(running)} running, {len(queue)} waiting); log {folder / method}.log")
         for method, (proc, log, t0) in list(running.items()):

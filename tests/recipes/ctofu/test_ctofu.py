@@ -240,6 +240,28 @@ def test_rows_and_transfer_summary_by_hand():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_compare_with_two_jobs_reuses_the_stages_of_its_ctofu_run_processes(ctx, folder, tmp_path):
+    """``jobs=2``: each method's stage is made by a ``ctofu run`` process in ``OUT/<method>/`` (its tables in
+    ``summary.md``), with the comparison's own stage key, so the comparison reuses both and starts nothing again."""
+    args = ["compare", "--data", str(folder), *OPTS, "--methods", "grad_ascent,t3", "--forget-lang", "en"]
+    args += ["--eval-langs", "en,ar", "--no-sweep", "--max-new-tokens", "8", "--cache-dir", str(ctx.cache_dir)]
+    args += ["--out", str(tmp_path), "jobs=2", "resume=true"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    for method in ("grad_ascent", "t3"):
+        assert f"[jobs] {method}: finished" in res.output, res.output
+        assert f"{method}: reused (finished earlier in " in res.output  # the job's key is the comparison's
+        run = json.loads((tmp_path / method / "run.json").read_text())
+        assert run["method"] == method and [r["lang"] for r in run["rows"]] == ["en", "ar"]
+        summary = json.loads((tmp_path / method / "summary.json").read_text())  # `ctofu run`'s own tables
+        assert {r["method"] for r in summary["rows"]} == {"target model", method, "retain model"}
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert {(r["method"], r["lang"]) for r in rows} >= {(m, x) for m in ("grad_ascent", "t3") for x in ("en", "ar")}
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "[jobs]" not in again.output  # nothing left to run: no process started
+
+
 def test_compare_with_audit_reports_every_language(ctx, folder, tmp_path):
     res = CliRunner().invoke(
         app,
