@@ -76,7 +76,7 @@ def _tilt_parts(adapter: Any):
                 model.temperature,
                 base_path=model.base_path,
                 strength=model.strength,
-                exempt_seen=model.exempt_seen,
+                spare_seen=model.spare_seen,
             )
         )
 

@@ -64,10 +64,11 @@ class T3Config(PresetConfig):
         "With sweep_pick 'utility': retain NLLs (nats) within this of the "
         "lowest count as equal, and the weakest of them is applied.",
     )
-    exempt_seen: bool = opt(
+    spare_seen: bool = opt(
         False,
-        "Leave the tokens already in the text (the question, the answer so far) untilted, scored and generated "
-        "alike: restating a name the question gives is then never penalised.",
+        "Spare the tokens already in the text (the question, the answer so far): each penalised no more than at "
+        "even odds (log f floored at log 1/2, about a token the head never saw), scored and generated alike, so "
+        "restating a name the question gives is not steered away from.",
     )
     pooling: str = opt(
         "last",
@@ -116,7 +117,7 @@ def _refine(adapter, head, candidates, points, best, scorer: Scorer, cfg: T3Conf
     tolerance = cfg.sweep_retain_tolerance if cfg.sweep_pick == "utility" else float("inf")
     for _ in range(cfg.sweep_refine):
         mid = (lo + hi) / 2
-        tilted = _tilted(adapter, head, 1.0, mid, cfg.exempt_seen)
+        tilted = _tilted(adapter, head, 1.0, mid, cfg.spare_seen)
         point = SweepPoint(None, 1.0, *scorer.score(tilted))
         tilted.model.tap.remove()
         tried.append(
@@ -130,11 +131,11 @@ def _refine(adapter, head, candidates, points, best, scorer: Scorer, cfg: T3Conf
     return hi
 
 
-def _tilted(adapter, head, temperature: float, strength: float = 1.0, exempt_seen: bool = False):
+def _tilted(adapter, head, temperature: float, strength: float = 1.0, spare_seen: bool = False):
     from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
 
     return adapter.with_model(
-        TiltedCausalLM(adapter.model, head, temperature, strength=strength, exempt_seen=exempt_seen)
+        TiltedCausalLM(adapter.model, head, temperature, strength=strength, spare_seen=spare_seen)
     )
 
 
@@ -168,7 +169,7 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
         ]
         points, tried = [], []
         for t, lam in candidates:
-            tilted = _tilted(adapter, fit.head, t, lam, cfg.exempt_seen)
+            tilted = _tilted(adapter, fit.head, t, lam, cfg.spare_seen)
             points.append(SweepPoint(None, t, *scorer.score(tilted)))
             tilted.model.tap.remove()
             tried.append(
@@ -190,10 +191,10 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
             strength = _refine(adapter, fit.head, candidates, points, best, scorer, cfg, tried, ctx.progress)
         info["sweep"] = tried
         info["sweep_seconds"] = time.perf_counter() - t_sweep
-    info["temperature"], info["strength"], info["exempt_seen"] = temperature, strength, cfg.exempt_seen
+    info["temperature"], info["strength"], info["spare_seen"] = temperature, strength, cfg.spare_seen
     # the unlearn time: the head's training and, with a rule, the sweep (the state cache is the extraction)
     return MethodResult(
-        _tilted(adapter, fit.head, temperature, strength, cfg.exempt_seen),
+        _tilted(adapter, fit.head, temperature, strength, cfg.spare_seen),
         fit.cache_seconds,
         fit.train_seconds + info.get("sweep_seconds", 0.0),
         info,

@@ -18,10 +18,16 @@ torch.Size([5])
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+#: log f at even odds, log sigmoid(0) = -log 2: about what a trained head says of a token no training answer held (its
+#: bias stays 0, its row of B at the small random init), and the floor of a spared token's log f
+#: (mmunlearn.tilt.processor.tilt_logprobs).
+UNSEEN_LOG_F = -math.log(2.0)
 #: What a head reads: the last position's state, or the mean of the states up to it.
 POOLINGS: tuple[str, ...] = ("last", "cummean")
 

@@ -31,13 +31,14 @@ from mmunlearn.tilt.processor import TemperThenTilt, check_strength, seen_tokens
 CONFIG_NAME = "tilt_config.json"
 HEAD_NAME = "tilt_head.safetensors"
 #: Every setting a saved tilt may hold (anything else in a folder read back is refused, never passed on).
-CONFIG_KEYS = frozenset({"temperature", "strength", "base_model", "head", "exempt_seen"})
+CONFIG_KEYS = frozenset({"temperature", "strength", "base_model", "head", "spare_seen"})
 
 
 class TiltedCausalLM(nn.Module):
-    """Frozen base LM + tilt head; the T3 distribution p^(1/T) f, renormalised. ``exempt_seen``: a token already in
-    the text (the prompt or the answer so far) is not tilted, so copying the question's words (a name it gives) is
-    never penalised; scored and generated alike."""
+    """Frozen base LM + tilt head; the T3 distribution p^(1/T) f, renormalised. ``spare_seen``: a token already in
+    the text (the prompt or the answer so far) is penalised no more than at even odds (log f floored at log 1/2,
+    about what the head says of a token it never saw), so restating a name the question gives is not steered away
+    from; scored and generated alike."""
 
     def __init__(
         self,
@@ -46,7 +47,7 @@ class TiltedCausalLM(nn.Module):
         temperature: float = 1.0,
         base_path: str | None = None,
         strength: float = 1.0,
-        exempt_seen: bool = False,
+        spare_seen: bool = False,
     ):
         super().__init__()
         if not temperature >= 1.0:
@@ -57,7 +58,7 @@ class TiltedCausalLM(nn.Module):
         self.head = head
         self.temperature = float(temperature)
         self.strength = check_strength(strength)
-        self.exempt_seen = bool(exempt_seen)
+        self.spare_seen = bool(spare_seen)
         self.base_path = base_path
         self.tap = HiddenStateTap(base.base_model)
         self.config = base.config
@@ -75,14 +76,14 @@ class TiltedCausalLM(nn.Module):
                     "a cummean tilt head needs every position's state: score whole sequences (generate "
                     "keeps its own running mean)"
                 )
-            if self.exempt_seen:
-                raise ValueError("a tilt exempting seen tokens needs the whole text: score whole sequences")
+            if self.spare_seen:
+                raise ValueError("a tilt sparing seen tokens needs the whole text: score whole sequences")
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         states = (
             self.tap.states if self.head is None else pool_states(self.tap.states, attention_mask, self.head.pooling)
         )
         seen = None
-        if self.exempt_seen and self.head is not None:
+        if self.spare_seen and self.head is not None:
             seen = seen_tokens(input_ids, attention_mask, out.logits.shape[-1])
         logits = tilt_logprobs(out.logits, states, self.head, self.temperature, self.strength, seen)
         return CausalLMOutputWithPast(
@@ -108,7 +109,7 @@ class TiltedCausalLM(nn.Module):
                 self.temperature,
                 self.strength,
                 prompt_mask=kwargs.get("attention_mask"),
-                exempt_seen=self.exempt_seen,
+                spare_seen=self.spare_seen,
             )
         )
         return self.base.generate(*args, logits_processor=processors, **kwargs)
@@ -127,7 +128,7 @@ class TiltedCausalLM(nn.Module):
             "strength": self.strength,
             "base_model": self.base_path,
             "head": None if self.head is None else self.head.config,
-            **({"exempt_seen": True} if self.exempt_seen else {}),  # older tilts read as False
+            **({"spare_seen": True} if self.spare_seen else {}),  # older tilts read as False
         }
         with atomic_dir(path, overwrite=overwrite) as tmp:
             (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2))
@@ -167,7 +168,7 @@ class TiltedCausalLM(nn.Module):
             cfg["temperature"],
             base_path=_base_name(cfg, path),
             strength=cfg.get("strength", 1.0),
-            exempt_seen=cfg.get("exempt_seen", False),
+            spare_seen=cfg.get("spare_seen", False),
         )
 
 
@@ -188,8 +189,8 @@ def read_config(path: str | os.PathLike) -> dict:
     for key in ("temperature", "strength"):
         if key in cfg and (type(cfg[key]) not in (int, float) or cfg[key] != cfg[key]):
             raise ValueError(f"{file}: {key} must be a number, got {cfg[key]!r:.80}")
-    if type(cfg.get("exempt_seen", False)) is not bool:
-        raise ValueError(f"{file}: exempt_seen must be true or false, got {cfg['exempt_seen']!r:.80}")
+    if type(cfg.get("spare_seen", False)) is not bool:
+        raise ValueError(f"{file}: spare_seen must be true or false, got {cfg['spare_seen']!r:.80}")
     return cfg
 
 

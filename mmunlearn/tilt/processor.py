@@ -13,7 +13,7 @@ import torch
 from transformers import LogitsProcessor
 
 from mmunlearn.adapters.base import HiddenStateTap
-from mmunlearn.tilt.head import TiltHead
+from mmunlearn.tilt.head import UNSEEN_LOG_F, TiltHead
 
 
 def tilt_logprobs(
@@ -28,13 +28,16 @@ def tilt_logprobs(
 
     log_softmax(logits) differs from logits by a per-row constant, which the outer normalisation
     removes, so one log_softmax of logits / T + lambda log f suffices. ``strength`` lambda in [0, 1]
-    weakens the tilt (0: tempering alone; 1: the T3 distribution). ``seen`` (bool, the shape of ``logits``): the
-    tokens left untilted (log f taken as 0), e.g. those already in the text (:func:`seen_tokens`).
+    weakens the tilt (0: tempering alone; 1: the T3 distribution). ``seen`` (bool, the shape of ``logits``): tokens
+    spared, e.g. those already in the text (:func:`seen_tokens`): their log f is floored at
+    :data:`~mmunlearn.tilt.head.UNSEEN_LOG_F`, so none is penalised beyond even odds (about what the head says of a
+    token it never saw in training), and none is raised above what the head says (a floor of 0 favoured copying the
+    prompt's words over the answer on SmolLM2 TOFU: "in the heart of the city" for "Athens").
     """
     out = logits.float() / temperature if temperature != 1.0 else logits.float()
     if head is not None and strength != 0.0:
         log_f = head.log_f(states).float()
-        out = out + strength * (log_f if seen is None else log_f.masked_fill(seen, 0.0))
+        out = out + strength * (log_f if seen is None else torch.where(seen, log_f.clamp(min=UNSEEN_LOG_F), log_f))
     return torch.log_softmax(out, -1)
 
 
@@ -61,9 +64,9 @@ def check_strength(strength: float) -> float:
 class TemperThenTilt(LogitsProcessor):
     """``scores -> log_softmax(log_softmax(scores) / T + log f(h_t))``; reads h_t from a tap. A ``cummean`` head reads
     the mean of the states so far: kept as a running sum over the steps (the prompt's padding, from ``prompt_mask``,
-    left out), so each step costs one addition whether or not generate caches keys and values. ``exempt_seen``: the
-    tokens already in the row (prompt and answer so far, padding left out) are not tilted, as in the teacher-forced
-    scores of :class:`~mmunlearn.tilt.model.TiltedCausalLM`."""
+    left out), so each step costs one addition whether or not generate caches keys and values. ``spare_seen``: the
+    tokens already in the row (prompt and answer so far, padding left out) are spared (:func:`tilt_logprobs`), as in
+    the teacher-forced scores of :class:`~mmunlearn.tilt.model.TiltedCausalLM`."""
 
     def __init__(
         self,
@@ -72,14 +75,14 @@ class TemperThenTilt(LogitsProcessor):
         temperature: float = 1.0,
         strength: float = 1.0,
         prompt_mask: torch.Tensor | None = None,
-        exempt_seen: bool = False,
+        spare_seen: bool = False,
     ):
         if not temperature >= 1.0:
             raise ValueError(f"T3 tempers with T >= 1, got temperature={temperature}")
         self.head, self.tap, self.temperature = head, tap, float(temperature)
         self.strength = check_strength(strength)
         self.prompt_mask = prompt_mask
-        self.exempt_seen = bool(exempt_seen)
+        self.spare_seen = bool(spare_seen)
         self._sum: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
         self._seen = 0  # positions summed so far
@@ -106,7 +109,7 @@ class TemperThenTilt(LogitsProcessor):
         if self.tap.states is None:
             raise RuntimeError("no hidden state captured: the tap is not on the generating model")
         seen = None
-        if self.exempt_seen:
+        if self.spare_seen:
             # (b, v): v occurs among row b's real tokens; amax, as a plain scatter of duplicates keeps any one
             seen = torch.zeros(scores.shape, dtype=torch.uint8, device=scores.device)
             seen = seen.scatter_reduce(1, input_ids, self._mask(input_ids).to(torch.uint8), "amax").bool()

@@ -192,21 +192,21 @@ def test_t3_refines_the_strength_it_picks_to_the_weakest_meeting_the_rule(model_
     assert info["strength"] == hi == applied and 0.25 < applied <= 0.5
 
 
-def test_t3_exempt_seen_reaches_the_model_it_returns_and_changes_what_it_scores(model_dir):
-    """exempt_seen=True: the tilted model applied (and every sweep point) leaves seen tokens untilted, the report
-    says so, and the forget rows score differently from the same head without it."""
+def test_t3_spare_seen_reaches_the_model_it_returns_and_changes_what_it_scores(model_dir):
+    """spare_seen=True: the tilted model applied (and every sweep point) spares seen tokens, the report says so,
+    and the forget rows score differently from the same head without it."""
     from mmunlearn.methods import mean_nll
 
     forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
     target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
     nll = {}
-    for exempt in (False, True):
-        over = {**fast("t3"), "exempt_seen": exempt, "strength": 1.0}
+    for spare in (False, True):
+        over = {**fast("t3"), "spare_seen": spare, "strength": 1.0}
         out = run_unlearning(
             UnlearnRequest("t3", "text", size="micro", overrides=over, progress=False), target, forget, retain
         )
-        assert out.adapter.model.exempt_seen is exempt and out.report["info"]["exempt_seen"] is exempt
-        nll[exempt] = mean_nll(out.adapter, forget)
+        assert out.adapter.model.spare_seen is spare and out.report["info"]["spare_seen"] is spare
+        nll[spare] = mean_nll(out.adapter, forget)
         out.adapter.model.tap.remove()
     assert abs(nll[True] - nll[False]) > 1e-4
 

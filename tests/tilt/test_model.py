@@ -187,58 +187,60 @@ def test_a_tilt_config_with_settings_of_its_own_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("pooling", ["last", "cummean"])
-def test_a_tilt_exempting_seen_tokens_generates_what_it_scores_and_leaves_those_tokens_untilted(pooling):
-    """exempt_seen: generate's scores equal the teacher-forced ones (left-padded prompts), every token already in
-    a row scores as the tempered base alone would, every other token as the plain tilt, and padding is never seen."""
+def test_a_tilt_sparing_seen_tokens_generates_what_it_scores_and_floors_only_those_tokens(pooling):
+    """spare_seen: generate's scores equal the teacher-forced ones (left-padded prompts); every position scores
+    log_softmax(logits / T + log f), the log f of a token already in the row floored at log 1/2 (a token the head
+    never saw), every other token's as the plain tilt's; padding is never seen."""
+    import math
+
+    from mmunlearn.tilt.head import UNSEEN_LOG_F, pool_states
     from mmunlearn.tilt.processor import seen_tokens
 
     base = tiny_causal_lm("llama")
     head = random_head(base)
     head.pooling = pooling
-    exempt = TiltedCausalLM(base, head, temperature=1.5, exempt_seen=True)
+    spared = TiltedCausalLM(base, head, temperature=1.5, spare_seen=True)
     plain = TiltedCausalLM(base, head, temperature=1.5)
     tok = tiny_tokenizer()
     batch = prompts(tok, ["Where was the author born?", "What genre?"])
-    out = exempt.generate(
+    out = spared.generate(
         **batch, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
         pad_token_id=0, eos_token_id=None,
     )  # fmt: skip
     seq, start = out.sequences, batch["input_ids"].shape[1]
     mask = torch.cat([batch["attention_mask"], torch.ones(seq.shape[0], seq.shape[1] - start, dtype=torch.long)], 1)
     with torch.no_grad():
-        forced = exempt(input_ids=seq, attention_mask=mask).logits
+        forced = spared(input_ids=seq, attention_mask=mask).logits
+        log_f = head.log_f(pool_states(spared.tap.states, mask, pooling)).float()
         tilted = plain(input_ids=seq, attention_mask=mask).logits
-        tempered = base(input_ids=seq, attention_mask=mask).logits / 1.5
+        tempered = base(input_ids=seq, attention_mask=mask).logits.float() / 1.5
     for t, step_scores in enumerate(out.scores):
         assert torch.allclose(step_scores, forced[:, start - 1 + t], atol=1e-5)
     seen = seen_tokens(seq, mask, forced.shape[-1])
+    expected = torch.log_softmax(tempered + torch.where(seen, log_f.clamp(min=UNSEEN_LOG_F), log_f), -1)
+    real = mask.bool()
+    assert torch.allclose(forced[real], expected[real], atol=1e-4)
+    assert UNSEEN_LOG_F == pytest.approx(math.log(0.5))
+    # the floor is what changed the scores: some seen token was below it, and there spared and plain tilts differ
+    below = seen & (log_f < UNSEEN_LOG_F)
+    assert bool(below[real].any()) and not torch.allclose(forced[real], tilted[real], atol=1e-3)
     row, pos = 1, seq.shape[1] - 1
-    real = seq[row][mask[row].bool()]
-    assert bool(seen[row, pos, real].all()) and int(seen[row, pos].sum()) == len(set(real.tolist()))
+    tokens = seq[row][mask[row].bool()]
+    assert bool(seen[row, pos, tokens].all()) and int(seen[row, pos].sum()) == len(set(tokens.tolist()))
     padded = int((mask[row] == 0).sum())
     assert padded > 0 and not bool(seen[row, padded - 1].any())  # a pad position: nothing seen yet
-    # between two seen tokens the exempt scores differ as the tempered base's; two unseen ones as the plain tilt's
-    a, b = real[:2].tolist()
-    unseen = (~seen[row, pos]).nonzero().flatten()[:2].tolist()
-    gap = forced[row, pos, a] - forced[row, pos, b]
-    assert torch.allclose(gap, tempered[row, pos, a] - tempered[row, pos, b], atol=1e-4)
-    c, d = unseen
-    assert torch.allclose(
-        forced[row, pos, c] - forced[row, pos, d], tilted[row, pos, c] - tilted[row, pos, d], atol=1e-4
-    )
-    assert not torch.allclose(forced[row, pos, a] - forced[row, pos, c], tilted[row, pos, a] - tilted[row, pos, c])
 
 
-def test_a_tilt_exempting_seen_tokens_saves_the_setting_and_refuses_a_bad_one(tmp_path):
+def test_a_tilt_sparing_seen_tokens_saves_the_setting_and_refuses_a_bad_one(tmp_path):
     import json
 
     base = tiny_causal_lm()
-    TiltedCausalLM(base, random_head(base), temperature=1.5, exempt_seen=True).save(tmp_path / "t3")
-    assert TiltedCausalLM.load(tmp_path / "t3", base=base).exempt_seen is True
+    TiltedCausalLM(base, random_head(base), temperature=1.5, spare_seen=True).save(tmp_path / "t3")
+    assert TiltedCausalLM.load(tmp_path / "t3", base=base).spare_seen is True
     TiltedCausalLM(base, random_head(base), temperature=1.5).save(tmp_path / "old")
-    assert "exempt_seen" not in json.loads((tmp_path / "old" / "tilt_config.json").read_text())
-    assert TiltedCausalLM.load(tmp_path / "old", base=base).exempt_seen is False
+    assert "spare_seen" not in json.loads((tmp_path / "old" / "tilt_config.json").read_text())
+    assert TiltedCausalLM.load(tmp_path / "old", base=base).spare_seen is False
     cfg = json.loads((tmp_path / "t3" / "tilt_config.json").read_text())
-    (tmp_path / "t3" / "tilt_config.json").write_text(json.dumps({**cfg, "exempt_seen": "yes"}))
-    with pytest.raises(ValueError, match="exempt_seen must be true or false"):
+    (tmp_path / "t3" / "tilt_config.json").write_text(json.dumps({**cfg, "spare_seen": "yes"}))
+    with pytest.raises(ValueError, match="spare_seen must be true or false"):
         TiltedCausalLM.load(tmp_path / "t3", base=base)

@@ -30,3 +30,15 @@ def test_head_separates_partitions_and_tilts_forget_down(tmp_path):
     rise_f = tilted.answer_nll(forget).mean() - base_f
     rise_r = tilted.answer_nll(retain).mean() - base_r
     assert rise_f > 0 and rise_f > rise_r
+    # a token no training answer holds: its bias stays 0 and its row at the small init, so the head gives it about
+    # even odds, log f near log 1/2 (the floor spare_seen uses), where the trained tokens spread far from it
+    from mmunlearn.tilt.head import UNSEEN_LOG_F
+
+    used = sorted({int(t) for t in again.tokens})
+    unused = [v for v in range(res.head.B.out_features) if v not in set(used)]
+    assert unused and bool((res.head.B.bias[unused] == 0).all())
+    with torch.no_grad():
+        log_f = res.head.log_f(again.states)
+    off_unused = float((log_f[:, unused] - UNSEEN_LOG_F).abs().mean())
+    off_used = float((log_f[:, used] - UNSEEN_LOG_F).abs().mean())
+    assert off_unused < 0.25 and off_used > 4 * off_unused  # measured: 0.09 and 2.75
