@@ -1,9 +1,9 @@
-"""examples/tofu_name_restated.py on hand-made TOFU_EVAL.json logs: the forget authors' names found from the
+"""examples/tofu/name_restated.py on hand-made TOFU_EVAL.json logs: the forget authors' names found from the
 questions, a question naming another phrase as well still given its author, garbled names not counted."""
 
 import json
 
-from examples import tofu_name_restated as n
+from examples.tofu import name_restated as n
 
 
 def _log(tmp_path, name, generations):

@@ -4,7 +4,7 @@ Of the forget questions naming their author (a capitalised run of two or more wo
 forget questions: the forget authors' full names), the share of ``forget_Q_A_ROUGE`` generations containing that
 name as the question spells it. One line per log; with ``--json`` the counts as the object a record's context holds::
 
-    python examples/tofu_name_restated.py runs/x/t3/TOFU_EVAL.json RETAIN_MODEL/evals/<key>/TOFU_EVAL.json
+    python examples/tofu/name_restated.py runs/x/t3/TOFU_EVAL.json RETAIN_MODEL/evals/<key>/TOFU_EVAL.json
 """
 
 from __future__ import annotations
