@@ -9,8 +9,11 @@ the world's data is a dict source
 
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from mmunlearn.presets.cache import default_cache_dir
 from mmunlearn.presets.parallel import build_models_parallel
 from recipes.tofu.pipeline import TofuSetup, base_forget_nll, cached_eval
 from recipes.tofu.pipeline import audit_method as tofu_audit
-from recipes.tofu.settings import memorisation
+from recipes.tofu.settings import default_precision, memorisation
 
 # no MIA: the translations ship no holdout split (its non-members)
 EVAL_GROUPS = ("forget", "memorization", "utility")
@@ -100,12 +103,13 @@ class CrossLingualSetup:
         return out
 
     def forget_target(self) -> float:
-        """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target (float32)."""
+        """Forget-set NLL of the base model (which never saw the forget authors): the sweeps' target, at the scoring
+        precision."""
         first = next(iter(self.by_lang.values()))
-        return base_forget_nll(self.built, self.forget, "no", first.device, first.score_batch)
+        return base_forget_nll(self.built, self.forget, self.precision, first.device, first.score_batch)
 
     def adapter(self, path: Path, device: str):
-        """A text adapter on ``path`` (float32 scoring, as every language's TOFU setup)."""
+        """A text adapter on ``path`` at the scoring precision (every language's TOFU setup has the same)."""
         return next(iter(self.by_lang.values())).adapter(path, device)
 
     def evaluate(self, adapter, folder: Path, method: str) -> list[dict]:
@@ -135,6 +139,7 @@ class CrossLingualSetup:
             "forget_items": len(self.forget),
             "retain_items": len(self.retain),
             "max_new_tokens": next(iter(self.by_lang.values())).max_new_tokens,
+            "precision": self.precision,
         }
 
 
@@ -155,6 +160,46 @@ def build(
     )
 
 
+def _reference_logs(
+    built: Any, data: Any, forget_split: str, max_new_tokens: int, device: str, precision: str, batches: dict
+) -> tuple[Path, Path]:
+    """The retain and target models' cached evaluations of one language (the target's forget quality needs the
+    retain model's logs)."""
+    common = dict(metrics=EVAL_GROUPS, precision=precision, **batches)
+    retain_logs = cached_eval(built.retain, data, forget_split, None, max_new_tokens, device, **common)
+    target_logs = cached_eval(built.target, data, forget_split, None, max_new_tokens, device, retain_logs, **common)
+    return retain_logs, target_logs
+
+
+def _evaluate_in_child(
+    built: Any, datas: list, forget_split: str, max_new_tokens: int, device: str, precision: str, batches: dict
+) -> None:
+    """A spawned process's share of the reference evaluations (one torch thread); they land in the models' eval
+    cache, where :func:`prepare` then finds them."""
+    import torch
+
+    torch.set_num_threads(1)
+    for data in datas:
+        _reference_logs(built, data, forget_split, max_new_tokens, device, precision, batches)
+
+
+def _split_languages(world: World, langs: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Two groups of ``langs`` of about equal evaluation cost (the UTF-8 size of each language's scored text, a
+    stand-in for its tokens): the largest languages go one by one to the lighter group."""
+
+    def size(lang: str) -> int:
+        data = world.eval_data[lang]
+        return sum(len(json.dumps(it.to_dict(), ensure_ascii=False).encode()) for rows in data.values() for it in rows)
+
+    groups: tuple[list[str], list[str]] = ([], [])
+    loads = [0, 0]
+    for lang in sorted(langs, key=size, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(lang)
+        loads[i] += size(lang)
+    return groups
+
+
 def prepare(
     preset: str,
     world: World,
@@ -170,8 +215,10 @@ def prepare(
     gen_batch: int | None = None,
 ) -> CrossLingualSetup:
     """Build (or reuse) the models and evaluate target and retain model in every evaluation language (each a TOFU
-    setup on that language's data); ``build_options``: :func:`build`'s; ``score_batch`` / ``gen_batch``: the
-    evaluation's batches."""
+    setup on that language's data), at the preset's scoring precision on this host
+    (:func:`recipes.tofu.settings.default_precision`: bf16 for SmolLM2 where bf16 is native, as ``tofu``'s); with
+    parallel builds (``build_options['parallel']``) the languages' evaluations are split between this process and a
+    spawned one. ``build_options``: :func:`build`'s; ``score_batch`` / ``gen_batch``: the evaluation's batches."""
     for what, langs in (("forget", forget_langs), ("eval", eval_langs), ("retain", retain_langs)):
         missing = [lang for lang in langs if lang not in world.languages]
         if missing or not langs:
@@ -180,25 +227,22 @@ def prepare(
                 f"{', '.join(world.languages)}"
             )
     built = build(preset, world, seed, cache_dir, device, build_options)
+    precision = default_precision(preset, device)
     batches = dict(batch_size=score_batch, generation_batch_size=gen_batch)
     forget, retain = world.items("forget", forget_langs), world.items("retain", retain_langs)
+    todo = (world.forget_split, max_new_tokens, device, precision, batches)
+    if (build_options or {}).get("parallel") and len(eval_langs) > 1:
+        here, there = _split_languages(world, eval_langs)
+        spawn = multiprocessing.get_context("spawn")  # a fresh interpreter, as the parallel builds'
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            child = pool.submit(_evaluate_in_child, built, [world.eval_data[lang] for lang in there], *todo)
+            for lang in here:
+                _reference_logs(built, world.eval_data[lang], *todo)
+            child.result()  # its error, if any, raised here
     by_lang = {}
     for lang in eval_langs:
         data = world.eval_data[lang]
-        retain_logs = cached_eval(
-            built.retain, data, world.forget_split, None, max_new_tokens, device, metrics=EVAL_GROUPS, **batches
-        )
-        target_logs = cached_eval(
-            built.target,
-            data,
-            world.forget_split,
-            None,
-            max_new_tokens,
-            device,
-            retain_logs,
-            metrics=EVAL_GROUPS,
-            **batches,
-        )
+        retain_logs, target_logs = _reference_logs(built, data, *todo)  # cached: found, not recomputed
         by_lang[lang] = TofuSetup(
             preset,
             data,
@@ -212,6 +256,7 @@ def prepare(
             forget,
             retain,
             EVAL_GROUPS,
+            precision=precision,
             score_batch=score_batch,
             gen_batch=gen_batch,
             device=device,

@@ -329,3 +329,27 @@ def test_qr_erase_is_set_beside_svd_unlearn_per_language():
     assert qr_vs_svd([r for r in rows if r["method"] != "svd-unlearn"]) == []  # one of the two missing: no pair
     assert "QR-Erase beside SVD-UNLEARN" in markdown(rows, [], ("en",))
     assert "QR-Erase beside SVD-UNLEARN" not in markdown(rows[:1], [], ("en",))
+
+
+def test_parallel_reference_evaluations_are_the_ones_a_single_process_makes(folder, tmp_path):
+    """With parallel builds the languages' reference evaluations are split between two processes: each language's
+    logs are written once, under the keys a single-process run looks up (a second, sequential prepare recomputes
+    nothing), and a language the spawned process evaluated scores as this process scores it."""
+    world = build_world(open_ctofu(folder), **WORLD)
+    langs, cache = ("en", "fr", "ar"), tmp_path / "cache"
+    here, there = ctofu_pipeline._split_languages(world, langs)
+    assert sorted(here + there) == sorted(langs) and here and there
+    args = ("micro", world, ("en",), langs, ("en",), 0, cache, "cpu")
+    par = ctofu_pipeline.prepare(*args, max_new_tokens=8, build_options={"parallel": True})
+    logs = [p for t in par.by_lang.values() for p in (t.retain_logs, t.target_logs)]
+    assert len(set(logs)) == 6 and all(p.is_file() for p in logs)
+    written = {p: p.stat().st_mtime_ns for p in logs}
+    seq = ctofu_pipeline.prepare(*args, max_new_tokens=8, build_options={"parallel": False})
+    assert {p: p.stat().st_mtime_ns for p in logs} == written  # found, not recomputed
+    assert [t.target_logs for t in seq.by_lang.values()] == [t.target_logs for t in par.by_lang.values()]
+    child = par.by_lang[there[0]].target_logs
+    before = ctofu_pipeline._summary(child)
+    shutil.rmtree(child.parent)  # evaluate the spawned process's language again, here
+    again = ctofu_pipeline.prepare(*args, max_new_tokens=8, build_options={"parallel": False})
+    after = ctofu_pipeline._summary(again.by_lang[there[0]].target_logs)
+    assert before.keys() == after.keys() and all(math.isclose(before[k], after[k], abs_tol=1e-6) for k in before)
