@@ -30,7 +30,9 @@ class CTofuConfig(RecipeConfig):
     )
     langs: str = opt("all", "Languages the models are trained on: 'all' (discovered from the files) or e.g. en,fr,ar.")
     facts: int | None = opt(
-        None, "Keep the first K real-authors and K world-facts rows per language (training replay and utility)."
+        None,
+        "Keep the first K real-authors and K world-facts rows per language (scored for model utility; replayed in "
+        "fine-tuning only by the built presets that replay facts, not by a real checkpoint's).",
     )
     forget_lang: str = opt("en", "Language(s) whose forget rows are unlearned, e.g. en or en,fr.")
     eval_langs: str = opt("all", "Languages to evaluate in: 'all' (the trained ones) or e.g. en,fr,ar.")
