@@ -104,6 +104,9 @@ def criterion_rows(comp: dict, criterion: str = "auto") -> list[dict]:
             if mu is not None and target_mu and mu >= MIN_UTILITY_RATIO * target_mu:
                 mu_ok.append(m)
         both = [m for m in forget_ok if m in mu_ok]
+        # a target whose utility is 0 (every real-authors or world-facts answer wrong in that language) leaves no
+        # ratio to keep: said, not counted as "none kept"
+        unknown = "n/a (target MU 0)" if target_mu == 0 else None
         out.append(
             {
                 "lang": lang,
@@ -116,8 +119,8 @@ def criterion_rows(comp: dict, criterion: str = "auto") -> list[dict]:
                 "retain_prob": retain.get("forget_Q_A_Prob"),
                 "target_mu": target.get("model_utility"),
                 "forget_met": ", ".join(forget_ok) or "none",
-                "mu_kept": ", ".join(mu_ok) or "none",
-                "both": ", ".join(both) or "none",
+                "mu_kept": unknown or ", ".join(mu_ok) or "none",
+                "both": unknown or ", ".join(both) or "none",
             }
         )
     return out

@@ -89,3 +89,13 @@ def test_tables_render_as_records(tmp_path, monkeypatch):
     for name in ("criterion", "scripts", "qr_vs_svd"):
         rec = report.make_record(report.load_source(tmp_path / "goals" / f"{name}.json"), name=name, command="x")
         assert report.render(rec).count("\n") >= 3
+
+
+def test_a_target_without_utility_in_a_language_leaves_its_ratio_unknown():
+    comp = _compare()
+    for r in comp["rows"]:
+        if r["method"] == "target model" and r["lang"] == "fr":
+            r["model_utility"] = 0.0  # every real-authors / world-facts answer wrong in French
+    rows = {r["lang"]: r for r in g.criterion_rows(comp)}
+    assert rows["fr"]["mu_kept"] == rows["fr"]["both"] == "n/a (target MU 0)"
+    assert rows["en"]["both"] == "qr-erase, svd-unlearn"  # the other languages as before
