@@ -191,12 +191,13 @@ def _split_languages(world: World, langs: tuple[str, ...]) -> tuple[list[str], l
         data = world.eval_data[lang]
         return sum(len(json.dumps(it.to_dict(), ensure_ascii=False).encode()) for rows in data.values() for it in rows)
 
+    sizes = {lang: size(lang) for lang in langs}
     groups: tuple[list[str], list[str]] = ([], [])
     loads = [0, 0]
-    for lang in sorted(langs, key=size, reverse=True):
+    for lang in sorted(langs, key=sizes.__getitem__, reverse=True):
         i = loads.index(min(loads))
         groups[i].append(lang)
-        loads[i] += size(lang)
+        loads[i] += sizes[lang]
     return groups
 
 

@@ -6,7 +6,6 @@ minute, so these are `slow`: `make test-all` runs them (`make test` leaves them 
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -80,9 +79,3 @@ def test_two_processes_converting_at_once_see_one_folder(tmp_path):
     outs = [p.communicate(timeout=600)[0].strip().splitlines()[-1] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1]
-
-
-def test_the_suite_never_uses_a_users_model_cache():
-    from mmunlearn.presets.cache import default_cache_dir
-
-    assert Path.home() / ".cache" not in default_cache_dir().parents  # tests/conftest.py points it elsewhere

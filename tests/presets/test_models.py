@@ -40,3 +40,11 @@ def test_model_directory_is_a_preset(tmp_path):
         get_preset(str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         get_preset("huge")
+
+
+def test_the_suite_never_uses_a_users_model_cache():
+    from pathlib import Path
+
+    from mmunlearn.presets.cache import default_cache_dir
+
+    assert Path.home() / ".cache" not in default_cache_dir().parents  # tests/conftest.py points it elsewhere
