@@ -17,7 +17,7 @@ the rule. Each point prints one progress line.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -26,6 +26,7 @@ import torch
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.erase import erase, merge_erases, restore
 from mmunlearn.erase.norms import sq_norm
+from mmunlearn.erase.search import search_rank, search_rank_lazy
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
@@ -56,6 +57,8 @@ _SPK_SCALES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 #: Where task matrices come from (EraseConfig.task_matrix) and how large the edit is (EraseConfig.subtract).
 TASK_MATRICES = ("extract", "update")
 SUBTRACTIONS = ("swept", "own")
+#: When an 'auto' sweep scores the retain measure (EraseConfig.sweep_retain; mmunlearn.erase.search).
+SWEEP_RETAIN = ("every", "needed")
 
 
 def _ex(kind: str = "finetune", **kw: Any) -> ExtractConfig:
@@ -91,6 +94,13 @@ class EraseConfig(PresetConfig):
     )
     sweep_max_relative: float = opt(1.024, "With 'auto' scales: the largest relative edit size tried.")
     sweep_bisections: int = opt(3, "With 'auto' scales: geometric bisection steps once the crossing is bracketed.")
+    sweep_retain: str = opt(
+        "every",
+        "With 'auto' scales: where the retain measure is scored: at 'every' point, or where 'needed' (the forget "
+        "measure alone until it reaches the target and its crossing is bisected, then the retain measure at that "
+        "edit, and below it only when it is over the bound). 'needed' assumes both measures grow with the edit's "
+        "size, as on a text LLM (mmunlearn.erase.search).",
+    )
     centroid: float = opt(
         0.0,
         "Speaker classifiers: after the edit, also erase the forgotten speakers' centroid "
@@ -176,6 +186,8 @@ class EraseConfig(PresetConfig):
             extract=_ex("finetune", steps=20, lr=1e-4, batch_size=8),
             rounds=2,
             round_share=0.9,
+            # the retain rows (60 on TOFU) are most of the rule's scoring: scored where the choice needs them
+            sweep_retain="needed",
         ),
         ("speaker", "tiny"): dict(
             rank=1,
@@ -327,38 +339,6 @@ def relative_unit(model, tf) -> float:
     return (t_sq / w_sq) ** 0.5
 
 
-#: With 'auto' scales, when the grid's smallest edit already passes the retain bound: at most this many halvings
-#: down to an edit within the bound (the bisection then narrows the crossing between the two).
-MAX_HALVINGS = 8
-
-
-def _below_the_bound(score, rank, scale: float) -> float | None:
-    """Halve ``scale`` until an edit keeps the retain measure within the bound (at most :data:`MAX_HALVINGS`
-    times); that scale, or None when none did. A real checkpoint's gradient task vectors can pass the bound at
-    the grid's first size (0.001 of the weights' norm: SmolLM2 on TOFU, retain NLL +0.16)."""
-    for _ in range(MAX_HALVINGS):
-        scale /= 2
-        reached, over = score(rank, scale)
-        if not over:
-            return scale
-    return None
-
-
-def _bisect(
-    score: Callable[[Any, float], tuple[bool, bool]],
-    rank: Any,
-    lo: float | None,
-    hi: float,
-    steps: int,
-    upper: Callable[[bool, bool], bool],
-) -> None:
-    """Geometric bisection of the scale in [lo, hi], ``steps`` times; ``upper(reached, over)``: mid becomes hi."""
-    for _ in range(steps):
-        mid = (lo * hi) ** 0.5
-        reached, over = score(rank, mid)
-        lo, hi = (lo, mid) if upper(reached, over) else (mid, hi)
-
-
 def _sweep(
     target,
     tf,
@@ -378,23 +358,31 @@ def _sweep(
     again (FSDD, 3 of 6 forgotten: +0.055 nats at an edit of 1x the rows, +0.010 at 16x)."""
     points: list[SweepPoint] = []
     auto = cfg.sweep_scales == "auto"
+    if cfg.sweep_retain not in SWEEP_RETAIN:
+        raise ValueError(f"sweep_retain must be one of {SWEEP_RETAIN}, got {cfg.sweep_retain!r}")
+    lazy = auto and not past_bound and cfg.sweep_retain == "needed"
     unit = relative_unit(target.model, tf)
     factors = {} if factors is None else factors  # each rank's bases, computed once: the scale only multiplies them
     reuse = PrefixReuse(target)  # the blocks below the edited ones: their states computed once per batch
 
-    def score(r, s) -> tuple[bool, bool]:
-        rep = _apply(target.model, tf, tr, cfg, r, s, groups, factors)
-        with reuse.during(rep):
-            points.append(SweepPoint(r, s, *scorer.score(target), relative=s * unit))
-        restore(target.model, rep)
-        p = points[-1]
-        log_point(
-            "erase",
-            {"rank": r, "scale": s, "relative": p.relative, "forget_nll": p.forget_nll, "retain_nll": p.retain_nll},
-            scorer,
-            progress,
-        )
-        return scorer.reached(p.forget_nll), scorer.over(p.retain_nll)
+    def score(r, s, retain: bool = True) -> tuple[bool, bool | None]:
+        p = next((p for p in points if p.rank == r and p.scale == s), None)
+        if p is None or (retain and p.retain_nll is None):  # a new size, or the retain measure of one scored before
+            rep = _apply(target.model, tf, tr, cfg, r, s, groups, factors)
+            with reuse.during(rep):
+                if p is None:
+                    p = SweepPoint(r, s, *scorer.score(target, retain=retain), relative=s * unit)
+                    points.append(p)
+                else:
+                    p.retain_nll = scorer.score_retain(target)
+            restore(target.model, rep)
+            log_point(
+                "erase",
+                {"rank": r, "scale": s, "relative": p.relative, "forget_nll": p.forget_nll, "retain_nll": p.retain_nll},
+                scorer,
+                progress,
+            )
+        return scorer.reached(p.forget_nll), None if p.retain_nll is None else scorer.over(p.retain_nll)
 
     full = auto_grid(cfg.sweep_max_relative)
     grid, start = full, None
@@ -408,30 +396,14 @@ def _sweep(
         start = cfg.sweep_first / unit if under else None
     for i, r in enumerate(cfg.sweep_ranks or (cfg.rank,)):
         good = start if i == 0 else None
-        past, prev = False, None  # past_bound: the bound was passed before the target, larger edits still tried
-        for s in (u / unit for u in (grid if i == 0 else full)) if auto else cfg.sweep_scales:
-            reached, over = score(r, s)
-            if not auto:
-                continue
-            if past_bound and (past or (over and not reached)):
-                if reached and not over:  # meets the rule beyond a stretch over the bound: narrow it from below
-                    _bisect(score, r, prev, s, cfg.sweep_bisections, lambda reached, over: reached and not over)
-                    break
-                past, prev = True, s
-                continue
-            if over and good is None:  # the smallest size tried is already over the bound
-                good = _below_the_bound(score, r, s)
-            if reached or over:  # larger scales only go further past the target or the bound
-                _bisect(
-                    score,
-                    r,
-                    good,
-                    s,
-                    cfg.sweep_bisections if good is not None else 0,
-                    lambda reached, over: reached or over,
-                )
-                break
-            good = s
+        if not auto:
+            for s in cfg.sweep_scales:
+                score(r, s)
+        elif lazy:
+            search_rank_lazy(score, r, [u / unit for u in (grid if i == 0 else full)], cfg.sweep_bisections, good)
+        else:
+            scales = [u / unit for u in (grid if i == 0 else full)]
+            search_rank(score, r, scales, cfg.sweep_bisections, past_bound, good)
         if any(scorer.point_meets(p) for p in points if p.rank == r):
             break  # the smallest rank whose edit meets the rule
     rule = scorer.rule

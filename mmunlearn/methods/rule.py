@@ -100,7 +100,7 @@ class SweepPoint:
     rank: int | None
     scale: float  # erasure scale, T3 temperature, or training step
     forget_nll: float
-    retain_nll: float
+    retain_nll: float | None  # None: not scored (an erasure sweep scoring the retain measure where needed)
     relative: float | None = None  # erasure: the scale in units of ||W||_F / ||T_f||_F (upper bound of ||dW|| / ||W||)
 
 
@@ -124,13 +124,23 @@ class Scorer:
         self.base_forget, self.base_retain = self.score(adapter) if base is None else base
         self.scored, self.points_from = 0, time.perf_counter()  # points scored after the unedited model, and since when
 
-    def score(self, adapter) -> tuple[float, float]:
+    def score(self, adapter, retain: bool = True) -> tuple[float, float | None]:
+        """The forget measure and (``retain``; else None) the retain measure of ``adapter``."""
         t0 = time.perf_counter()
         try:
-            return self.rule.forget_measure(adapter, self.forget), self.rule.retain_measure(adapter, self.retain)
+            forget = self.rule.forget_measure(adapter, self.forget)
+            return forget, self.rule.retain_measure(adapter, self.retain) if retain else None
         finally:
             self.seconds += time.perf_counter() - t0
             self.scored += 1
+
+    def score_retain(self, adapter) -> float:
+        """The retain measure alone (of a point whose forget measure was scored before)."""
+        t0 = time.perf_counter()
+        try:
+            return self.rule.retain_measure(adapter, self.retain)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def per_point(self) -> float | None:
         """Wall seconds per point scored since the unedited model (the edit, its scoring and undoing it), or None
@@ -144,7 +154,8 @@ class Scorer:
         return retain_value - self.base_retain > self.rule.retain_bound
 
     def point_meets(self, p: SweepPoint) -> bool:
-        return self.reached(p.forget_nll) and not self.over(p.retain_nll)
+        """Whether ``p`` meets the rule (never when its retain measure was not scored)."""
+        return p.retain_nll is not None and self.reached(p.forget_nll) and not self.over(p.retain_nll)
 
 
 def span(seconds: float) -> str:
@@ -173,7 +184,9 @@ def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True, t
     )
     f, r = point["forget_nll"], point["retain_nll"]
     state = (
-        "meets the rule"
+        ("forget target reached" if scorer.reached(f) else "forget below the target") + ", retain not scored"
+        if r is None
+        else "meets the rule"
         if scorer.reached(f) and not scorer.over(r)
         else "retain over the bound"
         if scorer.over(r)
@@ -190,7 +203,8 @@ def log_point(method: str, point: dict, scorer: Scorer, progress: bool = True, t
     )
     tqdm.write(
         f"{method} sweep: {setting}: forget {f:.4g} (target {scorer.rule.forget_target:.4g}), retain rise "
-        f"{r - scorer.base_retain:+.4g} (bound {scorer.rule.retain_bound:.4g}): {state}; {where}, "
+        f"{'n/a' if r is None else f'{r - scorer.base_retain:+.4g}'} (bound {scorer.rule.retain_bound:.4g}): "
+        f"{state}; {where}, "
         f"{span(time.perf_counter() - scorer.started)} into the sweep{left}"
     )
 
@@ -212,8 +226,9 @@ def choose(
     """The sweep rule: among points whose retain measure rose by at most ``retain_bound``, the one that
     reaches ``forget_target`` with the smallest retain measure; if none does, the one with the highest
     forget measure; if none keeps retain within bound, the first (smallest) edit."""
+    points = [p for p in points if p.retain_nll is not None]  # a lazy sweep's forget-only points are never chosen
     if not points:
-        raise ValueError("choose: the sweep scored no points")
+        raise ValueError("choose: the sweep scored no points with both measures")
     ok = [p for p in points if p.retain_nll - base_retain <= retain_bound]
     if not ok:
         return points[0]

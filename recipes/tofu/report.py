@@ -140,6 +140,7 @@ def selectivity_plot(path: Path, out: Path, methods: list[str], forget_target: f
         if not run.is_file():
             continue
         points = json.loads(run.read_text())["info"].get("sweep") or []
+        points = [p for p in points if p.get("retain_nll") is not None]  # a lazy erasure sweep's forget-only points
         key = next((k for k in ("scale", "temperature", "step") if points and k in points[0]), None)
         if points:
             series[m] = sorted(points, key=lambda p: p[key]) if key else points

@@ -269,3 +269,81 @@ def test_row_retain_rank_is_used_under_a_rule_that_judges_rows_only():
     assert any(not torch.equal(state[k], other[k]) for k in state)  # the retain rank changes the edit here
     mean = SweepRule(forget_target=max(levels) + 0.5, retain_bound=10.0)
     assert edited(EraseConfig(rank=4, retain_rank=8, row_retain_rank=2, extract=ex), mean)[0] == 8
+
+
+def _toy_sweep(sweep_retain: str, forget_target: float, retain_bound: float):
+    """``_sweep`` on one linear layer whose measures grow with the edit's relative size r: forget 10 r, retain r^2;
+    the points, the choice and how often the retain measure was scored."""
+    from types import SimpleNamespace
+
+    from mmunlearn.methods.erasure import _sweep
+    from mmunlearn.methods.rule import Scorer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6, bias=False))
+    w0 = model[0].weight.detach().clone()
+    task = torch.outer(torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)).float()
+    calls = {"retain": 0}
+
+    def size(adapter):
+        return float((adapter.model[0].weight.detach() - w0).norm() / w0.norm())
+
+    def forget(adapter, _rows):
+        return 10 * size(adapter)
+
+    def retain(adapter, _rows):
+        calls["retain"] += 1
+        return size(adapter) ** 2
+
+    target = SimpleNamespace(model=model)
+    rule = SweepRule(
+        forget_target=forget_target, retain_bound=retain_bound, forget_measure=forget, retain_measure=retain
+    )
+    cfg = EraseConfig(rank=1, retain_rank=0, localize=False, sweep_retain=sweep_retain)
+    points, best = _sweep(target, {"0.weight": task}, None, cfg, Scorer(rule, target, [1], [1]), None, False)
+    assert torch.equal(model[0].weight.detach(), w0)  # every candidate was undone
+    return points, best, calls["retain"]
+
+
+@pytest.mark.parametrize(
+    "forget_target, retain_bound, met",
+    [
+        (0.5, 0.01, True),  # the forget target (r = 0.05) comes before the bound (r = 0.1)
+        (2.0, 0.01, False),  # the bound comes first: the most forgetting within it
+        (100.0, 10.0, False),  # neither within the grid: its largest edit
+    ],
+)
+def test_scoring_the_retain_measure_where_needed_chooses_what_scoring_it_everywhere_does(
+    forget_target, retain_bound, met
+):
+    every, best_every, calls_every = _toy_sweep("every", forget_target, retain_bound)
+    lazy, best_lazy, calls_lazy = _toy_sweep("needed", forget_target, retain_bound)
+    assert best_lazy.scale == pytest.approx(best_every.scale, rel=1e-9)
+    assert best_lazy.retain_nll == pytest.approx(best_every.retain_nll) and best_lazy.retain_nll is not None
+    assert (best_lazy.forget_nll >= forget_target and best_lazy.retain_nll <= retain_bound) == met
+    assert all(p.retain_nll is not None for p in every)
+    # the unedited model's scoring is one call in each; the lazy sweep scores the retain rows at far fewer points
+    assert calls_every == 1 + len(every)
+    assert calls_lazy == 1 + sum(p.retain_nll is not None for p in lazy) < calls_every
+    if met:  # one retain scoring: the smallest edit that reached the forget target
+        assert calls_lazy == 2
+        assert best_lazy.forget_nll == min(p.forget_nll for p in lazy if p.forget_nll >= forget_target)
+
+
+def test_a_sweep_scoring_retain_where_needed_records_the_points_it_skipped_and_applies_a_scored_one():
+    src = "synthetic:n_authors=10"
+    forget, retain = load_split(src, "forget10")[:10], load_split(src, "retain90")[:20]
+    ad = TextLLMAdapter(tiny_causal_lm(layers=2), tiny_tokenizer())
+    base_f = mean_nll(ad, forget)
+    cfg = EraseConfig(rank=4, retain_rank=8, sweep_retain="needed", extract=ExtractConfig(kind="gradient", lr=1.0))
+    rule = SweepRule(forget_target=base_f + 0.005, retain_bound=10.0)  # reached near a relative edit of 0.1
+    res = run(ad, forget, retain, cfg, RunContext("text", rule=rule, progress=False))
+    sweep = [SweepPoint(**p) for p in res.info["sweep"]]
+    chosen = next(p for p in sweep if p.scale == res.info["chosen"]["scale"])
+    assert chosen.retain_nll is not None and chosen.forget_nll >= rule.forget_target
+    skipped = [p for p in sweep if p.retain_nll is None]
+    # the retain measure was left out where the choice did not need it: short of the target, or past the chosen edit
+    assert skipped and all(p.forget_nll < rule.forget_target or p.scale > chosen.scale for p in skipped)
+    assert mean_nll(ad, forget) == pytest.approx(chosen.forget_nll, rel=1e-5)
+    with pytest.raises(ValueError, match="sweep_retain"):
+        run(ad.clone(), forget, retain, EraseConfig(sweep_retain="some"), RunContext("text", rule=rule, progress=False))
