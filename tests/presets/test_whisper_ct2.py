@@ -346,3 +346,30 @@ def test_fsdd_clips_cover_every_digit_and_speaker(tmp_path):
     assert {c.name.split("_")[1] for c in clips} == set(speakers)
     with pytest.raises(ValueError):
         fsdd_clips(tmp_path, 3001)
+
+
+def test_the_cache_conversion_runs_under_the_caches_lock(tmp_path, monkeypatch):
+    """Two builds started together (a speech LLM and its retrained reference) once both converted Whisper into the
+    cache, and the later rename failed on the folder the first had written: the conversion now holds the cache's
+    lock, so the second waits and then reuses it. Checked by trying the lock from inside the conversion."""
+    from filelock import FileLock, Timeout
+
+    import mmunlearn.presets.whisper_ct2 as w
+
+    held = []
+
+    def conversion(ct2_dir, out, force=False):
+        probe = FileLock(str(out.parent / f".{out.name}.lock"))
+        try:
+            probe.acquire(timeout=0)
+            probe.release()
+            held.append(False)
+        except Timeout:
+            held.append(True)
+        return out
+
+    (tmp_path / "cache" / "real").mkdir(parents=True, mode=0o700)
+    monkeypatch.setattr(w, "whisper_ct2_dir", lambda: tmp_path / "ct2")
+    monkeypatch.setattr(w, "hf_from_ct2", conversion)
+    assert w.whisper_tiny_en_dir(tmp_path / "cache") == tmp_path / "cache" / "real" / "whisper-tiny.en-float32"
+    assert held == [True]
