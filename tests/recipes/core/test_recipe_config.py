@@ -25,6 +25,7 @@ TEXT_VALUES = {
     "subtract": ("own", "swept"),
     "retain_model": ("models/retain", "models/other"),
     "sweep_pick": ("utility", "first"),
+    "sweep_retain": ("needed", "every"),
 }
 #: valid numbers for the methods' bounded number settings (the doubling below would leave their range)
 NUMBER_VALUES = {"round_share": (0.5, 0.75)}
