@@ -93,6 +93,8 @@ def search_rank_lazy(
             break
         tried.append(s)
     if top is None:
+        if not tried:  # nothing to search (a first size from an earlier request at the grid's bottom)
+            return
         top = tried.pop()
     elif tried:
         lo, top = bisect(score, rank, tried[-1], top, bisections, lambda reached, over: reached, retain=False)
