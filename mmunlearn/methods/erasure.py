@@ -99,7 +99,7 @@ class EraseConfig(PresetConfig):
         "With 'auto' scales: where the retain measure is scored: at 'every' point, or where 'needed' (the forget "
         "measure alone until it reaches the target and its crossing is bisected, then the retain measure at that "
         "edit, and below it only when it is over the bound). 'needed' assumes both measures grow with the edit's "
-        "size, as on a text LLM (mmunlearn.erase.search).",
+        "size, as on a text LLM (mmunlearn.erase.search); a rule judging forget rows one by one scores every point.",
     )
     centroid: float = opt(
         0.0,
@@ -360,7 +360,9 @@ def _sweep(
     auto = cfg.sweep_scales == "auto"
     if cfg.sweep_retain not in SWEEP_RETAIN:
         raise ValueError(f"sweep_retain must be one of {SWEEP_RETAIN}, got {cfg.sweep_retain!r}")
-    lazy = auto and not past_bound and cfg.sweep_retain == "needed"
+    # a rule judging forget rows one by one (mmunlearn.unlearn's) keeps every point scored: its share of rows gone
+    # was never measured to grow with the edit's size, and its record (byo_text_llm) scored every point
+    lazy = auto and not past_bound and cfg.sweep_retain == "needed" and not _judges_rows(scorer.rule)
     unit = relative_unit(target.model, tf)
     factors = {} if factors is None else factors  # each rank's bases, computed once: the scale only multiplies them
     reuse = PrefixReuse(target)  # the blocks below the edited ones: their states computed once per batch

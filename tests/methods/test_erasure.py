@@ -347,3 +347,29 @@ def test_a_sweep_scoring_retain_where_needed_records_the_points_it_skipped_and_a
     assert mean_nll(ad, forget) == pytest.approx(chosen.forget_nll, rel=1e-5)
     with pytest.raises(ValueError, match="sweep_retain"):
         run(ad.clone(), forget, retain, EraseConfig(sweep_retain="some"), RunContext("text", rule=rule, progress=False))
+
+
+def test_a_rule_judging_forget_rows_one_by_one_scores_the_retain_measure_at_every_point():
+    """'needed' applies to a mean forget measure; a per-row measure (it has ``details``) keeps every point scored."""
+    from types import SimpleNamespace
+
+    from mmunlearn.methods.erasure import _sweep
+    from mmunlearn.methods.rule import Scorer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6, bias=False))
+    w0 = model[0].weight.detach().clone()
+    task = torch.outer(torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)).float()
+
+    class RowsGone:  # a stand-in for the per-row measure: the share of rows "gone" grows with the edit
+        def __call__(self, adapter, _rows):
+            return min(1.0, 10 * float((adapter.model[0].weight.detach() - w0).norm() / w0.norm()))
+
+        def details(self, *a, **k):
+            return {"out": []}
+
+    target = SimpleNamespace(model=model)
+    rule = SweepRule(forget_target=0.5, retain_bound=0.01, forget_measure=RowsGone(), retain_measure=lambda a, r: 0.0)
+    cfg = EraseConfig(rank=1, retain_rank=0, localize=False, sweep_retain="needed")
+    points, best = _sweep(target, {"0.weight": task}, None, cfg, Scorer(rule, target, [1], [1]), None, False)
+    assert all(p.retain_nll is not None for p in points) and best.forget_nll >= 0.5
