@@ -70,6 +70,11 @@ class T3Config(PresetConfig):
         "even odds (log f floored at log 1/2, about a token the head never saw), scored and generated alike, so "
         "restating a name the question gives is not steered away from.",
     )
+    fit_unseen: bool = opt(
+        False,
+        "Train the head on the answer tokens not already in the text only (not on copies of the question's words or "
+        "of the answer so far): the tokens spare_seen leaves alone, so the head's rank goes to the ones it tilts.",
+    )
     pooling: str = opt(
         "last",
         "What the head reads: 'last' (the final hidden state of the position being extended, "
@@ -153,12 +158,14 @@ def run(adapter, forget: Sequence[Any], retain: Sequence[Any], cfg: T3Config, ct
         cache_dir=ctx.cache_dir,
         progress=ctx.progress,
         pooling=cfg.pooling,
+        unseen_only=cfg.fit_unseen,
     )
     info: dict = {
         "train_accuracy": fit.train_accuracy,
         "head_parameters": fit.parameters,
         "head_fraction": fit.fraction,
         "cache_reused": fit.cache_reused,
+        "fit_unseen": cfg.fit_unseen,
     }
     temperature, strength = cfg.temperature, cfg.strength
     if ctx.rule is not None and (cfg.sweep_strengths or cfg.sweep_temperatures):  # none: its settings as they are

@@ -2,7 +2,9 @@
 
 At each answer position t the head's entry for the true token y_t, read from the state at t-1,
 is trained towards the sequence's partition: retain 1, forget 0. Classes are balanced by
-weighting each example by N / (2 N_class). Training runs through the shared loop (accelerate).
+weighting each example by N / (2 N_class). With ``unseen_only`` the positions whose token is already in the text
+(a copy of the question's words or of the answer so far) are left out: T3's ``spare_seen`` spares those when it
+scores and generates, so the head's rank goes to the rest. Training runs through the shared loop (accelerate).
 """
 
 from __future__ import annotations
@@ -59,22 +61,26 @@ def fit_head(
     seed: int = 0,
     progress: bool = True,
     pooling: str = "last",
+    unseen_only: bool = False,
     **train_kwargs,
 ) -> tuple[TiltHead, Any]:
     """Fit a fresh head on a cache (whose states were pooled as ``pooling``); full-batch epochs unless ``batch_size``
-    is given."""
-    n = len(cache.tokens)
-    n_pos = float(cache.labels.sum())
+    is given; with ``unseen_only`` on the cached positions whose token is not already in the text."""
+    kept = training_positions(cache, unseen_only)
+    labels = cache.labels[kept]
+    n = len(kept)
+    n_pos = float(labels.sum())
     if n_pos == 0 or n_pos == n:
         raise ValueError("the cache needs answer tokens of both partitions (retain and forget)")
-    weights = torch.where(cache.labels > 0.5, n / (2 * n_pos), n / (2 * (n - n_pos)))
+    weights = torch.where(labels > 0.5, n / (2 * n_pos), n / (2 * (n - n_pos)))
     torch.manual_seed(seed)
     head = TiltHead(cache.states.shape[1], vocab, rank, pooling=pooling)
     torch.nn.init.normal_(head.B.weight, std=0.02)  # a zero B would receive no gradient through A
 
     def collate(idx: list[int]) -> dict[str, torch.Tensor]:
         i = torch.as_tensor(idx)
-        return {"h": cache.states[i], "y": cache.tokens[i], "label": cache.labels[i], "w": weights[i]}
+        j = kept[i]
+        return {"h": cache.states[j], "y": cache.tokens[j], "label": labels[i], "w": weights[i]}
 
     def loss_fn(model, batch):
         z = model.logit_of(batch["h"], batch["y"])
@@ -95,6 +101,14 @@ def fit_head(
     return head.cpu().eval(), result
 
 
+def training_positions(cache: StateCache, unseen_only: bool = False) -> torch.Tensor:
+    """Indices of the cached positions the head trains on: every one, or with ``unseen_only`` those whose token is
+    not already in the text before it."""
+    if not unseen_only:
+        return torch.arange(len(cache.tokens))
+    return torch.nonzero(~cache.seen.bool()).flatten()
+
+
 def train_tilt(
     adapter,
     retain: Sequence[Any],
@@ -108,8 +122,10 @@ def train_tilt(
     seed: int = 0,
     progress: bool = True,
     pooling: str = "last",
+    unseen_only: bool = False,
 ) -> TiltTraining:
-    """Cache the frozen model's states over retain and forget answers (pooled as ``pooling``), then fit the head."""
+    """Cache the frozen model's states over retain and forget answers (pooled as ``pooling``), then fit the head (on
+    the tokens not already in the text alone with ``unseen_only``)."""
     cache = build_cache(adapter, retain, forget, cache_dir=cache_dir, pooling=pooling)
     vocab = adapter.model.get_output_embeddings().weight.shape[0]
     start = time.perf_counter()
@@ -123,10 +139,12 @@ def train_tilt(
         seed=seed,
         progress=progress,
         pooling=pooling,
+        unseen_only=unseen_only,
     )
     seconds = time.perf_counter() - start
+    kept = training_positions(cache, unseen_only)
     with torch.no_grad():
-        acc = balanced_accuracy(head.logit_of(cache.states, cache.tokens), cache.labels)
+        acc = balanced_accuracy(head.logit_of(cache.states[kept], cache.tokens[kept]), cache.labels[kept])
     n_head = sum(p.numel() for p in head.parameters())
     n_base = sum(p.numel() for p in adapter.model.parameters())
     head.to(adapter.device)

@@ -211,6 +211,26 @@ def test_t3_spare_seen_reaches_the_model_it_returns_and_changes_what_it_scores(m
     assert abs(nll[True] - nll[False]) > 1e-4
 
 
+def test_t3_fit_unseen_reaches_the_head_it_trains(model_dir):
+    """fit_unseen=True trains the head without the answer tokens already in the text: the report says so and the
+    head (so the forget rows' tilted scores) differs from the one trained on every token."""
+    from mmunlearn.methods import mean_nll
+
+    forget, retain = load_split(SRC, "forget10")[:8], load_split(SRC, "retain90")[:24]
+    target = TextLLMAdapter.from_pretrained(model_dir, device="cpu")
+    nll, bias = {}, {}
+    for unseen in (False, True):
+        over = {**fast("t3"), "spare_seen": True, "fit_unseen": unseen, "strength": 1.0}
+        out = run_unlearning(
+            UnlearnRequest("t3", "text", size="micro", overrides=over, progress=False), target, forget, retain
+        )
+        assert out.report["info"]["fit_unseen"] is unseen
+        nll[unseen] = mean_nll(out.adapter, forget)
+        bias[unseen] = out.adapter.model.head.B.bias.detach().clone()
+        out.adapter.model.tap.remove()
+    assert not torch.equal(bias[True], bias[False]) and abs(nll[True] - nll[False]) > 1e-4
+
+
 def test_t3_sweep_by_default_applies_the_weakest_setting_meeting_the_rule_that_keeps_most_retain(model_dir):
     """The default sweep scores every candidate; of those meeting the rule it applies the weakest whose retain NLL
     is within the tolerance of the lowest (tolerance 0: the lowest itself)."""
