@@ -44,7 +44,14 @@ from recipes.tofu import pipeline as tofu_pipeline
 from recipes.tofu import report as tofu_report
 from recipes.tofu.config import COMPARE_EXCLUDES, RUN_EXCLUDES, TofuConfig, train_overrides
 from recipes.tofu.parallel import pending, run_jobs
-from recipes.tofu.settings import default_precision, memorisation, memorisation_warning, preset_size, sweep_rule
+from recipes.tofu.settings import (
+    default_precision,
+    memorisation,
+    memorisation_warning,
+    parse_metrics,
+    preset_size,
+    sweep_rule,
+)
 
 app = typer.Typer(
     help="TOFU: fine-tune target/retain models, evaluate, unlearn, compare methods.", no_args_is_help=True
@@ -70,7 +77,7 @@ def _threads(n: int | None) -> None:
 
 def _metrics(text: str | None) -> tuple[str, ...] | None:
     try:
-        return tofu_pipeline.parse_metrics(text)
+        return parse_metrics(text)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--metrics") from None
 

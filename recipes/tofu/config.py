@@ -21,8 +21,7 @@ from mmunlearn.methods import names
 from mmunlearn.taskvec.extract import KINDS
 from mmunlearn.train import TrainConfig
 from recipes.recipe_config import BenchmarkSettings, ConfigError
-from recipes.tofu.pipeline import parse_metrics
-from recipes.tofu.settings import audit_options, knobs_for
+from recipes.tofu.settings import audit_options, knobs_for, parse_metrics
 
 #: The settings ``run`` does not take (it runs one ``method``) and those ``compare`` does not take.
 RUN_EXCLUDES = (

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mmunlearn.adapters.text.adapter import TextLLMAdapter
 from mmunlearn.audit import AUDIT_JSON, audit_text, write_audit
@@ -23,11 +23,9 @@ from mmunlearn.metrics.entries import per_item
 from mmunlearn.presets.build import BuiltModels, build_models
 from mmunlearn.presets.cache import EVALS_DIR, default_cache_dir, read_log
 from mmunlearn.presets.parallel import build_models_parallel
+from recipes.tofu.config import TofuConfig
 from recipes.tofu.report import COLUMNS
-from recipes.tofu.settings import default_precision, memorisation, memorisation_warning
-
-if TYPE_CHECKING:  # the config imports this module (parse_metrics)
-    from recipes.tofu.config import TofuConfig
+from recipes.tofu.settings import default_precision, memorisation, memorisation_warning, parse_metrics
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +61,6 @@ def model_fingerprint(model_dir: Path) -> str:
     return hashlib.sha256(
         json.dumps([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]).encode()
     ).hexdigest()[:16]
-
-
-def parse_metrics(text: str | None) -> tuple[str, ...] | None:
-    """``--metrics forget,utility`` as evaluate_tofu's metric groups (None or ``all``: every group)."""
-    if text is None or text.strip() == "all":
-        return None
-    chosen = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in METRIC_GROUPS]
-    if unknown or not chosen:
-        raise ValueError(
-            f"unknown metric group(s) {unknown or '(none given)'}; choose from {', '.join(METRIC_GROUPS)} or all"
-        )
-    return None if set(chosen) == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)
 
 
 def reference_metrics(metrics: Collection[str] | None) -> tuple[str, ...] | None:

@@ -29,6 +29,7 @@ from mmunlearn.adapters.base import resolve_device
 from mmunlearn.adapters.text.adapter import KIND as TEXT
 from mmunlearn.audit import AuditOptions
 from mmunlearn.config import applicable_overrides
+from mmunlearn.eval.tofu import METRIC_GROUPS
 from mmunlearn.methods import SweepRule, get
 from mmunlearn.presets.models import REAL_MODEL_PRECISION
 from mmunlearn.report import fmt as _fmt
@@ -133,3 +134,16 @@ AUDIT_RELEARN_LR: dict[str, float] = {"micro": 1e-3, "mini": 1e-3, "model_dir": 
 def audit_options(preset: str, **overrides: Any):
     """The audit settings of ``--audit`` for a model preset (``overrides``: the CLI's, None = default)."""
     return AuditOptions(relearn_lr=AUDIT_RELEARN_LR[preset_size(preset)]).replace(**overrides)
+
+
+def parse_metrics(text: str | None) -> tuple[str, ...] | None:
+    """``--metrics forget,utility`` as evaluate_tofu's metric groups (None or ``all``: every group)."""
+    if text is None or text.strip() == "all":
+        return None
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METRIC_GROUPS]
+    if unknown or not chosen:
+        raise ValueError(
+            f"unknown metric group(s) {unknown or '(none given)'}; choose from {', '.join(METRIC_GROUPS)} or all"
+        )
+    return None if set(chosen) == set(METRIC_GROUPS) else tuple(g for g in METRIC_GROUPS if g in chosen)

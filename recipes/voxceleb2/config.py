@@ -24,7 +24,6 @@ from mmunlearn.methods import get, names
 from mmunlearn.taskvec.extract import KINDS as EXTRACT_KINDS
 from recipes.recipe_config import BenchmarkSettings, ConfigError, with_default
 from recipes.voxceleb2 import settings
-from recipes.voxceleb2.speech_llm import DEFAULT_METHODS
 
 WHERE = ("audio", "text", "both")
 TARGETS = ("gender", "transcript")
@@ -253,7 +252,7 @@ class VoxCelebConfig(SpeechLLMSettings):
         if self.methods != ("all",):
             return list(self.methods)
         if not self.kind.is_classifier:
-            return list(DEFAULT_METHODS)
+            return list(settings.SPEECH_LLM_METHODS)
         return list(settings.CLASSIFIER_METHODS)
 
     def resolved_scope(self) -> str:

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmunlearn.adapters.speaker.adapter import KIND as SPEAKER
+from mmunlearn.adapters.speech_llm.adapter import KIND as SPEECH_LLM
 from mmunlearn.audit.options import CAPABILITY_DEFAULTS, options_for
 from mmunlearn.config import applicable_overrides
 from mmunlearn.eval.speaker import forgotten_error_rate, score_rows
@@ -65,6 +66,8 @@ def models() -> tuple[str, ...]:
 
 #: Unlearning methods that apply to a classifier (T3 and RMU act on a language model).
 CLASSIFIER_METHODS = tuple(names(SPEAKER.name))
+#: Every method that applies to a speech LLM, in registry order.
+SPEECH_LLM_METHODS = tuple(names(SPEECH_LLM.name))
 #: Task-vector kinds that work on the speaker adapter (peft's LoRA cannot wrap ECAPA's cosine Classifier).
 EXTRACT_KINDS = ("finetune", "gradient")
 #: Layer selections of erasure (``EraseConfig.layer_rule``).

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from data_prep.synth_speakers import synthesize_corpus
 from data_prep.voxceleb2 import prepare
@@ -49,7 +49,7 @@ from mmunlearn.api.rules import NLL_RETAIN_BOUND, nll_rule
 from mmunlearn.config import applicable_overrides
 from mmunlearn.data.utterances import LEVELS, split_rows
 from mmunlearn.files.atomic import write_text_atomic
-from mmunlearn.methods import get, mean_nll, names
+from mmunlearn.methods import get, mean_nll
 from mmunlearn.metrics.mia import mia_auc
 from mmunlearn.presets.cache import cache_key, default_cache_dir, is_built, texts_digest, write_log
 from mmunlearn.report import table
@@ -64,13 +64,10 @@ from mmunlearn.speech.spoken_qa import (
     warm_up_audio_tower,
 )
 from mmunlearn.train import TrainConfig
-
-if TYPE_CHECKING:  # the config imports this module (DEFAULT_METHODS)
-    from recipes.voxceleb2.config import VoxCelebConfig
 from recipes.runner import RUN_JSON, Comparison, Harness, Stages, Unlearned, run_comparison, run_method
+from recipes.voxceleb2.config import VoxCelebConfig
+from recipes.voxceleb2.settings import SPEECH_LLM_METHODS
 
-#: Every method that applies to a speech LLM, in registry order.
-DEFAULT_METHODS = tuple(names(KIND.name))
 FINETUNE = TrainConfig(epochs=6, batch_size=16, lr=1e-3, schedule="onecycle", weight_decay=0.0)
 #: (audio warm-up, spoken-QA training of the base, fine-tuning of target and retrain from the base)
 TRAIN_PLANS: dict[str, tuple[TrainConfig, TrainConfig, TrainConfig]] = {
@@ -367,7 +364,7 @@ def run(
     out: str | os.PathLike,
     *,
     level: str = "speaker",
-    methods: Sequence[str] = DEFAULT_METHODS,
+    methods: Sequence[str] = SPEECH_LLM_METHODS,
     where: str = "both",
     target: str = "gender",
     size: str = "model_dir",
