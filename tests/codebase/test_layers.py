@@ -171,8 +171,8 @@ def test_every_benchmark_is_laid_out_as_architecture_md_says():
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the modules of mmunlearn/, data_prep/ and recipes/ it imports, one node per file (``from pkg import mod`` is an
-    edge to ``pkg.mod``; an imported name that is not a module, to the module that defines it)."""
+    """Module -> the modules of mmunlearn/, data_prep/ and recipes/ it imports, one node per file (``from pkg import
+    mod`` is an edge to ``pkg.mod``; an imported name that is not a module, to the module that defines it)."""
     repo = ROOT.parent
 
     def module_of(dotted: str) -> str | None:
@@ -195,7 +195,8 @@ def _module_graph() -> dict[str, set[str]]:
                 else:
                     continue
                 for name in names:
-                    if name.split(".")[0] in ("mmunlearn", "data_prep", "recipes") and (target := module_of(name)) != module:
+                    ours = name.split(".")[0] in ("mmunlearn", "data_prep", "recipes")
+                    if ours and (target := module_of(name)) != module:
                         graph[module].add(target)
     return graph
 
