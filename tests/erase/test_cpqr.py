@@ -1,5 +1,7 @@
 """Truncated CPQR (LAPACK ?geqp3rk and the torch path) against scipy's full pivoted QR."""
 
+import os
+
 import numpy as np
 import pytest
 import scipy.linalg as sl
@@ -82,3 +84,36 @@ def test_lapack_does_not_modify_input():
     cpqr_lapack(Tf, 5)
     assert torch.equal(T, before) and torch.equal(Tf, before)
     assert isinstance(np.asarray(T), np.ndarray)
+
+
+@pytest.mark.skipif(not lapack_available(), reason="scipy's OpenBLAS lacks ?geqp3rk")
+def test_lapack_cpqr_uses_as_many_blas_threads_as_torch(monkeypatch):
+    """OpenBLAS starts a thread per core whatever torch was told; inside cpqr_lapack it runs with torch's count
+    (the toolkit's ``threads``), and the limit is lifted afterwards."""
+    from threadpoolctl import threadpool_info
+
+    from mmunlearn.erase.subspace import cpqr
+
+    def openblas_threads() -> set[int]:
+        return {i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"}
+
+    seen: list[set[int]] = []
+    real = cpqr._geqp3rk
+
+    def spy(a, kmax):
+        seen.append(openblas_threads())
+        return real(a, kmax)
+
+    monkeypatch.setattr(cpqr, "_geqp3rk", spy)
+    before, threads = openblas_threads(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        T = torch.randn(64, 40, generator=torch.Generator().manual_seed(0))
+        r = cpqr_lapack(T, 8)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [{1}] and (max(before) > 1 or (os.cpu_count() or 1) == 1)  # OpenBLAS's own count was more
+    assert openblas_threads() == before
+    # the basis is still the pivoted QR's: orthonormal, spanning the chosen columns of T
+    assert torch.allclose(r.Q.T @ r.Q, torch.eye(8), atol=1e-5)
+    assert torch.allclose(r.Q @ (r.Q.T @ T[:, r.pivots]), T[:, r.pivots], atol=1e-4)

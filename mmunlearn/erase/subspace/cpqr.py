@@ -54,6 +54,23 @@ def _lapack_lib() -> ctypes.CDLL | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    """threadpoolctl's view of the BLAS libraries loaded so far (scipy's OpenBLAS among them, once
+    :func:`_lapack_lib` has run), made once: a limit then costs microseconds instead of a library scan."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def blas_threads():
+    """A context in which the BLAS libraries use as many threads as torch does (``torch.get_num_threads()``: the
+    toolkit's ``threads`` setting). OpenBLAS otherwise starts a thread per core whatever torch was told, and its
+    pivoted QR, a sequence of small matrix-vector steps, spends that time waiting: on a 2-core host running two
+    one-thread processes, rank-128 CPQRs of SmolLM2-sized matrices took 95x the wall time of one thread."""
+    return _blas_controller().limit(limits=torch.get_num_threads(), user_api="blas")
+
+
 def lapack_available() -> bool:
     """Whether the truncated LAPACK CPQR (``?geqp3rk``) can be called on this machine."""
     return _lapack_lib() is not None
@@ -132,15 +149,17 @@ def cpqr_lapack(T: torch.Tensor, kmax: int) -> PivotedQR:
         a = a.copy(order="F")
     dtype = a.dtype
     m, n = a.shape
-    k, piv, tau = _geqp3rk(a, kmax)
-    # Rows of R carry the captured energy: ||Q_j^T T||^2 = sum_{i<j} ||R[i, i:]||^2.
-    row_energy = np.array([np.dot(a[i, i:], a[i, i:]) for i in range(k)], dtype=np.float64)
-    # Q^T T = R P^T: the upper-trapezoidal first k rows of R, columns put back in T's order.
-    coef = np.triu(a[:k, :])
-    coef_t = torch.empty(k, n, dtype=work)
-    coef_t[:, torch.from_numpy(piv.copy())] = torch.from_numpy(np.ascontiguousarray(coef))
-    orgqr = lapack.dorgqr if dtype == np.float64 else lapack.sorgqr
-    q, _, info = orgqr(a[:, :k], tau[:k])
+    _lapack_lib()  # loaded before the thread limit looks for it
+    with blas_threads():
+        k, piv, tau = _geqp3rk(a, kmax)
+        # Rows of R carry the captured energy: ||Q_j^T T||^2 = sum_{i<j} ||R[i, i:]||^2.
+        row_energy = np.array([np.dot(a[i, i:], a[i, i:]) for i in range(k)], dtype=np.float64)
+        # Q^T T = R P^T: the upper-trapezoidal first k rows of R, columns put back in T's order.
+        coef = np.triu(a[:k, :])
+        coef_t = torch.empty(k, n, dtype=work)
+        coef_t[:, torch.from_numpy(piv.copy())] = torch.from_numpy(np.ascontiguousarray(coef))
+        orgqr = lapack.dorgqr if dtype == np.float64 else lapack.sorgqr
+        q, _, info = orgqr(a[:, :k], tau[:k])
     if info != 0:
         raise RuntimeError(f"?orgqr failed (info={info})")
     return PivotedQR(
