@@ -98,10 +98,11 @@ def _check_record(name: str, tmp_path: Path, methods: list[str]) -> dict:
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CONFIGS)])
 def test_each_config_rehearses_end_to_end_on_the_cpu(name, data, tmp_path, monkeypatch):
-    """Two methods (one edit, one fine-tuning baseline) with every other setting the config's own; the rehearsal of
-    every method is the slow test below."""
+    """Two methods (one edit, one fine-tuning baseline) with every other setting the config's own but the wall-clock
+    budget (a GPU run's cap: on a loaded 2-core CPU the ctofu rehearsal's first method ran past its 3 minutes and the
+    second was skipped); the rehearsal of every method is the slow test below."""
     monkeypatch.chdir(tmp_path)
-    res = _rehearse(name, data, tmp_path, "methods=t3,grad_diff")
+    res = _rehearse(name, data, tmp_path, "methods=t3,grad_diff", "budget_minutes=none")
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     assert "rehearsal: the full run's model is there" in res.output
     _check_record(name, tmp_path, ["t3", "grad_diff"])
