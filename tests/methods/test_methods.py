@@ -211,6 +211,19 @@ def test_t3_spare_seen_reaches_the_model_it_returns_and_changes_what_it_scores(m
     assert abs(nll[True] - nll[False]) > 1e-4
 
 
+def test_t3_on_a_real_text_checkpoint_spares_the_seen_words_and_the_port_does_not():
+    """A model folder (SmolLM2's size) gets the seen words spared and left out of the head's training, with the
+    strength refined; the tiny presets keep the plain tilt, and open-unlearning's port stays as it configures T3."""
+    from mmunlearn.methods import get
+
+    real = get("t3").config_for("text", "model_dir")
+    assert (real.spare_seen, real.fit_unseen, real.sweep_refine) == (True, True, 2)
+    micro = get("t3").config_for("text", "micro")
+    assert (micro.spare_seen, micro.fit_unseen, micro.sweep_refine) == (False, False, 0)
+    port = get("t3-port").config_for("text", "model_dir")
+    assert (port.spare_seen, port.fit_unseen, port.sweep_refine, port.pooling) == (False, False, 0, "cummean")
+
+
 def test_t3_fit_unseen_reaches_the_head_it_trains(model_dir):
     """fit_unseen=True trains the head without the answer tokens already in the text: the report says so and the
     head (so the forget rows' tilted scores) differs from the one trained on every token."""
