@@ -240,6 +240,7 @@ def test_each_stage_line_says_elapsed_and_what_is_left(raw_dir, tmp_path, capsys
         head_epochs=20,
         sweep_strengths=(0.25, 0.5, 1.0),
         sweep_temperatures=(1.5,),
+        sweep_refine=0,  # the grid's four points alone (a model folder's default refines twice more)
     )
     out = capsys.readouterr()
     stages = _stage_lines(out.err)
