@@ -166,6 +166,26 @@ def test_a_record_names_no_absolute_path_of_the_machine_it_was_made_on(tmp_path,
     assert rec["rows"][0]["model"] == "m" and rec["context"]["cache"] == "~/c"
 
 
+def _absolute_paths(value, where: str = ""):
+    """``where: value`` of every string in a JSON value that is an absolute path."""
+    if isinstance(value, str):
+        return [f"{where}: {value}"] if value.startswith(("/", "\\")) or value[1:3] == ":\\" else []
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _absolute_paths(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _absolute_paths(v, f"{where}[{i}]")]
+    return []
+
+
+def test_no_shipped_record_names_an_absolute_path():
+    """Every record in docs/results is portable (a record's context is sometimes completed by hand after
+    ``report record``, which makes paths portable): no string of one is an absolute path of a machine."""
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    found = [f"{p.name}{a}" for p in sorted(results.glob("*.json")) for a in _absolute_paths(json.loads(p.read_text()))]
+    assert len(list(results.glob("*.json"))) > 10 and not found, found
+    assert _absolute_paths({"a": ["x", {"b": "/root/c"}]}) == [".a[1].b: /root/c"]  # the walk finds one
+
+
 def test_every_table_is_written_by_the_one_writer():
     """No module but mmunlearn/report/__init__.py writes a Markdown table's separator row: every table goes through
     report.table (one formatter, one escaping)."""
