@@ -18,13 +18,13 @@ import json
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from mmunlearn.files.atomic import write_text_atomic
 from mmunlearn.kinds import get_kind
-from mmunlearn.methods import UnlearnRequest, run_unlearning
+from mmunlearn.methods import UnlearnRequest, get, run_unlearning
 
 RUN_JSON = "run.json"
 
@@ -81,15 +81,23 @@ def stage_key(
     rule: Any,
     base: str,
     method_options: Mapping[str, Any] | None = None,
+    *,
+    kind: str = "text",
+    size: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> str:
     """What identifies one method's stage: a finished stage with this key is reused. ``options``: the knobs shared
-    by every method; ``method_options``: this method's own settings (left out of the key when empty)."""
+    by every method; ``method_options``: this method's own settings (left out of the key when empty). The key also
+    holds the method's config as it resolves today (its preset for ``kind`` and ``size`` with ``overrides``), so a
+    stage run before a default changed is run again, not reused with the old default's numbers."""
+    size = size or get_kind(kind).size_for(setup.preset)
     spec = {
         "method": method,
         "options": {k: v for k, v in sorted(options.items()) if v is not None},
         "rule": rule.describe() if rule is not None else None,
         "base": base,
         "context": setup.describe(),
+        "config": asdict(get(method).config_for(kind, size, **dict(overrides or {}))),
     }
     if method_options:
         spec["method_options"] = dict(sorted(method_options.items()))
@@ -176,7 +184,7 @@ def run_method(
     ``folder/model``), given the bound :class:`Harness`; ``voxceleb2`` runs it once per scope and keeps the rule's
     choice. With ``resume`` a stage finished with the same key is not redone: its rows come back with ``reused``: True.
     """
-    key = stage_key(method, setup, options, rule, base, method_options)
+    key = stage_key(method, setup, options, rule, base, method_options, kind=kind, size=size, overrides=overrides)
     if resume and (rows := finished_rows(folder, key, setup)) is not None:
         return rows
     t_stage = time.perf_counter()

@@ -31,7 +31,7 @@ SPEAKER_ONLY = {
 TOFU_ONLY = {"data": "the TOFU world", "forget_split": "the TOFU world", "authors": "the TOFU world"}
 #: the built-in corpus's settings, which a prepared corpus (``manifests``) replaces
 BUILT_IN = ("speakers", "utterances", "videos", "requests")
-PRESETS = {"speaker": ("tiny", "small"), "tofu": ("micro", "mini")}
+PRESETS = {"speaker": ("tiny", "small"), "tofu": ("micro", "mini", "smollm2-135m")}
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,10 @@ class RequestsConfig:
         Path("runs/bench_requests"),
         "Folder for the corpus, the trained models and the retain state (reused when present).",
     )
-    preset: str | None = opt(None, "Model preset: speaker tiny (default) or small; tofu micro (default) or mini.")
+    preset: str | None = opt(
+        None,
+        "Model preset: speaker tiny (default) or small; tofu micro (default), mini or smollm2-135m (real).",
+    )
     data: str = opt("synthetic", "tofu: a TOFU folder or synthetic[:...] (models built by the preset builder, cached).")
     forget_split: str = opt("forget10", "tofu: forget split (forget01, forget05, forget10).")
     authors: int | None = opt(20, "tofu: world of N authors (none: all of them).")

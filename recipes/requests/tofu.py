@@ -17,6 +17,7 @@ from mmunlearn.presets.build import build_models
 from mmunlearn.requests import History, run_request
 from recipes.requests.config import RequestsConfig
 from recipes.requests.speaker import BenchResult, PeakMemory, RequestRow, request_row, spread, timed_retain_state
+from recipes.tofu.settings import default_precision
 
 
 def run_tofu(
@@ -34,8 +35,9 @@ def run_tofu(
     retain = load_split(data, f"retain{100 - pct:02d}", authors=authors, forget_pct=pct)
     ids = sorted({it.author for it in forget})
     asks = [[it for it in forget if it.author == a] for a in ids]
-    original = TextLLMAdapter.from_pretrained(built.target, device="cpu")
-    base = TextLLMAdapter.from_pretrained(built.base, device="cpu")
+    precision = default_precision(preset, "cpu")  # bf16 for the real checkpoint where it is native, as tofu's recipe
+    original = TextLLMAdapter.from_pretrained(built.target, device="cpu", precision=precision)
+    base = TextLLMAdapter.from_pretrained(built.base, device="cpu", precision=precision)
     targets = [float(base.answer_nll(a).mean()) for a in asks]
     scored = spread(retain, cfg.score_retain)
     size = TEXT.size_for(preset)
@@ -91,6 +93,7 @@ def run_tofu(
             add(row)
     setup = {
         "preset": preset,
+        "precision": precision,
         "data": str(data),
         "forget_split": forget_split,
         "authors": authors,
@@ -100,7 +103,7 @@ def run_tofu(
         "rule_retain_items": len(scored),
         "forget_targets": targets,
         "retain_bound": retain_bound,
-        "target": str(built.target),
+        "target": Path(built.target).name,  # the cache folder's name: no machine path in a record
         "grad_diff": {**asdict(get("grad_diff").config_for(TEXT.name, size)), **gd_over},
         "qr_erase": asdict(get("qr-erase").config_for(TEXT.name, size)),
         "extracts": list(extracts),

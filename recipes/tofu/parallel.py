@@ -58,7 +58,13 @@ def pending(cfg: RecipeConfig, ctx: Any, methods: Sequence[str], rule: Any) -> l
     return [
         m
         for m in methods
-        if finished_rows(out / m, stage_key(m, ctx, cfg.knobs(), rule, cfg.base, cfg.method_options.get(m)), ctx)
+        if finished_rows(
+            out / m,
+            stage_key(
+                m, ctx, cfg.knobs(), rule, cfg.base, cfg.method_options.get(m), overrides=cfg.method_overrides(m)
+            ),
+            ctx,
+        )
         is None
     ]
 

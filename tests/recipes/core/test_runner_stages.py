@@ -50,6 +50,8 @@ class _Setup:
     """What run_method reads of a setup before it would run anything: its description and whether a folder holds a
     finished evaluation."""
 
+    preset = "micro"
+
     def describe(self) -> dict:
         return {"preset": "micro"}
 
@@ -82,6 +84,21 @@ def test_a_reused_stage_brings_the_time_it_took_when_it_ran_into_the_record(tmp_
         time_line({"wall_seconds": 60.0, "timing": {"stages": [{"stage": "a", "seconds": 5, "reused": False}]}})
         == "\nWhole command: 1.0 min wall."
     )
+
+
+def test_the_stage_key_follows_the_methods_resolved_config(monkeypatch):
+    """A stage finished before a method's default changed is not reused: the key holds the config as it resolves now
+    (the preset's defaults and the overrides), so it changes with a default as it does with an override."""
+    from mmunlearn.methods import get
+    from recipes.runner import stage_key
+
+    setup = _Setup()
+    key = stage_key("npo", setup, {}, None, "target")
+    assert key == stage_key("npo", setup, {}, None, "target")  # stable
+    assert key != stage_key("npo", setup, {}, None, "target", overrides={"lr": 1e-3})
+    assert key != stage_key("npo", setup, {}, None, "target", size="mini")  # another preset row, other defaults
+    monkeypatch.setitem(get("npo").defaults, "beta", 0.123)  # a default changed after the stage ran
+    assert stage_key("npo", setup, {}, None, "target") != key
 
 
 def test_the_timing_names_the_training_seconds_each_built_model_records(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from mmunlearn.presets.cache import CACHE_ENV
 from recipes.configs import ROOT, describe, resolve, shipped
 from recipes.ctofu.cli import app as ctofu_app
 from recipes.ctofu.config import CTofuConfig
@@ -243,6 +244,14 @@ TINY = {
         "audit_attacks=quantise",
     ],
     "requests": ["preset=tiny", "extract=gradient", "train_epochs=2", "gd_epochs=1", "batch=false", "threads=1"],
+    "requests_tofu": [
+        "preset=micro",
+        f"data={TOFU_DATA}",
+        "authors=none",
+        "extract=gradient",
+        "gd_epochs=1",
+        "threads=1",
+    ],
 }
 #: the table each command writes in its --out
 TABLE = {
@@ -268,7 +277,7 @@ def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_pat
     monkeypatch.chdir(tmp_path)  # a config's relative out/workdir land here, never in the repository
     benchmark, command = _command(name)
     if benchmark == "requests":  # no --out: its tables and work folder are settings; the tiny corpus or its own
-        return _run_requests(name, request, tmp_path)
+        return _run_requests(name, request, tmp_path, monkeypatch)
     overrides = [*TINY[benchmark], f"out={tmp_path / 'out'}", "device=cpu", "threads=1"]
     if benchmark == "tofu":
         overrides.append(f"cache_dir={request.getfixturevalue('tofu_micro').cache_dir}")
@@ -291,21 +300,21 @@ def test_every_shipped_config_runs_on_the_smallest_preset(name, request, tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
-def _run_requests(name: str, request, tmp_path: Path) -> None:
+def _run_requests(name: str, request, tmp_path: Path, monkeypatch) -> None:
     """``bench requests --config NAME`` on the tiny manifests (a built-in corpus's config with its sizes set back to
-    the defaults, which a prepared corpus takes: the smallest built-in corpus takes minutes to synthesise)."""
+    the defaults, which a prepared corpus takes: the smallest built-in corpus takes minutes to synthesise), or a TOFU
+    config on the session's micro world."""
     from mmunlearn.cli import app as root_app
 
     table = tmp_path / "out" / TABLE[("requests", "requests")]
-    overrides = [
-        *TINY["requests"],
-        f"json={table}",
-        f"markdown={tmp_path / 'out' / 'requests.md'}",
-        f"workdir={tmp_path / 'work'}",
-        f"manifests={request.getfixturevalue('speaker_manifests')}",
-    ]
-    defaults = {f.name: f.default for f in dataclasses.fields(RequestsConfig)}
-    overrides += [f"{key}={defaults[key]}" for key in BUILT_IN if key in read_yaml(SHIPPED[name])]
+    overrides = [f"json={table}", f"markdown={tmp_path / 'out' / 'requests.md'}", f"workdir={tmp_path / 'work'}"]
+    if read_yaml(SHIPPED[name]).get("dataset") == "tofu":  # the session's micro models, in their own cache
+        monkeypatch.setenv(CACHE_ENV, str(request.getfixturevalue("tofu_micro").cache_dir))
+        overrides += TINY["requests_tofu"]
+    else:
+        overrides += [*TINY["requests"], f"manifests={request.getfixturevalue('speaker_manifests')}"]
+        defaults = {f.name: f.default for f in dataclasses.fields(RequestsConfig)}
+        overrides += [f"{key}={defaults[key]}" for key in BUILT_IN if key in read_yaml(SHIPPED[name])]
     res = CliRunner().invoke(root_app, ["bench", "requests", "--config", name, *overrides])
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
     rows = json.loads(table.read_text())["rows"]
