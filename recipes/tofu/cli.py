@@ -461,10 +461,19 @@ def tilt(
     temperature: Annotated[float, typer.Option(help="Temperature T >= 1 stored with the head.")] = 1.0,
     epochs: Annotated[int, typer.Option(help="Full-batch epochs over the cached states.")] = 100,
     lr: Annotated[float, typer.Option(help="Head learning rate.")] = 1e-2,
+    spare_seen: Annotated[
+        bool,
+        typer.Option(
+            help="T3's default for a model folder: the head is trained on the answer tokens not already in the text "
+            "and leaves those (a copy of the question's words or of the answer so far) untouched when decoding; "
+            "--no-spare-seen: the plain tilt, every token."
+        ),
+    ] = True,
     cache_dir: CacheDir = None,
     device: Device = "auto",
 ) -> None:
-    """Train a T3 tilt head for any model directory and QA files."""
+    """Train a T3 tilt head for any model directory and QA files: a serving-time filter (the base's weights, which
+    still hold the forget set, are not changed)."""
     from mmunlearn.tilt import TiltedCausalLM  # deferred: tilt imports transformers, kept out of CLI start
     from mmunlearn.tilt.train import train_tilt  # deferred: tilt imports transformers, kept out of CLI start
 
@@ -476,14 +485,16 @@ def tilt(
             f"{len(shared)} forget row(s) are also retain rows (e.g. {shared[0]['question']!r:.80})",
             param_hint="--forget",
         )
+    cache = cache_dir or (out.parent / ".tilt_cache")
     fit = train_tilt(
-        adapter, r_items, f_items, rank=rank, epochs=epochs, lr=lr, cache_dir=cache_dir or (out.parent / ".tilt_cache")
+        adapter, r_items, f_items, rank=rank, epochs=epochs, lr=lr, cache_dir=cache, unseen_only=spare_seen
     )
-    TiltedCausalLM(adapter.model, fit.head, temperature).save(out)  # a head alone: no path to the base recorded
+    tilted = TiltedCausalLM(adapter.model, fit.head, temperature, spare_seen=spare_seen)
+    tilted.save(out)  # a head alone: no path to the base recorded
     console.print(fit.summary())
     console.print(
         f"tilt head written to [bold]{out}[/bold]; load it with TiltedCausalLM.load({str(out)!r}, "
-        f"base=<the model of {model}>)"
+        f"base=<the model of {model}>). A serving-time filter: {model}'s weights still hold the forget set."
     )
 
 

@@ -5,6 +5,8 @@ import json
 import shutil
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from mmunlearn.eval.tofu import METRIC_GROUPS
@@ -332,6 +334,13 @@ def test_tilt_reads_the_files_it_is_given(ctx, tmp_path):
     assert (tmp_path / "head" / "tilt_config.json").is_file() and (
         tmp_path / "head" / "tilt_head.safetensors"
     ).is_file()
+    assert "still hold the forget set" in text.replace("\n", " ")
+    # T3's default for a model folder: the saved head spares the tokens already in the text; --no-spare-seen does not
+    assert json.loads((tmp_path / "head" / "tilt_config.json").read_text()).get("spare_seen") is True
+    res, text = _invoke(*common, "--forget", tmp_path / "forget.txt", "--out", tmp_path / "plain", "--no-spare-seen")
+    assert res.exit_code == 0 and "spare_seen" not in json.loads((tmp_path / "plain" / "tilt_config.json").read_text())
+    heads = [load_file(tmp_path / d / "tilt_head.safetensors") for d in ("head", "plain")]
+    assert any(not torch.equal(heads[0][k], heads[1][k]) for k in heads[0])  # trained on other tokens ("0" is seen)
     (tmp_path / "both.jsonl").write_text(json.dumps(retain[1]))
     res, text = _invoke(*common, "--forget", tmp_path / "both.jsonl", "--out", tmp_path / "head2")
     assert res.exit_code == 2 and "also retain rows" in text and not (tmp_path / "head2").exists(), res.output
