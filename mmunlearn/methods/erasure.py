@@ -26,7 +26,7 @@ import torch
 from mmunlearn.config import PresetConfig, opt
 from mmunlearn.erase import erase, merge_erases, restore
 from mmunlearn.erase.norms import sq_norm
-from mmunlearn.erase.search import search_rank, search_rank_lazy
+from mmunlearn.erase.search import narrow_down, search_rank, search_rank_lazy
 from mmunlearn.kinds import get_kind
 from mmunlearn.methods.artefacts import ERASE_FILES
 from mmunlearn.methods.base import MethodResult, RunContext, register
@@ -118,8 +118,8 @@ class EraseConfig(PresetConfig):
     sweep_first: float | None = opt(
         None,
         "With a sweep rule: a relative edit size ||scale * T_f|| / ||W|| tried first at "
-        "the first rank (e.g. the one an earlier deletion request chose); the sweep "
-        "ends there when that edit meets the rule.",
+        "the first rank (e.g. the one an earlier deletion request chose); when that edit "
+        "meets the rule, halvings and a bisection find the smallest size that still does.",
     )
     task_matrix: str = opt(
         "extract",
@@ -389,9 +389,11 @@ def _sweep(
     full = auto_grid(cfg.sweep_max_relative)
     grid, start = full, None
     if cfg.sweep_first:
-        reached, over = score((cfg.sweep_ranks or (cfg.rank,))[0], cfg.sweep_first / unit)
-        if scorer.point_meets(points[-1]):
-            return points, points[-1]
+        first_rank = (cfg.sweep_ranks or (cfg.rank,))[0]
+        reached, over = score(first_rank, cfg.sweep_first / unit)
+        if scorer.point_meets(points[-1]):  # down to the smallest size that still meets it, not a size past it
+            narrow_down(score, first_rank, cfg.sweep_first / unit, cfg.sweep_bisections, retain=not lazy)
+            return points, _choice(points, scorer)
         # the auto grid continues from there: up when the edit fell short, down when it went too far
         under = not (reached or over)
         grid = tuple(u for u in full if (u > cfg.sweep_first if under else u < cfg.sweep_first))
@@ -408,8 +410,13 @@ def _sweep(
             search_rank(score, r, scales, cfg.sweep_bisections, past_bound, good)
         if any(scorer.point_meets(p) for p in points if p.rank == r):
             break  # the smallest rank whose edit meets the rule
+    return points, _choice(points, scorer)
+
+
+def _choice(points: list[SweepPoint], scorer: Scorer) -> SweepPoint:
+    """The sweep rule's choice among ``points`` (:func:`mmunlearn.methods.rule.choose`)."""
     rule = scorer.rule
-    return points, choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
+    return choose(points, scorer.base_forget, scorer.base_retain, rule.forget_target, rule.retain_bound)
 
 
 def _judges_rows(rule) -> bool:

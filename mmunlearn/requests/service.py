@@ -152,7 +152,7 @@ def run_request(
             the extraction's scale does not matter); ``retain_extract`` (a state computed now uses the method
             preset's extraction: ``overrides`` only change the forget side); ``reuse_edit_size`` (with a rule, an
             erasure method first tries the relative edit size the previous request of the same method chose,
-            ``sweep_first``; the sweep ends there when it meets the rule).
+            ``sweep_first``; when it meets the rule, the sweep narrows it down to the smallest size that does).
         reference: adapter the erasure methods take task vectors from (default: the target).
         history: the requests already applied to the model (``read_history(model_dir)``); the output carries
             their undo records and the report lists them all.

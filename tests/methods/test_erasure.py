@@ -271,7 +271,7 @@ def test_row_retain_rank_is_used_under_a_rule_that_judges_rows_only():
     assert edited(EraseConfig(rank=4, retain_rank=8, row_retain_rank=2, extract=ex), mean)[0] == 8
 
 
-def _toy_sweep(sweep_retain: str, forget_target: float, retain_bound: float):
+def _toy_sweep(sweep_retain: str, forget_target: float, retain_bound: float, first: float | None = None):
     """``_sweep`` on one linear layer whose measures grow with the edit's relative size r: forget 10 r, retain r^2;
     the points, the choice and how often the retain measure was scored."""
     from types import SimpleNamespace
@@ -299,7 +299,7 @@ def _toy_sweep(sweep_retain: str, forget_target: float, retain_bound: float):
     rule = SweepRule(
         forget_target=forget_target, retain_bound=retain_bound, forget_measure=forget, retain_measure=retain
     )
-    cfg = EraseConfig(rank=1, retain_rank=0, localize=False, sweep_retain=sweep_retain)
+    cfg = EraseConfig(rank=1, retain_rank=0, localize=False, sweep_retain=sweep_retain, sweep_first=first)
     points, best = _sweep(target, {"0.weight": task}, None, cfg, Scorer(rule, target, [1], [1]), None, False)
     assert torch.equal(model[0].weight.detach(), w0)  # every candidate was undone
     return points, best, calls["retain"]
@@ -328,6 +328,19 @@ def test_scoring_the_retain_measure_where_needed_chooses_what_scoring_it_everywh
     if met:  # one retain scoring: the smallest edit that reached the forget target
         assert calls_lazy == 2
         assert best_lazy.forget_nll == min(p.forget_nll for p in lazy if p.forget_nll >= forget_target)
+
+
+@pytest.mark.parametrize("sweep_retain", ["needed", "every"])
+def test_a_first_size_past_the_target_is_narrowed_to_what_a_fresh_sweep_chooses(sweep_retain):
+    """An earlier request's size that meets the rule far past the forget target (forget 3.7 for a target of 0.5,
+    retain within a loose bound) is not kept: halvings and a bisection bring it to the crossing a sweep from the
+    grid's bottom finds (forget 10 r reaches 0.5 at r = 0.05)."""
+    _, fresh, _ = _toy_sweep(sweep_retain, 0.5, 1.0)
+    points, best, _ = _toy_sweep(sweep_retain, 0.5, 1.0, first=0.37)
+    assert points[0].relative == pytest.approx(0.37) and points[0].forget_nll >= 0.5  # it met the rule
+    assert best.forget_nll >= 0.5 and best.retain_nll is not None and best.relative < 0.37 / 6
+    assert best.relative == pytest.approx(fresh.relative, rel=2 ** (1 / 8) - 1)  # the bisection's precision
+    assert min(p.relative for p in points) > 0.37 / 2**4  # halvings stop once the target is missed
 
 
 def test_a_sweep_scoring_retain_where_needed_records_the_points_it_skipped_and_applies_a_scored_one():

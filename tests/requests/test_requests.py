@@ -223,6 +223,7 @@ def test_prepare_retain_command(speaker_dir, speaker_manifests, tmp_path):
 
 
 def test_a_later_request_tries_the_edit_size_the_previous_one_chose_first(speaker_dir, parts, tmp_path):
+    from mmunlearn.erase.search import MAX_HALVINGS
     from mmunlearn.methods import SweepRule
 
     first, second, retain = parts
@@ -233,8 +234,12 @@ def test_a_later_request_tries_the_edit_size_the_previous_one_chose_first(speake
     r2 = unlearn(tmp_path / "r1", forget=second, retain=retain, out=tmp_path / "r2", **{**OPTS, "rule": rule})
     assert r2.report["config"]["sweep_first"] == size
     sweep = r2.report["info"]["sweep"]
-    assert len(sweep) == 1 and abs(sweep[0]["relative"] - size) <= 1e-9 * size  # it met the rule: no sweep
-    assert r2.report["requests"][1]["relative_edit"] == sweep[0]["relative"]
+    assert abs(sweep[0]["relative"] - size) <= 1e-9 * size  # the previous request's size, tried first
+    # it met the rule: halved down towards the smallest size that still does (every size does here: all halvings),
+    # the sweep rule choosing among them; the next request starts from that choice
+    sizes = [p["relative"] for p in sweep]
+    assert sizes == pytest.approx([size / 2**i for i in range(MAX_HALVINGS + 1)])
+    assert r2.report["requests"][1]["relative_edit"] == r2.report["info"]["relative"] in sizes
 
 
 def test_a_request_with_a_retain_state_and_a_rule_defaults_to_the_cheap_forget_extraction(speaker_dir, parts, tmp_path):
