@@ -28,7 +28,13 @@ SPEAKER_ONLY = {
     "scope": "QR-Erase's scope on the speaker classifier",
     "batch": "the speaker requests' union edit",
 }
-TOFU_ONLY = {"data": "the TOFU world", "forget_split": "the TOFU world", "authors": "the TOFU world"}
+TOFU_ONLY = {
+    "data": "the TOFU world",
+    "forget_split": "the TOFU world",
+    "authors": "the TOFU world",
+    "base": "the TOFU task vectors' model",
+}
+BASES = ("target", "base")
 #: the built-in corpus's settings, which a prepared corpus (``manifests``) replaces
 BUILT_IN = ("speakers", "utterances", "videos", "requests")
 PRESETS = {"speaker": ("tiny", "small"), "tofu": ("micro", "mini", "smollm2-135m")}
@@ -80,6 +86,12 @@ class RequestsConfig:
         "QR-Erase forget extraction kinds to measure, comma-separated "
         "(default: speaker gradient,finetune; tofu gradient,lora,finetune).",
     )
+    base: str = opt(
+        "target",
+        "tofu: the model QR-Erase takes its task vectors (and the retain state) from: target (the model itself, "
+        "what a user without its pretrained model has) or base (the preset's pretrained model, as tofu compare's "
+        "base=base).",
+    )
     retain_bound: float | None = opt(
         None, "The rule's bound on the retain NLL's rise in nats (default: speaker 0.05, tofu 0.1, as their recipes)."
     )
@@ -127,6 +139,8 @@ class RequestsConfig:
             )
         if self.extract is not None and (not self.extract or any(k not in KINDS for k in self.extract)):
             raise ConfigError(f"extract: choose from {', '.join(KINDS)}, got {','.join(self.extract)!r}", "extract")
+        if self.base not in BASES:
+            raise ConfigError(f"base must be one of {', '.join(BASES)}, got {self.base!r}", "base")
         if self.scope not in SCOPES:
             raise ConfigError(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}", "scope")
         unused = TOFU_ONLY if self.dataset == "speaker" else SPEAKER_ONLY

@@ -42,7 +42,8 @@ def run_tofu(
     scored = spread(retain, cfg.score_retain)
     size = TEXT.size_for(preset)
     state_dir = Path(workdir) / "retain_state_tofu"
-    prepare_seconds = timed_retain_state(state_dir, original, retain, TEXT.name, size, progress)
+    reference = base if cfg.base == "base" else None  # QR-Erase's task vectors from the pretrained model
+    prepare_seconds = timed_retain_state(state_dir, reference or original, retain, TEXT.name, size, progress)
     gd_over = {"epochs": cfg.gd_epochs} if cfg.gd_epochs is not None else {}
     rows: list[RequestRow] = []
 
@@ -85,6 +86,7 @@ def run_tofu(
                     ask,
                     retain,
                     history=history,
+                    reference=reference,
                 )
                 wall = time.perf_counter() - t
             history = History(Path(workdir), out.report["requests"])
@@ -107,6 +109,7 @@ def run_tofu(
         "grad_diff": {**asdict(get("grad_diff").config_for(TEXT.name, size)), **gd_over},
         "qr_erase": asdict(get("qr-erase").config_for(TEXT.name, size)),
         "extracts": list(extracts),
+        "task_vectors_from": cfg.base,
     }
     return BenchResult(f"TOFU {preset} ({forget_split}, {authors} authors)", setup, prepare_seconds, rows)
 
