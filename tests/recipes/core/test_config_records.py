@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mmunlearn.cli import app as root_app
 from recipes import recipe_cli
 from recipes.configs import describe, shipped
 from recipes.ctofu.cli import app as ctofu_app
@@ -21,12 +22,14 @@ from recipes.tofu.cli import app as tofu_app
 from recipes.voxceleb2.cli import app as voxceleb2_app
 
 REPO = Path(__file__).resolve().parents[3]
+#: the app each benchmark's commands are called on (``bench``: the root app, ``bench requests`` joining it through
+#: its entry point)
 APPS = {"tofu": tofu_app, "ctofu": ctofu_app, "voxceleb2": voxceleb2_app}
 #: config -> the settings it deliberately sets otherwise than its record's command, and why (said in its header)
 DIFFERS = {"voxceleb2/hf_audio_fsdd": {"scope"}}  # the record ran when scope all was the kind's only scope
 REAL_BUILD = recipe_cli.build_config
 #: a benchmark command in a record's command field: it ends at ";", a parenthesis or ", " (prose follows)
-COMMAND = re.compile(r"mmunlearn (tofu|ctofu|voxceleb2) ([a-z][a-z-]*)((?:[^;(),]|,(?!\s))*)")
+COMMAND = re.compile(r"mmunlearn (tofu|ctofu|voxceleb2|bench) ([a-z][a-z-]*)((?:[^;(),]|,(?!\s))*)")
 
 
 def _record_of(path: Path) -> str | None:
@@ -54,7 +57,7 @@ def _config(monkeypatch, benchmark: str, args: list[str]):
         raise _Captured
 
     monkeypatch.setattr(recipe_cli, "build_config", capture)
-    res = CliRunner().invoke(APPS[benchmark], args)
+    res = CliRunner().invoke(*((APPS[benchmark], args) if benchmark in APPS else (root_app, [benchmark, *args])))
     assert seen and isinstance(res.exception, _Captured), f"{args}: {res.output}"
     return seen[0]
 
